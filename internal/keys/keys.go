@@ -1,0 +1,108 @@
+// Package keys builds the Redis key names shared by every worker of a fleet
+// and validates the names that go into them.
+//
+// The key names are a wire protocol: workers of different versions read each
+// other's keys, so a change here is a breaking change for running fleets.
+//
+//	<prefix>_{<instanceID>}_HEARTBEAT  string "alive", TTL = heartbeat TTL
+//	<prefix>_{<instanceID>}_ROWS       set of decimal row IDs, TTL = rows TTL
+//	<prefix>_{<instanceID>}_RECOVERY   string claim token of the recoverer, PX
+//	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
+//
+// The braces are a Redis Cluster hash tag: every key of one instance hashes
+// to the same slot, so a script or transaction over them runs on Cluster.
+package keys
+
+import (
+	"errors"
+	"fmt"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+)
+
+// MaxNameLen bounds instance IDs and prefixes. Real IDs are host-pid-time,
+// well under 100 bytes; the bound keeps a garbage registry member from
+// turning into a multi-kilobyte key.
+const MaxNameLen = 512
+
+// Key suffixes and the registry name, as in the design.
+const (
+	heartbeatSuffix = "_HEARTBEAT"
+	rowsSuffix      = "_ROWS"
+	claimSuffix     = "_RECOVERY"
+	registrySuffix  = "_WORKER_REGISTRY"
+	// HeartbeatValue is what a live worker's heartbeat key holds.
+	HeartbeatValue = "alive"
+)
+
+// Keys holds the key names of one instance under one prefix.
+type Keys struct {
+	Heartbeat string
+	Rows      string
+	Claim     string
+}
+
+// For returns the key names of instance id under prefix. It does not
+// validate; call ValidateName first for untrusted input.
+func For(prefix, id string) Keys {
+	tag := prefix + "_{" + id + "}"
+	return Keys{
+		Heartbeat: tag + heartbeatSuffix,
+		Rows:      tag + rowsSuffix,
+		Claim:     tag + claimSuffix,
+	}
+}
+
+// Registry returns the name of the registry set under prefix.
+func Registry(prefix string) string { return prefix + registrySuffix }
+
+// Errors returned by ValidateName; callers wrap them with the name's role.
+var (
+	ErrEmpty    = errors.New("is empty")
+	ErrTooLong  = fmt.Errorf("is longer than %d bytes", MaxNameLen)
+	ErrBadChars = errors.New("contains '{', '}', whitespace, a control character or invalid UTF-8")
+)
+
+// ValidateName reports whether s can be used as an instance ID or a key
+// prefix: non-empty, at most MaxNameLen bytes, valid UTF-8, and free of
+// braces (they would break the hash tag), whitespace and control characters.
+func ValidateName(s string) error {
+	if s == "" {
+		return ErrEmpty
+	}
+	if len(s) > MaxNameLen {
+		return ErrTooLong
+	}
+	if !utf8.ValidString(s) {
+		return ErrBadChars
+	}
+	if strings.IndexFunc(s, badRune) >= 0 {
+		return ErrBadChars
+	}
+	return nil
+}
+
+func badRune(r rune) bool {
+	return r == '{' || r == '}' || unicode.IsSpace(r) || unicode.IsControl(r)
+}
+
+// Sanitize turns an arbitrary string (a hostname) into a valid name part by
+// replacing every forbidden rune with '-'. An empty input gives "unknown".
+func Sanitize(s string) string {
+	if s == "" {
+		return "unknown"
+	}
+	s = strings.ToValidUTF8(s, "-")
+	s = strings.Map(func(r rune) rune {
+		if badRune(r) {
+			return '-'
+		}
+		return r
+	}, s)
+	if len(s) > MaxNameLen/2 {
+		s = s[:MaxNameLen/2]
+		s = strings.ToValidUTF8(s, "")
+	}
+	return s
+}
