@@ -1,0 +1,47 @@
+// Package recovery gives batch workers crash recovery through Redis
+// heartbeats.
+//
+// A worker fetches a block of rows from PostgreSQL, marks them in progress
+// and processes them. If it is killed mid-block, its rows would stay in
+// progress forever. With a Worker, every process of the fleet keeps a
+// heartbeat key in Redis, registers in a shared registry set, and records
+// the row IDs it is processing in a rows set. Every worker periodically
+// looks for registered peers whose heartbeat expired and returns their rows
+// to the queue through a RowResetter, so a dead worker's rows are queued
+// again within heartbeat TTL + recovery interval (120 s by default).
+//
+// # Redis keys
+//
+// With the default prefix "ALYA" and an instance ID id:
+//
+//	ALYA_{id}_HEARTBEAT   string "alive", TTL heartbeat TTL (60s)
+//	ALYA_{id}_ROWS        set of decimal row IDs, TTL rows TTL (180s)
+//	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
+//	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
+//
+// The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no
+// script or transaction spans two slots, so the same code runs on a single
+// Redis and on Redis Cluster.
+//
+// # Lifecycle
+//
+//	w, err := recovery.New(rdb, resetter, opts...) // validates, no I/O
+//	err = w.Start(ctx)                             // first heartbeat, loops start
+//	for {                                          // the host's batch loop
+//		rows := FetchBlockOfRows()                 // marks them inprog
+//		w.Track(ctx, ids...)                       // before processing
+//		for each row { process; commit; w.Untrack(id) }
+//	}
+//	err = w.Shutdown(ctx)                          // after the last block
+//
+// Start writes the first heartbeat before it returns and then runs two
+// goroutines: the heartbeat loop and the recovery loop. Neither uses the
+// context given to Start: cancelling the processing context on SIGTERM does
+// not stop the heartbeat, so the worker can finish its block while peers
+// still see it alive. Only Shutdown stops them; it waits for both, deletes
+// the heartbeat key and the registry entry, and leaves the rows set for
+// peers. No goroutine of the Worker outlives Shutdown.
+//
+// The Worker never closes the Redis client or the database handle it is
+// given.
+package recovery

@@ -1,0 +1,28 @@
+package recovery
+
+import "errors"
+
+// Sentinel errors. Errors returned by this package wrap them, so test with
+// errors.Is.
+var (
+	// ErrShutdown is returned by Start, Track and RecoverNow after Shutdown
+	// was called.
+	ErrShutdown = errors.New("recovery: shut down")
+
+	// ErrNotStarted is returned by Track and CheckLease before Start has
+	// succeeded: rows tracked by a worker without a heartbeat would never be
+	// recovered.
+	ErrNotStarted = errors.New("recovery: not started")
+
+	// ErrAlreadyStarted is returned by a second call to Start.
+	ErrAlreadyStarted = errors.New("recovery: already started")
+
+	// ErrLeaseLost is returned by Track and CheckLease while the worker has
+	// not refreshed its heartbeat for long enough that peers may already
+	// consider it dead and recover its rows.
+	ErrLeaseLost = errors.New("recovery: heartbeat lease lost")
+
+	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
+	// return for a bad option or argument.
+	ErrInvalidConfig = errors.New("recovery: invalid configuration")
+)

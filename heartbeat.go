@@ -1,0 +1,163 @@
+package recovery
+
+import (
+	"context"
+	"log/slog"
+	"math/rand/v2"
+	"sync/atomic"
+	"time"
+
+	"github.com/alya/recovery/internal/keys"
+)
+
+// lease is the worker's own view of its liveness. A heartbeat written at
+// time t (taken before the write is sent) makes the key live until at least
+// t + heartbeat TTL on the server, so until then no peer can find it dead.
+// The lease ends a safety margin earlier, to allow for clock-rate
+// differences and for the host to react.
+type lease struct {
+	// until is the end of the lease, in nanoseconds since Worker.epoch on the
+	// monotonic clock; 0 before the first heartbeat.
+	until atomic.Int64
+	// lost is set when the loss has been logged, so it is logged once.
+	lost atomic.Bool
+}
+
+// leaseMargin is how long before the heartbeat key could expire the worker
+// considers its lease lost: a tenth of the TTL.
+func (w *Worker) leaseMargin() time.Duration { return w.opts.heartbeatTTL / 10 }
+
+func (l *lease) renew(w *Worker, sentAt time.Time) {
+	l.until.Store(int64(sentAt.Sub(w.epoch) + w.opts.heartbeatTTL - w.leaseMargin()))
+}
+
+func (l *lease) valid(w *Worker) bool {
+	return int64(time.Since(w.epoch)) < l.until.Load()
+}
+
+func (l *lease) check(w *Worker) error {
+	if !l.valid(w) {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// CheckLease reports whether the worker may go on processing rows: it
+// returns nil while the last successful heartbeat is recent enough that no
+// peer can consider this worker dead, ErrLeaseLost when it is not (the
+// host should stop taking new rows and release the ones it has not
+// finished), ErrNotStarted before Start and ErrShutdown after Shutdown.
+func (w *Worker) CheckLease() error {
+	switch w.state.Load() {
+	case stateNew:
+		return ErrNotStarted
+	case stateShutdown:
+		return ErrShutdown
+	}
+	return w.lease.check(w)
+}
+
+// beat refreshes the heartbeat in one round trip: it sets the heartbeat key
+// with its TTL, adds the worker to the registry, removes rows whose Untrack
+// could not reach Redis, writes every tracked row back into the rows set
+// (Redis may have lost it) and refreshes the set's TTL. It renews the lease
+// when it succeeds.
+func (w *Worker) beat(parent context.Context) error {
+	ctx, cancel := w.opContext(parent)
+	defer cancel()
+
+	w.rows.assert.Lock()
+	defer w.rows.assert.Unlock()
+	tracked, unremoved := w.rows.snapshot()
+
+	sentAt := time.Now()
+	pipe := w.rdb.Pipeline()
+	pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
+	pipe.SAdd(ctx, w.registry, w.opts.instanceID)
+	if len(unremoved) > 0 {
+		pipe.SRem(ctx, w.keys.Rows, unremoved...)
+	}
+	if len(tracked) > 0 {
+		pipe.SAdd(ctx, w.keys.Rows, tracked...)
+	}
+	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	w.lease.renew(w, sentAt)
+	if len(unremoved) > 0 {
+		w.rows.forgetUnremoved(unremoved)
+	}
+	return nil
+}
+
+// runHeartbeat refreshes the heartbeat every interval until ctx, which only
+// Shutdown cancels, is done. It never sees the caller's processing context:
+// a worker finishing its block during shutdown must keep its heartbeat. A
+// failed refresh is retried after a short, growing backoff rather than a
+// whole interval later; an outage is logged when it starts and when it ends,
+// not at every try.
+func (w *Worker) runHeartbeat(ctx context.Context) {
+	w.log.Debug("heartbeat loop started", slog.Duration("interval", w.opts.heartbeatInterval))
+	defer w.log.Debug("heartbeat loop stopped")
+
+	t := time.NewTimer(w.opts.heartbeatInterval)
+	defer t.Stop()
+	var (
+		failures    int
+		outageStart time.Time
+	)
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		err := w.beat(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		if err == nil {
+			if failures > 0 {
+				w.log.Info("heartbeat restored",
+					slog.Duration("outage", time.Since(outageStart)),
+					slog.Int("attempts", failures))
+				if w.lease.lost.Swap(false) {
+					w.log.Info("heartbeat lease regained")
+				}
+			}
+			failures = 0
+			t.Reset(w.opts.heartbeatInterval)
+			continue
+		}
+		if failures == 0 {
+			outageStart = time.Now()
+			w.log.Warn("heartbeat failed; retrying", slog.Any("error", err))
+		}
+		failures++
+		if !w.lease.valid(w) && !w.lease.lost.Swap(true) {
+			w.log.Error("heartbeat lease lost: peers may recover this worker's rows",
+				slog.Duration("outage", time.Since(outageStart)), slog.Any("error", err))
+		}
+		t.Reset(w.retryDelay(failures))
+	}
+}
+
+// retryDelay is the wait before heartbeat retry n (from 1): a tenth of the
+// interval doubled per failure, capped at the interval, with ±20% jitter.
+func (w *Worker) retryDelay(n int) time.Duration {
+	d := w.opts.heartbeatInterval / 10
+	for i := 1; i < n && d < w.opts.heartbeatInterval; i++ {
+		d *= 2
+	}
+	d = min(d, w.opts.heartbeatInterval)
+	return jitter(d, 0.2)
+}
+
+// jitter returns d changed by a random fraction in [-frac, +frac].
+func jitter(d time.Duration, frac float64) time.Duration {
+	if d <= 0 {
+		return d
+	}
+	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
+}

@@ -1,0 +1,228 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"runtime"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// TestMain stops the shared servers and then proves that no goroutine of
+// any Worker outlived its Shutdown.
+func TestMain(m *testing.M) {
+	code := testutil.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// newMini returns a miniredis and a client for it, both closed when the
+// test ends.
+func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
+	t.Helper()
+	mr := miniredis.RunT(t)
+	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
+	t.Cleanup(func() { c.Close() })
+	return mr, c
+}
+
+// fast are short timings for tests: TTL 2s, heartbeat every 500ms,
+// recovery every second, rows TTL 4s.
+func fast(extra ...Option) []Option {
+	return append([]Option{
+		WithHeartbeatTTL(2 * time.Second),
+		WithHeartbeatInterval(500 * time.Millisecond),
+		WithRecoveryInterval(time.Second),
+		WithRowsTTL(4 * time.Second),
+		WithResetTimeout(5 * time.Second),
+	}, extra...)
+}
+
+// newWorker builds a Worker with the fast timings, a test logger and the
+// given ID, and shuts it down when the test ends.
+func newWorker(t *testing.T, rdb redis.UniversalClient, r RowResetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
+	t.Helper()
+	log, buf := testutil.Logger(t)
+	all := append(fast(WithInstanceID(id), WithLogger(log)), opts...)
+	w, err := New(rdb, r, all...)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_ = w.Shutdown(ctx)
+	})
+	return w, buf
+}
+
+// startWorker is newWorker followed by a successful Start.
+func startWorker(t *testing.T, rdb redis.UniversalClient, r RowResetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
+	t.Helper()
+	w, buf := newWorker(t, rdb, r, id, opts...)
+	require.NoError(t, w.Start(context.Background()))
+	return w, buf
+}
+
+// fakeResetter records every ResetRows call and can be told to fail.
+type fakeResetter struct {
+	mu    sync.Mutex
+	calls []resetCall
+	fail  map[string]error // by dead instance ID
+	delay time.Duration
+}
+
+type resetCall struct {
+	peer string
+	ids  []int64
+}
+
+func (f *fakeResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
+	if f.delay > 0 {
+		select {
+		case <-time.After(f.delay):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail[peer]; err != nil {
+		return 0, err
+	}
+	f.calls = append(f.calls, resetCall{peer: peer, ids: slices.Clone(ids)})
+	return int64(len(ids)), nil
+}
+
+func (f *fakeResetter) setFail(peer string, err error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.fail == nil {
+		f.fail = make(map[string]error)
+	}
+	f.fail[peer] = err
+}
+
+// resetOf returns the IDs reset for peer, over all calls, sorted.
+func (f *fakeResetter) resetOf(peer string) []int64 {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var ids []int64
+	for _, c := range f.calls {
+		if c.peer == peer {
+			ids = append(ids, c.ids...)
+		}
+	}
+	slices.Sort(ids)
+	return ids
+}
+
+func (f *fakeResetter) callCount() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return len(f.calls)
+}
+
+// plantDeadPeer writes what a worker that was killed leaves behind: a
+// registry entry and a rows set, and no heartbeat.
+func plantDeadPeer(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, rdb.SAdd(ctx, prefix+"_WORKER_REGISTRY", id).Err())
+	if len(rows) > 0 {
+		require.NoError(t, rdb.SAdd(ctx, prefix+"_{"+id+"}_ROWS", rows...).Err())
+	}
+}
+
+// commandCounter is a go-redis hook that counts round trips and commands.
+type commandCounter struct {
+	mu         sync.Mutex
+	roundTrips int
+	commands   []string
+}
+
+func (c *commandCounter) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (c *commandCounter) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		c.mu.Lock()
+		c.roundTrips++
+		c.commands = append(c.commands, cmd.Name())
+		c.mu.Unlock()
+		return next(ctx, cmd)
+	}
+}
+
+func (c *commandCounter) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		c.mu.Lock()
+		c.roundTrips++
+		for _, cmd := range cmds {
+			c.commands = append(c.commands, cmd.Name())
+		}
+		c.mu.Unlock()
+		return next(ctx, cmds)
+	}
+}
+
+func (c *commandCounter) reset() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.roundTrips, c.commands = 0, nil
+}
+
+func (c *commandCounter) snapshot() (int, []string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.roundTrips, slices.Clone(c.commands)
+}
+
+// idleClient is a client that is never used to reach a server, for tests
+// of New's validation; closed when the test ends.
+func idleClient(t *testing.T) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// crash stops the worker's loops the way SIGKILL would: no heartbeat
+// deletion, no deregistration, rows set left as it is. Later Shutdown calls
+// do nothing.
+func (w *Worker) crash() {
+	w.mu.Lock()
+	w.state.Store(stateShutdown)
+	stop, done := w.stopLoops, w.loopsDone
+	w.cleaned = true
+	w.mu.Unlock()
+	if stop != nil {
+		stop()
+		<-done
+	}
+}
+
+// workerGoroutines counts the goroutines started by a Worker now running.
+func workerGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	n := 0
+	for _, g := range strings.Split(string(buf), "\n\n") {
+		if strings.Contains(g, "created by github.com/alya/recovery.(*Worker).Start") {
+			n++
+		}
+	}
+	return n
+}

@@ -1,0 +1,120 @@
+package recovery
+
+import (
+	"log/slog"
+	"os"
+	"regexp"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestDefaultsMatchTheDesign(t *testing.T) {
+	assert.Equal(t, 60*time.Second, DefaultHeartbeatTTL)
+	assert.Equal(t, 30*time.Second, DefaultHeartbeatInterval)
+	assert.Equal(t, 60*time.Second, DefaultRecoveryInterval)
+	assert.Equal(t, 180*time.Second, DefaultRowsTTL)
+	assert.Equal(t, "ALYA", DefaultKeyPrefix)
+
+	w, err := New(idleClient(t), &fakeResetter{})
+	require.NoError(t, err)
+	assert.Equal(t, DefaultHeartbeatTTL, w.opts.heartbeatTTL)
+	assert.Equal(t, DefaultHeartbeatInterval, w.opts.heartbeatInterval)
+	assert.Equal(t, DefaultRecoveryInterval, w.opts.recoveryInterval)
+	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
+	assert.Equal(t, DefaultOperationTimeout, w.opts.opTimeout)
+	assert.Equal(t, "ALYA_WORKER_REGISTRY", w.registry)
+}
+
+func TestDefaultInstanceIDIsHostPidStartTime(t *testing.T) {
+	before := time.Now().Unix()
+	w, err := New(idleClient(t), &fakeResetter{})
+	require.NoError(t, err)
+	after := time.Now().Unix()
+
+	id := w.InstanceID()
+	m := regexp.MustCompile(`^(.+)-(\d+)-(\d+)$`).FindStringSubmatch(id)
+	require.NotNil(t, m, "instance ID %q", id)
+	host, _ := os.Hostname()
+	assert.Equal(t, host, m[1])
+	assert.Equal(t, strconv.Itoa(os.Getpid()), m[2])
+	started, _ := strconv.ParseInt(m[3], 10, 64)
+	assert.GreaterOrEqual(t, started, before)
+	assert.LessOrEqual(t, started, after)
+	assert.Equal(t, "ALYA_{"+id+"}_HEARTBEAT", w.keys.Heartbeat)
+	assert.Equal(t, "ALYA_{"+id+"}_ROWS", w.keys.Rows)
+}
+
+func TestNewRejectsBadConfiguration(t *testing.T) {
+	rdb := idleClient(t)
+	r := &fakeResetter{}
+	cases := []struct {
+		name string
+		rdb  redis.UniversalClient
+		r    RowResetter
+		opts []Option
+		want string
+	}{
+		{"nil client", nil, r, nil, "redis client is nil"},
+		{"typed nil client", (*redis.Client)(nil), r, nil, "redis client is nil"},
+		{"nil resetter", rdb, nil, nil, "row resetter is nil"},
+		{"typed nil resetter", rdb, (*PgxResetter)(nil), nil, "row resetter is nil"},
+		{"nil option", rdb, r, []Option{nil}, "nil option"},
+		{"interval equal to TTL", rdb, r, []Option{WithHeartbeatInterval(60 * time.Second)},
+			"heartbeat interval 1m0s must be shorter than heartbeat TTL 1m0s"},
+		{"interval above TTL", rdb, r, []Option{WithHeartbeatInterval(90 * time.Second)},
+			"heartbeat interval 1m30s must be shorter than heartbeat TTL 1m0s"},
+		{"rows TTL equal to window", rdb, r, []Option{WithRowsTTL(120 * time.Second)},
+			"rows TTL 2m0s must exceed heartbeat TTL 1m0s + recovery interval 1m0s"},
+		{"rows TTL below window", rdb, r, []Option{WithRecoveryInterval(150 * time.Second)},
+			"rows TTL 3m0s must exceed heartbeat TTL 1m0s + recovery interval 2m30s"},
+		{"zero TTL", rdb, r, []Option{WithHeartbeatTTL(0)}, "heartbeat TTL 0s must be positive"},
+		{"negative interval", rdb, r, []Option{WithHeartbeatInterval(-time.Second)}, "heartbeat interval -1s must be positive"},
+		{"zero recovery interval", rdb, r, []Option{WithRecoveryInterval(0)}, "recovery interval 0s must be positive"},
+		{"negative rows TTL", rdb, r, []Option{WithRowsTTL(-1)}, "rows TTL -1ns must be positive"},
+		{"zero reset timeout", rdb, r, []Option{WithResetTimeout(0)}, "reset timeout 0s must be positive"},
+		{"sub-millisecond TTL", rdb, r, []Option{WithHeartbeatTTL(time.Microsecond), WithHeartbeatInterval(time.Nanosecond),
+			WithRecoveryInterval(time.Nanosecond), WithRowsTTL(time.Second)}, "must be at least 1ms"},
+		{"negative operation timeout", rdb, r, []Option{WithOperationTimeout(-time.Second)}, "operation timeout -1s must be positive"},
+		{"operation timeout above interval", rdb, r, []Option{WithOperationTimeout(time.Minute)},
+			"operation timeout 1m0s must not exceed heartbeat interval 30s"},
+		{"empty instance ID", rdb, r, []Option{WithInstanceID("")}, `instance ID "" is empty`},
+		{"instance ID with brace", rdb, r, []Option{WithInstanceID("a{b")}, `instance ID "a{b" contains '{'`},
+		{"instance ID with closing brace", rdb, r, []Option{WithInstanceID("a}b")}, `instance ID "a}b" contains`},
+		{"instance ID with space", rdb, r, []Option{WithInstanceID("a b")}, `instance ID "a b" contains`},
+		{"instance ID with tab", rdb, r, []Option{WithInstanceID("a\tb")}, `instance ID "a\tb" contains`},
+		{"instance ID with newline", rdb, r, []Option{WithInstanceID("a\n")}, `instance ID "a\n" contains`},
+		{"instance ID too long", rdb, r, []Option{WithInstanceID(strings.Repeat("x", 10000))}, "is longer than 512 bytes"},
+		{"empty prefix", rdb, r, []Option{WithKeyPrefix("")}, `key prefix "" is empty`},
+		{"prefix with brace", rdb, r, []Option{WithKeyPrefix("AL{YA")}, `key prefix "AL{YA" contains`},
+		{"prefix with space", rdb, r, []Option{WithKeyPrefix("AL YA")}, `key prefix "AL YA" contains`},
+		{"nil logger", rdb, r, []Option{WithLogger(nil)}, "logger is nil"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			w, err := New(c.rdb, c.r, c.opts...)
+			require.Error(t, err)
+			assert.Nil(t, w)
+			assert.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), c.want)
+			assert.True(t, strings.HasPrefix(err.Error(), "recovery: "), err.Error())
+		})
+	}
+}
+
+func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
+	w, err := New(idleClient(t), &fakeResetter{},
+		WithHeartbeatTTL(2*time.Second), WithHeartbeatInterval(500*time.Millisecond),
+		WithRecoveryInterval(time.Second), WithRowsTTL(3001*time.Millisecond),
+		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
+	require.NoError(t, err)
+	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")
+	assert.Equal(t, "MY-FLEET_{w1}_HEARTBEAT", w.keys.Heartbeat)
+	assert.Equal(t, "MY-FLEET_{w1}_ROWS", w.keys.Rows)
+	assert.Equal(t, "MY-FLEET_WORKER_REGISTRY", w.registry)
+}

@@ -1,0 +1,350 @@
+package recovery
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/scripts"
+)
+
+// RecoveryReport says what one recovery scan found and did.
+type RecoveryReport struct {
+	// PeersChecked is how many registered peers (other than this worker)
+	// had their heartbeat checked.
+	PeersChecked int
+	// DeadPeers is how many of them had no heartbeat.
+	DeadPeers int
+	// Recovered lists the dead peers whose recovery this scan completed.
+	Recovered []PeerRecovery
+	// Skipped lists dead peers left alone: another worker held the
+	// recovery claim, or the heartbeat came back before the claim.
+	Skipped []string
+	// InvalidMembers lists registry members that are not valid instance
+	// IDs. They are left in the registry and ignored.
+	InvalidMembers []string
+	// RowsReset is the sum of RowsReset over Recovered.
+	RowsReset int64
+	// Duration is how long the scan took.
+	Duration time.Duration
+}
+
+// PeerRecovery says what recovery did for one dead peer.
+type PeerRecovery struct {
+	// InstanceID is the dead peer's ID.
+	InstanceID string
+	// RowsFound is how many row IDs its rows set held.
+	RowsFound int
+	// RowsReset is how many rows the RowResetter returned to the queue
+	// (rows that had already finished are not counted).
+	RowsReset int64
+	// InvalidMembers lists rows-set members that are not decimal int64 row
+	// IDs; they were skipped.
+	InvalidMembers []string
+	// PeerCameBack is set when the peer's heartbeat reappeared during the
+	// recovery: its rows set was kept (minus the rows reset) and it stays
+	// registered.
+	PeerCameBack bool
+}
+
+// PeerError is a recovery failure that concerns one peer. The peer's rows
+// set and registry entry are kept, so the next scan tries again.
+type PeerError struct {
+	InstanceID string
+	Err        error
+}
+
+func (e *PeerError) Error() string { return "recover " + e.InstanceID + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// RecoverNow runs one recovery scan now, bounded by ctx: it finds the
+// registered peers whose heartbeat has expired and, for each, resets the
+// rows in its rows set, then deletes the set and removes the peer from the
+// registry. It may be called before Start (an operator tool that never
+// heartbeats can use it) and concurrently with the background scans: a
+// claim in Redis makes sure one dead peer is recovered by one worker.
+//
+// The error is nil when every dead peer was handled; otherwise it joins a
+// *PeerError for each peer that failed, or reports why the scan itself
+// failed. The report describes what was done either way.
+func (w *Worker) RecoverNow(ctx context.Context) (RecoveryReport, error) {
+	if w.state.Load() == stateShutdown {
+		return RecoveryReport{}, ErrShutdown
+	}
+	return w.scan(ctx)
+}
+
+// scan is one recovery pass: the design's steps 1 to 6 for every dead peer.
+func (w *Worker) scan(ctx context.Context) (RecoveryReport, error) {
+	start := time.Now()
+	var rep RecoveryReport
+	defer func() { rep.Duration = time.Since(start) }()
+
+	peers, invalid, err := w.registeredPeers(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.InvalidMembers = invalid
+	rep.PeersChecked = len(peers)
+	dead, err := w.deadPeers(ctx, peers)
+	if err != nil {
+		return rep, err
+	}
+	rep.DeadPeers = len(dead)
+	var errs []error
+	for _, peer := range dead {
+		if ctx.Err() != nil {
+			errs = append(errs, &PeerError{InstanceID: peer, Err: ctx.Err()})
+			continue
+		}
+		pr, claimed, err := w.recoverPeer(ctx, peer)
+		switch {
+		case err != nil:
+			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+		case !claimed:
+			rep.Skipped = append(rep.Skipped, peer)
+		default:
+			rep.Recovered = append(rep.Recovered, pr)
+			rep.RowsReset += pr.RowsReset
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// claimTTL is how long a recoverer may hold a dead peer: long enough for
+// reading the rows set, the reset and the clean-up, each under its own
+// timeout, so the claim outlives the work it protects.
+func (w *Worker) claimTTL() time.Duration {
+	return w.opts.resetTimeout + 3*w.opts.opTimeout
+}
+
+// recoverPeer recovers one dead peer under a claim. claimed is false when
+// the peer was left alone (alive again, or claimed by another worker).
+func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery, claimed bool, err error) {
+	rep.InstanceID = peer
+	k := keys.For(w.opts.keyPrefix, peer)
+	token := newToken()
+	// Everything done under the claim ends before the claim can expire.
+	ctx, cancel := context.WithTimeout(ctx, w.claimTTL())
+	defer cancel()
+
+	opCtx, opCancel := w.opContext(ctx)
+	res, err := scripts.Claim.Run(opCtx, w.rdb, []string{k.Heartbeat, k.Claim},
+		token, w.claimTTL().Milliseconds()).Int()
+	opCancel()
+	if err != nil {
+		return rep, false, fmt.Errorf("claim: %w", err)
+	}
+	if res != scripts.ClaimTaken {
+		return rep, false, nil
+	}
+
+	members, err := w.readRows(ctx, k.Rows)
+	if err != nil {
+		w.releaseClaim(k.Claim, token)
+		return rep, true, err
+	}
+	ids, bad := parseRowIDs(members)
+	rep.RowsFound, rep.InvalidMembers = len(ids), bad
+
+	if len(ids) > 0 {
+		resetCtx, resetCancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+		n, err := w.resetter.ResetRows(resetCtx, peer, ids)
+		resetCancel()
+		if err != nil {
+			w.releaseClaim(k.Claim, token)
+			return rep, true, fmt.Errorf("reset %d rows of %s: %w", len(ids), peer, err)
+		}
+		rep.RowsReset = n
+	}
+
+	opCtx, opCancel = w.opContext(ctx)
+	defer opCancel()
+	fin, err := scripts.Finish.Run(opCtx, w.rdb, []string{k.Heartbeat, k.Rows, k.Claim}, token).Int()
+	if err != nil {
+		return rep, true, fmt.Errorf("delete rows set after reset: %w", err)
+	}
+	switch fin {
+	case scripts.FinishLost:
+		return rep, true, fmt.Errorf("claim on %s expired before the rows set could be deleted", peer)
+	case scripts.FinishBack:
+		rep.PeerCameBack = true
+		if len(members) > 0 {
+			if err := w.rdb.SRem(opCtx, k.Rows, toArgs(members)...).Err(); err != nil {
+				return rep, true, fmt.Errorf("remove reset rows from the set of returned peer: %w", err)
+			}
+		}
+		return rep, true, nil
+	}
+	if err := w.deregister(ctx, peer); err != nil {
+		return rep, true, err
+	}
+	return rep, true, nil
+}
+
+func (w *Worker) readRows(ctx context.Context, key string) ([]string, error) {
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	m, err := w.rdb.SMembers(opCtx, key).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read rows set %s: %w", key, err)
+	}
+	return m, nil
+}
+
+// releaseClaim gives the claim up after a failure so the next scan, by any
+// worker, can try again at once instead of waiting out its TTL. It runs on
+// its own context: the recovery context may be the thing that ended.
+func (w *Worker) releaseClaim(key, token string) {
+	ctx, cancel := w.opContext(context.Background())
+	defer cancel()
+	if err := scripts.Release.Run(ctx, w.rdb, []string{key}, token).Err(); err != nil {
+		w.log.Warn("release recovery claim; it expires by itself",
+			slog.String("claim_key", key), slog.Any("error", err))
+	}
+}
+
+// parseRowIDs splits rows-set members into row IDs (sorted) and the members
+// that are not decimal int64s.
+func parseRowIDs(members []string) (ids []int64, bad []string) {
+	ids = make([]int64, 0, len(members))
+	for _, m := range members {
+		id, err := strconv.ParseInt(m, 10, 64)
+		if err != nil {
+			bad = append(bad, m)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, bad
+}
+
+func toArgs(ss []string) []any {
+	out := make([]any, len(ss))
+	for i, s := range ss {
+		out[i] = s
+	}
+	return out
+}
+
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b[:])
+}
+
+// runRecovery scans for dead peers at once and then every recovery interval
+// (±10%) until ctx, which only Shutdown cancels, is done.
+func (w *Worker) runRecovery(ctx context.Context) {
+	w.log.Debug("recovery loop started", slog.Duration("interval", w.opts.recoveryInterval))
+	defer w.log.Debug("recovery loop stopped")
+
+	l := recoveryLog{w: w, failing: make(map[string]bool), invalid: make(map[string]bool)}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		rep, err := w.scan(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		l.report(rep, err)
+		t.Reset(jitter(w.opts.recoveryInterval, 0.1))
+	}
+}
+
+// recoveryLog logs what the recovery loop does, once per outage: a scan that
+// keeps failing, a peer that keeps failing or a garbage registry member is
+// logged when it first appears and when it clears, not at every scan.
+type recoveryLog struct {
+	w           *Worker
+	scanFailing bool
+	failing     map[string]bool // peers whose recovery failed last time
+	invalid     map[string]bool // registry members already reported
+}
+
+func (l *recoveryLog) report(rep RecoveryReport, err error) {
+	log := l.w.log
+	var peerErrs []*PeerError
+	var scanErr error
+	for _, e := range unjoin(err) {
+		var pe *PeerError
+		if errors.As(e, &pe) {
+			peerErrs = append(peerErrs, pe)
+		} else {
+			scanErr = e
+		}
+	}
+	if scanErr != nil {
+		if !l.scanFailing {
+			log.Warn("recovery scan failed; will retry", slog.Any("error", scanErr))
+		}
+		l.scanFailing = true
+		return
+	}
+	if l.scanFailing {
+		log.Info("recovery scan succeeded again")
+		l.scanFailing = false
+	}
+	for _, m := range rep.InvalidMembers {
+		if !l.invalid[m] && len(l.invalid) < 1000 {
+			l.invalid[m] = true
+			log.Warn("ignoring registry member that is not a valid instance ID",
+				slog.String("member", clip(m)))
+		}
+	}
+	nowFailing := make(map[string]bool, len(peerErrs))
+	for _, pe := range peerErrs {
+		nowFailing[pe.InstanceID] = true
+		if !l.failing[pe.InstanceID] {
+			log.Warn("recovery of dead peer failed; will retry",
+				slog.String("peer_id", pe.InstanceID), slog.Any("error", pe.Err))
+		}
+	}
+	for _, pr := range rep.Recovered {
+		attrs := []any{
+			slog.String("peer_id", pr.InstanceID),
+			slog.Int("rows_found", pr.RowsFound),
+			slog.Int64("rows_reset", pr.RowsReset),
+		}
+		if len(pr.InvalidMembers) > 0 {
+			attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),
+				slog.String("first_invalid_member", clip(pr.InvalidMembers[0])))
+		}
+		if pr.PeerCameBack {
+			attrs = append(attrs, slog.Bool("peer_came_back", true))
+		}
+		log.Info("recovered rows of dead peer", attrs...)
+	}
+	l.failing = nowFailing
+	log.Debug("recovery scan done",
+		slog.Int("peers_checked", rep.PeersChecked),
+		slog.Int("peers_dead", rep.DeadPeers),
+		slog.Int64("rows_reset", rep.RowsReset),
+		slog.Duration("duration", rep.Duration))
+}
+
+// unjoin returns the errors joined in err, or err alone.
+func unjoin(err error) []error {
+	if err == nil {
+		return nil
+	}
+	if j, ok := err.(interface{ Unwrap() []error }); ok {
+		return j.Unwrap()
+	}
+	return []error{err}
+}

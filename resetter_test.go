@@ -1,0 +1,266 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// setStatus sets the status of the given rows.
+func setStatus(t *testing.T, db *pgxpool.Pool, status string, ids ...int64) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `UPDATE batchrows SET status = $1 WHERE rowid = ANY($2)`, status, ids)
+	require.NoError(t, err)
+}
+
+// statuses returns rowid -> status of every row.
+func statuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT rowid, status FROM batchrows`)
+	require.NoError(t, err)
+	out := map[int64]string{}
+	for rows.Next() {
+		var id int64
+		var s string
+		require.NoError(t, rows.Scan(&id, &s))
+		out[id] = s
+	}
+	require.NoError(t, rows.Err())
+	return out
+}
+
+func TestPgxResetterResetsOnlyRowsStillInProgress(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	setStatus(t, db, "inprog", 1, 2, 3, 4, 5)
+	setStatus(t, db, "done", 6)
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+
+	n, err := r.ResetRows(context.Background(), "dead", []int64{5, 1, 2, 3, 4, 6, 7, 999, 1})
+
+	require.NoError(t, err)
+	assert.Equal(t, int64(5), n, "only in-progress rows are counted")
+	got := statuses(t, db)
+	for id := int64(1); id <= 5; id++ {
+		assert.Equal(t, "queued", got[id], "row %d", id)
+	}
+	assert.Equal(t, "done", got[6], "a finished row is never reset")
+	var batch string
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT status FROM batches WHERE batchid = 1`).Scan(&batch))
+	assert.Equal(t, "inprog", batch, "the parent batch is not touched")
+
+	n, err = r.ResetRows(context.Background(), "dead", nil)
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
+func TestPgxResetterChunksLargeSetsInOneTransaction(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+		CREATE TABLE stmt_count (n int NOT NULL);
+		INSERT INTO stmt_count VALUES (0);
+		CREATE FUNCTION count_stmt() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN UPDATE stmt_count SET n = n + 1; RETURN NULL; END $$;
+		CREATE TRIGGER count_stmt AFTER UPDATE ON batchrows FOR EACH STATEMENT EXECUTE FUNCTION count_stmt();`)
+	require.NoError(t, err)
+	setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+	_, err = db.Exec(ctx, `UPDATE stmt_count SET n = 0`)
+	require.NoError(t, err)
+	r, err := NewPgxResetter(db, WithChunkSize(3))
+	require.NoError(t, err)
+
+	n, err := r.ResetRows(ctx, "dead", []int64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
+
+	require.NoError(t, err)
+	assert.Equal(t, int64(10), n)
+	var stmts int
+	require.NoError(t, db.QueryRow(ctx, `SELECT n FROM stmt_count`).Scan(&stmts))
+	assert.Equal(t, 4, stmts, "10 IDs in chunks of 3")
+}
+
+func TestPgxResetterResetsNothingWhenAChunkFails(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 6)
+	ctx := context.Background()
+	setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6)
+	_, err := db.Exec(ctx, `
+		CREATE FUNCTION refuse_five() RETURNS trigger LANGUAGE plpgsql AS
+			$$ BEGIN IF NEW.rowid = 5 THEN RAISE EXCEPTION 'row five refused'; END IF; RETURN NEW; END $$;
+		CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
+	require.NoError(t, err)
+	r, err := NewPgxResetter(db, WithChunkSize(2))
+	require.NoError(t, err)
+
+	n, err := r.ResetRows(ctx, "deadpeer", []int64{1, 2, 3, 4, 5, 6})
+
+	require.Error(t, err)
+	assert.Zero(t, n)
+	assert.Contains(t, err.Error(), "reset rows of deadpeer")
+	assert.Contains(t, err.Error(), "row five refused")
+	for id, s := range statuses(t, db) {
+		assert.Equal(t, "inprog", s, "row %d: the whole reset is rolled back", id)
+	}
+}
+
+func TestPgxResetterQuotesIdentifiersFromOptions(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	ctx := context.Background()
+	table := `rows"; DROP TABLE batchrows; --`
+	_, err := db.Exec(ctx, `CREATE TABLE "rows""; DROP TABLE batchrows; --" ("the id" bigint PRIMARY KEY, "St;atus" text)`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `INSERT INTO "rows""; DROP TABLE batchrows; --" VALUES (1, 'busy'), (2, 'busy'), (3, 'idle')`)
+	require.NoError(t, err)
+	r, err := NewPgxResetter(db, WithTable(table), WithIDColumn("the id"), WithStatusColumn("St;atus"),
+		WithStatuses("busy", "'; DELETE FROM batches; --"))
+	require.NoError(t, err)
+
+	n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
+	var count int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows`).Scan(&count))
+	assert.Equal(t, 3, count, "batchrows survived")
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batches`).Scan(&count))
+	assert.Equal(t, 1, count, "values are parameters")
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM "rows""; DROP TABLE batchrows; --" WHERE "St;atus" = '''; DELETE FROM batches; --'`).Scan(&count))
+	assert.Equal(t, 2, count)
+
+	_, err = NewPgxResetter(db, WithTable("no_such_table"))
+	require.NoError(t, err, "the table is not checked at construction")
+	bad, _ := NewPgxResetter(db, WithTable("no_such_table"))
+	_, err = bad.ResetRows(ctx, "dead", []int64{1})
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
+}
+
+func TestPgxResetterWithSchemaAndCustomStatuses(t *testing.T) {
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `CREATE SCHEMA jobs; CREATE TABLE jobs.items (id bigint PRIMARY KEY, state text);
+		INSERT INTO jobs.items VALUES (1, 'RUNNING'), (2, 'PENDING'), (3, 'RUNNING')`)
+	require.NoError(t, err)
+	t.Cleanup(func() { _, _ = db.Exec(context.Background(), `DROP SCHEMA jobs CASCADE`) })
+	r, err := NewPgxResetter(db, WithSchema("jobs"), WithTable("items"), WithIDColumn("id"),
+		WithStatusColumn("state"), WithStatuses("RUNNING", "PENDING"))
+	require.NoError(t, err)
+	n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
+}
+
+func TestPgxResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	ctx := context.Background()
+	setStatus(t, db, "inprog", 1, 2)
+
+	conn, err := db.Acquire(ctx)
+	require.NoError(t, err)
+	defer conn.Release()
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	r, err := NewPgxResetter(tx)
+	require.NoError(t, err)
+	n, err := r.ResetRows(ctx, "dead", []int64{1})
+	require.NoError(t, err)
+	assert.Equal(t, int64(1), n)
+	require.NoError(t, tx.Rollback(ctx))
+	assert.Equal(t, "inprog", statuses(t, db)[1], "the caller's transaction decides")
+
+	r, err = NewPgxResetter(conn.Conn())
+	require.NoError(t, err)
+	n, err = r.ResetRows(ctx, "dead", []int64{1, 2})
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
+}
+
+// flakyBegin fails Begin with a PostgreSQL error a number of times.
+type flakyBegin struct {
+	PgxExecer
+	code  string
+	fails int
+	calls int
+}
+
+func (f *flakyBegin) Begin(ctx context.Context) (pgx.Tx, error) {
+	f.calls++
+	if f.calls <= f.fails {
+		return nil, &pgconn.PgError{Code: f.code, Message: "injected"}
+	}
+	return f.PgxExecer.Begin(ctx)
+}
+
+func TestPgxResetterRetriesDeadlocksAndSerializationFailures(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	setStatus(t, db, "inprog", 1)
+	for _, code := range []string{"40P01", "40001"} {
+		f := &flakyBegin{PgxExecer: db, code: code, fails: 2}
+		r, err := NewPgxResetter(f)
+		require.NoError(t, err)
+		_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+		require.NoError(t, err, code)
+		assert.Equal(t, 3, f.calls, code)
+	}
+
+	f := &flakyBegin{PgxExecer: db, code: "42P01", fails: 1} // undefined table: not retried
+	r, err := NewPgxResetter(f)
+	require.NoError(t, err)
+	_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+	require.Error(t, err)
+	assert.Equal(t, 1, f.calls)
+
+	f = &flakyBegin{PgxExecer: db, code: "40P01", fails: 100}
+	r, err = NewPgxResetter(f)
+	require.NoError(t, err)
+	_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+	var pe *pgconn.PgError
+	require.True(t, errors.As(err, &pe))
+	assert.Equal(t, resetAttempts, f.calls, "gives up after a bounded number of tries")
+}
+
+func TestNewPgxResetterRejectsBadOptions(t *testing.T) {
+	var pool *pgxpool.Pool
+	cases := []struct {
+		name string
+		db   PgxExecer
+		opts []ResetterOption
+		want string
+	}{
+		{"nil db", nil, nil, "database handle is nil"},
+		{"typed nil pool", pool, nil, "database handle is nil"},
+		{"nil option", &pgxpool.Pool{}, []ResetterOption{nil}, "nil resetter option"},
+		{"empty table", &pgxpool.Pool{}, []ResetterOption{WithTable("")}, "table name is empty"},
+		{"empty id column", &pgxpool.Pool{}, []ResetterOption{WithIDColumn("")}, "ID column name is empty"},
+		{"empty status column", &pgxpool.Pool{}, []ResetterOption{WithStatusColumn("")}, "status column name is empty"},
+		{"long name", &pgxpool.Pool{}, []ResetterOption{WithTable(strings.Repeat("t", 64))}, "longer than 63 bytes"},
+		{"NUL byte", &pgxpool.Pool{}, []ResetterOption{WithIDColumn("a\x00b")}, "NUL byte"},
+		{"same columns", &pgxpool.Pool{}, []ResetterOption{WithIDColumn("x"), WithStatusColumn("x")}, `both "x"`},
+		{"same statuses", &pgxpool.Pool{}, []ResetterOption{WithStatuses("a", "a")}, `statuses are both "a"`},
+		{"empty status", &pgxpool.Pool{}, []ResetterOption{WithStatuses("", "queued")}, "statuses must not be empty"},
+		{"zero chunk", &pgxpool.Pool{}, []ResetterOption{WithChunkSize(0)}, "chunk size 0 must be positive"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			r, err := NewPgxResetter(c.db, c.opts...)
+			require.Error(t, err)
+			assert.Nil(t, r)
+			assert.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+}

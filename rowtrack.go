@@ -1,0 +1,164 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"sync"
+)
+
+// inflight is the worker's own record of the rows it is processing. Redis
+// holds the copy peers read; this one survives Redis forgetting (a restart
+// without persistence, a failover, eviction) and is written back with every
+// heartbeat.
+type inflight struct {
+	mu sync.Mutex
+	// ids are the rows tracked and not yet untracked.
+	ids map[int64]struct{}
+	// unremoved are rows untracked whose SREM failed; the next heartbeat
+	// removes them from Redis.
+	unremoved map[int64]struct{}
+
+	// assert is held for writing by a heartbeat while it writes ids back to
+	// Redis, and for reading by Untrack from the moment it forgets a row
+	// until its SREM is done, so a heartbeat never re-adds a row that
+	// Untrack has just removed.
+	assert sync.RWMutex
+}
+
+func (s *inflight) init() {
+	s.ids = make(map[int64]struct{})
+	s.unremoved = make(map[int64]struct{})
+}
+
+func (s *inflight) add(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		s.ids[id] = struct{}{}
+		delete(s.unremoved, id)
+	}
+	s.mu.Unlock()
+}
+
+func (s *inflight) remove(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		delete(s.ids, id)
+	}
+	s.mu.Unlock()
+}
+
+func (s *inflight) markUnremoved(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		if _, tracked := s.ids[id]; !tracked {
+			s.unremoved[id] = struct{}{}
+		}
+	}
+	s.mu.Unlock()
+}
+
+// snapshot returns the tracked and the unremoved rows as Redis arguments.
+func (s *inflight) snapshot() (tracked, unremoved []any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return members(s.ids), members(s.unremoved)
+}
+
+// forgetUnremoved drops rows whose SREM has now succeeded.
+func (s *inflight) forgetUnremoved(done []any) {
+	s.mu.Lock()
+	for _, m := range done {
+		id, _ := strconv.ParseInt(m.(string), 10, 64)
+		delete(s.unremoved, id)
+	}
+	s.mu.Unlock()
+}
+
+func (s *inflight) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ids)
+}
+
+func members(set map[int64]struct{}) []any {
+	if len(set) == 0 {
+		return nil
+	}
+	out := make([]any, 0, len(set))
+	for id := range set {
+		out = append(out, strconv.FormatInt(id, 10))
+	}
+	return out
+}
+
+func idArgs(ids []int64) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.FormatInt(id, 10)
+	}
+	return out
+}
+
+// Track records that this worker is processing rowIDs: call it after
+// FetchBlockOfRows has marked them in progress and before processing them.
+// If the worker dies before it calls Untrack, a peer returns the rows to the
+// queue. It adds the IDs to the worker's rows set and refreshes the set's
+// TTL in one round trip, bounded by ctx.
+//
+// Track returns ErrNotStarted before Start, ErrShutdown after Shutdown and
+// ErrLeaseLost while the heartbeat lease is lost; in those cases nothing is
+// recorded. If only the Redis write fails, the IDs are kept in memory and
+// written with the next heartbeat, so a row the host goes on to process is
+// still protected; call Untrack for rows the host will not process.
+func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
+	switch w.state.Load() {
+	case stateNew:
+		return ErrNotStarted
+	case stateShutdown:
+		return ErrShutdown
+	}
+	if err := w.lease.check(w); err != nil {
+		return err
+	}
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	w.rows.add(rowIDs)
+	pipe := w.rdb.Pipeline()
+	pipe.SAdd(ctx, w.keys.Rows, idArgs(rowIDs)...)
+	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("track %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+	}
+	return nil
+}
+
+// Untrack records that this worker has finished rowIDs, successfully or not:
+// call it after each row's outcome is committed. It removes the IDs from the
+// rows set with its own background context and the operation timeout, never
+// the caller's, so a cancelled processing context cannot leave a finished
+// row tracked (recovery would put it back in the queue). It works before
+// Start and after Shutdown too.
+//
+// If the removal fails, the rows are forgotten in memory all the same and
+// the next heartbeat removes them from Redis; the error is returned for
+// logging.
+func (w *Worker) Untrack(rowIDs ...int64) error {
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	w.rows.assert.RLock()
+	defer w.rows.assert.RUnlock()
+	w.rows.remove(rowIDs)
+	ctx, cancel := w.opContext(context.Background())
+	defer cancel()
+	if err := w.rdb.SRem(ctx, w.keys.Rows, idArgs(rowIDs)...).Err(); err != nil {
+		w.rows.markUnremoved(rowIDs)
+		return fmt.Errorf("untrack %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+	}
+	return nil
+}
+
+// TrackedRows returns how many rows the worker is tracking now.
+func (w *Worker) TrackedRows() int { return w.rows.len() }

@@ -1,0 +1,118 @@
+package recovery
+
+import (
+	"context"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
+	mr, rdb := newMini(t)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1",
+		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), // no tick during the count
+		WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+	require.Eventually(t, func() bool { return logs.Count("recovery scan done") == 1 }, 2*time.Second, 5*time.Millisecond)
+	ids := make([]int64, 100)
+	want := make([]string, 100)
+	for i := range ids {
+		ids[i] = int64(1000 + i)
+		want[i] = strconv.Itoa(1000 + i)
+	}
+	mr.FastForward(time.Minute) // the TTL seen below is Track's refresh, not Start's
+	counter.reset()
+
+	require.NoError(t, w.Track(context.Background(), ids...))
+
+	trips, cmds := counter.snapshot()
+	assert.Equal(t, 1, trips, "one round trip for a 100-row block")
+	assert.Equal(t, []string{"sadd", "pexpire"}, cmds)
+	got, err := mr.Members("ALYA_{w1}_ROWS")
+	require.NoError(t, err)
+	assert.ElementsMatch(t, want, got, "decimal row IDs")
+	assert.Equal(t, 3*time.Hour, mr.TTL("ALYA_{w1}_ROWS"))
+	assert.Equal(t, 100, w.TrackedRows())
+}
+
+func TestTrackHonoursTheCallersContext(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	err := w.Track(ctx, 1, 2)
+	require.ErrorIs(t, err, context.Canceled)
+	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	// The rows are kept in memory: if the host processes them anyway they
+	// are written with the next heartbeat.
+	require.Eventually(t, func() bool { ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "2"); return ok },
+		2*time.Second, 10*time.Millisecond)
+}
+
+func TestTrackBeforeStartAndAfterShutdownIsRefused(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
+	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrNotStarted)
+	require.NoError(t, w.Start(context.Background()))
+	require.NoError(t, w.Shutdown(context.Background()))
+	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown)
+	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+}
+
+func TestUntrackRemovesRowsWhateverTheProcessingContext(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
+	ctx, cancel := context.WithCancel(context.Background())
+	require.NoError(t, w.Track(ctx, 1, 2, 3))
+	cancel() // SIGTERM: the processing context is gone, the block goes on
+
+	require.NoError(t, w.Untrack(1))
+	require.NoError(t, w.Untrack(2, 3))
+	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"), "every finished row removed")
+	assert.Zero(t, w.TrackedRows())
+
+	// After Shutdown too: the host may finish its block late.
+	require.NoError(t, w.Track(context.Background(), 4))
+	require.NoError(t, w.Shutdown(context.Background()))
+	require.NoError(t, w.Untrack(4))
+	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+}
+
+func TestFailedUntrackIsCompletedByTheNextHeartbeat(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
+	require.NoError(t, w.Track(context.Background(), 1, 2))
+
+	mr.SetError("ERR down")
+	err := w.Untrack(1)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "untrack 1 rows of w1")
+	mr.SetError("")
+
+	require.Eventually(t, func() bool { ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "1"); return !ok },
+		3*time.Second, 10*time.Millisecond, "the heartbeat removes the row Untrack could not")
+	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "2")
+	assert.True(t, ok, "rows still in progress stay")
+}
+
+func TestHeartbeatWritesTrackedRowsBackAfterRedisForgetsThem(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
+	require.NoError(t, w.Track(context.Background(), 10, 11, 12))
+	require.NoError(t, w.Untrack(11))
+
+	mr.FlushAll() // Redis restarted without persistence
+
+	require.Eventually(t, func() bool {
+		got, _ := mr.Members("ALYA_{w1}_ROWS")
+		ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+		return ok && len(got) == 2 && mr.Exists("ALYA_{w1}_HEARTBEAT")
+	}, 2*time.Second, 10*time.Millisecond, "rows, registry and heartbeat back within one interval")
+	got, _ := mr.Members("ALYA_{w1}_ROWS")
+	assert.ElementsMatch(t, []string{"10", "12"}, got, "finished rows are not written back")
+	assert.Equal(t, 4*time.Second, mr.TTL("ALYA_{w1}_ROWS"))
+}

@@ -1,0 +1,58 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+)
+
+// Shutdown stops the worker: it stops the heartbeat and recovery loops and
+// waits for them, then deletes the heartbeat key and removes the worker from
+// the registry, so peers see at once that it left. The rows set is left in
+// place: rows still tracked (there should be none once the host has finished
+// its block) can still be recovered by a peer.
+//
+// Call Shutdown after the host has finished its current block, as the
+// design's graceful shutdown says. If ctx ends first, Shutdown returns
+// ctx.Err(); the loops have been told to stop and end within the operation
+// timeout, and a later call with a fresh context finishes the clean-up.
+//
+// Shutdown is idempotent, safe to call concurrently and safe to call
+// without Start. After it, Start, Track and RecoverNow return ErrShutdown.
+// It never closes the Redis client or the database handle it was given.
+func (w *Worker) Shutdown(ctx context.Context) error {
+	w.mu.Lock()
+	w.state.Store(stateShutdown)
+	started, stop, done := w.started, w.stopLoops, w.loopsDone
+	w.mu.Unlock()
+	if !started {
+		return nil
+	}
+	stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cleaned {
+		return nil
+	}
+	_, unremoved := w.rows.snapshot()
+	pipe := w.rdb.Pipeline()
+	pipe.Del(ctx, w.keys.Heartbeat)
+	pipe.SRem(ctx, w.registry, w.opts.instanceID)
+	if len(unremoved) > 0 {
+		pipe.SRem(ctx, w.keys.Rows, unremoved...)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
+	}
+	w.cleaned = true
+	w.log.Debug("recovery worker shut down")
+	return nil
+}

@@ -1,0 +1,147 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery/internal/keys"
+)
+
+// lifecycle states of a Worker.
+const (
+	stateNew int32 = iota
+	stateRunning
+	stateShutdown
+)
+
+// A Worker gives one process of a batch-worker fleet crash recovery. It
+// keeps a heartbeat in Redis, registers itself in the fleet's registry,
+// records the rows it is processing (Track/Untrack), and periodically resets
+// the rows of peers whose heartbeat has expired.
+//
+// A Worker is safe for concurrent use. Create it with New, call Start once,
+// and Shutdown when the process stops. See the package documentation for the
+// lifecycle.
+type Worker struct {
+	rdb      redis.UniversalClient
+	resetter RowResetter
+	opts     options
+	log      *slog.Logger
+	keys     keys.Keys
+	registry string
+	epoch    time.Time // monotonic base for the lease
+
+	state atomic.Int32
+
+	mu        sync.Mutex // serializes Start and the transitions of Shutdown
+	started   bool
+	stopLoops context.CancelFunc
+	loopsDone chan struct{}
+	cleaned   bool
+
+	rows  inflight // rowtrack.go
+	lease lease    // heartbeat.go
+}
+
+// New returns a Worker that keeps its keys in rdb and resets the rows of
+// dead peers through resetter. rdb may be a single-node client, a failover
+// client or a cluster client. New neither contacts Redis nor starts any
+// goroutine; Start does. The Worker never closes rdb.
+//
+// New returns an error wrapping ErrInvalidConfig that names the bad value
+// when an argument or option is invalid.
+func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Worker, error) {
+	if isNil(rdb) {
+		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
+	}
+	if isNil(resetter) {
+		return nil, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
+	}
+	o := defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+		}
+		opt.apply(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	w := &Worker{
+		rdb:      rdb,
+		resetter: resetter,
+		opts:     o,
+		log:      o.logger.With(slog.String("instance_id", o.instanceID)),
+		keys:     keys.For(o.keyPrefix, o.instanceID),
+		registry: keys.Registry(o.keyPrefix),
+		epoch:    time.Now(),
+	}
+	w.rows.init()
+	return w, nil
+}
+
+// InstanceID returns the worker's identity in Redis.
+func (w *Worker) InstanceID() string { return w.opts.instanceID }
+
+// Start writes the first heartbeat and registers the worker, then starts the
+// heartbeat loop and the recovery loop, whose first scan runs at once. It
+// returns an error, and starts nothing, if Redis cannot be reached within
+// ctx and the operation timeout; Start may then be called again.
+//
+// ctx bounds only Start itself. The loops run until Shutdown, whatever
+// happens to ctx: a worker that stops refreshing its heartbeat while it
+// still processes rows would have them recovered under it.
+func (w *Worker) Start(ctx context.Context) error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	switch w.state.Load() {
+	case stateShutdown:
+		return ErrShutdown
+	case stateRunning:
+		return ErrAlreadyStarted
+	}
+	if err := w.beat(ctx); err != nil {
+		return fmt.Errorf("start %s: first heartbeat: %w", w.opts.instanceID, err)
+	}
+	loopCtx, cancel := context.WithCancel(context.Background())
+	w.stopLoops = cancel
+	w.loopsDone = make(chan struct{})
+	w.started = true
+	w.state.Store(stateRunning)
+
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); w.runHeartbeat(loopCtx) }()
+	go func() { defer wg.Done(); w.runRecovery(loopCtx) }()
+	go func() { wg.Wait(); close(w.loopsDone) }()
+	w.log.Debug("recovery worker started",
+		slog.Duration("heartbeat_ttl", w.opts.heartbeatTTL),
+		slog.Duration("recovery_interval", w.opts.recoveryInterval))
+	return nil
+}
+
+// opContext returns a context for one Redis call of the background work.
+func (w *Worker) opContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, w.opts.opTimeout)
+}
+
+// isNil reports whether v is nil or a nil pointer, so New refuses a
+// (*redis.Client)(nil) instead of panicking on first use.
+func isNil(v any) bool {
+	if v == nil {
+		return true
+	}
+	rv := reflect.ValueOf(v)
+	switch rv.Kind() {
+	case reflect.Pointer, reflect.Interface, reflect.Map, reflect.Slice, reflect.Func, reflect.Chan:
+		return rv.IsNil()
+	}
+	return false
+}
