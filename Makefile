@@ -1,0 +1,33 @@
+# Targets describe themselves: `make help`.
+GO        ?= go
+PKGS      ?= ./...
+BENCHTIME ?= 1s
+
+.DEFAULT_GOAL := help
+.PHONY: help deps test test-unit test-integration bench fuzz lint
+
+help: ## list the targets
+	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
+
+deps: ## install redis-server and PostgreSQL binaries when missing (apt-get)
+	@scripts/install-deps.sh
+
+test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race
+	$(GO) test -race -count=1 $(PKGS)
+
+test-unit: ## fast unit tests only (miniredis; no servers needed)
+	$(GO) test -race -short -count=1 $(PKGS)
+
+test-integration: deps ## integration tests only, failing (not skipping) without servers
+	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx' $(PKGS)
+
+bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
+	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)
+
+fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
+	$(GO) test -run '^$$' -fuzz FuzzValidNamesKeepEveryKeyInTheNamesSlot -fuzztime $${FUZZTIME:-5s} ./internal/keys/
+	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime $${FUZZTIME:-5s} ./internal/keys/
+
+lint: ## gofmt and go vet
+	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+	$(GO) vet $(PKGS)

@@ -1,0 +1,231 @@
+package testutil
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis returns a client for tests that need a real Redis but not their own
+// server: the one at REDIS_URL when set, otherwise a fresh redis-server
+// stopped when the test ends. Keep tests apart with a Name prefix.
+func Redis(t testing.TB) *redis.Client {
+	t.Helper()
+	skipIfShort(t)
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		opt, err := redis.ParseURL(url)
+		if err != nil {
+			t.Fatalf("REDIS_URL is not a valid redis URL: %v", redactErr(err, url))
+		}
+		c := redis.NewClient(opt)
+		t.Cleanup(func() { c.Close() })
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		if err := c.Ping(ctx).Err(); err != nil {
+			Unavailable(t, "REDIS_URL does not answer PING: %v", redactErr(err, url))
+		}
+		return c
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil && dockerReachable() {
+		addr, err := containerRedisAddr(t)
+		if err != nil {
+			Unavailable(t, "no redis-server binary, and %v", err)
+		}
+		c := redis.NewClient(&redis.Options{Addr: addr})
+		t.Cleanup(func() { c.Close() })
+		return c
+	}
+	return StartRedis(t).Client(t)
+}
+
+// RedisServer is a redis-server process owned by one test.
+type RedisServer struct {
+	Port int
+	Addr string
+	bin  string
+	dir  string
+	args []string
+	cmd  *exec.Cmd
+	t    testing.TB
+}
+
+// redisBinary finds redis-server, or ends the test.
+func redisBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := exec.LookPath("redis-server")
+	if err != nil {
+		Unavailable(t, "redis-server not found in PATH (make test installs it; or set REDIS_URL)")
+	}
+	return bin
+}
+
+// StartRedis starts a redis-server on a free loopback port, without
+// persistence, and stops it when the test ends. extra are more
+// command-line options (e.g. "--cluster-enabled", "yes").
+func StartRedis(t testing.TB, extra ...string) *RedisServer {
+	t.Helper()
+	skipIfShort(t)
+	bin := redisBinary(t)
+	cluster := false
+	for _, a := range extra {
+		cluster = cluster || a == "--cluster-enabled"
+	}
+	s := &RedisServer{bin: bin, dir: t.TempDir(), t: t}
+	s.Port = FreePort(t, cluster)
+	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
+	s.args = append([]string{
+		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+		"--save", "", "--appendonly", "no", "--dir", s.dir,
+		"--daemonize", "no", "--loglevel", "warning", "--protected-mode", "no",
+	}, extra...)
+	if err := s.start(); err != nil {
+		t.Fatalf("start redis-server: %v", err)
+	}
+	t.Cleanup(s.Kill)
+	return s
+}
+
+func (s *RedisServer) start() error {
+	cmd := exec.Command(s.bin, s.args...)
+	cmd.Dir = s.dir
+	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
+	out, err := os.Create(s.dir + "/redis.log")
+	if err != nil {
+		return err
+	}
+	cmd.Stdout, cmd.Stderr = out, out
+	if err := cmd.Start(); err != nil {
+		out.Close()
+		return err
+	}
+	out.Close()
+	s.cmd = cmd
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	defer c.Close()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+		err := c.Ping(ctx).Err()
+		cancel()
+		if err == nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			log, _ := os.ReadFile(s.dir + "/redis.log")
+			s.Kill()
+			return fmt.Errorf("redis-server on %s did not answer: %v; log: %s", s.Addr, err, log)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// Client returns a client for this server, closed when the test ends.
+func (s *RedisServer) Client(t testing.TB) *redis.Client {
+	c := redis.NewClient(&redis.Options{Addr: s.Addr})
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// Kill stops the server with SIGKILL and waits for it. It is safe to call
+// on a stopped server.
+func (s *RedisServer) Kill() {
+	if s.cmd == nil {
+		return
+	}
+	_ = s.cmd.Process.Kill()
+	_ = s.cmd.Wait()
+	s.cmd = nil
+}
+
+// Restart kills the server and starts it again, empty, on the same port.
+func (s *RedisServer) Restart() {
+	s.t.Helper()
+	s.Kill()
+	var err error
+	for range 50 { // the port may linger for a moment
+		if err = s.start(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	s.t.Fatalf("restart redis-server: %v", err)
+}
+
+// Signal sends sig (SIGSTOP, SIGCONT) to the server process.
+func (s *RedisServer) Signal(sig syscall.Signal) error {
+	if s.cmd == nil {
+		return fmt.Errorf("redis-server on %s is not running", s.Addr)
+	}
+	return s.cmd.Process.Signal(sig)
+}
+
+// Cluster is a Redis Cluster of masters without replicas owned by one test.
+type Cluster struct {
+	Addrs []string
+	Nodes []*RedisServer
+}
+
+// StartCluster starts n redis-server nodes with cluster mode on loopback,
+// joins them with redis-cli --cluster create and waits until every node
+// reports cluster_state:ok.
+func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	cli, err := exec.LookPath("redis-cli")
+	if err != nil {
+		Unavailable(t, "redis-cli not found in PATH: cannot create a Redis Cluster")
+	}
+	c := &Cluster{}
+	for range n {
+		s := StartRedis(t, "--cluster-enabled", "yes",
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+		c.Nodes = append(c.Nodes, s)
+		c.Addrs = append(c.Addrs, s.Addr)
+	}
+	args := append([]string{"--cluster", "create"}, c.Addrs...)
+	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
+		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
+	}
+	deadline := time.Now().Add(20 * time.Second)
+	for _, s := range c.Nodes {
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
+		for {
+			info, err := rc.ClusterInfo(context.Background()).Result()
+			if err == nil && strings.Contains(info, "cluster_state:ok") {
+				break
+			}
+			if time.Now().After(deadline) {
+				rc.Close()
+				t.Fatalf("cluster node %s not ok: %v %s", s.Addr, err, info)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+		rc.Close()
+	}
+	return c
+}
+
+// Client returns a cluster client, closed when the test ends.
+func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// redactErr returns err's text with any occurrence of secret removed, so a
+// URL with a password never reaches a test log.
+func redactErr(err error, secret string) string {
+	msg := err.Error()
+	if secret != "" {
+		msg = strings.ReplaceAll(msg, secret, "<redacted>")
+	}
+	return msg
+}
