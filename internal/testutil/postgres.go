@@ -3,20 +3,15 @@ package testutil
 import (
 	"context"
 	"errors"
-	"fmt"
 	"os"
-	"os/exec"
-	"os/user"
-	"path/filepath"
-	"sort"
-	"strconv"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+
+	"github.com/alya/recovery/internal/servers"
 )
 
 var (
@@ -119,132 +114,15 @@ func CreateBatch(t testing.TB, pool *pgxpool.Pool, n int) {
 	}
 }
 
-// startPostgres initdb's a cluster in a temporary folder and runs postgres
-// on a free loopback port. The server is stopped by Main.
+// startPostgres starts a throwaway PostgreSQL (see servers.StartPostgres),
+// stopped by Main.
 func startPostgres() (string, error) {
-	bindir, err := postgresBinDir()
+	pg, err := servers.StartPostgres(context.Background())
 	if err != nil {
 		return "", err
 	}
-	dir, err := os.MkdirTemp("", "recovery-pg-")
-	if err != nil {
-		return "", err
-	}
-	cred, err := postgresCredential()
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", err
-	}
-	if cred != nil {
-		if err := os.Chown(dir, int(cred.Uid), int(cred.Gid)); err != nil {
-			os.RemoveAll(dir)
-			return "", err
-		}
-	}
-	data := filepath.Join(dir, "data")
-	initdb := exec.Command(filepath.Join(bindir, "initdb"), "-D", data, "-U", "postgres",
-		"--auth=trust", "-E", "UTF8", "--no-sync", "--locale=C")
-	initdb.SysProcAttr = &syscall.SysProcAttr{Credential: cred}
-	initdb.Dir = dir
-	if out, err := initdb.CombinedOutput(); err != nil {
-		os.RemoveAll(dir)
-		return "", fmt.Errorf("initdb: %v: %s", err, out)
-	}
-	port, err := freePort(false)
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", err
-	}
-	cmd := exec.Command(filepath.Join(bindir, "postgres"), "-D", data,
-		"-p", strconv.Itoa(port), "-k", dir, "-c", "listen_addresses=127.0.0.1",
-		"-c", "fsync=off", "-c", "synchronous_commit=off", "-c", "full_page_writes=off",
-		"-c", "max_connections=200")
-	cmd.SysProcAttr = &syscall.SysProcAttr{Credential: cred, Pdeathsig: syscall.SIGKILL}
-	cmd.Dir = dir
-	logf, err := os.Create(filepath.Join(dir, "postgres.log"))
-	if err != nil {
-		os.RemoveAll(dir)
-		return "", err
-	}
-	cmd.Stdout, cmd.Stderr = logf, logf
-	if err := cmd.Start(); err != nil {
-		logf.Close()
-		os.RemoveAll(dir)
-		return "", fmt.Errorf("start postgres: %w", err)
-	}
-	stop := func() {
-		_ = cmd.Process.Signal(syscall.SIGINT) // fast shutdown
-		done := make(chan struct{})
-		go func() { _ = cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			_ = cmd.Process.Kill()
-			<-done
-		}
-		logf.Close()
-		os.RemoveAll(dir)
-	}
-	url := fmt.Sprintf("postgres://postgres@127.0.0.1:%d/postgres?sslmode=disable", port)
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		c, err := pgx.Connect(ctx, url)
-		if err == nil {
-			c.Close(ctx)
-			cancel()
-			break
-		}
-		cancel()
-		if time.Now().After(deadline) {
-			log, _ := os.ReadFile(filepath.Join(dir, "postgres.log"))
-			stop()
-			return "", fmt.Errorf("postgres did not accept connections: %v; log: %s", err, log)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	onExit(stop)
-	return url, nil
+	onExit(pg.Stop)
+	return pg.URL, nil
 }
 
-var errNoPostgresBinaries = errors.New("no initdb found in PATH or /usr/lib/postgresql/*/bin (make test installs PostgreSQL; or set DATABASE_URL)")
-
-// postgresBinDir finds the folder with initdb and postgres: PATH first,
-// then Debian's /usr/lib/postgresql/<version>/bin, newest first.
-func postgresBinDir() (string, error) {
-	if p, err := exec.LookPath("initdb"); err == nil {
-		if real, err := filepath.EvalSymlinks(p); err == nil {
-			if _, err := os.Stat(filepath.Join(filepath.Dir(real), "postgres")); err == nil {
-				return filepath.Dir(real), nil
-			}
-		}
-	}
-	dirs, _ := filepath.Glob("/usr/lib/postgresql/*/bin")
-	sort.Slice(dirs, func(i, j int) bool { return versionOf(dirs[i]) > versionOf(dirs[j]) })
-	for _, d := range dirs {
-		if _, err := os.Stat(filepath.Join(d, "initdb")); err == nil {
-			return d, nil
-		}
-	}
-	return "", errNoPostgresBinaries
-}
-
-func versionOf(bindir string) int {
-	v, _ := strconv.Atoi(filepath.Base(filepath.Dir(bindir)))
-	return v
-}
-
-// postgresCredential returns the postgres user's credential when running as
-// root, nil otherwise.
-func postgresCredential() (*syscall.Credential, error) {
-	if os.Geteuid() != 0 {
-		return nil, nil
-	}
-	u, err := user.Lookup("postgres")
-	if err != nil {
-		return nil, fmt.Errorf("running as root and no postgres user to run PostgreSQL as: %w", err)
-	}
-	uid, _ := strconv.Atoi(u.Uid)
-	gid, _ := strconv.Atoi(u.Gid)
-	return &syscall.Credential{Uid: uint32(uid), Gid: uint32(gid)}, nil
-}
+var errNoPostgresBinaries = servers.ErrNoPostgresBinaries

@@ -21,18 +21,7 @@ func Redis(t testing.TB) *redis.Client {
 	t.Helper()
 	skipIfShort(t)
 	if url := os.Getenv("REDIS_URL"); url != "" {
-		opt, err := redis.ParseURL(url)
-		if err != nil {
-			t.Fatalf("REDIS_URL is not a valid redis URL: %v", redactErr(err, url))
-		}
-		c := redis.NewClient(opt)
-		t.Cleanup(func() { c.Close() })
-		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		defer cancel()
-		if err := c.Ping(ctx).Err(); err != nil {
-			Unavailable(t, "REDIS_URL does not answer PING: %v", redactErr(err, url))
-		}
-		return c
+		return envRedis(t, url)
 	}
 	if _, err := exec.LookPath("redis-server"); err != nil && dockerReachable() {
 		addr, err := containerRedisAddr(t)
@@ -44,6 +33,45 @@ func Redis(t testing.TB) *redis.Client {
 		return c
 	}
 	return StartRedis(t).Client(t)
+}
+
+// RedisURL is Redis for tests that connect by URL (programs under test that
+// take a --redis-url): REDIS_URL when set, otherwise the URL of a fresh
+// redis-server stopped when the test ends. Keep tests apart with a Name
+// prefix.
+func RedisURL(t testing.TB) string {
+	t.Helper()
+	skipIfShort(t)
+	if url := os.Getenv("REDIS_URL"); url != "" {
+		envRedis(t, url)
+		return url
+	}
+	if _, err := exec.LookPath("redis-server"); err != nil && dockerReachable() {
+		addr, err := containerRedisAddr(t)
+		if err != nil {
+			Unavailable(t, "no redis-server binary, and %v", err)
+		}
+		return "redis://" + addr
+	}
+	return "redis://" + StartRedis(t).Addr
+}
+
+// envRedis returns a client for REDIS_URL, closed when the test ends, after
+// checking that it answers.
+func envRedis(t testing.TB, url string) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	if err != nil {
+		t.Fatalf("REDIS_URL is not a valid redis URL: %v", redactErr(err, url))
+	}
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := c.Ping(ctx).Err(); err != nil {
+		Unavailable(t, "REDIS_URL does not answer PING: %v", redactErr(err, url))
+	}
+	return c
 }
 
 // RedisServer is a redis-server process owned by one test.

@@ -14,11 +14,12 @@ import (
 	"encoding/hex"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"strings"
 	"sync"
 	"testing"
+
+	"github.com/alya/recovery/internal/servers"
 )
 
 // RequireIntegration reports whether integration tests must run: set
@@ -92,31 +93,7 @@ func FreePort(t testing.TB, withBus bool) int {
 	return port
 }
 
-func freePort(withBus bool) (int, error) {
-	for range 200 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return 0, err
-		}
-		port := l.Addr().(*net.TCPAddr).Port
-		if !withBus {
-			l.Close()
-			return port, nil
-		}
-		if port+10000 >= 65536 {
-			l.Close()
-			continue
-		}
-		bus, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port+10000))
-		l.Close()
-		if err != nil {
-			continue
-		}
-		bus.Close()
-		return port, nil
-	}
-	return 0, fmt.Errorf("no free port after 200 tries")
-}
+func freePort(withBus bool) (int, error) { return servers.FreePort(withBus) }
 
 // LogBuffer collects JSON log lines from a logger made by Logger.
 type LogBuffer struct {
