@@ -1,0 +1,414 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+
+	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// These tests run recoveryctl's run function against a real redis-server
+// (standalone and Cluster) and, for recover, a real PostgreSQL.
+
+func TestMain(m *testing.M) {
+	code := testutil.Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// ctl runs recoveryctl with args and the environment env.
+func ctl(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, code int) {
+	t.Helper()
+	var out, errOut bytes.Buffer
+	code = run(context.Background(), args, func(k string) string { return env[k] }, &out, &errOut)
+	return out.String(), errOut.String(), code
+}
+
+// noResets is a RowResetter for live workers in these tests: they must
+// never recover anything.
+type noResets struct{ t *testing.T }
+
+func (r noResets) ResetRows(context.Context, string, []int64) (int64, error) {
+	r.t.Error("a live test worker reset rows")
+	return 0, nil
+}
+
+// liveWorker starts a real worker of the library that tracks rows, shut
+// down when the test ends.
+func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...int64) {
+	t.Helper()
+	log, logs := testutil.Logger(t)
+	w, err := recovery.New(rdb, noResets{t}, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID(id),
+		recovery.WithRecoveryInterval(time.Hour), recovery.WithRowsTTL(3*time.Hour), recovery.WithLogger(log))
+	require.NoError(t, err)
+	require.NoError(t, w.Start(context.Background()))
+	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
+	// Its first scan runs at Start; the next in an hour. Wait for it, so it
+	// does not recover the dead peers a test plants next.
+	require.Eventually(t, func() bool { return logs.Count("recovery scan done") > 0 }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, w.Track(context.Background(), rows...))
+}
+
+// plantDead leaves what a killed worker leaves: a registry entry and a
+// rows set, no heartbeat.
+func plantDead(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
+	t.Helper()
+	ctx := context.Background()
+	require.NoError(t, rdb.SAdd(ctx, keys.Registry(prefix), id).Err())
+	if len(rows) > 0 {
+		require.NoError(t, rdb.SAdd(ctx, keys.For(prefix, id).Rows, rows...).Err())
+	}
+}
+
+type workersOut struct {
+	Prefix         string         `json:"prefix"`
+	Registry       string         `json:"registry"`
+	Workers        []instanceJSON `json:"workers"`
+	InvalidMembers []string       `json:"invalid_members"`
+}
+
+func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	prefix := testutil.Name("CTL")
+	liveWorker(t, rdb, prefix, "alive-1", 7, 8)
+	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3")
+	require.NoError(t, rdb.SAdd(context.Background(), keys.Registry(prefix), "not valid").Err())
+
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers")
+	require.Equal(t, exitOK, code, errOut)
+	lines := strings.Split(out, "\n")
+	require.GreaterOrEqual(t, len(lines), 4, out)
+	assert.Regexp(t, `^INSTANCE\s+STATE\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
+	assert.Regexp(t, `^alive-1\s+alive\s+\S+\s+2\s+`, lines[1])
+	assert.Regexp(t, `^dead-1\s+dead\s+-\s+3\s+no expiry`, lines[2])
+	assert.Contains(t, out, "2 registered in "+prefix+"_WORKER_REGISTRY: 1 alive, 1 dead")
+	assert.Contains(t, out, `"not valid"`)
+
+	// The same, as JSON, with flags after the command.
+	out, errOut, code = ctl(t, map[string]string{"REDIS_URL": url}, "workers", "--json", "--prefix", prefix)
+	require.Equal(t, exitOK, code, errOut)
+	var got workersOut
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	assert.Equal(t, prefix+"_WORKER_REGISTRY", got.Registry)
+	assert.Equal(t, []string{"not valid"}, got.InvalidMembers)
+	require.Len(t, got.Workers, 2)
+	alive, dead := got.Workers[0], got.Workers[1]
+	assert.Equal(t, "alive-1", alive.InstanceID)
+	assert.True(t, alive.Alive)
+	require.NotNil(t, alive.HeartbeatTTLMs)
+	assert.Greater(t, *alive.HeartbeatTTLMs, int64(50_000), "default TTL 60s, just refreshed")
+	assert.EqualValues(t, 2, alive.Rows)
+	assert.Equal(t, "dead-1", dead.InstanceID)
+	assert.False(t, dead.Alive)
+	assert.Nil(t, dead.HeartbeatTTLMs, "no heartbeat key: null")
+	assert.EqualValues(t, 3, dead.Rows)
+}
+
+func TestWorkersOnRedisCluster(t *testing.T) {
+	cluster := testutil.StartCluster(t, 3)
+	rdb := cluster.Client(t)
+	prefix := testutil.Name("CTL")
+	// Enough instances that their keys spread over every node.
+	for i := range 6 {
+		liveWorker(t, rdb, prefix, "alive-"+strconv.Itoa(i), int64(i))
+	}
+	plantDead(t, rdb, prefix, "dead-1", "1", "2")
+
+	out, errOut, code := ctl(t, nil, "--cluster", strings.Join(cluster.Addrs, ","), "--prefix", prefix, "--json", "workers")
+	require.Equal(t, exitOK, code, errOut)
+	var got workersOut
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.Len(t, got.Workers, 7)
+	for _, w := range got.Workers[:6] {
+		assert.True(t, w.Alive, w.InstanceID)
+		assert.EqualValues(t, 1, w.Rows, w.InstanceID)
+	}
+	assert.False(t, got.Workers[6].Alive)
+	assert.EqualValues(t, 2, got.Workers[6].Rows)
+}
+
+func TestPrefixKeepsFleetsApart(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	prefix := testutil.Name("CTL")
+	plantDead(t, rdb, prefix, "dead-1", "1")
+
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", testutil.Name("OTHER"), "workers")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "0 registered")
+	assert.NotContains(t, out, "dead-1")
+}
+
+func TestRowsListsTheRowIDsOfAnInstance(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	prefix := testutil.Name("CTL")
+	plantDead(t, rdb, prefix, "dead-1", "30", "4", "200", "junk")
+
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "rows", "dead-1")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "instance dead-1: dead, heartbeat TTL -, 4 rows tracked")
+	assert.Contains(t, out, "4\n30\n200\n", "numeric order")
+	assert.Contains(t, out, `"junk"`)
+
+	out, errOut, code = ctl(t, nil, "rows", "--json", "dead-1", "--redis-url", url, "--prefix", prefix)
+	require.Equal(t, exitOK, code, errOut)
+	var got struct {
+		instanceJSON
+		RowIDs         []int64  `json:"row_ids"`
+		InvalidMembers []string `json:"invalid_members"`
+	}
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	assert.Equal(t, []int64{4, 30, 200}, got.RowIDs)
+	assert.Equal(t, []string{"junk"}, got.InvalidMembers)
+	assert.True(t, got.Registered)
+	assert.False(t, got.Alive)
+}
+
+func TestRowsOfAnUnknownInstanceIsAnError(t *testing.T) {
+	url := testutil.RedisURL(t)
+	prefix := testutil.Name("CTL")
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "rows", "nobody")
+	assert.Equal(t, exitFail, code)
+	assert.Empty(t, out)
+	assert.Contains(t, errOut, `unknown instance "nobody": not in `+prefix+`_WORKER_REGISTRY and no keys of it under prefix "`+prefix+`"`)
+
+	_, errOut, code = ctl(t, nil, "--redis-url", url, "rows", "a{b}")
+	assert.Equal(t, exitUsage, code, "an ID that cannot be a key is a usage error")
+	assert.Contains(t, errOut, `instance ID "a{b}"`)
+
+	_, _, code = ctl(t, nil, "--redis-url", url, "rows")
+	assert.Equal(t, exitUsage, code)
+}
+
+func TestRecoverDryRunShowsThePlanAndChangesNothing(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	prefix := testutil.Name("CTL")
+	liveWorker(t, rdb, prefix, "alive-1", 9)
+	plantDead(t, rdb, prefix, "dead-rows", "3", "1", "2")
+	plantDead(t, rdb, prefix, "dead-empty")
+	plantDead(t, rdb, prefix, "dead-claimed", "5")
+	require.NoError(t, rdb.Set(ctx, keys.For(prefix, "dead-claimed").Claim, "token", time.Minute).Err())
+	before := dump(t, rdb, prefix, "dead-rows", "dead-empty", "dead-claimed")
+
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "recover", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "dry run: 4 registered instances checked, 3 dead; nothing was changed")
+	assert.Contains(t, out, "would reset dead-rows: the rows among 3 tracked that are still in progress (1 2 3)")
+	assert.Contains(t, out, "would deregister dead-empty")
+	assert.Contains(t, out, "would skip dead-claimed")
+	assert.NotContains(t, out, "alive-1")
+
+	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "--json", "recover", "--dry-run")
+	require.Equal(t, exitOK, code, errOut)
+	var got recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	assert.True(t, got.DryRun)
+	assert.Equal(t, 3, got.DeadPeers)
+	actions := map[string]string{}
+	for _, p := range got.Peers {
+		actions[p.InstanceID] = p.Action
+	}
+	assert.Equal(t, map[string]string{"dead-rows": "reset", "dead-empty": "deregister", "dead-claimed": "skip"}, actions)
+
+	assert.Equal(t, before, dump(t, rdb, prefix, "dead-rows", "dead-empty", "dead-claimed"), "dry run wrote nothing")
+}
+
+func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	schema := db.Config().ConnConfig.RuntimeParams["search_path"]
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid IN (1, 2, 3, 4)`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = 5`)
+	require.NoError(t, err)
+	prefix := testutil.Name("CTL")
+	liveWorker(t, rdb, prefix, "alive-1", 4) // row 4 is a live worker's
+	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "5")
+
+	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
+		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema, "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var got recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	assert.False(t, got.DryRun)
+	assert.Equal(t, 2, got.PeersChecked)
+	assert.Equal(t, 1, got.DeadPeers)
+	assert.EqualValues(t, 3, got.RowsReset)
+	require.Len(t, got.Peers, 1)
+	assert.Equal(t, "recovered", got.Peers[0].Action)
+	assert.Equal(t, 4, got.Peers[0].RowsFound)
+
+	status := map[int64]string{}
+	rows, err := db.Query(ctx, `SELECT rowid, status FROM batchrows`)
+	require.NoError(t, err)
+	for rows.Next() {
+		var id int64
+		var s string
+		require.NoError(t, rows.Scan(&id, &s))
+		status[id] = s
+	}
+	require.NoError(t, rows.Err())
+	assert.Equal(t, "queued", status[1])
+	assert.Equal(t, "queued", status[3])
+	assert.Equal(t, "inprog", status[4], "a live worker's row is left alone")
+	assert.Equal(t, "done", status[5], "a finished row stays finished")
+
+	n, err := rdb.Exists(ctx, keys.For(prefix, "dead-1").Rows).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "rows set deleted")
+	member, err := rdb.SIsMember(ctx, keys.Registry(prefix), "dead-1").Result()
+	require.NoError(t, err)
+	assert.False(t, member, "deregistered")
+	hb, err := rdb.Exists(ctx, keys.For(prefix, "recoveryctl").Heartbeat).Result()
+	require.NoError(t, err)
+	assert.Zero(t, hb)
+	reg, err := rdb.SMembers(ctx, keys.Registry(prefix)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"alive-1"}, reg, "recoveryctl never registers itself")
+
+	// A second scan finds nothing to do; the text form says so.
+	out, errOut, code = ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
+		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Equal(t, "1 registered instances checked, 0 dead, 0 rows reset\n", out)
+}
+
+func TestRecoverWithoutADatabaseIsAUsageError(t *testing.T) {
+	_, errOut, code := ctl(t, nil, "--redis-url", "redis://127.0.0.1:1", "recover")
+	assert.Equal(t, exitUsage, code)
+	assert.Contains(t, errOut, "recover needs --database-url or DATABASE_URL")
+}
+
+func TestUnreachableServersAreNamedWithoutTheirPasswords(t *testing.T) {
+	port := testutil.FreePort(t, false)
+	redisURL := fmt.Sprintf("redis://admin:s3cretR@127.0.0.1:%d/0", port)
+	_, errOut, code := ctl(t, map[string]string{"REDIS_URL": redisURL}, "workers")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, fmt.Sprintf("Redis at redis://admin:xxxxx@127.0.0.1:%d/0 unreachable", port))
+	assert.Contains(t, errOut, "connection refused")
+	assert.NotContains(t, errOut, "s3cretR")
+
+	_, errOut, code = ctl(t, nil, "--cluster", fmt.Sprintf("127.0.0.1:%d", port), "--redis-url", redisURL, "workers")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "unreachable")
+	assert.NotContains(t, errOut, "s3cretR")
+
+	// A reachable Redis, an unreachable PostgreSQL.
+	url := testutil.RedisURL(t)
+	pgPort := testutil.FreePort(t, false)
+	dbURL := fmt.Sprintf("postgres://app:s3cretP@127.0.0.1:%d/x?sslmode=disable", pgPort)
+	_, errOut, code = ctl(t, map[string]string{"DATABASE_URL": dbURL}, "--redis-url", url, "recover")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, fmt.Sprintf("PostgreSQL at postgres://app:xxxxx@127.0.0.1:%d/x?sslmode=disable unreachable", pgPort))
+	assert.NotContains(t, errOut, "s3cretP")
+
+	// Malformed URLs are usage errors, and still masked.
+	_, errOut, code = ctl(t, nil, "--redis-url", "redis://u:s3cretM@host:notaport", "workers")
+	assert.Equal(t, exitUsage, code)
+	assert.NotContains(t, errOut, "s3cretM")
+}
+
+func TestHelpNeverShowsCredentialsFromTheEnvironment(t *testing.T) {
+	env := map[string]string{"REDIS_URL": "redis://:s3cretH@h:1", "DATABASE_URL": "postgres://u:s3cretD@h/x"}
+	out, errOut, code := ctl(t, env, "--help")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, errOut, "recoveryctl [flags] workers")
+	assert.NotContains(t, out+errOut, "s3cret")
+	_, errOut, code = ctl(t, env, "recover", "-h")
+	assert.Equal(t, exitOK, code)
+	assert.Contains(t, errOut, "-dry-run")
+	assert.NotContains(t, errOut, "s3cret")
+}
+
+func TestUsageErrors(t *testing.T) {
+	for _, args := range [][]string{
+		{},
+		{"frobnicate"},
+		{"workers", "extra"},
+		{"--no-such-flag", "workers"},
+		{"workers", "--timeout", "0s"},
+	} {
+		_, errOut, code := ctl(t, nil, args...)
+		assert.Equal(t, exitUsage, code, "%q: %s", args, errOut)
+	}
+}
+
+func TestParseInterleavedTakesFlagsAnywhere(t *testing.T) {
+	o := &options{}
+	fs := newTestFlagSet(o)
+	pos, err := parseInterleaved(fs, []string{"--json", "a", "--prefix", "P", "b", "--", "--c"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b", "--c"}, pos)
+	assert.True(t, o.json)
+	assert.Equal(t, "P", o.prefix)
+}
+
+func newTestFlagSet(o *options) *flag.FlagSet {
+	fs := flag.NewFlagSet("test", flag.ContinueOnError)
+	o.registerCommon(fs)
+	return fs
+}
+
+// client returns a client for url, closed when the test ends.
+func client(t *testing.T, url string) *redis.Client {
+	t.Helper()
+	opt, err := redis.ParseURL(url)
+	require.NoError(t, err)
+	c := redis.NewClient(opt)
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// dump returns the keys of the given instances and the registry, for
+// comparing before and after.
+func dump(t *testing.T, rdb redis.UniversalClient, prefix string, ids ...string) map[string]any {
+	t.Helper()
+	ctx := context.Background()
+	out := map[string]any{}
+	reg, err := rdb.SMembers(ctx, keys.Registry(prefix)).Result()
+	require.NoError(t, err)
+	out["registry"] = sortedStrings(reg)
+	for _, id := range ids {
+		k := keys.For(prefix, id)
+		rows, err := rdb.SMembers(ctx, k.Rows).Result()
+		require.NoError(t, err)
+		out[k.Rows] = sortedStrings(rows)
+		claim, _ := rdb.Get(ctx, k.Claim).Result()
+		out[k.Claim] = claim
+	}
+	return out
+}
+
+func sortedStrings(s []string) []string {
+	out := slices.Clone(s)
+	slices.Sort(out)
+	return out
+}
