@@ -56,3 +56,7 @@ const (
 	// one statement's array parameter stays well under a megabyte.
 	DefaultResetChunkSize = 5000
 )
+
+// DefaultTerminalStatus is the status WithMaxRecoveries gives a row that
+// reached its recovery limit, when no other is named.
+const DefaultTerminalStatus = "failed"

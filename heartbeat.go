@@ -35,6 +35,12 @@ func (l *lease) valid(w *Worker) bool {
 	return int64(time.Since(w.epoch)) < l.until.Load()
 }
 
+// sinceRefresh is how long ago the last successful heartbeat was sent.
+func (l *lease) sinceRefresh(w *Worker) time.Duration {
+	sent := time.Duration(l.until.Load()) - (w.opts.heartbeatTTL - w.leaseMargin())
+	return time.Since(w.epoch) - sent
+}
+
 func (l *lease) check(w *Worker) error {
 	if !l.valid(w) {
 		return ErrLeaseLost
@@ -113,6 +119,7 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 			return
 		case <-t.C:
 		}
+		w.noteLeaseLoss(nil) // a stopped process finds out here when it resumes
 		err := w.beat(ctx)
 		if ctx.Err() != nil {
 			return
@@ -122,9 +129,9 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 				w.log.Info("heartbeat restored",
 					slog.Duration("outage", time.Since(outageStart)),
 					slog.Int("attempts", failures))
-				if w.lease.lost.Swap(false) {
-					w.log.Info("heartbeat lease regained")
-				}
+			}
+			if w.lease.lost.Swap(false) {
+				w.log.Info("heartbeat lease regained; worker re-registered")
 			}
 			failures = 0
 			t.Reset(w.opts.heartbeatInterval)
@@ -135,12 +142,21 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 			w.log.Warn("heartbeat failed; retrying", slog.Any("error", err))
 		}
 		failures++
-		if !w.lease.valid(w) && !w.lease.lost.Swap(true) {
-			w.log.Error("heartbeat lease lost: peers may recover this worker's rows",
-				slog.Duration("outage", time.Since(outageStart)), slog.Any("error", err))
-		}
+		w.noteLeaseLoss(err)
 		t.Reset(w.retryDelay(failures))
 	}
+}
+
+// noteLeaseLoss logs, once per loss, that the lease has ended.
+func (w *Worker) noteLeaseLoss(cause error) {
+	if w.lease.valid(w) || w.lease.lost.Swap(true) {
+		return
+	}
+	attrs := []any{slog.Duration("since_last_heartbeat", w.lease.sinceRefresh(w))}
+	if cause != nil {
+		attrs = append(attrs, slog.Any("error", cause))
+	}
+	w.log.Error("heartbeat lease lost: peers may recover this worker's rows; stop taking rows and release unfinished ones", attrs...)
 }
 
 // retryDelay is the wait before heartbeat retry n (from 1): a tenth of the
@@ -160,4 +176,22 @@ func jitter(d time.Duration, frac float64) time.Duration {
 		return d
 	}
 	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
+}
+
+// warnIfEvicting logs once, at Start, when the server may evict keys under
+// memory pressure: an evicted heartbeat makes a live worker look dead, an
+// evicted rows set or registry hides a dead one. Servers that refuse CONFIG
+// (managed offerings often do) are not an error.
+func (w *Worker) warnIfEvicting(ctx context.Context) {
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	cfg, err := w.rdb.ConfigGet(opCtx, "maxmemory-policy").Result()
+	if err != nil {
+		w.log.Debug("cannot read maxmemory-policy", slog.Any("error", err))
+		return
+	}
+	if p := cfg["maxmemory-policy"]; p != "" && p != "noeviction" {
+		w.log.Warn("redis may evict keys under memory pressure; use maxmemory-policy noeviction for the recovery keys",
+			slog.String("maxmemory_policy", p))
+	}
 }

@@ -226,3 +226,95 @@ func workerGoroutines() int {
 	}
 	return n
 }
+
+// freezer is a go-redis hook that makes every call block while frozen, as
+// if the process were paused or the network gone; a blocked call ends when
+// its context does.
+type freezer struct {
+	mu     sync.Mutex
+	frozen chan struct{} // nil when not frozen; closed to thaw
+}
+
+func (f *freezer) freeze() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.frozen == nil {
+		f.frozen = make(chan struct{})
+	}
+}
+
+func (f *freezer) thaw() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.frozen != nil {
+		close(f.frozen)
+		f.frozen = nil
+	}
+}
+
+func (f *freezer) wait(ctx context.Context) error {
+	f.mu.Lock()
+	ch := f.frozen
+	f.mu.Unlock()
+	if ch == nil {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+func (f *freezer) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (f *freezer) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if err := f.wait(ctx); err != nil {
+			return err
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (f *freezer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if err := f.wait(ctx); err != nil {
+			return err
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// countingResetter wraps a resetter and records every call.
+type countingResetter struct {
+	RowResetter
+	mu    sync.Mutex
+	calls []resetCall
+	check func(peer string) // called before each reset, may fail the test
+}
+
+func (c *countingResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
+	c.mu.Lock()
+	c.calls = append(c.calls, resetCall{peer: peer, ids: slices.Clone(ids)})
+	check := c.check
+	c.mu.Unlock()
+	if check != nil {
+		check(peer)
+	}
+	return c.RowResetter.ResetRows(ctx, peer, ids)
+}
+
+// perRow returns how many times each row was passed to ResetRows.
+func (c *countingResetter) perRow() map[int64]int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := map[int64]int{}
+	for _, call := range c.calls {
+		for _, id := range call.ids {
+			out[id]++
+		}
+	}
+	return out
+}

@@ -30,6 +30,7 @@ type options struct {
 	resetTimeout      time.Duration
 	logger            *slog.Logger
 	loggerSet         bool
+	sweep             bool
 }
 
 func defaultOptions() options {

@@ -45,6 +45,9 @@ type PeerRecovery struct {
 	// RowsReset is how many rows the RowResetter returned to the queue
 	// (rows that had already finished are not counted).
 	RowsReset int64
+	// Quarantined lists rows that reached their recovery limit and were set
+	// to the terminal status instead of queued (see WithMaxRecoveries).
+	Quarantined []int64
 	// InvalidMembers lists rows-set members that are not decimal int64 row
 	// IDs; they were skipped.
 	InvalidMembers []string
@@ -158,13 +161,13 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 
 	if len(ids) > 0 {
 		resetCtx, resetCancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-		n, err := w.resetter.ResetRows(resetCtx, peer, ids)
+		res, err := resetRows(resetCtx, w.resetter, peer, ids)
 		resetCancel()
 		if err != nil {
 			w.releaseClaim(k.Claim, token)
 			return rep, true, fmt.Errorf("reset %d rows of %s: %w", len(ids), peer, err)
 		}
-		rep.RowsReset = n
+		rep.RowsReset, rep.Quarantined = res.Reset, res.Quarantined
 	}
 
 	opCtx, opCancel = w.opContext(ctx)
@@ -263,6 +266,13 @@ func (w *Worker) runRecovery(ctx context.Context) {
 			return
 		}
 		l.report(rep, err)
+		if w.opts.sweep {
+			srep, err := w.sweep(ctx)
+			if ctx.Err() != nil {
+				return
+			}
+			l.sweepReport(srep, err)
+		}
 		t.Reset(jitter(w.opts.recoveryInterval, 0.1))
 	}
 }
@@ -271,10 +281,11 @@ func (w *Worker) runRecovery(ctx context.Context) {
 // keeps failing, a peer that keeps failing or a garbage registry member is
 // logged when it first appears and when it clears, not at every scan.
 type recoveryLog struct {
-	w           *Worker
-	scanFailing bool
-	failing     map[string]bool // peers whose recovery failed last time
-	invalid     map[string]bool // registry members already reported
+	w            *Worker
+	scanFailing  bool
+	sweepFailing bool
+	failing      map[string]bool // peers whose recovery failed last time
+	invalid      map[string]bool // registry members already reported
 }
 
 func (l *recoveryLog) report(rep RecoveryReport, err error) {
@@ -316,19 +327,7 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 		}
 	}
 	for _, pr := range rep.Recovered {
-		attrs := []any{
-			slog.String("peer_id", pr.InstanceID),
-			slog.Int("rows_found", pr.RowsFound),
-			slog.Int64("rows_reset", pr.RowsReset),
-		}
-		if len(pr.InvalidMembers) > 0 {
-			attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),
-				slog.String("first_invalid_member", clip(pr.InvalidMembers[0])))
-		}
-		if pr.PeerCameBack {
-			attrs = append(attrs, slog.Bool("peer_came_back", true))
-		}
-		log.Info("recovered rows of dead peer", attrs...)
+		l.recovered(pr, "registry")
 	}
 	l.failing = nowFailing
 	log.Debug("recovery scan done",
@@ -336,6 +335,53 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 		slog.Int("peers_dead", rep.DeadPeers),
 		slog.Int64("rows_reset", rep.RowsReset),
 		slog.Duration("duration", rep.Duration))
+}
+
+// recovered logs the rows reset for one dead peer, and each row
+// quarantined; source says which mechanism found the peer.
+func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
+	attrs := []any{
+		slog.String("peer_id", pr.InstanceID),
+		slog.String("found_by", source),
+		slog.Int("rows_found", pr.RowsFound),
+		slog.Int64("rows_reset", pr.RowsReset),
+		slog.Int("rows_quarantined", len(pr.Quarantined)),
+	}
+	if len(pr.InvalidMembers) > 0 {
+		attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),
+			slog.String("first_invalid_member", clip(pr.InvalidMembers[0])))
+	}
+	if pr.PeerCameBack {
+		attrs = append(attrs, slog.Bool("peer_came_back", true))
+	}
+	l.w.log.Info("recovered rows of dead peer", attrs...)
+	for _, id := range pr.Quarantined {
+		l.w.log.Warn("row quarantined: it reached its recovery limit",
+			slog.Int64("row_id", id), slog.String("peer_id", pr.InstanceID))
+	}
+}
+
+// sweepReport logs a backstop sweep.
+func (l *recoveryLog) sweepReport(rep SweepReport, err error) {
+	for _, e := range unjoin(err) {
+		var pe *PeerError
+		if errors.As(e, &pe) {
+			l.w.log.Warn("backstop sweep: reset of absent owner failed; will retry",
+				slog.String("peer_id", pe.InstanceID), slog.Any("error", pe.Err))
+			continue
+		}
+		if !l.sweepFailing {
+			l.w.log.Warn("backstop sweep failed; will retry", slog.Any("error", e))
+		}
+		l.sweepFailing = true
+		return
+	}
+	l.sweepFailing = false
+	for _, pr := range rep.Recovered {
+		l.recovered(pr, "sweep")
+	}
+	l.w.log.Debug("backstop sweep done", slog.Bool("lease_held", rep.LeaseHeld),
+		slog.Int("owners", rep.Owners), slog.Int("owners_absent", len(rep.Absent)))
 }
 
 // unjoin returns the errors joined in err, or err alone.

@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"strconv"
 	"sync"
 )
@@ -157,6 +158,36 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 		w.rows.markUnremoved(rowIDs)
 		return fmt.Errorf("untrack %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
+	return nil
+}
+
+// Release hands rows this worker took but will not finish back to the queue
+// at once, instead of leaving them for a peer to recover after the worker
+// dies: call it when the host abandons a block (CheckLease said
+// ErrLeaseLost, or the shutdown deadline is near). The rows go through the
+// resetter like any reset, guarded by status (and by owner with owner
+// fencing), so rows another worker holds now are left alone; then they are
+// untracked. It works in any state of the worker, also after Shutdown.
+//
+// The error says the rows could not be returned to the queue; they are
+// then still tracked, for a peer to recover should this worker die. Once
+// they are back in the queue Release succeeds even if Redis cannot be
+// reached to untrack them (a worker that lost its lease often cannot): the
+// next heartbeat removes them from the rows set.
+func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	res, err := resetRows(ctx, w.resetter, w.opts.instanceID, rowIDs)
+	if err != nil {
+		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+	}
+	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
+		slog.Int("rows_quarantined", len(res.Quarantined))}
+	if err := w.Untrack(rowIDs...); err != nil {
+		attrs = append(attrs, slog.String("untrack_error", err.Error()))
+	}
+	w.log.Info("released rows", attrs...)
 	return nil
 }
 

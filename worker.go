@@ -46,8 +46,9 @@ type Worker struct {
 	loopsDone chan struct{}
 	cleaned   bool
 
-	rows  inflight // rowtrack.go
-	lease lease    // heartbeat.go
+	rows  inflight   // rowtrack.go
+	lease lease      // heartbeat.go
+	swept sweepState // sweep.go
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -74,6 +75,11 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	if o.sweep {
+		if err := canSweep(resetter); err != nil {
+			return nil, err
+		}
+	}
 	w := &Worker{
 		rdb:      rdb,
 		resetter: resetter,
@@ -84,6 +90,8 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		epoch:    time.Now(),
 	}
 	w.rows.init()
+	w.swept.token = newToken()
+	w.swept.absentSince = make(map[string]time.Time)
 	return w, nil
 }
 
@@ -110,6 +118,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.beat(ctx); err != nil {
 		return fmt.Errorf("start %s: first heartbeat: %w", w.opts.instanceID, err)
 	}
+	w.warnIfEvicting(ctx)
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
 	w.loopsDone = make(chan struct{})
@@ -144,4 +153,15 @@ func isNil(v any) bool {
 		return rv.IsNil()
 	}
 	return false
+}
+
+// canSweep reports whether r can back the backstop sweep.
+func canSweep(r RowResetter) error {
+	if p, ok := r.(*PgxResetter); ok && p.owners == "" {
+		return fmt.Errorf("%w: backstop sweep needs a PgxResetter WithOwnerColumn", ErrInvalidConfig)
+	}
+	if _, ok := r.(OwnerSweeper); !ok {
+		return fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper", ErrInvalidConfig)
+	}
+	return nil
 }

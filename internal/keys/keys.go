@@ -106,3 +106,7 @@ func Sanitize(s string) string {
 	}
 	return s
 }
+
+// SweepLease returns the name of the key held by the one worker of the fleet
+// that runs the backstop sweep.
+func SweepLease(prefix string) string { return prefix + "_SWEEP_LEASE" }

@@ -59,3 +59,21 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 return 0
 `)
+
+// TakeLease takes a fleet-wide lease, or extends it if the caller holds it
+// already: the holder keeps the lease for as long as it renews it.
+//
+//	KEYS[1] lease key
+//	ARGV[1] holder token, ARGV[2] TTL in milliseconds
+//
+// Returns 1 when the caller holds the lease, 0 otherwise.
+var TakeLease = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return 1
+end
+if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
+  return 1
+end
+return 0
+`)

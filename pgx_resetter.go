@@ -1,0 +1,465 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// PgxExecer is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx. Given a
+// pgx.Tx, the resetter works inside a savepoint of that transaction.
+type PgxExecer interface {
+	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Begin(ctx context.Context) (pgx.Tx, error)
+}
+
+// PgxResetter resets rows in PostgreSQL with a guarded UPDATE, in effect:
+//
+//	UPDATE <table> SET <status> = $queued
+//	WHERE <id> = ANY($1::bigint[]) AND <status> = $inprog
+//
+// The rows are locked first in ascending ID order, so two resets (or a
+// reset and a sweep) never deadlock each other. Rows are reset in chunks
+// inside one transaction: a failure resets none of them, and the next
+// attempt starts clean. The parent batch is never touched. Identifiers
+// come from options and are quoted; values are parameters.
+//
+// With WithOwnerColumn the reset also requires <owner> = the dead instance
+// and clears it; with WithRecoveryCountColumn and WithMaxRecoveries it
+// counts resets and quarantines rows that keep killing their workers.
+//
+// It never closes the handle it was given.
+type PgxResetter struct {
+	db      PgxExecer
+	o       resetterOptions
+	byIDs   query  // reset the rows among $ids
+	byOwner query  // reset every row of one owner (sweep)
+	owners  string // list the owners of rows in progress
+}
+
+type resetterOptions struct {
+	schema, table, idColumn, statusColumn string
+	ownerColumn, countColumn              string
+	inprog, queued, terminal              string
+	maxRecoveries                         int
+	chunkSize                             int
+}
+
+// A ResetterOption configures a PgxResetter.
+type ResetterOption interface {
+	applyResetter(*resetterOptions)
+}
+
+type resetterOptionFunc func(*resetterOptions)
+
+func (f resetterOptionFunc) applyResetter(o *resetterOptions) { f(o) }
+
+// WithTable sets the table that holds the rows; it is quoted as one
+// identifier (use WithSchema for a schema). Default: DefaultTable ("batchrows").
+func WithTable(name string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.table = name })
+}
+
+// WithSchema sets the schema of the table. Default: none, the connection's
+// search_path decides.
+func WithSchema(name string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.schema = name })
+}
+
+// WithIDColumn sets the bigint row ID column. Default: DefaultIDColumn ("rowid").
+func WithIDColumn(name string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.idColumn = name })
+}
+
+// WithStatusColumn sets the status column. Default: DefaultStatusColumn ("status").
+func WithStatusColumn(name string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.statusColumn = name })
+}
+
+// WithStatuses sets the status values of a row in progress and of a queued
+// row; they must differ and not be empty. Defaults: DefaultInProgressStatus
+// ("inprog") and DefaultQueuedStatus ("queued").
+func WithStatuses(inprog, queued string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.inprog, o.queued = inprog, queued })
+}
+
+// WithChunkSize sets how many row IDs one UPDATE carries; it must be
+// positive. Default: DefaultResetChunkSize (5000).
+func WithChunkSize(n int) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.chunkSize = n })
+}
+
+// WithOwnerColumn turns on owner fencing: the text column col holds the
+// instance ID of the worker that took the row (FetchBlockOfRows sets it
+// when it marks rows in progress). A reset then only changes rows that the
+// dead instance still owns, and clears the owner:
+//
+//	... SET <status> = $queued, <owner> = NULL
+//	WHERE <id> = ANY($1) AND <status> = $inprog AND <owner> = $dead
+//
+// so a row another worker has taken since is never reset under it. It also
+// makes the resetter an OwnerSweeper. Default: off. Recommended; see
+// docs/safety.md for the host side.
+func WithOwnerColumn(col string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.ownerColumn = col })
+}
+
+// WithRecoveryCountColumn names an integer column (NOT NULL DEFAULT 0) that
+// every reset increments in the same UPDATE. Default: off.
+func WithRecoveryCountColumn(col string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.countColumn = col })
+}
+
+// WithMaxRecoveries quarantines poison rows: a reset that brings a row's
+// recovery count to n sets it to terminalStatus ("" means
+// DefaultTerminalStatus, "failed") instead of queued, so a row that kills
+// every worker that takes it stops crash-looping the fleet. It needs
+// WithRecoveryCountColumn; n must be at least 1. Default: off.
+func WithMaxRecoveries(n int, terminalStatus string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) {
+		o.maxRecoveries = n
+		o.terminal = terminalStatus
+		if o.terminal == "" {
+			o.terminal = DefaultTerminalStatus
+		}
+	})
+}
+
+// NewPgxResetter returns a PgxResetter over db, or an error wrapping
+// ErrInvalidConfig that names the bad option. It does not contact the
+// database.
+func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) {
+	if isNil(db) {
+		return nil, fmt.Errorf("%w: database handle is nil", ErrInvalidConfig)
+	}
+	o := resetterOptions{
+		table:        DefaultTable,
+		idColumn:     DefaultIDColumn,
+		statusColumn: DefaultStatusColumn,
+		inprog:       DefaultInProgressStatus,
+		queued:       DefaultQueuedStatus,
+		chunkSize:    DefaultResetChunkSize,
+	}
+	for _, opt := range opts {
+		if opt == nil {
+			return nil, fmt.Errorf("%w: nil resetter option", ErrInvalidConfig)
+		}
+		opt.applyResetter(&o)
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	r := &PgxResetter{db: db, o: o}
+	r.byIDs = o.resetQuery(false)
+	if o.ownerColumn != "" {
+		r.byOwner = o.resetQuery(true)
+		r.owners = fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s = $1 AND %s IS NOT NULL",
+			ident(o.ownerColumn), o.tableIdent(), ident(o.statusColumn), ident(o.ownerColumn))
+	}
+	return r, nil
+}
+
+// maxIdentifierLen is PostgreSQL's NAMEDATALEN-1: longer names are silently
+// truncated by the server, which could make two options name one column.
+const maxIdentifierLen = 63
+
+func (o *resetterOptions) validate() error {
+	type named struct{ role, v string }
+	idents := []named{{"table", o.table}, {"ID column", o.idColumn}, {"status column", o.statusColumn}}
+	for _, opt := range []named{{"schema", o.schema}, {"owner column", o.ownerColumn}, {"recovery count column", o.countColumn}} {
+		if opt.v != "" {
+			idents = append(idents, opt)
+		}
+	}
+	seen := map[string]string{}
+	for _, id := range idents {
+		switch {
+		case id.v == "":
+			return fmt.Errorf("%w: %s name is empty", ErrInvalidConfig, id.role)
+		case len(id.v) > maxIdentifierLen:
+			return fmt.Errorf("%w: %s name %q is longer than %d bytes", ErrInvalidConfig, id.role, clip(id.v), maxIdentifierLen)
+		case strings.ContainsRune(id.v, 0):
+			return fmt.Errorf("%w: %s name contains a NUL byte", ErrInvalidConfig, id.role)
+		}
+		if id.role == "table" || id.role == "schema" {
+			continue
+		}
+		if other, dup := seen[id.v]; dup {
+			return fmt.Errorf("%w: %s and %s are both %q", ErrInvalidConfig, other, id.role, id.v)
+		}
+		seen[id.v] = id.role
+	}
+	if o.inprog == "" || o.queued == "" {
+		return fmt.Errorf("%w: statuses must not be empty (in progress %q, queued %q)", ErrInvalidConfig, o.inprog, o.queued)
+	}
+	if o.inprog == o.queued {
+		return fmt.Errorf("%w: in-progress and queued statuses are both %q", ErrInvalidConfig, o.inprog)
+	}
+	if o.chunkSize <= 0 {
+		return fmt.Errorf("%w: chunk size %d must be positive", ErrInvalidConfig, o.chunkSize)
+	}
+	if o.terminal != "" || o.maxRecoveries != 0 {
+		switch {
+		case o.maxRecoveries < 1:
+			return fmt.Errorf("%w: max recoveries %d must be at least 1", ErrInvalidConfig, o.maxRecoveries)
+		case o.countColumn == "":
+			return fmt.Errorf("%w: max recoveries needs a recovery count column (WithRecoveryCountColumn)", ErrInvalidConfig)
+		case o.terminal == o.inprog || o.terminal == o.queued:
+			return fmt.Errorf("%w: terminal status %q must differ from the in-progress and queued statuses", ErrInvalidConfig, o.terminal)
+		}
+	}
+	return nil
+}
+
+func ident(name string) string { return pgx.Identifier{name}.Sanitize() }
+
+func (o *resetterOptions) tableIdent() string {
+	if o.schema != "" {
+		return pgx.Identifier{o.schema, o.table}.Sanitize()
+	}
+	return ident(o.table)
+}
+
+// query is a statement and the order of its arguments.
+type query struct {
+	sql  string
+	args []string // names of the values, in $n order: "ids", "owner", ...
+}
+
+// resetQuery builds the reset statement. It locks the matching rows in ID
+// order, updates them with the status guard (and the owner guard when
+// fencing), and returns the number changed and the IDs quarantined:
+//
+//	WITH locked AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE),
+//	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...)
+//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
+//
+// byOwner selects every row of $owner instead of the rows among $ids.
+func (o *resetterOptions) resetQuery(byOwner bool) query {
+	var q query
+	param := func(name string) string {
+		q.args = append(q.args, name)
+		return "$" + strconv.Itoa(len(q.args))
+	}
+	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
+
+	var match []string
+	if !byOwner {
+		match = append(match, fmt.Sprintf("%s = ANY(%s::bigint[])", id, param("ids")))
+	}
+	inprog := param("inprog")
+	match = append(match, fmt.Sprintf("%s = %s", status, inprog))
+	var owner string
+	if o.ownerColumn != "" {
+		owner = param("owner")
+		match = append(match, fmt.Sprintf("%s = %s", ident(o.ownerColumn), owner))
+	}
+
+	newStatus, terminal := param("queued"), ""
+	if o.maxRecoveries > 0 {
+		terminal = param("terminal")
+		newStatus = fmt.Sprintf("CASE WHEN r.%s + 1 >= %s THEN %s ELSE %s END",
+			ident(o.countColumn), param("max"), terminal, newStatus)
+	}
+	set := []string{fmt.Sprintf("%s = %s", status, newStatus)}
+	if o.ownerColumn != "" {
+		set = append(set, ident(o.ownerColumn)+" = NULL")
+	}
+	if o.countColumn != "" {
+		set = append(set, fmt.Sprintf("%s = r.%s + 1", ident(o.countColumn), ident(o.countColumn)))
+	}
+	guard := []string{fmt.Sprintf("r.%s = %s", status, inprog)}
+	if owner != "" {
+		guard = append(guard, fmt.Sprintf("r.%s = %s", ident(o.ownerColumn), owner))
+	}
+	quarantined := "NULL::bigint[]"
+	if o.maxRecoveries > 0 {
+		quarantined = fmt.Sprintf("array_agg(id) FILTER (WHERE st = %s)", terminal)
+	}
+	q.sql = fmt.Sprintf(`WITH locked AS (
+	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s FOR UPDATE
+), changed AS (
+	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
+	RETURNING r.%[1]s AS id, r.%[6]s AS st
+)
+SELECT count(*), %[7]s FROM changed`,
+		id, table, strings.Join(match, " AND "), strings.Join(set, ", "),
+		strings.Join(guard, " AND "), status, quarantined)
+	return q
+}
+
+// bind returns the arguments of q.
+func (r *PgxResetter) bind(q query, ids []int64, owner string) []any {
+	args := make([]any, len(q.args))
+	for i, name := range q.args {
+		switch name {
+		case "ids":
+			args[i] = ids
+		case "inprog":
+			args[i] = r.o.inprog
+		case "queued":
+			args[i] = r.o.queued
+		case "owner":
+			args[i] = owner
+		case "max":
+			args[i] = r.o.maxRecoveries
+		case "terminal":
+			args[i] = r.o.terminal
+		}
+	}
+	return args
+}
+
+// resetAttempts is how often a reset that hit a deadlock or a serialization
+// failure is tried in all.
+const resetAttempts = 4
+
+// rollbackTimeout bounds the rollback after a failed reset, which runs even
+// when the reset's context has ended.
+const rollbackTimeout = 5 * time.Second
+
+// ResetRows sets the rows among rowIDs that are still in progress (and,
+// with WithOwnerColumn, still owned by deadInstanceID) back to queued, and
+// returns how many it changed, quarantined rows included.
+func (r *PgxResetter) ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
+	res, err := r.ResetRowsReport(ctx, deadInstanceID, rowIDs)
+	return res.Reset, err
+}
+
+// ResetRowsReport is ResetRows that also returns the rows quarantined by
+// WithMaxRecoveries. All chunks run in one transaction, in ascending ID
+// order. A deadlock or serialization failure is retried with backoff.
+func (r *PgxResetter) ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error) {
+	if len(rowIDs) == 0 {
+		return ResetResult{}, nil
+	}
+	ids := slices.Clone(rowIDs)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
+		var total ResetResult
+		for chunk := range slices.Chunk(ids, r.o.chunkSize) {
+			res, err := r.run(ctx, tx, r.byIDs, chunk, deadInstanceID)
+			if err != nil {
+				return ResetResult{}, err
+			}
+			total.Reset += res.Reset
+			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		}
+		return total, nil
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", deadInstanceID, err)
+	}
+	return res, nil
+}
+
+// InProgressOwners returns the distinct owners of rows in progress. It
+// needs WithOwnerColumn.
+func (r *PgxResetter) InProgressOwners(ctx context.Context) ([]string, error) {
+	if r.owners == "" {
+		return nil, fmt.Errorf("%w: in-progress owners need WithOwnerColumn", ErrInvalidConfig)
+	}
+	rows, err := r.dbQuery(ctx, r.owners, r.o.inprog)
+	if err != nil {
+		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
+	}
+	owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	if err != nil {
+		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
+	}
+	return owners, nil
+}
+
+// ResetOwnerRows returns every row still in progress and owned by owner to
+// the queue (or quarantine), in one transaction. It needs WithOwnerColumn.
+func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+	if r.owners == "" {
+		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
+	}
+	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
+		return r.run(ctx, tx, r.byOwner, nil, owner)
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
+	}
+	return res, nil
+}
+
+// dbQuery runs a read on the handle, which may be a pool, a conn or a tx.
+func (r *PgxResetter) dbQuery(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
+	type querier interface {
+		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
+	}
+	if q, ok := r.db.(querier); ok {
+		return q.Query(ctx, sql, args...)
+	}
+	return nil, errors.New("database handle cannot run queries")
+}
+
+func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, ids []int64, owner string) (ResetResult, error) {
+	var res ResetResult
+	if err := tx.QueryRow(ctx, q.sql, r.bind(q, ids, owner)...).Scan(&res.Reset, &res.Quarantined); err != nil {
+		return ResetResult{}, err
+	}
+	return res, nil
+}
+
+// withRetry runs f in a transaction, again after a deadlock or a
+// serialization failure, up to resetAttempts times.
+func (r *PgxResetter) withRetry(ctx context.Context, f func(pgx.Tx) (ResetResult, error)) (ResetResult, error) {
+	for attempt := 1; ; attempt++ {
+		res, err := r.inTx(ctx, f)
+		if err == nil {
+			return res, nil
+		}
+		if attempt == resetAttempts || !retryable(err) {
+			return ResetResult{}, err
+		}
+		backoff := time.Duration(attempt*attempt) * 20 * time.Millisecond
+		backoff += rand.N(backoff)
+		t := time.NewTimer(backoff)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return ResetResult{}, errors.Join(err, ctx.Err())
+		case <-t.C:
+		}
+	}
+}
+
+func (r *PgxResetter) inTx(ctx context.Context, f func(pgx.Tx) (ResetResult, error)) (res ResetResult, err error) {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		if err != nil {
+			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+			_ = tx.Rollback(rbCtx) // the transaction is void either way
+			cancel()
+		}
+	}()
+	if res, err = f(tx); err != nil {
+		return ResetResult{}, err
+	}
+	if err := tx.Commit(ctx); err != nil {
+		return ResetResult{}, fmt.Errorf("commit: %w", err)
+	}
+	return res, nil
+}
+
+// retryable reports whether err is a PostgreSQL deadlock (40P01) or
+// serialization failure (40001), which succeed when tried again.
+func retryable(err error) bool {
+	var pe *pgconn.PgError
+	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+}

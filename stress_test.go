@@ -1,0 +1,218 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// TestStressRandomCrashesKeepEveryInvariant runs a fleet of in-process
+// workers that process a batch as a host would (fetch with SKIP LOCKED,
+// owner set, Track, commit done with an owner guard plus a ledger row,
+// Untrack) while workers are crashed at random and replaced. At the end:
+// every row is done, the ledger holds each row exactly once (no row done
+// twice), and no ResetRows ever named a worker that had not crashed (no
+// row reset while its owner is live).
+func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
+	if testing.Short() {
+		t.Skip("stress test")
+	}
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	const rows = 300
+	testutil.CreateBatch(t, db, rows)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `CREATE TABLE ledger (rowid bigint NOT NULL, instance text NOT NULL)`)
+	require.NoError(t, err)
+	prefix := testutil.Name("ST")
+
+	var crashedMu sync.Mutex
+	crashed := map[string]bool{}
+	r := &countingResetter{RowResetter: fencedResetter(t, db), check: func(peer string) {
+		crashedMu.Lock()
+		defer crashedMu.Unlock()
+		if !crashed[peer] {
+			t.Errorf("rows of live worker %s reset", peer)
+		}
+	}}
+	opts := []Option{WithKeyPrefix(prefix),
+		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(200 * time.Millisecond),
+		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(3 * time.Second)}
+
+	type member struct {
+		w    *Worker
+		dead atomic.Bool
+		done chan struct{}
+	}
+	var (
+		fleetMu sync.Mutex
+		fleet   []*member
+		spawned int
+	)
+	spawn := func() {
+		fleetMu.Lock()
+		defer fleetMu.Unlock()
+		spawned++
+		w, _ := startWorker(t, rdb, r, testutil.Name("st"), opts...)
+		m := &member{w: w, done: make(chan struct{})}
+		fleet = append(fleet, m)
+		go func() {
+			defer close(m.done)
+			hostLoop(t, db, w, &m.dead)
+		}()
+	}
+	t.Cleanup(func() { // stop every host loop, also when the test fails
+		fleetMu.Lock()
+		members := fleet
+		fleetMu.Unlock()
+		for _, m := range members {
+			m.dead.Store(true)
+			<-m.done
+		}
+	})
+	for range 4 {
+		spawn()
+	}
+
+	// Crash a random live worker every 250ms, six times, replacing each.
+	for range 6 {
+		time.Sleep(250 * time.Millisecond)
+		fleetMu.Lock()
+		var live []*member
+		for _, m := range fleet {
+			if !m.dead.Load() {
+				live = append(live, m)
+			}
+		}
+		victim := live[rand.N(len(live))]
+		fleetMu.Unlock()
+		crashedMu.Lock()
+		crashed[victim.w.InstanceID()] = true
+		crashedMu.Unlock()
+		victim.dead.Store(true) // the process is gone: it commits nothing more
+		victim.w.crash()
+		spawn()
+	}
+
+	assert.Eventually(t, func() bool {
+		var n int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows WHERE status = 'done'`).Scan(&n))
+		return n == rows
+	}, 30*time.Second, 50*time.Millisecond, "every row done: none lost")
+	if t.Failed() {
+		rows, _ := db.Query(ctx, `SELECT rowid, status, coalesce(owner, '') FROM batchrows WHERE status <> 'done'`)
+		for rows.Next() {
+			var id int64
+			var st, owner string
+			_ = rows.Scan(&id, &st, &owner)
+			crashedMu.Lock()
+			t.Logf("row %d %s owner %s crashed=%v", id, st, owner, crashed[owner])
+			crashedMu.Unlock()
+		}
+		return
+	}
+
+	fleetMu.Lock()
+	for _, m := range fleet {
+		m.dead.Store(true)
+	}
+	members := fleet
+	fleetMu.Unlock()
+	for _, m := range members {
+		<-m.done
+	}
+
+	var total, distinct int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*), count(DISTINCT rowid) FROM ledger`).Scan(&total, &distinct))
+	assert.Equal(t, rows, distinct)
+	assert.Equal(t, rows, total, "no row done twice")
+	t.Logf("workers spawned %d, crashed 6, rows reset by recovery %d", spawned, len(r.perRow()))
+	assert.NotEmpty(t, r.perRow(), "crashes mid-block must have left rows to recover")
+}
+
+// hostLoop is a host batch loop: fetch a block of 5 rows, track them,
+// process each (10-20 ms) and commit it with the owner guard, untrack.
+func hostLoop(t *testing.T, db *pgxpool.Pool, w *Worker, dead *atomic.Bool) {
+	ctx := context.Background()
+	me := w.InstanceID()
+	for !dead.Load() {
+		ids, err := fetchBlock(ctx, db, w, 5)
+		switch {
+		case errors.Is(err, ErrShutdown):
+			return
+		case errors.Is(err, ErrLeaseLost):
+			time.Sleep(20 * time.Millisecond)
+			continue
+		case err != nil:
+			t.Errorf("fetch: %v", err)
+			return
+		case len(ids) == 0:
+			time.Sleep(20 * time.Millisecond)
+			continue
+		}
+		for _, id := range ids {
+			if dead.Load() {
+				return
+			}
+			time.Sleep(time.Duration(10+rand.N(10)) * time.Millisecond)
+			if err := completeRow(ctx, db, me, id); err != nil {
+				t.Errorf("complete row %d: %v", id, err)
+				return
+			}
+			_ = w.Untrack(id)
+		}
+	}
+}
+
+// fetchBlock is FetchBlockOfRows with the order that leaves no gap: rows
+// are tracked before the transaction that marks them in progress commits.
+// A crash before the commit leaves them queued (and a tracked ID whose row
+// is not ours is harmless under owner fencing); a crash after it finds them
+// tracked. Tracking after the commit would leave a window in which a crash
+// strands them in progress.
+func fetchBlock(ctx context.Context, db *pgxpool.Pool, w *Worker, n int) ([]int64, error) {
+	var ids []int64
+	me := w.InstanceID()
+	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		rows, err := tx.Query(ctx, `SELECT rowid FROM batchrows WHERE status = 'queued' ORDER BY rowid LIMIT $1 FOR UPDATE SKIP LOCKED`, n)
+		if err != nil {
+			return err
+		}
+		ids, err = pgx.CollectRows(rows, pgx.RowTo[int64])
+		if err != nil || len(ids) == 0 {
+			return err
+		}
+		if _, err = tx.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = $1 WHERE rowid = ANY($2)`, me, ids); err != nil {
+			return err
+		}
+		if err := w.Track(ctx, ids...); errors.Is(err, ErrShutdown) || errors.Is(err, ErrLeaseLost) {
+			return err // roll back: the rows stay queued
+		}
+		return nil // a failed Redis write is retried by the heartbeat
+	})
+	return ids, err
+}
+
+// completeRow marks the row done only if this worker still owns it, and
+// writes the ledger in the same transaction.
+func completeRow(ctx context.Context, db *pgxpool.Pool, me string, id int64) error {
+	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
+		tag, err := tx.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`, id, me)
+		if err != nil || tag.RowsAffected() == 0 {
+			return err // not ours any more: someone else will do it
+		}
+		_, err = tx.Exec(ctx, `INSERT INTO ledger (rowid, instance) VALUES ($1, $2)`, id, me)
+		return err
+	})
+}
