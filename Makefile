@@ -12,14 +12,16 @@ help: ## list the targets
 deps: ## install redis-server and PostgreSQL binaries when missing (apt-get)
 	@scripts/install-deps.sh
 
-test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race
+test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race (both modules)
 	$(GO) test -race -count=1 $(PKGS)
+	cd prom && $(GO) test -race -count=1 ./...
 
 test-unit: ## fast unit tests only (miniredis; no servers needed)
 	$(GO) test -race -short -count=1 $(PKGS)
+	cd prom && $(GO) test -race -short -count=1 ./...
 
 test-integration: deps ## integration tests only, failing (not skipping) without servers
-	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx' $(PKGS)
+	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
 
 bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)
@@ -31,3 +33,4 @@ fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
+	cd prom && $(GO) vet ./...

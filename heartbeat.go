@@ -88,9 +88,13 @@ func (w *Worker) beat(parent context.Context) error {
 	}
 	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
 	if _, err := pipe.Exec(ctx); err != nil {
+		w.stats.heartbeatFailures.Add(1)
 		return err
 	}
 	w.lease.renew(w, sentAt)
+	w.stats.heartbeats.Add(1)
+	w.stats.lastHeartbeat.Store(sentAt.UnixNano())
+	w.emit(Event{Kind: EventHeartbeat})
 	if len(unremoved) > 0 {
 		w.rows.forgetUnremoved(unremoved)
 	}
@@ -126,12 +130,13 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 		}
 		if err == nil {
 			if failures > 0 {
-				w.log.Info("heartbeat restored",
-					slog.Duration("outage", time.Since(outageStart)),
-					slog.Int("attempts", failures))
+				outage := time.Since(outageStart)
+				w.log.Info("heartbeat restored", slog.Duration("outage", outage), slog.Int("attempts", failures))
+				w.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: failures})
 			}
 			if w.lease.lost.Swap(false) {
 				w.log.Info("heartbeat lease regained; worker re-registered")
+				w.emit(Event{Kind: EventLeaseRegained})
 			}
 			failures = 0
 			t.Reset(w.opts.heartbeatInterval)
@@ -142,6 +147,7 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 			w.log.Warn("heartbeat failed; retrying", slog.Any("error", err))
 		}
 		failures++
+		w.emit(Event{Kind: EventHeartbeatFailed, Attempt: failures, Err: err})
 		w.noteLeaseLoss(err)
 		t.Reset(w.retryDelay(failures))
 	}
@@ -152,7 +158,10 @@ func (w *Worker) noteLeaseLoss(cause error) {
 	if w.lease.valid(w) || w.lease.lost.Swap(true) {
 		return
 	}
-	attrs := []any{slog.Duration("since_last_heartbeat", w.lease.sinceRefresh(w))}
+	since := w.lease.sinceRefresh(w)
+	w.stats.leaseLosses.Add(1)
+	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
+	attrs := []any{slog.Duration("since_last_heartbeat", since)}
 	if cause != nil {
 		attrs = append(attrs, slog.Any("error", cause))
 	}

@@ -31,6 +31,8 @@ type options struct {
 	logger            *slog.Logger
 	loggerSet         bool
 	sweep             bool
+	observer          Observer
+	observerSet       bool
 }
 
 func defaultOptions() options {
@@ -164,6 +166,9 @@ func (o *options) validate() error {
 	}
 	if o.logger == nil {
 		o.logger = slog.Default()
+	}
+	if o.observerSet && isNil(o.observer) {
+		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -22,6 +22,8 @@ type RecoveryReport struct {
 	PeersChecked int
 	// DeadPeers is how many of them had no heartbeat.
 	DeadPeers int
+	// Dead lists them.
+	Dead []string
 	// Recovered lists the dead peers whose recovery this scan completed.
 	Recovered []PeerRecovery
 	// Skipped lists dead peers left alone: another worker held the
@@ -87,40 +89,67 @@ func (w *Worker) RecoverNow(ctx context.Context) (RecoveryReport, error) {
 }
 
 // scan is one recovery pass: the design's steps 1 to 6 for every dead peer.
-func (w *Worker) scan(ctx context.Context) (RecoveryReport, error) {
+// It counts and emits what it does; logging is the loop's (recoveryLog).
+func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 	start := time.Now()
-	var rep RecoveryReport
-	defer func() { rep.Duration = time.Since(start) }()
+	defer func() {
+		rep.Duration = time.Since(start)
+		w.stats.scans.Add(1)
+		if err != nil {
+			w.stats.errors.Add(uint64(len(unjoin(err))))
+		}
+		w.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
+			PeersDead: rep.DeadPeers, Duration: rep.Duration, Err: err})
+	}()
 
 	peers, invalid, err := w.registeredPeers(ctx)
 	if err != nil {
+		w.emit(Event{Kind: EventRecoveryFailed, Err: err})
 		return rep, err
 	}
 	rep.InvalidMembers = invalid
 	rep.PeersChecked = len(peers)
 	dead, err := w.deadPeers(ctx, peers)
 	if err != nil {
+		w.emit(Event{Kind: EventRecoveryFailed, Err: err})
 		return rep, err
 	}
-	rep.DeadPeers = len(dead)
+	noticed := time.Now()
+	rep.DeadPeers, rep.Dead = len(dead), dead
+	w.stats.peersDead.Add(uint64(len(dead)))
+	for _, peer := range dead {
+		w.emit(Event{Kind: EventPeerDead, PeerID: peer})
+	}
 	var errs []error
 	for _, peer := range dead {
-		if ctx.Err() != nil {
-			errs = append(errs, &PeerError{InstanceID: peer, Err: ctx.Err()})
-			continue
+		err := ctx.Err()
+		var pr PeerRecovery
+		claimed := false
+		if err == nil {
+			pr, claimed, err = w.recoverPeer(ctx, peer)
 		}
-		pr, claimed, err := w.recoverPeer(ctx, peer)
 		switch {
 		case err != nil:
 			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, Err: err})
 		case !claimed:
 			rep.Skipped = append(rep.Skipped, peer)
 		default:
 			rep.Recovered = append(rep.Recovered, pr)
 			rep.RowsReset += pr.RowsReset
+			w.countRecovered(pr, "registry", time.Since(noticed))
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// countRecovered counts and emits one peer's recovery.
+func (w *Worker) countRecovered(pr PeerRecovery, foundBy string, took time.Duration) {
+	w.stats.peersRecovered.Add(1)
+	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
+	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+	w.emit(Event{Kind: EventRowsRecovered, PeerID: pr.InstanceID, FoundBy: foundBy,
+		Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined), Duration: took})
 }
 
 // claimTTL is how long a recoverer may hold a dead peer: long enough for
@@ -316,6 +345,11 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 			l.invalid[m] = true
 			log.Warn("ignoring registry member that is not a valid instance ID",
 				slog.String("member", clip(m)))
+		}
+	}
+	for _, peer := range rep.Dead {
+		if !l.failing[peer] {
+			log.Info("dead peer found: heartbeat expired", slog.String("peer_id", peer))
 		}
 	}
 	nowFailing := make(map[string]bool, len(peerErrs))

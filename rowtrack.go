@@ -188,6 +188,8 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		attrs = append(attrs, slog.String("untrack_error", err.Error()))
 	}
 	w.log.Info("released rows", attrs...)
+	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
+	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
 	return nil
 }
 

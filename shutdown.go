@@ -19,13 +19,15 @@ import (
 // Shutdown is idempotent, safe to call concurrently and safe to call
 // without Start. After it, Start, Track and RecoverNow return ErrShutdown.
 // It never closes the Redis client or the database handle it was given.
+// With an observer, it also waits for the events already queued to be
+// delivered.
 func (w *Worker) Shutdown(ctx context.Context) error {
 	w.mu.Lock()
 	w.state.Store(stateShutdown)
 	started, stop, done := w.started, w.stopLoops, w.loopsDone
 	w.mu.Unlock()
 	if !started {
-		return nil
+		return w.events.close(ctx)
 	}
 	stop()
 	select {
@@ -37,7 +39,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if w.cleaned {
-		return nil
+		return w.events.close(ctx)
 	}
 	_, unremoved := w.rows.snapshot()
 	pipe := w.rdb.Pipeline()
@@ -54,5 +56,5 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	}
 	w.cleaned = true
 	w.log.Debug("recovery worker shut down")
-	return nil
+	return w.events.close(ctx)
 }

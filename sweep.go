@@ -57,8 +57,12 @@ func (w *Worker) sweepLeaseTTL() time.Duration {
 }
 
 // sweep runs one backstop sweep.
-func (w *Worker) sweep(ctx context.Context) (SweepReport, error) {
-	var rep SweepReport
+func (w *Worker) sweep(ctx context.Context) (rep SweepReport, err error) {
+	defer func() {
+		if err != nil {
+			w.stats.errors.Add(1)
+		}
+	}()
 	sw, ok := w.resetter.(OwnerSweeper)
 	if !ok {
 		return rep, fmt.Errorf("%w: backstop sweep needs an OwnerSweeper resetter", ErrInvalidConfig)
@@ -120,17 +124,19 @@ func (w *Worker) sweep(ctx context.Context) (SweepReport, error) {
 			rep.Absent = append(rep.Absent, o)
 			continue
 		}
+		w.emit(Event{Kind: EventPeerDead, PeerID: o, FoundBy: "sweep"})
 		dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 		res, err := sw.ResetOwnerRows(dbCtx, o)
 		cancel()
 		if err != nil {
 			errs = append(errs, &PeerError{InstanceID: o, Err: err})
+			w.emit(Event{Kind: EventRecoveryFailed, PeerID: o, FoundBy: "sweep", Err: err})
 			continue
 		}
 		delete(w.swept.absentSince, o)
-		rep.Recovered = append(rep.Recovered, PeerRecovery{
-			InstanceID: o, RowsReset: res.Reset, Quarantined: res.Quarantined,
-		})
+		pr := PeerRecovery{InstanceID: o, RowsReset: res.Reset, Quarantined: res.Quarantined}
+		rep.Recovered = append(rep.Recovered, pr)
+		w.countRecovered(pr, "sweep", time.Since(since))
 	}
 	return rep, errors.Join(errs...)
 }

@@ -46,9 +46,11 @@ type Worker struct {
 	loopsDone chan struct{}
 	cleaned   bool
 
-	rows  inflight   // rowtrack.go
-	lease lease      // heartbeat.go
-	swept sweepState // sweep.go
+	rows   inflight   // rowtrack.go
+	lease  lease      // heartbeat.go
+	swept  sweepState // sweep.go
+	stats  counters   // stats.go
+	events dispatcher // events.go
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -90,6 +92,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		epoch:    time.Now(),
 	}
 	w.rows.init()
+	w.events.obs = o.observer
 	w.swept.token = newToken()
 	w.swept.absentSince = make(map[string]time.Time)
 	return w, nil

@@ -1,0 +1,213 @@
+package recovery
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+)
+
+// EventKind says what happened.
+type EventKind int
+
+// The events a Worker reports to its Observer.
+const (
+	// EventHeartbeat: a heartbeat refresh succeeded.
+	EventHeartbeat EventKind = iota + 1
+	// EventHeartbeatFailed: a heartbeat refresh failed. Attempt is 1 for the
+	// first failure of an outage (the one that is logged) and counts up.
+	EventHeartbeatFailed
+	// EventHeartbeatRestored: a heartbeat succeeded after an outage;
+	// Duration is the outage's length, Attempt the failures in it.
+	EventHeartbeatRestored
+	// EventLeaseLost: the worker may now be presumed dead by its peers;
+	// Duration is the time since the last successful heartbeat.
+	EventLeaseLost
+	// EventLeaseRegained: a heartbeat succeeded after the lease was lost.
+	EventLeaseRegained
+	// EventPeerDead: a scan found PeerID registered without a heartbeat.
+	EventPeerDead
+	// EventRowsRecovered: the rows of dead PeerID were reset. Duration runs
+	// from the scan noticing the death to the reset's commit. FoundBy is
+	// "registry" or "sweep".
+	EventRowsRecovered
+	// EventRecoveryFailed: recovering PeerID failed (Err) and will be tried
+	// again by a later scan; PeerID is empty when the scan itself failed.
+	EventRecoveryFailed
+	// EventScanFinished: a recovery scan ended; PeersChecked, PeersDead
+	// and Duration describe it.
+	EventScanFinished
+	// EventRowsReleased: Release handed Rows of this worker's rows back.
+	EventRowsReleased
+)
+
+var eventNames = map[EventKind]string{
+	EventHeartbeat:         "heartbeat",
+	EventHeartbeatFailed:   "heartbeat_failed",
+	EventHeartbeatRestored: "heartbeat_restored",
+	EventLeaseLost:         "lease_lost",
+	EventLeaseRegained:     "lease_regained",
+	EventPeerDead:          "peer_dead",
+	EventRowsRecovered:     "rows_recovered",
+	EventRecoveryFailed:    "recovery_failed",
+	EventScanFinished:      "scan_finished",
+	EventRowsReleased:      "rows_released",
+}
+
+// String returns the event's snake_case name.
+func (k EventKind) String() string {
+	if n, ok := eventNames[k]; ok {
+		return n
+	}
+	return "unknown"
+}
+
+// An Event is something a Worker did or saw. Only the fields its Kind
+// documents are set.
+type Event struct {
+	Kind EventKind
+	// Time is when the event happened.
+	Time time.Time
+	// InstanceID is the reporting worker.
+	InstanceID string
+	// PeerID is the peer the event concerns, if any.
+	PeerID string
+	// FoundBy says which mechanism found a dead peer: "registry" or "sweep".
+	FoundBy string
+	// Rows is how many row IDs were involved (found in the rows set, or
+	// released).
+	Rows int
+	// RowsReset is how many rows were returned to the queue or quarantined.
+	RowsReset int64
+	// RowsQuarantined is how many rows reached their recovery limit.
+	RowsQuarantined int
+	// PeersChecked and PeersDead describe a scan.
+	PeersChecked, PeersDead int
+	// Attempt counts heartbeat failures in the current outage.
+	Attempt int
+	// Duration is the event's length; see each Kind.
+	Duration time.Duration
+	// Err is the failure, for failed events.
+	Err error
+}
+
+// An Observer receives the events of a Worker, for metrics or alerting.
+// Observe is called from one goroutine of the Worker's own, in order, never
+// from the heartbeat or recovery loops: a slow observer delays other events
+// (and past a buffer of 1024 events, drops them: Stats.EventsDropped), never
+// a heartbeat. A panic in Observe is recovered and counted as a drop.
+type Observer interface {
+	Observe(Event)
+}
+
+// ObserverFunc adapts a function to Observer.
+type ObserverFunc func(Event)
+
+// Observe calls f(e).
+func (f ObserverFunc) Observe(e Event) { f(e) }
+
+// WithObserver sets the observer that receives the worker's events; it
+// must not be nil. Default: none (events are only logged).
+func WithObserver(o Observer) Option {
+	return optionFunc(func(o2 *options) { o2.observer = o; o2.observerSet = true })
+}
+
+// eventBuffer is how many events wait for a slow observer before new ones
+// are dropped.
+const eventBuffer = 1024
+
+// dispatcher hands events to the observer on a goroutine of its own,
+// started with the first event and stopped by Shutdown.
+type dispatcher struct {
+	obs     Observer
+	mu      sync.RWMutex // guards closed and the send on ch
+	closed  bool
+	started bool
+	ch      chan Event
+	done    chan struct{}
+	dropped atomic.Uint64
+}
+
+func (d *dispatcher) emit(e Event) {
+	if d.obs == nil {
+		return
+	}
+	for {
+		d.mu.RLock()
+		switch {
+		case d.closed:
+			d.mu.RUnlock()
+			d.dropped.Add(1)
+			return
+		case d.started:
+			select {
+			case d.ch <- e:
+			default:
+				d.dropped.Add(1)
+			}
+			d.mu.RUnlock()
+			return
+		}
+		d.mu.RUnlock()
+		d.start()
+	}
+}
+
+// start starts the delivery goroutine, once and only before close.
+func (d *dispatcher) start() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if d.closed || d.started {
+		return
+	}
+	d.started = true
+	d.ch = make(chan Event, eventBuffer)
+	d.done = make(chan struct{})
+	go d.run()
+}
+
+func (d *dispatcher) run() {
+	defer close(d.done)
+	for e := range d.ch {
+		d.deliver(e)
+	}
+}
+
+func (d *dispatcher) deliver(e Event) {
+	defer func() {
+		if recover() != nil {
+			d.dropped.Add(1)
+		}
+	}()
+	d.obs.Observe(e)
+}
+
+// close stops accepting events and waits, within ctx, until the ones
+// queued are delivered.
+func (d *dispatcher) close(ctx context.Context) error {
+	d.mu.Lock()
+	if !d.closed {
+		d.closed = true
+		if d.started {
+			close(d.ch)
+		}
+	}
+	started, done := d.started, d.done
+	d.mu.Unlock()
+	if !started {
+		return nil
+	}
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
+// emit stamps and dispatches an event.
+func (w *Worker) emit(e Event) {
+	e.Time = time.Now()
+	e.InstanceID = w.opts.instanceID
+	w.events.emit(e)
+}

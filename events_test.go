@@ -1,0 +1,194 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+)
+
+// recorder is an Observer that keeps every event.
+type recorder struct {
+	mu     sync.Mutex
+	events []Event
+}
+
+func (r *recorder) Observe(e Event) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.events = append(r.events, e)
+}
+
+func (r *recorder) of(kind EventKind) []Event {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []Event
+	for _, e := range r.events {
+		if e.Kind == kind {
+			out = append(out, e)
+		}
+	}
+	return out
+}
+
+func dispatcherGoroutines() int {
+	buf := make([]byte, 1<<20)
+	buf = buf[:runtime.Stack(buf, true)]
+	return strings.Count(string(buf), "recovery.(*dispatcher).run(")
+}
+
+func TestSlowObserverNeverDelaysAHeartbeat(t *testing.T) {
+	_, rdb := newMini(t)
+	stuck := make(chan struct{})
+	var delivered int
+	obs := ObserverFunc(func(Event) { <-stuck; delivered++ })
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(obs),
+		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(50*time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= 8 }, 3*time.Second, 10*time.Millisecond,
+		"heartbeats go on while the observer is stuck on the first event")
+	assert.NoError(t, w.Healthy())
+	assert.Zero(t, delivered)
+
+	close(stuck)
+	require.NoError(t, w.Shutdown(context.Background()))
+	assert.Equal(t, int(w.Stats().Heartbeats)+1, delivered, "every heartbeat and the first scan delivered before Shutdown returns")
+	assert.Zero(t, dispatcherGoroutines(), "the delivery goroutine ends with Shutdown")
+}
+
+func TestEventsDescribeARecovery(t *testing.T) {
+	_, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2")
+	plantDeadPeer(t, rdb, "ALYA", "broken", "3")
+	r := &fakeResetter{}
+	boom := errors.New("db down")
+	r.setFail("broken", boom)
+	rec := &recorder{}
+	w, _ := newWorker(t, rdb, r, "w1", WithObserver(rec))
+
+	_, err := w.RecoverNow(context.Background())
+	require.Error(t, err)
+	require.NoError(t, w.Shutdown(context.Background())) // drains the events
+
+	dead := rec.of(EventPeerDead)
+	require.Len(t, dead, 2)
+	assert.ElementsMatch(t, []string{"dead", "broken"}, []string{dead[0].PeerID, dead[1].PeerID})
+	recovered := rec.of(EventRowsRecovered)
+	require.Len(t, recovered, 1)
+	assert.Equal(t, "dead", recovered[0].PeerID)
+	assert.Equal(t, "w1", recovered[0].InstanceID)
+	assert.Equal(t, "registry", recovered[0].FoundBy)
+	assert.Equal(t, 2, recovered[0].Rows)
+	assert.Equal(t, int64(2), recovered[0].RowsReset)
+	assert.Greater(t, recovered[0].Duration, time.Duration(0))
+	assert.False(t, recovered[0].Time.IsZero())
+	failed := rec.of(EventRecoveryFailed)
+	require.Len(t, failed, 1)
+	assert.Equal(t, "broken", failed[0].PeerID)
+	assert.ErrorIs(t, failed[0].Err, boom)
+	scans := rec.of(EventScanFinished)
+	require.Len(t, scans, 1)
+	assert.Equal(t, 2, scans[0].PeersChecked)
+	assert.Equal(t, 2, scans[0].PeersDead)
+
+	s := w.Stats()
+	assert.Equal(t, uint64(1), s.Scans)
+	assert.Equal(t, uint64(2), s.PeersDead)
+	assert.Equal(t, uint64(1), s.PeersRecovered)
+	assert.Equal(t, uint64(2), s.RowsRecovered)
+	assert.Equal(t, uint64(1), s.Errors)
+}
+
+func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
+	mr, rdb := newMini(t)
+	rec := &recorder{}
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec),
+		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	assert.NoError(t, w.Healthy())
+	before := w.Stats().LastHeartbeat
+	require.False(t, before.IsZero())
+
+	mr.SetError("ERR down")
+	require.Eventually(t, func() bool { return w.Healthy() != nil }, 3*time.Second, 5*time.Millisecond)
+	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
+	s := w.Stats()
+	assert.False(t, s.LeaseValid)
+	assert.Equal(t, before, s.LastHeartbeat, "no success during the outage")
+	mr.SetError("")
+	require.Eventually(t, func() bool { return len(rec.of(EventLeaseRegained)) == 1 }, 3*time.Second, 5*time.Millisecond)
+
+	failures := rec.of(EventHeartbeatFailed)
+	require.NotEmpty(t, failures)
+	assert.Equal(t, 1, failures[0].Attempt)
+	assert.Equal(t, len(failures), failures[len(failures)-1].Attempt)
+	lost := rec.of(EventLeaseLost)
+	require.Len(t, lost, 1)
+	assert.GreaterOrEqual(t, lost[0].Duration, 360*time.Millisecond, "TTL minus the margin")
+	restored := rec.of(EventHeartbeatRestored)
+	require.Len(t, restored, 1)
+	assert.Greater(t, restored[0].Duration, 200*time.Millisecond, "from the first failure to the first success")
+	s = w.Stats()
+	assert.True(t, s.LeaseValid)
+	assert.Equal(t, uint64(1), s.LeaseLosses)
+	assert.GreaterOrEqual(t, s.HeartbeatFailures, uint64(len(failures)))
+	assert.Equal(t, 1, logs.Count(`"level":"WARN","msg":"heartbeat failed`))
+	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"heartbeat lease lost`))
+	assert.Equal(t, 1, logs.Count(`"level":"INFO","msg":"heartbeat restored`))
+	require.NoError(t, w.Shutdown(context.Background()))
+	assert.ErrorIs(t, w.Healthy(), ErrShutdown)
+}
+
+func TestHealthyBeforeStart(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
+	assert.ErrorIs(t, w.Healthy(), ErrNotStarted)
+}
+
+func TestReleaseIsCountedAndReported(t *testing.T) {
+	_, rdb := newMini(t)
+	rec := &recorder{}
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec))
+	require.NoError(t, w.Track(context.Background(), 1, 2, 3))
+	require.NoError(t, w.Release(context.Background(), 1, 2))
+	require.NoError(t, w.Shutdown(context.Background()))
+	rel := rec.of(EventRowsReleased)
+	require.Len(t, rel, 1)
+	assert.Equal(t, 2, rel[0].Rows)
+	assert.Equal(t, int64(2), rel[0].RowsReset)
+	assert.Equal(t, uint64(2), w.Stats().RowsReleased)
+	assert.Equal(t, 1, w.Stats().TrackedRows)
+	assert.Contains(t, logs.String(), `"msg":"released rows"`)
+}
+
+func TestPanickingObserverIsContained(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1",
+		WithObserver(ObserverFunc(func(Event) { panic("observer bug") })))
+	require.Eventually(t, func() bool { return w.Stats().EventsDropped >= 2 }, 2*time.Second, 5*time.Millisecond)
+	assert.NoError(t, w.Healthy())
+}
+
+func TestNilObserverIsRefused(t *testing.T) {
+	_, err := New(idleClient(t), &fakeResetter{}, WithObserver(nil))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "observer is nil")
+	var nilFunc ObserverFunc
+	_, err = New(idleClient(t), &fakeResetter{}, WithObserver(nilFunc))
+	assert.ErrorIs(t, err, ErrInvalidConfig)
+}
+
+func TestEventKindNames(t *testing.T) {
+	for k := EventHeartbeat; k <= EventRowsReleased; k++ {
+		assert.NotEqual(t, "unknown", k.String(), "kind %d", k)
+	}
+	assert.Equal(t, "rows_recovered", EventRowsRecovered.String())
+	assert.Equal(t, "unknown", EventKind(0).String())
+}

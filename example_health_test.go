@@ -1,0 +1,76 @@
+package recovery_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+
+	"github.com/alicebob/miniredis/v2"
+	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery"
+)
+
+// noopResetter stands in for a PgxResetter in examples that recover nothing.
+type noopResetter struct{}
+
+func (noopResetter) ResetRows(context.Context, string, []int64) (int64, error) { return 0, nil }
+
+// healthHandler answers 200 while the worker holds its heartbeat lease and
+// 503 otherwise: wire it to a Kubernetes liveness or readiness probe.
+func healthHandler(w *recovery.Worker) http.Handler {
+	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
+		if err := w.Healthy(); err != nil {
+			http.Error(rw, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		s := w.Stats()
+		fmt.Fprintf(rw, "ok: %d rows tracked\n", s.TrackedRows)
+	})
+}
+
+// Example_healthCheck serves Worker.Healthy over HTTP.
+func Example_healthCheck() {
+	mr := miniredis.NewMiniRedis()
+	if err := mr.Start(); err != nil {
+		panic(err)
+	}
+	defer mr.Close()
+	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
+	defer rdb.Close()
+
+	w, err := recovery.New(rdb, noopResetter{}, recovery.WithInstanceID("worker-1"))
+	if err != nil {
+		panic(err)
+	}
+	srv := httptest.NewServer(healthHandler(w))
+	defer srv.Close()
+	probe := func() {
+		resp, err := http.Get(srv.URL)
+		if err != nil {
+			panic(err)
+		}
+		body, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		fmt.Printf("%d %s", resp.StatusCode, body)
+	}
+
+	probe() // not started yet
+	ctx := context.Background()
+	if err := w.Start(ctx); err != nil {
+		panic(err)
+	}
+	_ = w.Track(ctx, 1, 2)
+	probe()
+	_ = w.Shutdown(ctx)
+	probe()
+	fmt.Println(errors.Is(w.Healthy(), recovery.ErrShutdown))
+	// Output:
+	// 503 recovery: not started
+	// 200 ok: 2 rows tracked
+	// 503 recovery: shut down
+	// true
+}

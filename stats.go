@@ -1,0 +1,83 @@
+package recovery
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// Stats is a snapshot of a Worker's state and counters, for health
+// endpoints, metrics and tests. Counters start at zero when the Worker is
+// created and only grow.
+type Stats struct {
+	// InstanceID is the worker's identity.
+	InstanceID string
+	// TrackedRows is how many rows are tracked now.
+	TrackedRows int
+	// LastHeartbeat is when the last successful heartbeat was sent; zero
+	// before the first.
+	LastHeartbeat time.Time
+	// LeaseValid reports whether the worker holds a valid lease (see
+	// CheckLease).
+	LeaseValid bool
+	// Heartbeats and HeartbeatFailures count refresh attempts.
+	Heartbeats, HeartbeatFailures uint64
+	// LeaseLosses counts the times the lease was lost.
+	LeaseLosses uint64
+	// Scans counts finished recovery scans (RecoverNow included).
+	Scans uint64
+	// PeersDead counts dead peers found, once per scan that found them.
+	PeersDead uint64
+	// PeersRecovered counts dead peers whose rows were reset.
+	PeersRecovered uint64
+	// RowsRecovered counts rows reset by recovery and sweep, quarantined
+	// ones included.
+	RowsRecovered uint64
+	// RowsQuarantined counts rows set to the terminal status.
+	RowsQuarantined uint64
+	// RowsReleased counts rows handed back by Release.
+	RowsReleased uint64
+	// Errors counts failed scans, failed peer recoveries and failed sweeps.
+	Errors uint64
+	// EventsDropped counts events the observer did not receive.
+	EventsDropped uint64
+}
+
+// counters are the Worker's running totals.
+type counters struct {
+	heartbeats, heartbeatFailures, leaseLosses atomic.Uint64
+	scans, peersDead, peersRecovered           atomic.Uint64
+	rowsRecovered, rowsQuarantined             atomic.Uint64
+	rowsReleased, errors                       atomic.Uint64
+	lastHeartbeat                              atomic.Int64 // unix nanoseconds
+}
+
+// Stats returns a snapshot of the worker's state and counters. It is cheap
+// and safe to call at any time, from any goroutine.
+func (w *Worker) Stats() Stats {
+	s := Stats{
+		InstanceID:        w.opts.instanceID,
+		TrackedRows:       w.rows.len(),
+		LeaseValid:        w.CheckLease() == nil,
+		Heartbeats:        w.stats.heartbeats.Load(),
+		HeartbeatFailures: w.stats.heartbeatFailures.Load(),
+		LeaseLosses:       w.stats.leaseLosses.Load(),
+		Scans:             w.stats.scans.Load(),
+		PeersDead:         w.stats.peersDead.Load(),
+		PeersRecovered:    w.stats.peersRecovered.Load(),
+		RowsRecovered:     w.stats.rowsRecovered.Load(),
+		RowsQuarantined:   w.stats.rowsQuarantined.Load(),
+		RowsReleased:      w.stats.rowsReleased.Load(),
+		Errors:            w.stats.errors.Load(),
+		EventsDropped:     w.events.dropped.Load(),
+	}
+	if ns := w.stats.lastHeartbeat.Load(); ns != 0 {
+		s.LastHeartbeat = time.Unix(0, ns)
+	}
+	return s
+}
+
+// Healthy returns nil while the worker holds a valid heartbeat lease, and
+// the reason otherwise (ErrNotStarted, ErrLeaseLost, ErrShutdown). It is
+// meant for a liveness or readiness probe: a worker that keeps failing it
+// cannot reach Redis and its rows are being recovered by peers.
+func (w *Worker) Healthy() error { return w.CheckLease() }
