@@ -4,13 +4,16 @@ PKGS      ?= ./...
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps test test-unit test-integration bench fuzz lint
+.PHONY: help deps test test-unit test-integration bench fuzz lint demo
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
 deps: ## install redis-server and PostgreSQL binaries when missing (apt-get)
 	@scripts/install-deps.sh
+
+demo: deps ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200")
+	$(GO) run ./examples/crashdemo $(DEMO_FLAGS)
 
 test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race (both modules)
 	$(GO) test -race -count=1 $(PKGS)
