@@ -4,12 +4,14 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -45,29 +47,47 @@ func ctl(t *testing.T, env map[string]string, args ...string) (stdout, stderr st
 	return out.String(), errOut.String(), code
 }
 
-// noResets is a RowResetter for live workers in these tests: they must
-// never recover anything.
-type noResets struct{ t *testing.T }
+// refuser is the RowResetter of a live test worker: it refuses every reset,
+// so a peer planted as dead keeps its rows set and registry entry whatever
+// the worker's own scan does (a failed recovery releases its claim).
+type refuser struct{ calls atomic.Int32 }
 
-func (r noResets) ResetRows(context.Context, string, []int64) (int64, error) {
-	r.t.Error("a live test worker reset rows")
-	return 0, nil
+func (r *refuser) ResetRows(context.Context, string, []int64) (int64, error) {
+	r.calls.Add(1)
+	return 0, errors.New("test workers do not reset rows")
 }
 
 // liveWorker starts a real worker of the library that tracks rows, shut
-// down when the test ends.
-func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...int64) {
+// down when the test ends. Plant dead peers with rows before calling it:
+// it waits until its first scan has tried them and let go of its claim.
+func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, deadPeer string, rows ...int64) {
 	t.Helper()
-	log, logs := testutil.Logger(t)
-	w, err := recovery.New(rdb, noResets{t}, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID(id),
+	log, _ := testutil.Logger(t)
+	r := &refuser{}
+	w, err := recovery.New(rdb, r, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID(id),
 		recovery.WithRecoveryInterval(time.Hour), recovery.WithRowsTTL(3*time.Hour), recovery.WithLogger(log))
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
-	// Its first scan runs at Start; the next in an hour. Wait for it, so it
-	// does not recover the dead peers a test plants next.
-	require.Eventually(t, func() bool { return logs.Count("recovery scan done") > 0 }, 5*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool {
+		n, err := rdb.Exists(context.Background(), keys.For(prefix, deadPeer).Claim).Result()
+		return r.calls.Load() > 0 && err == nil && n == 0
+	}, 5*time.Second, 5*time.Millisecond, "the worker's first scan is over")
 	require.NoError(t, w.Track(context.Background(), rows...))
+}
+
+// plantAlive writes what a live worker keeps in Redis: a heartbeat with
+// its TTL, a registry entry and a rows set.
+func plantAlive(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
+	t.Helper()
+	ctx := context.Background()
+	k := keys.For(prefix, id)
+	require.NoError(t, rdb.Set(ctx, k.Heartbeat, keys.HeartbeatValue, time.Minute).Err())
+	require.NoError(t, rdb.SAdd(ctx, keys.Registry(prefix), id).Err())
+	if len(rows) > 0 {
+		require.NoError(t, rdb.SAdd(ctx, k.Rows, rows...).Err())
+		require.NoError(t, rdb.Expire(ctx, k.Rows, 3*time.Minute).Err())
+	}
 }
 
 // plantDead leaves what a killed worker leaves: a registry entry and a
@@ -92,8 +112,8 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	url := testutil.RedisURL(t)
 	rdb := client(t, url)
 	prefix := testutil.Name("CTL")
-	liveWorker(t, rdb, prefix, "alive-1", 7, 8)
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3")
+	liveWorker(t, rdb, prefix, "alive-1", "dead-1", 7, 8)
 	require.NoError(t, rdb.SAdd(context.Background(), keys.Registry(prefix), "not valid").Err())
 
 	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers")
@@ -132,7 +152,7 @@ func TestWorkersOnRedisCluster(t *testing.T) {
 	prefix := testutil.Name("CTL")
 	// Enough instances that their keys spread over every node.
 	for i := range 6 {
-		liveWorker(t, rdb, prefix, "alive-"+strconv.Itoa(i), int64(i))
+		plantAlive(t, rdb, prefix, "alive-"+strconv.Itoa(i), strconv.Itoa(i))
 	}
 	plantDead(t, rdb, prefix, "dead-1", "1", "2")
 
@@ -208,7 +228,7 @@ func TestRecoverDryRunShowsThePlanAndChangesNothing(t *testing.T) {
 	rdb := client(t, url)
 	ctx := context.Background()
 	prefix := testutil.Name("CTL")
-	liveWorker(t, rdb, prefix, "alive-1", 9)
+	plantAlive(t, rdb, prefix, "alive-1", "9")
 	plantDead(t, rdb, prefix, "dead-rows", "3", "1", "2")
 	plantDead(t, rdb, prefix, "dead-empty")
 	plantDead(t, rdb, prefix, "dead-claimed", "5")
@@ -250,7 +270,7 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = 5`)
 	require.NoError(t, err)
 	prefix := testutil.Name("CTL")
-	liveWorker(t, rdb, prefix, "alive-1", 4) // row 4 is a live worker's
+	plantAlive(t, rdb, prefix, "alive-1", "4") // row 4 is a live worker's
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "5")
 
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},

@@ -218,7 +218,7 @@ func TestVerdictFailsWhenAPromiseIsBroken(t *testing.T) {
 	}{
 		"twice":       {func(o *outcome) { o.twice, o.ledger = 1, 11 }, "1 rows were processed twice"},
 		"unfinished":  {func(o *outcome) { o.done = 8 }, "2 rows were never finished"},
-		"late":        {func(o *outcome) { o.recoveredAt = kill.Add(3400 * time.Millisecond) }, "recovery took 3.4s, over the bound 3.1s"},
+		"late":        {func(o *outcome) { o.recoveredAt = kill.Add(3700 * time.Millisecond) }, "recovery took 3.7s, over the bound 3.1s"},
 		"never":       {func(o *outcome) { o.recoveredAt = time.Time{} }, "never recovered"},
 		"no kill":     {func(o *outcome) { o.killed = false }, "no worker was killed"},
 		"nothing":     {func(o *outcome) { o.rowsReset = 0 }, "none was reset"},
