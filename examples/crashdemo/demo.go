@@ -263,10 +263,14 @@ func (d *demo) read(p *proc, stdout io.Reader) {
 		if json.Unmarshal(sc.Bytes(), &rec) != nil {
 			continue
 		}
+		// When it happened: the library's event time, else the log record's.
 		at := time.Now()
-		if s, ok := rec["time"].(string); ok {
-			if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
-				at = t
+		for _, k := range []string{"event_time", "time"} {
+			if s, ok := rec[k].(string); ok {
+				if t, err := time.Parse(time.RFC3339Nano, s); err == nil {
+					at = t
+					break
+				}
 			}
 		}
 		select {
@@ -353,15 +357,19 @@ func (d *demo) handle(ev workerEvent) {
 		d.ui.event(ev.at, "%s is waiting: no queued rows, %v still in progress", p.name, ev.rec["rows_left"])
 	case evFinished:
 		p.state = "finished"
-	case recoveredMsg:
+	case evPeerDead:
+		d.ui.event(ev.at, "%s", d.ui.paint(yellow, fmt.Sprintf("%s's recovery scan found %s dead", p.name, str(ev.rec["peer_id"]))))
+	case evRecovered:
 		peer, reset := str(ev.rec["peer_id"]), num(ev.rec["rows_reset"])
 		note := ""
 		if d.victim != nil && peer == d.victim.name && !d.killedAt.IsZero() && d.recoveredAt.IsZero() {
 			d.recoveredAt, d.rowsReset = ev.at, reset
 			note = fmt.Sprintf(", %v after the kill (bound %v)", round(ev.at.Sub(d.killedAt)), round(d.bound()))
 		}
-		d.ui.event(ev.at, "%s", d.ui.paint(yellow, fmt.Sprintf("%s found %s dead and reset %s to queued%s",
-			p.name, peer, countRows(int(reset)), note)))
+		d.ui.event(ev.at, "%s", d.ui.paint(yellow, fmt.Sprintf("%s reset %s of %s to queued%s",
+			p.name, countRows(int(reset)), peer, note)))
+	case evLeaseLost:
+		d.ui.event(ev.at, "%s", d.ui.paint(red, p.name+" lost its heartbeat lease: peers may consider it dead"))
 	default:
 		if lvl := str(ev.rec["level"]); lvl == "WARN" || lvl == "ERROR" {
 			d.ui.event(ev.at, "%s", d.ui.paint(yellow, fmt.Sprintf("%s %s: %s %v", p.name, strings.ToLower(lvl), msg, ev.rec["error"])))

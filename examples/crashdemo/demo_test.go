@@ -109,7 +109,8 @@ func TestDemoWithItsOwnServersKeepsEveryPromise(t *testing.T) {
 	assert.Regexp(t, `verdict: PASS: 60/60 rows processed, processed twice: 0, rows queued again [0-9.]+m?s after the kill \(bound 1.55s\)`, s)
 	assert.Contains(t, s, "w2 KILLED with SIGKILL in the middle of rows")
 	assert.Regexp(t, `w2's heartbeat key expired, [0-9.]+m?s after the kill`, s)
-	assert.Regexp(t, `w[13] found w2 dead and reset \d+ rows? to queued`, s)
+	assert.Regexp(t, `w[13]'s recovery scan found w2 dead`, s)
+	assert.Regexp(t, `w[13] reset \d+ rows? of w2 to queued, [0-9.]+m?s after the kill`, s)
 	assert.Regexp(t, `w[13] took rows [0-9, -]+: \d+ rows? were recovered from w2`, s)
 	assert.NotContains(t, s, "\x1b[", "no escape codes when stdout is not a terminal")
 

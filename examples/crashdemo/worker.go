@@ -30,16 +30,19 @@ const (
 )
 
 // Event names a worker writes to stdout, one JSON object a line, mixed with
-// the library's own log records (also JSON) such as recoveredMsg.
+// the library's own warnings (also JSON). evPeerDead and evRecovered come
+// from the library's Observer events.
 const (
-	evStarted    = "worker started"
-	evBlock      = "block taken"
-	evRowDone    = "row done"
-	evRowLost    = "row no longer ours"
-	evReleased   = "rows released"
-	evIdle       = "waiting for rows"
-	evFinished   = "worker finished"
-	recoveredMsg = "recovered rows of dead peer" // logged by the library
+	evStarted   = "worker started"
+	evBlock     = "block taken"
+	evRowDone   = "row done"
+	evRowLost   = "row no longer ours"
+	evReleased  = "rows released"
+	evIdle      = "waiting for rows"
+	evFinished  = "worker finished"
+	evPeerDead  = "peer found dead"
+	evRecovered = "rows recovered"
+	evLeaseLost = "lease lost"
 )
 
 // workerConfig is what the parent tells a worker.
@@ -79,6 +82,8 @@ func workerMain(args []string) int {
 	}
 	c.redisURL, c.dbURL = os.Getenv(redisEnv), os.Getenv(dbEnv)
 
+	// One JSON stream on stdout: the demo's events, and the library's
+	// warnings and errors.
 	log := slog.New(slog.NewJSONHandler(os.Stdout, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	// SIGTERM: finish the block, then shut down, as the design says.
 	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, os.Interrupt)
@@ -127,7 +132,17 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 		recovery.WithInstanceID(c.id), recovery.WithKeyPrefix(c.prefix),
 		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.beat),
 		recovery.WithRecoveryInterval(c.recovery), recovery.WithRowsTTL(rowsTTL(c.ttl, c.recovery)),
-		recovery.WithLogger(log))
+		recovery.WithLogger(slog.New(warnAndAbove{log.Handler()})), recovery.WithObserver(recovery.ObserverFunc(func(e recovery.Event) {
+			at := slog.Time("event_time", e.Time)
+			switch e.Kind {
+			case recovery.EventPeerDead:
+				log.Info(evPeerDead, "peer_id", e.PeerID, at)
+			case recovery.EventRowsRecovered:
+				log.Info(evRecovered, "peer_id", e.PeerID, "rows_reset", e.RowsReset, "found_by", e.FoundBy, at)
+			case recovery.EventLeaseLost:
+				log.Info(evLeaseLost, at)
+			}
+		})))
 	if err != nil {
 		return err
 	}
@@ -291,6 +306,22 @@ func release(w *recovery.Worker, ids []int64) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	_ = w.Release(ctx, ids...) // on failure they stay tracked
+}
+
+// warnAndAbove passes on the library's warnings and errors only: its Info
+// lines would repeat what the Observer events already say.
+type warnAndAbove struct{ slog.Handler }
+
+func (h warnAndAbove) Enabled(ctx context.Context, l slog.Level) bool {
+	return l >= slog.LevelWarn && h.Handler.Enabled(ctx, l)
+}
+
+func (h warnAndAbove) WithAttrs(as []slog.Attr) slog.Handler {
+	return warnAndAbove{h.Handler.WithAttrs(as)}
+}
+
+func (h warnAndAbove) WithGroup(name string) slog.Handler {
+	return warnAndAbove{h.Handler.WithGroup(name)}
 }
 
 func sleep(ctx context.Context, d time.Duration) {
