@@ -312,6 +312,12 @@ func recoverNow(ctx context.Context, rdb redis.UniversalClient, o *options, stde
 	if o.schema != "" {
 		ropts = append(ropts, recovery.WithSchema(o.schema))
 	}
+	if o.ownerColumn != "" {
+		ropts = append(ropts, recovery.WithOwnerColumn(o.ownerColumn))
+	}
+	if o.countColumn != "" {
+		ropts = append(ropts, recovery.WithRecoveryCountColumn(o.countColumn))
+	}
 	resetter, err := recovery.NewPgxResetter(pool, ropts...)
 	if err != nil {
 		return out, &usageError{err.Error()}

@@ -19,7 +19,10 @@
 //
 // recover without --dry-run resets rows in PostgreSQL through a
 // recovery.PgxResetter and needs --database-url or $DATABASE_URL; --table,
-// --schema, --id-column and --status-column match the resetter's options.
+// --schema, --id-column, --status-column, --owner-column and
+// --recovery-count-column must match the fleet's resetter options (with
+// owner fencing, pass --owner-column so a reset only touches rows the dead
+// instance still owns).
 // It runs exactly one scan (recovery.Worker.RecoverNow) and never starts a
 // heartbeat. --dry-run only reads Redis.
 //
@@ -73,6 +76,8 @@ type options struct {
 	schema      string
 	idColumn    string
 	status      string
+	ownerColumn string
+	countColumn string
 }
 
 // registerCommon defines the flags every command accepts, with the current
@@ -92,6 +97,8 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	fs.StringVar(&o.schema, "schema", "", "schema of the table (default: the search_path)")
 	fs.StringVar(&o.idColumn, "id-column", recovery.DefaultIDColumn, "bigint row ID column")
 	fs.StringVar(&o.status, "status-column", recovery.DefaultStatusColumn, "status column")
+	fs.StringVar(&o.ownerColumn, "owner-column", "", "owner column, if the fleet uses owner fencing (recovery.WithOwnerColumn)")
+	fs.StringVar(&o.countColumn, "recovery-count-column", "", "recovery counter column, if the fleet counts (recovery.WithRecoveryCountColumn)")
 }
 
 const usageText = `recoveryctl inspects and repairs the Redis state of a recovery fleet.

@@ -321,6 +321,33 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	assert.Equal(t, "1 registered instances checked, 0 dead, 0 rows reset\n", out)
 }
 
+func TestRecoverWithOwnerFencingLeavesRowsOthersHold(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 4)
+	schema := db.Config().ConnConfig.RuntimeParams["search_path"]
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'dead-1' WHERE rowid IN (1, 2)`)
+	require.NoError(t, err)
+	_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'other' WHERE rowid = 3`)
+	require.NoError(t, err)
+	prefix := testutil.Name("CTL")
+	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3") // a stale member: row 3 is someone else's now
+
+	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
+		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema,
+		"--owner-column", "owner", "--recovery-count-column", "recoveries")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "recovered dead-1: 3 rows tracked, 2 reset to queued")
+	var status, owner string
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT status, owner, recoveries FROM batchrows WHERE rowid = 3`).Scan(&status, &owner, &n))
+	assert.Equal(t, []any{"inprog", "other", 0}, []any{status, owner, n}, "a row another worker holds is left alone")
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows WHERE rowid IN (1, 2) AND status = 'queued' AND owner IS NULL AND recoveries = 1`).Scan(&n))
+	assert.Equal(t, 2, n, "the dead instance's own rows are queued, owner cleared, counted")
+}
+
 func TestRecoverWithoutADatabaseIsAUsageError(t *testing.T) {
 	_, errOut, code := ctl(t, nil, "--redis-url", "redis://127.0.0.1:1", "recover")
 	assert.Equal(t, exitUsage, code)
