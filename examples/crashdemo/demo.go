@@ -338,8 +338,8 @@ func (d *demo) handle(ev workerEvent) {
 		p.block, p.doneInBlock, p.state = ints(ev.rec["rows"]), 0, "working"
 		p.blocks++
 		if rec := ints(ev.rec["recovered"]); len(rec) > 0 {
-			d.ui.event(ev.at, "%s", d.ui.paint(green, fmt.Sprintf("%s took rows %s: %s were recovered from %s",
-				p.name, span(p.block), countRows(len(rec)), d.victim.name)))
+			d.ui.event(ev.at, "%s", d.ui.paint(green, fmt.Sprintf("%s took rows %s: %s of them back from recovery",
+				p.name, span(p.block), countRows(len(rec)))))
 		} else {
 			d.ui.event(ev.at, "%s took rows %s", p.name, span(p.block))
 		}

@@ -111,7 +111,7 @@ func TestDemoWithItsOwnServersKeepsEveryPromise(t *testing.T) {
 	assert.Regexp(t, `w2's heartbeat key expired, [0-9.]+m?s after the kill`, s)
 	assert.Regexp(t, `w[13]'s recovery scan found w2 dead`, s)
 	assert.Regexp(t, `w[13] reset \d+ rows? of w2 to queued, [0-9.]+m?s after the kill`, s)
-	assert.Regexp(t, `w[13] took rows [0-9, -]+: \d+ rows? were recovered from w2`, s)
+	assert.Regexp(t, `w[13] took rows [0-9, -]+: \d+ rows? of them back from recovery`, s)
 	assert.NotContains(t, s, "\x1b[", "no escape codes when stdout is not a terminal")
 
 	assertProcessesGone(t, s)
