@@ -31,6 +31,9 @@ type options struct {
 	logger            *slog.Logger
 	loggerSet         bool
 	sweep             bool
+	scanLease         bool
+	expiry            bool
+	expiryConfigure   bool
 	observer          Observer
 	observerSet       bool
 }
@@ -44,6 +47,7 @@ func defaultOptions() options {
 		recoveryInterval:  DefaultRecoveryInterval,
 		rowsTTL:           DefaultRowsTTL,
 		resetTimeout:      DefaultResetTimeout,
+		scanLease:         true,
 	}
 }
 
@@ -109,6 +113,16 @@ func WithOperationTimeout(d time.Duration) Option {
 // DefaultResetTimeout (30s).
 func WithResetTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.resetTimeout = d })
+}
+
+// WithScanLease turns the scan lease on or off. With it, one worker of the
+// fleet (whichever ticks first) runs the recovery scan each recovery
+// interval and the others skip theirs, so the fleet's Redis load grows
+// linearly with its size instead of quadratically (docs/performance.md has
+// the figures). Off, every worker scans every interval, as in the design.
+// RecoverNow always scans. Default: on.
+func WithScanLease(enabled bool) Option {
+	return optionFunc(func(o *options) { o.scanLease = enabled })
 }
 
 // WithLogger sets the logger; it must not be nil. Default: slog.Default(),

@@ -281,34 +281,97 @@ func (w *Worker) runRecovery(ctx context.Context) {
 	w.log.Debug("recovery loop started", slog.Duration("interval", w.opts.recoveryInterval))
 	defer w.log.Debug("recovery loop stopped")
 
-	l := recoveryLog{w: w, failing: make(map[string]bool), invalid: make(map[string]bool)}
+	l := newRecoveryLog(w)
 	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
 			return
+		case peer := <-w.expired:
+			w.recoverExpired(ctx, l, peer)
+			continue
 		case <-t.C:
 		}
-		rep, err := w.scan(ctx)
+		w.recoveryTick(ctx, l)
 		if ctx.Err() != nil {
 			return
-		}
-		l.report(rep, err)
-		if w.opts.sweep {
-			srep, err := w.sweep(ctx)
-			if ctx.Err() != nil {
-				return
-			}
-			l.sweepReport(srep, err)
 		}
 		t.Reset(jitter(w.opts.recoveryInterval, 0.1))
 	}
 }
 
+// recoverExpired recovers one peer whose heartbeat expiry Redis just
+// announced. Every subscribed worker hears it; the claim lets one act.
+func (w *Worker) recoverExpired(ctx context.Context, l *recoveryLog, peer string) {
+	noticed := time.Now()
+	w.stats.peersDead.Add(1)
+	w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: "expiry"})
+	pr, claimed, err := w.recoverPeer(ctx, peer)
+	if ctx.Err() != nil {
+		return
+	}
+	switch {
+	case err != nil:
+		w.stats.errors.Add(1)
+		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: "expiry", Err: err})
+		if !l.failing[peer] {
+			l.failing[peer] = true
+			w.log.Warn("recovery of dead peer failed; will retry",
+				slog.String("peer_id", peer), slog.Any("error", err))
+		}
+	case claimed:
+		delete(l.failing, peer)
+		w.countRecovered(pr, "expiry", time.Since(noticed))
+		w.log.Info("dead peer found: heartbeat expired", slog.String("peer_id", peer), slog.String("found_by", "expiry"))
+		l.recovered(pr, "expiry")
+	}
+}
+
+// recoveryTick is one turn of the recovery loop: the scan, if this worker
+// holds the scan lease, then the backstop sweep if it is on.
+func (w *Worker) recoveryTick(ctx context.Context, l *recoveryLog) {
+	if w.takeScanLease(ctx) {
+		rep, err := w.scan(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		l.report(rep, err)
+	}
+	if w.opts.sweep {
+		srep, err := w.sweep(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		l.sweepReport(srep, err)
+	}
+}
+
+// takeScanLease reports whether this worker should scan now. With the scan
+// lease on (the default), one worker of the fleet scans per recovery
+// interval: the first whose tick finds <prefix>_SCAN_LEASE free takes it
+// for 0.8 × the interval, so the fleet's scan load stays that of one worker
+// instead of growing with the square of its size. A holder that dies delays
+// the next scan by at most one more interval. If Redis cannot be asked, the
+// worker scans anyway: the scan reports the outage.
+func (w *Worker) takeScanLease(ctx context.Context) bool {
+	if !w.opts.scanLease {
+		return true
+	}
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	ok, err := w.rdb.SetNX(opCtx, keys.ScanLease(w.opts.keyPrefix), w.opts.instanceID,
+		w.opts.recoveryInterval*8/10).Result()
+	return ok || err != nil
+}
+
 // recoveryLog logs what the recovery loop does, once per outage: a scan that
 // keeps failing, a peer that keeps failing or a garbage registry member is
 // logged when it first appears and when it clears, not at every scan.
+func newRecoveryLog(w *Worker) *recoveryLog {
+	return &recoveryLog{w: w, failing: make(map[string]bool), invalid: make(map[string]bool)}
+}
+
 type recoveryLog struct {
 	w            *Worker
 	scanFailing  bool

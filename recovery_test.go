@@ -263,7 +263,8 @@ func TestRecoveryRunsAtStartAndEveryInterval(t *testing.T) {
 	_, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "early", "1")
 	r := &fakeResetter{}
-	_, _ = startWorker(t, rdb, r, "workerB", WithRecoveryInterval(300*time.Millisecond))
+	// miniredis expires keys only when told to: no scan lease here.
+	_, _ = startWorker(t, rdb, r, "workerB", WithRecoveryInterval(300*time.Millisecond), WithScanLease(false))
 	require.Eventually(t, func() bool { return len(r.resetOf("early")) == 1 }, time.Second, 5*time.Millisecond,
 		"the first scan runs at Start")
 
@@ -277,7 +278,7 @@ func TestRecoveryLoopLogsAFailingPeerOncePerOutage(t *testing.T) {
 	plantDeadPeer(t, rdb, "ALYA", "p1", "1")
 	r := &fakeResetter{}
 	r.setFail("p1", errors.New("db down"))
-	_, logs := startWorker(t, rdb, r, "workerB", WithRecoveryInterval(100*time.Millisecond))
+	_, logs := startWorker(t, rdb, r, "workerB", WithRecoveryInterval(100*time.Millisecond), WithScanLease(false))
 
 	require.Eventually(t, func() bool { return logs.Count("recovery scan done") >= 5 }, 3*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 1, logs.Count("recovery of dead peer failed"))

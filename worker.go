@@ -51,6 +51,8 @@ type Worker struct {
 	swept  sweepState // sweep.go
 	stats  counters   // stats.go
 	events dispatcher // events.go
+
+	expired chan string // expiry.go: peers whose heartbeat just expired
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -92,6 +94,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		epoch:    time.Now(),
 	}
 	w.rows.init()
+	w.expired = make(chan string, 256)
 	w.events.obs = o.observer
 	w.swept.token = newToken()
 	w.swept.absentSince = make(map[string]time.Time)
@@ -122,6 +125,13 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: first heartbeat: %w", w.opts.instanceID, err)
 	}
 	w.warnIfEvicting(ctx)
+	var subs []*redis.PubSub
+	if w.opts.expiry && w.prepareNotifications(ctx) {
+		var err error
+		if subs, err = w.subscribeExpired(ctx); err != nil {
+			w.log.Warn("expiry notifications unavailable; dead peers are found by the periodic scan only", slog.Any("error", err))
+		}
+	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
 	w.loopsDone = make(chan struct{})
@@ -129,9 +139,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.state.Store(stateRunning)
 
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(2 + len(subs))
 	go func() { defer wg.Done(); w.runHeartbeat(loopCtx) }()
 	go func() { defer wg.Done(); w.runRecovery(loopCtx) }()
+	for _, ps := range subs {
+		go func() { defer wg.Done(); w.watchExpired(loopCtx, ps) }()
+	}
 	go func() { wg.Wait(); close(w.loopsDone) }()
 	w.log.Debug("recovery worker started",
 		slog.Duration("heartbeat_ttl", w.opts.heartbeatTTL),

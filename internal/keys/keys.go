@@ -110,3 +110,7 @@ func Sanitize(s string) string {
 // SweepLease returns the name of the key held by the one worker of the fleet
 // that runs the backstop sweep.
 func SweepLease(prefix string) string { return prefix + "_SWEEP_LEASE" }
+
+// ScanLease returns the name of the key held by the worker that runs the
+// fleet's recovery scan for the current interval.
+func ScanLease(prefix string) string { return prefix + "_SCAN_LEASE" }

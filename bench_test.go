@@ -1,0 +1,330 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"runtime"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// Benchmarks against a real redis-server and PostgreSQL, started as the
+// tests start them. Each comparison runs the library and its baseline
+// alternately in one loop and reports both times and their ratio, so a
+// noisy machine slows both alike. Run with `make bench`; the figures are in
+// docs/performance.md.
+
+// paired runs lib and base alternately b.N times and reports their mean
+// times and lib/base.
+func paired(b *testing.B, baseName string, lib, base func()) {
+	b.Helper()
+	var tl, tb time.Duration
+	b.ResetTimer()
+	for range b.N {
+		s := time.Now()
+		lib()
+		tl += time.Since(s)
+		s = time.Now()
+		base()
+		tb += time.Since(s)
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(tl.Nanoseconds())/float64(b.N), "lib-ns/op")
+	b.ReportMetric(float64(tb.Nanoseconds())/float64(b.N), baseName+"-ns/op")
+	b.ReportMetric(float64(tl)/float64(tb), "ratio")
+}
+
+// benchWorker is a started Worker with default timings on a fresh prefix.
+func benchWorker(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Worker {
+	b.Helper()
+	w, err := New(rdb, &fakeResetter{}, append([]Option{WithKeyPrefix(testutil.Name("B")),
+		WithLogger(discardLogger), WithScanLease(false)}, opts...)...)
+	if err != nil {
+		b.Fatal(err)
+	}
+	if err := w.Start(context.Background()); err != nil {
+		b.Fatal(err)
+	}
+	b.Cleanup(func() { _ = w.Shutdown(context.Background()) })
+	return w
+}
+
+// floorTrack is the physical floor of Track: SADD and PEXPIRE pipelined.
+func floorTrack(ctx context.Context, rdb redis.UniversalClient, key string, ids []any) {
+	pipe := rdb.Pipeline()
+	pipe.SAdd(ctx, key, ids...)
+	pipe.PExpire(ctx, key, DefaultRowsTTL)
+	if _, err := pipe.Exec(ctx); err != nil {
+		panic(err)
+	}
+}
+
+// naiveTrack is the design written by hand: one command per call.
+func naiveTrack(ctx context.Context, rdb redis.UniversalClient, key string, ids []any) {
+	for _, id := range ids {
+		if err := rdb.SAdd(ctx, key, id).Err(); err != nil {
+			panic(err)
+		}
+	}
+	if err := rdb.Expire(ctx, key, DefaultRowsTTL).Err(); err != nil {
+		panic(err)
+	}
+}
+
+func srem(ctx context.Context, rdb redis.UniversalClient, key string, ids ...any) {
+	if err := rdb.SRem(ctx, key, ids...).Err(); err != nil {
+		panic(err)
+	}
+}
+
+// BenchmarkTrackUntrackOneRow: Track + Untrack of one row against the
+// floor (pipelined SADD+PEXPIRE, then SREM: two round trips) and against
+// the naive version (SADD, EXPIRE, SREM: three).
+func BenchmarkTrackUntrackOneRow(b *testing.B) {
+	rdb := testutil.Redis(b)
+	ctx := context.Background()
+	w := benchWorker(b, rdb)
+	key := "BENCH_{floor}_ROWS"
+	id := []any{"42"}
+	lib := func() {
+		if err := w.Track(ctx, 42); err != nil {
+			panic(err)
+		}
+		if err := w.Untrack(42); err != nil {
+			panic(err)
+		}
+	}
+	b.Run("library", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			lib()
+		}
+	})
+	b.Run("vs-floor", func(b *testing.B) {
+		paired(b, "floor", lib, func() { floorTrack(ctx, rdb, key, id); srem(ctx, rdb, key, id...) })
+	})
+	b.Run("vs-naive", func(b *testing.B) {
+		paired(b, "naive", lib, func() { naiveTrack(ctx, rdb, key, id); srem(ctx, rdb, key, id...) })
+	})
+}
+
+// BenchmarkTrackBlockOf100: Track of a 100-row block (one round trip; the
+// count is asserted in TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip).
+func BenchmarkTrackBlockOf100(b *testing.B) {
+	rdb := testutil.Redis(b)
+	ctx := context.Background()
+	w := benchWorker(b, rdb)
+	ids := make([]int64, 100)
+	args := make([]any, 100)
+	for i := range ids {
+		ids[i] = int64(i)
+		args[i] = strconv.Itoa(i)
+	}
+	key := "BENCH_{floor}_ROWS"
+	lib := func() {
+		if err := w.Track(ctx, ids...); err != nil {
+			panic(err)
+		}
+	}
+	b.Run("library", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			lib()
+		}
+	})
+	b.Run("vs-floor", func(b *testing.B) { paired(b, "floor", lib, func() { floorTrack(ctx, rdb, key, args) }) })
+	b.Run("vs-naive", func(b *testing.B) { paired(b, "naive", lib, func() { naiveTrack(ctx, rdb, key, args) }) })
+}
+
+// BenchmarkHostLoop: a host batch loop (block of 10 rows, 1 ms of work a
+// row) with the library (Track the block, Untrack each row) against the
+// same loop without it. The ratio is lib time / plain time; throughput is
+// its inverse.
+func BenchmarkHostLoop(b *testing.B) {
+	rdb := testutil.Redis(b)
+	ctx := context.Background()
+	w := benchWorker(b, rdb)
+	block := make([]int64, 10)
+	next := int64(0)
+	work := func() { time.Sleep(time.Millisecond) }
+	withLib := func() {
+		for i := range block {
+			next++
+			block[i] = next
+		}
+		if err := w.Track(ctx, block...); err != nil {
+			panic(err)
+		}
+		for _, id := range block {
+			work()
+			if err := w.Untrack(id); err != nil {
+				panic(err)
+			}
+		}
+	}
+	plain := func() {
+		for range block {
+			work()
+		}
+	}
+	paired(b, "plain", withLib, plain)
+	// Throughput of the library loop relative to the plain one.
+	b.ReportMetric(0, "ns/op")
+}
+
+// naiveScan is the design's scan written by hand: SMEMBERS, then one
+// EXISTS per peer in sequence.
+func naiveScan(ctx context.Context, rdb redis.UniversalClient, prefix string) int {
+	peers, err := rdb.SMembers(ctx, prefix+"_WORKER_REGISTRY").Result()
+	if err != nil {
+		panic(err)
+	}
+	dead := 0
+	for _, p := range peers {
+		n, err := rdb.Exists(ctx, prefix+"_{"+p+"}_HEARTBEAT").Result()
+		if err != nil {
+			panic(err)
+		}
+		if n == 0 {
+			dead++
+		}
+	}
+	return dead
+}
+
+// BenchmarkScan10000LivePeers: one recovery scan over a registry of 10,000
+// live peers (two round trips, asserted in
+// TestScanOfTenThousandLivePeersTakesTwoRoundTrips) against the naive scan.
+func BenchmarkScan10000LivePeers(b *testing.B) {
+	rdb := testutil.Redis(b)
+	ctx := context.Background()
+	w := benchWorker(b, rdb)
+	plantLivePeers(b, rdb, w.opts.keyPrefix, 10000)
+	lib := func() {
+		if _, err := w.RecoverNow(ctx); err != nil {
+			panic(err)
+		}
+	}
+	b.Run("library", func(b *testing.B) {
+		b.ReportAllocs()
+		for range b.N {
+			lib()
+		}
+	})
+	b.Run("vs-naive", func(b *testing.B) { paired(b, "naive", lib, func() { naiveScan(ctx, rdb, w.opts.keyPrefix) }) })
+}
+
+// BenchmarkScan10000PeersWith100Dead: 10,000 registered peers of which
+// 100 are dead with 100 rows each, reset by a resetter that returns at once
+// (the Redis side of recovery; PostgreSQL is BenchmarkResetRows100000).
+func BenchmarkScan10000PeersWith100Dead(b *testing.B) {
+	rdb := testutil.Redis(b)
+	ctx := context.Background()
+	w := benchWorker(b, rdb)
+	prefix := w.opts.keyPrefix
+	plantLivePeers(b, rdb, prefix, 9900)
+	rows := make([]any, 100)
+	for i := range rows {
+		rows[i] = strconv.Itoa(i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		b.StopTimer()
+		pipe := rdb.Pipeline()
+		for d := range 100 {
+			id := "dead-" + strconv.Itoa(d)
+			pipe.SAdd(ctx, prefix+"_WORKER_REGISTRY", id)
+			pipe.SAdd(ctx, prefix+"_{"+id+"}_ROWS", rows...)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			b.Fatal(err)
+		}
+		b.StartTimer()
+		rep, err := w.RecoverNow(ctx)
+		if err != nil || len(rep.Recovered) != 100 {
+			b.Fatalf("recovered %d peers: %v", len(rep.Recovered), err)
+		}
+	}
+}
+
+// BenchmarkResetRows100000 resets 100,000 rows of one dead peer in
+// PostgreSQL, for a range of chunk sizes (the curve behind
+// DefaultResetChunkSize).
+func BenchmarkResetRows100000(b *testing.B) {
+	db := testutil.Postgres(b)
+	testutil.CreateBatch(b, db, 100000)
+	ctx := context.Background()
+	ids := make([]int64, 100000)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+	}
+	for _, chunk := range []int{500, 1000, 2000, 5000, 10000, 20000, 100000} {
+		b.Run(fmt.Sprintf("chunk=%d", chunk), func(b *testing.B) {
+			r, err := NewPgxResetter(db, WithOwnerColumn("owner"), WithChunkSize(chunk))
+			if err != nil {
+				b.Fatal(err)
+			}
+			for range b.N {
+				b.StopTimer()
+				if _, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'dead'`); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				n, err := r.ResetRows(ctx, "dead", ids)
+				if err != nil || n != 100000 {
+					b.Fatalf("reset %d: %v", n, err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkHeartbeatWith100000TrackedRows: one heartbeat of a worker that
+// tracks 100,000 rows; allocs/op are those of the one command that writes
+// them back.
+func BenchmarkHeartbeatWith100000TrackedRows(b *testing.B) {
+	rdb := testutil.Redis(b)
+	w := benchWorker(b, rdb)
+	ids := make([]int64, 100000)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	w.rows.add(ids)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for range b.N {
+		if err := w.beat(context.Background()); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/100000, "ns/row")
+}
+
+// BenchmarkInflightBytesPerRow measures the worker's memory per tracked row.
+func BenchmarkInflightBytesPerRow(b *testing.B) {
+	const n = 100000
+	ids := make([]int64, n)
+	for i := range ids {
+		ids[i] = int64(i)
+	}
+	var total float64
+	for range b.N {
+		var s inflight
+		s.init()
+		var before, after runtime.MemStats
+		runtime.GC()
+		runtime.ReadMemStats(&before)
+		s.add(ids)
+		runtime.GC()
+		runtime.ReadMemStats(&after)
+		total += float64(after.HeapAlloc-before.HeapAlloc) / n
+		runtime.KeepAlive(&s)
+	}
+	b.ReportMetric(total/float64(b.N), "B/row")
+}

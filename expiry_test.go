@@ -1,0 +1,85 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// killToReset starts a worker that tracks rows, crashes it, and returns how
+// long a peer started with opts takes to reset them.
+func killToReset(t *testing.T, rdb redis.UniversalClient, opts ...Option) time.Duration {
+	t.Helper()
+	prefix := testutil.Name("X")
+	r := &fakeResetter{}
+	base := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(2 * time.Second),
+		WithHeartbeatInterval(500 * time.Millisecond), WithRowsTTL(30 * time.Second)}
+	peer, _ := startWorker(t, rdb, r, "peer", append(base, WithRecoveryInterval(5*time.Second))...)
+	_ = peer
+	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithRecoveryInterval(5*time.Second))...)
+	require.NoError(t, victim.Track(context.Background(), 1, 2, 3))
+	_, _ = startWorker(t, rdb, r, "watcher", append(append(base, WithRecoveryInterval(5*time.Second)), opts...)...)
+	time.Sleep(300 * time.Millisecond) // the first scans are done
+	victim.crash()
+	killed := time.Now()
+	require.Eventually(t, func() bool { return len(r.resetOf("victim")) == 3 }, 15*time.Second, 5*time.Millisecond)
+	return time.Since(killed)
+}
+
+func TestExpiryNotificationsRecoverWithinTheHeartbeatTTLPlusOneSecond(t *testing.T) {
+	srv := testutil.StartRedis(t, "--notify-keyspace-events", "Ex")
+	rdb := srv.Client(t)
+
+	with := killToReset(t, rdb, WithExpiryNotifications(false))
+	without := killToReset(t, rdb)
+	t.Logf("kill to reset: %v with expiry notifications, %v with the periodic scan only (TTL 2s, recovery interval 5s)",
+		with.Round(time.Millisecond), without.Round(time.Millisecond))
+	assert.LessOrEqual(t, with, 3*time.Second, "heartbeat TTL + 1s")
+}
+
+func TestExpiryNotificationsAreConfiguredWhenAllowed(t *testing.T) {
+	srv := testutil.StartRedis(t) // notify-keyspace-events is "" by default
+	rdb := srv.Client(t)
+	ctx := context.Background()
+
+	_, logs := startWorker(t, rdb, &fakeResetter{}, "cautious", WithExpiryNotifications(false))
+	assert.Equal(t, 1, logs.Count("expiry notifications unavailable"))
+	cfg, err := rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
+	require.NoError(t, err)
+	assert.Empty(t, cfg["notify-keyspace-events"], "left alone without permission")
+
+	_, logs = startWorker(t, rdb, &fakeResetter{}, "bold", WithExpiryNotifications(true))
+	assert.Equal(t, 1, logs.Count("enabled keyspace notifications of expired keys"))
+	cfg, err = rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
+	require.NoError(t, err)
+	assert.True(t, notificationsEnabled(cfg["notify-keyspace-events"]), "got %q", cfg["notify-keyspace-events"])
+}
+
+func TestExpiryNotificationsOnCluster(t *testing.T) {
+	cluster := testutil.StartCluster(t, 3)
+	rdb := cluster.Client(t)
+	took := killToReset(t, rdb, WithExpiryNotifications(true))
+	t.Logf("cluster: kill to reset %v with expiry notifications", took.Round(time.Millisecond))
+	assert.LessOrEqual(t, took, 3*time.Second, "heartbeat TTL + 1s")
+}
+
+func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
+	srv := testutil.StartRedis(t, "--notify-keyspace-events", "Ex")
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	r := &fakeResetter{}
+	w, _ := startWorker(t, rdb, r, "self", WithExpiryNotifications(false),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	for _, k := range []string{"unrelated", "ALYA_{}_HEARTBEAT", "ALYA_{a b}_HEARTBEAT", "OTHER_{x}_HEARTBEAT", "ALYA_{x}_ROWS"} {
+		require.NoError(t, rdb.Set(ctx, k, "1", 10*time.Millisecond).Err())
+	}
+	time.Sleep(300 * time.Millisecond)
+	assert.Zero(t, r.callCount())
+	assert.Zero(t, w.Stats().PeersDead)
+}

@@ -1,0 +1,158 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+func TestScanLeaseLetsOneWorkerScanPerInterval(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	for _, lease := range []bool{true, false} {
+		prefix := testutil.Name("L")
+		var fleet []*Worker
+		for i := range 5 {
+			w, _ := newWorker(t, rdb, &fakeResetter{}, fmt.Sprintf("w%d", i), WithKeyPrefix(prefix), WithScanLease(lease))
+			fleet = append(fleet, w)
+		}
+		for _, w := range fleet {
+			w.recoveryTick(ctx, newRecoveryLog(w))
+		}
+		var scans uint64
+		for _, w := range fleet {
+			scans += w.Stats().Scans
+		}
+		if lease {
+			assert.Equal(t, uint64(1), scans, "one scan per interval for the whole fleet")
+		} else {
+			assert.Equal(t, uint64(5), scans, "every worker scans without the lease")
+		}
+	}
+}
+
+func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	prefix := testutil.Name("L")
+	plantDeadPeer(t, rdb, prefix, "dead", "1")
+	r := &fakeResetter{}
+	holder, _ := newWorker(t, rdb, &fakeResetter{delay: time.Hour}, "holder", WithKeyPrefix(prefix))
+	require.True(t, holder.takeScanLease(ctx), "the holder takes the lease and dies before scanning")
+	other, _ := newWorker(t, rdb, r, "other", WithKeyPrefix(prefix)) // recovery interval 1s
+
+	other.recoveryTick(ctx, newRecoveryLog(other))
+	assert.Zero(t, other.Stats().Scans, "lease held: skipped")
+	time.Sleep(800 * time.Millisecond) // 0.8 × the interval
+	other.recoveryTick(ctx, newRecoveryLog(other))
+	assert.Equal(t, uint64(1), other.Stats().Scans)
+	assert.Equal(t, []int64{1}, r.resetOf("dead"))
+}
+
+func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
+	_, rdb := newMini(t)
+	ctx := context.Background()
+	plantLivePeers(t, rdb, "ALYA", 10000)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner")
+
+	rep, err := w.RecoverNow(ctx)
+
+	require.NoError(t, err)
+	assert.Equal(t, 10000, rep.PeersChecked)
+	trips, cmds := counter.snapshot()
+	assert.Equal(t, 2, trips, "SMEMBERS, then every EXISTS in one pipeline")
+	assert.Equal(t, 10001, len(cmds))
+}
+
+// plantLivePeers registers n peers with a heartbeat each, in one pipeline.
+func plantLivePeers(t testing.TB, rdb redis.UniversalClient, prefix string, n int) []string {
+	t.Helper()
+	ctx := context.Background()
+	ids := make([]string, n)
+	pipe := rdb.Pipeline()
+	for i := range ids {
+		ids[i] = "peer-" + strconv.Itoa(i)
+		pipe.SAdd(ctx, prefix+"_WORKER_REGISTRY", ids[i])
+		pipe.Set(ctx, prefix+"_{"+ids[i]+"}_HEARTBEAT", "alive", time.Hour)
+	}
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	return ids
+}
+
+// fleetMinute plays one default minute of a fleet of n workers without
+// waiting for it: two heartbeats and one recovery tick each, as the
+// defaults (30 s heartbeat, 60 s recovery) would in 60 s. It returns the
+// commands the server executed, from INFO commandstats.
+func fleetMinute(t testing.TB, rdb *redis.Client, n int, lease bool) int64 {
+	t.Helper()
+	ctx := context.Background()
+	prefix := testutil.Name("F")
+	fleet := make([]*Worker, n)
+	for i := range fleet {
+		w, err := New(rdb, &fakeResetter{}, WithKeyPrefix(prefix), WithInstanceID(fmt.Sprintf("w%d", i)),
+			WithScanLease(lease), WithLogger(discardLogger))
+		require.NoError(t, err)
+		fleet[i] = w
+		require.NoError(t, w.beat(ctx))
+	}
+	before := totalCommands(t, rdb)
+	for range 2 {
+		for _, w := range fleet {
+			require.NoError(t, w.beat(ctx))
+		}
+	}
+	for _, w := range fleet {
+		w.recoveryTick(ctx, newRecoveryLog(w))
+	}
+	return totalCommands(t, rdb) - before - 1 // the INFO call itself
+}
+
+// totalCommands sums the calls of INFO commandstats.
+func totalCommands(t testing.TB, rdb *redis.Client) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	var total int64
+	for _, line := range strings.Split(info, "\n") {
+		if i := strings.Index(line, "calls="); i >= 0 && strings.HasPrefix(line, "cmdstat_") {
+			v := line[i+len("calls="):]
+			v = v[:strings.IndexByte(v, ',')]
+			n, _ := strconv.ParseInt(v, 10, 64)
+			total += n
+		}
+	}
+	return total
+}
+
+// TestFleetLoadGrowsLinearlyWithTheScanLease counts the Redis commands a
+// fleet sends per default minute on a real server, with and without the
+// scan lease. docs/performance.md has the figures.
+func TestFleetLoadGrowsLinearlyWithTheScanLease(t *testing.T) {
+	if testing.Short() {
+		t.Skip("fleet simulation")
+	}
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	for _, n := range []int{10, 100, 1000} {
+		without := fleetMinute(t, rdb, n, false)
+		with := fleetMinute(t, rdb, n, true)
+		t.Logf("fleet of %4d: %8d commands/min without scan lease, %6d with (%.1f per worker)",
+			n, without, with, float64(with)/float64(n))
+		// Per worker and minute: 2 heartbeats of 3 commands, a lease try,
+		// and one scan (1 + n commands) for the whole fleet.
+		assert.LessOrEqual(t, with, int64(8*n+n+1), "n=%d: linear", n)
+		assert.GreaterOrEqual(t, without, int64(n*n), "n=%d: quadratic without the lease", n)
+	}
+}
