@@ -579,7 +579,7 @@ func (d *demo) cleanup() {
 	}
 	if d.rdb != nil {
 		if d.mr == nil { // someone else's Redis: remove our keys
-			ks := []string{keys.Registry(d.prefix)}
+			ks := []string{keys.Registry(d.prefix), keys.ScanLease(d.prefix)}
 			for _, p := range d.procs {
 				k := keys.For(d.prefix, p.name)
 				ks = append(ks, k.Heartbeat, k.Rows, k.Claim)
