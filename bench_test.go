@@ -143,38 +143,47 @@ func BenchmarkTrackBlockOf100(b *testing.B) {
 
 // BenchmarkHostLoop: a host batch loop (block of 10 rows, 1 ms of work a
 // row) with the library (Track the block, Untrack each row) against the
-// same loop without it. The ratio is lib time / plain time; throughput is
+// same loop without it, with synchronous Untrack (the default) and with
+// WithDeferredUntrack. The ratio is lib time / plain time; throughput is
 // its inverse.
 func BenchmarkHostLoop(b *testing.B) {
 	rdb := testutil.Redis(b)
 	ctx := context.Background()
-	w := benchWorker(b, rdb)
-	block := make([]int64, 10)
-	next := int64(0)
-	work := func() { time.Sleep(time.Millisecond) }
-	withLib := func() {
-		for i := range block {
-			next++
-			block[i] = next
-		}
-		if err := w.Track(ctx, block...); err != nil {
-			panic(err)
-		}
-		for _, id := range block {
-			work()
-			if err := w.Untrack(id); err != nil {
-				panic(err)
+	for _, mode := range []struct {
+		name string
+		opts []Option
+	}{
+		{"untrack=sync", nil},
+		{"untrack=deferred", []Option{WithDeferredUntrack(20 * time.Millisecond)}},
+	} {
+		b.Run(mode.name, func(b *testing.B) {
+			w := benchWorker(b, rdb, mode.opts...)
+			block := make([]int64, 10)
+			next := int64(0)
+			work := func() { time.Sleep(time.Millisecond) }
+			withLib := func() {
+				for i := range block {
+					next++
+					block[i] = next
+				}
+				if err := w.Track(ctx, block...); err != nil {
+					panic(err)
+				}
+				for _, id := range block {
+					work()
+					if err := w.Untrack(id); err != nil {
+						panic(err)
+					}
+				}
 			}
-		}
+			plain := func() {
+				for range block {
+					work()
+				}
+			}
+			paired(b, "plain", withLib, plain)
+		})
 	}
-	plain := func() {
-		for range block {
-			work()
-		}
-	}
-	paired(b, "plain", withLib, plain)
-	// Throughput of the library loop relative to the plain one.
-	b.ReportMetric(0, "ns/op")
 }
 
 // naiveScan is the design's scan written by hand: SMEMBERS, then one

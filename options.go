@@ -33,6 +33,8 @@ type options struct {
 	sweep             bool
 	scanLease         bool
 	expiry            bool
+	untrackLinger     time.Duration
+	untrackSet        bool
 	expiryConfigure   bool
 	observer          Observer
 	observerSet       bool
@@ -125,6 +127,20 @@ func WithScanLease(enabled bool) Option {
 	return optionFunc(func(o *options) { o.scanLease = enabled })
 }
 
+// WithDeferredUntrack makes Untrack return without waiting for Redis: the
+// rows are forgotten in memory at once and removed from the rows set in one
+// batched SREM at most linger later (a heartbeat or Shutdown sends it too
+// if that fails). It saves a round trip per row on the hot path (see the
+// host-loop figures in docs/performance.md). The price: a worker killed
+// within the linger leaves finished rows in its set; recovery passes them
+// to the resetter, whose status guard (and owner guard) leaves them
+// untouched, so with PgxResetter nothing is processed twice; a custom
+// RowResetter must guard the same way. linger must be positive and shorter
+// than the heartbeat interval. Default: off (Untrack waits for its SREM).
+func WithDeferredUntrack(linger time.Duration) Option {
+	return optionFunc(func(o *options) { o.untrackLinger = linger; o.untrackSet = true })
+}
+
 // WithLogger sets the logger; it must not be nil. Default: slog.Default(),
 // read when New is called.
 func WithLogger(l *slog.Logger) Option {
@@ -174,6 +190,10 @@ func (o *options) validate() error {
 	case o.opTimeout > o.heartbeatInterval:
 		return fmt.Errorf("%w: operation timeout %v must not exceed heartbeat interval %v",
 			ErrInvalidConfig, o.opTimeout, o.heartbeatInterval)
+	}
+	if o.untrackSet && (o.untrackLinger <= 0 || o.untrackLinger >= o.heartbeatInterval) {
+		return fmt.Errorf("%w: deferred untrack linger %v must be positive and shorter than heartbeat interval %v",
+			ErrInvalidConfig, o.untrackLinger, o.heartbeatInterval)
 	}
 	if o.loggerSet && o.logger == nil {
 		return fmt.Errorf("%w: logger is nil", ErrInvalidConfig)

@@ -6,6 +6,7 @@ import (
 	"log/slog"
 	"strconv"
 	"sync"
+	"time"
 )
 
 // inflight is the worker's own record of the rows it is processing. Redis
@@ -57,6 +58,24 @@ func (s *inflight) markUnremoved(ids []int64) {
 		}
 	}
 	s.mu.Unlock()
+}
+
+// forget removes ids from the tracked rows and marks them for removal from
+// Redis, in one step (deferred Untrack).
+func (s *inflight) forget(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		delete(s.ids, id)
+		s.unremoved[id] = struct{}{}
+	}
+	s.mu.Unlock()
+}
+
+// pendingRemovals returns the rows waiting for their SREM.
+func (s *inflight) pendingRemovals() []any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return members(s.unremoved)
 }
 
 // snapshot returns the tracked and the unremoved rows as Redis arguments.
@@ -145,8 +164,25 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 // If the removal fails, the rows are forgotten in memory all the same and
 // the next heartbeat removes them from Redis; the error is returned for
 // logging.
+//
+// With WithDeferredUntrack, a running worker returns at once and removes
+// the rows from Redis in a batch shortly after (see that option).
 func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
+		return nil
+	}
+	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
+		w.rows.forget(rowIDs)
+		if w.state.Load() != stateRunning { // Shutdown began: its clean-up may have run
+			ctx, cancel := w.opContext(context.Background())
+			defer cancel()
+			w.flushUntracked(ctx)
+			return nil
+		}
+		select {
+		case w.untrackKick <- struct{}{}:
+		default: // a flush is already due
+		}
 		return nil
 	}
 	w.rows.assert.RLock()
@@ -195,3 +231,42 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 
 // TrackedRows returns how many rows the worker is tracking now.
 func (w *Worker) TrackedRows() int { return w.rows.len() }
+
+// runUntrackFlusher sends the SREMs of deferred Untracks: after the first
+// Untrack of a batch it waits the linger, then removes every row untracked
+// meanwhile in one command. A failed flush is retried by the next
+// heartbeat; Shutdown flushes what is left.
+func (w *Worker) runUntrackFlusher(ctx context.Context) {
+	linger := time.NewTimer(0)
+	<-linger.C
+	defer linger.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-w.untrackKick:
+		}
+		linger.Reset(w.opts.untrackLinger)
+		select {
+		case <-ctx.Done():
+			return
+		case <-linger.C:
+		}
+		w.flushUntracked(ctx)
+	}
+}
+
+// flushUntracked removes the rows waiting for their SREM, in one command.
+func (w *Worker) flushUntracked(ctx context.Context) {
+	w.rows.assert.RLock()
+	defer w.rows.assert.RUnlock()
+	pending := w.rows.pendingRemovals()
+	if len(pending) == 0 {
+		return
+	}
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	if err := w.rdb.SRem(opCtx, w.keys.Rows, pending...).Err(); err == nil {
+		w.rows.forgetUnremoved(pending)
+	}
+}

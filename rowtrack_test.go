@@ -116,3 +116,47 @@ func TestHeartbeatWritesTrackedRowsBackAfterRedisForgetsThem(t *testing.T) {
 	assert.ElementsMatch(t, []string{"10", "12"}, got, "finished rows are not written back")
 	assert.Equal(t, 4*time.Second, mr.TTL("ALYA_{w1}_ROWS"))
 }
+
+func TestDeferredUntrackRemovesABlockInOneCommand(t *testing.T) {
+	mr, rdb := newMini(t)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(50*time.Millisecond),
+		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+	ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+	require.NoError(t, w.Track(context.Background(), ids...))
+	counter.reset()
+	for _, id := range ids {
+		require.NoError(t, w.Untrack(id))
+	}
+	assert.Zero(t, w.TrackedRows(), "forgotten in memory at once")
+	require.Eventually(t, func() bool { return !mr.Exists("ALYA_{w1}_ROWS") }, 2*time.Second, 5*time.Millisecond)
+	_, cmds := counter.snapshot()
+	srems := 0
+	for _, c := range cmds {
+		if c == "srem" {
+			srems++
+		}
+	}
+	assert.Equal(t, 1, srems, "ten Untracks, one SREM")
+}
+
+func TestDeferredUntrackIsFlushedByShutdown(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(400*time.Millisecond))
+	require.NoError(t, w.Track(context.Background(), 1, 2))
+	require.NoError(t, w.Untrack(1))
+	require.NoError(t, w.Shutdown(context.Background()))
+	got, _ := mr.Members("ALYA_{w1}_ROWS")
+	assert.Equal(t, []string{"2"}, got)
+	require.NoError(t, w.Untrack(2), "after Shutdown Untrack is synchronous again")
+	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+}
+
+func TestDeferredUntrackLingerIsValidated(t *testing.T) {
+	for _, d := range []time.Duration{0, -time.Millisecond, 30 * time.Second} {
+		_, err := New(idleClient(t), &fakeResetter{}, WithDeferredUntrack(d))
+		require.ErrorIs(t, err, ErrInvalidConfig, "%v", d)
+		assert.Contains(t, err.Error(), "deferred untrack linger")
+	}
+}

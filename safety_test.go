@@ -420,3 +420,33 @@ func TestRecoveryIntervalIsJitteredByTenPercent(t *testing.T) {
 	}
 	assert.Greater(t, len(seen), 100, "the waits differ")
 }
+
+// A worker killed within the linger of a deferred Untrack leaves a finished
+// row in its set; the reset's guards leave it finished.
+func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("S")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix), WithDeferredUntrack(400*time.Millisecond))
+	take(t, db, "A", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2))
+	setStatus(t, db, "done", 1)
+	require.NoError(t, a.Untrack(1))
+	a.crash() // before the deferred SREM
+	ok, err := rdb.SIsMember(ctx, prefix+"_{A}_ROWS", "1").Result()
+	require.NoError(t, err)
+	require.True(t, ok, "the finished row is still in the set")
+
+	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
+	require.Eventually(t, func() bool {
+		rep, err := b.RecoverNow(ctx)
+		return err == nil && len(rep.Recovered) == 1
+	}, 5*time.Second, 50*time.Millisecond)
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "done", s)
+	s, _ = rowState(t, db, 2)
+	assert.Equal(t, "queued", s)
+}

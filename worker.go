@@ -52,7 +52,8 @@ type Worker struct {
 	stats  counters   // stats.go
 	events dispatcher // events.go
 
-	expired chan string // expiry.go: peers whose heartbeat just expired
+	expired     chan string   // expiry.go: peers whose heartbeat just expired
+	untrackKick chan struct{} // rowtrack.go: a deferred Untrack is waiting
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -95,6 +96,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	}
 	w.rows.init()
 	w.expired = make(chan string, 256)
+	w.untrackKick = make(chan struct{}, 1)
 	w.events.obs = o.observer
 	w.swept.token = newToken()
 	w.swept.absentSince = make(map[string]time.Time)
@@ -142,6 +144,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	wg.Add(2 + len(subs))
 	go func() { defer wg.Done(); w.runHeartbeat(loopCtx) }()
 	go func() { defer wg.Done(); w.runRecovery(loopCtx) }()
+	if w.opts.untrackLinger > 0 {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.runUntrackFlusher(loopCtx) }()
+	}
 	for _, ps := range subs {
 		go func() { defer wg.Done(); w.watchExpired(loopCtx, ps) }()
 	}
