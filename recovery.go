@@ -350,19 +350,27 @@ func (w *Worker) recoveryTick(ctx context.Context, l *recoveryLog) {
 // takeScanLease reports whether this worker should scan now. With the scan
 // lease on (the default), one worker of the fleet scans per recovery
 // interval: the first whose tick finds <prefix>_SCAN_LEASE free takes it
-// for 0.8 × the interval, so the fleet's scan load stays that of one worker
-// instead of growing with the square of its size. A holder that dies delays
-// the next scan by at most one more interval. If Redis cannot be asked, the
-// worker scans anyway: the scan reports the outage.
+// for scanLeaseTTL, so the fleet's scan load stays that of one worker
+// instead of growing with the square of its size. If Redis cannot be asked,
+// the worker scans anyway: the scan reports the outage.
 func (w *Worker) takeScanLease(ctx context.Context) bool {
 	if !w.opts.scanLease {
 		return true
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	ok, err := w.rdb.SetNX(opCtx, keys.ScanLease(w.opts.keyPrefix), w.opts.instanceID,
-		w.opts.recoveryInterval*8/10).Result()
+	ok, err := w.rdb.SetNX(opCtx, keys.ScanLease(w.opts.keyPrefix), w.opts.instanceID, w.scanLeaseTTL()).Result()
 	return ok || err != nil
+}
+
+// scanLeaseTTL is 0.8 × the recovery interval, so the holder's own next
+// tick (at least 0.9 × the interval later) finds the lease free, but never
+// more than the heartbeat TTL: a holder that dies right after taking the
+// lease has released it by the time its heartbeat expires, so the next
+// tick of any peer after that scans, and worst-case recovery stays
+// heartbeat TTL + recovery interval (+ jitter) whatever the ratio of the two.
+func (w *Worker) scanLeaseTTL() time.Duration {
+	return min(w.opts.recoveryInterval*8/10, w.opts.heartbeatTTL)
 }
 
 // recoveryLog logs what the recovery loop does, once per outage: a scan that

@@ -52,7 +52,7 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 
 	other.recoveryTick(ctx, newRecoveryLog(other))
 	assert.Zero(t, other.Stats().Scans, "lease held: skipped")
-	time.Sleep(800 * time.Millisecond) // 0.8 × the interval
+	time.Sleep(850 * time.Millisecond) // the lease is 0.8 × the 1s interval
 	other.recoveryTick(ctx, newRecoveryLog(other))
 	assert.Equal(t, uint64(1), other.Stats().Scans)
 	assert.Equal(t, []int64{1}, r.resetOf("dead"))
@@ -155,4 +155,14 @@ func TestFleetLoadGrowsLinearlyWithTheScanLease(t *testing.T) {
 		assert.LessOrEqual(t, with, int64(8*n+n+1), "n=%d: linear", n)
 		assert.GreaterOrEqual(t, without, int64(n*n), "n=%d: quadratic without the lease", n)
 	}
+}
+
+func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
+	w, err := New(idleClient(t), &fakeResetter{}, WithHeartbeatTTL(2*time.Second),
+		WithHeartbeatInterval(time.Second), WithRecoveryInterval(10*time.Second), WithRowsTTL(time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, w.scanLeaseTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
+	w, err = New(idleClient(t), &fakeResetter{})
+	require.NoError(t, err)
+	assert.Equal(t, 48*time.Second, w.scanLeaseTTL(), "0.8 x the 60s recovery interval")
 }
