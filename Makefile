@@ -32,6 +32,7 @@ bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
 fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 	$(GO) test -run '^$$' -fuzz FuzzValidNamesKeepEveryKeyInTheNamesSlot -fuzztime $${FUZZTIME:-5s} ./internal/keys/
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime $${FUZZTIME:-5s} ./internal/keys/
+	$(GO) test -run '^$$' -fuzz FuzzNewAcceptsExactlyTheDocumentedConfigurations -fuzztime $${FUZZTIME:-5s} .
 
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
