@@ -1,0 +1,164 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"time"
+
+	"github.com/alya/recovery"
+)
+
+// Completion guards: how the host's completion UPDATE protects a row.
+const (
+	// guardOwner is owner fencing (docs/safety.md): the fetch sets owner,
+	// the completion requires owner = me AND status = 'inprog', and the
+	// resetter only resets rows the dead instance still owns.
+	guardOwner = "owner"
+	// guardStatus requires only status = 'inprog' at completion; the
+	// resetter has no owner column.
+	guardStatus = "status"
+	// guardNone is the design's host taken literally: the completion sets
+	// the row done whatever its state; the resetter has no owner column.
+	guardNone = "none"
+)
+
+// config is everything the worker can be told. Connection strings come
+// from the environment only (REDIS_URL or REDIS_CLUSTER_ADDRS, and
+// DATABASE_URL), so they never appear in a process listing, and they are
+// never printed.
+type config struct {
+	redisURL     string   // REDIS_URL, never printed
+	clusterAddrs []string // REDIS_CLUSTER_ADDRS: a Redis Cluster instead
+	databaseURL  string   // DATABASE_URL, never printed
+
+	schema     string // search_path of the tables
+	table      string // the rows table, quoted as one identifier
+	instanceID string
+	prefix     string
+	guard      string
+	block      int
+	work       time.Duration // simulated work per row
+	poll       time.Duration // wait when nothing is queued
+	rowTimeout time.Duration // bound for committing one row, retries included
+
+	heartbeatTTL      time.Duration
+	heartbeatInterval time.Duration
+	recoveryInterval  time.Duration
+	rowsTTL           time.Duration
+	opTimeout         time.Duration
+	resetTimeout      time.Duration
+	shutdownTimeout   time.Duration
+	scanLease         bool
+
+	logLevel slog.Level
+}
+
+// parseConfig reads the flags in args and the connection settings from
+// getenv.
+func parseConfig(args []string, getenv func(string) string, output io.Writer) (config, error) {
+	var c config
+	fs := flag.NewFlagSet("faultworker", flag.ContinueOnError)
+	fs.SetOutput(output)
+	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of the tables (default: the search_path)")
+	fs.StringVar(&c.table, "table", recovery.DefaultTable, "the rows table")
+	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start>)")
+	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
+	fs.StringVar(&c.guard, "guard", guardOwner, "completion guard: owner (fencing), status, or none")
+	fs.IntVar(&c.block, "block", 10, "rows per block")
+	fs.DurationVar(&c.work, "work", 50*time.Millisecond, "simulated work per row")
+	fs.DurationVar(&c.poll, "poll", 50*time.Millisecond, "wait between fetches when no row is queued")
+	fs.DurationVar(&c.rowTimeout, "row-timeout", time.Minute, "bound for committing one row, retries included")
+	fs.DurationVar(&c.heartbeatTTL, "heartbeat-ttl", 2*time.Second, "heartbeat TTL")
+	fs.DurationVar(&c.heartbeatInterval, "heartbeat-interval", 500*time.Millisecond, "heartbeat interval")
+	fs.DurationVar(&c.recoveryInterval, "recovery-interval", time.Second, "recovery interval")
+	fs.DurationVar(&c.rowsTTL, "rows-ttl", 6*time.Second, "rows set TTL")
+	fs.DurationVar(&c.opTimeout, "op-timeout", 0, "timeout of each background Redis call (0: the library's default)")
+	fs.DurationVar(&c.resetTimeout, "reset-timeout", 10*time.Second, "timeout of each reset")
+	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "deadline for Shutdown after the last block")
+	fs.BoolVar(&c.scanLease, "scan-lease", true, "one worker of the fleet scans per recovery interval (false: every worker scans)")
+	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
+	if err := fs.Parse(args); err != nil {
+		return c, err
+	}
+	if fs.NArg() > 0 {
+		return c, fmt.Errorf("unexpected arguments %q", fs.Args())
+	}
+	c.redisURL = getenv("REDIS_URL")
+	if addrs := getenv("REDIS_CLUSTER_ADDRS"); addrs != "" {
+		c.clusterAddrs = strings.Split(addrs, ",")
+	}
+	c.databaseURL = getenv("DATABASE_URL")
+
+	var problems []string
+	if c.redisURL == "" && len(c.clusterAddrs) == 0 {
+		problems = append(problems, "set REDIS_URL or REDIS_CLUSTER_ADDRS")
+	}
+	if c.redisURL != "" && len(c.clusterAddrs) > 0 {
+		problems = append(problems, "set only one of REDIS_URL and REDIS_CLUSTER_ADDRS")
+	}
+	if c.databaseURL == "" {
+		problems = append(problems, "set DATABASE_URL")
+	}
+	switch c.guard {
+	case guardOwner, guardStatus, guardNone:
+	default:
+		problems = append(problems, fmt.Sprintf("-guard %q must be owner, status or none", c.guard))
+	}
+	if c.block < 1 {
+		problems = append(problems, fmt.Sprintf("-block %d must be at least 1", c.block))
+	}
+	if c.work < 0 {
+		problems = append(problems, fmt.Sprintf("-work %v must not be negative", c.work))
+	}
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{{"poll", c.poll}, {"row-timeout", c.rowTimeout}, {"shutdown-timeout", c.shutdownTimeout}} {
+		if d.v <= 0 {
+			problems = append(problems, fmt.Sprintf("-%s %v must be positive", d.name, d.v))
+		}
+	}
+	if len(problems) > 0 {
+		return c, errors.New(strings.Join(problems, "; "))
+	}
+	return c, nil
+}
+
+// options are the library options the flags ask for. New validates them.
+func (c config) options(log *slog.Logger) []recovery.Option {
+	opts := []recovery.Option{
+		recovery.WithKeyPrefix(c.prefix),
+		recovery.WithHeartbeatTTL(c.heartbeatTTL),
+		recovery.WithHeartbeatInterval(c.heartbeatInterval),
+		recovery.WithRecoveryInterval(c.recoveryInterval),
+		recovery.WithRowsTTL(c.rowsTTL),
+		recovery.WithResetTimeout(c.resetTimeout),
+		recovery.WithScanLease(c.scanLease),
+		recovery.WithLogger(log),
+	}
+	if c.instanceID != "" {
+		opts = append(opts, recovery.WithInstanceID(c.instanceID))
+	}
+	if c.opTimeout != 0 {
+		opts = append(opts, recovery.WithOperationTimeout(c.opTimeout))
+	}
+	return opts
+}
+
+// resetterOptions are the PgxResetter options of the guard: owner fencing
+// adds the owner column. Every reset counts in recoveries, which the
+// fault suite reads to prove a row was reset once.
+func (c config) resetterOptions() []recovery.ResetterOption {
+	opts := []recovery.ResetterOption{
+		recovery.WithTable(c.table),
+		recovery.WithRecoveryCountColumn("recoveries"),
+	}
+	if c.guard == guardOwner {
+		opts = append(opts, recovery.WithOwnerColumn("owner"))
+	}
+	return opts
+}
