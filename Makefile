@@ -4,7 +4,7 @@ PKGS      ?= ./...
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps test test-unit test-integration bench fuzz lint demo
+.PHONY: help deps test test-unit test-integration test-faults bench fuzz lint demo
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -25,6 +25,10 @@ test-unit: ## fast unit tests only (miniredis; no servers needed)
 
 test-integration: deps ## integration tests only, failing (not skipping) without servers
 	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
+
+test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; ~2 min
+	$(GO) vet -tags faults ./internal/faults/
+	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
 
 bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)

@@ -1,0 +1,186 @@
+package faults
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"sync"
+	"time"
+)
+
+// Proxy is a TCP proxy on a loopback port that the fault suite can cut: a
+// network partition between the workers and a server, made with the
+// standard library. While cut it is a black hole: established connections
+// stop carrying bytes in either direction without being closed, and new
+// connections are accepted and then ignored, so clients see timeouts, not
+// refusals. Restore closes the connections that were held and forwards new
+// ones again.
+type Proxy struct {
+	// Addr is where clients connect (127.0.0.1:port).
+	Addr string
+
+	target string
+	ln     net.Listener
+	wg     sync.WaitGroup
+
+	mu     sync.Mutex
+	cut    bool
+	closed bool
+	pairs  map[*pair]struct{}
+}
+
+// pair is one client connection and, while forwarded, its upstream.
+type pair struct {
+	client, server net.Conn
+	held           bool // cut off: bytes are dropped, the client is closed on Restore
+}
+
+// NewProxy listens on a free loopback port and forwards every connection
+// to target until Close.
+func NewProxy(target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, fmt.Errorf("proxy for %s: listen: %w", target, err)
+	}
+	p := &Proxy{Addr: ln.Addr().String(), target: target, ln: ln, pairs: make(map[*pair]struct{})}
+	p.wg.Add(1)
+	go p.accept()
+	return p, nil
+}
+
+func (p *Proxy) accept() {
+	defer p.wg.Done()
+	for {
+		c, err := p.ln.Accept()
+		if err != nil {
+			if errors.Is(err, net.ErrClosed) {
+				return
+			}
+			continue
+		}
+		p.wg.Add(1)
+		go p.serve(c)
+	}
+}
+
+func (p *Proxy) serve(client net.Conn) {
+	defer p.wg.Done()
+	pr := &pair{client: client}
+	p.mu.Lock()
+	cut, closed := p.cut, p.closed
+	p.mu.Unlock()
+	if closed {
+		client.Close()
+		return
+	}
+	if !cut {
+		server, err := net.DialTimeout("tcp", p.target, time.Second)
+		if err != nil {
+			client.Close() // the server is down: the client sees the connection end
+			return
+		}
+		pr.server = server
+	}
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		client.Close()
+		if pr.server != nil {
+			pr.server.Close()
+		}
+		return
+	}
+	if p.cut && pr.server != nil { // cut while dialling
+		pr.server.Close()
+		pr.server = nil
+	}
+	pr.held = pr.server == nil
+	p.pairs[pr] = struct{}{}
+	p.mu.Unlock()
+
+	var down sync.WaitGroup
+	if pr.server != nil {
+		down.Add(1)
+		go func() { // server to client
+			defer down.Done()
+			_, _ = io.Copy(client, pr.server)
+			p.mu.Lock()
+			held := pr.held
+			p.mu.Unlock()
+			if !held {
+				client.Close() // the server ended the connection: pass it on
+			}
+		}()
+	}
+	// Client to server, until the client goes away; bytes are dropped
+	// once the pair is held.
+	buf := make([]byte, 32<<10)
+	forward := pr.server != nil
+	for {
+		n, err := client.Read(buf)
+		if n > 0 && forward {
+			if _, werr := pr.server.Write(buf[:n]); werr != nil {
+				forward = false
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	client.Close()
+	if pr.server != nil {
+		pr.server.Close()
+	}
+	down.Wait()
+	p.mu.Lock()
+	delete(p.pairs, pr)
+	p.mu.Unlock()
+}
+
+// Cut turns the proxy into a black hole until Restore.
+func (p *Proxy) Cut() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = true
+	for pr := range p.pairs {
+		if !pr.held {
+			pr.held = true
+			pr.server.Close() // nothing reaches the client any more; it is not told
+		}
+	}
+}
+
+// Restore ends the black hole: the connections held during the cut are
+// closed (their clients reconnect) and new connections are forwarded.
+func (p *Proxy) Restore() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.cut = false
+	for pr := range p.pairs {
+		if pr.held {
+			pr.client.Close()
+		}
+	}
+}
+
+// Close stops listening, closes every connection and waits for the
+// proxy's goroutines. It is safe to call twice.
+func (p *Proxy) Close() error {
+	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil
+	}
+	p.closed = true
+	err := p.ln.Close()
+	for pr := range p.pairs {
+		pr.client.Close()
+		if pr.server != nil {
+			pr.server.Close()
+		}
+	}
+	p.mu.Unlock()
+	p.wg.Wait()
+	return err
+}

@@ -1,0 +1,82 @@
+package faults
+
+import (
+	"bufio"
+	"io"
+	"net"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+	"go.uber.org/goleak"
+)
+
+// echoServer echoes every line back until the test ends.
+func echoServer(t *testing.T) string {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() { defer c.Close(); _, _ = io.Copy(c, c) }()
+		}
+	}()
+	t.Cleanup(func() { ln.Close(); <-done })
+	return ln.Addr().String()
+}
+
+func roundTrip(c net.Conn, msg string, timeout time.Duration) (string, error) {
+	_ = c.SetDeadline(time.Now().Add(timeout))
+	if _, err := c.Write([]byte(msg + "\n")); err != nil {
+		return "", err
+	}
+	return bufio.NewReader(c).ReadString('\n')
+}
+
+func TestProxyForwardsBlackHolesWhileCutAndForwardsAgainAfterRestore(t *testing.T) {
+	target := echoServer(t)
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent()) // no goroutine of the proxy outlives Close
+	p, err := NewProxy(target)
+	require.NoError(t, err)
+	defer p.Close()
+
+	c, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	defer c.Close()
+	got, err := roundTrip(c, "one", time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "one\n", got)
+
+	p.Cut()
+	_, err = roundTrip(c, "two", 200*time.Millisecond)
+	var ne net.Error
+	require.ErrorAs(t, err, &ne, "an established connection goes silent")
+	assert.True(t, ne.Timeout(), "a timeout, not a reset: %v", err)
+	c2, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err, "new connections are accepted")
+	defer c2.Close()
+	_, err = roundTrip(c2, "three", 200*time.Millisecond)
+	require.ErrorAs(t, err, &ne)
+	assert.True(t, ne.Timeout(), "and ignored: %v", err)
+
+	p.Restore()
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	_, err = c.Read(make([]byte, 1))
+	assert.Error(t, err, "held connections are closed on Restore")
+	c3, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	defer c3.Close()
+	got, err = roundTrip(c3, "four", time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "four\n", got)
+
+	require.NoError(t, p.Close())
+	require.NoError(t, p.Close(), "closing twice is harmless")
+}
