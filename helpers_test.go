@@ -14,6 +14,7 @@ import (
 
 	"github.com/alicebob/miniredis/v2"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
@@ -335,3 +336,23 @@ func (c *countingResetter) perRow() map[int64]int {
 
 // discardLogger drops everything, for tests that create many workers.
 var discardLogger = slog.New(slog.DiscardHandler)
+
+// recoverAtOnce builds n workers with mk and releases their RecoverNow calls
+// at the same moment, for the tests of one recoverer per dead peer.
+func recoverAtOnce(t *testing.T, n int, mk func(i int) *Worker) {
+	t.Helper()
+	var wg sync.WaitGroup
+	start := make(chan struct{})
+	for i := range n {
+		w := mk(i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			<-start
+			_, err := w.RecoverNow(context.Background())
+			assert.NoError(t, err)
+		}()
+	}
+	close(start)
+	wg.Wait()
+}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
@@ -182,25 +181,10 @@ func TestConcurrentRecoverersResetEachRowOnce(t *testing.T) {
 	}
 	plantDeadPeer(t, rdb, "ALYA", "dead", rows...)
 	r := &fakeResetter{delay: 20 * time.Millisecond}
-	var workers []*Worker
-	for i := range 10 {
+	recoverAtOnce(t, 10, func(i int) *Worker {
 		w, _ := newWorker(t, rdb, r, "rec"+string(rune('a'+i)))
-		workers = append(workers, w)
-	}
-
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for _, w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			_, err := w.RecoverNow(context.Background())
-			assert.NoError(t, err)
-		}()
-	}
-	close(start)
-	wg.Wait()
+		return w
+	})
 
 	assert.Equal(t, 1, r.callCount(), "one recoverer per dead peer")
 	assert.Len(t, r.resetOf("dead"), 100)

@@ -50,25 +50,10 @@ func TestSafetyTenRecoverersResetEachRowOfADeadPeerOnce(t *testing.T) {
 	}
 	plantDeadPeer(t, rdb, prefix, "dead", ids...)
 	r := &countingResetter{RowResetter: fencedResetter(t, db)}
-	var workers []*Worker
-	for i := range 10 {
+	recoverAtOnce(t, 10, func(int) *Worker {
 		w, _ := newWorker(t, rdb, r, testutil.Name("rec"), WithKeyPrefix(prefix))
-		_ = i
-		workers = append(workers, w)
-	}
-	var wg sync.WaitGroup
-	start := make(chan struct{})
-	for _, w := range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			<-start
-			_, err := w.RecoverNow(context.Background())
-			assert.NoError(t, err)
-		}()
-	}
-	close(start)
-	wg.Wait()
+		return w
+	})
 
 	per := r.perRow()
 	assert.Len(t, per, 200)
