@@ -10,6 +10,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strings"
 	"time"
 
 	"testing"
@@ -28,8 +29,8 @@ var (
 	pgErr error
 )
 
-// TestMain builds the worker (with the race detector unless
-// FAULTS_RACE=0), starts the shared PostgreSQL, runs the scenarios, prints
+// TestMain builds the worker (with the race detector unless FAULTS_RACE=0
+// or cgo is off), starts the shared PostgreSQL, runs the scenarios, prints
 // the result table, and stops everything it started, also when a scenario
 // fails. Redis servers and worker processes belong to each scenario and
 // are stopped by its cleanup; every child gets SIGKILL from the kernel
@@ -48,11 +49,12 @@ func runSuite(m *testing.M) int {
 
 	workerBin = filepath.Join(dir, "faultworker")
 	start := time.Now()
-	if err := buildWorker(workerBin); err != nil {
+	race, err := buildWorker(workerBin)
+	if err != nil {
 		fmt.Fprintln(os.Stderr, "faults: build the worker:", err)
 		return 1
 	}
-	fmt.Printf("faults: built faultworker (race detector: %v) in %v\n", raceWorkers(), time.Since(start).Round(time.Millisecond))
+	fmt.Printf("faults: built faultworker (race detector: %v) in %v\n", race, time.Since(start).Round(time.Millisecond))
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	sharedPG, pgErr = servers.StartPostgres(ctx)
@@ -65,25 +67,29 @@ func runSuite(m *testing.M) int {
 	return code
 }
 
-// raceWorkers reports whether the workers are built with -race: yes unless
-// FAULTS_RACE=0 (a data race in a worker fails its scenario).
-func raceWorkers() bool { return os.Getenv("FAULTS_RACE") != "0" }
-
-func buildWorker(out string) error {
+// buildWorker builds the worker into out, with the race detector unless
+// FAULTS_RACE=0 or cgo (which -race needs) is off; it reports which.
+func buildWorker(out string) (race bool, err error) {
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
 	if _, err := os.Stat(gobin); err != nil {
 		if gobin, err = exec.LookPath("go"); err != nil {
-			return errors.New("no go command to build the worker with")
+			return false, errors.New("no go command to build the worker with")
+		}
+	}
+	race = os.Getenv("FAULTS_RACE") != "0"
+	if race {
+		if cgo, err := exec.Command(gobin, "env", "CGO_ENABLED").Output(); err != nil || strings.TrimSpace(string(cgo)) != "1" {
+			fmt.Println("faults: cgo is off, so the workers are built without the race detector")
+			race = false
 		}
 	}
 	args := []string{"build", "-o", out}
-	if raceWorkers() {
+	if race {
 		args = append(args, "-race")
 	}
 	args = append(args, "github.com/alya/recovery/internal/faultworker")
-	cmd := exec.Command(gobin, args...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("go %v: %v\n%s", args, err, b)
+	if b, err := exec.Command(gobin, args...).CombinedOutput(); err != nil {
+		return race, fmt.Errorf("go %v: %v\n%s", args, err, b)
 	}
-	return nil
+	return race, nil
 }

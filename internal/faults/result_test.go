@@ -31,11 +31,7 @@ func (r *result) note(format string, args ...any) {
 	r.Notes = append(r.Notes, fmt.Sprintf(format, args...))
 }
 
-func (r *result) line(pass bool) string {
-	verdict := "PASS"
-	if !pass {
-		verdict = "FAIL"
-	}
+func (r *result) line(verdict string) string {
 	det := "n/a"
 	if r.Detection > 0 {
 		det = fmt.Sprintf("%.2fs(bound %.1fs)", r.Detection.Seconds(), r.Bound.Seconds())
@@ -60,7 +56,14 @@ func (r *result) record(t *testing.T) {
 		return
 	}
 	r.recorded = true
-	l := r.line(!t.Failed())
+	verdict := "PASS"
+	switch {
+	case t.Failed():
+		verdict = "FAIL"
+	case t.Skipped():
+		verdict = "SKIP"
+	}
+	l := r.line(verdict)
 	fmt.Println("RESULT " + l)
 	resultsMu.Lock()
 	results = append(results, l)
