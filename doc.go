@@ -18,6 +18,8 @@
 //	ALYA_{id}_ROWS        set of decimal row IDs, TTL rows TTL (180s)
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
+//	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
+//	ALYA_SWEEP_LEASE      the backstop sweeper (WithBackstopSweep)
 //
 // The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no
 // script or transaction spans two slots, so the same code runs on a single
@@ -34,13 +36,15 @@
 //	}
 //	err = w.Shutdown(ctx)                          // after the last block
 //
-// Start writes the first heartbeat before it returns and then runs two
-// goroutines: the heartbeat loop and the recovery loop. Neither uses the
-// context given to Start: cancelling the processing context on SIGTERM does
+// Start writes the first heartbeat before it returns and then runs the
+// heartbeat loop and the recovery loop (plus one subscriber per master with
+// WithExpiryNotifications, and a flusher with WithDeferredUntrack; events
+// reach an Observer on a goroutine of their own). None uses the context
+// given to Start: cancelling the processing context on SIGTERM does
 // not stop the heartbeat, so the worker can finish its block while peers
-// still see it alive. Only Shutdown stops them; it waits for both, deletes
+// still see it alive. Only Shutdown stops them; it waits for all, deletes
 // the heartbeat key and the registry entry, and leaves the rows set for
-// peers. No goroutine of the Worker outlives Shutdown.
+// peers. No goroutine of the Worker outlives a Shutdown that returned nil.
 //
 // The Worker never closes the Redis client or the database handle it is
 // given.

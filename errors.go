@@ -5,8 +5,9 @@ import "errors"
 // Sentinel errors. Errors returned by this package wrap them, so test with
 // errors.Is.
 var (
-	// ErrShutdown is returned by Start, Track and RecoverNow after Shutdown
-	// was called.
+	// ErrShutdown is returned by Start, Track, RecoverNow, CheckLease and
+	// Healthy after Shutdown was called (and by Release without owner
+	// fencing).
 	ErrShutdown = errors.New("recovery: shut down")
 
 	// ErrNotStarted is returned by Track and CheckLease before Start has

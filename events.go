@@ -25,11 +25,13 @@ const (
 	EventLeaseLost
 	// EventLeaseRegained: a heartbeat succeeded after the lease was lost.
 	EventLeaseRegained
-	// EventPeerDead: a scan found PeerID registered without a heartbeat.
+	// EventPeerDead: PeerID was found without a heartbeat, by a scan
+	// (FoundBy "registry"), an expiry notification ("expiry") or the
+	// backstop sweep ("sweep").
 	EventPeerDead
 	// EventRowsRecovered: the rows of dead PeerID were reset. Duration runs
-	// from the scan noticing the death to the reset's commit. FoundBy is
-	// "registry" or "sweep".
+	// from the death being noticed to the reset's commit. FoundBy is
+	// "registry", "expiry" or "sweep".
 	EventRowsRecovered
 	// EventRecoveryFailed: recovering PeerID failed (Err) and will be tried
 	// again by a later scan; PeerID is empty when the scan itself failed.
@@ -72,7 +74,8 @@ type Event struct {
 	InstanceID string
 	// PeerID is the peer the event concerns, if any.
 	PeerID string
-	// FoundBy says which mechanism found a dead peer: "registry" or "sweep".
+	// FoundBy says which mechanism found a dead peer: "registry" (a scan),
+	// "expiry" (a keyspace notification) or "sweep" (the backstop sweep).
 	FoundBy string
 	// Rows is how many row IDs were involved (found in the rows set, or
 	// released).

@@ -78,7 +78,7 @@ func (w *Worker) beat(parent context.Context) error {
 
 	sentAt := time.Now()
 	pipe := w.rdb.Pipeline()
-	pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
+	set := pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
 	pipe.SAdd(ctx, w.registry, w.opts.instanceID)
 	if len(unremoved) > 0 {
 		pipe.SRem(ctx, w.keys.Rows, unremoved...)
@@ -87,16 +87,22 @@ func (w *Worker) beat(parent context.Context) error {
 		pipe.SAdd(ctx, w.keys.Rows, tracked...)
 	}
 	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
-	if _, err := pipe.Exec(ctx); err != nil {
+	_, err := pipe.Exec(ctx)
+	if err == nil || set.Val() == "OK" {
+		// The key is live for a TTL whatever happened to the rest (on
+		// Cluster the registry may sit on a node that is down).
+		w.lease.renew(w, sentAt)
+	}
+	if err != nil {
 		w.stats.heartbeatFailures.Add(1)
 		return err
 	}
-	w.lease.renew(w, sentAt)
 	w.stats.heartbeats.Add(1)
 	w.stats.lastHeartbeat.Store(sentAt.UnixNano())
 	w.emit(Event{Kind: EventHeartbeat})
 	if len(unremoved) > 0 {
 		w.rows.forgetUnremoved(unremoved)
+		w.retrack(ctx, unremoved)
 	}
 	return nil
 }
@@ -124,6 +130,7 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 		case <-t.C:
 		}
 		w.noteLeaseLoss(nil) // a stopped process finds out here when it resumes
+		sent := time.Now()
 		err := w.beat(ctx)
 		if ctx.Err() != nil {
 			return
@@ -139,7 +146,9 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 				w.emit(Event{Kind: EventLeaseRegained})
 			}
 			failures = 0
-			t.Reset(w.opts.heartbeatInterval)
+			// The period runs from send to send: a slow answer must not
+			// push the next heartbeat past the end of the lease.
+			t.Reset(max(0, w.opts.heartbeatInterval-time.Since(sent)))
 			continue
 		}
 		if failures == 0 {

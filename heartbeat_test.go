@@ -139,3 +139,17 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
 	assert.True(t, ok, "re-registered")
 }
+
+func TestHealthyWorkerWithTheTightestTimingsNeverLosesItsLease(t *testing.T) {
+	_, rdb := newMini(t)
+	// 550ms + the derived 275ms operation timeout: just inside the 900ms lease.
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithHeartbeatTTL(time.Second),
+		WithHeartbeatInterval(550*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	deadline := time.Now().Add(2500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		require.NoError(t, w.Healthy())
+		time.Sleep(5 * time.Millisecond)
+	}
+	assert.Zero(t, w.Stats().LeaseLosses)
+	assert.GreaterOrEqual(t, w.Stats().Heartbeats, uint64(5))
+}

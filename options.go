@@ -85,7 +85,8 @@ func WithHeartbeatTTL(d time.Duration) Option {
 }
 
 // WithHeartbeatInterval sets how often the heartbeat is refreshed; it must be
-// shorter than the heartbeat TTL. Default: DefaultHeartbeatInterval (30s).
+// shorter than the heartbeat TTL, and with the operation timeout shorter
+// than 90% of it (when the lease ends). Default: DefaultHeartbeatInterval (30s).
 func WithHeartbeatInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.heartbeatInterval = d })
 }
@@ -99,7 +100,7 @@ func WithRecoveryInterval(d time.Duration) Option {
 
 // WithRowsTTL sets the TTL of the worker's rows set, refreshed by every
 // heartbeat and every Track. It must exceed heartbeat TTL + recovery
-// interval. Default: DefaultRowsTTL (180s).
+// interval + 10% (the jitter). Default: DefaultRowsTTL (180s).
 func WithRowsTTL(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.rowsTTL = d })
 }
@@ -178,9 +179,11 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: heartbeat interval %v must be shorter than heartbeat TTL %v",
 			ErrInvalidConfig, o.heartbeatInterval, o.heartbeatTTL)
 	}
-	if o.rowsTTL <= o.heartbeatTTL+o.recoveryInterval {
-		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v",
-			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval)
+	// The first scan after a death comes at most heartbeat TTL + 1.1 ×
+	// recovery interval (jitter) later; the rows set must still be there.
+	if window := o.heartbeatTTL + o.recoveryInterval*11/10; o.rowsTTL <= window {
+		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter: %v)",
+			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval, window)
 	}
 	switch {
 	case o.opTimeout < 0:
@@ -190,6 +193,13 @@ func (o *options) validate() error {
 	case o.opTimeout > o.heartbeatInterval:
 		return fmt.Errorf("%w: operation timeout %v must not exceed heartbeat interval %v",
 			ErrInvalidConfig, o.opTimeout, o.heartbeatInterval)
+	}
+	// The lease ends at 90% of the TTL after a heartbeat is sent (see
+	// CheckLease); the next one must be sent and answered before that, or
+	// a healthy worker would lose its lease every cycle.
+	if lease := o.heartbeatTTL - o.heartbeatTTL/10; o.heartbeatInterval+o.opTimeout >= lease {
+		return fmt.Errorf("%w: heartbeat interval %v + operation timeout %v must be shorter than 90%% of heartbeat TTL %v (%v), when the lease ends",
+			ErrInvalidConfig, o.heartbeatInterval, o.opTimeout, o.heartbeatTTL, lease)
 	}
 	if o.untrackSet && (o.untrackLinger <= 0 || o.untrackLinger >= o.heartbeatInterval) {
 		return fmt.Errorf("%w: deferred untrack linger %v must be positive and shorter than heartbeat interval %v",

@@ -70,9 +70,13 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"interval above TTL", rdb, r, []Option{WithHeartbeatInterval(90 * time.Second)},
 			"heartbeat interval 1m30s must be shorter than heartbeat TTL 1m0s"},
 		{"rows TTL equal to window", rdb, r, []Option{WithRowsTTL(120 * time.Second)},
-			"rows TTL 2m0s must exceed heartbeat TTL 1m0s + recovery interval 1m0s"},
+			"rows TTL 2m0s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter: 2m6s)"},
+		{"rows TTL inside the jitter", rdb, r, []Option{WithRowsTTL(125 * time.Second)},
+			"rows TTL 2m5s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter: 2m6s)"},
 		{"rows TTL below window", rdb, r, []Option{WithRecoveryInterval(150 * time.Second)},
 			"rows TTL 3m0s must exceed heartbeat TTL 1m0s + recovery interval 2m30s"},
+		{"interval too close to the lease end", rdb, r, []Option{WithHeartbeatInterval(50 * time.Second)},
+			"heartbeat interval 50s + operation timeout 5s must be shorter than 90% of heartbeat TTL 1m0s (54s)"},
 		{"zero TTL", rdb, r, []Option{WithHeartbeatTTL(0)}, "heartbeat TTL 0s must be positive"},
 		{"negative interval", rdb, r, []Option{WithHeartbeatInterval(-time.Second)}, "heartbeat interval -1s must be positive"},
 		{"zero recovery interval", rdb, r, []Option{WithRecoveryInterval(0)}, "recovery interval 0s must be positive"},
@@ -110,7 +114,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
 	w, err := New(idleClient(t), &fakeResetter{},
 		WithHeartbeatTTL(2*time.Second), WithHeartbeatInterval(500*time.Millisecond),
-		WithRecoveryInterval(time.Second), WithRowsTTL(3001*time.Millisecond),
+		WithRecoveryInterval(time.Second), WithRowsTTL(3101*time.Millisecond),
 		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
 	require.NoError(t, err)
 	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")

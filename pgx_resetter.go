@@ -16,6 +16,12 @@ import (
 
 // PgxExecer is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx. Given a
 // pgx.Tx, the resetter works inside a savepoint of that transaction.
+//
+// Give a Worker a *pgxpool.Pool: its recovery loop, RecoverNow and Release
+// may reset concurrently, which a *pgx.Conn or a pgx.Tx does not allow, and
+// recovery deletes a dead peer's rows set once ResetRows returns, which
+// with a pgx.Tx is before the caller's transaction commits. A Conn or Tx
+// suits a PgxResetter used on its own, by one goroutine.
 type PgxExecer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
@@ -266,6 +272,11 @@ func (o *resetterOptions) resetQuery(byOwner bool) query {
 	newStatus, terminal := param("queued"), ""
 	if o.maxRecoveries > 0 {
 		terminal = param("terminal")
+		// Comparing both statuses with the column here gives the parameters
+		// the column's type before the CASE below would make them text,
+		// which an enum column refuses. Always true: both differ from the
+		// in-progress status (validate checks).
+		match = append(match, fmt.Sprintf("%s <> %s AND %s <> %s", status, newStatus, status, terminal))
 		newStatus = fmt.Sprintf("CASE WHEN r.%s + 1 >= %s THEN %s ELSE %s END",
 			ident(o.countColumn), param("max"), terminal, newStatus)
 	}
@@ -317,6 +328,10 @@ func (r *PgxResetter) bind(q query, ids []int64, owner string) []any {
 	}
 	return args
 }
+
+// FencesByOwner reports whether resets are guarded by owner
+// (WithOwnerColumn). It implements OwnerFencer.
+func (r *PgxResetter) FencesByOwner() bool { return r.owners != "" }
 
 // resetAttempts is how often a reset that hit a deadlock or a serialization
 // failure is tried in all.

@@ -62,8 +62,10 @@ type PeerRecovery struct {
 // PeerError is a recovery failure that concerns one peer. The peer's rows
 // set and registry entry are kept, so the next scan tries again.
 type PeerError struct {
+	// InstanceID is the peer whose recovery failed.
 	InstanceID string
-	Err        error
+	// Err is why.
+	Err error
 }
 
 func (e *PeerError) Error() string { return "recover " + e.InstanceID + ": " + e.Err.Error() }
@@ -165,6 +167,7 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 	rep.InstanceID = peer
 	k := keys.For(w.opts.keyPrefix, peer)
 	token := newToken()
+	parent := ctx // deregistering needs no claim, nor what is left of its time
 	// Everything done under the claim ends before the claim can expire.
 	ctx, cancel := context.WithTimeout(ctx, w.claimTTL())
 	defer cancel()
@@ -217,7 +220,7 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 		}
 		return rep, true, nil
 	}
-	if err := w.deregister(ctx, peer); err != nil {
+	if err := w.deregister(parent, peer); err != nil {
 		return rep, true, err
 	}
 	return rep, true, nil

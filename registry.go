@@ -49,14 +49,19 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 	for i, id := range peers {
 		cmds[i] = pipe.Exists(opCtx, keys.For(w.opts.keyPrefix, id).Heartbeat)
 	}
-	if _, err := pipe.Exec(opCtx); err != nil {
-		return nil, fmt.Errorf("check heartbeats of %d peers: %w", len(peers), err)
-	}
+	_, err := pipe.Exec(opCtx)
 	var dead []string
+	failed := 0
 	for i, c := range cmds {
-		if c.Val() == 0 {
+		switch {
+		case c.Err() != nil:
+			failed++ // unknown, not dead: on Cluster one node may be down
+		case c.Val() == 0:
 			dead = append(dead, peers[i])
 		}
+	}
+	if failed == len(cmds) {
+		return nil, fmt.Errorf("check heartbeats of %d peers: %w", len(peers), err)
 	}
 	return dead, nil
 }

@@ -7,6 +7,9 @@ import "context"
 // their own.
 type RowResetter interface {
 	// ResetRows returns the given rows of a dead instance to the queue. It must only change rows that are still in progress.
+	//
+	// It must return soon after ctx ends: recovery runs it under a claim
+	// that expires, and Shutdown cancels it.
 	ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (reset int64, err error)
 }
 
@@ -47,4 +50,17 @@ func resetRows(ctx context.Context, r RowResetter, owner string, ids []int64) (R
 	}
 	n, err := r.ResetRows(ctx, owner, ids)
 	return ResetResult{Reset: n}, err
+}
+
+// An OwnerFencer is a RowResetter that can say whether its resets are
+// guarded by owner: a row is only reset while the instance named in the
+// call still owns it. Release relies on it to decide whether it is safe
+// after the lease was lost. PgxResetter implements it.
+type OwnerFencer interface {
+	FencesByOwner() bool
+}
+
+func fencesByOwner(r RowResetter) bool {
+	f, ok := r.(OwnerFencer)
+	return ok && f.FencesByOwner()
 }

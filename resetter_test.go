@@ -264,3 +264,29 @@ func TestNewPgxResetterRejectsBadOptions(t *testing.T) {
 		})
 	}
 }
+
+func TestPgxResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `
+		CREATE TYPE row_state AS ENUM ('queued', 'inprog', 'done', 'failed');
+		CREATE TABLE jobs (id bigint PRIMARY KEY, state row_state NOT NULL, owner text, recoveries int NOT NULL DEFAULT 0);
+		INSERT INTO jobs VALUES (1, 'inprog', 'dead', 2), (2, 'inprog', 'dead', 0);`)
+	require.NoError(t, err)
+	r, err := NewPgxResetter(db, WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"),
+		WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+	require.NoError(t, err)
+
+	res, err := r.ResetRowsReport(ctx, "dead", []int64{1, 2})
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), res.Reset)
+	assert.Equal(t, []int64{1}, res.Quarantined)
+	_, err = db.Exec(ctx, `UPDATE jobs SET state = 'inprog', owner = 'gone' WHERE id = 2`)
+	require.NoError(t, err)
+	res, err = r.ResetOwnerRows(ctx, "gone")
+	require.NoError(t, err, "the sweep's statement too")
+	assert.Equal(t, int64(1), res.Reset)
+	var states []string
+	require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(state::text ORDER BY id) FROM jobs`).Scan(&states))
+	assert.Equal(t, []string{"failed", "queued"}, states)
+}

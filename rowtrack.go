@@ -21,10 +21,15 @@ type inflight struct {
 	// removes them from Redis.
 	unremoved map[int64]struct{}
 
-	// assert is held for writing by a heartbeat while it writes ids back to
-	// Redis, and for reading by Untrack from the moment it forgets a row
-	// until its SREM is done, so a heartbeat never re-adds a row that
-	// Untrack has just removed.
+	// assert orders the writes of the rows set. Writers of a snapshot (the
+	// heartbeat, which re-adds ids and removes unremoved, and the deferred
+	// Untrack flusher) hold it exclusively from the snapshot until Redis has
+	// answered; synchronous Untrack holds it shared from its change in
+	// memory until its SREM is answered. So a heartbeat never re-adds a row
+	// an Untrack has just removed. Track takes no lock (it must never wait
+	// on the heartbeat's I/O, nor make the heartbeat wait on a caller's
+	// context); a pending removal that lands after a Track of the same row
+	// is undone by retrack.
 	assert sync.RWMutex
 }
 
@@ -69,6 +74,20 @@ func (s *inflight) forget(ids []int64) {
 		s.unremoved[id] = struct{}{}
 	}
 	s.mu.Unlock()
+}
+
+// trackedAmong returns the members of ms that are tracked now.
+func (s *inflight) trackedAmong(ms []any) []any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []any
+	for _, m := range ms {
+		id, _ := strconv.ParseInt(m.(string), 10, 64)
+		if _, ok := s.ids[id]; ok {
+			out = append(out, m)
+		}
+	}
+	return out
 }
 
 // pendingRemovals returns the rows waiting for their SREM.
@@ -200,10 +219,18 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 // Release hands rows this worker took but will not finish back to the queue
 // at once, instead of leaving them for a peer to recover after the worker
 // dies: call it when the host abandons a block (CheckLease said
-// ErrLeaseLost, or the shutdown deadline is near). The rows go through the
-// resetter like any reset, guarded by status (and by owner with owner
-// fencing), so rows another worker holds now are left alone; then they are
-// untracked. It works in any state of the worker, also after Shutdown.
+// ErrLeaseLost, or the shutdown deadline is near: call it before
+// Shutdown). The rows go through the resetter like any reset, then they are
+// untracked.
+//
+// With owner fencing (a resetter whose FencesByOwner reports true, such as
+// a PgxResetter WithOwnerColumn) a row another worker holds now is left
+// alone, so Release is safe in any state, also with the lease lost and
+// after Shutdown. Without it the status guard alone cannot tell this
+// worker's rows from a peer's that were recovered and fetched again, so
+// Release refuses with ErrLeaseLost while the lease is lost and with
+// ErrShutdown after Shutdown: in those states peers may already have
+// recovered the rows.
 //
 // The error says the rows could not be returned to the queue; they are
 // then still tracked, for a peer to recover should this worker die. Once
@@ -213,6 +240,14 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
+	}
+	if !fencesByOwner(w.resetter) {
+		switch {
+		case w.state.Load() == stateShutdown:
+			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
+		case w.state.Load() == stateRunning && !w.lease.valid(w):
+			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+		}
 	}
 	res, err := resetRows(ctx, w.resetter, w.opts.instanceID, rowIDs)
 	if err != nil {
@@ -258,8 +293,8 @@ func (w *Worker) runUntrackFlusher(ctx context.Context) {
 
 // flushUntracked removes the rows waiting for their SREM, in one command.
 func (w *Worker) flushUntracked(ctx context.Context) {
-	w.rows.assert.RLock()
-	defer w.rows.assert.RUnlock()
+	w.rows.assert.Lock()
+	defer w.rows.assert.Unlock()
 	pending := w.rows.pendingRemovals()
 	if len(pending) == 0 {
 		return
@@ -268,5 +303,18 @@ func (w *Worker) flushUntracked(ctx context.Context) {
 	defer cancel()
 	if err := w.rdb.SRem(opCtx, w.keys.Rows, pending...).Err(); err == nil {
 		w.rows.forgetUnremoved(pending)
+		w.retrack(opCtx, pending)
 	}
+}
+
+// retrack writes back the rows among removed that are tracked again: a
+// Track of one of them may have reached Redis before the SREM that removed
+// it. A Track that comes later sends its own SADD after the SREM.
+func (w *Worker) retrack(ctx context.Context, removed []any) {
+	again := w.rows.trackedAmong(removed)
+	if len(again) == 0 {
+		return
+	}
+	// On failure the next heartbeat writes them back.
+	_ = w.rdb.SAdd(ctx, w.keys.Rows, again...).Err()
 }

@@ -160,3 +160,24 @@ func TestDeferredUntrackLingerIsValidated(t *testing.T) {
 		assert.Contains(t, err.Error(), "deferred untrack linger")
 	}
 }
+
+func TestRowTrackedAgainWhileItsRemovalIsPendingStaysTracked(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(50*time.Millisecond),
+		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+	ctx := context.Background()
+	require.NoError(t, w.Track(ctx, 7))
+	require.NoError(t, w.Untrack(7)) // SREM 7 pending
+	// The flusher's SREM lands after the new Track's SADD, the worst order:
+	// simulate it by sending the SREM the flusher would send, by hand.
+	require.NoError(t, w.Track(ctx, 7))
+	_, err := mr.SRem("ALYA_{w1}_ROWS", "7")
+	require.NoError(t, err)
+	w.retrack(ctx, []any{"7"})
+	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	assert.True(t, ok, "tracked again, so written back")
+
+	time.Sleep(150 * time.Millisecond) // the real flusher has run meanwhile
+	ok, _ = mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	assert.True(t, ok, "the pending removal was cancelled by the new Track")
+}

@@ -435,3 +435,36 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 	s, _ = rowState(t, db, 2)
 	assert.Equal(t, "queued", s)
 }
+
+// fencedFake is a fakeResetter that declares owner fencing.
+type fencedFake struct{ fakeResetter }
+
+func (*fencedFake) FencesByOwner() bool { return true }
+
+func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	timing := []Option{WithHeartbeatTTL(400 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
+	plain := &fakeResetter{}
+	a, _ := startWorker(t, rdb, plain, "plain", timing...)
+	fenced := &fencedFake{}
+	b, _ := startWorker(t, rdb, fenced, "fenced", timing...)
+	require.NoError(t, a.Track(ctx, 1))
+	require.NoError(t, b.Track(ctx, 2))
+
+	mr.SetError("ERR down")
+	require.Eventually(t, func() bool { return a.CheckLease() != nil && b.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+
+	err := a.Release(ctx, 1)
+	assert.ErrorIs(t, err, ErrLeaseLost, "peers may have recovered row 1 and handed it to someone else")
+	assert.Zero(t, plain.callCount())
+	assert.Equal(t, 1, a.TrackedRows(), "still tracked for a peer to recover")
+
+	require.NoError(t, b.Release(ctx, 2), "an owner guard makes it safe")
+	assert.Equal(t, []int64{2}, fenced.resetOf("fenced"))
+	mr.SetError("")
+
+	require.NoError(t, a.Shutdown(ctx))
+	assert.ErrorIs(t, a.Release(ctx, 1), ErrShutdown)
+}

@@ -3,13 +3,16 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"log/slog"
 )
 
 // Shutdown stops the worker: it stops the heartbeat and recovery loops and
 // waits for them, then deletes the heartbeat key and removes the worker from
 // the registry, so peers see at once that it left. The rows set is left in
-// place: rows still tracked (there should be none once the host has finished
-// its block) can still be recovered by a peer.
+// place. If rows are still tracked (there should be none once the host has
+// finished its block, or released what it will not finish), the worker
+// stays registered, with its heartbeat deleted: the next scan of any peer
+// finds it dead and recovers those rows at once.
 //
 // Call Shutdown after the host has finished its current block, as the
 // design's graceful shutdown says. If ctx ends first, Shutdown returns
@@ -41,10 +44,17 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if w.cleaned {
 		return w.events.close(ctx)
 	}
-	_, unremoved := w.rows.snapshot()
+	tracked, unremoved := w.rows.snapshot()
 	pipe := w.rdb.Pipeline()
 	pipe.Del(ctx, w.keys.Heartbeat)
-	pipe.SRem(ctx, w.registry, w.opts.instanceID)
+	if len(tracked) == 0 {
+		pipe.SRem(ctx, w.registry, w.opts.instanceID)
+	} else {
+		// Write them back (Redis may have lost them) and stay registered,
+		// or no peer would ever look for them.
+		pipe.SAdd(ctx, w.keys.Rows, tracked...)
+		pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
+	}
 	if len(unremoved) > 0 {
 		pipe.SRem(ctx, w.keys.Rows, unremoved...)
 	}
@@ -55,6 +65,10 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
 	}
 	w.cleaned = true
+	if len(tracked) > 0 {
+		w.log.Warn("shut down with rows still tracked; peers will recover them",
+			slog.Int("rows", len(tracked)))
+	}
 	w.log.Debug("recovery worker shut down")
 	return w.events.close(ctx)
 }

@@ -10,18 +10,17 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-func TestShutdownRemovesHeartbeatAndRegistryButKeepsRows(t *testing.T) {
+func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 	mr, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
 	require.NoError(t, w.Track(context.Background(), 1, 2))
+	require.NoError(t, w.Untrack(1, 2)) // the block is finished
 
 	require.NoError(t, w.Shutdown(context.Background()))
 
 	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
 	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-	assert.False(t, ok)
-	got, _ := mr.Members("ALYA_{w1}_ROWS")
-	assert.ElementsMatch(t, []string{"1", "2"}, got, "rows left for a peer, as the design says")
+	assert.False(t, ok, "peers see at once that it left")
 	assert.NoError(t, rdb.Ping(context.Background()).Err(), "the caller's client is not closed")
 	assert.ErrorIs(t, w.CheckLease(), ErrShutdown)
 }
@@ -107,4 +106,22 @@ func TestShutdownCleanupFailureIsReportedAndRetried(t *testing.T) {
 	mr.SetError("")
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+}
+
+func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
+	mr, rdb := newMini(t)
+	a, logs := startWorker(t, rdb, &fakeResetter{}, "A")
+	require.NoError(t, a.Track(context.Background(), 101, 102))
+	require.NoError(t, a.Shutdown(context.Background())) // the deadline came before the block was done
+
+	assert.False(t, mr.Exists("ALYA_{A}_HEARTBEAT"), "the heartbeat goes at once")
+	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "A")
+	assert.True(t, ok, "still registered, so peers look for its rows")
+	assert.Equal(t, 1, logs.Count("shut down with rows still tracked"))
+
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "B")
+	_, err := b.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []int64{101, 102}, r.resetOf("A"), "recovered by the next scan, no TTL to wait for")
 }
