@@ -3,6 +3,7 @@ package recovery
 import (
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"time"
 
@@ -181,7 +182,7 @@ func (o *options) validate() error {
 	}
 	// The first scan after a death comes at most heartbeat TTL + 1.1 ×
 	// recovery interval (jitter) later; the rows set must still be there.
-	if window := o.heartbeatTTL + o.recoveryInterval*11/10; o.rowsTTL <= window {
+	if window := satAdd(satAdd(o.heartbeatTTL, o.recoveryInterval), o.recoveryInterval/10); o.rowsTTL <= window {
 		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter: %v)",
 			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval, window)
 	}
@@ -197,7 +198,7 @@ func (o *options) validate() error {
 	// The lease ends at 90% of the TTL after a heartbeat is sent (see
 	// CheckLease); the next one must be sent and answered before that, or
 	// a healthy worker would lose its lease every cycle.
-	if lease := o.heartbeatTTL - o.heartbeatTTL/10; o.heartbeatInterval+o.opTimeout >= lease {
+	if lease := o.heartbeatTTL - o.heartbeatTTL/10; o.heartbeatInterval >= lease-o.opTimeout {
 		return fmt.Errorf("%w: heartbeat interval %v + operation timeout %v must be shorter than 90%% of heartbeat TTL %v (%v), when the lease ends",
 			ErrInvalidConfig, o.heartbeatInterval, o.opTimeout, o.heartbeatTTL, lease)
 	}
@@ -215,6 +216,15 @@ func (o *options) validate() error {
 		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
 	}
 	return nil
+}
+
+// satAdd adds two positive durations, saturating instead of overflowing, so
+// absurd options are refused instead of wrapping around.
+func satAdd(a, b time.Duration) time.Duration {
+	if a > math.MaxInt64-b {
+		return math.MaxInt64
+	}
+	return a + b
 }
 
 // clip shortens a bad value for an error message.
