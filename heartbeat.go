@@ -41,8 +41,12 @@ func (l *lease) sinceRefresh(w *Worker) time.Duration {
 	return time.Since(w.epoch) - sent
 }
 
+// check reports ErrLeaseLost while the lease has ended, and after it was
+// renewed for as long as rows tracked at the loss are still tracked: peers
+// may have recovered those, and a host that went on with them would process
+// them twice. The host clears it by untracking or releasing them.
 func (l *lease) check(w *Worker) error {
-	if !l.valid(w) {
+	if !l.valid(w) || w.rows.staleRows() > 0 {
 		return ErrLeaseLost
 	}
 	return nil
@@ -53,6 +57,12 @@ func (l *lease) check(w *Worker) error {
 // peer can consider this worker dead, ErrLeaseLost when it is not (the
 // host should stop taking new rows and release the ones it has not
 // finished), ErrNotStarted before Start and ErrShutdown after Shutdown.
+//
+// A lost lease stays lost after the heartbeat is back for as long as the
+// rows tracked when it was lost are tracked: peers may have recovered them
+// meanwhile (a worker resuming from a long pause sees its heartbeat
+// succeed within milliseconds). Untrack or Release them and the lease is
+// valid again.
 func (w *Worker) CheckLease() error {
 	switch w.state.Load() {
 	case stateNew:
@@ -142,7 +152,8 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 				w.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: failures})
 			}
 			if w.lease.lost.Swap(false) {
-				w.log.Info("heartbeat lease regained; worker re-registered")
+				w.log.Info("heartbeat lease regained; worker re-registered",
+					slog.Int("stale_rows", w.rows.staleRows()))
 				w.emit(Event{Kind: EventLeaseRegained})
 			}
 			failures = 0
@@ -168,6 +179,7 @@ func (w *Worker) noteLeaseLoss(cause error) {
 		return
 	}
 	since := w.lease.sinceRefresh(w)
+	w.rows.markStale()
 	w.stats.leaseLosses.Add(1)
 	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

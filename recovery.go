@@ -462,6 +462,12 @@ func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
 	if pr.PeerCameBack {
 		attrs = append(attrs, slog.Bool("peer_came_back", true))
 	}
+	if pr.RowsFound == 0 && pr.RowsReset == 0 && len(pr.Quarantined) == 0 && len(pr.InvalidMembers) == 0 {
+		// Nothing was left to recover: its set expired, or another worker
+		// recovered it between our liveness check and our claim.
+		l.w.log.Debug("deregistered dead peer with no rows", attrs...)
+		return
+	}
 	l.w.log.Info("recovered rows of dead peer", attrs...)
 	for _, id := range pr.Quarantined {
 		l.w.log.Warn("row quarantined: it reached its recovery limit",

@@ -20,6 +20,10 @@ type inflight struct {
 	// unremoved are rows untracked whose SREM failed; the next heartbeat
 	// removes them from Redis.
 	unremoved map[int64]struct{}
+	// stale are the rows that were tracked when the lease was lost: peers
+	// may have recovered them. Until the host has untracked or released
+	// every one, the lease counts as lost (lease.check).
+	stale map[int64]struct{}
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
 	// heartbeat, which re-adds ids and removes unremoved, and the deferred
@@ -36,6 +40,7 @@ type inflight struct {
 func (s *inflight) init() {
 	s.ids = make(map[int64]struct{})
 	s.unremoved = make(map[int64]struct{})
+	s.stale = make(map[int64]struct{})
 }
 
 func (s *inflight) add(ids []int64) {
@@ -51,8 +56,26 @@ func (s *inflight) remove(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
 		delete(s.ids, id)
+		delete(s.stale, id)
 	}
 	s.mu.Unlock()
+}
+
+// markStale records the rows tracked now as stale (the lease was lost).
+func (s *inflight) markStale() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.ids {
+		s.stale[id] = struct{}{}
+	}
+	return len(s.stale)
+}
+
+// staleRows returns how many stale rows are still tracked.
+func (s *inflight) staleRows() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.stale)
 }
 
 func (s *inflight) markUnremoved(ids []int64) {
@@ -71,6 +94,7 @@ func (s *inflight) forget(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
 		delete(s.ids, id)
+		delete(s.stale, id)
 		s.unremoved[id] = struct{}{}
 	}
 	s.mu.Unlock()
@@ -245,7 +269,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		switch {
 		case w.state.Load() == stateShutdown:
 			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
-		case w.state.Load() == stateRunning && !w.lease.valid(w):
+		case w.state.Load() == stateRunning && w.lease.check(w) != nil:
 			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	}

@@ -468,3 +468,29 @@ func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T)
 	require.NoError(t, a.Shutdown(ctx))
 	assert.ErrorIs(t, a.Release(ctx, 1), ErrShutdown)
 }
+
+// A worker paused past its TTL must not learn it is healthy again just
+// because its next heartbeat succeeded: the rows it held may be a peer's now.
+func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	r := &fencedFake{}
+	w, logs := startWorker(t, rdb, r, "w", WithHeartbeatTTL(400*time.Millisecond),
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	require.NoError(t, w.Track(ctx, 1, 2, 3))
+
+	mr.SetError("ERR paused") // the process is stopped, the key expires
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	mr.SetError("")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 1-3 may have been recovered meanwhile")
+	assert.ErrorIs(t, w.Track(ctx, 4), ErrLeaseLost)
+	assert.Contains(t, logs.String(), `"stale_rows":3`)
+
+	require.NoError(t, w.Untrack(1)) // the row it was in the middle of (its completion was refused)
+	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
+	require.NoError(t, w.Release(ctx, 2, 3)) // the rest of the block
+	assert.NoError(t, w.CheckLease(), "every stale row given back")
+	assert.NoError(t, w.Track(ctx, 4))
+}
