@@ -58,11 +58,13 @@ func (l *lease) check(w *Worker) error {
 // host should stop taking new rows and release the ones it has not
 // finished), ErrNotStarted before Start and ErrShutdown after Shutdown.
 //
-// A lost lease stays lost after the heartbeat is back for as long as the
-// rows tracked when it was lost are tracked: peers may have recovered them
-// meanwhile (a worker resuming from a long pause sees its heartbeat
-// succeed within milliseconds). Untrack or Release them and the lease is
-// valid again.
+// With owner fencing (see Release), a lost lease stays lost after the
+// heartbeat is back for as long as the rows tracked when it was lost are
+// tracked: peers may have recovered them meanwhile (a worker resuming from
+// a long pause sees its heartbeat succeed within milliseconds). Untrack or
+// Release them and the lease is valid again. Without owner fencing nothing
+// safe can be done with those rows, and the lease is valid again with the
+// next heartbeat.
 func (w *Worker) CheckLease() error {
 	switch w.state.Load() {
 	case stateNew:
@@ -179,7 +181,12 @@ func (w *Worker) noteLeaseLoss(cause error) {
 		return
 	}
 	since := w.lease.sinceRefresh(w)
-	w.rows.markStale()
+	if fencesByOwner(w.resetter) {
+		// Only an owner-fenced host can do something safe with rows peers
+		// may have taken (Release them); without fencing the loss is not
+		// sticky, or such a host could never work again.
+		w.rows.markStale()
+	}
 	w.stats.leaseLosses.Add(1)
 	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

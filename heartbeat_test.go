@@ -120,7 +120,7 @@ func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
 
 func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	mr, rdb := newMini(t)
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1",
+	w, logs := startWorker(t, rdb, &fencedFake{}, "w1",
 		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
 	ctx := context.Background()

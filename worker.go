@@ -58,8 +58,11 @@ type Worker struct {
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
 // dead peers through resetter. rdb may be a single-node client, a failover
-// client or a cluster client. New neither contacts Redis nor starts any
-// goroutine; Start does. The Worker never closes rdb.
+// client or a cluster client; build it with ContextTimeoutEnabled set, or
+// go-redis ignores the deadlines of the worker's per-call timeouts and a
+// call to an unresponsive server lasts its ReadTimeout. New neither
+// contacts Redis nor starts any goroutine; Start does. The Worker never
+// closes rdb.
 //
 // New returns an error wrapping ErrInvalidConfig that names the bad value
 // when an argument or option is invalid.
