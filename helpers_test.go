@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
@@ -16,23 +15,13 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/alya/recovery/internal/testutil"
 )
 
 // TestMain stops the shared servers and then proves that no goroutine of
 // any Worker outlived its Shutdown.
-func TestMain(m *testing.M) {
-	code := testutil.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
 
 // newMini returns a miniredis and a client for it, both closed when the
 // test ends.

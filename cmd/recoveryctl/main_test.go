@@ -18,7 +18,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/keys"
@@ -28,16 +27,7 @@ import (
 // These tests run recoveryctl's run function against a real redis-server
 // (standalone and Cluster) and, for recover, a real PostgreSQL.
 
-func TestMain(m *testing.M) {
-	code := testutil.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
+func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
 
 // ctl runs recoveryctl with args and the environment env.
 func ctl(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, code int) {

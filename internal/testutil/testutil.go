@@ -19,6 +19,8 @@ import (
 	"sync"
 	"testing"
 
+	"go.uber.org/goleak"
+
 	"github.com/alya/recovery/internal/servers"
 )
 
@@ -51,6 +53,20 @@ func skipIfShort(t testing.TB) {
 func Main(m interface{ Run() int }) int {
 	code := m.Run()
 	stopShared()
+	return code
+}
+
+// MainCheckingLeaks is Main, then a check that no goroutine outlived the
+// tests (goleak); a leak fails the run. Call it from TestMain and pass the
+// result to os.Exit.
+func MainCheckingLeaks(m interface{ Run() int }) int {
+	code := Main(m)
+	if code == 0 {
+		if err := goleak.Find(); err != nil {
+			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
+			code = 1
+		}
+	}
 	return code
 }
 
