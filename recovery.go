@@ -214,7 +214,11 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 	case scripts.FinishBack:
 		rep.PeerCameBack = true
 		if len(members) > 0 {
-			if err := w.rdb.SRem(opCtx, k.Rows, toArgs(members)...).Err(); err != nil {
+			pipe := w.rdb.Pipeline()
+			for chunk := range slices.Chunk(members, readRowsBatch) {
+				pipe.SRem(opCtx, k.Rows, toArgs(chunk)...)
+			}
+			if _, err := pipe.Exec(opCtx); err != nil {
 				return rep, true, fmt.Errorf("remove reset rows from the set of returned peer: %w", err)
 			}
 		}
@@ -226,14 +230,44 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 	return rep, true, nil
 }
 
+// readRowsBatch is how many members one SSCAN asks for. Small sets (up to
+// 512 integers) come back whole in one call; a huge one is read in pieces,
+// each under the operation timeout, so a dead peer with a million rows is
+// still recovered and the server is never blocked for long.
+const readRowsBatch = 10000
+
+// readRows returns the members of a rows set (without duplicates: SSCAN
+// may repeat one).
 func (w *Worker) readRows(ctx context.Context, key string) ([]string, error) {
-	opCtx, cancel := w.opContext(ctx)
-	defer cancel()
-	m, err := w.rdb.SMembers(opCtx, key).Result()
-	if err != nil {
-		return nil, fmt.Errorf("read rows set %s: %w", key, err)
+	var (
+		out    []string
+		seen   map[string]struct{}
+		cursor uint64
+	)
+	for {
+		opCtx, cancel := w.opContext(ctx)
+		page, next, err := w.rdb.SScan(opCtx, key, cursor, "", readRowsBatch).Result()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("read rows set %s: %w", key, err)
+		}
+		if cursor == 0 && next == 0 {
+			return page, nil // the whole set in one call: no repeats
+		}
+		if seen == nil {
+			seen = make(map[string]struct{}, len(page))
+		}
+		for _, m := range page {
+			if _, dup := seen[m]; !dup {
+				seen[m] = struct{}{}
+				out = append(out, m)
+			}
+		}
+		if next == 0 {
+			return out, nil
+		}
+		cursor = next
 	}
-	return m, nil
 }
 
 // releaseClaim gives the claim up after a failure so the next scan, by any

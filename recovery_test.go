@@ -9,6 +9,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
 )
 
 func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
@@ -295,4 +297,41 @@ func TestRecoveryScanFailsCleanlyWhenRedisIsDown(t *testing.T) {
 	_, err := w.RecoverNow(context.Background())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "read registry ALYA_WORKER_REGISTRY")
+}
+
+func TestHugeRowsSetIsReadInPiecesAndRecoveredWhole(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const n = 50000 // a hashtable set: SSCAN pages through it
+	pipe := rdb.Pipeline()
+	for i := 0; i < n; i += 5000 {
+		batch := make([]any, 5000)
+		for j := range batch {
+			batch[j] = int64(i + j + 1)
+		}
+		pipe.SAdd(ctx, "ALYA_{huge}_ROWS", batch...)
+	}
+	pipe.SAdd(ctx, "ALYA_WORKER_REGISTRY", "huge")
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "rec")
+
+	rep, err := w.RecoverNow(ctx)
+
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, n, rep.Recovered[0].RowsFound, "every row once, though SSCAN may repeat")
+	assert.Len(t, r.resetOf("huge"), n)
+	_, cmds := counter.snapshot()
+	sscans := 0
+	for _, c := range cmds {
+		if c == "sscan" {
+			sscans++
+		}
+	}
+	assert.Greater(t, sscans, 1, "read in pieces")
 }
