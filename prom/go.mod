@@ -7,6 +7,8 @@ require (
 	github.com/stretchr/testify v1.12.1
 )
 
+require go.uber.org/goleak v1.3.0 // indirect
+
 require (
 	dario.cat/mergo v1.0.2 // indirect
 	github.com/Azure/go-ansiterm v0.0.0-20210617225240-d185dfc1b5a1 // indirect
