@@ -51,6 +51,8 @@ const (
 	DefaultInProgressStatus = "inprog"
 	// DefaultQueuedStatus marks a row any worker may fetch.
 	DefaultQueuedStatus = "queued"
+	// DefaultDoneStatus marks a row a worker has finished.
+	DefaultDoneStatus = "done"
 	// DefaultResetChunkSize is how many IDs one UPDATE statement carries.
 	// Large enough that 100,000 rows take 20 statements, small enough that
 	// one statement's array parameter stays well under a megabyte.

@@ -23,6 +23,18 @@ var (
 	// consider it dead and recover its rows.
 	ErrLeaseLost = errors.New("recovery: heartbeat lease lost")
 
+	// ErrRowsNotReset is wrapped by the error of a recovery that found rows
+	// it could neither reset nor show to be settled (see
+	// ResetResult.NotReset): usually a status misconfigured. The peer's rows
+	// set is kept and recovery tries again at every scan.
+	ErrRowsNotReset = errors.New("recovery: rows neither reset nor settled")
+
+	// ErrRowsSetLost is wrapped by the error of a recovery that found a
+	// dead peer's rows set gone after an earlier recovery of it had
+	// failed: the rows it held may stay in progress. The backstop sweep
+	// (with an owner column) recovers them.
+	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
+
 	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
 	// return for a bad option or argument.
 	ErrInvalidConfig = errors.New("recovery: invalid configuration")

@@ -41,6 +41,11 @@ const (
 	EventScanFinished
 	// EventRowsReleased: Release handed Rows of this worker's rows back.
 	EventRowsReleased
+	// EventRowsNotReset: recovering PeerID found RowsNotReset of its Rows
+	// neither reset nor settled (see ResetResult.NotReset), usually because
+	// a status is misconfigured. The peer's rows set is kept and the
+	// recovery is tried again; an EventRecoveryFailed follows.
+	EventRowsNotReset
 )
 
 var eventNames = map[EventKind]string{
@@ -54,6 +59,7 @@ var eventNames = map[EventKind]string{
 	EventRecoveryFailed:    "recovery_failed",
 	EventScanFinished:      "scan_finished",
 	EventRowsReleased:      "rows_released",
+	EventRowsNotReset:      "rows_not_reset",
 }
 
 // String returns the event's snake_case name.
@@ -84,6 +90,8 @@ type Event struct {
 	RowsReset int64
 	// RowsQuarantined is how many rows reached their recovery limit.
 	RowsQuarantined int
+	// RowsNotReset is how many rows were neither reset nor settled.
+	RowsNotReset int
 	// PeersChecked and PeersDead describe a scan.
 	PeersChecked, PeersDead int
 	// Attempt counts heartbeat failures in the current outage.

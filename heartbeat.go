@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync/atomic"
@@ -86,12 +87,19 @@ func (w *Worker) beat(parent context.Context) error {
 
 	w.rows.assert.Lock()
 	defer w.rows.assert.Unlock()
-	tracked, unremoved := w.rows.snapshot()
+	if err := w.rotateLocked(ctx); err != nil {
+		// A released row is tracked again: writing it under the old
+		// incarnation would hide it from recovery.
+		w.stats.heartbeatFailures.Add(1)
+		return fmt.Errorf("new incarnation: %w", err)
+	}
+	tracked, unremoved, incarnation := w.rows.snapshot()
 
 	sentAt := time.Now()
 	pipe := w.rdb.Pipeline()
 	set := pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
 	pipe.SAdd(ctx, w.registry, w.opts.instanceID)
+	pipe.Set(ctx, w.keys.Incarnation, incarnation, w.incarnationTTL())
 	if len(unremoved) > 0 {
 		pipe.SRem(ctx, w.keys.Rows, unremoved...)
 	}

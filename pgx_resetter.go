@@ -6,8 +6,8 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"slices"
-	"strconv"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -49,14 +49,20 @@ type PgxResetter struct {
 	byIDs   query  // reset the rows among $ids
 	byOwner query  // reset every row of one owner (sweep)
 	owners  string // list the owners of rows in progress
+
+	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
 }
 
 type resetterOptions struct {
 	schema, table, idColumn, statusColumn string
 	ownerColumn, countColumn              string
 	inprog, queued, terminal              string
+	done                                  []string
 	maxRecoveries                         int
 	chunkSize                             int
+	ledgerTable                           string
+	noLedger                              bool
+	ledgerRetention                       time.Duration
 }
 
 // A ResetterOption configures a PgxResetter.
@@ -95,6 +101,15 @@ func WithStatusColumn(name string) ResetterOption {
 // ("inprog") and DefaultQueuedStatus ("queued").
 func WithStatuses(inprog, queued string) ResetterOption {
 	return resetterOptionFunc(func(o *resetterOptions) { o.inprog, o.queued = inprog, queued })
+}
+
+// WithDoneStatuses lists every status a finished row can have. Recovery
+// uses it to tell a row a dead worker finished (left alone, as it should
+// be) from a row it could not reset because a status is misconfigured
+// (kept and reported, see ResetResult.NotReset). Each must differ from the
+// in-progress status. Default: DefaultDoneStatus ("done").
+func WithDoneStatuses(statuses ...string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) { o.done = slices.Clone(statuses) })
 }
 
 // WithChunkSize sets how many row IDs one UPDATE carries; it must be
@@ -152,7 +167,11 @@ func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) 
 		statusColumn: DefaultStatusColumn,
 		inprog:       DefaultInProgressStatus,
 		queued:       DefaultQueuedStatus,
+		done:         []string{DefaultDoneStatus},
 		chunkSize:    DefaultResetChunkSize,
+
+		ledgerTable:     DefaultLedgerTable,
+		ledgerRetention: DefaultLedgerRetention,
 	}
 	for _, opt := range opts {
 		if opt == nil {
@@ -209,6 +228,21 @@ func (o *resetterOptions) validate() error {
 	if o.inprog == o.queued {
 		return fmt.Errorf("%w: in-progress and queued statuses are both %q", ErrInvalidConfig, o.inprog)
 	}
+	for _, d := range o.done {
+		if d == "" || d == o.inprog {
+			return fmt.Errorf("%w: done status %q must not be empty nor the in-progress status", ErrInvalidConfig, d)
+		}
+	}
+	if o.usesLedger() {
+		switch {
+		case o.ledgerTable == "" || strings.ContainsRune(o.ledgerTable, 0):
+			return fmt.Errorf("%w: reset ledger table name %q is empty or contains a NUL byte", ErrInvalidConfig, clip(o.ledgerTable))
+		case len(o.ledgerTable)+len("_reset_at") > maxIdentifierLen:
+			return fmt.Errorf("%w: reset ledger table name %q is longer than %d bytes", ErrInvalidConfig, clip(o.ledgerTable), maxIdentifierLen-len("_reset_at"))
+		case o.ledgerRetention < time.Hour:
+			return fmt.Errorf("%w: reset ledger retention %v must be at least an hour", ErrInvalidConfig, o.ledgerRetention)
+		}
+	}
 	if o.chunkSize <= 0 {
 		return fmt.Errorf("%w: chunk size %d must be positive", ErrInvalidConfig, o.chunkSize)
 	}
@@ -234,101 +268,6 @@ func (o *resetterOptions) tableIdent() string {
 	return ident(o.table)
 }
 
-// query is a statement and the order of its arguments.
-type query struct {
-	sql  string
-	args []string // names of the values, in $n order: "ids", "owner", ...
-}
-
-// resetQuery builds the reset statement. It locks the matching rows in ID
-// order, updates them with the status guard (and the owner guard when
-// fencing), and returns the number changed and the IDs quarantined:
-//
-//	WITH locked AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE),
-//	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...)
-//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
-//
-// byOwner selects every row of $owner instead of the rows among $ids.
-func (o *resetterOptions) resetQuery(byOwner bool) query {
-	var q query
-	param := func(name string) string {
-		q.args = append(q.args, name)
-		return "$" + strconv.Itoa(len(q.args))
-	}
-	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
-
-	var match []string
-	if !byOwner {
-		match = append(match, fmt.Sprintf("%s = ANY(%s::bigint[])", id, param("ids")))
-	}
-	inprog := param("inprog")
-	match = append(match, fmt.Sprintf("%s = %s", status, inprog))
-	var owner string
-	if o.ownerColumn != "" {
-		owner = param("owner")
-		match = append(match, fmt.Sprintf("%s = %s", ident(o.ownerColumn), owner))
-	}
-
-	newStatus, terminal := param("queued"), ""
-	if o.maxRecoveries > 0 {
-		terminal = param("terminal")
-		// Comparing both statuses with the column here gives the parameters
-		// the column's type before the CASE below would make them text,
-		// which an enum column refuses. Always true: both differ from the
-		// in-progress status (validate checks).
-		match = append(match, fmt.Sprintf("%s <> %s AND %s <> %s", status, newStatus, status, terminal))
-		newStatus = fmt.Sprintf("CASE WHEN r.%s + 1 >= %s THEN %s ELSE %s END",
-			ident(o.countColumn), param("max"), terminal, newStatus)
-	}
-	set := []string{fmt.Sprintf("%s = %s", status, newStatus)}
-	if o.ownerColumn != "" {
-		set = append(set, ident(o.ownerColumn)+" = NULL")
-	}
-	if o.countColumn != "" {
-		set = append(set, fmt.Sprintf("%s = r.%s + 1", ident(o.countColumn), ident(o.countColumn)))
-	}
-	guard := []string{fmt.Sprintf("r.%s = %s", status, inprog)}
-	if owner != "" {
-		guard = append(guard, fmt.Sprintf("r.%s = %s", ident(o.ownerColumn), owner))
-	}
-	quarantined := "NULL::bigint[]"
-	if o.maxRecoveries > 0 {
-		quarantined = fmt.Sprintf("array_agg(id) FILTER (WHERE st = %s)", terminal)
-	}
-	q.sql = fmt.Sprintf(`WITH locked AS (
-	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s FOR UPDATE
-), changed AS (
-	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
-	RETURNING r.%[1]s AS id, r.%[6]s AS st
-)
-SELECT count(*), %[7]s FROM changed`,
-		id, table, strings.Join(match, " AND "), strings.Join(set, ", "),
-		strings.Join(guard, " AND "), status, quarantined)
-	return q
-}
-
-// bind returns the arguments of q.
-func (r *PgxResetter) bind(q query, ids []int64, owner string) []any {
-	args := make([]any, len(q.args))
-	for i, name := range q.args {
-		switch name {
-		case "ids":
-			args[i] = ids
-		case "inprog":
-			args[i] = r.o.inprog
-		case "queued":
-			args[i] = r.o.queued
-		case "owner":
-			args[i] = owner
-		case "max":
-			args[i] = r.o.maxRecoveries
-		case "terminal":
-			args[i] = r.o.terminal
-		}
-	}
-	return args
-}
-
 // FencesByOwner reports whether resets are guarded by owner
 // (WithOwnerColumn). It implements OwnerFencer.
 func (r *PgxResetter) FencesByOwner() bool { return r.owners != "" }
@@ -350,29 +289,50 @@ func (r *PgxResetter) ResetRows(ctx context.Context, deadInstanceID string, rowI
 }
 
 // ResetRowsReport is ResetRows that also returns the rows quarantined by
-// WithMaxRecoveries. All chunks run in one transaction, in ascending ID
-// order. A deadlock or serialization failure is retried with backoff.
+// WithMaxRecoveries and the rows it could not reset. With the reset
+// ledger, the resets are recorded under an unknown ("") incarnation.
 func (r *PgxResetter) ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error) {
-	if len(rowIDs) == 0 {
+	return r.ResetIncarnation(ctx, ResetRequest{InstanceID: deadInstanceID, RowIDs: rowIDs})
+}
+
+// ResetIncarnation resets the rows of req in one transaction, in chunks in
+// ascending ID order; a deadlock or serialization failure is retried with
+// backoff. With the reset ledger (no owner column) it skips the rows a
+// committed reset of the same instance and incarnation already changed,
+// and records the ones it changes, in the same transaction. It implements
+// IncarnationResetter.
+func (r *PgxResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if len(req.RowIDs) == 0 {
 		return ResetResult{}, nil
 	}
-	ids := slices.Clone(rowIDs)
+	ids := slices.Clone(req.RowIDs)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
+		if r.o.usesLedger() {
+			if err := r.lockIncarnation(ctx, tx, req.InstanceID, req.Incarnation); err != nil {
+				return ResetResult{}, err
+			}
+		}
 		var total ResetResult
 		for chunk := range slices.Chunk(ids, r.o.chunkSize) {
-			res, err := r.run(ctx, tx, r.byIDs, chunk, deadInstanceID)
+			res, err := r.run(ctx, tx, r.byIDs, resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation})
 			if err != nil {
 				return ResetResult{}, err
 			}
 			total.Reset += res.Reset
 			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+			total.NotReset = append(total.NotReset, res.NotReset...)
+		}
+		if r.o.usesLedger() {
+			if err := r.cleanLedger(ctx, tx); err != nil {
+				return ResetResult{}, err
+			}
 		}
 		return total, nil
 	})
 	if err != nil {
-		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", deadInstanceID, err)
+		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, r.explainLedgerError(err))
 	}
 	return res, nil
 }
@@ -401,7 +361,7 @@ func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
 	}
 	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
-		return r.run(ctx, tx, r.byOwner, nil, owner)
+		return r.run(ctx, tx, r.byOwner, resetValues{owner: owner})
 	})
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
@@ -420,10 +380,17 @@ func (r *PgxResetter) dbQuery(ctx context.Context, sql string, args ...any) (pgx
 	return nil, errors.New("database handle cannot run queries")
 }
 
-func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, ids []int64, owner string) (ResetResult, error) {
-	var res ResetResult
-	if err := tx.QueryRow(ctx, q.sql, r.bind(q, ids, owner)...).Scan(&res.Reset, &res.Quarantined); err != nil {
+func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, v resetValues) (ResetResult, error) {
+	var (
+		res          ResetResult
+		restIDs      []int64
+		restStatuses []string
+	)
+	if err := tx.QueryRow(ctx, q.sql, r.bind(q, v)...).Scan(&res.Reset, &res.Quarantined, &restIDs, &restStatuses); err != nil {
 		return ResetResult{}, err
+	}
+	for i, id := range restIDs {
+		res.NotReset = append(res.NotReset, RowState{ID: id, Status: restStatuses[i]})
 	}
 	return res, nil
 }

@@ -11,6 +11,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/alya/recovery/internal/keys"
 	"github.com/alya/recovery/internal/scripts"
 )
@@ -53,10 +55,20 @@ type PeerRecovery struct {
 	// InvalidMembers lists rows-set members that are not decimal int64 row
 	// IDs; they were skipped.
 	InvalidMembers []string
+	// NotReset lists rows that were neither reset nor shown to be settled
+	// (see ResetResult.NotReset). The peer's rows set and registry entry
+	// were kept, and the recovery returned an error wrapping
+	// ErrRowsNotReset, so it is tried again by the next scan.
+	NotReset []RowState
 	// PeerCameBack is set when the peer's heartbeat reappeared during the
-	// recovery: its rows set was kept (minus the rows reset) and it stays
+	// recovery: its rows set was left as the peer keeps it, and it stays
 	// registered.
 	PeerCameBack bool
+	// NoRecord is set when Redis held neither a rows set nor an
+	// incarnation for the peer: it died without rows, or its keys expired
+	// or were lost before anyone recovered it. It was deregistered and is
+	// not counted as recovered.
+	NoRecord bool
 }
 
 // PeerError is a recovery failure that concerns one peer. The peer's rows
@@ -97,8 +109,8 @@ func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 	defer func() {
 		rep.Duration = time.Since(start)
 		w.stats.scans.Add(1)
-		if err != nil {
-			w.stats.errors.Add(uint64(len(unjoin(err))))
+		if err != nil && rep.DeadPeers == 0 {
+			w.stats.errors.Add(1) // the scan itself failed; peer failures are counted by recoverDead
 		}
 		w.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
 			PeersDead: rep.DeadPeers, Duration: rep.Duration, Err: err})
@@ -124,32 +136,53 @@ func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 	}
 	var errs []error
 	for _, peer := range dead {
-		err := ctx.Err()
-		var pr PeerRecovery
-		claimed := false
-		if err == nil {
-			pr, claimed, err = w.recoverPeer(ctx, peer)
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			continue
 		}
+		pr, claimed, err := w.recoverDead(ctx, peer, "registry", noticed)
 		switch {
 		case err != nil:
 			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
-			w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, Err: err})
 		case !claimed:
 			rep.Skipped = append(rep.Skipped, peer)
 		default:
 			rep.Recovered = append(rep.Recovered, pr)
 			rep.RowsReset += pr.RowsReset
-			w.countRecovered(pr, "registry", time.Since(noticed))
 		}
 	}
 	return rep, errors.Join(errs...)
 }
 
-// countRecovered counts and emits one peer's recovery.
-func (w *Worker) countRecovered(pr PeerRecovery, foundBy string, took time.Duration) {
-	w.stats.peersRecovered.Add(1)
+// recoverDead recovers one peer found dead by foundBy ("registry" or
+// "expiry") and counts and emits what happened: the one path both take.
+// A failure is counted and emitted here, and returned for the caller to
+// report.
+func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
+	pr, claimed, err := w.recoverPeer(ctx, peer)
+	// Rows reset before a failure are reset: count them either way.
 	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
 	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+	if len(pr.NotReset) > 0 {
+		w.stats.rowsNotReset.Add(uint64(len(pr.NotReset)))
+		w.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
+			RowsReset: pr.RowsReset, RowsNotReset: len(pr.NotReset), Err: err})
+	}
+	if err != nil {
+		w.stats.errors.Add(1)
+		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+		return pr, claimed, err
+	}
+	if claimed && !pr.NoRecord {
+		w.countRecovered(pr, foundBy, time.Since(noticed))
+	}
+	return pr, claimed, nil
+}
+
+// countRecovered counts and emits one peer's recovery. Rows are counted by
+// the caller.
+func (w *Worker) countRecovered(pr PeerRecovery, foundBy string, took time.Duration) {
+	w.stats.peersRecovered.Add(1)
 	w.emit(Event{Kind: EventRowsRecovered, PeerID: pr.InstanceID, FoundBy: foundBy,
 		Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined), Duration: took})
 }
@@ -163,6 +196,13 @@ func (w *Worker) claimTTL() time.Duration {
 
 // recoverPeer recovers one dead peer under a claim. claimed is false when
 // the peer was left alone (alive again, or claimed by another worker).
+//
+// Each step survives a lost reply and a crash. The claim and finish
+// scripts answer a retry as they answered the first call. A crash after
+// the claim leaves it to expire (claim TTL); after the reset's COMMIT, the
+// next recoverer finds the rows settled (owner guard) or recorded in the
+// reset ledger, so it resets nothing twice; after Finish, only the
+// deregistration is left, which the next scan does.
 func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery, claimed bool, err error) {
 	rep.InstanceID = peer
 	k := keys.For(w.opts.keyPrefix, peer)
@@ -173,17 +213,30 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 	defer cancel()
 
 	opCtx, opCancel := w.opContext(ctx)
-	res, err := scripts.Claim.Run(opCtx, w.rdb, []string{k.Heartbeat, k.Claim},
-		token, w.claimTTL().Milliseconds()).Int()
+	res, err := scripts.Claim.Run(opCtx, w.rdb, []string{k.Heartbeat, k.Claim, k.Rows, k.Incarnation},
+		token, w.claimTTL().Milliseconds(), w.opts.rowsTTL.Milliseconds()).Int()
 	opCancel()
 	if err != nil {
 		return rep, false, fmt.Errorf("claim: %w", err)
 	}
-	if res != scripts.ClaimTaken {
+	switch res {
+	case scripts.ClaimTaken:
+	case scripts.ClaimTakenNoRecord:
+		rep.NoRecord = true
+	case scripts.ClaimTakenLost:
+		rep.NoRecord = true
+		// An earlier recovery failed and the peer's record is gone since:
+		// nothing in Redis says which rows it held any more. Deregister it
+		// (there is nothing left to try) and say so loudly.
+		if err := w.finish(ctx, parent, peer, k, token, &rep); err != nil {
+			return rep, true, err
+		}
+		return rep, true, fmt.Errorf("%w: %s", ErrRowsSetLost, peer)
+	default:
 		return rep, false, nil
 	}
 
-	members, err := w.readRows(ctx, k.Rows)
+	incarnation, members, err := w.readRows(ctx, k)
 	if err != nil {
 		w.releaseClaim(k.Claim, token)
 		return rep, true, err
@@ -193,42 +246,49 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 
 	if len(ids) > 0 {
 		resetCtx, resetCancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-		res, err := resetRows(resetCtx, w.resetter, peer, ids)
+		res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: peer, Incarnation: incarnation, RowIDs: ids})
 		resetCancel()
 		if err != nil {
 			w.releaseClaim(k.Claim, token)
 			return rep, true, fmt.Errorf("reset %d rows of %s: %w", len(ids), peer, err)
 		}
-		rep.RowsReset, rep.Quarantined = res.Reset, res.Quarantined
+		rep.RowsReset, rep.Quarantined, rep.NotReset = res.Reset, res.Quarantined, res.NotReset
+		if len(res.NotReset) > 0 {
+			// Forgetting the set now would lose these rows for good: keep it
+			// and the registry entry, and try again at the next scan.
+			w.releaseClaim(k.Claim, token)
+			first := res.NotReset[0]
+			return rep, true, fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)",
+				ErrRowsNotReset, len(res.NotReset), len(ids), peer, first.ID, clip(first.Status))
+		}
 	}
 
-	opCtx, opCancel = w.opContext(ctx)
+	return rep, true, w.finish(ctx, parent, peer, k, token, &rep)
+}
+
+// finish runs the finish script and, if the peer is still dead,
+// deregisters it (on parent: it needs no claim).
+func (w *Worker) finish(ctx, parent context.Context, peer string, k keys.Keys, token string, rep *PeerRecovery) error {
+	opCtx, opCancel := w.opContext(ctx)
 	defer opCancel()
-	fin, err := scripts.Finish.Run(opCtx, w.rdb, []string{k.Heartbeat, k.Rows, k.Claim}, token).Int()
+	fin, err := scripts.Finish.Run(opCtx, w.rdb, []string{k.Heartbeat, k.Rows, k.Claim, k.Incarnation},
+		token, w.tombstoneTTL().Milliseconds()).Int()
 	if err != nil {
-		return rep, true, fmt.Errorf("delete rows set after reset: %w", err)
+		return fmt.Errorf("delete rows set after reset: %w", err)
 	}
 	switch fin {
 	case scripts.FinishLost:
-		return rep, true, fmt.Errorf("claim on %s expired before the rows set could be deleted", peer)
+		return fmt.Errorf("claim on %s expired before the rows set could be deleted", peer)
 	case scripts.FinishBack:
 		rep.PeerCameBack = true
-		if len(members) > 0 {
-			pipe := w.rdb.Pipeline()
-			for chunk := range slices.Chunk(members, readRowsBatch) {
-				pipe.SRem(opCtx, k.Rows, toArgs(chunk)...)
-			}
-			if _, err := pipe.Exec(opCtx); err != nil {
-				return rep, true, fmt.Errorf("remove reset rows from the set of returned peer: %w", err)
-			}
-		}
-		return rep, true, nil
+		return nil
 	}
-	if err := w.deregister(parent, peer); err != nil {
-		return rep, true, err
-	}
-	return rep, true, nil
+	return w.deregister(parent, peer)
 }
+
+// tombstoneTTL is how long a finished claim keeps its result for a retry
+// of the finish script: longer than go-redis's retries of one call.
+func (w *Worker) tombstoneTTL() time.Duration { return 2 * w.opts.opTimeout }
 
 // readRowsBatch is how many members one SSCAN asks for. Small sets (up to
 // 512 integers) come back whole in one call; a huge one is read in pieces,
@@ -236,9 +296,22 @@ func (w *Worker) recoverPeer(ctx context.Context, peer string) (rep PeerRecovery
 // still recovered and the server is never blocked for long.
 const readRowsBatch = 10000
 
-// readRows returns the members of a rows set (without duplicates: SSCAN
-// may repeat one).
-func (w *Worker) readRows(ctx context.Context, key string) ([]string, error) {
+// readRows returns the incarnation of a peer's rows set ("" if it has
+// none: a worker of an older version) and the set's members (without
+// duplicates: SSCAN may repeat one).
+func (w *Worker) readRows(ctx context.Context, k keys.Keys) (incarnation string, members []string, err error) {
+	opCtx, cancel := w.opContext(ctx)
+	incarnation, err = w.rdb.Get(opCtx, k.Incarnation).Result()
+	cancel()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", nil, fmt.Errorf("read incarnation %s: %w", k.Incarnation, err)
+	}
+	members, err = w.scanSet(ctx, k.Rows)
+	return incarnation, members, err
+}
+
+// scanSet returns the members of a set, read with SSCAN in pages.
+func (w *Worker) scanSet(ctx context.Context, key string) ([]string, error) {
 	var (
 		out    []string
 		seen   map[string]struct{}
@@ -271,12 +344,16 @@ func (w *Worker) readRows(ctx context.Context, key string) ([]string, error) {
 }
 
 // releaseClaim gives the claim up after a failure so the next scan, by any
-// worker, can try again at once instead of waiting out its TTL. It runs on
-// its own context: the recovery context may be the thing that ended.
+// worker, can try again at once instead of waiting out its TTL, and leaves
+// a note that this recovery failed (scripts.Fail): if the peer's rows set
+// is gone by the next try, that recoverer knows rows were lost. The note
+// lives as long as a rows set renewed now. It runs on its own context: the
+// recovery context may be the thing that ended.
 func (w *Worker) releaseClaim(key, token string) {
 	ctx, cancel := w.opContext(context.Background())
 	defer cancel()
-	if err := scripts.Release.Run(ctx, w.rdb, []string{key}, token).Err(); err != nil {
+	note := satAdd(w.opts.rowsTTL, w.opts.recoveryInterval)
+	if err := scripts.Fail.Run(ctx, w.rdb, []string{key}, token, note.Milliseconds()).Err(); err != nil {
 		w.log.Warn("release recovery claim; it expires by itself",
 			slog.String("claim_key", key), slog.Any("error", err))
 	}
@@ -341,25 +418,17 @@ func (w *Worker) runRecovery(ctx context.Context) {
 // recoverExpired recovers one peer whose heartbeat expiry Redis just
 // announced. Every subscribed worker hears it; the claim lets one act.
 func (w *Worker) recoverExpired(ctx context.Context, l *recoveryLog, peer string) {
-	noticed := time.Now()
 	w.stats.peersDead.Add(1)
 	w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: "expiry"})
-	pr, claimed, err := w.recoverPeer(ctx, peer)
+	pr, claimed, err := w.recoverDead(ctx, peer, "expiry", time.Now())
 	if ctx.Err() != nil {
 		return
 	}
 	switch {
 	case err != nil:
-		w.stats.errors.Add(1)
-		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: "expiry", Err: err})
-		if !l.failing[peer] {
-			l.failing[peer] = true
-			w.log.Warn("recovery of dead peer failed; will retry",
-				slog.String("peer_id", peer), slog.Any("error", err))
-		}
+		l.peerFailed(peer, err)
 	case claimed:
-		delete(l.failing, peer)
-		w.countRecovered(pr, "expiry", time.Since(noticed))
+		l.peerRecovered(pr, "expiry")
 		w.log.Info("dead peer found: heartbeat expired", slog.String("peer_id", peer), slog.String("found_by", "expiry"))
 		l.recovered(pr, "expiry")
 	}
@@ -388,16 +457,19 @@ func (w *Worker) recoveryTick(ctx context.Context, l *recoveryLog) {
 // lease on (the default), one worker of the fleet scans per recovery
 // interval: the first whose tick finds <prefix>_SCAN_LEASE free takes it
 // for scanLeaseTTL, so the fleet's scan load stays that of one worker
-// instead of growing with the square of its size. If Redis cannot be asked,
-// the worker scans anyway: the scan reports the outage.
+// instead of growing with the square of its size. The lease holds the
+// instance ID, so a retry after a lost reply finds this worker holding it
+// (TakeLease) instead of skipping the scan. If Redis cannot be asked, the
+// worker scans anyway: the scan reports the outage.
 func (w *Worker) takeScanLease(ctx context.Context) bool {
 	if !w.opts.scanLease {
 		return true
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	ok, err := w.rdb.SetNX(opCtx, keys.ScanLease(w.opts.keyPrefix), w.opts.instanceID, w.scanLeaseTTL()).Result()
-	return ok || err != nil
+	held, err := scripts.TakeLease.Run(opCtx, w.rdb, []string{keys.ScanLease(w.opts.keyPrefix)},
+		w.opts.instanceID, w.scanLeaseTTL().Milliseconds()).Int()
+	return held == 1 || err != nil
 }
 
 // scanLeaseTTL is 0.8 × the recovery interval, so the holder's own next
@@ -460,23 +532,57 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 			log.Info("dead peer found: heartbeat expired", slog.String("peer_id", peer))
 		}
 	}
-	nowFailing := make(map[string]bool, len(peerErrs))
 	for _, pe := range peerErrs {
-		nowFailing[pe.InstanceID] = true
-		if !l.failing[pe.InstanceID] {
-			log.Warn("recovery of dead peer failed; will retry",
-				slog.String("peer_id", pe.InstanceID), slog.Any("error", pe.Err))
-		}
+		l.peerFailed(pe.InstanceID, pe.Err)
+	}
+	stillDead := make(map[string]bool, len(rep.Dead))
+	for _, peer := range rep.Dead {
+		stillDead[peer] = true
 	}
 	for _, pr := range rep.Recovered {
+		l.peerRecovered(pr, "registry")
 		l.recovered(pr, "registry")
 	}
-	l.failing = nowFailing
+	for peer := range l.failing {
+		if !stillDead[peer] {
+			delete(l.failing, peer) // recovered by another worker, or back
+		}
+	}
 	log.Debug("recovery scan done",
 		slog.Int("peers_checked", rep.PeersChecked),
 		slog.Int("peers_dead", rep.DeadPeers),
 		slog.Int64("rows_reset", rep.RowsReset),
 		slog.Duration("duration", rep.Duration))
+}
+
+// peerFailed logs a failed recovery of peer, once until it succeeds. Rows
+// that could not be reset or were lost are at risk: Error; anything else
+// (PostgreSQL down) is retried: Warn.
+func (l *recoveryLog) peerFailed(peer string, err error) {
+	if l.failing[peer] {
+		return
+	}
+	l.failing[peer] = true
+	switch {
+	case errors.Is(err, ErrRowsSetLost):
+		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress; the backstop sweep (owner column) recovers them",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrRowsNotReset):
+		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	default:
+		l.w.log.Warn("recovery of dead peer failed; will retry",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	}
+}
+
+// peerRecovered notes that peer's recovery succeeded.
+func (l *recoveryLog) peerRecovered(pr PeerRecovery, source string) {
+	if l.failing[pr.InstanceID] {
+		l.w.log.Info("recovery of dead peer succeeded after failing", slog.String("peer_id", pr.InstanceID),
+			slog.String("found_by", source))
+		delete(l.failing, pr.InstanceID)
+	}
 }
 
 // recovered logs the rows reset for one dead peer, and each row

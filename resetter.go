@@ -20,6 +20,46 @@ type ResetResult struct {
 	// Quarantined lists the rows that reached their recovery limit and were
 	// set to the terminal status instead of queued (see WithMaxRecoveries).
 	Quarantined []int64
+	// NotReset lists the rows that were neither reset nor shown to be
+	// settled: not queued, not done (WithDoneStatuses), not quarantined,
+	// not held by another owner and not reset before under the same
+	// incarnation. A misspelled status is the usual cause. Recovery keeps
+	// the rows set of a peer with such rows, and tries again, instead of
+	// forgetting rows it could not reset.
+	NotReset []RowState
+}
+
+// RowState is a row as a resetter found it.
+type RowState struct {
+	// ID is the row's ID.
+	ID int64
+	// Status is the row's status, as text.
+	Status string
+}
+
+// A ResetRequest asks for the rows of one instance to be returned to the
+// queue.
+type ResetRequest struct {
+	// InstanceID is the instance the rows belong to: a dead peer, or the
+	// worker itself for Release.
+	InstanceID string
+	// Incarnation names the life of the instance's rows set; "" when it is
+	// not known (a worker of an older version). A resetter that records
+	// its resets (PgxResetter's ledger) records them under InstanceID and
+	// Incarnation, and never resets a row twice for the same pair.
+	Incarnation string
+	// RowIDs are the rows to reset.
+	RowIDs []int64
+}
+
+// An IncarnationResetter is a RowResetter that takes the whole
+// ResetRequest, so it can record each reset under the incarnation of the
+// rows set and skip rows a committed reset of the same incarnation already
+// handled. The Worker prefers it over ResetReporter and RowResetter.
+// PgxResetter implements it.
+type IncarnationResetter interface {
+	RowResetter
+	ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error)
 }
 
 // A ResetReporter is a RowResetter that can tell which rows it quarantined.
@@ -43,12 +83,15 @@ type OwnerSweeper interface {
 	ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error)
 }
 
-// resetRows calls the resetter, preferring the detailed report.
-func resetRows(ctx context.Context, r RowResetter, owner string, ids []int64) (ResetResult, error) {
-	if rr, ok := r.(ResetReporter); ok {
-		return rr.ResetRowsReport(ctx, owner, ids)
+// resetRows calls the resetter, preferring the richest interface it has.
+func resetRows(ctx context.Context, r RowResetter, req ResetRequest) (ResetResult, error) {
+	switch rr := r.(type) {
+	case IncarnationResetter:
+		return rr.ResetIncarnation(ctx, req)
+	case ResetReporter:
+		return rr.ResetRowsReport(ctx, req.InstanceID, req.RowIDs)
 	}
-	n, err := r.ResetRows(ctx, owner, ids)
+	n, err := r.ResetRows(ctx, req.InstanceID, req.RowIDs)
 	return ResetResult{Reset: n}, err
 }
 

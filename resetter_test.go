@@ -157,6 +157,7 @@ func TestPgxResetterWithSchemaAndCustomStatuses(t *testing.T) {
 	r, err := NewPgxResetter(db, WithSchema("jobs"), WithTable("items"), WithIDColumn("id"),
 		WithStatusColumn("state"), WithStatuses("RUNNING", "PENDING"))
 	require.NoError(t, err)
+	require.NoError(t, r.CreateLedger(ctx), "the ledger goes into the table's schema")
 	n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), n)

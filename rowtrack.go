@@ -24,6 +24,15 @@ type inflight struct {
 	// may have recovered them. Until the host has untracked or released
 	// every one, the lease counts as lost (lease.check).
 	stale map[int64]struct{}
+	// incarnation names the life of the rows set (keys.Keys.Incarnation).
+	// Resets without owner fencing are recorded under it, and a recorded
+	// row is never reset again for it.
+	incarnation string
+	// released are rows this worker reset itself (Release, without owner
+	// fencing) under the current incarnation. Should one be tracked again,
+	// the incarnation changes first (rotateIncarnation), or a recovery
+	// would find it in the ledger and skip it.
+	released map[int64]struct{}
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
 	// heartbeat, which re-adds ids and removes unremoved, and the deferred
@@ -41,6 +50,8 @@ func (s *inflight) init() {
 	s.ids = make(map[int64]struct{})
 	s.unremoved = make(map[int64]struct{})
 	s.stale = make(map[int64]struct{})
+	s.released = make(map[int64]struct{})
+	s.incarnation = newToken()
 }
 
 func (s *inflight) add(ids []int64) {
@@ -121,11 +132,78 @@ func (s *inflight) pendingRemovals() []any {
 	return members(s.unremoved)
 }
 
-// snapshot returns the tracked and the unremoved rows as Redis arguments.
-func (s *inflight) snapshot() (tracked, unremoved []any) {
+// snapshot returns the tracked and the unremoved rows as Redis arguments,
+// and the incarnation.
+func (s *inflight) snapshot() (tracked, unremoved []any, incarnation string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return members(s.ids), members(s.unremoved)
+	return members(s.ids), members(s.unremoved), s.incarnation
+}
+
+// currentIncarnation returns the incarnation of the rows set.
+func (s *inflight) currentIncarnation() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.incarnation
+}
+
+// markReleased records rows this worker reset itself under the current
+// incarnation.
+func (s *inflight) markReleased(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		s.released[id] = struct{}{}
+	}
+	s.mu.Unlock()
+}
+
+// retaken reports whether a row released under the current incarnation is
+// tracked again (among ids, or among all tracked rows if ids is nil).
+func (s *inflight) retaken(ids []int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.released) == 0 {
+		return false
+	}
+	if ids == nil {
+		for id := range s.released {
+			if _, ok := s.ids[id]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	for _, id := range ids {
+		if _, ok := s.released[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// rotation returns the released rows not tracked again, which must leave
+// the rows set with the old incarnation, and a new incarnation.
+func (s *inflight) rotation() (gone []any, next string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.released {
+		if _, ok := s.ids[id]; !ok {
+			gone = append(gone, strconv.FormatInt(id, 10))
+		}
+	}
+	return gone, newToken()
+}
+
+// rotated records that Redis now holds incarnation next and none of gone.
+func (s *inflight) rotated(next string, gone []any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.incarnation = next
+	clear(s.released)
+	for _, m := range gone {
+		id, _ := strconv.ParseInt(m.(string), 10, 64)
+		delete(s.unremoved, id)
+	}
 }
 
 // forgetUnremoved drops rows whose SREM has now succeeded.
@@ -188,6 +266,11 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 		return nil
 	}
 	w.rows.add(rowIDs)
+	if w.rows.retaken(rowIDs) {
+		if err := w.rotateIncarnation(ctx); err != nil {
+			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
+		}
+	}
 	pipe := w.rdb.Pipeline()
 	pipe.SAdd(ctx, w.keys.Rows, idArgs(rowIDs)...)
 	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
@@ -273,9 +356,15 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	}
-	res, err := resetRows(ctx, w.resetter, w.opts.instanceID, rowIDs)
+	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
+	res, err := resetRows(ctx, w.resetter, req)
 	if err != nil {
 		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+	}
+	if !fencesByOwner(w.resetter) {
+		// The reset is recorded under this incarnation: a row taken again
+		// must be tracked under a new one (Track rotates it).
+		w.rows.markReleased(rowIDs)
 	}
 	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
@@ -329,6 +418,42 @@ func (w *Worker) flushUntracked(ctx context.Context) {
 		w.rows.forgetUnremoved(pending)
 		w.retrack(opCtx, pending)
 	}
+}
+
+// rotateIncarnation gives the rows set a new incarnation, in one
+// transaction with the removal of the released rows not tracked again:
+// under the new incarnation every member is a row this worker holds, none
+// recorded in the ledger. The rows tracked again are written back after
+// (retrack), in case a Track of one was answered before the SREM. It takes
+// the rows-set lock; rotateLocked is for a caller that holds it.
+func (w *Worker) rotateIncarnation(ctx context.Context) error {
+	w.rows.assert.Lock()
+	defer w.rows.assert.Unlock()
+	return w.rotateLocked(ctx)
+}
+
+func (w *Worker) rotateLocked(ctx context.Context) error {
+	if !w.rows.retaken(nil) {
+		return nil // done meanwhile
+	}
+	gone, next := w.rows.rotation()
+	pipe := w.rdb.TxPipeline()
+	if len(gone) > 0 {
+		pipe.SRem(ctx, w.keys.Rows, gone...)
+	}
+	pipe.Set(ctx, w.keys.Incarnation, next, w.incarnationTTL())
+	if _, err := pipe.Exec(ctx); err != nil {
+		return err
+	}
+	w.rows.rotated(next, gone)
+	w.retrack(ctx, gone)
+	return nil
+}
+
+// incarnationTTL outlives the rows set by a heartbeat interval: the
+// heartbeat writes both, Track renews only the set.
+func (w *Worker) incarnationTTL() time.Duration {
+	return satAdd(w.opts.rowsTTL, w.opts.heartbeatInterval)
 }
 
 // retrack writes back the rows among removed that are tracked again: a

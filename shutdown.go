@@ -44,7 +44,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if w.cleaned {
 		return w.events.close(ctx)
 	}
-	tracked, unremoved := w.rows.snapshot()
+	tracked, unremoved, _ := w.rows.snapshot()
 	pipe := w.rdb.Pipeline()
 	pipe.Del(ctx, w.keys.Heartbeat)
 	if len(tracked) == 0 {

@@ -36,6 +36,9 @@ type Stats struct {
 	RowsQuarantined uint64
 	// RowsReleased counts rows handed back by Release.
 	RowsReleased uint64
+	// RowsNotReset counts rows recovery found but could neither reset nor
+	// show to be settled, once per attempt (see ResetResult.NotReset).
+	RowsNotReset uint64
 	// Errors counts failed scans, failed peer recoveries and failed sweeps.
 	Errors uint64
 	// EventsDropped counts events the observer did not receive.
@@ -47,7 +50,7 @@ type counters struct {
 	heartbeats, heartbeatFailures, leaseLosses atomic.Uint64
 	scans, peersDead, peersRecovered           atomic.Uint64
 	rowsRecovered, rowsQuarantined             atomic.Uint64
-	rowsReleased, errors                       atomic.Uint64
+	rowsReleased, rowsNotReset, errors         atomic.Uint64
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
 }
 
@@ -67,6 +70,7 @@ func (w *Worker) Stats() Stats {
 		RowsRecovered:     w.stats.rowsRecovered.Load(),
 		RowsQuarantined:   w.stats.rowsQuarantined.Load(),
 		RowsReleased:      w.stats.rowsReleased.Load(),
+		RowsNotReset:      w.stats.rowsNotReset.Load(),
 		Errors:            w.stats.errors.Load(),
 		EventsDropped:     w.events.dropped.Load(),
 	}

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -223,7 +224,7 @@ func (e *env) assertTracked(p *proc) {
 // others lose their lease, hand their blocks back, and re-register.
 func TestScenario06RedisUnreachableForTwiceTheTTL(t *testing.T) {
 	e := newEnv(t, "6 Redis unreachable for 2x TTL, then back", envConfig{rows: 300})
-	proxy, err := NewProxy(e.redisSrv.Addr)
+	proxy, err := netfault.NewProxy(e.redisSrv.Addr)
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
 	viaProxy := strings.Replace(e.redisURL, e.redisSrv.Addr, proxy.Addr, 1)

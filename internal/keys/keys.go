@@ -7,7 +7,10 @@
 //	<prefix>_{<instanceID>}_HEARTBEAT  string "alive", TTL = heartbeat TTL
 //	<prefix>_{<instanceID>}_ROWS       set of decimal row IDs, TTL = rows TTL
 //	<prefix>_{<instanceID>}_RECOVERY   string claim token of the recoverer, PX
+//	<prefix>_{<instanceID>}_INCARNATION string token of the rows set's life, TTL > rows TTL
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
+//	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner, PX
+//	<prefix>_SWEEP_LEASE               string token of the backstop sweeper, PX
 //
 // The braces are a Redis Cluster hash tag: every key of one instance hashes
 // to the same slot, so a script or transaction over them runs on Cluster.
@@ -31,6 +34,7 @@ const (
 	heartbeatSuffix = "_HEARTBEAT"
 	rowsSuffix      = "_ROWS"
 	claimSuffix     = "_RECOVERY"
+	incSuffix       = "_INCARNATION"
 	registrySuffix  = "_WORKER_REGISTRY"
 	// HeartbeatValue is what a live worker's heartbeat key holds.
 	HeartbeatValue = "alive"
@@ -41,6 +45,11 @@ type Keys struct {
 	Heartbeat string
 	Rows      string
 	Claim     string
+	// Incarnation holds the token that names the life of the rows set:
+	// resets without owner fencing are recorded in PostgreSQL under it, so
+	// a retried recovery never resets a row twice. Added in the second
+	// protocol version; workers of the first neither write nor read it.
+	Incarnation string
 }
 
 // For returns the key names of instance id under prefix. It does not
@@ -51,6 +60,8 @@ func For(prefix, id string) Keys {
 		Heartbeat: tag + heartbeatSuffix,
 		Rows:      tag + rowsSuffix,
 		Claim:     tag + claimSuffix,
+
+		Incarnation: tag + incSuffix,
 	}
 }
 

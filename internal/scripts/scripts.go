@@ -1,67 +1,129 @@
-// Package scripts holds the Lua scripts the recovery loop runs. Each script
-// touches the keys of one instance only, which share a hash tag, so it runs
+// Package scripts holds the Lua scripts of the recovery protocol. Claim,
+// Finish and Release touch the keys of one instance only, which share a
+// hash tag; TakeLease touches one fleet-wide key. So every script runs
 // unchanged on Redis Cluster.
+//
+// Every script is idempotent for its caller: go-redis retries a command
+// whose reply was lost (MaxRetries, 3 by default), and a retry must have
+// the effect of one call, never report "held by someone else" for a claim
+// the caller itself took, nor "claim lost" for a recovery it finished.
 package scripts
 
 import "github.com/redis/go-redis/v9"
 
 // Claim results.
 const (
-	ClaimTaken = 1  // the caller now holds the claim
-	ClaimAlive = 0  // the heartbeat exists: the peer is not dead
-	ClaimHeld  = -1 // another recoverer holds the claim
-	FinishDone = 1  // rows set and claim deleted
-	FinishBack = 2  // claim deleted, rows set kept: the peer's heartbeat is back
-	FinishLost = 0  // the claim expired or was taken over: nothing deleted
+	ClaimTaken         = 1  // the caller now holds the claim; the peer has a rows set or incarnation
+	ClaimTakenNoRecord = 2  // the caller holds the claim; the peer has neither (it died without rows)
+	ClaimTakenLost     = 3  // as ClaimTakenNoRecord, but an earlier recovery of the peer failed: its record was lost
+	ClaimAlive         = 0  // the heartbeat exists: the peer is not dead
+	ClaimHeld          = -1 // another recoverer holds the claim
+)
+
+// FailedClaim is the value a failed recovery leaves in the claim key (see
+// Fail): not a claim, a note for the next recoverer.
+const FailedClaim = "failed"
+
+
+// Finish results.
+const (
+	FinishDone = 1 // rows set, incarnation and claim deleted
+	FinishBack = 2 // claim deleted, rows set kept: the peer's heartbeat is back
+	FinishLost = 0 // the claim expired or was taken over: nothing deleted
 )
 
 // Claim atomically re-checks that the peer's heartbeat is absent and takes
-// the recovery claim.
+// the recovery claim. Taking it also renews the TTL of the peer's rows set
+// and incarnation: a dead peer's rows must stay known for as long as
+// recoverers keep trying (a PostgreSQL outage of hours, recoverers dying
+// mid-way), so the TTL only ever removes sets nobody tries to recover. A
+// retry by the same caller (same token) finds its own claim and answers as
+// the first call did. The note a failed recovery left (FailedClaim) is
+// taken over; if the peer's record is gone despite it, the answer says so.
 //
-//	KEYS[1] heartbeat key, KEYS[2] claim key
-//	ARGV[1] claim token, ARGV[2] claim TTL in milliseconds
+//	KEYS[1] heartbeat, KEYS[2] claim, KEYS[3] rows set, KEYS[4] incarnation
+//	ARGV[1] claim token, ARGV[2] claim TTL ms, ARGV[3] rows TTL ms
 var Claim = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
-if redis.call('SET', KEYS[2], ARGV[1], 'NX', 'PX', ARGV[2]) then
+local held = redis.call('GET', KEYS[2])
+local failed = false
+if held == ARGV[1] or held == 'lost:' .. ARGV[1] then
+  -- a retry of our own call
+elseif held == '` + FailedClaim + `' then
+  failed = true
+elseif held then
+  return -1
+end
+if redis.call('EXISTS', KEYS[3]) + redis.call('EXISTS', KEYS[4]) > 0 then
+  redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+  redis.call('PEXPIRE', KEYS[3], ARGV[3])
+  redis.call('PEXPIRE', KEYS[4], ARGV[3])
   return 1
 end
-return -1
+if failed or held == 'lost:' .. ARGV[1] then
+  redis.call('SET', KEYS[2], 'lost:' .. ARGV[1], 'PX', ARGV[2])
+  return 3
+end
+redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
+return 2
 `)
 
 // Finish ends a recovery the caller holds the claim for. If the heartbeat is
-// still absent it deletes the rows set, as the design's step 5 does; if the
-// peer came back meanwhile it keeps the set (the caller removes only the
-// members it reset). Either way it deletes the claim.
+// still absent it deletes the rows set and the incarnation, as the design's
+// step 5 does. If the peer came back meanwhile (it was only paused) it
+// leaves the rows set alone: whatever the peer wrote there since is live
+// tracking, and rows the reset handled are fenced by owner or recorded in
+// the reset ledger, so a later recovery never resets them again. Either way
+// it replaces the claim with a short tombstone that holds the result, so a
+// retry of this call after a lost reply answers the same instead of
+// FinishLost.
 //
-//	KEYS[1] heartbeat key, KEYS[2] rows key, KEYS[3] claim key
-//	ARGV[1] claim token
+//	KEYS[1] heartbeat, KEYS[2] rows set, KEYS[3] claim, KEYS[4] incarnation
+//	ARGV[1] claim token, ARGV[2] tombstone TTL ms
 var Finish = redis.NewScript(`
-if redis.call('GET', KEYS[3]) ~= ARGV[1] then
-  return 0
+local held = redis.call('GET', KEYS[3])
+if held == 'lost:' .. ARGV[1] then
+  held = ARGV[1]
 end
-redis.call('DEL', KEYS[3])
-if redis.call('EXISTS', KEYS[1]) == 1 then
+if held == 'done:1:' .. ARGV[1] then
+  return 1
+end
+if held == 'done:2:' .. ARGV[1] then
   return 2
 end
-redis.call('DEL', KEYS[2])
-return 1
+if held ~= ARGV[1] then
+  return 0
+end
+local result = 2
+if redis.call('EXISTS', KEYS[1]) == 0 then
+  redis.call('DEL', KEYS[2], KEYS[4])
+  result = 1
+end
+redis.call('SET', KEYS[3], 'done:' .. result .. ':' .. ARGV[1], 'PX', ARGV[2])
+return result
 `)
 
-// Release deletes the claim if the caller still holds it.
+// Fail gives up a claim the caller holds after a failed recovery: it
+// replaces the claim with FailedClaim, which the next recoverer's Claim
+// takes over at once and which tells it that the peer's rows were not
+// reset yet. A retry finds the note and does nothing.
 //
 //	KEYS[1] claim key
-//	ARGV[1] claim token
-var Release = redis.NewScript(`
-if redis.call('GET', KEYS[1]) == ARGV[1] then
-  return redis.call('DEL', KEYS[1])
+//	ARGV[1] claim token, ARGV[2] TTL of the note in ms
+var Fail = redis.NewScript(`
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] or held == 'lost:' .. ARGV[1] then
+  redis.call('SET', KEYS[1], '` + FailedClaim + `', 'PX', ARGV[2])
+  return 1
 end
 return 0
 `)
 
 // TakeLease takes a fleet-wide lease, or extends it if the caller holds it
-// already: the holder keeps the lease for as long as it renews it.
+// already: the holder keeps the lease for as long as it renews it, and a
+// retry after a lost reply finds the caller holding it.
 //
 //	KEYS[1] lease key
 //	ARGV[1] holder token, ARGV[2] TTL in milliseconds

@@ -96,6 +96,13 @@ CREATE TABLE batchrows (
 	recoveries int NOT NULL DEFAULT 0
 );
 CREATE INDEX batchrows_status ON batchrows (status);
+CREATE TABLE recovery_ledger (
+	instance_id text        NOT NULL,
+	incarnation text        NOT NULL,
+	row_id      bigint      NOT NULL,
+	reset_at    timestamptz NOT NULL DEFAULT now(),
+	PRIMARY KEY (instance_id, incarnation, row_id)
+);
 `
 
 // CreateBatch creates the BatchSchema tables in pool's schema and one batch

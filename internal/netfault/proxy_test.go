@@ -1,7 +1,8 @@
-package faults
+package netfault
 
 import (
 	"bufio"
+	"errors"
 	"io"
 	"net"
 	"testing"
@@ -79,4 +80,57 @@ func TestProxyForwardsBlackHolesWhileCutAndForwardsAgainAfterRestore(t *testing.
 
 	require.NoError(t, p.Close())
 	require.NoError(t, p.Close(), "closing twice is harmless")
+}
+
+func TestDropReplyToLosesOneReplyAfterTheServerGotTheRequest(t *testing.T) {
+	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	received := make(chan string, 10)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			go func() {
+				defer c.Close()
+				r := bufio.NewReader(c)
+				for {
+					line, err := r.ReadString('\n')
+					if err != nil {
+						return
+					}
+					received <- line
+					_, _ = c.Write([]byte(line))
+				}
+			}()
+		}
+	}()
+	defer ln.Close()
+	p, err := NewProxy(ln.Addr().String())
+	require.NoError(t, err)
+	defer p.Close()
+
+	dropped := p.DropReplyTo([]byte("two"))
+	c, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	defer c.Close()
+	got, err := roundTrip(c, "one", time.Second)
+	require.NoError(t, err, "a request without the marker is answered")
+	assert.Equal(t, "one\n", got)
+	_, err = roundTrip(c, "two", time.Second)
+	require.Error(t, err, "the reply to the marked request is lost")
+	var ne net.Error
+	assert.False(t, errors.As(err, &ne) && ne.Timeout(), "the connection ends, it does not hang: %v", err)
+	<-dropped
+	assert.Equal(t, "one\n", <-received)
+	assert.Equal(t, "two\n", <-received, "the server got the request")
+
+	c2, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	defer c2.Close()
+	got, err = roundTrip(c2, "two", time.Second)
+	require.NoError(t, err, "armed once: the next request with the marker is answered")
+	assert.Equal(t, "two\n", got)
 }

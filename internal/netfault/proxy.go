@@ -1,9 +1,13 @@
-package faults
+// Package netfault injects network faults between a test's clients and
+// the real servers they talk to: a TCP proxy on loopback that can be cut
+// (a partition) or made to lose the reply to one chosen request after the
+// server executed it.
+package netfault
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"sync"
 	"time"
@@ -28,12 +32,20 @@ type Proxy struct {
 	cut    bool
 	closed bool
 	pairs  map[*pair]struct{}
+	drop   *dropArm // armed by DropReplyTo
 }
 
 // pair is one client connection and, while forwarded, its upstream.
 type pair struct {
 	client, server net.Conn
-	held           bool // cut off: bytes are dropped, the client is closed on Restore
+	held           bool     // cut off: bytes are dropped, the client is closed on Restore
+	dropNext       *dropArm // the server's next reply is lost
+}
+
+// dropArm is one armed DropReplyTo.
+type dropArm struct {
+	marker []byte
+	done   chan struct{}
 }
 
 // NewProxy listens on a free loopback port and forwards every connection
@@ -104,7 +116,7 @@ func (p *Proxy) serve(client net.Conn) {
 		down.Add(1)
 		go func() { // server to client
 			defer down.Done()
-			_, _ = io.Copy(client, pr.server)
+			p.copyReplies(pr)
 			p.mu.Lock()
 			held := pr.held
 			p.mu.Unlock()
@@ -120,6 +132,11 @@ func (p *Proxy) serve(client net.Conn) {
 	for {
 		n, err := client.Read(buf)
 		if n > 0 && forward {
+			p.mu.Lock()
+			if p.drop != nil && bytes.Contains(buf[:n], p.drop.marker) {
+				pr.dropNext, p.drop = p.drop, nil
+			}
+			p.mu.Unlock()
 			if _, werr := pr.server.Write(buf[:n]); werr != nil {
 				forward = false
 			}
@@ -136,6 +153,48 @@ func (p *Proxy) serve(client net.Conn) {
 	p.mu.Lock()
 	delete(p.pairs, pr)
 	p.mu.Unlock()
+}
+
+// copyReplies forwards the server's bytes to the client until either side
+// ends; a reply the pair must lose is read, dropped, and ends both
+// connections, as a network failing right after the server answered.
+func (p *Proxy) copyReplies(pr *pair) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := pr.server.Read(buf)
+		if n > 0 {
+			p.mu.Lock()
+			arm := pr.dropNext
+			pr.dropNext = nil
+			p.mu.Unlock()
+			if arm != nil {
+				pr.client.Close()
+				pr.server.Close()
+				close(arm.done)
+				return
+			}
+			if _, werr := pr.client.Write(buf[:n]); werr != nil {
+				return
+			}
+		}
+		if err != nil {
+			return
+		}
+	}
+}
+
+// DropReplyTo arms the proxy once: the next request a client sends whose
+// bytes contain marker is forwarded to the server, and the server's reply
+// to it is thrown away and both connections closed. The client sees its
+// connection end after the server executed the request (go-redis then
+// retries it; a database driver reports an unknown outcome). The returned
+// channel is closed once the reply was dropped.
+func (p *Proxy) DropReplyTo(marker []byte) <-chan struct{} {
+	arm := &dropArm{marker: bytes.Clone(marker), done: make(chan struct{})}
+	p.mu.Lock()
+	p.drop = arm
+	p.mu.Unlock()
+	return arm.done
 }
 
 // Cut turns the proxy into a black hole until Restore.

@@ -1,0 +1,171 @@
+package recovery
+
+import (
+	"fmt"
+	"strconv"
+	"strings"
+)
+
+// query is a statement and the names of its arguments, in $n order.
+type query struct {
+	sql  string
+	args []string // "ids", "inprog", "owner", ...
+}
+
+// param returns the placeholder of the value called name, adding it the
+// first time: a value used twice is passed once.
+func (q *query) param(name string) string {
+	for i, n := range q.args {
+		if n == name {
+			return "$" + strconv.Itoa(i+1)
+		}
+	}
+	q.args = append(q.args, name)
+	return "$" + strconv.Itoa(len(q.args))
+}
+
+// resetValues are the values a reset statement is run with.
+type resetValues struct {
+	ids         []int64
+	owner       string // the instance whose rows these are
+	incarnation string
+}
+
+// bind returns the arguments of q.
+func (r *PgxResetter) bind(q query, v resetValues) []any {
+	args := make([]any, len(q.args))
+	for i, name := range q.args {
+		switch name {
+		case "ids":
+			args[i] = v.ids
+		case "inprog":
+			args[i] = r.o.inprog
+		case "queued":
+			args[i] = r.o.queued
+		case "owner":
+			args[i] = v.owner
+		case "incarnation":
+			args[i] = v.incarnation
+		case "max":
+			args[i] = r.o.maxRecoveries
+		case "terminal":
+			args[i] = r.o.terminal
+		case "settled":
+			args[i] = r.o.settled()
+		}
+	}
+	return args
+}
+
+// settled are the statuses of a row that needs no reset: queued, done, or
+// quarantined.
+func (o *resetterOptions) settled() []string {
+	out := append([]string{o.queued}, o.done...)
+	if o.maxRecoveries > 0 {
+		out = append(out, o.terminal)
+	}
+	return out
+}
+
+// resetQuery builds the reset statement. It locks the matching rows in ID
+// order, updates them with the status guard (and the owner guard when
+// fencing), records them in the ledger (when there is one), and returns
+// the number changed, the IDs quarantined and, for a reset by IDs, the rows
+// neither changed nor settled:
+//
+//	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE),
+//	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...),
+//	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed),  -- ledger only
+//	     rest    AS (SELECT id, status FROM t WHERE id = ANY($ids) AND not changed AND not settled)
+//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal), rest ids, rest statuses FROM changed
+//
+// byOwner selects every row of $owner instead of the rows among $ids.
+func (o *resetterOptions) resetQuery(byOwner bool) query {
+	var q query
+	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
+	ledger := !byOwner && o.usesLedger()
+	fenced := o.ownerColumn != ""
+
+	// inLedger is true for a row of table alias t that a committed reset
+	// of the same incarnation already handled.
+	inLedger := func(t string) string {
+		return fmt.Sprintf("EXISTS (SELECT 1 FROM %s AS l WHERE l.instance_id = %s::text AND l.incarnation = %s::text AND l.row_id = %s.%s)",
+			o.ledgerIdent(), q.param("owner"), q.param("incarnation"), t, id)
+	}
+
+	var match []string
+	if !byOwner {
+		match = append(match, fmt.Sprintf("%s = ANY(%s::bigint[])", id, q.param("ids")))
+	}
+	inprog := q.param("inprog")
+	match = append(match, fmt.Sprintf("%s = %s", status, inprog))
+	if fenced {
+		match = append(match, fmt.Sprintf("%s = %s::text", ident(o.ownerColumn), q.param("owner")))
+	}
+	if ledger {
+		match = append(match, "NOT "+inLedger(table))
+	}
+
+	newStatus, terminal := q.param("queued"), ""
+	if o.maxRecoveries > 0 {
+		terminal = q.param("terminal")
+		// Comparing both statuses with the column here gives the parameters
+		// the column's type before the CASE below would make them text,
+		// which an enum column refuses. Always true: both differ from the
+		// in-progress status (validate checks).
+		match = append(match, fmt.Sprintf("%s <> %s AND %s <> %s", status, newStatus, status, terminal))
+		newStatus = fmt.Sprintf("CASE WHEN r.%s + 1 >= %s THEN %s ELSE %s END",
+			ident(o.countColumn), q.param("max"), terminal, newStatus)
+	}
+	set := []string{fmt.Sprintf("%s = %s", status, newStatus)}
+	if fenced {
+		set = append(set, ident(o.ownerColumn)+" = NULL")
+	}
+	if o.countColumn != "" {
+		set = append(set, fmt.Sprintf("%s = r.%s + 1", ident(o.countColumn), ident(o.countColumn)))
+	}
+	guard := []string{fmt.Sprintf("r.%s = %s", status, inprog)}
+	if fenced {
+		guard = append(guard, fmt.Sprintf("r.%s = %s::text", ident(o.ownerColumn), q.param("owner")))
+	}
+	quarantined := "NULL::bigint[]"
+	if o.maxRecoveries > 0 {
+		quarantined = fmt.Sprintf("array_agg(id) FILTER (WHERE st = %s)", terminal)
+	}
+
+	var sql strings.Builder
+	fmt.Fprintf(&sql, `WITH locked AS (
+	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s FOR UPDATE
+), changed AS (
+	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
+	RETURNING r.%[1]s AS id, r.%[6]s AS st
+)`, id, table, strings.Join(match, " AND "), strings.Join(set, ", "), strings.Join(guard, " AND "), status)
+	if ledger {
+		fmt.Fprintf(&sql, `, logged AS (
+	INSERT INTO %s (instance_id, incarnation, row_id)
+	SELECT %s::text, %s::text, id FROM changed ON CONFLICT DO NOTHING
+)`, o.ledgerIdent(), q.param("owner"), q.param("incarnation"))
+	}
+	rest := "NULL::bigint[], NULL::text[]"
+	if !byOwner {
+		// A row not changed is settled when its status says so, when
+		// another worker owns it now (fencing), or when the ledger shows
+		// it was reset before under this incarnation.
+		settled := []string{fmt.Sprintf("t.%s::text = ANY(%s::text[])", status, q.param("settled"))}
+		if fenced {
+			settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), q.param("owner")))
+		}
+		if ledger {
+			settled = append(settled, inLedger("t"))
+		}
+		fmt.Fprintf(&sql, `, rest AS (
+	SELECT t.%[1]s AS id, coalesce(t.%[2]s::text, '') AS st FROM %[3]s AS t
+	WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND NOT EXISTS (SELECT 1 FROM changed AS c WHERE c.id = t.%[1]s)
+	AND (%[5]s) IS NOT TRUE
+)`, id, status, table, q.param("ids"), strings.Join(settled, " OR "))
+		rest = "(SELECT array_agg(id ORDER BY id) FROM rest), (SELECT array_agg(st ORDER BY id) FROM rest)"
+	}
+	fmt.Fprintf(&sql, "\nSELECT count(*), %s, %s FROM changed", quarantined, rest)
+	q.sql = sql.String()
+	return q
+}
