@@ -28,13 +28,17 @@ type RecoveryReport struct {
 	Dead []string
 	// Recovered lists the dead peers whose recovery this scan completed.
 	Recovered []PeerRecovery
+	// Failed lists dead peers whose recovery failed (the error says why),
+	// with what was done before the failure: rows reset, and rows found
+	// but neither reset nor settled (PeerRecovery.NotReset).
+	Failed []PeerRecovery
 	// Skipped lists dead peers left alone: another worker held the
 	// recovery claim, or the heartbeat came back before the claim.
 	Skipped []string
 	// InvalidMembers lists registry members that are not valid instance
 	// IDs. They are left in the registry and ignored.
 	InvalidMembers []string
-	// RowsReset is the sum of RowsReset over Recovered.
+	// RowsReset is the sum of RowsReset over Recovered and Failed.
 	RowsReset int64
 	// Duration is how long the scan took.
 	Duration time.Duration
@@ -144,6 +148,8 @@ func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 		switch {
 		case err != nil:
 			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			rep.Failed = append(rep.Failed, pr)
+			rep.RowsReset += pr.RowsReset
 		case !claimed:
 			rep.Skipped = append(rep.Skipped, peer)
 		default:

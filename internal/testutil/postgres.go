@@ -3,7 +3,9 @@ package testutil
 import (
 	"context"
 	"errors"
+	"net"
 	"os"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -133,3 +135,29 @@ func startPostgres() (string, error) {
 }
 
 var errNoPostgresBinaries = servers.ErrNoPostgresBinaries
+
+// PoolVia returns a pool like pool (same database, user and search_path)
+// that connects through addr, a proxy in front of the same server; it is
+// closed when the test ends.
+func PoolVia(t testing.TB, pool *pgxpool.Pool, addr string) *pgxpool.Pool {
+	t.Helper()
+	cfg := pool.Config()
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		t.Fatalf("proxy address %q: %v", addr, err)
+	}
+	p, err := strconv.ParseUint(port, 10, 16)
+	if err != nil {
+		t.Fatalf("proxy port %q: %v", port, err)
+	}
+	cfg.ConnConfig.Host, cfg.ConnConfig.Port = host, uint16(p)
+	cfg.ConnConfig.Fallbacks = nil
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	via, err := pgxpool.NewWithConfig(ctx, cfg)
+	if err != nil {
+		t.Fatalf("open pool through %s: %v", addr, err)
+	}
+	t.Cleanup(via.Close)
+	return via
+}
