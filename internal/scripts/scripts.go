@@ -24,7 +24,6 @@ const (
 // Fail): not a claim, a note for the next recoverer.
 const FailedClaim = "failed"
 
-
 // Finish results.
 const (
 	FinishDone = 1 // rows set, incarnation and claim deleted
