@@ -111,7 +111,8 @@ func (w *Worker) subscribeExpired(ctx context.Context) ([]*redis.PubSub, error) 
 
 // watchExpired forwards the IDs of peers whose heartbeat expired, as one
 // master reports them, to the recovery loop until ctx is done; then it
-// closes the subscription.
+// closes the subscription. A peer is forwarded only if deadPeers, asked
+// then, finds it dead.
 func (w *Worker) watchExpired(ctx context.Context, ps *redis.PubSub) {
 	defer ps.Close()
 	prefix, suffix := w.opts.keyPrefix+"_{", "}_HEARTBEAT"
@@ -130,6 +131,12 @@ func (w *Worker) watchExpired(ctx context.Context, ps *redis.PubSub) {
 			}
 			id := key[len(prefix) : len(key)-len(suffix)]
 			if id == w.opts.instanceID || keys.ValidateName(id) != nil {
+				continue
+			}
+			// The event is a hint; the verdict is deadPeers', as for a
+			// scan: the key may be back, or the server may have restarted
+			// too recently for an absent heartbeat to mean death.
+			if dead, err := w.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
 				continue
 			}
 			select {

@@ -480,10 +480,22 @@ func (w *Worker) takeScanLease(ctx context.Context) bool {
 
 // scanLeaseTTL is 0.8 × the recovery interval, so the holder's own next
 // tick (at least 0.9 × the interval later) finds the lease free, but never
-// more than the heartbeat TTL: a holder that dies right after taking the
-// lease has released it by the time its heartbeat expires, so the next
-// tick of any peer after that scans, and worst-case recovery stays
-// heartbeat TTL + recovery interval (+ jitter) whatever the ratio of the two.
+// more than the heartbeat TTL, so a holder that dies right after taking the
+// lease has released it by the time its own heartbeat expires.
+//
+// The lease adds to the detection bound. Let the holder scan at t0 while a
+// peer V is alive, and V's heartbeat expire just after. If the holder
+// lives, its next tick scans by t0 + 1.1 × interval (+ its scan): within
+// TTL + 1.1 × interval of V's last heartbeat. If the holder dies at once,
+// nobody scans until the lease ends at t0 + L; a worker whose tick came
+// just before that skipped it, and its next tick comes up to 1.1 ×
+// interval later. So the worst case from V's last heartbeat to its rows
+// queued is TTL + 1.1 × interval + L (+ one scan), L = min(0.8 × interval,
+// TTL): 60 + 66 + 48 = 174 s by default, and that is the bound README and
+// docs state. A shorter lease would shrink the term but let a large fleet
+// scan every L instead of every interval; the lease cannot be dropped from
+// the bound without rescheduling skipped ticks to the lease's end
+// (TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease).
 func (w *Worker) scanLeaseTTL() time.Duration {
 	return min(w.opts.recoveryInterval*8/10, w.opts.heartbeatTTL)
 }

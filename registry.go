@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -36,8 +37,14 @@ func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, 
 	return peers, invalid, nil
 }
 
-// deadPeers returns the peers whose heartbeat key is absent. It asks about
-// all of them in one pipelined round trip (one per node on Cluster).
+// deadPeers returns the peers whose heartbeat key is absent on a node that
+// has been up long enough for the absence to mean death. It asks about all
+// of them in one pipelined round trip (one per node on Cluster); only if a
+// heartbeat is absent, it then asks that key's node its age (nodeage.go),
+// once per node: a server restarted from an old snapshot or a promoted
+// replica may lack the heartbeats of live workers for up to one heartbeat
+// interval. The scan, the backstop sweep and expiry events all get their
+// verdicts here.
 func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error) {
 	if len(peers) == 0 {
 		return nil, nil
@@ -49,8 +56,9 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 	for i, id := range peers {
 		cmds[i] = pipe.Exists(opCtx, keys.For(w.opts.keyPrefix, id).Heartbeat)
 	}
+	sent := time.Now()
 	_, err := pipe.Exec(opCtx)
-	var dead []string
+	var dead, deadKeys []string
 	failed := 0
 	for i, c := range cmds {
 		switch {
@@ -58,12 +66,16 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 			failed++ // unknown, not dead: on Cluster one node may be down
 		case c.Val() == 0:
 			dead = append(dead, peers[i])
+			deadKeys = append(deadKeys, keys.For(w.opts.keyPrefix, peers[i]).Heartbeat)
 		}
 	}
 	if failed == len(cmds) {
 		return nil, fmt.Errorf("check heartbeats of %d peers: %w", len(peers), err)
 	}
-	return dead, nil
+	if len(dead) == 0 {
+		return nil, nil
+	}
+	return w.youngNodeHolds(ctx, dead, deadKeys, sent), nil
 }
 
 // deregister removes a dead peer from the registry. If the peer's heartbeat

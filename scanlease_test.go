@@ -167,3 +167,38 @@ func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, 48*time.Second, w.scanLeaseTTL(), "0.8 x the 60s recovery interval")
 }
+
+// The worst case of the stated bound: the lease holder scans just before a
+// peer's heartbeat expires and dies; another worker's tick comes just
+// before the lease ends (skipped) and its next one a jittered interval
+// later. Recovery then comes TTL + 1.1 × interval + the scan lease after
+// the dead peer's last heartbeat, as README and docs/design.md state (the
+// scan itself aside), and no later.
+func TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	const ttl, interval = 2 * time.Second, time.Second // fast()
+	stated := ttl + interval*11/10 + min(interval*8/10, ttl)
+	plantDeadPeer(t, rdb, "ALYA", "V", "1")
+	require.NoError(t, rdb.Set(ctx, "ALYA_{V}_HEARTBEAT", "alive", ttl).Err()) // V's last heartbeat: now
+	elapsed := time.Duration(0)
+	advance := func(d time.Duration) { mr.FastForward(d); elapsed += d }
+	holder, _ := newWorker(t, rdb, &fakeResetter{}, "holder")
+	r := &fakeResetter{}
+	other, _ := newWorker(t, rdb, r, "other")
+
+	advance(ttl - time.Millisecond)
+	holder.recoveryTick(ctx, newRecoveryLog(holder))
+	require.Equal(t, uint64(1), holder.Stats().Scans, "the holder scans while V is alive")
+	require.Empty(t, holder.Stats().PeersDead)
+	advance(2 * time.Millisecond) // V's heartbeat expires; the holder dies
+	advance(holder.scanLeaseTTL() - 3*time.Millisecond)
+	other.recoveryTick(ctx, newRecoveryLog(other))
+	require.Zero(t, other.Stats().Scans, "a tick just before the lease ends is skipped")
+	advance(interval * 11 / 10) // the next tick, jitter at its worst
+	other.recoveryTick(ctx, newRecoveryLog(other))
+
+	assert.Equal(t, []int64{1}, r.resetOf("V"))
+	assert.LessOrEqual(t, elapsed, stated, "recovered within TTL + 1.1 × interval + the scan lease of V's last heartbeat")
+	assert.Greater(t, elapsed, ttl+interval*11/10, "the lease adds to TTL + 1.1 × interval")
+}

@@ -49,6 +49,7 @@ type Worker struct {
 	rows   inflight   // rowtrack.go
 	lease  lease      // heartbeat.go
 	swept  sweepState // sweep.go
+	nodes  nodeAges   // nodeage.go
 	stats  counters   // stats.go
 	events dispatcher // events.go
 
@@ -130,6 +131,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: first heartbeat: %w", w.opts.instanceID, err)
 	}
 	w.warnIfEvicting(ctx)
+	w.observeNodes(ctx)
 	var subs []*redis.PubSub
 	if w.opts.expiry && w.prepareNotifications(ctx) {
 		var err error

@@ -173,10 +173,30 @@ func (s *RedisServer) Kill() {
 	s.cmd = nil
 }
 
-// Restart kills the server and starts it again, empty, on the same port.
+// Restart kills the server and starts it again, empty, on the same port
+// (a snapshot taken with SAVE is deleted first).
 func (s *RedisServer) Restart() {
 	s.t.Helper()
 	s.Kill()
+	if err := os.Remove(s.dir + "/dump.rdb"); err != nil && !os.IsNotExist(err) {
+		s.t.Fatalf("remove snapshot: %v", err)
+	}
+	s.restart()
+}
+
+// RestartKeepingData kills the server with SIGKILL and starts it again on
+// the same port and directory, so it loads the last snapshot taken with
+// SAVE or BGSAVE (dump.rdb), as a server restarted from its RDB file does:
+// keys whose TTL ran out since the snapshot are gone, the others are back
+// with the absolute expiry times they had.
+func (s *RedisServer) RestartKeepingData() {
+	s.t.Helper()
+	s.Kill()
+	s.restart()
+}
+
+func (s *RedisServer) restart() {
+	s.t.Helper()
 	var err error
 	for range 50 { // the port may linger for a moment
 		if err = s.start(); err == nil {

@@ -1,0 +1,287 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Node age: no death verdict from a Redis server that may have forgotten
+// live heartbeats and has not been up long enough for every live worker to
+// write its heartbeat again.
+//
+// A server restarted from an RDB (or AOF) file written more than a TTL ago
+// brings back the registry and rows sets, while the heartbeats in the file
+// have already expired; a promoted replica may lack the last heartbeat
+// writes its old master acknowledged. Until each live worker's next
+// heartbeat (at most one heartbeat interval, < 0.9 × TTL, after it can reach
+// the server again) such a server reports live workers dead. So an absent
+// heartbeat counts only if the EXISTS that saw it was sent at least one
+// heartbeat TTL after the latest moment the answering node may have started
+// with old data or been promoted ("since" below).
+//
+// The node is asked (INFO server, replication, persistence: one round trip)
+// only when one of its heartbeat keys was found absent, after that EXISTS,
+// so a restart between the two is seen too: never on the Track/Untrack
+// path, at most once per scan per node. What the worker saw is remembered
+// per node (the only server, or a Cluster master's address), and:
+//
+//   - a node started with data (keys loaded from disk, AOF on, or data it
+//     got as a replica) less than a TTL ago: since = its start, from
+//     uptime_in_seconds;
+//   - a node whose run_id or master_replid differs from what the worker saw
+//     before, or a Cluster master the worker did not know while it knew the
+//     others, that was promoted or restarted from a file (second_repl_offset
+//     set): since = now, the promotion time being unknown but not later;
+//   - a node that answers as a replica: no verdict this time.
+//
+// A server that started empty cannot hold a stale registry, so it holds
+// nothing back. Start records every master, so a failover after Start is a
+// change; a Worker that first looks at a node within a TTL after that node
+// was promoted can only go by its uptime (docs/safety.md).
+
+// nodeFacts is what one INFO says about a node.
+type nodeFacts struct {
+	runID, replID string
+	master        bool
+	uptime        time.Duration // uptime_in_seconds: now − start, both in whole Unix seconds
+	// withData: the node may have started with data older than its start:
+	// keys loaded from a file, AOF on, or an unknown count (Redis < 7).
+	withData bool
+	// shifted: second_repl_offset is set: the node was promoted, or
+	// restarted from a file, since its start.
+	shifted bool
+}
+
+// parseNodeFacts reads the INFO server, replication and persistence
+// sections. run_id, uptime_in_seconds and role are required.
+func parseNodeFacts(info string) (nodeFacts, error) {
+	var (
+		f                         nodeFacts
+		haveRun, haveUp, haveRole bool
+		loaded                    = "" // rdb_last_load_keys_loaded; absent before Redis 7
+		aof                       bool
+	)
+	for _, line := range strings.Split(info, "\n") {
+		k, v, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok {
+			continue
+		}
+		switch k {
+		case "run_id":
+			f.runID, haveRun = v, true
+		case "uptime_in_seconds":
+			n, err := strconv.ParseInt(v, 10, 64)
+			if err != nil || n < 0 {
+				return f, fmt.Errorf("INFO uptime_in_seconds %q", v)
+			}
+			f.uptime, haveUp = time.Duration(min(n, 1<<32))*time.Second, true
+		case "role":
+			f.master, haveRole = v == "master", true
+		case "master_replid":
+			f.replID = v
+		case "second_repl_offset":
+			f.shifted = v != "-1"
+		case "rdb_last_load_keys_loaded":
+			loaded = v
+		case "aof_enabled":
+			aof = v == "1"
+		}
+	}
+	if !haveRun || !haveUp || !haveRole {
+		return f, fmt.Errorf("INFO lacks run_id, uptime_in_seconds or role")
+	}
+	f.withData = loaded != "0" || aof || f.shifted
+	return f, nil
+}
+
+// nodeSeen is what a worker remembers of one node.
+type nodeSeen struct {
+	runID, replID string
+	since         time.Time // zero: nothing to hold back for
+	warned        bool      // the hold was logged
+}
+
+// nodeAges is the worker's memory of the nodes it asked.
+type nodeAges struct {
+	mu          sync.Mutex
+	nodes       map[string]*nodeSeen
+	infoFailing bool // INFO could not be read; logged once per outage
+}
+
+// observe records what an INFO answered at recv says about the node at
+// addr and returns the moment verdicts from it may count again (zero: now).
+// first reports a hold not logged yet. initial is set for the look at
+// Start, when no master is new to the worker for having changed.
+func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Duration, initial bool) (until time.Time, first bool) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if !f.master {
+		return recv.Add(ttl), false // a replica, or a stale route: ask again next time
+	}
+	if a.nodes == nil {
+		a.nodes = make(map[string]*nodeSeen)
+	}
+	s, known := a.nodes[addr]
+	if !known || s.runID != f.runID || s.replID != f.replID {
+		changed := known || (!initial && len(a.nodes) > 0)
+		ns := &nodeSeen{runID: f.runID, replID: f.replID}
+		// uptime_in_seconds is the difference of two whole Unix seconds:
+		// it overstates the time since the start by up to a second.
+		if up := max(f.uptime-time.Second, 0); f.withData && up < ttl {
+			ns.since = recv.Add(-up)
+		}
+		if changed && f.shifted {
+			ns.since = recv
+		}
+		a.nodes[addr] = ns
+		s = ns
+	}
+	if s.since.IsZero() || !recv.Before(s.since.Add(ttl)) {
+		return time.Time{}, false
+	}
+	first = !s.warned
+	s.warned = true
+	return s.since.Add(ttl), first
+}
+
+// nodeInfo asks one node for the facts of its age in one round trip.
+func (w *Worker) nodeInfo(ctx context.Context, c redis.UniversalClient) (nodeFacts, error) {
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	pipe := c.Pipeline()
+	cmds := []*redis.StringCmd{
+		pipe.Info(opCtx, "server"), pipe.Info(opCtx, "replication"), pipe.Info(opCtx, "persistence"),
+	}
+	if _, err := pipe.Exec(opCtx); err != nil {
+		return nodeFacts{}, fmt.Errorf("read INFO: %w", err)
+	}
+	var b strings.Builder
+	for _, c := range cmds {
+		b.WriteString(c.Val())
+		b.WriteByte('\n')
+	}
+	return parseNodeFacts(b.String())
+}
+
+// nodeOf returns the client of the node that holds key, and its name in
+// the worker's memory: the address of a Cluster master, "" otherwise.
+func (w *Worker) nodeOf(ctx context.Context, key string) (redis.UniversalClient, string, error) {
+	cc, ok := w.rdb.(*redis.ClusterClient)
+	if !ok {
+		return w.rdb, "", nil
+	}
+	c, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return nil, "", fmt.Errorf("find the node of %s: %w", key, err)
+	}
+	return c, c.Options().Addr, nil
+}
+
+// observeNodes records every master as it is now, so that a restart or a
+// failover after this is seen as a change. Start calls it; a failure only
+// leaves the memory empty.
+func (w *Worker) observeNodes(ctx context.Context) {
+	now := time.Now()
+	_ = w.forEachMaster(ctx, func(ctx context.Context, c redis.UniversalClient) error {
+		f, err := w.nodeInfo(ctx, c)
+		if err != nil {
+			return err
+		}
+		addr := ""
+		if cl, ok := c.(*redis.Client); ok && w.isCluster() {
+			addr = cl.Options().Addr
+		}
+		w.nodes.observe(addr, f, now, w.opts.heartbeatTTL, true)
+		return nil
+	})
+}
+
+func (w *Worker) isCluster() bool {
+	_, ok := w.rdb.(*redis.ClusterClient)
+	return ok
+}
+
+// youngNodeHolds returns the peers of absent whose death may be judged: it
+// drops those whose heartbeat key lives on a node that has not been up for
+// a heartbeat TTL (see above) since sent, when their EXISTS was sent. If a
+// node's INFO cannot be read (a server that forbids INFO) the peers are
+// judged as before, and that is logged once.
+func (w *Worker) youngNodeHolds(ctx context.Context, absent, heartbeatKeys []string, sent time.Time) []string {
+	type node struct {
+		c     redis.UniversalClient
+		peers []int
+	}
+	byAddr := map[string]*node{}
+	var order []string
+	kept := make([]bool, len(absent))
+	for i, key := range heartbeatKeys {
+		c, addr, err := w.nodeOf(ctx, key)
+		if err != nil {
+			continue // unknown node: not judged now
+		}
+		n, ok := byAddr[addr]
+		if !ok {
+			n = &node{c: c}
+			byAddr[addr] = n
+			order = append(order, addr)
+		}
+		n.peers = append(n.peers, i)
+	}
+	for _, addr := range order {
+		n := byAddr[addr]
+		f, err := w.nodeInfo(ctx, n.c)
+		recv := time.Now()
+		if err != nil {
+			w.infoUnavailable(err)
+			for _, i := range n.peers {
+				kept[i] = true
+			}
+			continue
+		}
+		w.infoAvailable()
+		until, first := w.nodes.observe(addr, f, recv, w.opts.heartbeatTTL, false)
+		if until.IsZero() || !sent.Before(until) {
+			for _, i := range n.peers {
+				kept[i] = true
+			}
+			continue
+		}
+		if first {
+			w.log.Warn("dead peers not judged yet: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their heartbeat again",
+				slog.String("redis_node", addr), slog.String("run_id", f.runID),
+				slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(n.peers)),
+				slog.Duration("held_for", until.Sub(recv)))
+		}
+	}
+	out := absent[:0:0]
+	for i, p := range absent {
+		if kept[i] {
+			out = append(out, p)
+		}
+	}
+	return out
+}
+
+func (w *Worker) infoUnavailable(err error) {
+	w.nodes.mu.Lock()
+	first := !w.nodes.infoFailing
+	w.nodes.infoFailing = true
+	w.nodes.mu.Unlock()
+	if first {
+		w.log.Warn("cannot read the Redis server's uptime (INFO); dead peers are judged without the restart check",
+			slog.Any("error", err))
+	}
+}
+
+func (w *Worker) infoAvailable() {
+	w.nodes.mu.Lock()
+	w.nodes.infoFailing = false
+	w.nodes.mu.Unlock()
+}

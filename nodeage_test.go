@@ -1,0 +1,251 @@
+package recovery
+
+import (
+	"context"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// timedResetter records every ResetRows call with its time and outcome, and
+// refuses the peers refuse names.
+type timedResetter struct {
+	RowResetter
+	refuse func(peer string) bool
+	mu     sync.Mutex
+	calls  []timedReset
+}
+
+type timedReset struct {
+	peer string
+	ids  []int64
+	at   time.Time
+	ok   bool
+}
+
+func (r *timedResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
+	at := time.Now()
+	if r.refuse != nil && r.refuse(peer) {
+		r.record(timedReset{peer: peer, ids: slices.Clone(ids), at: at})
+		return 0, context.DeadlineExceeded // as PostgreSQL out of reach would
+	}
+	n, err := r.RowResetter.ResetRows(ctx, peer, ids)
+	r.record(timedReset{peer: peer, ids: slices.Clone(ids), at: at, ok: err == nil})
+	return n, err
+}
+
+func (r *timedResetter) record(c timedReset) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.calls = append(r.calls, c)
+}
+
+func (r *timedResetter) of(peer string) []timedReset {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var out []timedReset
+	for _, c := range r.calls {
+		if c.peer == peer {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// F7: Redis restarts from a snapshot taken more than a heartbeat TTL ago.
+// The registry and rows sets come back, the heartbeats in the file have
+// expired: until each live worker's next heartbeat the server reports it
+// dead. No verdict may come from a server up for less than a TTL; a worker
+// that really died before the snapshot is still recovered after that.
+func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 30)
+	ctx := context.Background()
+	const ttl = time.Second
+	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithHeartbeatTTL(ttl),
+		WithHeartbeatInterval(300 * time.Millisecond), WithRecoveryInterval(300 * time.Millisecond),
+		WithRowsTTL(10 * time.Second)}
+	var dReachable atomic.Bool // D's reset fails until the restart, so D is still to recover then
+	r := &timedResetter{RowResetter: fencedResetter(t, db), refuse: func(p string) bool { return p == "D" && !dReachable.Load() }}
+
+	live := map[string][]int64{"A": {1, 2, 3, 4, 5}, "B": {11, 12, 13, 14, 15}}
+	frozen := map[string]*freezer{}
+	for id, rows := range live {
+		c := srv.Client(t)
+		frozen[id] = &freezer{}
+		c.AddHook(frozen[id])
+		w, _ := startWorker(t, c, r, id, opts...)
+		take(t, db, id, rows...)
+		require.NoError(t, w.Track(ctx, rows...))
+	}
+	d, _ := startWorker(t, srv.Client(t), r, "D", opts...)
+	dRows := []int64{21, 22, 23, 24, 25}
+	take(t, db, "D", dRows...)
+	require.NoError(t, d.Track(ctx, dRows...))
+	d.crash() // SIGKILL: D's heartbeat, registry entry and rows set stay
+
+	admin := srv.Client(t)
+	require.NoError(t, admin.Save(ctx).Err())
+	time.Sleep(ttl + 500*time.Millisecond) // every heartbeat in the snapshot has expired now
+
+	// Restart from the snapshot while A and B are between heartbeats, and
+	// let a worker that was not running look at once.
+	for _, f := range frozen {
+		f.freeze()
+	}
+	restarted := time.Now()
+	srv.RestartKeepingData()
+	dReachable.Store(true)
+	observer, logs := newWorker(t, srv.Client(t), r, "observer", opts...)
+	rep, err := observer.RecoverNow(ctx)
+	for _, f := range frozen {
+		f.thaw()
+	}
+	require.NoError(t, err)
+	assert.Empty(t, rep.Dead, "no verdict from a server up for less than a heartbeat TTL")
+	assert.Equal(t, 1, logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago"))
+
+	require.Eventually(t, func() bool {
+		for _, id := range dRows {
+			if s, _ := rowState(t, db, id); s != "queued" {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond, "D died before the snapshot: its rows come back after the grace")
+	for _, c := range r.of("D") {
+		if c.ok {
+			assert.False(t, c.at.Before(restarted.Add(ttl)),
+				"D reset %v after the restart, before a heartbeat TTL had passed", c.at.Sub(restarted))
+		}
+	}
+	time.Sleep(3 * 300 * time.Millisecond) // more scans of A and B, with their heartbeats back
+
+	for id, rows := range live {
+		assert.Empty(t, r.of(id), "rows of live worker %s passed to ResetRows", id)
+		tag, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = ANY($1) AND owner = $2 AND status = 'inprog'`, rows, id)
+		require.NoError(t, err)
+		assert.Equal(t, int64(len(rows)), tag.RowsAffected(), "live worker %s completes every row it holds", id)
+	}
+}
+
+// An expiry event from a server that has just restarted from a snapshot is
+// no verdict either: the heartbeat that expired may be a live worker's
+// stale copy from the file.
+func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
+	srv := testutil.StartRedis(t, "--notify-keyspace-events", "Ex")
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	prefix := testutil.Name("R")
+	r := &timedResetter{RowResetter: &fakeResetter{}}
+	// A long recovery interval: only the expiry event could act soon.
+	startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
+		WithRowsTTL(time.Minute), WithExpiryNotifications(false))
+
+	plantDeadPeer(t, rdb, prefix, "peer", "7")
+	require.NoError(t, rdb.Set(ctx, prefix+"_{peer}_HEARTBEAT", "alive", 1200*time.Millisecond).Err())
+	require.NoError(t, rdb.Save(ctx).Err())
+	restarted := time.Now()
+	srv.RestartKeepingData() // the heartbeat comes back and expires about a second later
+
+	require.Eventually(t, func() bool {
+		n, err := rdb.Exists(ctx, prefix+"_{peer}_HEARTBEAT").Result()
+		return err == nil && n == 0
+	}, 3*time.Second, 10*time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // the event has been heard and acted on
+	for _, c := range r.of("peer") {
+		assert.False(t, c.at.Before(restarted.Add(2*time.Second)),
+			"reset %v after the restart, before a heartbeat TTL (2s) had passed", c.at.Sub(restarted))
+	}
+}
+
+func TestParseNodeFactsReadsAgeAndOrigin(t *testing.T) {
+	info := "# Server\r\nrun_id:abc\r\nuptime_in_seconds:3\r\n# Replication\r\nrole:master\r\nmaster_replid:r1\r\nsecond_repl_offset:-1\r\n" +
+		"# Persistence\r\nrdb_last_load_keys_loaded:0\r\naof_enabled:0\r\n"
+	f, err := parseNodeFacts(info)
+	require.NoError(t, err)
+	assert.Equal(t, nodeFacts{runID: "abc", replID: "r1", master: true, uptime: 3 * time.Second}, f, "started empty")
+
+	f, err = parseNodeFacts(strings.Replace(info, "keys_loaded:0", "keys_loaded:12", 1))
+	require.NoError(t, err)
+	assert.True(t, f.withData, "keys loaded from a file")
+	f, err = parseNodeFacts(strings.Replace(info, "aof_enabled:0", "aof_enabled:1", 1))
+	require.NoError(t, err)
+	assert.True(t, f.withData, "AOF")
+	f, err = parseNodeFacts(strings.Replace(info, "rdb_last_load_keys_loaded:0\r\n", "", 1))
+	require.NoError(t, err)
+	assert.True(t, f.withData, "Redis < 7 does not say: assume data")
+	f, err = parseNodeFacts(strings.Replace(info, "second_repl_offset:-1", "second_repl_offset:51", 1))
+	require.NoError(t, err)
+	assert.True(t, f.shifted && f.withData, "promoted, or restarted from a file")
+	f, err = parseNodeFacts(strings.Replace(info, "role:master", "role:slave", 1))
+	require.NoError(t, err)
+	assert.False(t, f.master)
+
+	for _, bad := range []string{"", "run_id:abc\nrole:master\n", "run_id:abc\nuptime_in_seconds:-1\nrole:master\n"} {
+		_, err := parseNodeFacts(bad)
+		assert.Error(t, err, "%q", bad)
+	}
+}
+
+func TestNodeAgesHoldVerdictsForATTLAfterARestartWithDataOrAPromotion(t *testing.T) {
+	const ttl = 10 * time.Second
+	t0 := time.Now()
+	empty := nodeFacts{runID: "r1", replID: "x1", master: true, uptime: 3 * time.Second}
+	loaded := nodeFacts{runID: "r2", replID: "x2", master: true, uptime: 3 * time.Second, withData: true}
+	old := nodeFacts{runID: "r1", replID: "x1", master: true, uptime: time.Hour, withData: true}
+	promoted := nodeFacts{runID: "r3", replID: "x3", master: true, uptime: time.Hour, withData: true, shifted: true}
+
+	var a nodeAges
+	until, _ := a.observe("", empty, t0, ttl, false)
+	assert.True(t, until.IsZero(), "a server that started empty holds no stale registry")
+
+	a = nodeAges{}
+	until, first := a.observe("", loaded, t0, ttl, false)
+	assert.Equal(t, t0.Add(-2*time.Second).Add(ttl), until, "start with data: held a TTL from the start (uptime less its rounding)")
+	assert.True(t, first)
+	until, first = a.observe("", loaded, t0.Add(time.Second), ttl, false)
+	assert.Equal(t, t0.Add(-2*time.Second).Add(ttl), until, "the same start, remembered")
+	assert.False(t, first, "logged once")
+	until, _ = a.observe("", loaded, t0.Add(ttl), ttl, false)
+	assert.True(t, until.IsZero(), "a TTL after the start")
+
+	a = nodeAges{}
+	until, _ = a.observe("", old, t0, ttl, false)
+	assert.True(t, until.IsZero(), "up for an hour")
+	until, _ = a.observe("", promoted, t0.Add(time.Minute), ttl, false)
+	assert.Equal(t, t0.Add(time.Minute).Add(ttl), until, "another server, promoted at an unknown time: held a TTL from now")
+	until, _ = a.observe("", nodeFacts{runID: "r3", replID: "x4", master: true, uptime: time.Hour, withData: true, shifted: true}, t0.Add(time.Hour), ttl, false)
+	assert.Equal(t, t0.Add(time.Hour).Add(ttl), until, "same process, new replication ID: promoted again")
+
+	a = nodeAges{}
+	a.observe("n1", old, t0, ttl, true)
+	until, _ = a.observe("n2", promoted, t0, ttl, true)
+	assert.True(t, until.IsZero(), "the first look at a Cluster goes by uptime only")
+	until, _ = a.observe("n3", promoted, t0.Add(time.Minute), ttl, false)
+	assert.Equal(t, t0.Add(time.Minute).Add(ttl), until, "a master new to a worker that knew the Cluster: a failover")
+
+	until, _ = a.observe("n1", nodeFacts{runID: "r1", replID: "x1", uptime: time.Hour}, t0.Add(time.Minute), ttl, false)
+	assert.Equal(t, t0.Add(time.Minute).Add(ttl), until, "a node that answers as a replica gives no verdict")
+}
+
+func TestDeadPeersJudgesAsBeforeWhenTheServerHidesINFO(t *testing.T) {
+	_, rdb := newMini(t) // miniredis has no INFO server section, like a server that forbids INFO
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "scanner")
+	for range 2 {
+		dead, err := w.deadPeers(context.Background(), []string{"dead"})
+		require.NoError(t, err)
+		assert.Equal(t, []string{"dead"}, dead)
+	}
+	assert.Equal(t, 1, logs.Count("cannot read the Redis server's uptime"), "logged once")
+}
