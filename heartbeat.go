@@ -23,12 +23,8 @@ type lease struct {
 	lost atomic.Bool
 }
 
-// leaseMargin is how long before the heartbeat key could expire the worker
-// considers its lease lost: a tenth of the TTL.
-func (w *Worker) leaseMargin() time.Duration { return w.opts.heartbeatTTL / 10 }
-
 func (l *lease) renew(w *Worker, sentAt time.Time) {
-	l.until.Store(int64(sentAt.Sub(w.epoch) + w.opts.heartbeatTTL - w.leaseMargin()))
+	l.until.Store(int64(sentAt.Sub(w.epoch) + w.opts.leaseLength()))
 }
 
 func (l *lease) valid(w *Worker) bool {
@@ -37,7 +33,7 @@ func (l *lease) valid(w *Worker) bool {
 
 // sinceRefresh is how long ago the last successful heartbeat was sent.
 func (l *lease) sinceRefresh(w *Worker) time.Duration {
-	sent := time.Duration(l.until.Load()) - (w.opts.heartbeatTTL - w.leaseMargin())
+	sent := time.Duration(l.until.Load()) - w.opts.leaseLength()
 	return time.Since(w.epoch) - sent
 }
 

@@ -154,12 +154,8 @@ func (w *Worker) countRecovered(pr PeerRecovery, foundBy string, took time.Durat
 		Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined), Duration: took})
 }
 
-// claimTTL is how long a recoverer may hold a dead peer: long enough for
-// reading the rows set, the reset and the clean-up, each under its own
-// timeout, so the claim outlives the work it protects.
-func (w *Worker) claimTTL() time.Duration {
-	return w.opts.resetTimeout + 3*w.opts.opTimeout
-}
+// claimTTL is how long a recoverer may hold a dead peer (options.claimTTL).
+func (w *Worker) claimTTL() time.Duration { return w.opts.claimTTL() }
 
 // recoverPeer recovers one dead peer under a claim. claimed is false when
 // the peer was left alone (alive again, or claimed by another worker).
@@ -400,15 +396,9 @@ func (w *Worker) takeScanLease(ctx context.Context) bool {
 	return ok || err != nil
 }
 
-// scanLeaseTTL is 0.8 × the recovery interval, so the holder's own next
-// tick (at least 0.9 × the interval later) finds the lease free, but never
-// more than the heartbeat TTL: a holder that dies right after taking the
-// lease has released it by the time its heartbeat expires, so the next
-// tick of any peer after that scans, and worst-case recovery stays
-// heartbeat TTL + recovery interval (+ jitter) whatever the ratio of the two.
-func (w *Worker) scanLeaseTTL() time.Duration {
-	return min(w.opts.recoveryInterval*8/10, w.opts.heartbeatTTL)
-}
+// scanLeaseTTL is how long one worker's scan lease lasts
+// (options.scanLeaseTTL).
+func (w *Worker) scanLeaseTTL() time.Duration { return w.opts.scanLeaseTTL() }
 
 // recoveryLog logs what the recovery loop does, once per outage: a scan that
 // keeps failing, a peer that keeps failing or a garbage registry member is
