@@ -55,19 +55,25 @@ func defaultOptions() options {
 }
 
 // defaultInstanceID is <hostname>-<pid>-<unix start seconds>, as in the
-// design. The hostname is sanitized so the ID is always a valid key part.
+// design, followed by 8 random hex digits: the design's three parts alone
+// collide for containers with the same hostname and PID 1 started in the
+// same second, and for two Workers made in one process in the same second.
+// The hostname is sanitized so the ID is always a valid key part.
 func defaultInstanceID() string {
 	host, err := os.Hostname()
 	if err != nil {
 		host = "unknown"
 	}
-	return fmt.Sprintf("%s-%d-%d", keys.Sanitize(host), os.Getpid(), time.Now().Unix())
+	return fmt.Sprintf("%s-%d-%d-%s", keys.Sanitize(host), os.Getpid(), time.Now().Unix(), newToken()[:8])
 }
 
 // WithInstanceID sets the worker's identity in Redis. It must be unique in
 // the fleet and stable for the life of the process; it must not be empty or
-// contain '{', '}', whitespace or control characters. Default:
-// <hostname>-<pid>-<unix start seconds>.
+// contain '{', '}', whitespace or control characters. Two live Workers
+// with one ID share one heartbeat: neither's rows are recovered while the
+// other lives. Default: <hostname>-<pid>-<unix start seconds>-<8 random
+// hex digits>, unique per Worker even for containers with the same
+// hostname and PID started in the same second.
 func WithInstanceID(id string) Option {
 	return optionFunc(func(o *options) { o.instanceID = id })
 }
