@@ -23,6 +23,13 @@ var (
 	// consider it dead and recover its rows.
 	ErrLeaseLost = errors.New("recovery: heartbeat lease lost")
 
+	// ErrRegistryWrongType is wrapped by the error of a recovery scan that
+	// could not read the fleet's registry because its key holds something
+	// other than a set (someone wrote it by hand). Until the key is deleted
+	// no scan can find a dead peer; expiry notifications and the backstop
+	// sweep still do.
+	ErrRegistryWrongType = errors.New("recovery: worker registry key is not a set")
+
 	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
 	// return for a bad option or argument.
 	ErrInvalidConfig = errors.New("recovery: invalid configuration")

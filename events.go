@@ -41,6 +41,13 @@ const (
 	EventScanFinished
 	// EventRowsReleased: Release handed Rows of this worker's rows back.
 	EventRowsReleased
+	// EventRegistryWrongType: the fleet's registry key holds something
+	// other than a set (Err is Redis's WRONGTYPE reply), so no scan can find
+	// a dead peer and no worker can register until the key is deleted;
+	// expiry notifications and the backstop sweep still recover peers.
+	// Emitted once per outage, when a registry command first fails this
+	// way; Stats.RegistryBroken says whether it lasts.
+	EventRegistryWrongType
 )
 
 var eventNames = map[EventKind]string{
@@ -54,6 +61,7 @@ var eventNames = map[EventKind]string{
 	EventRecoveryFailed:    "recovery_failed",
 	EventScanFinished:      "scan_finished",
 	EventRowsReleased:      "rows_released",
+	EventRegistryWrongType: "registry_wrong_type",
 }
 
 // String returns the event's snake_case name.

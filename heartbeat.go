@@ -87,7 +87,7 @@ func (w *Worker) beat(parent context.Context) error {
 	sentAt := time.Now()
 	pipe := w.rdb.Pipeline()
 	set := pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
-	pipe.SAdd(ctx, w.registry, w.opts.instanceID)
+	reg := pipe.SAdd(ctx, w.registry, w.opts.instanceID)
 	if len(unremoved) > 0 {
 		pipe.SRem(ctx, w.keys.Rows, unremoved...)
 	}
@@ -95,11 +95,17 @@ func (w *Worker) beat(parent context.Context) error {
 		pipe.SAdd(ctx, w.keys.Rows, tracked...)
 	}
 	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
-	_, err := pipe.Exec(ctx)
+	cmds, err := pipe.Exec(ctx)
 	if err == nil || set.Val() == "OK" {
 		// The key is live for a TTL whatever happened to the rest (on
 		// Cluster the registry may sit on a node that is down).
 		w.lease.renew(w, sentAt)
+	}
+	w.noteRegistry(reg.Err())
+	if err != nil && failedOnlyOnWrongTypeRegistry(cmds, reg) {
+		// A registry key of the wrong type is the fleet's outage, logged
+		// once by noteRegistry; this worker's heartbeat and rows are written.
+		err = nil
 	}
 	if err != nil {
 		w.stats.heartbeatFailures.Add(1)

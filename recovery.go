@@ -427,6 +427,9 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 			scanErr = e
 		}
 	}
+	if errors.Is(scanErr, ErrRegistryWrongType) {
+		return // logged once per outage, at Error, by noteRegistry
+	}
 	if scanErr != nil {
 		if !l.scanFailing {
 			log.Warn("recovery scan failed; will retry", slog.Any("error", scanErr))

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Shutdown stops the worker: it stops the heartbeat and recovery loops and
@@ -57,8 +59,9 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	opCtx, cancel := w.opContext(ctx)
 	pipe := w.rdb.Pipeline()
 	pipe.Del(opCtx, w.keys.Heartbeat)
+	var reg redis.Cmder
 	if len(tracked) == 0 {
-		pipe.SRem(opCtx, w.registry, w.opts.instanceID)
+		reg = pipe.SRem(opCtx, w.registry, w.opts.instanceID)
 	} else {
 		// Write them back (Redis may have lost them) and stay registered,
 		// or no peer would ever look for them.
@@ -68,9 +71,15 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if len(unremoved) > 0 {
 		pipe.SRem(opCtx, w.keys.Rows, unremoved...)
 	}
-	_, err := pipe.Exec(opCtx)
+	cmds, err := pipe.Exec(opCtx)
 	cancel()
 	w.rows.assert.Unlock()
+	if reg != nil {
+		w.noteRegistry(reg.Err())
+		if err != nil && failedOnlyOnWrongTypeRegistry(cmds, reg) {
+			err = nil // a key that is not a set lists nobody: nothing to remove
+		}
+	}
 	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
