@@ -151,11 +151,21 @@ func WithScanLease(enabled bool) Option {
 // batched SREM at most linger later (a heartbeat or Shutdown sends it too
 // if that fails). It saves a round trip per row on the hot path (see the
 // host-loop figures in docs/performance.md). The price: a worker killed
-// within the linger leaves finished rows in its set; recovery passes them
-// to the resetter, whose status guard (and owner guard) leaves them
-// untouched, so with PgxResetter nothing is processed twice; a custom
-// RowResetter must guard the same way. linger must be positive and shorter
-// than the heartbeat interval. Default: off (Untrack waits for its SREM).
+// within the linger leaves finished rows in its set (a crash between the
+// host's completion COMMIT and a synchronous Untrack does too, for one
+// round trip), and recovery passes them to the resetter. While such a row
+// stays finished, PgxResetter's status guard leaves it alone. If the
+// application can put finished rows back in the queue (retries, a batch
+// run again) and another worker takes one before the dead worker's set is
+// recovered, only owner fencing (WithOwnerColumn, the host setting the
+// owner when it takes rows) keeps the reset off the new holder; without it
+// that row is reset under its holder and processed twice. So: with
+// PgxResetter nothing is processed twice if finished rows are never
+// re-queued, or with owner fencing (and instance IDs never reused, which
+// the default ID ensures); a custom RowResetter must guard the same way.
+// See docs/safety.md, "Finished rows left in a dead worker's set". linger
+// must be positive and shorter than the heartbeat interval. Default: off
+// (Untrack waits for its SREM).
 func WithDeferredUntrack(linger time.Duration) Option {
 	return optionFunc(func(o *options) { o.untrackLinger = linger; o.untrackSet = true })
 }
