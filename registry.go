@@ -100,12 +100,17 @@ func (w *Worker) deregister(ctx context.Context, peer string) error {
 	return nil
 }
 
-// failedOnlyOnWrongTypeRegistry reports whether the only command of a
-// pipeline that failed is reg, the registry command, refused with
-// WRONGTYPE: everything else the pipeline had to do was done.
+// failedOnlyOnWrongTypeRegistry reports whether reg, the registry command
+// of a pipeline, was refused with WRONGTYPE and every other command of it
+// succeeded: everything else the pipeline had to do was done. (A pipeline
+// that failed as a whole, a timeout say, may leave every command's error
+// unset: that is not this case.)
 func failedOnlyOnWrongTypeRegistry(cmds []redis.Cmder, reg redis.Cmder) bool {
+	if !isWrongType(reg.Err()) {
+		return false
+	}
 	for _, c := range cmds {
-		if err := c.Err(); err != nil && (c != reg || !isWrongType(err)) {
+		if c != reg && c.Err() != nil {
 			return false
 		}
 	}
