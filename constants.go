@@ -39,6 +39,27 @@ const (
 	DefaultResetTimeout = 30 * time.Second
 )
 
+// Bounds of every timing option (heartbeat TTL and interval, recovery
+// interval, rows TTL, operation and reset timeouts). New refuses a value
+// outside them with an ErrInvalidConfig error that names it.
+const (
+	// MinDuration is the shortest timing New accepts: Redis expiries have
+	// millisecond resolution, so a shorter TTL, lease or claim cannot be
+	// expressed.
+	MinDuration = time.Millisecond
+
+	// MaxDuration is the longest timing New accepts: a week. It is longer
+	// than any useful detection window, scan period or reset, and it keeps
+	// every duration derived from the options (the largest, the recovery
+	// claim's TTL, is at most 4 × MaxDuration) more than three orders of
+	// magnitude away from what a time.Duration holds (292 years) and from
+	// the expiry times Redis accepts, so none can overflow. There is
+	// deliberately no "no limit" reset timeout: the claim a recoverer holds
+	// during a reset must expire, or a recoverer that dies holding it
+	// blocks the dead peer's recovery forever.
+	MaxDuration = 7 * 24 * time.Hour
+)
+
 // Defaults of the PgxResetter, from the design's schema.
 const (
 	// DefaultTable is the table that holds the rows.

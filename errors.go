@@ -35,6 +35,13 @@ var (
 	// (with an owner column) recovers them.
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
 
+	// ErrRegistryWrongType is wrapped by the error of a recovery scan that
+	// could not read the fleet's registry because its key holds something
+	// other than a set (someone wrote it by hand). Until the key is deleted
+	// no scan can find a dead peer; expiry notifications and the backstop
+	// sweep still do.
+	ErrRegistryWrongType = errors.New("recovery: worker registry key is not a set")
+
 	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
 	// return for a bad option or argument.
 	ErrInvalidConfig = errors.New("recovery: invalid configuration")

@@ -46,6 +46,13 @@ const (
 	// a status is misconfigured. The peer's rows set is kept and the
 	// recovery is tried again; an EventRecoveryFailed follows.
 	EventRowsNotReset
+	// EventRegistryWrongType: the fleet's registry key holds something
+	// other than a set (Err is Redis's WRONGTYPE reply), so no scan can find
+	// a dead peer and no worker can register until the key is deleted;
+	// expiry notifications and the backstop sweep still recover peers.
+	// Emitted once per outage, when a registry command first fails this
+	// way; Stats.RegistryBroken says whether it lasts.
+	EventRegistryWrongType
 )
 
 var eventNames = map[EventKind]string{
@@ -60,6 +67,7 @@ var eventNames = map[EventKind]string{
 	EventScanFinished:      "scan_finished",
 	EventRowsReleased:      "rows_released",
 	EventRowsNotReset:      "rows_not_reset",
+	EventRegistryWrongType: "registry_wrong_type",
 }
 
 // String returns the event's snake_case name.

@@ -186,9 +186,10 @@ func TestNilObserverIsRefused(t *testing.T) {
 }
 
 func TestEventKindNames(t *testing.T) {
-	for k := EventHeartbeat; k <= EventRowsReleased; k++ {
+	for k := EventHeartbeat; k <= EventRegistryWrongType; k++ {
 		assert.NotEqual(t, "unknown", k.String(), "kind %d", k)
 	}
 	assert.Equal(t, "rows_recovered", EventRowsRecovered.String())
+	assert.Equal(t, "registry_wrong_type", EventRegistryWrongType.String())
 	assert.Equal(t, "unknown", EventKind(0).String())
 }

@@ -3,6 +3,7 @@ package recovery
 import (
 	"errors"
 	"math"
+	"math/big"
 	"strings"
 	"testing"
 	"time"
@@ -10,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/require"
 )
 
 // documentedNameRule is the rule for instance IDs and key prefixes as the
@@ -26,28 +28,119 @@ func documentedNameRule(s string) bool {
 }
 
 // documentedTimingRule is the timing table of docs/design.md and the With*
-// docs: every duration positive, TTLs at least 1ms (Redis expiries have
-// millisecond resolution), interval < TTL, rows TTL > TTL + 1.1 × recovery
-// interval (in arithmetic that cannot overflow), an operation timeout of 0
-// meaning min(5s, interval/2) and otherwise positive and at most the
-// heartbeat interval, and interval + operation timeout < 0.9 × TTL.
+// docs: every duration between 1ms (Redis expiries have millisecond
+// resolution) and a week (MaxDuration), interval < TTL, rows TTL > TTL +
+// 1.1 × recovery interval (in arithmetic that cannot overflow), an
+// operation timeout of 0 meaning min(5s, interval/2) and otherwise at most
+// the heartbeat interval, and interval + operation timeout < 0.9 × TTL.
 func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Duration) bool {
+	const week = 7 * 24 * time.Hour // written out, not MaxDuration: the docs say a week
 	for _, d := range []time.Duration{ttl, interval, recovery, rowsTTL, reset} {
-		if d <= 0 {
+		if d < time.Millisecond || d > week {
 			return false
 		}
 	}
-	if op < 0 || op > interval {
+	if op != 0 && (op < time.Millisecond || op > interval) {
 		return false
 	}
 	if op == 0 {
 		op = min(DefaultOperationTimeout, interval/2)
 	}
 	spare := rowsTTL - ttl // both positive: no overflow
-	return ttl >= time.Millisecond && rowsTTL >= time.Millisecond &&
-		interval < ttl &&
+	return interval < ttl &&
 		spare > recovery && spare-recovery > recovery/10 &&
 		interval < ttl-ttl/10-op
+}
+
+// checkDerivedDurations checks every duration a Worker derives from its
+// options, in exact (big integer) arithmetic, so a value that wrapped
+// around or saturated is caught: each is positive, equals its documented
+// formula, and keeps the relation it exists for.
+func checkDerivedDurations(t *testing.T, w *Worker) {
+	t.Helper()
+	o := &w.opts
+	exact := func(d time.Duration) *big.Int { return big.NewInt(int64(d)) }
+	sum := func(ds ...*big.Int) *big.Int {
+		s := new(big.Int)
+		for _, d := range ds {
+			s.Add(s, d)
+		}
+		return s
+	}
+	mul := func(d time.Duration, n int64) *big.Int { return new(big.Int).Mul(exact(d), big.NewInt(n)) }
+	equal := func(name string, got time.Duration, want *big.Int) {
+		t.Helper()
+		if exact(got).Cmp(want) != 0 {
+			t.Fatalf("%s = %v (%d ns), want %s ns: overflow or wrong formula", name, got, int64(got), want)
+		}
+	}
+	greater := func(name string, a, b time.Duration) {
+		t.Helper()
+		if a <= b {
+			t.Fatalf("%s: %v must exceed %v", name, a, b)
+		}
+	}
+	// A Redis expiry (PX) must be at least 1ms and small enough that now +
+	// PX fits the server's int64 milliseconds; four weeks is the most any
+	// derived TTL can be.
+	redisTTL := func(name string, d time.Duration) {
+		t.Helper()
+		if d < time.Millisecond || d > 4*MaxDuration {
+			t.Fatalf("%s %v is not a Redis expiry in [1ms, 4 weeks]", name, d)
+		}
+	}
+
+	if o.opTimeout <= 0 || o.opTimeout > o.heartbeatInterval {
+		t.Fatalf("operation timeout %v not in (0, heartbeat interval %v]", o.opTimeout, o.heartbeatInterval)
+	}
+
+	claim := o.claimTTL()
+	equal("claim TTL", claim, sum(exact(o.resetTimeout), mul(o.opTimeout, 3)))
+	greater("claim TTL > reset timeout", claim, o.resetTimeout)
+	greater("claim TTL > reset timeout + 2 op timeouts", claim-o.resetTimeout, 2*o.opTimeout)
+	redisTTL("claim TTL", claim)
+
+	scan := o.scanLeaseTTL()
+	equal("scan lease TTL", scan, exact(max(min(o.recoveryInterval-o.recoveryInterval/5, o.heartbeatTTL), time.Millisecond)))
+	if scan > o.heartbeatTTL && scan > time.Millisecond {
+		t.Fatalf("scan lease %v outlives heartbeat TTL %v", scan, o.heartbeatTTL)
+	}
+	if o.recoveryInterval >= 10*time.Millisecond && 10*scan >= 9*o.recoveryInterval {
+		t.Fatalf("scan lease %v not free at the holder's next tick (0.9 × %v)", scan, o.recoveryInterval)
+	}
+	redisTTL("scan lease TTL", scan)
+
+	sweep := o.sweepLeaseTTL()
+	equal("sweep lease TTL", sweep, sum(mul(o.recoveryInterval, 2), exact(o.recoveryInterval/5), exact(o.opTimeout)))
+	greater("sweep lease > 2 × recovery interval", sweep-o.recoveryInterval, o.recoveryInterval)
+	greater("sweep lease > longest recovery wait", sweep, o.longestRecoveryWait())
+	redisTTL("sweep lease TTL", sweep)
+
+	margin, lease := o.leaseMargin(), o.leaseLength()
+	equal("lease length", lease, new(big.Int).Sub(exact(o.heartbeatTTL), exact(margin)))
+	if margin < 0 || lease <= 0 || lease > o.heartbeatTTL {
+		t.Fatalf("lease %v (margin %v) not in (0, heartbeat TTL %v]", lease, margin, o.heartbeatTTL)
+	}
+	greater("lease > heartbeat interval + op timeout", lease-o.opTimeout, o.heartbeatInterval)
+
+	window := o.detectionWindow()
+	equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10)))
+	greater("rows TTL > detection window", o.rowsTTL, window)
+	redisTTL("rows TTL", o.rowsTTL)
+	redisTTL("heartbeat TTL", o.heartbeatTTL)
+
+	wait := o.longestRecoveryWait()
+	equal("longest recovery wait", wait, sum(exact(o.recoveryInterval), exact(o.recoveryInterval/10)))
+	for range 4 {
+		if j := jitter(o.recoveryInterval, 0.1); j <= 0 || j > wait+1 {
+			t.Fatalf("recovery wait %v not in (0, %v]", j, wait)
+		}
+	}
+	for n := 1; n <= 64; n++ {
+		if d := w.retryDelay(n); d <= 0 || d > o.heartbeatInterval+o.heartbeatInterval/5+1 {
+			t.Fatalf("heartbeat retry %d waits %v, not in (0, 1.2 × interval %v]", n, d, o.heartbeatInterval)
+		}
+	}
 }
 
 // FuzzNewAcceptsExactlyTheDocumentedConfigurations feeds New fuzzed
@@ -56,7 +149,7 @@ func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Durat
 // why it refused one with an ErrInvalidConfig error of bounded length (a
 // 10 KB ID is clipped, not echoed).
 func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
-	s := int64(time.Second)
+	s, ms, week := int64(time.Second), int64(time.Millisecond), int64(MaxDuration)
 	for _, seed := range []struct {
 		id, prefix                                  string
 		ttl, interval, recovery, rowsTTL, op, reset int64
@@ -76,7 +169,12 @@ func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
 		{"höst-1", "ALYA", 2 * s, s / 2, s, 6 * s, 0, s},                                                     // non-ASCII letters are fine
 		{strings.Repeat("x", 512), "P", 2 * s, s / 2, s, 6 * s, 0, s},                                        // longest ID
 		{strings.Repeat("x", 10240), "P", 2 * s, s / 2, s, 6 * s, 0, s},                                      // 10 KB ID
-		{"w", "P", math.MaxInt64 - 1, s, 1, math.MaxInt64, 0, math.MaxInt64},                                 // huge but consistent
+		{"w", "P", math.MaxInt64 - 1, s, 1, math.MaxInt64, 0, math.MaxInt64},                                 // huge but consistent: refused
+		{"w", "P", 60 * s, 30 * s, 60 * s, 180 * s, 0, math.MaxInt64},                                        // "no limit" reset timeout: refused
+		{"w", "P", 60 * s, 30 * s, 5 * 365 * 24 * 3600 * s, math.MaxInt64, 0, 30 * s},                        // 5-year recovery interval: refused
+		{"w", "P", week, week - 4*week/10, 1, week, 0, week},                                                 // every timing at its maximum
+		{"w", "P", 3 * ms, ms, ms, 7 * ms, ms, ms},                                                           // every timing at its minimum
+		{"w", "P", 3 * ms, ms, ms, 7 * ms, 0, ms},                                                            // derived op timeout of 0.5ms
 		{"w", "P", 2 * s, s / 2, s, 6 * s, 0, 0},                                                             // zero reset timeout
 		{"w", "P", math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64}, // all negative
 	} {
@@ -117,6 +215,7 @@ func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
 			if w.InstanceID() != id {
 				t.Fatalf("InstanceID() = %q, want %q", w.InstanceID(), id)
 			}
+			checkDerivedDurations(t, w)
 		}
 	})
 }
@@ -134,5 +233,61 @@ func TestNewRejectsARowsTTLShorterThanAnOverflowingDetectionWindow(t *testing.T)
 		WithRecoveryInterval(half), WithRowsTTL(half+1))
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("rows TTL %v < TTL %v + recovery interval %v accepted", half+1, half, half)
+	}
+}
+
+// TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow reproduces F5 of
+// issue 10: New accepted WithResetTimeout(math.MaxInt64) (a natural "no
+// limit"), whose claim TTL, reset timeout + 3 × operation timeout, wrapped
+// negative so every recovery failed; and recovery intervals of years, whose
+// sweep lease (2.2 × interval + operation timeout) wraps negative from
+// about 13 years. Now each is refused with an error that names it and the
+// maximum.
+func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
+	const year = 365 * 24 * time.Hour
+	for _, c := range []struct {
+		name string
+		opts []Option
+		want string
+	}{
+		{"no-limit reset timeout", []Option{WithResetTimeout(math.MaxInt64)},
+			"reset timeout 2562047h47m16.854775807s exceeds the maximum 168h0m0s"},
+		{"5-year recovery interval", []Option{WithRecoveryInterval(5 * year), WithRowsTTL(10 * year)},
+			"recovery interval 43800h0m0s exceeds the maximum 168h0m0s"},
+		{"20-year recovery interval", []Option{WithRecoveryInterval(20 * year), WithRowsTTL(40 * year)},
+			"recovery interval 175200h0m0s exceeds the maximum"},
+		{"no-limit operation timeout", []Option{WithOperationTimeout(math.MaxInt64)},
+			"operation timeout 2562047h47m16.854775807s exceeds the maximum"},
+		{"rows TTL over a week", []Option{WithRowsTTL(MaxDuration + 1)}, "rows TTL 168h0m0.000000001s exceeds the maximum"},
+		{"sub-millisecond reset timeout", []Option{WithResetTimeout(time.Microsecond)},
+			"reset timeout 1µs must be at least 1ms"},
+		{"sub-millisecond operation timeout", []Option{WithOperationTimeout(time.Microsecond)},
+			"operation timeout 1µs must be at least 1ms"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			w, err := New(idleClient(t), &fakeResetter{}, c.opts...)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			require.Nil(t, w)
+			require.Contains(t, err.Error(), c.want)
+		})
+	}
+}
+
+// TestEveryDerivedDurationIsSoundAtTheMaximumTimings builds workers with
+// every timing at the largest value New accepts and checks what they
+// derive: the claim TTL outlives the reset, the sweep lease two recovery
+// intervals, and nothing wrapped around.
+func TestEveryDerivedDurationIsSoundAtTheMaximumTimings(t *testing.T) {
+	for _, opts := range [][]Option{
+		{WithResetTimeout(MaxDuration)},
+		{WithResetTimeout(MaxDuration), WithHeartbeatTTL(MaxDuration / 2), WithHeartbeatInterval(MaxDuration / 8),
+			WithOperationTimeout(MaxDuration / 8), WithRecoveryInterval(MaxDuration / 4), WithRowsTTL(MaxDuration)},
+		{WithRecoveryInterval(MaxDuration / 2), WithRowsTTL(MaxDuration)},
+	} {
+		w, err := New(idleClient(t), &fakeResetter{}, opts...)
+		require.NoError(t, err)
+		checkDerivedDurations(t, w)
+		require.Greater(t, w.claimTTL(), w.opts.resetTimeout)
+		require.Greater(t, w.sweepLeaseTTL(), 2*w.opts.recoveryInterval)
 	}
 }

@@ -24,12 +24,8 @@ type lease struct {
 	lost atomic.Bool
 }
 
-// leaseMargin is how long before the heartbeat key could expire the worker
-// considers its lease lost: a tenth of the TTL.
-func (w *Worker) leaseMargin() time.Duration { return w.opts.heartbeatTTL / 10 }
-
 func (l *lease) renew(w *Worker, sentAt time.Time) {
-	l.until.Store(int64(sentAt.Sub(w.epoch) + w.opts.heartbeatTTL - w.leaseMargin()))
+	l.until.Store(int64(sentAt.Sub(w.epoch) + w.opts.leaseLength()))
 }
 
 func (l *lease) valid(w *Worker) bool {
@@ -38,7 +34,7 @@ func (l *lease) valid(w *Worker) bool {
 
 // sinceRefresh is how long ago the last successful heartbeat was sent.
 func (l *lease) sinceRefresh(w *Worker) time.Duration {
-	sent := time.Duration(l.until.Load()) - (w.opts.heartbeatTTL - w.leaseMargin())
+	sent := time.Duration(l.until.Load()) - w.opts.leaseLength()
 	return time.Since(w.epoch) - sent
 }
 
@@ -98,7 +94,7 @@ func (w *Worker) beat(parent context.Context) error {
 	sentAt := time.Now()
 	pipe := w.rdb.Pipeline()
 	set := pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
-	pipe.SAdd(ctx, w.registry, w.opts.instanceID)
+	reg := pipe.SAdd(ctx, w.registry, w.opts.instanceID)
 	pipe.Set(ctx, w.keys.Incarnation, incarnation, w.incarnationTTL())
 	if len(unremoved) > 0 {
 		pipe.SRem(ctx, w.keys.Rows, unremoved...)
@@ -107,11 +103,17 @@ func (w *Worker) beat(parent context.Context) error {
 		pipe.SAdd(ctx, w.keys.Rows, tracked...)
 	}
 	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
-	_, err := pipe.Exec(ctx)
+	cmds, err := pipe.Exec(ctx)
 	if err == nil || set.Val() == "OK" {
 		// The key is live for a TTL whatever happened to the rest (on
 		// Cluster the registry may sit on a node that is down).
 		w.lease.renew(w, sentAt)
+	}
+	w.noteRegistry(reg.Err())
+	if err != nil && failedOnlyOnWrongTypeRegistry(cmds, reg) {
+		// A registry key of the wrong type is the fleet's outage, logged
+		// once by noteRegistry; this worker's heartbeat and rows are written.
+		err = nil
 	}
 	if err != nil {
 		w.stats.heartbeatFailures.Add(1)

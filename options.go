@@ -55,19 +55,25 @@ func defaultOptions() options {
 }
 
 // defaultInstanceID is <hostname>-<pid>-<unix start seconds>, as in the
-// design. The hostname is sanitized so the ID is always a valid key part.
+// design, followed by 8 random hex digits: the design's three parts alone
+// collide for containers with the same hostname and PID 1 started in the
+// same second, and for two Workers made in one process in the same second.
+// The hostname is sanitized so the ID is always a valid key part.
 func defaultInstanceID() string {
 	host, err := os.Hostname()
 	if err != nil {
 		host = "unknown"
 	}
-	return fmt.Sprintf("%s-%d-%d", keys.Sanitize(host), os.Getpid(), time.Now().Unix())
+	return fmt.Sprintf("%s-%d-%d-%s", keys.Sanitize(host), os.Getpid(), time.Now().Unix(), newToken()[:8])
 }
 
 // WithInstanceID sets the worker's identity in Redis. It must be unique in
 // the fleet and stable for the life of the process; it must not be empty or
-// contain '{', '}', whitespace or control characters. Default:
-// <hostname>-<pid>-<unix start seconds>.
+// contain '{', '}', whitespace or control characters. Two live Workers
+// with one ID share one heartbeat: neither's rows are recovered while the
+// other lives. Default: <hostname>-<pid>-<unix start seconds>-<8 random
+// hex digits>, unique per Worker even for containers with the same
+// hostname and PID started in the same second.
 func WithInstanceID(id string) Option {
 	return optionFunc(func(o *options) { o.instanceID = id })
 }
@@ -80,41 +86,52 @@ func WithKeyPrefix(prefix string) Option {
 }
 
 // WithHeartbeatTTL sets how long a heartbeat key lives without a refresh,
-// which is how long a dead worker goes unnoticed. Default: DefaultHeartbeatTTL (60s).
+// which is how long a dead worker goes unnoticed. Like every timing option
+// it must lie between MinDuration (1ms) and MaxDuration (a week), so that
+// no duration derived from it can overflow. Default: DefaultHeartbeatTTL (60s).
 func WithHeartbeatTTL(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.heartbeatTTL = d })
 }
 
 // WithHeartbeatInterval sets how often the heartbeat is refreshed; it must be
 // shorter than the heartbeat TTL, and with the operation timeout shorter
-// than 90% of it (when the lease ends). Default: DefaultHeartbeatInterval (30s).
+// than 90% of it (when the lease ends); at least MinDuration (1ms).
+// Default: DefaultHeartbeatInterval (30s).
 func WithHeartbeatInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.heartbeatInterval = d })
 }
 
 // WithRecoveryInterval sets how often the worker scans for dead peers. Each
 // wait is jittered by ±10% so a fleet started together does not scan in
-// lockstep. Default: DefaultRecoveryInterval (60s).
+// lockstep. It must lie between MinDuration (1ms) and MaxDuration (a
+// week): the scan and sweep leases are derived from it (the sweep lease is
+// 2.2 × the interval) and must not overflow. Default:
+// DefaultRecoveryInterval (60s).
 func WithRecoveryInterval(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.recoveryInterval = d })
 }
 
 // WithRowsTTL sets the TTL of the worker's rows set, refreshed by every
 // heartbeat and every Track. It must exceed heartbeat TTL + recovery
-// interval + 10% (the jitter). Default: DefaultRowsTTL (180s).
+// interval + 10% (the jitter), and not exceed MaxDuration (a week).
+// Default: DefaultRowsTTL (180s).
 func WithRowsTTL(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.rowsTTL = d })
 }
 
 // WithOperationTimeout bounds each Redis call made by the background loops
-// and by Untrack; it must not exceed the heartbeat interval. Default:
-// DefaultOperationTimeout (5s), or half the heartbeat interval if shorter.
+// and by Untrack; it must be at least MinDuration (1ms) and must not exceed
+// the heartbeat interval. Default: DefaultOperationTimeout (5s), or half
+// the heartbeat interval if shorter.
 func WithOperationTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.opTimeout = d })
 }
 
-// WithResetTimeout bounds each ResetRows call made by recovery. Default:
-// DefaultResetTimeout (30s).
+// WithResetTimeout bounds each ResetRows call made by recovery. It must lie
+// between MinDuration (1ms) and MaxDuration (a week): there is no "no
+// limit", because the recovery claim lives reset timeout + 3 × operation
+// timeout and must expire, or a recoverer that died holding it would block
+// the dead peer's recovery for ever. Default: DefaultResetTimeout (30s).
 func WithResetTimeout(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.resetTimeout = d })
 }
@@ -134,11 +151,21 @@ func WithScanLease(enabled bool) Option {
 // batched SREM at most linger later (a heartbeat or Shutdown sends it too
 // if that fails). It saves a round trip per row on the hot path (see the
 // host-loop figures in docs/performance.md). The price: a worker killed
-// within the linger leaves finished rows in its set; recovery passes them
-// to the resetter, whose status guard (and owner guard) leaves them
-// untouched, so with PgxResetter nothing is processed twice; a custom
-// RowResetter must guard the same way. linger must be positive and shorter
-// than the heartbeat interval. Default: off (Untrack waits for its SREM).
+// within the linger leaves finished rows in its set (a crash between the
+// host's completion COMMIT and a synchronous Untrack does too, for one
+// round trip), and recovery passes them to the resetter. While such a row
+// stays finished, PgxResetter's status guard leaves it alone. If the
+// application can put finished rows back in the queue (retries, a batch
+// run again) and another worker takes one before the dead worker's set is
+// recovered, only owner fencing (WithOwnerColumn, the host setting the
+// owner when it takes rows) keeps the reset off the new holder; without it
+// that row is reset under its holder and processed twice. So: with
+// PgxResetter nothing is processed twice if finished rows are never
+// re-queued, or with owner fencing (and instance IDs never reused, which
+// the default ID ensures); a custom RowResetter must guard the same way.
+// See docs/safety.md, "Finished rows left in a dead worker's set". linger
+// must be positive and shorter than the heartbeat interval. Default: off
+// (Untrack waits for its SREM).
 func WithDeferredUntrack(linger time.Duration) Option {
 	return optionFunc(func(o *options) { o.untrackLinger = linger; o.untrackSet = true })
 }
@@ -168,13 +195,9 @@ func (o *options) validate() error {
 		{"rows TTL", o.rowsTTL},
 		{"reset timeout", o.resetTimeout},
 	} {
-		if d.v <= 0 {
-			return fmt.Errorf("%w: %s %v must be positive", ErrInvalidConfig, d.name, d.v)
+		if err := checkBounds(d.name, d.v); err != nil {
+			return err
 		}
-	}
-	// Redis expiries have millisecond resolution.
-	if o.heartbeatTTL < time.Millisecond || o.rowsTTL < time.Millisecond {
-		return fmt.Errorf("%w: heartbeat TTL %v and rows TTL %v must be at least 1ms", ErrInvalidConfig, o.heartbeatTTL, o.rowsTTL)
 	}
 	if o.heartbeatInterval >= o.heartbeatTTL {
 		return fmt.Errorf("%w: heartbeat interval %v must be shorter than heartbeat TTL %v",
@@ -182,23 +205,22 @@ func (o *options) validate() error {
 	}
 	// The first scan after a death comes at most heartbeat TTL + 1.1 ×
 	// recovery interval (jitter) later; the rows set must still be there.
-	if window := satAdd(satAdd(o.heartbeatTTL, o.recoveryInterval), o.recoveryInterval/10); o.rowsTTL <= window {
+	if window := o.detectionWindow(); o.rowsTTL <= window {
 		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter: %v)",
 			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval, window)
 	}
-	switch {
-	case o.opTimeout < 0:
-		return fmt.Errorf("%w: operation timeout %v must be positive", ErrInvalidConfig, o.opTimeout)
-	case o.opTimeout == 0:
+	if o.opTimeout == 0 {
 		o.opTimeout = min(DefaultOperationTimeout, o.heartbeatInterval/2)
-	case o.opTimeout > o.heartbeatInterval:
+	} else if err := checkBounds("operation timeout", o.opTimeout); err != nil {
+		return err
+	} else if o.opTimeout > o.heartbeatInterval {
 		return fmt.Errorf("%w: operation timeout %v must not exceed heartbeat interval %v",
 			ErrInvalidConfig, o.opTimeout, o.heartbeatInterval)
 	}
 	// The lease ends at 90% of the TTL after a heartbeat is sent (see
 	// CheckLease); the next one must be sent and answered before that, or
 	// a healthy worker would lose its lease every cycle.
-	if lease := o.heartbeatTTL - o.heartbeatTTL/10; o.heartbeatInterval >= lease-o.opTimeout {
+	if lease := o.leaseLength(); o.heartbeatInterval >= lease-o.opTimeout {
 		return fmt.Errorf("%w: heartbeat interval %v + operation timeout %v must be shorter than 90%% of heartbeat TTL %v (%v), when the lease ends",
 			ErrInvalidConfig, o.heartbeatInterval, o.opTimeout, o.heartbeatTTL, lease)
 	}
@@ -218,13 +240,89 @@ func (o *options) validate() error {
 	return nil
 }
 
-// satAdd adds two positive durations, saturating instead of overflowing, so
-// absurd options are refused instead of wrapping around.
+// checkBounds refuses a timing that is not positive or lies outside
+// [MinDuration, MaxDuration].
+func checkBounds(name string, d time.Duration) error {
+	switch {
+	case d <= 0:
+		return fmt.Errorf("%w: %s %v must be positive", ErrInvalidConfig, name, d)
+	case d < MinDuration:
+		return fmt.Errorf("%w: %s %v must be at least 1ms (MinDuration): Redis expiries have millisecond resolution",
+			ErrInvalidConfig, name, d)
+	case d > MaxDuration:
+		return fmt.Errorf("%w: %s %v exceeds the maximum %v (MaxDuration, a week)", ErrInvalidConfig, name, d, MaxDuration)
+	}
+	return nil
+}
+
+// Durations derived from the options, in one place. validate keeps every
+// option within [MinDuration, MaxDuration], so none of these can overflow
+// (the largest, claimTTL, is at most 4 × MaxDuration); they saturate all
+// the same, so their correctness does not rest on that bound alone. The
+// option fuzzer checks each of them for every configuration New accepts.
+
+// claimTTL is how long a recoverer may hold a dead peer: long enough for
+// reading the rows set, the reset and the clean-up, each under its own
+// timeout, so the claim outlives the work it protects.
+func (o *options) claimTTL() time.Duration {
+	return satAdd(o.resetTimeout, satMul(o.opTimeout, 3))
+}
+
+// scanLeaseTTL is 0.8 × the recovery interval, so the holder's own next
+// tick (at least 0.9 × the interval later) finds the lease free, but never
+// more than the heartbeat TTL: a holder that dies right after taking the
+// lease has released it by the time its heartbeat expires, so the next
+// tick of any peer after that scans, and worst-case recovery stays
+// heartbeat TTL + recovery interval (+ jitter) whatever the ratio of the
+// two. It is at least 1ms, the shortest expiry Redis can hold.
+func (o *options) scanLeaseTTL() time.Duration {
+	return max(min(o.recoveryInterval-o.recoveryInterval/5, o.heartbeatTTL), time.Millisecond)
+}
+
+// sweepLeaseTTL is 2.2 × the recovery interval + an operation timeout: the
+// holder may miss one renewal (±10% jitter included) before another worker
+// may take over.
+func (o *options) sweepLeaseTTL() time.Duration {
+	return satAdd(satAdd(satMul(o.recoveryInterval, 2), o.recoveryInterval/5), o.opTimeout)
+}
+
+// leaseMargin is how long before the heartbeat key could expire the worker
+// considers its lease lost: a tenth of the TTL.
+func (o *options) leaseMargin() time.Duration { return o.heartbeatTTL / 10 }
+
+// leaseLength is how long after a heartbeat is sent the lease lasts: the
+// TTL less the margin.
+func (o *options) leaseLength() time.Duration { return o.heartbeatTTL - o.leaseMargin() }
+
+// detectionWindow is the longest time from a worker's last heartbeat to the
+// first scan after its key expired: heartbeat TTL + 1.1 × recovery interval
+// (the jitter). The rows set must outlive it.
+func (o *options) detectionWindow() time.Duration {
+	return satAdd(satAdd(o.heartbeatTTL, o.recoveryInterval), o.recoveryInterval/10)
+}
+
+// longestRecoveryWait is the longest wait between two recovery ticks: the
+// recovery interval + 10% jitter.
+func (o *options) longestRecoveryWait() time.Duration {
+	return satAdd(o.recoveryInterval, o.recoveryInterval/10)
+}
+
+// satAdd adds two non-negative durations, saturating instead of
+// overflowing.
 func satAdd(a, b time.Duration) time.Duration {
 	if a > math.MaxInt64-b {
 		return math.MaxInt64
 	}
 	return a + b
+}
+
+// satMul multiplies a non-negative duration by n > 0, saturating instead of
+// overflowing.
+func satMul(d time.Duration, n int64) time.Duration {
+	if d > time.Duration(math.MaxInt64/n) {
+		return math.MaxInt64
+	}
+	return d * time.Duration(n)
 }
 
 // clip shortens a bad value for an error message.

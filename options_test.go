@@ -12,6 +12,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/keys"
 )
 
 func TestDefaultsMatchTheDesign(t *testing.T) {
@@ -31,23 +33,55 @@ func TestDefaultsMatchTheDesign(t *testing.T) {
 	assert.Equal(t, "ALYA_WORKER_REGISTRY", w.registry)
 }
 
-func TestDefaultInstanceIDIsHostPidStartTime(t *testing.T) {
+// defaultIDShape is <hostname>-<pid>-<unix start seconds>-<8 hex digits>.
+var defaultIDShape = regexp.MustCompile(`^(.+)-(\d+)-(\d+)-([0-9a-f]{8})$`)
+
+func TestDefaultInstanceIDIsHostPidStartTimeRandom(t *testing.T) {
 	before := time.Now().Unix()
 	w, err := New(idleClient(t), &fakeResetter{})
 	require.NoError(t, err)
 	after := time.Now().Unix()
 
 	id := w.InstanceID()
-	m := regexp.MustCompile(`^(.+)-(\d+)-(\d+)$`).FindStringSubmatch(id)
+	m := defaultIDShape.FindStringSubmatch(id)
 	require.NotNil(t, m, "instance ID %q", id)
+	require.NoError(t, keys.ValidateName(id))
 	host, _ := os.Hostname()
-	assert.Equal(t, host, m[1])
+	assert.Equal(t, keys.Sanitize(host), m[1])
 	assert.Equal(t, strconv.Itoa(os.Getpid()), m[2])
 	started, _ := strconv.ParseInt(m[3], 10, 64)
 	assert.GreaterOrEqual(t, started, before)
 	assert.LessOrEqual(t, started, after)
 	assert.Equal(t, "ALYA_{"+id+"}_HEARTBEAT", w.keys.Heartbeat)
 	assert.Equal(t, "ALYA_{"+id+"}_ROWS", w.keys.Rows)
+}
+
+// TestTwoWorkersMadeInOneProcessInTheSameSecondGetDifferentIDs reproduces
+// part of F3 of issue 10: <hostname>-<pid>-<unix seconds> is one ID for
+// every Worker a process makes within a second (and for containers with
+// the same hostname and PID 1 started in the same second), and two live
+// Workers with one ID share one heartbeat.
+func TestTwoWorkersMadeInOneProcessInTheSameSecondGetDifferentIDs(t *testing.T) {
+	const n = 64
+	ids := make(map[string]bool, n)
+	perSecond := make(map[string]int)
+	for range n {
+		w, err := New(idleClient(t), &fakeResetter{})
+		require.NoError(t, err)
+		id := w.InstanceID()
+		m := defaultIDShape.FindStringSubmatch(id)
+		require.NotNil(t, m, "instance ID %q keeps the design's shape plus a random part", id)
+		require.NoError(t, keys.ValidateName(id))
+		assert.False(t, ids[id], "instance ID %q given twice", id)
+		ids[id] = true
+		perSecond[m[1]+"-"+m[2]+"-"+m[3]]++
+	}
+	shared := 0
+	for _, c := range perSecond {
+		shared = max(shared, c)
+	}
+	require.GreaterOrEqual(t, shared, 2, "the test must make Workers in the same second")
+	assert.Len(t, ids, n)
 }
 
 func TestNewRejectsBadConfiguration(t *testing.T) {

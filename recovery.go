@@ -193,12 +193,8 @@ func (w *Worker) countRecovered(pr PeerRecovery, foundBy string, took time.Durat
 		Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined), Duration: took})
 }
 
-// claimTTL is how long a recoverer may hold a dead peer: long enough for
-// reading the rows set, the reset and the clean-up, each under its own
-// timeout, so the claim outlives the work it protects.
-func (w *Worker) claimTTL() time.Duration {
-	return w.opts.resetTimeout + 3*w.opts.opTimeout
-}
+// claimTTL is how long a recoverer may hold a dead peer (options.claimTTL).
+func (w *Worker) claimTTL() time.Duration { return w.opts.claimTTL() }
 
 // recoverPeer recovers one dead peer under a claim. claimed is false when
 // the peer was left alone (alive again, or claimed by another worker).
@@ -496,9 +492,7 @@ func (w *Worker) takeScanLease(ctx context.Context) bool {
 // scan every L instead of every interval; the lease cannot be dropped from
 // the bound without rescheduling skipped ticks to the lease's end
 // (TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease).
-func (w *Worker) scanLeaseTTL() time.Duration {
-	return min(w.opts.recoveryInterval*8/10, w.opts.heartbeatTTL)
-}
+func (w *Worker) scanLeaseTTL() time.Duration { return w.opts.scanLeaseTTL() }
 
 // recoveryLog logs what the recovery loop does, once per outage: a scan that
 // keeps failing, a peer that keeps failing or a garbage registry member is
@@ -526,6 +520,9 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 		} else {
 			scanErr = e
 		}
+	}
+	if errors.Is(scanErr, ErrRegistryWrongType) {
+		return // logged once per outage, at Error, by noteRegistry
 	}
 	if scanErr != nil {
 		if !l.scanFailing {

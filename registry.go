@@ -2,7 +2,10 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
+	"log/slog"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -21,6 +24,11 @@ func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, 
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
 	all, err := w.rdb.SMembers(opCtx, w.registry).Result()
+	w.noteRegistry(err)
+	if isWrongType(err) {
+		// One %w: the scan's callers split joined errors (unjoin).
+		return nil, nil, fmt.Errorf("read registry %s: %w (%v)", w.registry, ErrRegistryWrongType, err)
+	}
 	if err != nil {
 		return nil, nil, fmt.Errorf("read registry %s: %w", w.registry, err)
 	}
@@ -84,7 +92,12 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 func (w *Worker) deregister(ctx context.Context, peer string) error {
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	if err := w.rdb.SRem(opCtx, w.registry, peer).Err(); err != nil {
+	err := w.rdb.SRem(opCtx, w.registry, peer).Err()
+	w.noteRegistry(err)
+	if isWrongType(err) {
+		return nil // a key that is not a set lists nobody: nothing to remove
+	}
+	if err != nil {
 		return fmt.Errorf("deregister %s: %w", peer, err)
 	}
 	alive, err := w.rdb.Exists(opCtx, keys.For(w.opts.keyPrefix, peer).Heartbeat).Result()
@@ -97,4 +110,53 @@ func (w *Worker) deregister(ctx context.Context, peer string) error {
 		}
 	}
 	return nil
+}
+
+// failedOnlyOnWrongTypeRegistry reports whether reg, the registry command
+// of a pipeline, was refused with WRONGTYPE and every other command of it
+// succeeded: everything else the pipeline had to do was done. (A pipeline
+// that failed as a whole, a timeout say, may leave every command's error
+// unset: that is not this case.)
+func failedOnlyOnWrongTypeRegistry(cmds []redis.Cmder, reg redis.Cmder) bool {
+	if !isWrongType(reg.Err()) {
+		return false
+	}
+	for _, c := range cmds {
+		if c != reg && c.Err() != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// isWrongType reports whether err is Redis's WRONGTYPE reply: the key holds
+// another type than the command needs.
+func isWrongType(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")
+}
+
+// noteRegistry records the outcome of a command on the registry key. A
+// WRONGTYPE reply (someone wrote the key as a string, a hash...) starts an
+// outage: no scan can find a dead peer and no worker can register until the
+// key is deleted. It is counted every time, and logged at Error and emitted
+// once per outage; the next success ends it. Other errors (a timeout, a
+// node down) say nothing about the key and change nothing.
+func (w *Worker) noteRegistry(err error) {
+	switch {
+	case err == nil:
+		if w.stats.registryBroken.Swap(false) {
+			w.log.Info("worker registry is a set again; scans find dead peers again",
+				slog.String("registry_key", w.registry))
+		}
+	case isWrongType(err):
+		w.stats.registryWrongType.Add(1)
+		if !w.stats.registryBroken.Swap(true) {
+			w.emit(Event{Kind: EventRegistryWrongType, Err: err})
+			w.log.Error("worker registry key is not a set: recovery scans cannot find dead peers and workers cannot register; "+
+				"expiry notifications and the backstop sweep still recover peers. Delete the key (DEL it): "+
+				"every live worker re-registers with its next heartbeat",
+				slog.String("registry_key", w.registry), slog.Any("error", err))
+		}
+	}
 }

@@ -35,8 +35,8 @@ type inflight struct {
 	released map[int64]struct{}
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
-	// heartbeat, which re-adds ids and removes unremoved, and the deferred
-	// Untrack flusher) hold it exclusively from the snapshot until Redis has
+	// heartbeat, which re-adds ids and removes unremoved, Shutdown's
+	// clean-up and the deferred Untrack flusher) hold it exclusively from the snapshot until Redis has
 	// answered; synchronous Untrack holds it shared from its change in
 	// memory until its SREM is answered. So a heartbeat never re-adds a row
 	// an Untrack has just removed. Track takes no lock (it must never wait

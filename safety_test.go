@@ -436,6 +436,38 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 	assert.Equal(t, "queued", s)
 }
 
+// A finished row left in a dead worker's set (deferred Untrack) that the
+// application re-queued and another worker took again is left to its new
+// holder by an owner-fenced reset (docs/safety.md, section 7).
+func TestSafetyDeferredUntrackWithOwnerFencingLeavesARequeuedRowToItsNewHolder(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("S")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix), WithDeferredUntrack(400*time.Millisecond))
+	take(t, db, "A", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2))
+	setStatus(t, db, "done", 1)
+	require.NoError(t, a.Untrack(1))
+	a.crash()                     // before the deferred SREM: row 1 stays in A's set
+	setStatus(t, db, "queued", 1) // the application re-queues the finished row
+	take(t, db, "C", 1)           // and live worker C takes it
+
+	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
+	require.Eventually(t, func() bool {
+		rep, err := b.RecoverNow(ctx)
+		return err == nil && len(rep.Recovered) == 1
+	}, 5*time.Second, 50*time.Millisecond)
+	s, owner := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "row 1 is C's now")
+	require.NotNil(t, owner)
+	assert.Equal(t, "C", *owner)
+	s, _ = rowState(t, db, 2)
+	assert.Equal(t, "queued", s, "A's unfinished row is recovered")
+}
+
 // fencedFake is a fakeResetter that declares owner fencing.
 type fencedFake struct{ fakeResetter }
 

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+
+	"github.com/redis/go-redis/v9"
 )
 
 // Shutdown stops the worker: it stops the heartbeat and recovery loops and
@@ -18,6 +20,10 @@ import (
 // design's graceful shutdown says. If ctx ends first, Shutdown returns
 // ctx.Err(); the loops have been told to stop and end within the operation
 // timeout, and a later call with a fresh context finishes the clean-up.
+// The clean-up is one round trip bounded by the operation timeout too (an
+// Untrack running at the same moment waits for it, as it waits for a
+// heartbeat); if it fails, Shutdown returns the error and a later call
+// tries again.
 //
 // Shutdown is idempotent, safe to call concurrently and safe to call
 // without Start. After it, Start, Track and RecoverNow return ErrShutdown.
@@ -44,21 +50,37 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if w.cleaned {
 		return w.events.close(ctx)
 	}
+	// Like the heartbeat, hold the rows set's write lock from the snapshot
+	// until Redis has answered: a synchronous Untrack running now either
+	// finishes its SREM before the snapshot (and the row is not written
+	// back) or waits and sends it after our SADD.
+	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
+	opCtx, cancel := w.opContext(ctx)
 	pipe := w.rdb.Pipeline()
-	pipe.Del(ctx, w.keys.Heartbeat)
+	pipe.Del(opCtx, w.keys.Heartbeat)
+	var reg redis.Cmder
 	if len(tracked) == 0 {
-		pipe.SRem(ctx, w.registry, w.opts.instanceID)
+		reg = pipe.SRem(opCtx, w.registry, w.opts.instanceID)
 	} else {
 		// Write them back (Redis may have lost them) and stay registered,
 		// or no peer would ever look for them.
-		pipe.SAdd(ctx, w.keys.Rows, tracked...)
-		pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
+		pipe.SAdd(opCtx, w.keys.Rows, tracked...)
+		pipe.PExpire(opCtx, w.keys.Rows, w.opts.rowsTTL)
 	}
 	if len(unremoved) > 0 {
-		pipe.SRem(ctx, w.keys.Rows, unremoved...)
+		pipe.SRem(opCtx, w.keys.Rows, unremoved...)
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	cmds, err := pipe.Exec(opCtx)
+	cancel()
+	w.rows.assert.Unlock()
+	if reg != nil {
+		w.noteRegistry(reg.Err())
+		if err != nil && failedOnlyOnWrongTypeRegistry(cmds, reg) {
+			err = nil // a key that is not a set lists nobody: nothing to remove
+		}
+	}
+	if err != nil {
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

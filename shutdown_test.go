@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 )
@@ -124,4 +125,99 @@ func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
 	_, err := b.RecoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{101, 102}, r.resetOf("A"), "recovered by the next scan, no TTL to wait for")
+}
+
+// pipelineGate is a go-redis hook that stops the first pipeline whose
+// first command is DEL key (Shutdown's clean-up) until open is closed,
+// and closes reached when it gets there.
+type pipelineGate struct {
+	key     string
+	once    sync.Once
+	reached chan struct{}
+	open    chan struct{}
+}
+
+func newPipelineGate(key string) *pipelineGate {
+	return &pipelineGate{key: key, reached: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *pipelineGate) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (g *pipelineGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { return next }
+
+func (g *pipelineGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return func(ctx context.Context, cmds []redis.Cmder) error {
+		if len(cmds) > 0 && cmds[0].Name() == "del" && len(cmds[0].Args()) > 1 && cmds[0].Args()[1] == g.key {
+			hit := false
+			g.once.Do(func() { hit = true })
+			if hit {
+				close(g.reached)
+				<-g.open
+			}
+		}
+		return next(ctx, cmds)
+	}
+}
+
+// TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved reproduces a
+// finding of issue 10: Shutdown took its snapshot of the tracked rows
+// without the lock Untrack holds, so an Untrack that removed row 7 (in
+// memory, then SREM) while Shutdown's clean-up was on its way was undone by
+// Shutdown's SADD: the finished row stayed in the rows set, to be reset by
+// the peer that recovers the registry entry Shutdown kept for it. The hook
+// holds Shutdown's clean-up right after its snapshot while the Untrack runs.
+func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
+	mr, rdb := newMini(t)
+	gate := newPipelineGate("ALYA_{w1}_HEARTBEAT")
+	rdb.AddHook(gate)
+	// An operation timeout longer than the gate's hold below.
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithOperationTimeout(500*time.Millisecond))
+	require.NoError(t, w.Track(context.Background(), 7))
+
+	shutdownDone := make(chan error, 1)
+	go func() { shutdownDone <- w.Shutdown(context.Background()) }()
+	<-gate.reached // Shutdown has its snapshot, {7}, and its SADD is on its way
+
+	untrackDone := make(chan error, 1)
+	go func() { untrackDone <- w.Untrack(7) }() // the host finished row 7
+	untrackedDuringCleanup := false
+	select {
+	case err := <-untrackDone: // without the lock: Untrack's SREM lands first
+		require.NoError(t, err)
+		untrackedDuringCleanup = true
+	case <-time.After(150 * time.Millisecond): // with it: Untrack waits for the clean-up
+	}
+	close(gate.open)
+	require.NoError(t, <-shutdownDone)
+	if !untrackedDuringCleanup {
+		require.NoError(t, <-untrackDone)
+	}
+
+	assert.False(t, untrackedDuringCleanup, "Untrack must wait until Shutdown's clean-up has been answered")
+	ok, err := mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	if err != nil { // miniredis: the set is gone once empty
+		ok = false
+	}
+	assert.False(t, ok, "a row untracked during Shutdown is not in the rows set afterwards")
+	assert.Zero(t, w.TrackedRows())
+}
+
+func TestShutdownCleanupIsBoundedByTheOperationTimeout(t *testing.T) {
+	mr, rdb := newMini(t)
+	fr := &freezer{}
+	rdb.AddHook(fr)
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithOperationTimeout(100*time.Millisecond))
+	fr.freeze() // Redis hangs: the clean-up's reply never comes
+
+	start := time.Now()
+	err := w.Shutdown(context.Background()) // no deadline of its own
+	took := time.Since(start)
+	require.Error(t, err)
+	assert.ErrorIs(t, err, context.DeadlineExceeded, "the operation timeout ended it")
+	assert.Contains(t, err.Error(), "shut down w1")
+	assert.Less(t, took, time.Second, "bounded by the 100ms operation timeout, not the caller's context")
+
+	fr.thaw()
+	require.NoError(t, w.Shutdown(context.Background()), "a later call finishes the clean-up")
+	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
 }

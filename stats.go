@@ -41,6 +41,13 @@ type Stats struct {
 	RowsNotReset uint64
 	// Errors counts failed scans, failed peer recoveries and failed sweeps.
 	Errors uint64
+	// RegistryBroken reports whether the last registry command found the
+	// registry key holding something other than a set: scans cannot find
+	// dead peers until it is deleted (see EventRegistryWrongType).
+	RegistryBroken bool
+	// RegistryWrongType counts registry commands Redis refused with
+	// WRONGTYPE.
+	RegistryWrongType uint64
 	// EventsDropped counts events the observer did not receive.
 	EventsDropped uint64
 }
@@ -51,6 +58,8 @@ type counters struct {
 	scans, peersDead, peersRecovered           atomic.Uint64
 	rowsRecovered, rowsQuarantined             atomic.Uint64
 	rowsReleased, rowsNotReset, errors         atomic.Uint64
+	registryWrongType                          atomic.Uint64
+	registryBroken                             atomic.Bool
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
 }
 
@@ -72,6 +81,8 @@ func (w *Worker) Stats() Stats {
 		RowsReleased:      w.stats.rowsReleased.Load(),
 		RowsNotReset:      w.stats.rowsNotReset.Load(),
 		Errors:            w.stats.errors.Load(),
+		RegistryBroken:    w.stats.registryBroken.Load(),
+		RegistryWrongType: w.stats.registryWrongType.Load(),
 		EventsDropped:     w.events.dropped.Load(),
 	}
 	if ns := w.stats.lastHeartbeat.Load(); ns != 0 {

@@ -51,10 +51,8 @@ type sweepState struct {
 }
 
 // sweepLeaseTTL lets the holder miss one renewal (±10% jitter included)
-// before another worker may take over.
-func (w *Worker) sweepLeaseTTL() time.Duration {
-	return w.opts.recoveryInterval*22/10 + w.opts.opTimeout
-}
+// before another worker may take over (options.sweepLeaseTTL).
+func (w *Worker) sweepLeaseTTL() time.Duration { return w.opts.sweepLeaseTTL() }
 
 // sweep runs one backstop sweep.
 func (w *Worker) sweep(ctx context.Context) (rep SweepReport, err error) {

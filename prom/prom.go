@@ -31,6 +31,7 @@ type Collector struct {
 	heartbeats, heartbeatFailures, leaseLost  *prometheus.Desc
 	peersDead, rowsRecovered, rowsQuarantined *prometheus.Desc
 	errors, trackedRows                       *prometheus.Desc
+	registryBroken, registryWrongType         *prometheus.Desc
 }
 
 // NewCollector returns a Collector with no worker watched yet.
@@ -54,6 +55,9 @@ func NewCollector() *Collector {
 		rowsQuarantined:   desc("recovery_rows_quarantined_total", "Rows set to the terminal status after too many recoveries."),
 		errors:            desc("recovery_errors_total", "Failed recovery scans, peer recoveries and sweeps."),
 		trackedRows:       desc("recovery_tracked_rows", "Rows the worker is processing now."),
+		registryBroken: desc("recovery_registry_broken",
+			"1 while the fleet's registry key holds something other than a set: scans cannot find dead peers until it is deleted."),
+		registryWrongType: desc("recovery_registry_wrong_type_total", "Registry commands Redis refused with WRONGTYPE."),
 	}
 }
 
@@ -75,7 +79,8 @@ func (c *Collector) Observe(e recovery.Event) {
 // Describe implements prometheus.Collector.
 func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{c.heartbeats, c.heartbeatFailures, c.leaseLost,
-		c.peersDead, c.rowsRecovered, c.rowsQuarantined, c.errors, c.trackedRows} {
+		c.peersDead, c.rowsRecovered, c.rowsQuarantined, c.errors, c.trackedRows,
+		c.registryBroken, c.registryWrongType} {
 		ch <- d
 	}
 	c.scanDuration.Describe(ch)
@@ -102,7 +107,13 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 		counter(c.rowsRecovered, s.RowsRecovered)
 		counter(c.rowsQuarantined, s.RowsQuarantined)
 		counter(c.errors, s.Errors)
+		counter(c.registryWrongType, s.RegistryWrongType)
 		ch <- prometheus.MustNewConstMetric(c.trackedRows, prometheus.GaugeValue, float64(s.TrackedRows), id)
+		broken := 0.0
+		if s.RegistryBroken {
+			broken = 1
+		}
+		ch <- prometheus.MustNewConstMetric(c.registryBroken, prometheus.GaugeValue, broken, id)
 	}
 	c.scanDuration.Collect(ch)
 }

@@ -96,7 +96,59 @@ func TestDescribeListsEveryMetric(t *testing.T) {
 	for _, n := range []string{"recovery_heartbeats_total", "recovery_heartbeat_failures_total",
 		"recovery_lease_lost_total", "recovery_peers_dead_total", "recovery_rows_recovered_total",
 		"recovery_rows_quarantined_total", "recovery_errors_total", "recovery_tracked_rows",
-		"recovery_scan_duration_seconds"} {
+		"recovery_scan_duration_seconds", "recovery_registry_broken", "recovery_registry_wrong_type_total"} {
 		assert.Contains(t, all, `"`+n+`"`)
 	}
+}
+
+// noReset is a RowResetter for tests that never recover anything.
+type noReset struct{}
+
+func (noReset) ResetRows(context.Context, string, []int64) (int64, error) { return 0, nil }
+
+// scrape returns the collector's metrics as the text format.
+func scrape(t *testing.T, c *recoveryprom.Collector) string {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(c)
+	srv := httptest.NewServer(promhttp.HandlerFor(reg, promhttp.HandlerOpts{}))
+	defer srv.Close()
+	resp, err := http.Get(srv.URL)
+	require.NoError(t, err)
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	require.NoError(t, err)
+	return string(body)
+}
+
+// TestScrapeShowsARegistryOfTheWrongType: a registry key that is not a set
+// shows as recovery_registry_broken 1 (and WRONGTYPE replies counted) until
+// it is deleted.
+func TestScrapeShowsARegistryOfTheWrongType(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	prefix := testutil.Name("P")
+	require.NoError(t, rdb.Set(ctx, prefix+"_WORKER_REGISTRY", "oops", 0).Err())
+	c := recoveryprom.NewCollector()
+	w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c), recovery.WithKeyPrefix(prefix),
+		recovery.WithInstanceID("reg-1"), recovery.WithHeartbeatTTL(2*time.Second),
+		recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Second),
+		recovery.WithRowsTTL(4*time.Second))
+	require.NoError(t, err)
+	c.Watch(w)
+	require.NoError(t, w.Start(ctx))
+	defer func() {
+		shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		assert.NoError(t, w.Shutdown(shutdownCtx))
+	}()
+
+	text := scrape(t, c)
+	assert.Contains(t, text, `recovery_registry_broken{instance_id="reg-1"} 1`)
+	assert.Regexp(t, regexp.MustCompile(`recovery_registry_wrong_type_total\{instance_id="reg-1"\} [1-9]`), text)
+
+	require.NoError(t, rdb.Del(ctx, prefix+"_WORKER_REGISTRY").Err())
+	require.Eventually(t, func() bool {
+		return strings.Contains(scrape(t, c), `recovery_registry_broken{instance_id="reg-1"} 0`)
+	}, 5*time.Second, 20*time.Millisecond)
 }

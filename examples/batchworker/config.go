@@ -19,7 +19,7 @@ type config struct {
 	databaseURL string // never printed
 	schema      string // search_path, when the tables are not in the default one
 
-	instanceID string // "" = the library's <hostname>-<pid>-<start>
+	instanceID string // "" = the library's <hostname>-<pid>-<start>-<random>
 	prefix     string
 	block      int
 	poll       time.Duration
@@ -47,7 +47,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.redisURL, "redis-url", "", "Redis URL (default $REDIS_URL)")
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of the tables (default: the search_path)")
-	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start time>)")
+	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start time>-<random>)")
 	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	fs.IntVar(&c.block, "block", 50, "rows per block")
 	fs.DurationVar(&c.poll, "poll", time.Second, "wait between fetches when no row is queued")

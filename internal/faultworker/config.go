@@ -65,7 +65,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.SetOutput(output)
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of the tables (default: the search_path)")
 	fs.StringVar(&c.table, "table", recovery.DefaultTable, "the rows table")
-	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start>)")
+	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start>-<random>)")
 	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	fs.StringVar(&c.guard, "guard", guardOwner, "completion guard: owner (fencing), status, or none")
 	fs.IntVar(&c.block, "block", 10, "rows per block")

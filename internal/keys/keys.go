@@ -24,7 +24,7 @@ import (
 	"unicode/utf8"
 )
 
-// MaxNameLen bounds instance IDs and prefixes. Real IDs are host-pid-time,
+// MaxNameLen bounds instance IDs and prefixes. Real IDs are host-pid-time-random,
 // well under 100 bytes; the bound keeps a garbage registry member from
 // turning into a multi-kilobyte key.
 const MaxNameLen = 512
