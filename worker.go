@@ -134,7 +134,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.beat(ctx); err != nil {
-		return fmt.Errorf("start %s: first heartbeat: %w", w.opts.instanceID, err)
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.firstHeartbeatError(ctx, err))
 	}
 	w.warnIfEvicting(ctx)
 	var subs []*redis.PubSub
