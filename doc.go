@@ -28,15 +28,26 @@
 // # Lifecycle
 //
 //	w, err := recovery.New(rdb, resetter, opts...) // validates, no I/O
-//	err = w.Start(ctx)                             // first heartbeat, loops start
+//	err = w.Start(ctx)                             // schema check, first heartbeat, loops start
 //	for {                                          // the host's batch loop
-//		rows := FetchBlockOfRows()                 // marks them inprog
-//		w.Track(ctx, ids...)                       // before processing
+//		tx := begin()
+//		ids := FetchBlockOfRows(tx)                // marks them inprog
+//		w.Track(ctx, ids...)                       // before the COMMIT of the fetch
+//		tx.Commit()
 //		for each row { process; commit; w.Untrack(id) }
 //	}
 //	err = w.Shutdown(ctx)                          // after the last block
 //
-// Start writes the first heartbeat before it returns and then runs the
+// Track goes inside the transaction that marks the rows in progress, before
+// its COMMIT: a crash after the commit then always finds the rows tracked,
+// and a crash before it leaves them queued. Tracking after the commit
+// leaves a moment in which a crash strands them.
+//
+// Start first checks the resetter against the database when it can
+// (SchemaChecker: a missing table or column, a status that is not a label
+// of an enum status column; WithoutSchemaCheck skips it), so a wrong
+// configuration stops the process at start instead of surfacing when a
+// peer dies. It writes the first heartbeat before it returns and then runs the
 // heartbeat loop and the recovery loop (plus one subscriber per master with
 // WithExpiryNotifications, and a flusher with WithDeferredUntrack; events
 // reach an Observer on a goroutine of their own). None uses the context

@@ -45,4 +45,11 @@ var (
 	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
 	// return for a bad option or argument.
 	ErrInvalidConfig = errors.New("recovery: invalid configuration")
+
+	// ErrSchema is wrapped by every error of a SchemaChecker that found the
+	// database different from what the resetter was configured for: a
+	// missing table or column, a column of an unusable type, a status that
+	// is not a label of the status column's enum, a missing privilege.
+	// Start returns it, before writing anything to Redis.
+	ErrSchema = errors.New("recovery: table does not match the configuration")
 )

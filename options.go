@@ -39,6 +39,7 @@ type options struct {
 	expiryConfigure   bool
 	observer          Observer
 	observerSet       bool
+	noSchemaCheck     bool
 }
 
 func defaultOptions() options {

@@ -241,10 +241,13 @@ func idArgs(ids []int64) []any {
 	return out
 }
 
-// Track records that this worker is processing rowIDs: call it after
-// FetchBlockOfRows has marked them in progress and before processing them.
-// If the worker dies before it calls Untrack, a peer returns the rows to the
-// queue. It adds the IDs to the worker's rows set and refreshes the set's
+// Track records that this worker is processing rowIDs: call it inside the
+// transaction of FetchBlockOfRows, after the UPDATE that marks them in
+// progress and before its COMMIT. A crash after the commit then always
+// finds the rows tracked, and a crash before it leaves them queued;
+// tracking after the commit leaves a moment in which a crash strands them
+// in progress, untracked (docs/safety.md, section 2). If the worker dies
+// before it calls Untrack, a peer returns the rows to the queue. It adds the IDs to the worker's rows set and refreshes the set's
 // TTL in one round trip, bounded by ctx.
 //
 // Track returns ErrNotStarted before Start, ErrShutdown after Shutdown and

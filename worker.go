@@ -110,10 +110,14 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 // InstanceID returns the worker's identity in Redis.
 func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
-// Start writes the first heartbeat and registers the worker, then starts the
-// heartbeat loop and the recovery loop, whose first scan runs at once. It
-// returns an error, and starts nothing, if Redis cannot be reached within
-// ctx and the operation timeout; Start may then be called again.
+// Start checks the resetter's configuration against the database (when it
+// is a SchemaChecker, unless WithoutSchemaCheck), writes the first
+// heartbeat and registers the worker, then starts the heartbeat loop and
+// the recovery loop, whose first scan runs at once. It returns an error,
+// and starts nothing, if the check fails (an error wrapping ErrSchema names
+// the table, column or status at fault; nothing has been written to Redis)
+// or Redis cannot be reached within ctx and the operation timeout (the
+// error names the address and the cause); Start may then be called again.
 //
 // ctx bounds only Start itself. The loops run until Shutdown, whatever
 // happens to ctx: a worker that stops refreshing its heartbeat while it
@@ -127,8 +131,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	case stateRunning:
 		return ErrAlreadyStarted
 	}
+	if err := w.checkSchema(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
 	if err := w.beat(ctx); err != nil {
-		return fmt.Errorf("start %s: first heartbeat: %w", w.opts.instanceID, err)
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.firstHeartbeatError(ctx, err))
 	}
 	w.warnIfEvicting(ctx)
 	w.observeNodes(ctx)

@@ -90,8 +90,10 @@ func writeJSON(w io.Writer, v any) error {
 	return enc.Encode(v)
 }
 
-// cmdWorkers lists every registered instance.
-func cmdWorkers(ctx context.Context, o *options, stdout io.Writer) error {
+// cmdWorkers lists every registered instance. When the registry is empty
+// it says so on stderr, with the prefix: a wrong --prefix looks exactly
+// like an idle fleet otherwise.
+func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error {
 	rdb, _, err := connectRedis(ctx, o)
 	if err != nil {
 		return err
@@ -104,6 +106,10 @@ func cmdWorkers(ctx context.Context, o *options, stdout io.Writer) error {
 	insts, err := describe(ctx, rdb, o.prefix, ids, nil)
 	if err != nil {
 		return err
+	}
+	if len(ids) == 0 && len(invalid) == 0 {
+		fmt.Fprintf(stderr, "no worker registered under prefix %q: %s is empty or absent; is --prefix the fleet's WithKeyPrefix?\n",
+			o.prefix, keys.Registry(o.prefix))
 	}
 	if o.json {
 		out := struct {

@@ -50,14 +50,14 @@ func connectRedis(ctx context.Context, o *options) (redis.UniversalClient, strin
 		if len(addrs) == 0 {
 			return nil, "", &usageError{"--cluster needs at least one host:port"}
 		}
-		copt := &redis.ClusterOptions{Addrs: addrs, DialTimeout: dialTimeout, MaxRetries: 1}
+		copt := &redis.ClusterOptions{Addrs: addrs, DialTimeout: dialTimeout, MaxRetries: 1, ContextTimeoutEnabled: true}
 		if opt != nil { // credentials and TLS of --redis-url
 			copt.Username, copt.Password, copt.TLSConfig = opt.Username, opt.Password, opt.TLSConfig
 		}
 		rdb = redis.NewClusterClient(copt)
 		name = "Redis Cluster " + strings.Join(addrs, ",")
 	} else {
-		opt.DialTimeout, opt.MaxRetries = dialTimeout, 1
+		opt.DialTimeout, opt.MaxRetries, opt.ContextTimeoutEnabled = dialTimeout, 1, true
 		rdb = redis.NewClient(opt)
 		name = "Redis at " + redact.URL(url)
 	}

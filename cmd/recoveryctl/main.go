@@ -183,7 +183,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	defer cancel()
 	switch cmd {
 	case "workers":
-		err = cmdWorkers(ctx, o, stdout)
+		err = cmdWorkers(ctx, o, stdout, stderr)
 	case "rows":
 		err = cmdRows(ctx, o, pos[0], stdout)
 	case "recover":

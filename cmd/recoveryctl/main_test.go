@@ -165,10 +165,25 @@ func TestPrefixKeepsFleetsApart(t *testing.T) {
 	prefix := testutil.Name("CTL")
 	plantDead(t, rdb, prefix, "dead-1", "1")
 
-	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", testutil.Name("OTHER"), "workers")
+	other := testutil.Name("OTHER")
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", other, "workers")
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "0 registered")
 	assert.NotContains(t, out, "dead-1")
+	assert.Contains(t, errOut, `no worker registered under prefix "`+other+`": `+other+"_WORKER_REGISTRY is empty or absent; is --prefix the fleet's WithKeyPrefix?")
+
+	// The JSON on stdout stays parseable; the warning goes to stderr.
+	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", other, "--json", "workers")
+	require.Equal(t, exitOK, code, errOut)
+	var got workersOut
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	assert.Empty(t, got.Workers)
+	assert.Contains(t, errOut, "no worker registered under prefix")
+
+	// A prefix that matches says nothing of the kind.
+	_, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers")
+	require.Equal(t, exitOK, code, errOut)
+	assert.NotContains(t, errOut, "no worker registered")
 }
 
 func TestRowsListsTheRowIDsOfAnInstance(t *testing.T) {

@@ -34,6 +34,10 @@ import (
 	"os"
 	"os/signal"
 	"syscall"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery"
 )
 
 func main() {
@@ -46,6 +50,10 @@ func main() {
 		os.Exit(2)
 	}
 	log := slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: cfg.logLevel}))
+	// go-redis prints its own dial failures on stderr through a logger of
+	// its own, one for the whole process: the program, not the library,
+	// decides where they go. Here: to the same log as everything else.
+	redis.SetLogger(recovery.RedisLogger(log))
 
 	// SIGTERM (Kubernetes) or Ctrl-C cancels the processing context. The
 	// worker then finishes its current block and shuts down; the heartbeat

@@ -143,12 +143,15 @@ func openPostgres(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
 
 // openRedis returns a client for REDIS_URL. For Redis Cluster, build a
 // redis.NewClusterClient instead: recovery.New takes any
-// redis.UniversalClient.
+// redis.UniversalClient. ContextTimeoutEnabled lets the worker's per-call
+// timeouts bound a call to an unresponsive server; without it go-redis
+// waits for its ReadTimeout (3 s).
 func openRedis(cfg config) (*redis.Client, error) {
 	opt, err := redis.ParseURL(cfg.redisURL)
 	if err != nil {
 		return nil, hideSecrets(fmt.Errorf("redis URL: %w", err), cfg.redisURL)
 	}
+	opt.ContextTimeoutEnabled = true
 	return redis.NewClient(opt), nil
 }
 

@@ -152,6 +152,7 @@ func (d *demo) setup(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("redis URL: %w", err)
 	}
+	opt.ContextTimeoutEnabled = true
 	d.rdb = redis.NewClient(opt)
 	pingCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
 	defer cancel()

@@ -113,7 +113,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	}
 	// The library checks the timings; ask it now rather than in every
 	// worker. New does no I/O, so the client is never used.
-	idle := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	idle := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer idle.Close()
 	if _, err := recovery.New(idle, noResetter{},
 		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.beat),

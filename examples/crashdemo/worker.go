@@ -120,6 +120,7 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 	if err != nil {
 		return fmt.Errorf("redis URL: %w", err)
 	}
+	opt.ContextTimeoutEnabled = true // the worker's per-call timeouts bound every call
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 

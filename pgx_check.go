@@ -1,0 +1,279 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgconn"
+)
+
+// CheckSchema compares the resetter's options with the PostgreSQL catalogue
+// and returns an error wrapping ErrSchema for each mismatch (joined), naming
+// the object at fault:
+//
+//   - the table exists (in the WithSchema schema, else on the connection's
+//     search_path);
+//   - the ID column exists and is bigint, integer or smallint;
+//   - the status column exists and is text, varchar, char or an enum; for
+//     an enum, the in-progress, queued and terminal (WithMaxRecoveries)
+//     statuses are labels of it;
+//   - the owner column (WithOwnerColumn), if any, exists and is text,
+//     varchar or char;
+//   - the recovery-count column (WithRecoveryCountColumn), if any, exists
+//     and is an integer type;
+//   - the current role may SELECT every column the reset reads and UPDATE
+//     every column it writes.
+//
+// It reads only the catalogue, inside a transaction (a savepoint when the
+// handle is a pgx.Tx) that it rolls back; names and statuses are query
+// parameters. Other errors (the database unreachable) are returned as they
+// are. It implements SchemaChecker: Worker.Start runs it unless
+// WithoutSchemaCheck.
+func (r *PgxResetter) CheckSchema(ctx context.Context) (err error) {
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = tx.Rollback(rbCtx) // read only: nothing to keep
+		cancel()
+	}()
+	t, err := r.lookUpTable(ctx, tx)
+	if err != nil {
+		return err
+	}
+	var found []error
+	for _, check := range r.schemaChecks() {
+		err := check(ctx, tx, t)
+		if err != nil && !errors.Is(err, ErrSchema) {
+			return err // could not look: not a finding
+		}
+		found = append(found, unjoin(err)...)
+	}
+	return errors.Join(found...)
+}
+
+// A schemaCheck is one thing CheckSchema verifies. It returns an error
+// wrapping ErrSchema for a mismatch, any other error when it could not
+// look. It gets the transaction, so a check of another table is one more
+// entry of schemaChecks.
+type schemaCheck func(ctx context.Context, tx pgx.Tx, t *pgTable) error
+
+// schemaChecks lists what CheckSchema verifies once the table is found.
+func (r *PgxResetter) schemaChecks() []schemaCheck {
+	return []schemaCheck{
+		r.checkIDColumn,
+		r.checkStatusColumn,
+		r.checkStatusLabels,
+		r.checkOwnerColumn,
+		r.checkCountColumn,
+		r.checkPrivileges,
+	}
+}
+
+// pgTable is what the catalogue says about the configured table.
+type pgTable struct {
+	name string // schema.table, as found
+	role string // current_user
+	cols map[string]pgColumn
+}
+
+// pgColumn is what the catalogue says about one configured column.
+type pgColumn struct {
+	typ       string   // as format_type shows it
+	base      string   // typname of the type, or of a domain's base type
+	enum      bool     // the (base) type is an enum
+	labels    []string // the enum's labels, in order
+	canSelect bool
+	canUpdate bool
+}
+
+// column names the column col of t for a message: schema.table.column.
+func (t *pgTable) column(col string) string { return t.name + "." + col }
+
+// lookUpTable finds the table and the configured columns, or returns an
+// error wrapping ErrSchema that says which of schema and table is missing.
+func (r *PgxResetter) lookUpTable(ctx context.Context, tx pgx.Tx) (*pgTable, error) {
+	t := &pgTable{cols: make(map[string]pgColumn)}
+	var (
+		oid  uint32
+		kind string
+	)
+	err := tx.QueryRow(ctx, `
+SELECT c.oid, n.nspname || '.' || c.relname, c.relkind::text, current_user
+FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+WHERE c.oid = to_regclass($1)`, r.o.tableIdent()).Scan(&oid, &t.name, &kind, &t.role)
+	var pe *pgconn.PgError
+	switch {
+	case errors.As(err, &pe) && pe.Code == "42501": // no USAGE on the schema
+		return nil, fmt.Errorf("%w: table %s: %s", ErrSchema, r.o.tableIdent(), pe.Message)
+	case errors.Is(err, pgx.ErrNoRows):
+		return nil, r.missingTable(ctx, tx)
+	case err != nil:
+		return nil, fmt.Errorf("look up table %s: %w", r.o.tableIdent(), err)
+	}
+	switch kind {
+	case "r", "p", "v", "f": // table, partitioned table, view, foreign table
+	default:
+		return nil, fmt.Errorf("%w: %s (WithTable) is not a table", ErrSchema, t.name)
+	}
+	rows, err := tx.Query(ctx, `
+SELECT a.attname, format_type(a.atttypid, a.atttypmod), b.typname, b.typtype = 'e',
+       CASE WHEN b.typtype = 'e' THEN
+            ARRAY(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = b.oid ORDER BY e.enumsortorder)
+       END,
+       has_column_privilege(a.attrelid, a.attnum, 'SELECT'),
+       has_column_privilege(a.attrelid, a.attnum, 'UPDATE')
+FROM pg_attribute a
+JOIN pg_type d ON d.oid = a.atttypid
+JOIN pg_type b ON b.oid = CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE d.oid END
+WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY($2::text[])`,
+		oid, r.o.columns())
+	if err != nil {
+		return nil, fmt.Errorf("look up columns of %s: %w", t.name, err)
+	}
+	defer rows.Close()
+	for rows.Next() {
+		var (
+			name string
+			c    pgColumn
+		)
+		if err := rows.Scan(&name, &c.typ, &c.base, &c.enum, &c.labels, &c.canSelect, &c.canUpdate); err != nil {
+			return nil, fmt.Errorf("look up columns of %s: %w", t.name, err)
+		}
+		t.cols[name] = c
+	}
+	if err := rows.Err(); err != nil {
+		return nil, fmt.Errorf("look up columns of %s: %w", t.name, err)
+	}
+	return t, nil
+}
+
+// missingTable says what is missing: the schema, or the table in the schema
+// or on the search_path.
+func (r *PgxResetter) missingTable(ctx context.Context, tx pgx.Tx) error {
+	if r.o.schema != "" {
+		var exists bool
+		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, ident(r.o.schema)).Scan(&exists); err != nil {
+			return fmt.Errorf("look up schema %s: %w", r.o.schema, err)
+		}
+		if !exists {
+			return fmt.Errorf("%w: schema %s (WithSchema) does not exist", ErrSchema, r.o.schema)
+		}
+		return fmt.Errorf("%w: table %s.%s (WithTable) does not exist", ErrSchema, r.o.schema, r.o.table)
+	}
+	var path string
+	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+		return fmt.Errorf("read search_path: %w", err)
+	}
+	return fmt.Errorf("%w: table %s (WithTable) does not exist in any schema of the search_path (%s); set WithSchema",
+		ErrSchema, r.o.table, path)
+}
+
+// columns returns the names of the configured columns.
+func (o *resetterOptions) columns() []string {
+	cols := []string{o.idColumn, o.statusColumn}
+	for _, c := range []string{o.ownerColumn, o.countColumn} {
+		if c != "" {
+			cols = append(cols, c)
+		}
+	}
+	return cols
+}
+
+var (
+	integerTypes = []string{"int8", "int4", "int2"}
+	textTypes    = []string{"text", "varchar", "bpchar"}
+)
+
+// checkColumn reports a missing column, or one whose base type is not one
+// of want (an enum passes when enumOK).
+func checkColumn(t *pgTable, role, option, col string, want []string, enumOK bool, wantText string) error {
+	c, ok := t.cols[col]
+	switch {
+	case !ok:
+		return fmt.Errorf("%w: %s %s (%s) does not exist", ErrSchema, role, t.column(col), option)
+	case slices.Contains(want, c.base), enumOK && c.enum:
+		return nil
+	}
+	return fmt.Errorf("%w: %s %s (%s) is %s; it must be %s", ErrSchema, role, t.column(col), option, c.typ, wantText)
+}
+
+func (r *PgxResetter) checkIDColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+	return checkColumn(t, "ID column", "WithIDColumn", r.o.idColumn, integerTypes, false, "bigint, integer or smallint")
+}
+
+func (r *PgxResetter) checkStatusColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+	return checkColumn(t, "status column", "WithStatusColumn", r.o.statusColumn, textTypes, true, "text, varchar, char or an enum")
+}
+
+// checkStatusLabels checks that every status the reset writes or matches is
+// a label of an enum status column. A text column takes any value: a
+// misspelt status there cannot be seen in the catalogue.
+func (r *PgxResetter) checkStatusLabels(_ context.Context, _ pgx.Tx, t *pgTable) error {
+	c, ok := t.cols[r.o.statusColumn]
+	if !ok || !c.enum {
+		return nil
+	}
+	type status struct{ role, v, option string }
+	statuses := []status{{"in-progress status", r.o.inprog, "WithStatuses"}, {"queued status", r.o.queued, "WithStatuses"}}
+	if r.o.maxRecoveries > 0 {
+		statuses = append(statuses, status{"terminal status", r.o.terminal, "WithMaxRecoveries"})
+	}
+	var errs []error
+	for _, s := range statuses {
+		if !slices.Contains(c.labels, s.v) {
+			errs = append(errs, fmt.Errorf("%w: %s %q (%s) is not a label of enum %s of status column %s; its labels: %s",
+				ErrSchema, s.role, s.v, s.option, c.typ, t.column(r.o.statusColumn), strings.Join(c.labels, ", ")))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+func (r *PgxResetter) checkOwnerColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+	if r.o.ownerColumn == "" {
+		return nil
+	}
+	return checkColumn(t, "owner column", "WithOwnerColumn", r.o.ownerColumn, textTypes, false, "text, varchar or char")
+}
+
+func (r *PgxResetter) checkCountColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+	if r.o.countColumn == "" {
+		return nil
+	}
+	return checkColumn(t, "recovery count column", "WithRecoveryCountColumn", r.o.countColumn, integerTypes, false, "bigint, integer or smallint")
+}
+
+// checkPrivileges checks that the role may read every column the reset
+// reads and update every column it writes (a table-wide grant covers every
+// column). Missing columns are reported by their own checks.
+func (r *PgxResetter) checkPrivileges(_ context.Context, _ pgx.Tx, t *pgTable) error {
+	var noSelect, noUpdate []string
+	for _, col := range r.o.columns() {
+		c, ok := t.cols[col]
+		if !ok {
+			continue
+		}
+		if !c.canSelect {
+			noSelect = append(noSelect, t.column(col))
+		}
+		if col != r.o.idColumn && !c.canUpdate {
+			noUpdate = append(noUpdate, t.column(col))
+		}
+	}
+	var errs []error
+	if len(noSelect) > 0 {
+		errs = append(errs, fmt.Errorf("%w: role %s may not SELECT %s (GRANT SELECT ON %s TO %s)",
+			ErrSchema, t.role, strings.Join(noSelect, ", "), t.name, t.role))
+	}
+	if len(noUpdate) > 0 {
+		errs = append(errs, fmt.Errorf("%w: role %s may not UPDATE %s (GRANT UPDATE ON %s TO %s)",
+			ErrSchema, t.role, strings.Join(noUpdate, ", "), t.name, t.role))
+	}
+	return errors.Join(errs...)
+}
