@@ -26,7 +26,9 @@ import (
 //   - the recovery-count column (WithRecoveryCountColumn), if any, exists
 //     and is an integer type;
 //   - the current role may SELECT every column the reset reads and UPDATE
-//     every column it writes.
+//     every column it writes;
+//   - without an owner column, the reset ledger's table exists and the
+//     role may SELECT, INSERT and DELETE in it (see WithResetLedger).
 //
 // It reads only the catalogue, inside a transaction (a savepoint when the
 // handle is a pgx.Tx) that it rolls back; names and statuses are query
@@ -73,6 +75,7 @@ func (r *PgxResetter) schemaChecks() []schemaCheck {
 		r.checkOwnerColumn,
 		r.checkCountColumn,
 		r.checkPrivileges,
+		r.checkLedger,
 	}
 }
 
@@ -276,4 +279,30 @@ func (r *PgxResetter) checkPrivileges(_ context.Context, _ pgx.Tx, t *pgTable) e
 			ErrSchema, t.role, strings.Join(noUpdate, ", "), t.name, t.role))
 	}
 	return errors.Join(errs...)
+}
+
+// checkLedger checks the reset ledger, which resets without an owner column
+// need (WithResetLedger).
+func (r *PgxResetter) checkLedger(ctx context.Context, tx pgx.Tx, _ *pgTable) error {
+	if !r.o.usesLedger() {
+		return nil
+	}
+	var exists, canSelect, canInsert, canDelete bool
+	err := tx.QueryRow(ctx, `SELECT c.oid IS NOT NULL,
+		coalesce(has_table_privilege(c.oid, 'SELECT'), false),
+		coalesce(has_table_privilege(c.oid, 'INSERT'), false),
+		coalesce(has_table_privilege(c.oid, 'DELETE'), false)
+		FROM (SELECT to_regclass($1) AS oid) AS c`, r.o.ledgerIdent()).Scan(&exists, &canSelect, &canInsert, &canDelete)
+	if err != nil {
+		return fmt.Errorf("look up reset ledger %s: %w", r.o.ledgerIdent(), err)
+	}
+	if !exists {
+		return fmt.Errorf("%w: reset ledger table %s (WithResetLedger) does not exist: without an owner column every reset is recorded there; create it with PgxResetter.CreateLedger or the migration in docs/integration.md, or use WithOwnerColumn",
+			ErrSchema, r.o.ledgerIdent())
+	}
+	if !canSelect || !canInsert || !canDelete {
+		return fmt.Errorf("%w: the role may not SELECT, INSERT and DELETE in reset ledger %s (GRANT SELECT, INSERT, DELETE ON %s TO ...)",
+			ErrSchema, r.o.ledgerIdent(), r.o.ledgerIdent())
+	}
+	return nil
 }

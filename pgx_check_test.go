@@ -36,11 +36,19 @@ func userEnumOptions(s string, extra ...ResetterOption) []ResetterOption {
 
 func TestCheckSchemaNamesEachMistake(t *testing.T) {
 	cases := []struct {
-		name string
-		ddl  string
-		opts func(s string) []ResetterOption
-		want []string // in the message, with {s} for the test's schema
+		name   string
+		ddl    string
+		opts   func(s string) []ResetterOption
+		want   []string // in the message, with {s} for the test's schema
+		ledger bool     // check the reset ledger too (off elsewhere: one finding per case)
 	}{
+		{
+			name:   "missing reset ledger without an owner column",
+			ddl:    `CREATE TABLE batchrows (rowid bigint, status text)`,
+			opts:   func(string) []ResetterOption { return nil },
+			want:   []string{`reset ledger table "recovery_ledger" (WithResetLedger) does not exist`},
+			ledger: true,
+		},
 		{
 			name: "missing table on the search_path",
 			opts: func(string) []ResetterOption { return nil },
@@ -131,7 +139,11 @@ func TestCheckSchemaNamesEachMistake(t *testing.T) {
 				_, err := db.Exec(context.Background(), c.ddl)
 				require.NoError(t, err)
 			}
-			r, err := NewPgxResetter(db, c.opts(s)...)
+			opts := c.opts(s)
+			if !c.ledger {
+				opts = append(opts, WithoutResetLedger())
+			}
+			r, err := NewPgxResetter(db, opts...)
 			require.NoError(t, err)
 			err = r.CheckSchema(context.Background())
 			require.Error(t, err)
