@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/keys"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/testutil"
@@ -185,6 +186,10 @@ func (e *env) setupDatabase(adminURL string) {
 	})
 	_, err = e.pool.Exec(ctx, fmt.Sprintf(schemaSQL, e.table))
 	require.NoError(t, err)
+	// The reset ledger, which workers without an owner column need.
+	r, err := recovery.NewPgxResetter(e.pool)
+	require.NoError(t, err)
+	require.NoError(t, r.CreateLedger(ctx))
 	_, err = e.pool.Exec(ctx, `INSERT INTO `+e.table+` (rowid, batchid) SELECT g, 1 FROM generate_series(1, $1::bigint) g`, e.cfg.rows)
 	require.NoError(t, err)
 }
