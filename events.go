@@ -53,6 +53,11 @@ const (
 	// Emitted once per outage, when a registry command first fails this
 	// way; Stats.RegistryBroken says whether it lasts.
 	EventRegistryWrongType
+	// EventMisconfigured: the self-check found Rows of this worker's own
+	// tracked rows not in progress by it, as the resetter sees them, at
+	// two checks a heartbeat interval apart (Err says which and why).
+	// Emitted once; Healthy fails from then on.
+	EventMisconfigured
 )
 
 var eventNames = map[EventKind]string{
@@ -67,6 +72,7 @@ var eventNames = map[EventKind]string{
 	EventScanFinished:      "scan_finished",
 	EventRowsReleased:      "rows_released",
 	EventRowsNotReset:      "rows_not_reset",
+	EventMisconfigured:     "misconfigured",
 	EventRegistryWrongType: "registry_wrong_type",
 }
 

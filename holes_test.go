@@ -345,7 +345,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	require.ErrorIs(t, err, ErrRowsNotReset)
 	assert.Contains(t, err.Error(), `row 1 has status "inprog"`)
 	require.Len(t, rep.Failed, 1)
-	assert.Equal(t, []RowState{{1, "inprog"}, {2, "inprog"}, {3, "inprog"}}, rep.Failed[0].NotReset,
+	assert.Equal(t, []RowState{{ID: 1, Status: "inprog"}, {ID: 2, Status: "inprog"}, {ID: 3, Status: "inprog"}}, rep.Failed[0].NotReset,
 		"the finished row 4 is settled, not reported")
 	assert.Empty(t, rep.Recovered)
 	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 4, "rows set kept")

@@ -306,3 +306,35 @@ func (r *PgxResetter) checkLedger(ctx context.Context, tx pgx.Tx, _ *pgTable) er
 	}
 	return nil
 }
+
+// RowStates returns the status, as text, and the owner (with
+// WithOwnerColumn) of each of ids that exists. It implements
+// RowStateReader, for the worker's self-check.
+func (r *PgxResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	owner := "NULL::text"
+	if r.o.ownerColumn != "" {
+		owner = ident(r.o.ownerColumn) + "::text"
+	}
+	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1",
+		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn))
+	rows, err := r.dbQuery(ctx, sql, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read row states: %w", err)
+	}
+	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RowState, error) {
+		var s RowState
+		err := row.Scan(&s.ID, &s.Status, &s.Owner)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read row states: %w", err)
+	}
+	return out, nil
+}
+
+// InProgress reports whether a row in state s is one this resetter would
+// reset as in progress for instance owner: the in-progress status and,
+// with WithOwnerColumn, owned by owner. It implements RowStateReader.
+func (r *PgxResetter) InProgress(s RowState, owner string) bool {
+	return s.Status == r.o.inprog && (r.o.ownerColumn == "" || s.Owner == owner)
+}

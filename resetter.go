@@ -35,6 +35,9 @@ type RowState struct {
 	ID int64
 	// Status is the row's status, as text.
 	Status string
+	// Owner is the row's owner, when the resetter knows owners (and the
+	// row has one).
+	Owner string
 }
 
 // A ResetRequest asks for the rows of one instance to be returned to the

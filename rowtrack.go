@@ -140,6 +140,23 @@ func (s *inflight) snapshot() (tracked, unremoved []any, incarnation string) {
 	return members(s.ids), members(s.unremoved), s.incarnation
 }
 
+// sampleSettled returns up to n tracked rows (all if n < 0) that are not
+// stale.
+func (s *inflight) sampleSettled(n int) map[int64]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int64]bool)
+	for id := range s.ids {
+		if n >= 0 && len(out) >= n {
+			break
+		}
+		if _, stale := s.stale[id]; !stale {
+			out[id] = true
+		}
+	}
+	return out
+}
+
 // currentIncarnation returns the incarnation of the rows set.
 func (s *inflight) currentIncarnation() string {
 	s.mu.Lock()

@@ -39,6 +39,10 @@ type Stats struct {
 	// RowsNotReset counts rows recovery found but could neither reset nor
 	// show to be settled, once per attempt (see ResetResult.NotReset).
 	RowsNotReset uint64
+	// Misconfigured is set once the self-check found that the rows this
+	// worker tracks do not look in progress by it to the resetter (see
+	// ErrMisconfigured); Healthy then fails.
+	Misconfigured bool
 	// Errors counts failed scans, failed peer recoveries and failed sweeps.
 	Errors uint64
 	// RegistryBroken reports whether the last registry command found the
@@ -58,6 +62,7 @@ type counters struct {
 	scans, peersDead, peersRecovered           atomic.Uint64
 	rowsRecovered, rowsQuarantined             atomic.Uint64
 	rowsReleased, rowsNotReset, errors         atomic.Uint64
+	misconfigured                              atomic.Uint64
 	registryWrongType                          atomic.Uint64
 	registryBroken                             atomic.Bool
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
@@ -80,6 +85,7 @@ func (w *Worker) Stats() Stats {
 		RowsQuarantined:   w.stats.rowsQuarantined.Load(),
 		RowsReleased:      w.stats.rowsReleased.Load(),
 		RowsNotReset:      w.stats.rowsNotReset.Load(),
+		Misconfigured:     w.misconfigured() != nil,
 		Errors:            w.stats.errors.Load(),
 		RegistryBroken:    w.stats.registryBroken.Load(),
 		RegistryWrongType: w.stats.registryWrongType.Load(),
@@ -94,5 +100,13 @@ func (w *Worker) Stats() Stats {
 // Healthy returns nil while the worker holds a valid heartbeat lease, and
 // the reason otherwise (ErrNotStarted, ErrLeaseLost, ErrShutdown). It is
 // meant for a liveness or readiness probe: a worker that keeps failing it
-// cannot reach Redis and its rows are being recovered by peers.
-func (w *Worker) Healthy() error { return w.CheckLease() }
+// cannot reach Redis and its rows are being recovered by peers. It also
+// fails, with an error wrapping ErrMisconfigured, once the self-check found
+// that the rows this worker tracks would not be recovered should it crash
+// (statuses or owner column misconfigured).
+func (w *Worker) Healthy() error {
+	if err := w.CheckLease(); err != nil {
+		return err
+	}
+	return w.misconfigured()
+}

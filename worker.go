@@ -49,6 +49,7 @@ type Worker struct {
 	rows   inflight   // rowtrack.go
 	lease  lease      // heartbeat.go
 	swept  sweepState // sweep.go
+	self   selfCheck  // selfcheck.go
 	nodes  nodeAges   // nodeage.go
 	stats  counters   // stats.go
 	events dispatcher // events.go
@@ -159,6 +160,10 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.opts.untrackLinger > 0 {
 		wg.Add(1)
 		go func() { defer wg.Done(); w.runUntrackFlusher(loopCtx) }()
+	}
+	if reader, ok := w.resetter.(RowStateReader); ok {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.runSelfCheck(loopCtx, reader) }()
 	}
 	for _, ps := range subs {
 		go func() { defer wg.Done(); w.watchExpired(loopCtx, ps) }()

@@ -1,0 +1,112 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// selfCheckTimings check every 300ms.
+func selfCheckTimings(prefix string) []Option {
+	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
+		WithRecoveryInterval(time.Second), WithRowsTTL(3 * time.Second)}
+}
+
+// takeBlock marks rows in progress with the given status and owner, as a
+// host's fetch would, and tracks them.
+func takeBlock(t *testing.T, w *Worker, status, owner string, ids ...int64) {
+	t.Helper()
+	db := w.resetter.(*PgxResetter).db
+	_, err := db.Exec(context.Background(), `UPDATE batchrows SET status = $1, owner = $2 WHERE rowid = ANY($3)`, status, owner, ids)
+	require.NoError(t, err)
+	require.NoError(t, w.Track(context.Background(), ids...))
+}
+
+func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *testing.T) {
+	cases := []struct {
+		name   string
+		opts   []ResetterOption
+		status string
+		owner  func(w *Worker) string
+	}{
+		{"statuses swapped", []ResetterOption{WithStatuses("queued", "inprog")}, "inprog",
+			func(*Worker) string { return "" }},
+		{"misspelt in-progress status", []ResetterOption{WithStatuses("in_progress", "queued")}, "inprog",
+			func(*Worker) string { return "" }},
+		{"owner column filled with the hostname", []ResetterOption{WithOwnerColumn("owner")}, "inprog",
+			func(*Worker) string { return "host-7" }},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := testutil.Redis(t)
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 10)
+			r, err := NewPgxResetter(db, c.opts...)
+			require.NoError(t, err)
+			rec := &recorder{}
+			w, logs := startWorker(t, rdb, r, "w", append(selfCheckTimings(testutil.Name("SC")), WithObserver(rec))...)
+			require.NoError(t, w.Healthy())
+			start := time.Now()
+			takeBlock(t, w, c.status, c.owner(w), 1, 2, 3)
+
+			require.Eventually(t, func() bool { return w.Healthy() != nil }, 3*time.Second, 20*time.Millisecond,
+				"Healthy fails within about two heartbeat intervals")
+			t.Logf("found %v after the block was taken", time.Since(start).Round(time.Millisecond))
+			err = w.Healthy()
+			assert.ErrorIs(t, err, ErrMisconfigured)
+			assert.Contains(t, err.Error(), `has status "inprog"`)
+			assert.True(t, w.Stats().Misconfigured)
+			assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"self-check: the rows this worker tracks do not look like its rows in progress`))
+			require.NoError(t, w.Shutdown(context.Background()))
+			require.Len(t, rec.of(EventMisconfigured), 1)
+			assert.ErrorIs(t, rec.of(EventMisconfigured)[0].Err, ErrMisconfigured)
+		})
+	}
+}
+
+func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))
+	require.NoError(t, err)
+	w, _ := startWorker(t, rdb, r, "w", selfCheckTimings(testutil.Name("SC"))...)
+	takeBlock(t, w, "inprog", w.InstanceID(), 1, 2, 3)
+
+	require.Eventually(t, func() bool { return w.self.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
+	checks := w.self.checks.Load()
+	time.Sleep(time.Second)
+	assert.Equal(t, checks, w.self.checks.Load(), "no more reads once verified")
+	assert.NoError(t, w.Healthy())
+	assert.False(t, w.Stats().Misconfigured)
+}
+
+// A host marks a row done, then untracks it: in between, the row is
+// tracked and not in progress. That must never raise the alarm, even when
+// the host takes longer than a heartbeat interval to untrack it and a
+// check reads it in that state.
+func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 200)
+	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))
+	require.NoError(t, err)
+	w, _ := startWorker(t, rdb, r, "w", selfCheckTimings(testutil.Name("SC"))...)
+	ctx := context.Background()
+
+	for id := int64(1); id <= 8; id++ {
+		takeBlock(t, w, "inprog", w.InstanceID(), id)
+		_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1`, id)
+		require.NoError(t, err)
+		time.Sleep(400 * time.Millisecond) // finished, not yet untracked, for more than an interval
+		require.NoError(t, w.Untrack(id))
+	}
+	assert.NotZero(t, w.self.checks.Load(), "checks read rows in the finished-not-untracked state")
+	assert.NoError(t, w.Healthy())
+	assert.Equal(t, int32(0), w.self.verdict.Load(), "neither verified nor alarmed: no row was ever seen in progress")
+}
