@@ -78,6 +78,9 @@ func stateText(i instance) string {
 	if i.BeingRecovered {
 		s += ", being recovered"
 	}
+	if i.RecoveryFailed {
+		s += ", recovery failed"
+	}
 	if !i.Registered {
 		s += ", not registered"
 	}

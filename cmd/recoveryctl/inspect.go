@@ -2,14 +2,17 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/scripts"
 )
 
 // instance is what Redis holds about one instance ID.
@@ -25,6 +28,9 @@ type instance struct {
 	RowsTTL          time.Duration
 	// BeingRecovered is set while a recoverer holds the instance's claim.
 	BeingRecovered bool
+	// RecoveryFailed is set when the last recovery of the instance failed
+	// (the claim key holds the failure note) and none holds it now.
+	RecoveryFailed bool
 }
 
 // Alive reports whether the instance's heartbeat key exists.
@@ -59,7 +65,8 @@ func describe(ctx context.Context, rdb redis.UniversalClient, prefix string, ids
 	}
 	type cmds struct {
 		hbTTL, rowsTTL *redis.DurationCmd
-		rows, claim    *redis.IntCmd
+		rows           *redis.IntCmd
+		claim          *redis.StringCmd
 	}
 	pipe := rdb.Pipeline()
 	cs := make([]cmds, len(ids))
@@ -69,10 +76,10 @@ func describe(ctx context.Context, rdb redis.UniversalClient, prefix string, ids
 			hbTTL:   pipe.PTTL(ctx, k.Heartbeat),
 			rows:    pipe.SCard(ctx, k.Rows),
 			rowsTTL: pipe.PTTL(ctx, k.Rows),
-			claim:   pipe.Exists(ctx, k.Claim),
+			claim:   pipe.Get(ctx, k.Claim),
 		}
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read the keys of %d instances: %w", len(ids), err)
 	}
 	out := make([]instance, len(ids))
@@ -86,7 +93,11 @@ func describe(ctx context.Context, rdb redis.UniversalClient, prefix string, ids
 			Rows:             c.rows.Val(),
 			RowsPresent:      c.rowsTTL.Val() != -2,
 			RowsTTL:          c.rowsTTL.Val(),
-			BeingRecovered:   c.claim.Val() == 1,
+			// The claim key holds a recoverer's token, the failure note of
+			// the last attempt, or for a moment a finished one's tombstone.
+			BeingRecovered: c.claim.Val() != "" && c.claim.Val() != scripts.FailedClaim &&
+				!strings.HasPrefix(c.claim.Val(), "done:"),
+			RecoveryFailed: c.claim.Val() == scripts.FailedClaim,
 		}
 	}
 	return out, nil

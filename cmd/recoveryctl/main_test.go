@@ -21,6 +21,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/scripts"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -60,8 +61,10 @@ func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, dead
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
 	require.Eventually(t, func() bool {
-		n, err := rdb.Exists(context.Background(), keys.For(prefix, deadPeer).Claim).Result()
-		return r.calls.Load() > 0 && err == nil && n == 0
+		// A failed recovery leaves the "failed" note, which any recoverer
+		// takes over at once.
+		v, err := rdb.Get(context.Background(), keys.For(prefix, deadPeer).Claim).Result()
+		return r.calls.Load() > 0 && (errors.Is(err, redis.Nil) || v == scripts.FailedClaim)
 	}, 5*time.Second, 5*time.Millisecond, "the worker's first scan is over")
 	require.NoError(t, w.Track(context.Background(), rows...))
 }
@@ -112,7 +115,9 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	require.GreaterOrEqual(t, len(lines), 4, out)
 	assert.Regexp(t, `^INSTANCE\s+STATE\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
 	assert.Regexp(t, `^alive-1\s+alive\s+\S+\s+2\s+`, lines[1])
-	assert.Regexp(t, `^dead-1\s+dead\s+-\s+3\s+no expiry`, lines[2])
+	// The worker's failed recovery left its note, and renewed the set for
+	// the rows TTL (3h).
+	assert.Regexp(t, `^dead-1\s+dead, recovery failed\s+-\s+3\s+(3h0m0s|2h59m)`, lines[2])
 	assert.Contains(t, out, "2 registered in "+prefix+"_WORKER_REGISTRY: 1 alive, 1 dead")
 	assert.Contains(t, out, `"not valid"`)
 

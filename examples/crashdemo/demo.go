@@ -583,7 +583,7 @@ func (d *demo) cleanup() {
 			ks := []string{keys.Registry(d.prefix), keys.ScanLease(d.prefix)}
 			for _, p := range d.procs {
 				k := keys.For(d.prefix, p.name)
-				ks = append(ks, k.Heartbeat, k.Rows, k.Claim)
+				ks = append(ks, k.Heartbeat, k.Rows, k.Claim, k.Incarnation)
 			}
 			_ = d.rdb.Del(ctx, ks...).Err()
 			d.cleaned = append(d.cleaned, "keys "+d.prefix+"_*")
