@@ -289,6 +289,8 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	rep, err = w.sweep(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 2)
+	assert.Equal(t, uint64(3), w.Stats().RowsRecovered, "the sweep's rows are counted")
+	assert.Equal(t, uint64(2), w.Stats().PeersRecovered)
 	for _, id := range []int64{1, 2, 3} {
 		s, o := rowState(t, db, id)
 		assert.Equal(t, "queued", s, "row %d", id)
