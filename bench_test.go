@@ -294,6 +294,46 @@ func BenchmarkResetRows100000(b *testing.B) {
 	}
 }
 
+// BenchmarkResetRows100000Modes: the same reset at the default chunk size,
+// with owner fencing (the baseline), with the reset ledger (no owner
+// column: every changed row is also recorded) and without either.
+func BenchmarkResetRows100000Modes(b *testing.B) {
+	db := testutil.Postgres(b)
+	testutil.CreateBatch(b, db, 100000)
+	ctx := context.Background()
+	ids := make([]int64, 100000)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+	}
+	modes := []struct {
+		name string
+		opts []ResetterOption
+	}{
+		{"owner", []ResetterOption{WithOwnerColumn("owner")}},
+		{"ledger", nil},
+		{"none", []ResetterOption{WithoutResetLedger()}},
+	}
+	for _, m := range modes {
+		b.Run(m.name, func(b *testing.B) {
+			r, err := NewPgxResetter(db, m.opts...)
+			if err != nil {
+				b.Fatal(err)
+			}
+			for i := range b.N {
+				b.StopTimer()
+				if _, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'dead'; TRUNCATE recovery_ledger`); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids})
+				if err != nil || res.Reset != 100000 {
+					b.Fatalf("reset %d: %v", res.Reset, err)
+				}
+			}
+		})
+	}
+}
+
 // BenchmarkHeartbeatWith100000TrackedRows: one heartbeat of a worker that
 // tracks 100,000 rows; allocs/op are those of the one command that writes
 // them back.
