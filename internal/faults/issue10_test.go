@@ -196,18 +196,37 @@ func TestScenarioF1PostgresUnreachableForSeveralRowsTTLs(t *testing.T) {
 		outage.Seconds(), failedAfter.Seconds(), failures, len(stranded))
 }
 
+// f2Work is the work per row in the F2 scenarios: slow enough that rows
+// taken again are still in their new holder's hands when the retry of the
+// recovery comes.
+const f2Work = 400 * time.Millisecond
+
+// f2Retry makes every survivor recover now (SIGUSR1), the moment the
+// rows reset by the first recovery are in live workers' hands, and
+// returns how many of them were. Without owner fencing a second reset of
+// those rows would put them back in the queue under those workers.
+func (e *env) f2Retry(victim string, stranded []int64, survivors []*proc) int {
+	e.t.Helper()
+	inHand := e.count(`rowid = ANY($1) AND status = 'inprog' AND owner <> $2`, stranded, victim)
+	require.NotZero(e.t, inHand, "rows taken again and still being worked on when the recovery is retried")
+	for _, p := range survivors {
+		if !p.exited() {
+			p.signal(e.t, syscall.SIGUSR1)
+		}
+	}
+	return inHand
+}
+
 // f2Check is what both F2 scenarios assert at the end: every row reset by
-// the first, unacknowledged, recovery was taken again by a live worker and
-// kept by it. Without owner fencing, a second reset of those rows would
-// put them back in the queue under that worker, and another would process
-// them again.
+// the first recovery, whose outcome Redis never learnt, was reset once
+// and kept by the live worker that took it again.
 func (e *env) f2Check(victim string, stranded []int64, ws []*proc) {
 	t := e.t
 	assert.Zero(t, e.count(`rowid = ANY($1) AND recoveries <> 1`, stranded), "each stranded row reset once, whatever happened after its COMMIT")
 	assert.Zero(t, e.count(`recoveries > 1`), "no row reset twice")
 	assert.Zero(t, e.res.ProcessedTwice, "no row processed twice")
 	assert.Zero(t, e.res.Discarded, "no completion refused: no row was reset under a live worker")
-	again := peerLines(ws, "recovered rows of dead peer", victim)
+	again := append(peerLines(ws, "recovered rows of dead peer", victim), peerLines(ws, "recover now: recovered rows of dead peer", victim)...)
 	if assert.Len(t, again, 1, "one recovery of %s completed", victim) {
 		assert.EqualValues(t, len(stranded), again[0]["rows_found"])
 		assert.EqualValues(t, 0, again[0]["rows_reset"], "the recovery after the lost outcome found every row reset already (reset ledger)")
@@ -218,13 +237,16 @@ func (e *env) f2Check(victim string, stranded []int64, ws []*proc) {
 // that recovers a dead peer SIGKILLs itself right after its reset
 // committed, before the finish script (-die-after-reset-of). The dead
 // peer's rows set and registry entry survive; live workers take the rows
-// again; when the dead recoverer's claim expires the next recoverer must
-// not reset them under those workers.
+// again. Their new holders work slowly, and the dead recoverer's claim
+// lasts 10.75 s (reset timeout 10 s + 3 x 250 ms), so the test ends the
+// claim itself (PEXPIRE 1 ms, what its expiry does) once the rows are in
+// live hands, and makes every survivor recover the victim again at once:
+// none may reset the rows under their new holders.
 func TestScenarioF2RecovererKilledBetweenCommitAndFinish(t *testing.T) {
-	e := newEnv(t, "F2 recoverer SIGKILLed after its reset COMMIT (guard status)", envConfig{rows: 300})
+	e := newEnv(t, "F2 recoverer SIGKILLed after its reset COMMIT (guard status)", envConfig{rows: 80, work: f2Work})
 	const victimID = "f2k-v"
 	victim := e.start([]string{victimID}, "-guard", "status")[0]
-	survivors := e.start([]string{"f2k-x1", "f2k-x2", "f2k-x3"}, "-guard", "status", "-reset-timeout", "2s", "-die-after-reset-of", victimID)
+	survivors := e.start([]string{"f2k-x1", "f2k-x2", "f2k-x3"}, "-guard", "status", "-die-after-reset-of", victimID)
 	e.waitMidBlock(victim)
 	killedAt := time.Now()
 	victim.kill(t)
@@ -241,28 +263,36 @@ func TestScenarioF2RecovererKilledBetweenCommitAndFinish(t *testing.T) {
 
 	takenAfter := e.waitTakenAgain(stranded, 5*time.Second)
 	require.True(t, e.registered(victim.id), "rows taken again before any second recovery of %s", victim.id)
-	// The dead recoverer's claim expires (reset timeout 2 s + 3 x 250 ms);
-	// the next scan recovers the victim again.
-	e.waitGone(victim.id, 2750*time.Millisecond+scanBound+2*time.Second)
+	ctx := context.Background()
+	claim := e.keysOf(victim.id).Claim
+	held, err := e.rdb.PExpire(ctx, claim, time.Millisecond).Result()
+	require.NoError(t, err)
+	require.True(t, held, "the dead recoverer's claim was still there")
+	require.Eventually(t, func() bool {
+		n, err := e.rdb.Exists(ctx, claim).Result()
+		return err == nil && n == 0
+	}, time.Second, time.Millisecond, "the dead recoverer's claim expired")
+	inHand := e.f2Retry(victim.id, stranded, survivors)
+	e.waitGone(victim.id, scanBound+2*time.Second)
 	e.finish(true)
 	e.f2Check(victim.id, stranded, survivors)
-	e.res.note("stranded=%d; recoverer %s killed itself %.2fs after the kill; rows taken again %.2fs later; detection = kill to the first reset",
-		len(stranded), recoverer.id, diedAfter.Seconds(), takenAfter.Seconds())
+	e.res.note("stranded=%d; recoverer %s killed itself %.2fs after the kill; rows taken again %.2fs later, %d of them in hand at the retry; detection = kill to the first reset",
+		len(stranded), recoverer.id, diedAfter.Seconds(), takenAfter.Seconds(), inHand)
 }
 
 // Scenario F2, lost acknowledgement: without owner fencing, the reply to
 // a recoverer's reset COMMIT is lost (a proxy in front of PostgreSQL for
 // the recoverers' resets drops it and closes the connection): the reset
 // committed, the recoverer sees an error and gives the claim up. The
-// proxy then stays cut until live workers took the rows again, so the
-// retry meets them in their hands; it must reset none of them.
+// proxy then stays cut until live workers took the rows again; once it is
+// restored every survivor recovers the victim again at once, and none may
+// reset the rows under their new holders.
 func TestScenarioF2CommitReplyOfAResetLost(t *testing.T) {
-	e := newEnv(t, "F2 COMMIT reply of a reset lost (guard status)", envConfig{rows: 300})
+	e := newEnv(t, "F2 COMMIT reply of a reset lost (guard status)", envConfig{rows: 80, work: f2Work})
 	proxy, viaProxy := e.postgresProxy()
 	const victimID = "f2c-v"
 	victim := e.start([]string{victimID}, "-guard", "status")[0]
-	// Only the resets go through the proxy: the hosts' own commits do not
-	// contain the marker's connection.
+	// Only the resets go through the proxy, not the hosts' own commits.
 	survivors := e.spawnStarted([]string{"f2c-x1", "f2c-x2", "f2c-x3"}, map[string]string{"RESET_DATABASE_URL": viaProxy},
 		"-guard", "status", "-reset-timeout", "2s")
 	e.waitMidBlock(victim)
@@ -291,12 +321,13 @@ func TestScenarioF2CommitReplyOfAResetLost(t *testing.T) {
 	require.True(t, e.registered(victim.id), "rows taken again before any second recovery of %s", victim.id)
 	restoredAt := time.Now()
 	proxy.Restore()
+	inHand := e.f2Retry(victim.id, stranded, survivors)
 	e.waitGone(victim.id, scanBound+5*time.Second)
 	recoveredAfter := time.Since(restoredAt)
 	e.finish(true)
 	e.f2Check(victim.id, stranded, survivors)
-	e.res.note("stranded=%d; rows taken again %.2fs after the lost reply; second recovery %.2fs after the proxy was restored; detection = kill to the lost COMMIT",
-		len(stranded), takenAfter.Seconds(), recoveredAfter.Seconds())
+	e.res.note("stranded=%d; rows taken again %.2fs after the lost reply, %d of them in hand at the retry; second recovery %.2fs after the proxy was restored; detection = kill to the lost COMMIT",
+		len(stranded), takenAfter.Seconds(), inHand, recoveredAfter.Seconds())
 }
 
 // Scenario F4: the reply to the claim script is lost after redis-server
