@@ -34,6 +34,11 @@ type config struct {
 	redisURL     string   // REDIS_URL, never printed
 	clusterAddrs []string // REDIS_CLUSTER_ADDRS: a Redis Cluster instead
 	databaseURL  string   // DATABASE_URL, never printed
+	// resetDatabaseURL (RESET_DATABASE_URL, never printed) is the
+	// database of the resetter's own pool, when it must differ from the
+	// host's (the suite puts a proxy in front of the resets only); ""
+	// shares the host's pool.
+	resetDatabaseURL string
 
 	schema     string // search_path of the tables
 	table      string // the rows table, quoted as one identifier
@@ -53,6 +58,12 @@ type config struct {
 	resetTimeout      time.Duration
 	shutdownTimeout   time.Duration
 	scanLease         bool
+
+	// Faults of the recoverer (issue 10), all off by default.
+	recoverOnly     bool          // take no rows: only heartbeat and recover peers
+	dieAfterResetOf string        // SIGKILL this process right after the first reset of this peer's rows that changed rows committed
+	delayFinishOf   string        // after the first reset of this peer's rows that changed rows, wait finishDelay before the finish script
+	finishDelay     time.Duration // see delayFinishOf
 
 	logLevel slog.Level
 }
@@ -80,6 +91,10 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.DurationVar(&c.resetTimeout, "reset-timeout", 10*time.Second, "timeout of each reset")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "deadline for Shutdown after the last block")
 	fs.BoolVar(&c.scanLease, "scan-lease", true, "one worker of the fleet scans per recovery interval (false: every worker scans)")
+	fs.BoolVar(&c.recoverOnly, "recover-only", false, "take no rows: only heartbeat and recover dead peers")
+	fs.StringVar(&c.dieAfterResetOf, "die-after-reset-of", "", "SIGKILL this process right after its first reset of this peer's rows that changed rows has committed, before the finish script (fault F2)")
+	fs.StringVar(&c.delayFinishOf, "delay-finish-of", "", "after the first reset of this peer's rows that changed rows, wait -finish-delay before the finish script (fault F8)")
+	fs.DurationVar(&c.finishDelay, "finish-delay", 0, "see -delay-finish-of")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -92,6 +107,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		c.clusterAddrs = strings.Split(addrs, ",")
 	}
 	c.databaseURL = getenv("DATABASE_URL")
+	c.resetDatabaseURL = getenv("RESET_DATABASE_URL")
 
 	var problems []string
 	if c.redisURL == "" && len(c.clusterAddrs) == 0 {
@@ -121,6 +137,12 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 		if d.v <= 0 {
 			problems = append(problems, fmt.Sprintf("-%s %v must be positive", d.name, d.v))
 		}
+	}
+	if c.finishDelay < 0 {
+		problems = append(problems, fmt.Sprintf("-finish-delay %v must not be negative", c.finishDelay))
+	}
+	if (c.delayFinishOf != "") != (c.finishDelay > 0) {
+		problems = append(problems, "-delay-finish-of and -finish-delay go together")
 	}
 	if len(problems) > 0 {
 		return c, errors.New(strings.Join(problems, "; "))

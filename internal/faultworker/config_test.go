@@ -34,6 +34,22 @@ func TestConfigTakesConnectionsFromTheEnvironmentOnly(t *testing.T) {
 	assert.Equal(t, guardOwner, c.guard, "owner fencing by default")
 }
 
+func TestConfigTakesTheRecovererFaults(t *testing.T) {
+	env := map[string]string{"REDIS_URL": "redis://h:1", "DATABASE_URL": "postgres://h/x", "RESET_DATABASE_URL": "postgres://proxy/x"}
+	c, err := parseConfig([]string{"-recover-only", "-die-after-reset-of", "v1", "-delay-finish-of", "v2", "-finish-delay", "1s"},
+		func(k string) string { return env[k] }, io.Discard)
+	require.NoError(t, err)
+	assert.True(t, c.recoverOnly)
+	assert.Equal(t, "v1", c.dieAfterResetOf)
+	assert.Equal(t, "v2", c.delayFinishOf)
+	assert.Equal(t, "postgres://proxy/x", c.resetDatabaseURL)
+
+	_, err = parseConfig([]string{"-delay-finish-of", "v2"}, func(k string) string { return env[k] }, io.Discard)
+	require.ErrorContains(t, err, "-delay-finish-of and -finish-delay go together")
+	_, err = parseConfig([]string{"-finish-delay", "-1s"}, func(k string) string { return env[k] }, io.Discard)
+	require.ErrorContains(t, err, "-finish-delay -1s must not be negative")
+}
+
 func TestConfigNamesEveryProblem(t *testing.T) {
 	_, err := parseConfig([]string{"-guard", "maybe", "-block", "0", "-poll", "0s"}, func(string) string { return "" }, io.Discard)
 	require.Error(t, err)
@@ -46,7 +62,7 @@ func TestConfigNamesEveryProblem(t *testing.T) {
 func TestStartupErrorsNeverShowThePassword(t *testing.T) {
 	port := testutil.FreePort(t, false)
 	cfg := config{databaseURL: fmt.Sprintf("postgres://app:s3cretFW@127.0.0.1:%d/x?sslmode=disable&connect_timeout=2", port)}
-	_, err := openPostgres(context.Background(), cfg)
+	_, err := openPostgres(context.Background(), cfg, cfg.databaseURL)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "PostgreSQL unreachable")
 	assert.NotContains(t, err.Error(), "s3cretFW")

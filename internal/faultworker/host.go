@@ -63,7 +63,15 @@ RETURNING r.rowid`, table)
 
 // loop fetches and processes blocks until ctx is cancelled. A block once
 // fetched is always finished: processBlock does not look at ctx.
+//
+// With -recover-only it takes no rows and only waits for ctx: the worker
+// heartbeats and recovers peers, so the suite knows which worker does the
+// recoveries while no one takes rows.
 func (h *host) loop(ctx context.Context) {
+	if h.cfg.recoverOnly {
+		<-ctx.Done()
+		return
+	}
 	failing := ""
 	for ctx.Err() == nil {
 		ids, err := h.fetchBlock(ctx)

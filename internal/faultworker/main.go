@@ -16,12 +16,17 @@
 //     finishes its block and calls Shutdown, as the design says.
 //   - SIGUSR1 runs one recovery scan now (RecoverNow), so the suite can
 //     make many workers recover the same dead peer at the same moment.
+//   - Recoverer faults (issue 10): -die-after-reset-of ID SIGKILLs the
+//     process right after its first reset of ID's rows committed, before
+//     the finish script; -delay-finish-of ID -finish-delay D holds the
+//     recovery there for D; -recover-only takes no rows.
 //
 // It expects the tables batches (batchid, status), the rows table
 // (rowid, batchid, status, owner, recoveries) and ledger (rowid, instance,
 // outcome); the suite creates them. Connection strings come from REDIS_URL
-// (or REDIS_CLUSTER_ADDRS, comma-separated) and DATABASE_URL and are never
-// printed. Logs are JSON lines on stderr.
+// (or REDIS_CLUSTER_ADDRS, comma-separated), DATABASE_URL and, for a
+// resetter pool of its own, RESET_DATABASE_URL, and are never printed.
+// Logs are JSON lines on stderr.
 //
 // Exit status: 0 after a graceful stop, 1 when it could not run (servers
 // unreachable, bad configuration), 2 for bad flags.

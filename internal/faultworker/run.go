@@ -31,22 +31,29 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	signal.Notify(usr1, syscall.SIGUSR1)
 	defer signal.Stop(usr1)
 
-	pool, err := openPostgres(ctx, cfg)
+	pool, err := openPostgres(ctx, cfg, cfg.databaseURL)
 	if err != nil {
 		return err
 	}
 	defer pool.Close()
+	resetPool := pool
+	if cfg.resetDatabaseURL != "" {
+		if resetPool, err = openPostgres(ctx, cfg, cfg.resetDatabaseURL); err != nil {
+			return err
+		}
+		defer resetPool.Close()
+	}
 	rdb, err := openRedis(cfg)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
 
-	resetter, err := recovery.NewPgxResetter(pool, cfg.resetterOptions()...)
+	resetter, err := recovery.NewPgxResetter(resetPool, cfg.resetterOptions()...)
 	if err != nil {
 		return fmt.Errorf("resetter: %w", err)
 	}
-	w, err := recovery.New(rdb, resetter, cfg.options(log)...)
+	w, err := recovery.New(rdb, resetterWithFaults(resetter, cfg, log), cfg.options(log)...)
 	if err != nil {
 		return fmt.Errorf("crash recovery: %w", err)
 	}
@@ -54,7 +61,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		if ctx.Err() != nil {
 			return nil // stopped before it started
 		}
-		return redact.Error(fmt.Errorf("start crash recovery: %w", err), cfg.redisURL, cfg.databaseURL)
+		return redact.Error(fmt.Errorf("start crash recovery: %w", err), cfg.redisURL, cfg.databaseURL, cfg.resetDatabaseURL)
 	}
 	log = log.With("instance_id", w.InstanceID())
 	log.Info("faultworker started", "pid", os.Getpid(), "guard", cfg.guard, "block", cfg.block)
@@ -70,17 +77,19 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	shutdownCtx, cancel := context.WithTimeout(context.Background(), cfg.shutdownTimeout)
 	defer cancel()
 	if err := w.Shutdown(shutdownCtx); err != nil {
-		return redact.Error(fmt.Errorf("shut down crash recovery: %w", err), cfg.redisURL, cfg.databaseURL)
+		return redact.Error(fmt.Errorf("shut down crash recovery: %w", err), cfg.redisURL, cfg.databaseURL, cfg.resetDatabaseURL)
 	}
 	log.Info("faultworker stopped", "rows_done", h.done, "rows_discarded", h.discarded,
 		"rows_released", h.released, "rows_abandoned", h.abandoned)
 	return nil
 }
 
-func openPostgres(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
-	pc, err := pgxpool.ParseConfig(cfg.databaseURL)
+// openPostgres opens a pool on dbURL (the host's or the resetter's) in
+// the configured schema and checks that the server answers.
+func openPostgres(ctx context.Context, cfg config, dbURL string) (*pgxpool.Pool, error) {
+	pc, err := pgxpool.ParseConfig(dbURL)
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("database URL: %w", err), cfg.databaseURL)
+		return nil, redact.Error(fmt.Errorf("database URL: %w", err), dbURL)
 	}
 	if cfg.schema != "" {
 		pc.ConnConfig.RuntimeParams["search_path"] = cfg.schema
@@ -88,13 +97,13 @@ func openPostgres(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
 	pc.ConnConfig.ConnectTimeout = 2 * time.Second
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
-		return nil, redact.Error(fmt.Errorf("open PostgreSQL pool: %w", err), cfg.databaseURL)
+		return nil, redact.Error(fmt.Errorf("open PostgreSQL pool: %w", err), dbURL)
 	}
 	pingCtx, cancel := context.WithTimeout(ctx, dbTimeout)
 	defer cancel()
 	if err := pool.Ping(pingCtx); err != nil {
 		pool.Close()
-		return nil, redact.Error(fmt.Errorf("PostgreSQL unreachable: %w", err), cfg.databaseURL)
+		return nil, redact.Error(fmt.Errorf("PostgreSQL unreachable: %w", err), dbURL)
 	}
 	return pool, nil
 }

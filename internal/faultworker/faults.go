@@ -1,0 +1,59 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/alya/recovery"
+)
+
+// faultyResetter is the PgxResetter with the recoverer's faults of issue
+// 10: it can SIGKILL its own process right after a reset of one peer's
+// rows committed (-die-after-reset-of: a recoverer that dies between its
+// COMMIT and the finish script), or hold the recovery there for a while
+// (-delay-finish-of: a recoverer whose finish comes late). Each fault
+// fires once, on the first reset of that peer that changed rows. Every
+// other method is PgxResetter's own, so the worker sees the same
+// interfaces (ledger, owner fencing, schema check) as without faults.
+type faultyResetter struct {
+	*recovery.PgxResetter
+	cfg  config
+	log  *slog.Logger
+	once sync.Once
+}
+
+// ResetIncarnation resets through the PgxResetter, then injects the
+// fault when the reset was of the chosen peer and changed rows.
+func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+	res, err := f.PgxResetter.ResetIncarnation(ctx, req)
+	if err != nil || res.Reset == 0 {
+		return res, err
+	}
+	f.once.Do(func() {
+		switch req.InstanceID {
+		case f.cfg.dieAfterResetOf:
+			f.log.Warn("fault: killing this process after its reset committed, before the finish script",
+				"peer_id", req.InstanceID, "rows_reset", res.Reset)
+			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+			select {} // never returns: the kernel ends the process
+		case f.cfg.delayFinishOf:
+			f.log.Warn("fault: holding the finish script after the reset committed",
+				"peer_id", req.InstanceID, "rows_reset", res.Reset, "delay", f.cfg.finishDelay)
+			time.Sleep(f.cfg.finishDelay)
+			f.log.Info("fault: finish script released", "peer_id", req.InstanceID)
+		}
+	})
+	return res, err
+}
+
+// resetterWithFaults returns r, wrapped when a recoverer fault is asked for.
+func resetterWithFaults(r *recovery.PgxResetter, cfg config, log *slog.Logger) recovery.RowResetter {
+	if cfg.dieAfterResetOf == "" && cfg.delayFinishOf == "" {
+		return r
+	}
+	return &faultyResetter{PgxResetter: r, cfg: cfg, log: log}
+}
