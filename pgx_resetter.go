@@ -309,32 +309,40 @@ func (r *PgxResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
-		if r.o.usesLedger() {
-			if err := r.lockIncarnation(ctx, tx, req.InstanceID, req.Incarnation); err != nil {
-				return ResetResult{}, err
-			}
-		}
-		var total ResetResult
-		for chunk := range slices.Chunk(ids, r.o.chunkSize) {
-			res, err := r.run(ctx, tx, r.byIDs, resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation})
-			if err != nil {
-				return ResetResult{}, err
-			}
-			total.Reset += res.Reset
-			total.Quarantined = append(total.Quarantined, res.Quarantined...)
-			total.NotReset = append(total.NotReset, res.NotReset...)
-		}
-		if r.o.usesLedger() {
-			if err := r.cleanLedger(ctx, tx); err != nil {
-				return ResetResult{}, err
-			}
-		}
-		return total, nil
+		return r.resetInTx(ctx, tx, req, ids, true)
 	})
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, r.explainLedgerError(err))
 	}
 	return res, nil
+}
+
+// resetInTx runs the reset of ids (sorted, without duplicates) for req in
+// tx: ResetIncarnation commits it, PlanReset rolls it back. clean lets it
+// delete expired ledger entries (a plan does not, so as not to postpone
+// the real clean-up).
+func (r *PgxResetter) resetInTx(ctx context.Context, tx pgx.Tx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
+	if r.o.usesLedger() {
+		if err := r.lockIncarnation(ctx, tx, req.InstanceID, req.Incarnation); err != nil {
+			return ResetResult{}, err
+		}
+	}
+	var total ResetResult
+	for chunk := range slices.Chunk(ids, r.o.chunkSize) {
+		res, err := r.run(ctx, tx, r.byIDs, resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation})
+		if err != nil {
+			return ResetResult{}, err
+		}
+		total.Reset += res.Reset
+		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.NotReset = append(total.NotReset, res.NotReset...)
+	}
+	if clean && r.o.usesLedger() {
+		if err := r.cleanLedger(ctx, tx); err != nil {
+			return ResetResult{}, err
+		}
+	}
+	return total, nil
 }
 
 // InProgressOwners returns the distinct owners of rows in progress. It

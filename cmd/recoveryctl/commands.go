@@ -30,18 +30,24 @@ type instanceJSON struct {
 	HeartbeatTTLMs *int64 `json:"heartbeat_ttl_ms"`
 	Rows           int64  `json:"rows"`
 	RowsTTLMs      *int64 `json:"rows_ttl_ms"`
+	Incarnation    string `json:"incarnation,omitempty"`
+	// Claim is the recovery claim: none, held (being recovered), failed
+	// (the last recovery failed) or finished.
+	Claim          string `json:"claim"`
 	BeingRecovered bool   `json:"being_recovered"`
 }
 
-func toJSON(i instance) instanceJSON {
+func toJSON(i recovery.InstanceState) instanceJSON {
 	return instanceJSON{
-		InstanceID:     i.ID,
+		InstanceID:     i.InstanceID,
 		Registered:     i.Registered,
 		Alive:          i.Alive(),
 		HeartbeatTTLMs: ttlMs(i.HeartbeatPresent, i.HeartbeatTTL),
 		Rows:           i.Rows,
 		RowsTTLMs:      ttlMs(i.RowsPresent, i.RowsTTL),
-		BeingRecovered: i.BeingRecovered,
+		Incarnation:    i.Incarnation,
+		Claim:          string(i.Claim),
+		BeingRecovered: i.Claim == recovery.ClaimHeld,
 	}
 }
 
@@ -70,16 +76,18 @@ func ttlText(present bool, ttl time.Duration) string {
 	}
 }
 
-func stateText(i instance) string {
+func stateText(i recovery.InstanceState) string {
 	s := "dead"
 	if i.Alive() {
 		s = "alive"
 	}
-	if i.BeingRecovered {
+	switch i.Claim {
+	case recovery.ClaimHeld:
 		s += ", being recovered"
-	}
-	if i.RecoveryFailed {
-		s += ", recovery failed"
+	case recovery.ClaimFailed:
+		s += ", last recovery failed"
+	case recovery.ClaimFinished:
+		s += ", just recovered"
 	}
 	if !i.Registered {
 		s += ", not registered"
@@ -102,17 +110,14 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	ids, invalid, err := registry(ctx, rdb, o.prefix)
+	fleet, err := recovery.Inspect(ctx, rdb, o.prefix)
 	if err != nil {
-		return err
+		return usageIfConfig(err)
 	}
-	insts, err := describe(ctx, rdb, o.prefix, ids, nil)
-	if err != nil {
-		return err
-	}
-	if len(ids) == 0 && len(invalid) == 0 {
+	insts, invalid := fleet.Instances, fleet.InvalidMembers
+	if len(insts) == 0 && len(invalid) == 0 {
 		fmt.Fprintf(stderr, "no worker registered under prefix %q: %s is empty or absent; is --prefix the fleet's WithKeyPrefix?\n",
-			o.prefix, keys.Registry(o.prefix))
+			o.prefix, fleet.Registry)
 	}
 	if o.json {
 		out := struct {
@@ -120,7 +125,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 			Registry       string         `json:"registry"`
 			Workers        []instanceJSON `json:"workers"`
 			InvalidMembers []string       `json:"invalid_members"`
-		}{Prefix: o.prefix, Registry: keys.Registry(o.prefix), Workers: []instanceJSON{}, InvalidMembers: []string{}}
+		}{Prefix: o.prefix, Registry: fleet.Registry, Workers: []instanceJSON{}, InvalidMembers: []string{}}
 		for _, i := range insts {
 			out.Workers = append(out.Workers, toJSON(i))
 		}
@@ -136,17 +141,26 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		if i.Alive() {
 			alive++
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", i.ID, stateText(i),
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", i.InstanceID, stateText(i),
 			ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL))
 	}
 	tw.Flush()
 	fmt.Fprintf(stdout, "%d registered in %s: %d alive, %d dead\n",
-		len(insts), keys.Registry(o.prefix), alive, len(insts)-alive)
+		len(insts), fleet.Registry, alive, len(insts)-alive)
 	if len(invalid) > 0 {
 		fmt.Fprintf(stdout, "ignored %d registry members that are not valid instance IDs: %s\n",
 			len(invalid), quoteAll(invalid))
 	}
 	return nil
+}
+
+// usageIfConfig makes a configuration error (a bad prefix or instance ID)
+// a usage error.
+func usageIfConfig(err error) error {
+	if errors.Is(err, recovery.ErrInvalidConfig) {
+		return &usageError{err.Error()}
+	}
+	return err
 }
 
 // cmdRows shows the rows an instance is tracking.
@@ -159,23 +173,19 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	registered, err := rdb.SIsMember(ctx, keys.Registry(o.prefix), id).Result()
+	inst, err := recovery.InspectInstance(ctx, rdb, o.prefix, id)
 	if err != nil {
-		return fmt.Errorf("read registry %s: %w", keys.Registry(o.prefix), err)
+		return usageIfConfig(err)
 	}
-	insts, err := describe(ctx, rdb, o.prefix, []string{id}, map[string]bool{id: registered})
-	if err != nil {
-		return err
-	}
-	inst := insts[0]
-	if !inst.Registered && !inst.HeartbeatPresent && !inst.RowsPresent && !inst.BeingRecovered {
+	if !inst.Known() {
 		return fmt.Errorf("unknown instance %q: not in %s and no keys of it under prefix %q",
 			id, keys.Registry(o.prefix), o.prefix)
 	}
-	ids, invalid, err := rowIDs(ctx, rdb, o.prefix, id)
+	tracked, err := recovery.ReadTrackedRows(ctx, rdb, o.prefix, id)
 	if err != nil {
 		return err
 	}
+	ids, invalid := tracked.RowIDs, tracked.InvalidMembers
 	if o.json {
 		out := struct {
 			instanceJSON
@@ -197,20 +207,33 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 	return nil
 }
 
+// rowJSON is a row a reset could neither change nor show settled.
+type rowJSON struct {
+	RowID  int64  `json:"row_id"`
+	Status string `json:"status"`
+}
+
 // peerJSON is one dead instance in the output of recover.
 type peerJSON struct {
 	InstanceID string `json:"instance_id"`
-	// Action is, in a dry run, what the scan would do: "reset" (rows, then
-	// the set and the registry entry), "deregister" (no rows) or "skip"
-	// (another worker is recovering it). In a real run it is what was done:
+	// Action is, in a dry run, what a scan would do (recovery.PlanAction):
+	// "reset" (the rows in rows_to_reset, then delete the rows set and
+	// deregister), "keep" (rows_not_reset cannot be reset: the rows set
+	// and registry entry would be kept), "deregister" (no rows), "lost"
+	// (its rows set vanished after a failed recovery) or "skip" (another
+	// worker is recovering it). In a real run it is what was done:
 	// "recovered", "skipped" or "failed".
-	Action         string   `json:"action"`
-	RowIDs         []int64  `json:"row_ids,omitempty"`
-	RowsFound      int      `json:"rows_found"`
-	RowsReset      *int64   `json:"rows_reset,omitempty"`
-	InvalidMembers []string `json:"invalid_members,omitempty"`
-	PeerCameBack   bool     `json:"peer_came_back,omitempty"`
-	Error          string   `json:"error,omitempty"`
+	Action         string    `json:"action"`
+	Claim          string    `json:"claim,omitempty"`
+	RowIDs         []int64   `json:"row_ids,omitempty"`
+	RowsFound      int       `json:"rows_found"`
+	RowsToReset    []int64   `json:"rows_to_reset,omitempty"`
+	RowsReset      *int64    `json:"rows_reset,omitempty"`
+	Quarantined    []int64   `json:"quarantined,omitempty"`
+	RowsNotReset   []rowJSON `json:"rows_not_reset,omitempty"`
+	InvalidMembers []string  `json:"invalid_members,omitempty"`
+	PeerCameBack   bool      `json:"peer_came_back,omitempty"`
+	Error          string    `json:"error,omitempty"`
 }
 
 type recoverJSON struct {
@@ -218,25 +241,41 @@ type recoverJSON struct {
 	PeersChecked   int        `json:"peers_checked"`
 	DeadPeers      int        `json:"dead_peers"`
 	RowsReset      int64      `json:"rows_reset"`
+	RowsNotReset   int        `json:"rows_not_reset"`
 	Peers          []peerJSON `json:"peers"`
 	InvalidMembers []string   `json:"invalid_members"`
 }
 
-// cmdRecover runs one recovery scan, or with --dry-run shows what it would do.
+// cmdRecover runs one recovery scan, or with --dry-run asks what it would do.
 func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error {
-	if !o.dryRun && o.databaseURL == "" {
-		return &usageError{"recover needs --database-url or DATABASE_URL to reset rows (or --dry-run)"}
+	if o.databaseURL == "" {
+		what := "to reset rows"
+		if o.dryRun {
+			what = "to ask PostgreSQL which rows a reset would change"
+		}
+		return &usageError{"recover needs --database-url or DATABASE_URL " + what}
+	}
+	// A bad flag is a usage error, found before any connection.
+	if _, err := recovery.NewPgxResetter(noDB{}, o.pgx.Options()...); err != nil {
+		return &usageError{err.Error()}
 	}
 	rdb, _, err := connectRedis(ctx, o)
 	if err != nil {
 		return err
 	}
 	defer rdb.Close()
+	w, closeDB, err := newWorker(ctx, rdb, o, stderr)
+	if err != nil {
+		return err
+	}
+	defer closeDB()
+	defer w.Shutdown(context.Background()) // never started: returns at once
+
 	var out recoverJSON
 	if o.dryRun {
-		out, err = plan(ctx, rdb, o.prefix)
+		out, err = plan(ctx, w)
 	} else {
-		out, err = recoverNow(ctx, rdb, o, stderr)
+		out, err = recoverNow(ctx, w, o)
 	}
 	if out.Peers == nil {
 		out.Peers = []peerJSON{}
@@ -256,90 +295,78 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	return err
 }
 
-// plan does what a scan does up to the reset, reading only: registry,
-// heartbeats, claims and rows sets.
-func plan(ctx context.Context, rdb redis.UniversalClient, prefix string) (recoverJSON, error) {
-	out := recoverJSON{DryRun: true}
-	ids, invalid, err := registry(ctx, rdb, prefix)
-	if err != nil {
-		return out, err
-	}
-	out.InvalidMembers = invalid
-	insts, err := describe(ctx, rdb, prefix, ids, nil)
-	if err != nil {
-		return out, err
-	}
-	out.PeersChecked = len(insts)
-	for _, i := range insts {
-		if i.Alive() {
-			continue
-		}
-		out.DeadPeers++
-		p := peerJSON{InstanceID: i.ID}
-		if i.BeingRecovered {
-			p.Action = "skip"
-			out.Peers = append(out.Peers, p)
-			continue
-		}
-		p.RowIDs, p.InvalidMembers, err = rowIDs(ctx, rdb, prefix, i.ID)
-		if err != nil {
-			return out, err
-		}
-		p.RowsFound = len(p.RowIDs)
-		p.Action = "deregister"
-		if p.RowsFound > 0 {
-			p.Action = "reset"
-		}
-		out.Peers = append(out.Peers, p)
-	}
-	return out, nil
-}
+// noDB stands in for the database while the flags are checked.
+type noDB struct{ recovery.PgxExecer }
 
-// recoverNow runs one scan with a recovery.Worker that is never started: no
-// heartbeat, no registration, just RecoverNow.
-func recoverNow(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (recoverJSON, error) {
-	out := recoverJSON{}
+// newWorker returns a recovery.Worker over the fleet's Redis and a
+// PgxResetter built from the flags, after checking the resetter against
+// the catalogue (unless --no-schema-check). The Worker is never started:
+// no heartbeat, no registration; RecoverNow and PlanRecovery only.
+func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (*recovery.Worker, func(), error) {
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
-		return out, &usageError{fmt.Sprintf("database URL %s: %v", redact.URL(o.databaseURL), err)}
+		return nil, nil, &usageError{fmt.Sprintf("database URL %s: %v", redact.URL(o.databaseURL), err)}
 	}
 	cfg.MaxConns = 2
 	cfg.ConnConfig.ConnectTimeout = dialTimeout
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return out, fmt.Errorf("open PostgreSQL pool: %w", err)
+		return nil, nil, fmt.Errorf("open PostgreSQL pool: %w", err)
 	}
-	defer pool.Close()
 	if err := pool.Ping(ctx); err != nil {
-		return out, fmt.Errorf("PostgreSQL at %s unreachable: %w", redact.URL(o.databaseURL), err)
+		pool.Close()
+		return nil, nil, fmt.Errorf("PostgreSQL at %s unreachable: %w", redact.URL(o.databaseURL), err)
 	}
-	ropts := []recovery.ResetterOption{
-		recovery.WithTable(o.table),
-		recovery.WithIDColumn(o.idColumn),
-		recovery.WithStatusColumn(o.status),
-	}
-	if o.schema != "" {
-		ropts = append(ropts, recovery.WithSchema(o.schema))
-	}
-	if o.ownerColumn != "" {
-		ropts = append(ropts, recovery.WithOwnerColumn(o.ownerColumn))
-	}
-	if o.countColumn != "" {
-		ropts = append(ropts, recovery.WithRecoveryCountColumn(o.countColumn))
-	}
-	resetter, err := recovery.NewPgxResetter(pool, ropts...)
+	resetter, err := recovery.NewPgxResetter(pool, o.pgx.Options()...)
 	if err != nil {
-		return out, &usageError{err.Error()}
+		pool.Close()
+		return nil, nil, &usageError{err.Error()}
+	}
+	if !o.noSchemaCheck {
+		if err := resetter.CheckSchema(ctx); err != nil {
+			pool.Close()
+			return nil, nil, fmt.Errorf("%w (fix the flags or RECOVERY_* variables, or skip the check with --no-schema-check)", err)
+		}
 	}
 	w, err := recovery.New(rdb, resetter,
 		recovery.WithKeyPrefix(o.prefix),
 		recovery.WithInstanceID(ctlInstanceID()),
+		recovery.WithoutSchemaCheck(), // checked above; Start is never called anyway
 		recovery.WithLogger(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
-		return out, &usageError{err.Error()}
+		pool.Close()
+		return nil, nil, &usageError{err.Error()}
 	}
-	defer w.Shutdown(context.Background()) // never started: returns at once
+	return w, pool.Close, nil
+}
 
+// plan asks the library what a scan would do now (Worker.PlanRecovery):
+// the dead peers as a scan finds them, their rows as a recovery reads
+// them, and from PostgreSQL, in a transaction that is rolled back, which
+// of those rows a reset would change.
+func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
+	out := recoverJSON{DryRun: true}
+	p, err := w.PlanRecovery(ctx)
+	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
+	out.RowsReset = int64(p.RowsToReset)
+	for _, pp := range p.Peers {
+		pj := peerJSON{
+			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
+			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.Reset,
+			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: pp.Tracked.InvalidMembers,
+		}
+		out.RowsNotReset += len(pp.NotReset)
+		out.Peers = append(out.Peers, pj)
+	}
+	return out, err
+}
+
+// recoverNow runs one scan through the library (Worker.RecoverNow). A peer
+// whose rows could be neither reset nor shown settled keeps its rows set
+// and registry entry (recovery.ErrRowsNotReset): that is a failure, and
+// says which rows and what to check.
+func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSON, error) {
+	out := recoverJSON{}
 	rep, scanErr := w.RecoverNow(ctx)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
 		rep.PeersChecked, rep.DeadPeers, rep.RowsReset, rep.InvalidMembers
@@ -347,27 +374,49 @@ func recoverNow(ctx context.Context, rdb redis.UniversalClient, o *options, stde
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
 			InstanceID: pr.InstanceID, Action: "recovered", RowsFound: pr.RowsFound,
-			RowsReset: &n, InvalidMembers: pr.InvalidMembers, PeerCameBack: pr.PeerCameBack,
+			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: pr.InvalidMembers, PeerCameBack: pr.PeerCameBack,
 		})
 	}
 	for _, id := range rep.Skipped {
 		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: "skipped"})
 	}
-	failed := 0
+	failed := map[string]recovery.PeerRecovery{}
+	for _, pr := range rep.Failed {
+		failed[pr.InstanceID] = pr
+	}
+	var nFailed, notReset int
 	for _, e := range unjoin(scanErr) {
 		var pe *recovery.PeerError
-		if errors.As(e, &pe) {
-			failed++
-			out.Peers = append(out.Peers, peerJSON{InstanceID: pe.InstanceID, Action: "failed",
-				Error: redact.String(pe.Err.Error(), o.databaseURL, o.redisURL)})
-			continue
+		if !errors.As(e, &pe) {
+			return out, e // the scan itself failed
 		}
-		return out, e // the scan itself failed
+		nFailed++
+		pr := failed[pe.InstanceID]
+		n := pr.RowsReset
+		notReset += len(pr.NotReset)
+		out.Peers = append(out.Peers, peerJSON{InstanceID: pe.InstanceID, Action: "failed",
+			RowsFound: pr.RowsFound, RowsReset: &n, Quarantined: pr.Quarantined,
+			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: pr.InvalidMembers,
+			Error: redact.String(pe.Err.Error(), o.databaseURL, o.redisURL)})
 	}
-	if failed > 0 {
-		return out, fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", failed, out.DeadPeers)
+	out.RowsNotReset = notReset
+	switch {
+	case notReset > 0:
+		return out, fmt.Errorf("%w: %d rows of %d dead instances were neither reset nor finished; their rows sets and registry entries are kept. "+
+			"Check --status-column, --inprog-status, --queued-status, --done-statuses and --owner-column against the fleet's configuration",
+			recovery.ErrRowsNotReset, notReset, nFailed)
+	case nFailed > 0:
+		return out, fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", nFailed, out.DeadPeers)
 	}
 	return out, nil
+}
+
+func rowsJSON(rs []recovery.RowState) []rowJSON {
+	var out []rowJSON
+	for _, r := range rs {
+		out = append(out, rowJSON{RowID: r.ID, Status: r.Status})
+	}
+	return out
 }
 
 // ctlInstanceID is the identity RecoverNow runs under. It never heartbeats
@@ -379,19 +428,28 @@ func ctlInstanceID() string {
 
 func printRecover(w io.Writer, out recoverJSON) {
 	if out.DryRun {
-		fmt.Fprintf(w, "dry run: %d registered instances checked, %d dead; nothing was changed\n", out.PeersChecked, out.DeadPeers)
+		fmt.Fprintf(w, "dry run: %d registered instances checked, %d dead, %d rows would be reset; nothing was changed\n",
+			out.PeersChecked, out.DeadPeers, out.RowsReset)
 	} else {
 		fmt.Fprintf(w, "%d registered instances checked, %d dead, %d rows reset\n", out.PeersChecked, out.DeadPeers, out.RowsReset)
 	}
 	for _, p := range out.Peers {
+		settled := len(p.RowIDs) - len(p.RowsToReset) - len(p.RowsNotReset)
 		switch p.Action {
-		case "reset":
-			fmt.Fprintf(w, "would reset %s: the rows among %d tracked that are still in progress (%s), then delete its rows set and deregister it\n",
-				p.InstanceID, p.RowsFound, idList(p.RowIDs))
-		case "deregister":
+		case string(recovery.PlanReset):
+			fmt.Fprintf(w, "would reset %s: %d of %d tracked rows (%s); %d are settled (finished, queued or another worker's); then delete its rows set and deregister it\n",
+				p.InstanceID, len(p.RowsToReset), p.RowsFound, idList(p.RowsToReset), settled)
+		case string(recovery.PlanKeep):
+			fmt.Fprintf(w, "would keep %s: %d of %d tracked rows can be neither reset nor shown finished (%s); %d would be reset (%s); its rows set and registry entry would stay\n",
+				p.InstanceID, len(p.RowsNotReset), p.RowsFound, rowList(p.RowsNotReset), len(p.RowsToReset), idList(p.RowsToReset))
+		case string(recovery.PlanDeregister):
 			fmt.Fprintf(w, "would deregister %s: it tracks no rows\n", p.InstanceID)
-		case "skip":
+		case string(recovery.PlanLost):
+			fmt.Fprintf(w, "would deregister %s: its rows set vanished after a failed recovery; rows it held may stay in progress\n", p.InstanceID)
+		case string(recovery.PlanSkip):
 			fmt.Fprintf(w, "would skip %s: another worker is recovering it now\n", p.InstanceID)
+		case string(recovery.PlanUnknown):
+			fmt.Fprintf(w, "would hand %d tracked rows of %s to the resetter, which cannot say what it would change\n", p.RowsFound, p.InstanceID)
 		case "recovered":
 			back := ""
 			if p.PeerCameBack {
@@ -402,6 +460,13 @@ func printRecover(w io.Writer, out recoverJSON) {
 			fmt.Fprintf(w, "skipped %s: another worker is recovering it, or its heartbeat came back\n", p.InstanceID)
 		case "failed":
 			fmt.Fprintf(w, "failed %s: %s\n", p.InstanceID, p.Error)
+			if len(p.RowsNotReset) > 0 {
+				fmt.Fprintf(w, "  %d of %d tracked rows were neither reset nor finished (%s); %d were reset; its rows set and registry entry are kept\n",
+					len(p.RowsNotReset), p.RowsFound, rowList(p.RowsNotReset), *p.RowsReset)
+			}
+		}
+		if len(p.Quarantined) > 0 {
+			fmt.Fprintf(w, "  quarantined (recovery limit reached): %s\n", idList(p.Quarantined))
 		}
 		if len(p.InvalidMembers) > 0 {
 			fmt.Fprintf(w, "  %d members of its rows set are not row IDs and are skipped: %s\n", len(p.InvalidMembers), quoteAll(p.InvalidMembers))
@@ -412,9 +477,26 @@ func printRecover(w io.Writer, out recoverJSON) {
 	}
 }
 
+// rowList shows up to 20 rows with their statuses.
+func rowList(rs []rowJSON) string {
+	const max = 20
+	parts := make([]string, 0, min(len(rs), max))
+	for i, r := range rs {
+		if i == max {
+			parts = append(parts, fmt.Sprintf("... %d more", len(rs)-max))
+			break
+		}
+		parts = append(parts, fmt.Sprintf("row %d status %s", r.RowID, strconv.Quote(r.Status)))
+	}
+	return strings.Join(parts, ", ")
+}
+
 // idList shows up to 20 row IDs.
 func idList(ids []int64) string {
 	const max = 20
+	if len(ids) == 0 {
+		return "none"
+	}
 	parts := make([]string, 0, min(len(ids), max))
 	for i, id := range ids {
 		if i == max {

@@ -6,7 +6,7 @@
 //
 //	recoveryctl [flags] workers
 //	recoveryctl [flags] rows <instance>
-//	recoveryctl [flags] recover [--dry-run] [--database-url URL]
+//	recoveryctl [flags] recover [--dry-run] [--database-url URL] [resetter flags]
 //
 // Flags may come before or after the command:
 //
@@ -14,17 +14,44 @@
 //	--cluster a,b     Redis Cluster seed addresses; credentials and TLS still
 //	                  come from --redis-url / $REDIS_URL when set
 //	--prefix ALYA     key prefix of the fleet (recovery.WithKeyPrefix)
+//	                  (default $RECOVERY_KEY_PREFIX, else ALYA)
 //	--json            print JSON instead of text
 //	--timeout 30s     bound for the whole command
 //
-// recover without --dry-run resets rows in PostgreSQL through a
-// recovery.PgxResetter and needs --database-url or $DATABASE_URL; --table,
-// --schema, --id-column, --status-column, --owner-column and
-// --recovery-count-column must match the fleet's resetter options (with
-// owner fencing, pass --owner-column so a reset only touches rows the dead
-// instance still owns).
-// It runs exactly one scan (recovery.Worker.RecoverNow) and never starts a
-// heartbeat. --dry-run only reads Redis.
+// recover resets rows in PostgreSQL through the library itself: a
+// recovery.PgxResetter built from the flags below and one scan of a
+// recovery.Worker that is never started (Worker.RecoverNow: no heartbeat,
+// no registration). It needs --database-url or $DATABASE_URL, and first
+// checks the resetter against the catalogue (PgxResetter.CheckSchema;
+// --no-schema-check skips it). A dead instance whose tracked rows could be
+// neither reset nor shown finished keeps its rows set and registry entry,
+// and recover exits 1 naming the rows and their statuses.
+//
+// recover --dry-run changes nothing: it finds the dead instances as a scan
+// does and asks PostgreSQL which rows a reset would change, by running the
+// reset in a transaction that is rolled back (Worker.PlanRecovery,
+// PgxResetter.PlanReset).
+//
+// The resetter flags are those of the fleet's PgxResetter, and each
+// defaults to the RECOVERY_* variable recovery.PgxConfigFromEnv reads, so
+// a host that configures itself with PgxConfigFromEnv and recoveryctl
+// share one configuration:
+//
+//	--schema                 RECOVERY_SCHEMA                 WithSchema
+//	--table                  RECOVERY_TABLE                  WithTable
+//	--id-column              RECOVERY_ID_COLUMN              WithIDColumn
+//	--status-column          RECOVERY_STATUS_COLUMN          WithStatusColumn
+//	--inprog-status          RECOVERY_INPROG_STATUS          WithStatuses
+//	--queued-status          RECOVERY_QUEUED_STATUS          WithStatuses
+//	--done-statuses a,b      RECOVERY_DONE_STATUSES          WithDoneStatuses
+//	--owner-column           RECOVERY_OWNER_COLUMN           WithOwnerColumn
+//	--recovery-count-column  RECOVERY_RECOVERY_COUNT_COLUMN  WithRecoveryCountColumn
+//	--max-recoveries         RECOVERY_MAX_RECOVERIES         WithMaxRecoveries
+//	--terminal-status        RECOVERY_TERMINAL_STATUS        WithMaxRecoveries
+//	--reset-ledger           RECOVERY_RESET_LEDGER           WithResetLedger
+//	--no-reset-ledger        RECOVERY_NO_RESET_LEDGER        WithoutResetLedger
+//
+// and --prefix defaults to RECOVERY_KEY_PREFIX.
 //
 // recoveryctl never prints credentials: passwords are masked in every URL and
 // error it shows. Exit status: 0 done, 1 failed, 2 bad usage.
@@ -65,19 +92,17 @@ func main() {
 
 // options are the flags of every command.
 type options struct {
-	redisURL    string
-	cluster     string
-	prefix      string
-	json        bool
-	timeout     time.Duration
-	dryRun      bool
-	databaseURL string
-	table       string
-	schema      string
-	idColumn    string
-	status      string
-	ownerColumn string
-	countColumn string
+	redisURL      string
+	cluster       string
+	prefix        string
+	json          bool
+	timeout       time.Duration
+	dryRun        bool
+	databaseURL   string
+	noSchemaCheck bool
+	// pgx is the fleet's resetter configuration: the RECOVERY_*
+	// environment variables the host reads too, then the flags.
+	pgx recovery.PgxConfig
 }
 
 // registerCommon defines the flags every command accepts, with the current
@@ -85,20 +110,65 @@ type options struct {
 func (o *options) registerCommon(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisURL, "redis-url", o.redisURL, "Redis URL (default $REDIS_URL, else "+defaultRedisURL+")")
 	fs.StringVar(&o.cluster, "cluster", o.cluster, "comma-separated Redis Cluster seed addresses (host:port,...)")
-	fs.StringVar(&o.prefix, "prefix", o.prefix, "key prefix of the fleet")
+	fs.StringVar(&o.prefix, "prefix", o.prefix, "key prefix of the fleet (recovery.WithKeyPrefix; default $"+recovery.EnvKeyPrefix+", else "+recovery.DefaultKeyPrefix+")")
 	fs.BoolVar(&o.json, "json", o.json, "print JSON")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound for the whole command")
 }
 
+// registerRecover defines the flags of recover: one for every PgxResetter
+// option, each defaulting to its RECOVERY_* variable (already in o.pgx).
 func (o *options) registerRecover(fs *flag.FlagSet) {
-	fs.BoolVar(&o.dryRun, "dry-run", false, "print what would be reset; read Redis only")
+	c := &o.pgx
+	fs.BoolVar(&o.dryRun, "dry-run", false, "ask PostgreSQL which rows a scan would change, and change nothing")
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
-	fs.StringVar(&o.table, "table", recovery.DefaultTable, "table of the rows")
-	fs.StringVar(&o.schema, "schema", "", "schema of the table (default: the search_path)")
-	fs.StringVar(&o.idColumn, "id-column", recovery.DefaultIDColumn, "bigint row ID column")
-	fs.StringVar(&o.status, "status-column", recovery.DefaultStatusColumn, "status column")
-	fs.StringVar(&o.ownerColumn, "owner-column", "", "owner column, if the fleet uses owner fencing (recovery.WithOwnerColumn)")
-	fs.StringVar(&o.countColumn, "recovery-count-column", "", "recovery counter column, if the fleet counts (recovery.WithRecoveryCountColumn)")
+	fs.BoolVar(&o.noSchemaCheck, "no-schema-check", false, "do not check table, columns and statuses against the catalogue first")
+	str := func(p *string, name, env, def, usage string) {
+		fs.StringVar(p, name, *p, fmt.Sprintf("%s (recovery.%s; default $%s, else %s)", usage, optionName(name), env, def))
+	}
+	str(&c.Schema, "schema", recovery.EnvSchema, "the search_path", "schema of the table")
+	str(&c.Table, "table", recovery.EnvTable, recovery.DefaultTable, "table of the rows")
+	str(&c.IDColumn, "id-column", recovery.EnvIDColumn, recovery.DefaultIDColumn, "bigint row ID column")
+	str(&c.StatusColumn, "status-column", recovery.EnvStatusColumn, recovery.DefaultStatusColumn, "status column, text or enum")
+	str(&c.InProgressStatus, "inprog-status", recovery.EnvInProgressStatus, recovery.DefaultInProgressStatus, "status of a row in progress")
+	str(&c.QueuedStatus, "queued-status", recovery.EnvQueuedStatus, recovery.DefaultQueuedStatus, "status of a queued row")
+	fs.Func("done-statuses", fmt.Sprintf("comma-separated statuses of a finished row (recovery.WithDoneStatuses; default $%s, else %s)",
+		recovery.EnvDoneStatuses, recovery.DefaultDoneStatus), func(v string) error {
+		c.DoneStatuses = splitAddrs(v)
+		return nil
+	})
+	str(&c.OwnerColumn, "owner-column", recovery.EnvOwnerColumn, "off", "owner column, if the fleet fences by owner")
+	str(&c.RecoveryCountColumn, "recovery-count-column", recovery.EnvRecoveryCountColumn, "off", "recovery counter column, if the fleet counts")
+	fs.IntVar(&c.MaxRecoveries, "max-recoveries", c.MaxRecoveries, fmt.Sprintf(
+		"quarantine a row at this many recoveries (recovery.WithMaxRecoveries; default $%s, else off)", recovery.EnvMaxRecoveries))
+	str(&c.TerminalStatus, "terminal-status", recovery.EnvTerminalStatus, recovery.DefaultTerminalStatus, "status of a quarantined row, with --max-recoveries")
+	str(&c.ResetLedger, "reset-ledger", recovery.EnvResetLedger, recovery.DefaultLedgerTable, "reset ledger table, used without --owner-column")
+	fs.BoolVar(&c.NoResetLedger, "no-reset-ledger", c.NoResetLedger, fmt.Sprintf(
+		"reset without the reset ledger (recovery.WithoutResetLedger; default $%s)", recovery.EnvNoResetLedger))
+}
+
+// optionName names the library option behind a recover flag.
+func optionName(flag string) string {
+	switch flag {
+	case "schema":
+		return "WithSchema"
+	case "table":
+		return "WithTable"
+	case "id-column":
+		return "WithIDColumn"
+	case "status-column":
+		return "WithStatusColumn"
+	case "inprog-status", "queued-status":
+		return "WithStatuses"
+	case "owner-column":
+		return "WithOwnerColumn"
+	case "recovery-count-column":
+		return "WithRecoveryCountColumn"
+	case "terminal-status":
+		return "WithMaxRecoveries"
+	case "reset-ledger":
+		return "WithResetLedger"
+	}
+	return flag
 }
 
 const usageText = `recoveryctl inspects and repairs the Redis state of a recovery fleet.
@@ -107,6 +177,7 @@ Usage:
   recoveryctl [flags] workers              every registered instance: alive or dead, heartbeat TTL, rows
   recoveryctl [flags] rows <instance>      the row IDs an instance is tracking
   recoveryctl [flags] recover [--dry-run]  one recovery scan: reset the rows of dead instances
+                                           (--dry-run: ask PostgreSQL what it would change)
 
 Flags (before or after the command):
 `
@@ -116,69 +187,14 @@ type usageError struct{ msg string }
 
 func (e *usageError) Error() string { return e.msg }
 
-// run is the program: it returns the exit status. getenv supplies REDIS_URL
-// and DATABASE_URL.
+// run is the program: it returns the exit status. getenv supplies
+// REDIS_URL, DATABASE_URL and the RECOVERY_* variables.
 func run(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {
-	o := &options{prefix: recovery.DefaultKeyPrefix, timeout: 30 * time.Second}
-	global := flag.NewFlagSet("recoveryctl", flag.ContinueOnError)
-	global.SetOutput(stderr)
-	o.registerCommon(global)
-	global.Usage = func() {
-		fmt.Fprint(stderr, usageText)
-		global.PrintDefaults()
-		fmt.Fprint(stderr, "\nrecover flags:\n")
-		fs := flag.NewFlagSet("recover", flag.ContinueOnError)
-		fs.SetOutput(stderr)
-		(&options{}).registerRecover(fs)
-		fs.PrintDefaults()
+	cmd, pos, o, code := parseArgs(args, getenv, stderr)
+	if code >= 0 {
+		return code
 	}
-	if err := global.Parse(args); err != nil {
-		return helpOrUsage(err)
-	}
-	if global.NArg() == 0 {
-		global.Usage()
-		return exitUsage
-	}
-	cmd, rest := global.Arg(0), global.Args()[1:]
-
-	fs := flag.NewFlagSet("recoveryctl "+cmd, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = global.Usage
-	o.registerCommon(fs)
-	var wantArgs int
-	switch cmd {
-	case "workers":
-	case "rows":
-		wantArgs = 1
-	case "recover":
-		o.registerRecover(fs)
-	default:
-		fmt.Fprintf(stderr, "recoveryctl: unknown command %q (workers, rows, recover)\n", cmd)
-		return exitUsage
-	}
-	pos, err := parseInterleaved(fs, rest)
-	if err != nil {
-		return helpOrUsage(err)
-	}
-	if len(pos) != wantArgs {
-		if wantArgs == 1 {
-			fmt.Fprintf(stderr, "recoveryctl: usage: recoveryctl rows <instance>\n")
-		} else {
-			fmt.Fprintf(stderr, "recoveryctl %s: unexpected arguments %q\n", cmd, pos)
-		}
-		return exitUsage
-	}
-	if o.redisURL == "" {
-		o.redisURL = getenv("REDIS_URL")
-	}
-	if o.databaseURL == "" {
-		o.databaseURL = getenv("DATABASE_URL")
-	}
-	if o.timeout <= 0 {
-		fmt.Fprintf(stderr, "recoveryctl: --timeout %v must be positive\n", o.timeout)
-		return exitUsage
-	}
-
+	var err error
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	switch cmd {
@@ -200,6 +216,82 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return exitUsage
 	}
 	return exitFail
+}
+
+// parseArgs reads the command line and the environment. code is -1 when
+// the command should run, else the exit status to return at once.
+func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd string, pos []string, o *options, code int) {
+	o = &options{prefix: recovery.DefaultKeyPrefix, timeout: 30 * time.Second}
+	if p := getenv(recovery.EnvKeyPrefix); p != "" {
+		o.prefix = p
+	}
+	cfg, err := recovery.PgxConfigFromEnv(getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
+		return "", nil, nil, exitUsage
+	}
+	o.pgx = cfg
+	global := flag.NewFlagSet("recoveryctl", flag.ContinueOnError)
+	global.SetOutput(stderr)
+	o.registerCommon(global)
+	global.Usage = func() {
+		fmt.Fprint(stderr, usageText)
+		global.PrintDefaults()
+		fmt.Fprint(stderr, "\nrecover flags:\n")
+		fs := flag.NewFlagSet("recover", flag.ContinueOnError)
+		fs.SetOutput(stderr)
+		(&options{pgx: o.pgx}).registerRecover(fs)
+		fs.PrintDefaults()
+	}
+	if err = global.Parse(args); err != nil {
+		return "", nil, nil, helpOrUsage(err)
+	}
+	if global.NArg() == 0 {
+		global.Usage()
+		return "", nil, nil, exitUsage
+	}
+	cmd = global.Arg(0)
+	rest := global.Args()[1:]
+
+	fs := flag.NewFlagSet("recoveryctl "+cmd, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = global.Usage
+	o.registerCommon(fs)
+	var wantArgs int
+	switch cmd {
+	case "workers":
+	case "rows":
+		wantArgs = 1
+	case "recover":
+		o.registerRecover(fs)
+	default:
+		fmt.Fprintf(stderr, "recoveryctl: unknown command %q (workers, rows, recover)\n", cmd)
+		return "", nil, nil, exitUsage
+	}
+	pos, err = parseInterleaved(fs, rest)
+	if err != nil {
+		return "", nil, nil, helpOrUsage(err)
+	}
+	if len(pos) != wantArgs {
+		if wantArgs == 1 {
+			fmt.Fprintf(stderr, "recoveryctl: usage: recoveryctl rows <instance>\n")
+		} else {
+			fmt.Fprintf(stderr, "recoveryctl %s: unexpected arguments %q\n", cmd, pos)
+		}
+		return "", nil, nil, exitUsage
+	}
+	if o.redisURL == "" {
+		o.redisURL = getenv("REDIS_URL")
+	}
+	if o.databaseURL == "" {
+		o.databaseURL = getenv("DATABASE_URL")
+	}
+	if o.timeout <= 0 {
+		fmt.Fprintf(stderr, "recoveryctl: --timeout %v must be positive\n", o.timeout)
+		return "", nil, nil, exitUsage
+	}
+
+	return cmd, pos, o, -1
 }
 
 func helpOrUsage(err error) int {

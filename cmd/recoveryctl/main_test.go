@@ -15,13 +15,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/keys"
-	"github.com/alya/recovery/internal/scripts"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -61,10 +62,9 @@ func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, dead
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
 	require.Eventually(t, func() bool {
-		// A failed recovery leaves the "failed" note, which any recoverer
-		// takes over at once.
+		// A failed recovery leaves the note "failed" in place of its claim.
 		v, err := rdb.Get(context.Background(), keys.For(prefix, deadPeer).Claim).Result()
-		return r.calls.Load() > 0 && (errors.Is(err, redis.Nil) || v == scripts.FailedClaim)
+		return r.calls.Load() > 0 && (errors.Is(err, redis.Nil) || v == "failed")
 	}, 5*time.Second, 5*time.Millisecond, "the worker's first scan is over")
 	require.NoError(t, w.Track(context.Background(), rows...))
 }
@@ -115,9 +115,9 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	require.GreaterOrEqual(t, len(lines), 4, out)
 	assert.Regexp(t, `^INSTANCE\s+STATE\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
 	assert.Regexp(t, `^alive-1\s+alive\s+\S+\s+2\s+`, lines[1])
-	// The worker's failed recovery left its note, and renewed the set for
-	// the rows TTL (3h).
-	assert.Regexp(t, `^dead-1\s+dead, recovery failed\s+-\s+3\s+(3h0m0s|2h59m)`, lines[2])
+	// The live worker's scan failed to reset them (refuser): the claim
+	// renewed the rows set's TTL (WithRowsTTL 3h) and left its note.
+	assert.Regexp(t, `^dead-1\s+dead, last recovery failed\s+-\s+3\s+3h0m0s`, lines[2])
 	assert.Contains(t, out, "2 registered in "+prefix+"_WORKER_REGISTRY: 1 alive, 1 dead")
 	assert.Contains(t, out, `"not valid"`)
 
@@ -139,6 +139,9 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	assert.False(t, dead.Alive)
 	assert.Nil(t, dead.HeartbeatTTLMs, "no heartbeat key: null")
 	assert.EqualValues(t, 3, dead.Rows)
+	assert.Equal(t, "failed", dead.Claim)
+	assert.False(t, dead.BeingRecovered, "a failed recovery's note is no claim")
+	assert.Equal(t, "none", alive.Claim)
 }
 
 func TestWorkersOnRedisCluster(t *testing.T) {
@@ -233,39 +236,228 @@ func TestRowsOfAnUnknownInstanceIsAnError(t *testing.T) {
 	assert.Equal(t, exitUsage, code)
 }
 
-func TestRecoverDryRunShowsThePlanAndChangesNothing(t *testing.T) {
+// enumItems creates testutil.EnumItemsSchema in db's own schema with the
+// rows given as id → {state, worker} ("" worker is NULL), and returns the
+// schema and the recoveryctl flags of a resetter for it.
+func enumItems(t *testing.T, db *pgxpool.Pool, rows map[int64][2]string) (schema string, flags []string) {
+	t.Helper()
+	ctx := context.Background()
+	_, err := db.Exec(ctx, testutil.EnumItemsSchema)
+	require.NoError(t, err)
+	for id, r := range rows {
+		var worker any
+		if r[1] != "" {
+			worker = r[1]
+		}
+		_, err := db.Exec(ctx, `INSERT INTO items (item_id, state, worker) VALUES ($1, $2, $3)`, id, r[0], worker)
+		require.NoError(t, err)
+	}
+	schema = db.Config().ConnConfig.RuntimeParams["search_path"]
+	return schema, []string{"--schema", schema, "--table", "items", "--id-column", "item_id",
+		"--status-column", "state", "--inprog-status", "running", "--queued-status", "pending", "--owner-column", "worker"}
+}
+
+// itemStates returns every row of items as id → "state/worker".
+func itemStates(t *testing.T, db *pgxpool.Pool) map[int64]string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT item_id, state::text, coalesce(worker, '') FROM items`)
+	require.NoError(t, err)
+	out := map[int64]string{}
+	var (
+		id            int64
+		state, worker string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &state, &worker}, func() error {
+		out[id] = state + "/" + worker
+		return nil
+	})
+	require.NoError(t, err)
+	return out
+}
+
+func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T) {
 	url := testutil.RedisURL(t)
 	rdb := client(t, url)
 	ctx := context.Background()
+	db := testutil.Postgres(t)
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
+	_, flags := enumItems(t, db, map[int64][2]string{
+		1: {"running", "dead-1"}, 2: {"running", "dead-1"}, 3: {"running", "dead-1"},
+		4: {"done", ""},          // dead-1 finished it before it died
+		5: {"running", "other"},  // re-taken by another worker since
+		6: {"pending", ""},       // already queued
+		7: {"running", "dead-2"}, // a dead peer whose last recovery failed
+		9: {"running", "alive-1"},
+	})
 	prefix := testutil.Name("CTL")
 	plantAlive(t, rdb, prefix, "alive-1", "9")
-	plantDead(t, rdb, prefix, "dead-rows", "3", "1", "2")
+	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "4", "5", "6", "junk")
+	plantDead(t, rdb, prefix, "dead-2", "7")
+	require.NoError(t, rdb.Set(ctx, keys.For(prefix, "dead-2").Claim, "failed", time.Minute).Err())
 	plantDead(t, rdb, prefix, "dead-empty")
-	plantDead(t, rdb, prefix, "dead-claimed", "5")
+	plantDead(t, rdb, prefix, "dead-claimed", "8")
 	require.NoError(t, rdb.Set(ctx, keys.For(prefix, "dead-claimed").Claim, "token", time.Minute).Err())
-	before := dump(t, rdb, prefix, "dead-rows", "dead-empty", "dead-claimed")
+	ids := []string{"dead-1", "dead-2", "dead-empty", "dead-claimed"}
+	redisBefore, dbBefore := dump(t, rdb, prefix, ids...), itemStates(t, db)
 
-	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "recover", "--dry-run")
+	args := append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--dry-run"}, flags...)
+	out, errOut, code := ctl(t, env, args...)
 	require.Equal(t, exitOK, code, errOut)
-	assert.Contains(t, out, "dry run: 4 registered instances checked, 3 dead; nothing was changed")
-	assert.Contains(t, out, "would reset dead-rows: the rows among 3 tracked that are still in progress (1 2 3)")
+	assert.Contains(t, out, "dry run: 5 registered instances checked, 4 dead, 4 rows would be reset; nothing was changed")
+	assert.Contains(t, out, "would reset dead-1: 3 of 6 tracked rows (1 2 3); 3 are settled")
+	assert.Contains(t, out, `1 members of its rows set are not row IDs and are skipped: "junk"`)
+	assert.Contains(t, out, "would reset dead-2: 1 of 1 tracked rows (7)", "a failed recovery's note is no claim: the next scan takes it")
 	assert.Contains(t, out, "would deregister dead-empty")
 	assert.Contains(t, out, "would skip dead-claimed")
 	assert.NotContains(t, out, "alive-1")
 
-	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "--json", "recover", "--dry-run")
+	out, errOut, code = ctl(t, env, append(args, "--json")...)
 	require.Equal(t, exitOK, code, errOut)
 	var got recoverJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	assert.True(t, got.DryRun)
-	assert.Equal(t, 3, got.DeadPeers)
-	actions := map[string]string{}
+	plans := map[string]peerJSON{}
 	for _, p := range got.Peers {
-		actions[p.InstanceID] = p.Action
+		plans[p.InstanceID] = p
 	}
-	assert.Equal(t, map[string]string{"dead-rows": "reset", "dead-empty": "deregister", "dead-claimed": "skip"}, actions)
+	assert.Equal(t, "reset", plans["dead-1"].Action)
+	assert.Equal(t, []int64{1, 2, 3}, plans["dead-1"].RowsToReset, "not the finished row 4, not row 5 another worker holds, not the queued row 6")
+	assert.Equal(t, []int64{1, 2, 3, 4, 5, 6}, plans["dead-1"].RowIDs)
+	assert.Empty(t, plans["dead-1"].RowsNotReset)
+	assert.Equal(t, []int64{7}, plans["dead-2"].RowsToReset)
+	assert.Equal(t, "failed", plans["dead-2"].Claim)
+	assert.Equal(t, "deregister", plans["dead-empty"].Action)
+	assert.Equal(t, "skip", plans["dead-claimed"].Action)
+	assert.EqualValues(t, 4, got.RowsReset)
 
-	assert.Equal(t, before, dump(t, rdb, prefix, "dead-rows", "dead-empty", "dead-claimed"), "dry run wrote nothing")
+	assert.Equal(t, redisBefore, dump(t, rdb, prefix, ids...), "a dry run writes nothing to Redis")
+	assert.Equal(t, dbBefore, itemStates(t, db), "a dry run commits nothing")
+
+	// The real run does what the dry run said, no more.
+	out, errOut, code = ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--json"}, flags...)...)
+	require.Equal(t, exitOK, code, errOut)
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	assert.EqualValues(t, 4, got.RowsReset)
+	assert.Equal(t, map[int64]string{
+		1: "pending/", 2: "pending/", 3: "pending/", 4: "done/", 5: "running/other", 6: "pending/",
+		7: "pending/", 9: "running/alive-1",
+	}, itemStates(t, db))
+	reg, err := rdb.SMembers(ctx, keys.Registry(prefix)).Result()
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"alive-1", "dead-claimed"}, reg)
+}
+
+func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	db := testutil.Postgres(t)
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
+	_, flags := enumItems(t, db, map[int64][2]string{1: {"running", "dead-1"}, 2: {"running", "dead-1"}})
+	prefix := testutil.Name("CTL")
+	plantDead(t, rdb, prefix, "dead-1", "1", "2")
+	redisBefore, dbBefore := dump(t, rdb, prefix, "dead-1"), itemStates(t, db)
+	misspelt := slices.Clone(flags)
+	misspelt[slices.Index(misspelt, "running")] = "runing"
+
+	// On an enum, the catalogue shows it before anything is touched.
+	_, errOut, code := ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover"}, misspelt...)...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Regexp(t, `in-progress status "runing" \(WithStatuses\) is not a label of enum \S*job_state`, errOut)
+	assert.Contains(t, errOut, "--no-schema-check")
+	assert.Equal(t, redisBefore, dump(t, rdb, prefix, "dead-1"))
+	assert.Equal(t, dbBefore, itemStates(t, db))
+
+	// Without the check, PostgreSQL refuses the value: the recovery fails
+	// and keeps everything for the next try.
+	_, errOut, code = ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--no-schema-check"}, misspelt...)...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "could not be recovered; their rows stay tracked")
+	assert.Equal(t, redisBefore["registry"], dump(t, rdb, prefix, "dead-1")["registry"])
+	assert.Equal(t, redisBefore[keys.For(prefix, "dead-1").Rows], dump(t, rdb, prefix, "dead-1")[keys.For(prefix, "dead-1").Rows])
+	assert.Equal(t, dbBefore, itemStates(t, db))
+
+	// A text status column has no labels to check: the misspelt status
+	// matches no row, the rows are neither reset nor finished, and recover
+	// says so, exits 1 and keeps the rows set and registry entry.
+	_, err := db.Exec(ctx, `CREATE TABLE textitems (item_id bigint PRIMARY KEY, state text NOT NULL, worker text);
+		INSERT INTO textitems VALUES (1, 'running', 'dead-1'), (2, 'running', 'dead-1'), (3, 'done', NULL)`)
+	require.NoError(t, err)
+	require.NoError(t, rdb.SAdd(ctx, keys.For(prefix, "dead-1").Rows, "3").Err())
+	misspelt[slices.Index(misspelt, "items")] = "textitems"
+	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
+	out, errOut, code := ctl(t, env, append(append(base, "--dry-run"), misspelt...)...)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, `would keep dead-1: 2 of 3 tracked rows can be neither reset nor shown finished (row 1 status "running", row 2 status "running"); 0 would be reset (none)`)
+
+	out, errOut, code = ctl(t, env, append(base, misspelt...)...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, out, `2 of 3 tracked rows were neither reset nor finished (row 1 status "running", row 2 status "running"); 0 were reset; its rows set and registry entry are kept`)
+	assert.Contains(t, errOut, "rows neither reset nor settled: 2 rows of 1 dead instances were neither reset nor finished")
+	assert.Contains(t, errOut, "--inprog-status")
+	after := dump(t, rdb, prefix, "dead-1")
+	assert.Equal(t, []string{"dead-1"}, after["registry"], "still registered")
+	assert.Equal(t, []string{"1", "2", "3"}, after[keys.For(prefix, "dead-1").Rows], "rows set kept")
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM textitems WHERE state = 'running'`).Scan(&n))
+	assert.Equal(t, 2, n)
+
+	// Fixed, the same command recovers them.
+	fixed := slices.Clone(misspelt)
+	fixed[slices.Index(fixed, "runing")] = "running"
+	_, errOut, code = ctl(t, env, append(base, fixed...)...)
+	require.Equal(t, exitOK, code, errOut)
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM textitems WHERE state = 'pending' AND worker IS NULL`).Scan(&n))
+	assert.Equal(t, 2, n)
+}
+
+func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
+	want := recovery.PgxConfig{
+		Schema: "work", Table: "items", IDColumn: "item_id", StatusColumn: "state",
+		InProgressStatus: "running", QueuedStatus: "pending", DoneStatuses: []string{"done", "cancelled"},
+		OwnerColumn: "worker", RecoveryCountColumn: "retries", MaxRecoveries: 3, TerminalStatus: "dead",
+		ResetLedger: "my_ledger", NoResetLedger: true,
+	}
+	flags := []string{"recover", "--schema", "work", "--table", "items", "--id-column", "item_id",
+		"--status-column", "state", "--inprog-status", "running", "--queued-status", "pending",
+		"--done-statuses", "done, cancelled", "--owner-column", "worker", "--recovery-count-column", "retries",
+		"--max-recoveries", "3", "--terminal-status", "dead", "--reset-ledger", "my_ledger", "--no-reset-ledger",
+		"--prefix", "FLEET"}
+	var errOut bytes.Buffer
+	_, _, o, code := parseArgs(flags, func(string) string { return "" }, &errOut)
+	require.Equal(t, -1, code, errOut.String())
+	assert.Equal(t, want, o.pgx)
+	assert.Equal(t, "FLEET", o.prefix)
+
+	env := map[string]string{
+		recovery.EnvSchema: "work", recovery.EnvTable: "items", recovery.EnvIDColumn: "item_id",
+		recovery.EnvStatusColumn: "state", recovery.EnvInProgressStatus: "running", recovery.EnvQueuedStatus: "pending",
+		recovery.EnvDoneStatuses: "done,cancelled", recovery.EnvOwnerColumn: "worker",
+		recovery.EnvRecoveryCountColumn: "retries", recovery.EnvMaxRecoveries: "3", recovery.EnvTerminalStatus: "dead",
+		recovery.EnvResetLedger: "my_ledger", recovery.EnvNoResetLedger: "true", recovery.EnvKeyPrefix: "FLEET",
+	}
+	_, _, o, code = parseArgs([]string{"recover"}, func(k string) string { return env[k] }, &errOut)
+	require.Equal(t, -1, code, errOut.String())
+	assert.Equal(t, want, o.pgx, "the host's RECOVERY_* variables")
+	assert.Equal(t, "FLEET", o.prefix)
+
+	// A flag overrides its variable.
+	_, _, o, code = parseArgs([]string{"recover", "--table", "other", "--prefix", "P"}, func(k string) string { return env[k] }, &errOut)
+	require.Equal(t, -1, code, errOut.String())
+	assert.Equal(t, "other", o.pgx.Table)
+	assert.Equal(t, "P", o.prefix)
+
+	// A variable that cannot be parsed is a usage error naming it.
+	_, errS, c := ctl(t, map[string]string{recovery.EnvMaxRecoveries: "many"}, "recover")
+	assert.Equal(t, exitUsage, c)
+	assert.Contains(t, errS, `RECOVERY_MAX_RECOVERIES="many" is not an integer`)
+
+	// Options the resetter refuses are usage errors, before any connection.
+	_, errS, c = ctl(t, map[string]string{"DATABASE_URL": "postgres://u:s3cret@127.0.0.1:1/x"},
+		"--redis-url", "redis://127.0.0.1:1", "recover", "--terminal-status", "dead")
+	assert.Equal(t, exitUsage, c)
+	assert.Contains(t, errS, "max recoveries 0 must be at least 1")
+	assert.NotContains(t, errS, "s3cret")
 }
 
 func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {

@@ -161,3 +161,10 @@ func PoolVia(t testing.TB, pool *pgxpool.Pool, addr string) *pgxpool.Pool {
 	t.Cleanup(via.Close)
 	return via
 }
+
+// EnumItemsSchema is the user schema of issue 11: a table of the user's
+// own with an enum status and none of the library's default names
+// (statuses running and pending, owner column worker).
+const EnumItemsSchema = `
+CREATE TYPE job_state AS ENUM ('pending', 'running', 'done');
+CREATE TABLE items (item_id bigint PRIMARY KEY, state job_state NOT NULL DEFAULT 'pending', worker text, retries int NOT NULL DEFAULT 0);`

@@ -1,0 +1,108 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"slices"
+
+	"github.com/jackc/pgx/v5"
+)
+
+// ResetPlan says what a reset would change, found by running it and
+// rolling it back.
+type ResetPlan struct {
+	// Reset lists, in ascending order, the rows the reset would change:
+	// queued again, or quarantined.
+	Reset []int64
+	// Quarantined lists the rows among Reset that would reach their
+	// recovery limit and get the terminal status (WithMaxRecoveries).
+	Quarantined []int64
+	// NotReset lists the rows the reset would neither change nor find
+	// settled (see ResetResult.NotReset): a recovery would keep the
+	// peer's rows set and fail with ErrRowsNotReset.
+	NotReset []RowState
+}
+
+// A ResetPlanner is a RowResetter that can say what a reset would change
+// without changing anything. Worker.PlanRecovery uses it, so a dry run
+// never promises a reset that would not happen. PgxResetter implements it.
+type ResetPlanner interface {
+	RowResetter
+	PlanReset(ctx context.Context, req ResetRequest) (ResetPlan, error)
+}
+
+// PlanReset runs the very statements ResetIncarnation runs for req, ledger
+// included, in a transaction that is always rolled back, and returns what
+// they changed: the rows a reset would change now, and the rows it could
+// neither reset nor show settled. Nothing is committed. While it runs it
+// locks the rows it changes, as a reset does; triggers on the table fire
+// and are rolled back with it (what they do outside the transaction, such
+// as taking sequence values, is not). It implements ResetPlanner.
+func (r *PgxResetter) PlanReset(ctx context.Context, req ResetRequest) (plan ResetPlan, err error) {
+	if len(req.RowIDs) == 0 {
+		return ResetPlan{}, nil
+	}
+	ids := slices.Clone(req.RowIDs)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	tx, err := r.db.Begin(ctx)
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of %s: begin: %w", req.InstanceID, err)
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		if rbErr := tx.Rollback(rbCtx); rbErr != nil && err == nil {
+			plan, err = ResetPlan{}, fmt.Errorf("plan reset of %s: roll back: %w", req.InstanceID, rbErr)
+		}
+	}()
+	before, err := r.statuses(ctx, tx, ids)
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of %s: %w", req.InstanceID, err)
+	}
+	res, err := r.resetInTx(ctx, tx, req, ids, false)
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of %s: %w", req.InstanceID, r.explainLedgerError(err))
+	}
+	after, err := r.statuses(ctx, tx, ids)
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of %s: %w", req.InstanceID, err)
+	}
+	// The reset changes the status of every row it changes (from the
+	// in-progress status), and of no other row.
+	for _, id := range ids {
+		if a, ok := after[id]; ok && a != before[id] {
+			plan.Reset = append(plan.Reset, id)
+		}
+	}
+	if int64(len(plan.Reset)) != res.Reset {
+		return ResetPlan{}, fmt.Errorf("plan reset of %s: the reset reports %d rows changed, their statuses show %d",
+			req.InstanceID, res.Reset, len(plan.Reset))
+	}
+	plan.Quarantined = slices.Sorted(slices.Values(res.Quarantined))
+	plan.NotReset = res.NotReset
+	return plan, nil
+}
+
+// statuses returns the status, as text, of the rows among ids that exist.
+func (r *PgxResetter) statuses(ctx context.Context, tx pgx.Tx, ids []int64) (map[int64]string, error) {
+	sql := fmt.Sprintf("SELECT %[1]s, coalesce(%[2]s::text, '') FROM %[3]s WHERE %[1]s = ANY($1::bigint[])",
+		ident(r.o.idColumn), ident(r.o.statusColumn), r.o.tableIdent())
+	rows, err := tx.Query(ctx, sql, ids)
+	if err != nil {
+		return nil, fmt.Errorf("read row statuses: %w", err)
+	}
+	out := make(map[int64]string, len(ids))
+	var (
+		id     int64
+		status string
+	)
+	_, err = pgx.ForEachRow(rows, []any{&id, &status}, func() error {
+		out[id] = status
+		return nil
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read row statuses: %w", err)
+	}
+	return out, nil
+}
