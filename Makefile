@@ -9,7 +9,7 @@ BENCHTIME ?= 1s
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-deps: ## install redis-server and PostgreSQL binaries when missing (apt-get)
+deps: ## install redis-server, PostgreSQL binaries and promtool when missing (apt-get)
 	@scripts/install-deps.sh
 
 demo: deps ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200")
