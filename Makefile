@@ -25,6 +25,7 @@ test-unit: ## fast unit tests only (miniredis; no servers needed)
 
 test-integration: deps ## integration tests only, failing (not skipping) without servers
 	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
+	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
 
 test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; ~2 min
 	$(GO) vet -tags faults ./internal/faults/

@@ -50,6 +50,9 @@ const (
 // (plus RecoveryRowsNotReset for the misspelt status), the healthy fleet
 // fires nothing.
 func TestAlertRulesFireOnFailingRecoveriesAndStaySilentOnAHealthyFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: skipped in -short mode")
+	}
 	promtool, err := exec.LookPath("promtool")
 	if err != nil {
 		testutil.Unavailable(t, "promtool not on PATH (Debian package prometheus; scripts/install-deps.sh installs it)")
