@@ -9,7 +9,7 @@ BENCHTIME ?= 1s
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-deps: ## install redis-server and PostgreSQL binaries when missing (apt-get)
+deps: ## install redis-server, PostgreSQL binaries and promtool when missing (apt-get)
 	@scripts/install-deps.sh
 
 demo: deps ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200")
@@ -25,6 +25,7 @@ test-unit: ## fast unit tests only (miniredis; no servers needed)
 
 test-integration: deps ## integration tests only, failing (not skipping) without servers
 	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
+	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
 
 test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; ~2 min
 	$(GO) vet -tags faults ./internal/faults/

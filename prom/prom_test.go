@@ -2,17 +2,20 @@ package recoveryprom_test
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
+	promtestutil "github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -73,11 +76,16 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 		`recovery_lease_lost_total{instance_id="rec-1"} 0`,
 		`recovery_heartbeat_failures_total{instance_id="rec-1"} 0`,
 		`recovery_tracked_rows{instance_id="rec-1"} 1`,
+		`recovery_peers_recovered_total{instance_id="rec-1"} 1`,
+		`recovery_rows_not_reset_total{instance_id="rec-1"} 0`,
+		`recovery_events_dropped_total{instance_id="rec-1"} 0`,
+		`recovery_latency_seconds_count{instance_id="rec-1"} 1`,
 	} {
 		assert.Contains(t, text, line)
 	}
 	assert.Regexp(t, regexp.MustCompile(`recovery_heartbeats_total\{instance_id="rec-1"\} [1-9]`), text)
 	assert.Regexp(t, regexp.MustCompile(`recovery_scan_duration_seconds_count\{instance_id="rec-1"\} [1-9]`), text)
+	assert.Regexp(t, regexp.MustCompile(`recovery_scans_total\{instance_id="rec-1"\} [1-9]`), text)
 	for _, l := range strings.Split(text, "\n") {
 		assert.NotContains(t, l, "dead-1", "no peer ID as a label")
 	}
@@ -85,7 +93,7 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 
 func TestDescribeListsEveryMetric(t *testing.T) {
 	c := recoveryprom.NewCollector()
-	ch := make(chan *prometheus.Desc, 32)
+	ch := make(chan *prometheus.Desc, 64)
 	c.Describe(ch)
 	close(ch)
 	var names []string
@@ -96,7 +104,9 @@ func TestDescribeListsEveryMetric(t *testing.T) {
 	for _, n := range []string{"recovery_heartbeats_total", "recovery_heartbeat_failures_total",
 		"recovery_lease_lost_total", "recovery_peers_dead_total", "recovery_rows_recovered_total",
 		"recovery_rows_quarantined_total", "recovery_errors_total", "recovery_tracked_rows",
-		"recovery_scan_duration_seconds", "recovery_registry_broken", "recovery_registry_wrong_type_total"} {
+		"recovery_scan_duration_seconds", "recovery_registry_broken", "recovery_registry_wrong_type_total",
+		"recovery_rows_not_reset_total", "recovery_peers_recovered_total", "recovery_scans_total",
+		"recovery_events_dropped_total", "recovery_latency_seconds"} {
 		assert.Contains(t, all, `"`+n+`"`)
 	}
 }
@@ -151,4 +161,127 @@ func TestScrapeShowsARegistryOfTheWrongType(t *testing.T) {
 	require.Eventually(t, func() bool {
 		return strings.Contains(scrape(t, c), `recovery_registry_broken{instance_id="reg-1"} 0`)
 	}, 5*time.Second, 20*time.Millisecond)
+}
+
+// TestLatencyHistogramRecordsEachRecoveredPeersDuration: every
+// EventRowsRecovered adds its Duration to recovery_latency_seconds, in
+// seconds; other events do not.
+func TestLatencyHistogramRecordsEachRecoveredPeersDuration(t *testing.T) {
+	c := recoveryprom.NewCollector()
+	for _, e := range []recovery.Event{
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 1500 * time.Millisecond},
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 40 * time.Second},
+		{Kind: recovery.EventRowsNotReset, InstanceID: "w-1", Duration: time.Hour},
+		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", Duration: time.Hour},
+		{Kind: recovery.EventScanFinished, InstanceID: "w-1", Duration: 2 * time.Millisecond},
+	} {
+		c.Observe(e)
+	}
+	text := scrape(t, c)
+	for _, line := range []string{
+		`recovery_latency_seconds_count{instance_id="w-1"} 2`,
+		`recovery_latency_seconds_sum{instance_id="w-1"} 41.5`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="1"} 0`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="2.5"} 1`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="30"} 1`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="60"} 2`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="600"} 2`,
+		`recovery_scan_duration_seconds_count{instance_id="w-1"} 1`,
+	} {
+		assert.Contains(t, text, line)
+	}
+}
+
+// seriesOf returns the series (name and labels, no value) of a scrape.
+func seriesOf(text string) []string {
+	var out []string
+	for _, l := range strings.Split(text, "\n") {
+		if l == "" || strings.HasPrefix(l, "#") {
+			continue
+		}
+		out = append(out, l[:strings.LastIndexByte(l, ' ')])
+	}
+	return out
+}
+
+// value returns the value of a series in a scrape, or -1.
+func value(text, series string) float64 {
+	for _, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, series+" ") {
+			v, err := strconv.ParseFloat(strings.TrimPrefix(l, series+" "), 64)
+			if err == nil {
+				return v
+			}
+		}
+	}
+	return -1
+}
+
+// TestWithoutInstanceIDKeepsTheSameSeriesAcrossARestart: a worker replaced
+// by one with a new default instance ID (a process restart, or a new
+// Worker in the same process) continues the same series, summed over the
+// watched workers, and no series names an instance.
+func TestWithoutInstanceIDKeepsTheSameSeriesAcrossARestart(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	prefix := testutil.Name("P")
+	c := recoveryprom.NewCollector(recoveryprom.WithoutInstanceID())
+	start := func() *recovery.Worker {
+		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c), recovery.WithKeyPrefix(prefix),
+			recovery.WithHeartbeatTTL(2*time.Second), recovery.WithHeartbeatInterval(100*time.Millisecond),
+			recovery.WithRecoveryInterval(200*time.Millisecond), recovery.WithRowsTTL(4*time.Second))
+		require.NoError(t, err)
+		c.Watch(w)
+		require.NoError(t, w.Start(ctx))
+		require.Eventually(t, func() bool { return w.Stats().Scans > 0 }, 5*time.Second, 10*time.Millisecond)
+		return w
+	}
+	stop := func(w *recovery.Worker) {
+		shutdownCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		require.NoError(t, w.Shutdown(shutdownCtx))
+	}
+
+	first := start()
+	require.NoError(t, first.Track(ctx, 1, 2))
+	before := scrape(t, c)
+	assert.Equal(t, 2.0, value(before, "recovery_tracked_rows"))
+	require.NoError(t, first.Untrack(1, 2))
+	stop(first)
+
+	second := start()
+	defer stop(second)
+	require.NotEqual(t, first.InstanceID(), second.InstanceID())
+	require.NoError(t, second.Track(ctx, 3, 4, 5))
+	after := scrape(t, c)
+
+	assert.NotContains(t, before+after, "instance_id")
+	assert.Equal(t, seriesOf(before), seriesOf(after), "the same series after the restart")
+	assert.Equal(t, 3.0, value(after, "recovery_tracked_rows"))
+	assert.Greater(t, value(after, "recovery_heartbeats_total"), value(before, "recovery_heartbeats_total"),
+		"counters continue from the first worker's")
+	assert.Greater(t, value(after, "recovery_scans_total"), value(before, "recovery_scans_total"))
+	assert.Equal(t, 0.0, value(after, "recovery_registry_broken"))
+	require.NoError(t, second.Untrack(3, 4, 5))
+}
+
+// ExampleCollector_Observe feeds the collector's histograms and an
+// observer of the host's own from one recovery.WithObserver.
+func ExampleCollector_Observe() {
+	c := recoveryprom.NewCollector()
+	var recovered int
+	mine := recovery.ObserverFunc(func(e recovery.Event) {
+		if e.Kind == recovery.EventRowsRecovered {
+			recovered++
+		}
+	})
+	both := recovery.ObserverFunc(func(e recovery.Event) {
+		c.Observe(e)
+		mine.Observe(e)
+	})
+	// w, err := recovery.New(rdb, resetter, recovery.WithObserver(both))
+	// c.Watch(w)
+	both.Observe(recovery.Event{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 3 * time.Second})
+	fmt.Println(recovered, promtestutil.CollectAndCount(c, "recovery_latency_seconds"))
+	// Output: 1 1
 }

@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
-# Installs what `make test` needs beyond Go: redis-server and redis-cli, and
-# PostgreSQL's server binaries (initdb, postgres). Nothing is started here:
-# the tests start throwaway servers on free loopback ports themselves.
-# With REDIS_URL and DATABASE_URL both set, nothing needs installing.
+# Installs what `make test` needs beyond Go: redis-server and redis-cli,
+# PostgreSQL's server binaries (initdb, postgres), and promtool (Debian
+# package prometheus) for the alert-rule tests of prom/. Nothing is started
+# here: the tests start throwaway servers on free loopback ports themselves,
+# and promtool runs without a Prometheus server. With REDIS_URL and
+# DATABASE_URL both set, only promtool may need installing.
 set -euo pipefail
 
 have_pg() {
@@ -18,6 +20,13 @@ if [ -z "${REDIS_URL:-}" ] || [ -z "${DATABASE_URL:-}" ]; then
 fi
 if [ -z "${DATABASE_URL:-}" ] && ! have_pg; then
 	missing+=(postgresql)
+fi
+# promtool tests prom/alerts.yml (prom/alerts_test.go); it ships in the
+# prometheus package, which also holds a server we never run.
+installs_prometheus=0
+if ! command -v promtool >/dev/null 2>&1; then
+	missing+=(prometheus)
+	installs_prometheus=1
 fi
 [ ${#missing[@]} -eq 0 ] && exit 0
 
@@ -35,4 +44,13 @@ export DEBIAN_FRONTEND=noninteractive
 $sudo apt-get update -qq
 # postgresql's package starts a cluster on 5432 under systemd where there is
 # one; the tests do not use it, they start their own.
+# prometheus' package enables and starts its server (port 9090) under
+# systemd; --no-install-recommends keeps out prometheus-node-exporter. Where
+# a policy-rc.d forbids starting services (containers), nothing starts;
+# elsewhere the server is stopped and disabled right after: only promtool is
+# wanted, and it was not installed before, so no server of the host's is
+# touched.
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
+if [ "$installs_prometheus" -eq 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	$sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
