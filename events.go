@@ -53,6 +53,11 @@ const (
 	// Emitted once per outage, when a registry command first fails this
 	// way; Stats.RegistryBroken says whether it lasts.
 	EventRegistryWrongType
+	// EventInstanceIDTaken: this worker's heartbeat found its key holding
+	// another process's value (Err wraps ErrInstanceIDInUse): a process
+	// with the same instance ID took it over while this one could not
+	// refresh it. The lease is lost for good; emitted once.
+	EventInstanceIDTaken
 )
 
 var eventNames = map[EventKind]string{
@@ -68,6 +73,7 @@ var eventNames = map[EventKind]string{
 	EventRowsReleased:      "rows_released",
 	EventRowsNotReset:      "rows_not_reset",
 	EventRegistryWrongType: "registry_wrong_type",
+	EventInstanceIDTaken:   "instance_id_taken",
 }
 
 // String returns the event's snake_case name.
