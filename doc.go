@@ -14,7 +14,7 @@
 //
 // With the default prefix "ALYA" and an instance ID id:
 //
-//	ALYA_{id}_HEARTBEAT   string "alive", TTL heartbeat TTL (60s)
+//	ALYA_{id}_HEARTBEAT   string "alive:<token>", TTL heartbeat TTL (60s)
 //	ALYA_{id}_ROWS        set of decimal row IDs, TTL rows TTL (180s)
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
@@ -47,7 +47,9 @@
 // (SchemaChecker: a missing table or column, a status that is not a label
 // of an enum status column; WithoutSchemaCheck skips it), so a wrong
 // configuration stops the process at start instead of surfacing when a
-// peer dies. It writes the first heartbeat before it returns and then runs the
+// peer dies. It refuses (ErrInstanceIDInUse) an instance ID another live
+// process heartbeats, and recovers the rows a dead predecessor left under
+// the ID before taking it. It writes the first heartbeat before it returns and then runs the
 // heartbeat loop and the recovery loop (plus one subscriber per master with
 // WithExpiryNotifications, and a flusher with WithDeferredUntrack; events
 // reach an Observer on a goroutine of their own). None uses the context

@@ -42,6 +42,16 @@ var (
 	// sweep still do.
 	ErrRegistryWrongType = errors.New("recovery: worker registry key is not a set")
 
+	// ErrInstanceIDInUse is wrapped by the error Start returns when another
+	// live process heartbeats the same instance ID (two Workers given one
+	// WithInstanceID, a pod started while its predecessor still runs): the
+	// other process refreshed the heartbeat while Start watched it. A
+	// running Worker whose heartbeat finds another process's value (it was
+	// paused past its TTL and a process with its ID started meanwhile)
+	// reports it too, with ErrLeaseLost, from CheckLease, Healthy and
+	// Track, for good: that Worker must be shut down.
+	ErrInstanceIDInUse = errors.New("recovery: instance ID in use by another live process")
+
 	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
 	// return for a bad option or argument.
 	ErrInvalidConfig = errors.New("recovery: invalid configuration")

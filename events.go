@@ -58,6 +58,11 @@ const (
 	// two checks a heartbeat interval apart (Err says which and why).
 	// Emitted once; Healthy fails from then on.
 	EventMisconfigured
+	// EventInstanceIDTaken: this worker's heartbeat found its key holding
+	// another process's value (Err wraps ErrInstanceIDInUse): a process
+	// with the same instance ID took it over while this one could not
+	// refresh it. The lease is lost for good; emitted once.
+	EventInstanceIDTaken
 )
 
 var eventNames = map[EventKind]string{
@@ -74,6 +79,7 @@ var eventNames = map[EventKind]string{
 	EventRowsNotReset:      "rows_not_reset",
 	EventMisconfigured:     "misconfigured",
 	EventRegistryWrongType: "registry_wrong_type",
+	EventInstanceIDTaken:   "instance_id_taken",
 }
 
 // String returns the event's snake_case name.

@@ -186,7 +186,7 @@ func TestNilObserverIsRefused(t *testing.T) {
 }
 
 func TestEventKindNames(t *testing.T) {
-	for k := EventHeartbeat; k <= EventRegistryWrongType; k++ {
+	for k := EventHeartbeat; k <= EventInstanceIDTaken; k++ {
 		assert.NotEqual(t, "unknown", k.String(), "kind %d", k)
 	}
 	assert.Equal(t, "rows_recovered", EventRowsRecovered.String())

@@ -2,13 +2,14 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
 	"sync/atomic"
 	"time"
 
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/scripts"
 )
 
 // lease is the worker's own view of its liveness. A heartbeat written at
@@ -22,6 +23,10 @@ type lease struct {
 	until atomic.Int64
 	// lost is set when the loss has been logged, so it is logged once.
 	lost atomic.Bool
+	// ousted is set, for good, when a heartbeat found the key holding
+	// another process's value (twin.go): the instance ID is not ours any
+	// more, and neither are the rows tracked under it.
+	ousted atomic.Bool
 }
 
 func (l *lease) renew(w *Worker, sentAt time.Time) {
@@ -43,6 +48,9 @@ func (l *lease) sinceRefresh(w *Worker) time.Duration {
 // may have recovered those, and a host that went on with them would process
 // them twice. The host clears it by untracking or releasing them.
 func (l *lease) check(w *Worker) error {
+	if l.ousted.Load() {
+		return errOusted
+	}
 	if !l.valid(w) || w.rows.staleRows() > 0 {
 		return ErrLeaseLost
 	}
@@ -72,12 +80,19 @@ func (w *Worker) CheckLease() error {
 	return w.lease.check(w)
 }
 
-// beat refreshes the heartbeat in one round trip: it sets the heartbeat key
-// with its TTL, adds the worker to the registry, removes rows whose Untrack
-// could not reach Redis, writes every tracked row back into the rows set
-// (Redis may have lost it) and refreshes the set's TTL. It renews the lease
-// when it succeeds.
+// beat refreshes the heartbeat in one round trip: a script on the
+// instance's slot (scripts.Beat) sets the heartbeat key with its TTL and
+// the incarnation, removes rows whose Untrack could not reach Redis,
+// writes every tracked row back into the rows set (Redis may have lost it)
+// and refreshes the set's TTL, all only if the heartbeat key is absent or
+// holds this Worker's own value; the registry SADD goes in the same
+// pipeline (another slot on Cluster). It renews the lease when the script
+// wrote. If the key holds another process's value, nothing is written and
+// beat returns errOusted: that process has the instance ID now.
 func (w *Worker) beat(parent context.Context) error {
+	if w.lease.ousted.Load() {
+		return errOusted // for good: the ID is another process's
+	}
 	ctx, cancel := w.opContext(parent)
 	defer cancel()
 
@@ -91,20 +106,27 @@ func (w *Worker) beat(parent context.Context) error {
 	}
 	tracked, unremoved, incarnation := w.rows.snapshot()
 
+	args := make([]any, 0, 6+len(unremoved)+len(tracked))
+	args = append(args, w.beatValue, w.opts.heartbeatTTL.Milliseconds(), incarnation,
+		w.incarnationTTL().Milliseconds(), w.opts.rowsTTL.Milliseconds(), len(unremoved))
+	args = append(args, unremoved...)
+	args = append(args, tracked...)
+
 	sentAt := time.Now()
 	pipe := w.rdb.Pipeline()
-	set := pipe.Set(ctx, w.keys.Heartbeat, keys.HeartbeatValue, w.opts.heartbeatTTL)
+	// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT, and the
+	// server caches the script by its hash either way.
+	script := scripts.Beat.Eval(ctx, pipe, []string{w.keys.Heartbeat, w.keys.Incarnation, w.keys.Rows}, args...)
 	reg := pipe.SAdd(ctx, w.registry, w.opts.instanceID)
-	pipe.Set(ctx, w.keys.Incarnation, incarnation, w.incarnationTTL())
-	if len(unremoved) > 0 {
-		pipe.SRem(ctx, w.keys.Rows, unremoved...)
-	}
-	if len(tracked) > 0 {
-		pipe.SAdd(ctx, w.keys.Rows, tracked...)
-	}
-	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
 	cmds, err := pipe.Exec(ctx)
-	if err == nil || set.Val() == "OK" {
+	wrote, scriptErr := script.Int()
+	if scriptErr == nil && wrote == scripts.BeatForeign {
+		// Nothing of ours was written; the registry entry is the ID's
+		// whoever holds it.
+		w.stats.heartbeatFailures.Add(1)
+		return errOusted
+	}
+	if scriptErr == nil {
 		// The key is live for a TTL whatever happened to the rest (on
 		// Cluster the registry may sit on a node that is down).
 		w.lease.renew(w, sentAt)
@@ -180,6 +202,9 @@ func (w *Worker) runHeartbeat(ctx context.Context) {
 		}
 		failures++
 		w.emit(Event{Kind: EventHeartbeatFailed, Attempt: failures, Err: err})
+		if errors.Is(err, ErrInstanceIDInUse) {
+			w.noteOusted()
+		}
 		w.noteLeaseLoss(err)
 		t.Reset(w.retryDelay(failures))
 	}

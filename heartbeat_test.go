@@ -18,7 +18,8 @@ func TestStartWritesHeartbeatAndRegistersBeforeReturning(t *testing.T) {
 
 	v, err := mr.Get("ALYA_{w1}_HEARTBEAT")
 	require.NoError(t, err)
-	assert.Equal(t, "alive", v)
+	assert.Regexp(t, "^alive:[0-9a-f]{32}$", v, "alive:<this Worker's token>")
+	assert.Equal(t, w.beatValue, v)
 	assert.Equal(t, 2*time.Second, mr.TTL("ALYA_{w1}_HEARTBEAT"))
 	ok, err := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
 	require.NoError(t, err)

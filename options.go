@@ -70,9 +70,10 @@ func defaultInstanceID() string {
 
 // WithInstanceID sets the worker's identity in Redis. It must be unique in
 // the fleet and stable for the life of the process; it must not be empty or
-// contain '{', '}', whitespace or control characters. Two live Workers
-// with one ID share one heartbeat: neither's rows are recovered while the
-// other lives. Default: <hostname>-<pid>-<unix start seconds>-<8 random
+// contain '{', '}', whitespace or control characters. Start refuses, with
+// ErrInstanceIDInUse, an ID another live process heartbeats; an ID reused
+// after a crash (a StatefulSet pod's name) waits out the predecessor's
+// heartbeat and gets its rows recovered first (docs/safety.md §10). Default: <hostname>-<pid>-<unix start seconds>-<8 random
 // hex digits>, unique per Worker even for containers with the same
 // hostname and PID started in the same second.
 func WithInstanceID(id string) Option {

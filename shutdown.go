@@ -6,6 +6,8 @@ import (
 	"log/slog"
 
 	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery/internal/scripts"
 )
 
 // Shutdown stops the worker: it stops the heartbeat and recovery loops and
@@ -24,6 +26,9 @@ import (
 // Untrack running at the same moment waits for it, as it waits for a
 // heartbeat); if it fails, Shutdown returns the error and a later call
 // tries again.
+//
+// A Worker whose instance ID another process took over (CheckLease
+// reports ErrInstanceIDInUse) leaves every key to that process.
 //
 // Shutdown is idempotent, safe to call concurrently and safe to call
 // without Start. After it, Start, Track and RecoverNow return ErrShutdown.
@@ -50,6 +55,12 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if w.cleaned {
 		return w.events.close(ctx)
 	}
+	if w.lease.ousted.Load() {
+		// Another process heartbeats this instance ID: the heartbeat, the
+		// registry entry and the rows set are its own now (twin.go).
+		w.cleaned = true
+		return w.events.close(ctx)
+	}
 	// Like the heartbeat, hold the rows set's write lock from the snapshot
 	// until Redis has answered: a synchronous Untrack running now either
 	// finishes its SREM before the snapshot (and the row is not written
@@ -58,7 +69,9 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	tracked, unremoved, _ := w.rows.snapshot()
 	opCtx, cancel := w.opContext(ctx)
 	pipe := w.rdb.Pipeline()
-	pipe.Del(opCtx, w.keys.Heartbeat)
+	// Only our own heartbeat: a process that took the ID over since the
+	// last heartbeat keeps its.
+	scripts.Leave.Eval(opCtx, pipe, []string{w.keys.Heartbeat}, w.beatValue)
 	var reg redis.Cmder
 	if len(tracked) == 0 {
 		reg = pipe.SRem(opCtx, w.registry, w.opts.instanceID)

@@ -2,6 +2,8 @@ package recovery
 
 import (
 	"context"
+	"crypto/sha1"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -9,6 +11,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/scripts"
 )
 
 func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
@@ -128,13 +132,24 @@ func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
 }
 
 // pipelineGate is a go-redis hook that stops the first pipeline whose
-// first command is DEL key (Shutdown's clean-up) until open is closed,
+// first command is the Leave script on key (Shutdown's clean-up) until
+// open is closed,
 // and closes reached when it gets there.
 type pipelineGate struct {
 	key     string
 	once    sync.Once
 	reached chan struct{}
 	open    chan struct{}
+}
+
+// isLeaveOf reports whether c is the EVAL of scripts.Leave on key.
+func isLeaveOf(c redis.Cmder, key string) bool {
+	a := c.Args()
+	if c.Name() != "eval" || len(a) < 4 || a[3] != key {
+		return false
+	}
+	src, _ := a[1].(string)
+	return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == scripts.Leave.Hash()
 }
 
 func newPipelineGate(key string) *pipelineGate {
@@ -147,7 +162,7 @@ func (g *pipelineGate) ProcessHook(next redis.ProcessHook) redis.ProcessHook { r
 
 func (g *pipelineGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
 	return func(ctx context.Context, cmds []redis.Cmder) error {
-		if len(cmds) > 0 && cmds[0].Name() == "del" && len(cmds[0].Args()) > 1 && cmds[0].Args()[1] == g.key {
+		if len(cmds) > 0 && isLeaveOf(cmds[0], g.key) {
 			hit := false
 			g.once.Do(func() { hit = true })
 			if hit {

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"reflect"
@@ -37,6 +38,10 @@ type Worker struct {
 	keys     keys.Keys
 	registry string
 	epoch    time.Time // monotonic base for the lease
+	// beatValue is what this Worker writes into its heartbeat key: a token
+	// of its own, so a process with the same instance ID is told apart
+	// (twin.go).
+	beatValue string
 
 	state atomic.Int32
 
@@ -98,6 +103,8 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		keys:     keys.For(o.keyPrefix, o.instanceID),
 		registry: keys.Registry(o.keyPrefix),
 		epoch:    time.Now(),
+
+		beatValue: keys.HeartbeatOf(newToken()),
 	}
 	w.rows.init()
 	w.expired = make(chan string, 256)
@@ -112,13 +119,25 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
 // Start checks the resetter's configuration against the database (when it
-// is a SchemaChecker, unless WithoutSchemaCheck), writes the first
-// heartbeat and registers the worker, then starts the heartbeat loop and
+// is a SchemaChecker, unless WithoutSchemaCheck), makes sure no other live
+// process heartbeats its instance ID, writes the first heartbeat and
+// registers the worker, then starts the heartbeat loop and
 // the recovery loop, whose first scan runs at once. It returns an error,
 // and starts nothing, if the check fails (an error wrapping ErrSchema names
 // the table, column or status at fault; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
 // error names the address and the cause); Start may then be called again.
+//
+// If the heartbeat key already holds another process's value, Start
+// watches it: a process that refreshes it within a heartbeat interval +
+// operation timeout (+ a tenth of the interval) is alive, and Start
+// returns an error wrapping ErrInstanceIDInUse, having written nothing. A
+// process that stopped refreshing it (a crashed predecessor under a fixed
+// WithInstanceID) is waited out until its key expires, at most its
+// remaining TTL, and the rows it left tracked are then recovered, under
+// its incarnation, before this worker's first heartbeat: they are not
+// this worker's. ctx bounds the wait; a Start that gives up has written
+// nothing and can be retried (by a restarted process too).
 //
 // ctx bounds only Start itself. The loops run until Shutdown, whatever
 // happens to ctx: a worker that stops refreshing its heartbeat while it
@@ -135,7 +154,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.checkSchema(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
+	if err := w.claimInstanceID(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.firstHeartbeatError(ctx, err)
+		}
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
 	if err := w.beat(ctx); err != nil {
+		if errors.Is(err, ErrInstanceIDInUse) {
+			return fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
+		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.firstHeartbeatError(ctx, err))
 	}
 	w.warnIfEvicting(ctx)

@@ -4,7 +4,7 @@
 // The key names are a wire protocol: workers of different versions read each
 // other's keys, so a change here is a breaking change for running fleets.
 //
-//	<prefix>_{<instanceID>}_HEARTBEAT  string "alive", TTL = heartbeat TTL
+//	<prefix>_{<instanceID>}_HEARTBEAT  string "alive:<token>" ("alive" from old workers), TTL = heartbeat TTL
 //	<prefix>_{<instanceID>}_ROWS       set of decimal row IDs, TTL = rows TTL
 //	<prefix>_{<instanceID>}_RECOVERY   string claim token of the recoverer, PX
 //	<prefix>_{<instanceID>}_INCARNATION string token of the rows set's life, TTL > rows TTL
@@ -36,9 +36,16 @@ const (
 	claimSuffix     = "_RECOVERY"
 	incSuffix       = "_INCARNATION"
 	registrySuffix  = "_WORKER_REGISTRY"
-	// HeartbeatValue is what a live worker's heartbeat key holds.
+	// HeartbeatValue is what a live worker's heartbeat key held before
+	// heartbeats carried a token, and what workers of that version still
+	// write. Readers only ever check that the key exists.
 	HeartbeatValue = "alive"
 )
+
+// HeartbeatOf returns the value a worker whose process token is token
+// writes into its heartbeat key: "alive:<token>". The token tells this
+// Worker's heartbeat from another process's under the same instance ID.
+func HeartbeatOf(token string) string { return HeartbeatValue + ":" + token }
 
 // Keys holds the key names of one instance under one prefix.
 type Keys struct {

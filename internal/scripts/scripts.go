@@ -1,5 +1,5 @@
 // Package scripts holds the Lua scripts of the recovery protocol. Claim,
-// Finish and Release touch the keys of one instance only, which share a
+// Finish, Fail, Beat and Leave touch the keys of one instance only, which share a
 // hash tag; TakeLease touches one fleet-wide key. So every script runs
 // unchanged on Redis Cluster.
 //
@@ -135,6 +135,60 @@ if redis.call('GET', KEYS[1]) == ARGV[1] then
 end
 if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
+end
+return 0
+`)
+
+// Beat results.
+const (
+	BeatDone    = 1 // the heartbeat, incarnation and rows set are written
+	BeatForeign = 0 // the heartbeat holds another process's value: nothing written
+)
+
+// Beat writes one heartbeat of an instance on the instance's own slot: if
+// the heartbeat key is absent or holds the caller's value, it sets it with
+// its TTL, sets the incarnation, removes the rows whose Untrack could not
+// reach Redis, adds every tracked row and refreshes the rows set's TTL.
+// If the key holds any other value (another process heartbeats the same
+// instance ID, or an old worker's "alive"), it writes nothing: the caller
+// has lost the ID. A retry after a lost reply finds the caller's own value
+// and writes the same again.
+//
+//	KEYS[1] heartbeat, KEYS[2] incarnation, KEYS[3] rows set
+//	ARGV[1] heartbeat value, ARGV[2] heartbeat TTL ms, ARGV[3] incarnation,
+//	ARGV[4] incarnation TTL ms, ARGV[5] rows TTL ms, ARGV[6] n,
+//	ARGV[7 .. 6+n] rows to remove, ARGV[7+n ..] rows to add
+var Beat = redis.NewScript(`
+local v = redis.call('GET', KEYS[1])
+if v and v ~= ARGV[1] then
+  return 0
+end
+redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+local n = tonumber(ARGV[6])
+local function each(cmd, from, to)
+  local i = from
+  while i <= to do
+    local j = math.min(i + 999, to)
+    redis.call(cmd, KEYS[3], unpack(ARGV, i, j))
+    i = j + 1
+  end
+end
+each('SREM', 7, 6 + n)
+each('SADD', 7 + n, #ARGV)
+redis.call('PEXPIRE', KEYS[3], ARGV[5])
+return 1
+`)
+
+// Leave deletes the caller's heartbeat at Shutdown, and only if it still
+// holds the caller's value: a process that took the instance ID over
+// keeps its heartbeat. A retry finds the key gone and does nothing.
+//
+//	KEYS[1] heartbeat
+//	ARGV[1] the caller's heartbeat value
+var Leave = redis.NewScript(`
+if redis.call('GET', KEYS[1]) == ARGV[1] then
+  return redis.call('DEL', KEYS[1])
 end
 return 0
 `)

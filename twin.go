@@ -1,0 +1,194 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Telling a live twin from a dead predecessor (issue 10, F3).
+//
+// Two processes may heartbeat one instance ID: two Workers given the same
+// WithInstanceID, or a pod of a StatefulSet restarted under its name while
+// the crashed process's heartbeat still lives. Every Worker writes a token
+// of its own into its heartbeat (keys.HeartbeatOf), and only ever writes
+// over an absent key or its own value (scripts.Beat). Before its first
+// heartbeat, Start looks at the key:
+//
+//   - absent, or our own value (a retried Start): go on;
+//   - another value: watch it. A live process refreshes it within one
+//     heartbeat interval + operation timeout (its PTTL jumps up, or the
+//     value changes): that is a twin, and Start returns ErrInstanceIDInUse
+//     having written nothing. A predecessor that died (or is stalled)
+//     stops refreshing it: Start waits for the key to expire, watching for
+//     a refresh all along, which ends the predecessor's lease;
+//   - then, if the ID still has a rows set or an incarnation, they are the
+//     predecessor's: Start recovers them as any peer would (recoverDead,
+//     the one recovery path: claim, reset under the predecessor's
+//     incarnation, finish) before its own first heartbeat, so they are
+//     never kept alive, nor taken for this incarnation's.
+
+// errOusted is what a Worker whose instance ID another process took over
+// reports, for good: its lease is lost and the ID in use.
+var errOusted = fmt.Errorf("%w: %w", ErrLeaseLost, ErrInstanceIDInUse)
+
+// ownKeys is what Start reads of its own instance's keys.
+type ownKeys struct {
+	value  string        // heartbeat value; "" when absent
+	pttl   time.Duration // heartbeat's remaining TTL; < 0 when none
+	record bool          // a rows set or an incarnation exists
+}
+
+// inspectOwnKeys reads the heartbeat, its TTL and whether a rows set or an
+// incarnation exists, in one transaction on the instance's slot.
+func (w *Worker) inspectOwnKeys(ctx context.Context) (ownKeys, error) {
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	pipe := w.rdb.TxPipeline()
+	get := pipe.Get(opCtx, w.keys.Heartbeat)
+	pttl := pipe.PTTL(opCtx, w.keys.Heartbeat)
+	rec := pipe.Exists(opCtx, w.keys.Rows, w.keys.Incarnation)
+	if _, err := pipe.Exec(opCtx); err != nil && !errors.Is(err, redis.Nil) {
+		return ownKeys{}, &readError{fmt.Errorf("read heartbeat %s: %w", w.keys.Heartbeat, err)}
+	}
+	return ownKeys{value: get.Val(), pttl: pttl.Val(), record: rec.Val() > 0}, nil
+}
+
+// readError is a failure to read the instance's keys at Start: Start
+// explains it as it explains a failed first heartbeat (the address, the
+// cause).
+type readError struct{ err error }
+
+func (e *readError) Error() string { return e.err.Error() }
+func (e *readError) Unwrap() error { return e.err }
+
+// twinWatch is how long a live process can leave its heartbeat without a
+// refresh: one interval from send to send, plus the operation timeout for
+// the write to land, plus a tenth of the interval for timers and
+// scheduling. It assumes the process runs with this Worker's timings, as a
+// fleet sharing one configuration does. It is shorter than the TTL
+// (interval + operation timeout < 0.9 × TTL).
+func (w *Worker) twinWatch() time.Duration {
+	return satAdd(satAdd(w.opts.heartbeatInterval, w.opts.opTimeout), w.opts.heartbeatInterval/10)
+}
+
+// twinPoll is how often Start looks at a foreign heartbeat.
+func (w *Worker) twinPoll() time.Duration {
+	return min(max(w.opts.heartbeatInterval/20, time.Millisecond), 500*time.Millisecond)
+}
+
+// claimInstanceID runs in Start before the first heartbeat: it returns an
+// error wrapping ErrInstanceIDInUse if another live process heartbeats this
+// instance ID; it waits out a dead predecessor's heartbeat and recovers
+// the rows it left. It writes nothing to Redis but the recovery's own keys.
+func (w *Worker) claimInstanceID(ctx context.Context) error {
+	for {
+		k, err := w.inspectOwnKeys(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case k.value == w.beatValue:
+			return nil // written by an earlier try of this Start
+		case k.value != "":
+			if err := w.awaitPredecessor(ctx, k); err != nil {
+				return err
+			}
+		case k.record:
+			if err := w.recoverPredecessor(ctx); err != nil {
+				return err
+			}
+		default:
+			return nil
+		}
+	}
+}
+
+// awaitPredecessor watches a heartbeat that holds another process's value
+// until it expires. A refresh seen meanwhile means a live process holds
+// the ID.
+func (w *Worker) awaitPredecessor(ctx context.Context, first ownKeys) error {
+	start := time.Now()
+	prev := first
+	warned := false
+	t := time.NewTimer(w.twinPoll())
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for the heartbeat of a previous process with this instance ID to expire (%s left): %w",
+				prev.pttl.Round(time.Millisecond), ctx.Err())
+		case <-t.C:
+		}
+		k, err := w.inspectOwnKeys(ctx)
+		if err != nil {
+			return err
+		}
+		switch {
+		case k.value == "":
+			if warned {
+				w.log.Info("heartbeat of the previous process with this instance ID expired; recovering the rows it left",
+					slog.Duration("waited", time.Since(start)))
+			}
+			return nil
+		case k.value != prev.value || k.pttl > prev.pttl:
+			return fmt.Errorf("%w: %s was refreshed by another process %s after Start found it",
+				ErrInstanceIDInUse, w.keys.Heartbeat, time.Since(start).Round(time.Millisecond))
+		case k.pttl < 0 && time.Since(start) > w.twinWatch():
+			return fmt.Errorf("%w: %s holds another process's value and has no TTL: delete it if no process runs as %s",
+				ErrInstanceIDInUse, w.keys.Heartbeat, w.opts.instanceID)
+		}
+		if !warned && time.Since(start) > w.twinWatch() {
+			warned = true
+			w.log.Warn("a previous process with this instance ID stopped refreshing its heartbeat; waiting for it to expire before starting",
+				slog.Duration("heartbeat_ttl_left", k.pttl))
+		}
+		prev = k
+		t.Reset(min(w.twinPoll(), max(k.pttl, time.Millisecond)))
+	}
+}
+
+// recoverPredecessor recovers the rows set a previous process left under
+// this instance ID, through the recovery every peer runs. While another
+// worker holds the claim it waits and tries again.
+func (w *Worker) recoverPredecessor(ctx context.Context) error {
+	pr, claimed, err := w.recoverDead(ctx, w.opts.instanceID, "restart", time.Now())
+	if err != nil {
+		return fmt.Errorf("recover the rows a previous process left under this instance ID: %w", err)
+	}
+	if !claimed {
+		// Another worker is recovering it, or a heartbeat appeared: look
+		// again after a poll.
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("wait for a peer's recovery of this instance ID's previous process: %w", ctx.Err())
+		case <-time.After(w.twinPoll()):
+		}
+		return nil
+	}
+	if pr.RowsFound > 0 || pr.RowsReset > 0 {
+		w.log.Info("recovered rows a previous process left under this instance ID",
+			slog.Int("rows_found", pr.RowsFound), slog.Int64("rows_reset", pr.RowsReset),
+			slog.Int("rows_quarantined", len(pr.Quarantined)))
+	}
+	return nil
+}
+
+// noteOusted records, for good, that another process holds this Worker's
+// instance ID, and says so once.
+func (w *Worker) noteOusted() {
+	if w.lease.ousted.Swap(true) {
+		return
+	}
+	if !w.lease.lost.Swap(true) {
+		w.stats.leaseLosses.Add(1)
+		w.emit(Event{Kind: EventLeaseLost, Duration: w.lease.sinceRefresh(w), Err: errOusted})
+	}
+	w.emit(Event{Kind: EventInstanceIDTaken, Err: errOusted})
+	w.log.Error("another process heartbeats this instance ID: it started while this worker could not refresh its heartbeat, and has taken over its rows; stop processing and shut this worker down",
+		slog.Int("rows_tracked", w.rows.len()))
+}
