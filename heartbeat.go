@@ -116,7 +116,7 @@ func (w *Worker) beat(parent context.Context) error {
 	pipe := w.rdb.Pipeline()
 	// EVAL, not EVALSHA: a pipeline cannot fall back on NOSCRIPT, and the
 	// server caches the script by its hash either way.
-	script := scripts.Beat.Eval(ctx, pipe, []string{w.keys.Heartbeat, w.keys.Incarnation, w.keys.Rows}, args...)
+	script := scripts.Beat.Eval(ctx, pipe, []string{w.keys.Heartbeat, w.keys.Incarnation, w.keys.Rows, w.keys.Claim}, args...)
 	reg := pipe.SAdd(ctx, w.registry, w.opts.instanceID)
 	cmds, err := pipe.Exec(ctx)
 	wrote, scriptErr := script.Int()

@@ -47,6 +47,9 @@ type PgxResetter struct {
 	db      PgxExecer
 	o       resetterOptions
 	byIDs   query  // reset the rows among $ids
+	logged  query  // byIDs, recording in the ledger and skipping what it holds
+	rest    query  // the rows among $ids not settled after a reset (restQuery)
+	restLog query  // rest, with the ledger
 	byOwner query  // reset every row of one owner (sweep)
 	owners  string // list the owners of rows in progress
 
@@ -183,9 +186,12 @@ func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) 
 		return nil, err
 	}
 	r := &PgxResetter{db: db, o: o}
-	r.byIDs = o.resetQuery(false)
+	r.byIDs, r.rest = o.resetQuery(false, false), o.restQuery(false)
+	if o.usesLedger() {
+		r.logged, r.restLog = o.resetQuery(false, true), o.restQuery(true)
+	}
 	if o.ownerColumn != "" {
-		r.byOwner = o.resetQuery(true)
+		r.byOwner = o.resetQuery(true, false)
 		r.owners = fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s = $1 AND %s IS NOT NULL",
 			ident(o.ownerColumn), o.tableIdent(), ident(o.statusColumn), ident(o.ownerColumn))
 	}
@@ -322,27 +328,56 @@ func (r *PgxResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 // delete expired ledger entries (a plan does not, so as not to postpone
 // the real clean-up).
 func (r *PgxResetter) resetInTx(ctx context.Context, tx pgx.Tx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
-	if r.o.usesLedger() {
+	reset, rest := r.byIDs, r.rest
+	if r.ledgerFor(req) {
+		reset, rest = r.logged, r.restLog
 		if err := r.lockIncarnation(ctx, tx, req.InstanceID, req.Incarnation); err != nil {
 			return ResetResult{}, err
 		}
 	}
 	var total ResetResult
 	for chunk := range slices.Chunk(ids, r.o.chunkSize) {
-		res, err := r.run(ctx, tx, r.byIDs, resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation})
+		v := resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation}
+		res, err := r.run(ctx, tx, reset, v)
+		if err != nil {
+			return ResetResult{}, err
+		}
+		notReset, err := r.unsettled(ctx, tx, rest, v)
 		if err != nil {
 			return ResetResult{}, err
 		}
 		total.Reset += res.Reset
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
-		total.NotReset = append(total.NotReset, res.NotReset...)
+		total.NotReset = append(total.NotReset, notReset...)
 	}
-	if clean && r.o.usesLedger() {
+	if clean && r.ledgerFor(req) {
 		if err := r.cleanLedger(ctx, tx); err != nil {
 			return ResetResult{}, err
 		}
 	}
 	return total, nil
+}
+
+// ledgerFor reports whether the reset of req is recorded in the ledger: it
+// needs the ledger on and a known incarnation. Under an unknown one ("": a
+// worker of the first protocol version, or a host calling ResetRows
+// itself) a record would make every later reset of the same instance ID
+// skip the row, also in that ID's next life.
+func (r *PgxResetter) ledgerFor(req ResetRequest) bool {
+	return r.o.usesLedger() && req.Incarnation != ""
+}
+
+// unsettled runs q (restQuery) in tx.
+func (r *PgxResetter) unsettled(ctx context.Context, tx pgx.Tx, q query, v resetValues) ([]RowState, error) {
+	rows, err := tx.Query(ctx, q.sql, r.bind(q, v)...)
+	if err != nil {
+		return nil, err
+	}
+	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (RowState, error) {
+		var s RowState
+		err := row.Scan(&s.ID, &s.Status)
+		return s, err
+	})
 }
 
 // InProgressOwners returns the distinct owners of rows in progress. It
@@ -389,16 +424,9 @@ func (r *PgxResetter) dbQuery(ctx context.Context, sql string, args ...any) (pgx
 }
 
 func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, v resetValues) (ResetResult, error) {
-	var (
-		res          ResetResult
-		restIDs      []int64
-		restStatuses []string
-	)
-	if err := tx.QueryRow(ctx, q.sql, r.bind(q, v)...).Scan(&res.Reset, &res.Quarantined, &restIDs, &restStatuses); err != nil {
+	var res ResetResult
+	if err := tx.QueryRow(ctx, q.sql, r.bind(q, v)...).Scan(&res.Reset, &res.Quarantined); err != nil {
 		return ResetResult{}, err
-	}
-	for i, id := range restIDs {
-		res.NotReset = append(res.NotReset, RowState{ID: id, Status: restStatuses[i]})
 	}
 	return res, nil
 }

@@ -69,29 +69,20 @@ func (o *resetterOptions) settled() []string {
 
 // resetQuery builds the reset statement. It locks the matching rows in ID
 // order, updates them with the status guard (and the owner guard when
-// fencing), records them in the ledger (when there is one), and returns
-// the number changed, the IDs quarantined and, for a reset by IDs, the rows
-// neither changed nor settled:
+// fencing), records them in the ledger (with ledger), and returns the
+// number changed and the IDs quarantined:
 //
 //	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE),
 //	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...),
-//	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed),  -- ledger only
-//	     rest    AS (SELECT id, status FROM t WHERE id = ANY($ids) AND not changed AND not settled)
-//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal), rest ids, rest statuses FROM changed
+//	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
+//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
 //
 // byOwner selects every row of $owner instead of the rows among $ids.
-func (o *resetterOptions) resetQuery(byOwner bool) query {
+func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
-	ledger := !byOwner && o.usesLedger()
 	fenced := o.ownerColumn != ""
-
-	// inLedger is true for a row of table alias t that a committed reset
-	// of the same incarnation already handled.
-	inLedger := func(t string) string {
-		return fmt.Sprintf("EXISTS (SELECT 1 FROM %s AS l WHERE l.instance_id = %s::text AND l.incarnation = %s::text AND l.row_id = %s.%s)",
-			o.ledgerIdent(), q.param("owner"), q.param("incarnation"), t, id)
-	}
+	inLedger := func(t string) string { return o.inLedger(&q, t) }
 
 	var match []string
 	if !byOwner {
@@ -146,26 +137,36 @@ func (o *resetterOptions) resetQuery(byOwner bool) query {
 	SELECT %s::text, %s::text, id FROM changed ON CONFLICT DO NOTHING
 )`, o.ledgerIdent(), q.param("owner"), q.param("incarnation"))
 	}
-	rest := "NULL::bigint[], NULL::text[]"
-	if !byOwner {
-		// A row not changed is settled when its status says so, when
-		// another worker owns it now (fencing), or when the ledger shows
-		// it was reset before under this incarnation.
-		settled := []string{fmt.Sprintf("t.%s::text = ANY(%s::text[])", status, q.param("settled"))}
-		if fenced {
-			settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), q.param("owner")))
-		}
-		if ledger {
-			settled = append(settled, inLedger("t"))
-		}
-		fmt.Fprintf(&sql, `, rest AS (
-	SELECT t.%[1]s AS id, coalesce(t.%[2]s::text, '') AS st FROM %[3]s AS t
-	WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND NOT EXISTS (SELECT 1 FROM changed AS c WHERE c.id = t.%[1]s)
-	AND (%[5]s) IS NOT TRUE
-)`, id, status, table, q.param("ids"), strings.Join(settled, " OR "))
-		rest = "(SELECT array_agg(id ORDER BY id) FROM rest), (SELECT array_agg(st ORDER BY id) FROM rest)"
-	}
-	fmt.Fprintf(&sql, "\nSELECT count(*), %s, %s FROM changed", quarantined, rest)
+	fmt.Fprintf(&sql, "\nSELECT count(*), %s FROM changed", quarantined)
 	q.sql = sql.String()
+	return q
+}
+
+// inLedger is true for a row of table alias t that a committed reset of the
+// same instance and incarnation already handled.
+func (o *resetterOptions) inLedger(q *query, t string) string {
+	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s AS l WHERE l.instance_id = %s::text AND l.incarnation = %s::text AND l.row_id = %s.%s)",
+		o.ledgerIdent(), q.param("owner"), q.param("incarnation"), t, ident(o.idColumn))
+}
+
+// restQuery reads, after the reset and in its transaction, the rows among
+// $ids that are not settled: not queued, done or quarantined, not owned by
+// another worker (fencing) and not recorded in the ledger. A statement of
+// its own, so it sees what the reset changed and what transactions the
+// reset waited for committed; inside the reset's statement it would see
+// the snapshot taken before the wait.
+func (o *resetterOptions) restQuery(ledger bool) query {
+	var q query
+	id, status := ident(o.idColumn), ident(o.statusColumn)
+	settled := []string{fmt.Sprintf("t.%s::text = ANY(%s::text[])", status, q.param("settled"))}
+	if o.ownerColumn != "" {
+		settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), q.param("owner")))
+	}
+	if ledger {
+		settled = append(settled, o.inLedger(&q, "t"))
+	}
+	q.sql = fmt.Sprintf(`SELECT t.%[1]s, coalesce(t.%[2]s::text, '') FROM %[3]s AS t
+WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND (%[5]s) IS NOT TRUE ORDER BY t.%[1]s`,
+		id, status, o.tableIdent(), q.param("ids"), strings.Join(settled, " OR "))
 	return q
 }

@@ -280,7 +280,9 @@ func (w *Worker) finish(ctx, parent context.Context, peer string, k keys.Keys, t
 	}
 	switch fin {
 	case scripts.FinishLost:
-		return fmt.Errorf("claim on %s expired before the rows set could be deleted", peer)
+		// The claim expired, or the peer's heartbeat came back and
+		// cancelled it: its rows set is left for the next scan.
+		return fmt.Errorf("claim on %s was lost before the rows set could be deleted (it expired, or the peer came back)", peer)
 	case scripts.FinishBack:
 		rep.PeerCameBack = true
 		return nil

@@ -1,10 +1,11 @@
 package recovery
 
-// Adversarial review of the second protocol version (incarnations, reset
-// ledger, failure notes, tombstones, rows not reset). Each test drives one
-// interleaving against the code as it is and FAILS on it: the lead fixes
-// or dismisses. Real redis-server and PostgreSQL (internal/testutil) unless
-// the hole is on the Redis side only (miniredis).
+// Regressions of a second adversarial review, of the second protocol
+// version (incarnations, reset ledger, failure notes, tombstones, rows not
+// reset). Each test drives one interleaving that failed before its fix (R1
+// to R5 below; the fixes are in docs/safety.md §9). Real redis-server and
+// PostgreSQL (internal/testutil) unless the hole is on the Redis side only
+// (miniredis).
 
 import (
 	"context"
@@ -18,7 +19,7 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// R1. Release racing with a Track of the same row strands the row.
+// R1 (fixed). Release racing with a Track of the same row strands the row.
 //
 // A worker runs several goroutines on one Worker (the README's loop, times
 // N). Goroutine A abandons row 1 with Release; goroutine B fetches the
@@ -36,7 +37,7 @@ import (
 // runs, and the Untrack removes the row all the same), and without owner
 // fencing. Release's Untrack cannot tell the row it released from the same
 // ID tracked since.
-func TestReviewReleaseRacingWithATrackOfTheSameRowStrandsIt(t *testing.T) {
+func TestSafetyReleaseRacingWithATrackOfTheSameRowLeavesItTracked(t *testing.T) {
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
@@ -72,7 +73,7 @@ func TestReviewReleaseRacingWithATrackOfTheSameRowStrandsIt(t *testing.T) {
 	assert.Equal(t, "queued", s, "row 1, in progress by the dead w, must be recovered too; it is stuck")
 }
 
-// R2. A fixed instance ID restarted before its predecessor's heartbeat
+// R2 (fixed). A fixed instance ID restarted before its predecessor's heartbeat
 // expired inherits the predecessor's rows set and never recovers it.
 //
 // docs/design.md asks only that an ID set with WithInstanceID be unique "at
@@ -91,7 +92,7 @@ func TestReviewReleaseRacingWithATrackOfTheSameRowStrandsIt(t *testing.T) {
 // life 2 runs they are held for as long as it lives. The incarnation was
 // meant to name "the life of the rows set"; a new life should start a new
 // set (or hand the old members to recovery) instead of adopting it.
-func TestReviewFixedInstanceIDRestartedWithinTheTTLStrandsItsPredecessorsRows(t *testing.T) {
+func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecovered(t *testing.T) {
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
@@ -122,7 +123,7 @@ func TestReviewFixedInstanceIDRestartedWithinTheTTLStrandsItsPredecessorsRows(t 
 	t.Logf("left in Redis: rows set %v, registered %v", rowsOf(t, rdb, prefix, "w-0"), registered(t, rdb, prefix, "w-0"))
 }
 
-// R3. F1's alarm never fires for a worker of this version: its rows set can
+// R3 (fixed). F1's alarm never fires for a worker of this version: its rows set can
 // vanish after a failed recovery and the peer is counted as recovered.
 //
 // Claim answers ClaimTakenLost only when the rows set AND the incarnation
@@ -140,7 +141,7 @@ func TestReviewFixedInstanceIDRestartedWithinTheTTLStrandsItsPredecessorsRows(t 
 //
 // The existing test plants an old-version peer (no incarnation), which is
 // the only case the alarm covers.
-func TestReviewRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T) {
+func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T) {
 	ctx := context.Background()
 	mr, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2")
@@ -161,7 +162,7 @@ func TestReviewRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *tes
 	assert.Empty(t, rep.Recovered)
 }
 
-// R4. The unknown incarnation "" makes the ledger skip a row for every
+// R4 (fixed). The unknown incarnation "" makes the ledger skip a row for every
 // later life of the same instance ID, for the ledger's retention (7 days).
 //
 // docs/integration.md: "a new recoverer of an old worker finds no
@@ -175,7 +176,7 @@ func TestReviewRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *tes
 //	old-0 (life 2, same ID, still the first version): takes row 1 again; killed
 //	R: row 1 is in the ledger under (old-0, "") -> settled, skipped;
 //	   old-0 deregistered as recovered; row 1 in progress for ever
-func TestReviewUnknownIncarnationSkipsARowOfTheNextLifeOfTheSameID(t *testing.T) {
+func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testing.T) {
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
@@ -203,7 +204,7 @@ func TestReviewUnknownIncarnationSkipsARowOfTheNextLifeOfTheSameID(t *testing.T)
 	assert.False(t, registered(t, rdb, prefix, "old-0"), "and old-0 is gone from the registry: nobody will retry")
 }
 
-// R5. A reset that waits for another transaction's row locks reports, as
+// R5 (fixed). A reset that waits for another transaction's row locks reports, as
 // not reset, rows that transaction settled: with owner fencing there is no
 // advisory lock, and the "rest" CTE reads the statement's snapshot, taken
 // before the wait, while "locked" re-reads the rows after it (READ
@@ -219,7 +220,7 @@ func TestReviewUnknownIncarnationSkipsARowOfTheNextLifeOfTheSameID(t *testing.T)
 //
 // A false alarm on the metric the runbook pages on, each time a claim
 // expires mid-reset or a resumed worker completes a row under recovery.
-func TestReviewResetWaitingOnAConcurrentResetReportsSettledRowsAsNotReset(t *testing.T) {
+func TestPgxResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing.T) {
 	ctx := context.Background()
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 5)
@@ -256,28 +257,3 @@ func TestReviewResetWaitingOnAConcurrentResetReportsSettledRowsAsNotReset(t *tes
 	assert.Zero(t, got.res.Reset)
 	assert.Empty(t, got.res.NotReset, "rows 1-3 are queued and ownerless: settled, not 'not reset'")
 }
-
-// Suspected, not demonstrated here (interleavings for the lead):
-//
-// S1. A lost rotation (failover losing the last writes, or a restart from a
-// snapshot taken before it) brings a released row back under the NEW
-// incarnation, without owner fencing:
-//
-//	w: Release(2) under I1 (ledger w,I1,2); Untrack(2)
-//	w: Track(5) of an earlier released row: MULTI SREM 2; SET inc I2 EXEC;
-//	   memory: incarnation I2, released cleared
-//	Redis fails over before replicating the EXEC (or restarts from an
-//	   older RDB): the set holds 2 again, the incarnation is I1
-//	w: heartbeat: SET inc I2, SADD tracked rows; 2 is in neither tracked
-//	   nor unremoved, so it stays in the set, now under I2 (renewed by
-//	   every heartbeat for w's whole life)
-//	X: fetches row 2 (queued by the Release): inprog
-//	w dies: recovery under I2: row 2 not in the ledger for I2, inprog ->
-//	   reset under X; processed twice.
-//
-// S2. Synchronous Untrack removes a row from memory before its SREM; a
-// Track of the same ID (again: B re-fetching a row A's Release queued)
-// whose SADD is answered in between leaves the row tracked in memory and
-// absent from Redis until the next heartbeat; a crash in that window (up
-// to one heartbeat interval) strands it. A retried SREM (go-redis, lost
-// reply) widens the same window: the retry lands after the Track's SADD.

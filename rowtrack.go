@@ -15,8 +15,12 @@ import (
 // heartbeat.
 type inflight struct {
 	mu sync.Mutex
-	// ids are the rows tracked and not yet untracked.
-	ids map[int64]struct{}
+	// ids are the rows tracked and not yet untracked, each with the
+	// generation of its last Track: Release untracks only the rows whose
+	// generation did not change while it reset them, so a row the host
+	// took again meanwhile stays tracked.
+	ids map[int64]uint64
+	gen uint64
 	// unremoved are rows untracked whose SREM failed; the next heartbeat
 	// removes them from Redis.
 	unremoved map[int64]struct{}
@@ -47,7 +51,7 @@ type inflight struct {
 }
 
 func (s *inflight) init() {
-	s.ids = make(map[int64]struct{})
+	s.ids = make(map[int64]uint64)
 	s.unremoved = make(map[int64]struct{})
 	s.stale = make(map[int64]struct{})
 	s.released = make(map[int64]struct{})
@@ -56,9 +60,52 @@ func (s *inflight) init() {
 
 func (s *inflight) add(ids []int64) {
 	s.mu.Lock()
+	s.gen++
 	for _, id := range ids {
-		s.ids[id] = struct{}{}
+		s.ids[id] = s.gen
 		delete(s.unremoved, id)
+	}
+	s.mu.Unlock()
+}
+
+// generations returns the generation of each of ids that is tracked.
+func (s *inflight) generations(ids []int64) map[int64]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int64]uint64, len(ids))
+	for _, id := range ids {
+		if g, ok := s.ids[id]; ok {
+			out[id] = g
+		}
+	}
+	return out
+}
+
+// removeUnchanged removes the rows of gens still tracked with the same
+// generation, and returns them; with forget they are also marked for
+// removal from Redis (deferred Untrack).
+func (s *inflight) removeUnchanged(gens map[int64]uint64, forget bool) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int64
+	for id, g := range gens {
+		if cur, ok := s.ids[id]; ok && cur == g {
+			delete(s.ids, id)
+			delete(s.stale, id)
+			if forget {
+				s.unremoved[id] = struct{}{}
+			}
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// unmarkReleased forgets that ids were released (their reset failed).
+func (s *inflight) unmarkReleased(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		delete(s.released, id)
 	}
 	s.mu.Unlock()
 }
@@ -239,7 +286,7 @@ func (s *inflight) len() int {
 	return len(s.ids)
 }
 
-func members(set map[int64]struct{}) []any {
+func members[V any](set map[int64]V) []any {
 	if len(set) == 0 {
 		return nil
 	}
@@ -334,13 +381,43 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 	w.rows.assert.RLock()
 	defer w.rows.assert.RUnlock()
 	w.rows.remove(rowIDs)
+	return w.sremUntracked(rowIDs)
+}
+
+// sremUntracked removes rows just untracked in memory from the rows set;
+// the caller holds the rows-set lock shared. A Track of one of them that
+// Redis answered before the SREM is written back (retrack).
+func (w *Worker) sremUntracked(ids []int64) error {
 	ctx, cancel := w.opContext(context.Background())
 	defer cancel()
-	if err := w.rdb.SRem(ctx, w.keys.Rows, idArgs(rowIDs)...).Err(); err != nil {
-		w.rows.markUnremoved(rowIDs)
-		return fmt.Errorf("untrack %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+	args := idArgs(ids)
+	if err := w.rdb.SRem(ctx, w.keys.Rows, args...).Err(); err != nil {
+		w.rows.markUnremoved(ids)
+		return fmt.Errorf("untrack %d rows of %s: %w", len(ids), w.opts.instanceID, err)
 	}
+	w.retrack(ctx, args)
 	return nil
+}
+
+// untrackUnchanged untracks the rows of gens that were not tracked again
+// since gens was taken (Release), as Untrack would.
+func (w *Worker) untrackUnchanged(gens map[int64]uint64) error {
+	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
+		if len(w.rows.removeUnchanged(gens, true)) > 0 {
+			select {
+			case w.untrackKick <- struct{}{}:
+			default:
+			}
+		}
+		return nil
+	}
+	w.rows.assert.RLock()
+	defer w.rows.assert.RUnlock()
+	ids := w.rows.removeUnchanged(gens, false)
+	if len(ids) == 0 {
+		return nil
+	}
+	return w.sremUntracked(ids)
 }
 
 // Release hands rows this worker took but will not finish back to the queue
@@ -376,19 +453,28 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	}
+	// The host may take a row again as soon as the reset commits, and
+	// Track it before this Release untracks it: only rows tracked now, and
+	// not tracked again by then, are untracked below.
+	gens := w.rows.generations(rowIDs)
 	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
+	fenced := fencesByOwner(w.resetter)
+	if !fenced {
+		// The reset is recorded under this incarnation: a row taken again,
+		// even before this call returns, must be tracked under a new one
+		// (Track rotates it).
+		w.rows.markReleased(rowIDs)
+	}
 	res, err := resetRows(ctx, w.resetter, req)
 	if err != nil {
+		if !fenced {
+			w.rows.unmarkReleased(rowIDs)
+		}
 		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
-	}
-	if !fencesByOwner(w.resetter) {
-		// The reset is recorded under this incarnation: a row taken again
-		// must be tracked under a new one (Track rotates it).
-		w.rows.markReleased(rowIDs)
 	}
 	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
-	if err := w.Untrack(rowIDs...); err != nil {
+	if err := w.untrackUnchanged(gens); err != nil {
 		attrs = append(attrs, slog.String("untrack_error", err.Error()))
 	}
 	w.log.Info("released rows", attrs...)

@@ -13,9 +13,9 @@ import "github.com/redis/go-redis/v9"
 
 // Claim results.
 const (
-	ClaimTaken         = 1  // the caller now holds the claim; the peer has a rows set or incarnation
-	ClaimTakenNoRecord = 2  // the caller holds the claim; the peer has neither (it died without rows)
-	ClaimTakenLost     = 3  // as ClaimTakenNoRecord, but an earlier recovery of the peer failed: its record was lost
+	ClaimTaken         = 1  // the caller now holds the claim; the peer has a rows set
+	ClaimTakenNoRecord = 2  // the caller holds the claim; the peer has no rows set (it died without rows)
+	ClaimTakenLost     = 3  // as ClaimTakenNoRecord, but an earlier recovery of the peer failed: its rows set was lost
 	ClaimAlive         = 0  // the heartbeat exists: the peer is not dead
 	ClaimHeld          = -1 // another recoverer holds the claim
 )
@@ -55,7 +55,7 @@ elseif held == '` + FailedClaim + `' then
 elseif held then
   return -1
 end
-if redis.call('EXISTS', KEYS[3]) + redis.call('EXISTS', KEYS[4]) > 0 then
+if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   redis.call('PEXPIRE', KEYS[3], ARGV[3])
   redis.call('PEXPIRE', KEYS[4], ARGV[3])
@@ -154,7 +154,15 @@ const (
 // has lost the ID. A retry after a lost reply finds the caller's own value
 // and writes the same again.
 //
-//	KEYS[1] heartbeat, KEYS[2] incarnation, KEYS[3] rows set
+// A heartbeat also cancels a recovery claim on the instance (a recoverer's
+// token, not a failure note or a finished tombstone): the instance is
+// alive, and a recoverer that claimed it while it was paused must not
+// delete its rows set when it finishes, even if the instance has died
+// again and its heartbeat expired by then (its finish finds the claim gone
+// and leaves everything; the owner guard or the ledger covers the rows it
+// reset).
+//
+//	KEYS[1] heartbeat, KEYS[2] incarnation, KEYS[3] rows set, KEYS[4] claim
 //	ARGV[1] heartbeat value, ARGV[2] heartbeat TTL ms, ARGV[3] incarnation,
 //	ARGV[4] incarnation TTL ms, ARGV[5] rows TTL ms, ARGV[6] n,
 //	ARGV[7 .. 6+n] rows to remove, ARGV[7+n ..] rows to add
@@ -162,6 +170,10 @@ var Beat = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[1] then
   return 0
+end
+local c = redis.call('GET', KEYS[4])
+if c and c ~= '` + FailedClaim + `' and string.sub(c, 1, 5) ~= 'done:' and string.sub(c, 1, 5) ~= 'lost:' then
+  redis.call('DEL', KEYS[4])
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
