@@ -341,10 +341,31 @@ func (w *Worker) scanSet(ctx context.Context, key string) ([]string, error) {
 			}
 		}
 		if next == 0 {
-			return out, nil
+			return out, w.checkComplete(ctx, key, len(out))
 		}
 		cursor = next
 	}
+}
+
+// checkComplete makes sure a set read in several SSCAN pages was read
+// whole. An SSCAN cursor only means something on the node that issued it:
+// should the key's slot migrate to another Cluster node between two pages
+// (go-redis follows the MOVED or ASK), the cursor walks another hash table
+// and may skip members, which Finish would then delete unread. A dead
+// peer's set does not change under the claim, so fewer distinct members
+// than SCARD means some were skipped: the read fails, and the next scan
+// reads it again.
+func (w *Worker) checkComplete(ctx context.Context, key string, read int) error {
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	card, err := w.rdb.SCard(opCtx, key).Result()
+	if err != nil {
+		return fmt.Errorf("count rows set %s: %w", key, err)
+	}
+	if int64(read) < card {
+		return fmt.Errorf("read rows set %s: %d of its %d members read (its slot moved between pages?); read again at the next scan", key, read, card)
+	}
+	return nil
 }
 
 // releaseClaim gives the claim up after a failure so the next scan, by any

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -341,4 +343,63 @@ func TestHugeRowsSetIsReadInPiecesAndRecoveredWhole(t *testing.T) {
 		}
 	}
 	assert.Greater(t, sscans, 1, "read in pieces")
+}
+
+// skipper is a go-redis hook that drops the first members of the second
+// SSCAN page, as a cursor carried to another Cluster node by a slot
+// migration may skip members.
+type skipper struct {
+	mu    sync.Mutex
+	pages int
+}
+
+func (s *skipper) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *skipper) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if sc, ok := cmd.(*redis.ScanCmd); ok && cmd.Name() == "sscan" && err == nil {
+			s.mu.Lock()
+			s.pages++
+			if s.pages == 2 {
+				keys, cursor := sc.Val()
+				sc.SetVal(keys[100:], cursor)
+			}
+			s.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (s *skipper) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const n = 25000 // three SSCAN pages
+	members := make([]any, n)
+	for i := range members {
+		members[i] = int64(i + 1)
+	}
+	require.NoError(t, rdb.SAdd(ctx, "ALYA_{moved}_ROWS", members...).Err())
+	require.NoError(t, rdb.SAdd(ctx, "ALYA_WORKER_REGISTRY", "moved").Err())
+	rdb.AddHook(&skipper{})
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "rec")
+
+	_, err := w.RecoverNow(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "members read")
+	assert.Zero(t, r.callCount(), "nothing reset from an incomplete read")
+	card, err := rdb.SCard(ctx, "ALYA_{moved}_ROWS").Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, n, card, "the set is kept")
+
+	rep, err := w.RecoverNow(ctx) // the next read is whole
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Len(t, r.resetOf("moved"), n)
 }
