@@ -49,7 +49,6 @@ type PgxResetter struct {
 	byIDs   query  // reset the rows among $ids
 	logged  query  // byIDs, recording in the ledger and skipping what it holds
 	rest    query  // the rows among $ids not settled after a reset (restQuery)
-	restLog query  // rest, with the ledger
 	byOwner query  // reset every row of one owner (sweep)
 	owners  string // list the owners of rows in progress
 
@@ -186,9 +185,9 @@ func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) 
 		return nil, err
 	}
 	r := &PgxResetter{db: db, o: o}
-	r.byIDs, r.rest = o.resetQuery(false, false), o.restQuery(false)
+	r.byIDs, r.rest = o.resetQuery(false, false), o.restQuery()
 	if o.usesLedger() {
-		r.logged, r.restLog = o.resetQuery(false, true), o.restQuery(true)
+		r.logged = o.resetQuery(false, true)
 	}
 	if o.ownerColumn != "" {
 		r.byOwner = o.resetQuery(true, false)
@@ -330,8 +329,15 @@ func (r *PgxResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 func (r *PgxResetter) resetInTx(ctx context.Context, tx pgx.Tx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
 	reset, rest := r.byIDs, r.rest
 	if r.ledgerFor(req) {
-		reset, rest = r.logged, r.restLog
+		reset = r.logged
 		if err := r.lockIncarnation(ctx, tx, req.InstanceID, req.Incarnation); err != nil {
+			return ResetResult{}, err
+		}
+		// Rows a committed reset of this incarnation already handled are
+		// settled: neither reset again nor reported. Read once, under the
+		// lock that serializes this incarnation's resets.
+		var err error
+		if ids, err = r.withoutRecorded(ctx, tx, req, ids); err != nil {
 			return ResetResult{}, err
 		}
 	}
@@ -365,6 +371,32 @@ func (r *PgxResetter) resetInTx(ctx context.Context, tx pgx.Tx, req ResetRequest
 // skip the row, also in that ID's next life.
 func (r *PgxResetter) ledgerFor(req ResetRequest) bool {
 	return r.o.usesLedger() && req.Incarnation != ""
+}
+
+// withoutRecorded returns ids (sorted) without the rows the ledger holds
+// for req's instance and incarnation.
+func (r *PgxResetter) withoutRecorded(ctx context.Context, tx pgx.Tx, req ResetRequest, ids []int64) ([]int64, error) {
+	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT row_id FROM %s WHERE instance_id = $1 AND incarnation = $2 ORDER BY row_id",
+		r.o.ledgerIdent()), req.InstanceID, req.Incarnation)
+	if err != nil {
+		return nil, err
+	}
+	recorded, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+	if err != nil || len(recorded) == 0 {
+		return ids, err
+	}
+	out := make([]int64, 0, len(ids))
+	j := 0
+	for _, id := range ids {
+		for j < len(recorded) && recorded[j] < id {
+			j++
+		}
+		if j < len(recorded) && recorded[j] == id {
+			continue
+		}
+		out = append(out, id)
+	}
+	return out, nil
 }
 
 // unsettled runs q (restQuery) in tx.

@@ -69,8 +69,9 @@ func (o *resetterOptions) settled() []string {
 
 // resetQuery builds the reset statement. It locks the matching rows in ID
 // order, updates them with the status guard (and the owner guard when
-// fencing), records them in the ledger (with ledger), and returns the
-// number changed and the IDs quarantined:
+// fencing), records them in the ledger (with ledger: the caller has left
+// out of $ids the rows the ledger already holds), and returns the number
+// changed and the IDs quarantined:
 //
 //	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE),
 //	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...),
@@ -82,7 +83,6 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
 	fenced := o.ownerColumn != ""
-	inLedger := func(t string) string { return o.inLedger(&q, t) }
 
 	var match []string
 	if !byOwner {
@@ -93,9 +93,7 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	if fenced {
 		match = append(match, fmt.Sprintf("%s = %s::text", ident(o.ownerColumn), q.param("owner")))
 	}
-	if ledger {
-		match = append(match, "NOT "+inLedger(table))
-	}
+
 
 	newStatus, terminal := q.param("queued"), ""
 	if o.maxRecoveries > 0 {
@@ -142,28 +140,19 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	return q
 }
 
-// inLedger is true for a row of table alias t that a committed reset of the
-// same instance and incarnation already handled.
-func (o *resetterOptions) inLedger(q *query, t string) string {
-	return fmt.Sprintf("EXISTS (SELECT 1 FROM %s AS l WHERE l.instance_id = %s::text AND l.incarnation = %s::text AND l.row_id = %s.%s)",
-		o.ledgerIdent(), q.param("owner"), q.param("incarnation"), t, ident(o.idColumn))
-}
-
 // restQuery reads, after the reset and in its transaction, the rows among
-// $ids that are not settled: not queued, done or quarantined, not owned by
-// another worker (fencing) and not recorded in the ledger. A statement of
+// $ids that are not settled: not queued, done or quarantined, and not
+// owned by another worker (fencing); rows the ledger holds are left out of
+// $ids beforehand (resetInTx). A statement of
 // its own, so it sees what the reset changed and what transactions the
 // reset waited for committed; inside the reset's statement it would see
 // the snapshot taken before the wait.
-func (o *resetterOptions) restQuery(ledger bool) query {
+func (o *resetterOptions) restQuery() query {
 	var q query
 	id, status := ident(o.idColumn), ident(o.statusColumn)
 	settled := []string{fmt.Sprintf("t.%s::text = ANY(%s::text[])", status, q.param("settled"))}
 	if o.ownerColumn != "" {
 		settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), q.param("owner")))
-	}
-	if ledger {
-		settled = append(settled, o.inLedger(&q, "t"))
 	}
 	q.sql = fmt.Sprintf(`SELECT t.%[1]s, coalesce(t.%[2]s::text, '') FROM %[3]s AS t
 WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND (%[5]s) IS NOT TRUE ORDER BY t.%[1]s`,
