@@ -94,7 +94,6 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 		match = append(match, fmt.Sprintf("%s = %s::text", ident(o.ownerColumn), q.param("owner")))
 	}
 
-
 	newStatus, terminal := q.param("queued"), ""
 	if o.maxRecoveries > 0 {
 		terminal = q.param("terminal")
