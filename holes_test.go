@@ -23,6 +23,17 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
+// onRealServers returns a real Redis, a fresh PostgreSQL schema holding a
+// batch of rows 1..n (testutil.BatchSchema, reset ledger included), and a
+// fresh key prefix starting with prefix.
+func onRealServers(t *testing.T, n int, prefix string) (*redis.Client, *pgxpool.Pool, string) {
+	t.Helper()
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, n)
+	return rdb, db, testutil.Name(prefix)
+}
+
 // pgAddr returns host:port of the server behind pool.
 func pgAddr(pool *pgxpool.Pool) string {
 	c := pool.Config().ConnConfig
@@ -196,10 +207,7 @@ func (h *hookResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (
 // owner fencing the next recoverer used to reset them under it.
 func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("F2")
+	rdb, db, prefix := onRealServers(t, 10, "F2")
 	pg, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))
 	require.NoError(t, err)
 	require.True(t, pg.UsesLedger())
@@ -287,10 +295,7 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 // changes before it is tracked again.
 func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("RL")
+	rdb, db, prefix := onRealServers(t, 10, "RL")
 	pg, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	w, _ := startWorker(t, rdb, pg, "w", WithKeyPrefix(prefix))
@@ -323,10 +328,7 @@ func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.
 // stayed in progress forever.
 func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("NR")
+	rdb, db, prefix := onRealServers(t, 10, "NR")
 	right, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix))

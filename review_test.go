@@ -39,10 +39,7 @@ import (
 // ID tracked since.
 func TestSafetyReleaseRacingWithATrackOfTheSameRowLeavesItTracked(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("RV1")
+	rdb, db, prefix := onRealServers(t, 10, "RV1")
 	h := &hookResetter{PgxResetter: fencedResetter(t, db)}
 	w, _ := startWorker(t, rdb, h, "w", WithKeyPrefix(prefix))
 	take(t, db, "w", 1, 2)
@@ -94,10 +91,7 @@ func TestSafetyReleaseRacingWithATrackOfTheSameRowLeavesItTracked(t *testing.T) 
 // set (or hand the old members to recovery) instead of adopting it.
 func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecovered(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("RV2")
+	rdb, db, prefix := onRealServers(t, 10, "RV2")
 	life1, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))
 	take(t, db, "w-0", 1, 2, 3)
 	require.NoError(t, life1.Track(ctx, 1, 2, 3))
@@ -178,10 +172,7 @@ func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T
 //	   old-0 deregistered as recovered; row 1 in progress for ever
 func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("RV4")
+	rdb, db, prefix := onRealServers(t, 10, "RV4")
 	pg, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	require.True(t, pg.UsesLedger())

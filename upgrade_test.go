@@ -15,7 +15,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/keys"
-	"github.com/alya/recovery/internal/testutil"
 )
 
 // v1Claim and v1Finish are the first version's claim and finish scripts.
@@ -67,10 +66,7 @@ func v1Recover(t *testing.T, rdb redis.UniversalClient, r RowResetter, prefix, p
 
 func TestRollingUpgradeOldAndNewWorkersRecoverEachOther(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 20)
-	prefix := testutil.Name("UP")
+	rdb, db, prefix := onRealServers(t, 20, "UP")
 	pg, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))
 	require.NoError(t, err)
 
