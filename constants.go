@@ -18,10 +18,12 @@ const (
 	// (120 s): the key must expire, then the next scan must run.
 	DefaultRecoveryInterval = 60 * time.Second
 
-	// DefaultRowsTTL is three heartbeat TTLs. It must exceed the detection
-	// plus recovery window (120 s) so a dead worker's rows set is still there
-	// when a peer comes to recover it, and it bounds how long an orphaned set
-	// can stay in Redis when no peer ever does.
+	// DefaultRowsTTL is three heartbeat TTLs. It must exceed the longest
+	// wait for the first recovery scan (174 s: TTL + 1.1 × recovery
+	// interval + the scan lease) so a dead worker's rows set is still there
+	// when a peer first comes to recover it (every attempt renews it), and
+	// it bounds how long an orphaned set can stay in Redis when no peer
+	// ever does.
 	DefaultRowsTTL = 180 * time.Second
 
 	// DefaultKeyPrefix is the first part of every Redis key, as in the design.

@@ -30,7 +30,8 @@ func documentedNameRule(s string) bool {
 // documentedTimingRule is the timing table of docs/design.md and the With*
 // docs: every duration between 1ms (Redis expiries have millisecond
 // resolution) and a week (MaxDuration), interval < TTL, rows TTL > TTL +
-// 1.1 × recovery interval (in arithmetic that cannot overflow), an
+// 1.1 × recovery interval + the scan lease, min(0.8 × recovery interval,
+// TTL) and at least 1ms (in arithmetic that cannot overflow), an
 // operation timeout of 0 meaning min(5s, interval/2) and otherwise at most
 // the heartbeat interval, and interval + operation timeout < 0.9 × TTL.
 func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Duration) bool {
@@ -46,7 +47,8 @@ func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Durat
 	if op == 0 {
 		op = min(DefaultOperationTimeout, interval/2)
 	}
-	spare := rowsTTL - ttl // both positive: no overflow
+	lease := max(min(recovery-recovery/5, ttl), time.Millisecond) // the scan lease, on by default
+	spare := rowsTTL - ttl - lease                                // all at most a week: no overflow
 	return interval < ttl &&
 		spare > recovery && spare-recovery > recovery/10 &&
 		interval < ttl-ttl/10-op
@@ -124,7 +126,11 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 	greater("lease > heartbeat interval + op timeout", lease-o.opTimeout, o.heartbeatInterval)
 
 	window := o.detectionWindow()
-	equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10)))
+	if o.scanLease {
+		equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10), exact(o.scanLeaseTTL())))
+	} else {
+		equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10)))
+	}
 	greater("rows TTL > detection window", o.rowsTTL, window)
 	redisTTL("rows TTL", o.rowsTTL)
 	redisTTL("heartbeat TTL", o.heartbeatTTL)

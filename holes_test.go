@@ -96,7 +96,7 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	require.NoError(t, err)
 	t.Cleanup(func() { proxy.Close() })
 	prefix := testutil.Name("F1")
-	const rowsTTL = 1500 * time.Millisecond
+	const rowsTTL = 1600 * time.Millisecond
 	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
 		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(rowsTTL), WithResetTimeout(300 * time.Millisecond)}
 	direct, err := NewPgxResetter(db)

@@ -114,9 +114,11 @@ func WithRecoveryInterval(d time.Duration) Option {
 }
 
 // WithRowsTTL sets the TTL of the worker's rows set, refreshed by every
-// heartbeat and every Track. It must exceed heartbeat TTL + recovery
-// interval + 10% (the jitter), and not exceed MaxDuration (a week).
-// Default: DefaultRowsTTL (180s).
+// heartbeat and every Track, and by every recovery attempt once the worker
+// is dead. It must exceed the longest wait for the first recovery scan:
+// heartbeat TTL + recovery interval + 10% (the jitter) + the scan lease
+// (min(0.8 × recovery interval, heartbeat TTL), when WithScanLease is on);
+// and not exceed MaxDuration (a week). Default: DefaultRowsTTL (180s).
 func WithRowsTTL(d time.Duration) Option {
 	return optionFunc(func(o *options) { o.rowsTTL = d })
 }
@@ -206,9 +208,10 @@ func (o *options) validate() error {
 			ErrInvalidConfig, o.heartbeatInterval, o.heartbeatTTL)
 	}
 	// The first scan after a death comes at most heartbeat TTL + 1.1 ×
-	// recovery interval (jitter) later; the rows set must still be there.
+	// recovery interval (jitter) + the scan lease later; the rows set must
+	// still be there.
 	if window := o.detectionWindow(); o.rowsTTL <= window {
-		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter: %v)",
+		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter, + the scan lease if on: %v)",
 			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval, window)
 	}
 	if o.opTimeout == 0 {
@@ -298,9 +301,16 @@ func (o *options) leaseLength() time.Duration { return o.heartbeatTTL - o.leaseM
 
 // detectionWindow is the longest time from a worker's last heartbeat to the
 // first scan after its key expired: heartbeat TTL + 1.1 × recovery interval
-// (the jitter). The rows set must outlive it.
+// (the jitter), + the scan lease when it is on (a holder that dies right
+// after scanning holds the next scan back by up to its lease). The rows set
+// must outlive it: from the first claim on, every recovery attempt renews
+// it, but nothing does before.
 func (o *options) detectionWindow() time.Duration {
-	return satAdd(satAdd(o.heartbeatTTL, o.recoveryInterval), o.recoveryInterval/10)
+	w := satAdd(satAdd(o.heartbeatTTL, o.recoveryInterval), o.recoveryInterval/10)
+	if o.scanLease {
+		w = satAdd(w, o.scanLeaseTTL())
+	}
+	return w
 }
 
 // longestRecoveryWait is the longest wait between two recovery ticks: the

@@ -103,10 +103,14 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 			"heartbeat interval 1m0s must be shorter than heartbeat TTL 1m0s"},
 		{"interval above TTL", rdb, r, []Option{WithHeartbeatInterval(90 * time.Second)},
 			"heartbeat interval 1m30s must be shorter than heartbeat TTL 1m0s"},
-		{"rows TTL equal to window", rdb, r, []Option{WithRowsTTL(120 * time.Second)},
-			"rows TTL 2m0s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter: 2m6s)"},
+		{"rows TTL equal to TTL + interval", rdb, r, []Option{WithRowsTTL(120 * time.Second)},
+			"rows TTL 2m0s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter, + the scan lease if on: 2m54s)"},
 		{"rows TTL inside the jitter", rdb, r, []Option{WithRowsTTL(125 * time.Second)},
-			"rows TTL 2m5s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter: 2m6s)"},
+			"rows TTL 2m5s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter, + the scan lease if on: 2m54s)"},
+		{"rows TTL inside the scan lease (a dead lease holder)", rdb, r, []Option{WithRowsTTL(170 * time.Second)},
+			"(+10% jitter, + the scan lease if on: 2m54s)"},
+		{"rows TTL inside the jitter, scan lease off", rdb, r, []Option{WithRowsTTL(125 * time.Second), WithScanLease(false)},
+			"(+10% jitter, + the scan lease if on: 2m6s)"},
 		{"rows TTL below window", rdb, r, []Option{WithRecoveryInterval(150 * time.Second)},
 			"rows TTL 3m0s must exceed heartbeat TTL 1m0s + recovery interval 2m30s"},
 		{"interval too close to the lease end", rdb, r, []Option{WithHeartbeatInterval(50 * time.Second)},
@@ -148,7 +152,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
 	w, err := New(idleClient(t), &fakeResetter{},
 		WithHeartbeatTTL(2*time.Second), WithHeartbeatInterval(500*time.Millisecond),
-		WithRecoveryInterval(time.Second), WithRowsTTL(3101*time.Millisecond),
+		WithRecoveryInterval(time.Second), WithRowsTTL(3901*time.Millisecond),
 		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
 	require.NoError(t, err)
 	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")

@@ -104,10 +104,13 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 }
 
 // rowsTTL keeps the rows set alive three heartbeat TTLs (the library's
-// default rule), and always longer than detection + recovery.
+// default rule), and always longer than the worst wait for the first
+// recovery scan, which New requires: heartbeat TTL + 1.1 × recovery
+// interval + the scan lease, min(0.8 × recovery interval, TTL).
 func (c config) rowsTTL() time.Duration {
 	ttl := 3 * c.heartbeatTTL
-	if ttl <= c.heartbeatTTL+c.recoveryInterval {
+	window := c.heartbeatTTL + c.recoveryInterval + c.recoveryInterval/10 + min(c.recoveryInterval*8/10, c.heartbeatTTL)
+	if ttl <= window {
 		ttl = 2 * (c.heartbeatTTL + c.recoveryInterval)
 	}
 	return ttl
