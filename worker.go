@@ -51,7 +51,7 @@ type Worker struct {
 	loopsDone chan struct{}
 	cleaned   bool
 
-	rows   inflight   // rowtrack.go
+	rows   inflight   // inflight.go
 	lease  lease      // heartbeat.go
 	swept  sweepState // sweep.go
 	self   selfCheck  // selfcheck.go

@@ -1,0 +1,302 @@
+package recovery
+
+import (
+	"strconv"
+	"sync"
+)
+
+// inflight is the worker's own record of the rows it is processing. Redis
+// holds the copy peers read; this one survives Redis forgetting (a restart
+// without persistence, a failover, eviction) and is written back with every
+// heartbeat.
+type inflight struct {
+	mu sync.Mutex
+	// ids are the rows tracked and not yet untracked, each with the
+	// generation of its last Track: Release untracks only the rows whose
+	// generation did not change while it reset them, so a row the host
+	// took again meanwhile stays tracked.
+	ids map[int64]uint64
+	gen uint64
+	// unremoved are rows untracked whose SREM failed; the next heartbeat
+	// removes them from Redis.
+	unremoved map[int64]struct{}
+	// stale are the rows that were tracked when the lease was lost: peers
+	// may have recovered them. Until the host has untracked or released
+	// every one, the lease counts as lost (lease.check).
+	stale map[int64]struct{}
+	// incarnation names the life of the rows set (keys.Keys.Incarnation).
+	// Resets without owner fencing are recorded under it, and a recorded
+	// row is never reset again for it.
+	incarnation string
+	// released are rows this worker reset itself (Release, without owner
+	// fencing) under the current incarnation. Should one be tracked again,
+	// the incarnation changes first (rotateIncarnation), or a recovery
+	// would find it in the ledger and skip it.
+	released map[int64]struct{}
+
+	// assert orders the writes of the rows set. Writers of a snapshot (the
+	// heartbeat, which re-adds ids and removes unremoved, Shutdown's
+	// clean-up and the deferred Untrack flusher) hold it exclusively from the snapshot until Redis has
+	// answered; synchronous Untrack holds it shared from its change in
+	// memory until its SREM is answered. So a heartbeat never re-adds a row
+	// an Untrack has just removed. Track takes no lock (it must never wait
+	// on the heartbeat's I/O, nor make the heartbeat wait on a caller's
+	// context); a pending removal that lands after a Track of the same row
+	// is undone by retrack.
+	assert sync.RWMutex
+}
+
+func (s *inflight) init() {
+	s.ids = make(map[int64]uint64)
+	s.unremoved = make(map[int64]struct{})
+	s.stale = make(map[int64]struct{})
+	s.released = make(map[int64]struct{})
+	s.incarnation = newToken()
+}
+
+func (s *inflight) add(ids []int64) {
+	s.mu.Lock()
+	s.gen++
+	for _, id := range ids {
+		s.ids[id] = s.gen
+		delete(s.unremoved, id)
+	}
+	s.mu.Unlock()
+}
+
+// generations returns the generation of each of ids that is tracked.
+func (s *inflight) generations(ids []int64) map[int64]uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int64]uint64, len(ids))
+	for _, id := range ids {
+		if g, ok := s.ids[id]; ok {
+			out[id] = g
+		}
+	}
+	return out
+}
+
+// removeUnchanged removes the rows of gens still tracked with the same
+// generation, and returns them; with forget they are also marked for
+// removal from Redis (deferred Untrack).
+func (s *inflight) removeUnchanged(gens map[int64]uint64, forget bool) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int64
+	for id, g := range gens {
+		if cur, ok := s.ids[id]; ok && cur == g {
+			delete(s.ids, id)
+			delete(s.stale, id)
+			if forget {
+				s.unremoved[id] = struct{}{}
+			}
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// unmarkReleased forgets that ids were released (their reset failed).
+func (s *inflight) unmarkReleased(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		delete(s.released, id)
+	}
+	s.mu.Unlock()
+}
+
+func (s *inflight) remove(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		delete(s.ids, id)
+		delete(s.stale, id)
+	}
+	s.mu.Unlock()
+}
+
+// markStale records the rows tracked now as stale (the lease was lost).
+func (s *inflight) markStale() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.ids {
+		s.stale[id] = struct{}{}
+	}
+	return len(s.stale)
+}
+
+// staleRows returns how many stale rows are still tracked.
+func (s *inflight) staleRows() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.stale)
+}
+
+func (s *inflight) markUnremoved(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		if _, tracked := s.ids[id]; !tracked {
+			s.unremoved[id] = struct{}{}
+		}
+	}
+	s.mu.Unlock()
+}
+
+// forget removes ids from the tracked rows and marks them for removal from
+// Redis, in one step (deferred Untrack).
+func (s *inflight) forget(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		delete(s.ids, id)
+		delete(s.stale, id)
+		s.unremoved[id] = struct{}{}
+	}
+	s.mu.Unlock()
+}
+
+// trackedAmong returns the members of ms that are tracked now.
+func (s *inflight) trackedAmong(ms []any) []any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []any
+	for _, m := range ms {
+		id, _ := strconv.ParseInt(m.(string), 10, 64)
+		if _, ok := s.ids[id]; ok {
+			out = append(out, m)
+		}
+	}
+	return out
+}
+
+// pendingRemovals returns the rows waiting for their SREM.
+func (s *inflight) pendingRemovals() []any {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return members(s.unremoved)
+}
+
+// snapshot returns the tracked and the unremoved rows as Redis arguments,
+// and the incarnation.
+func (s *inflight) snapshot() (tracked, unremoved []any, incarnation string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return members(s.ids), members(s.unremoved), s.incarnation
+}
+
+// sampleSettled returns up to n tracked rows (all if n < 0) that are not
+// stale.
+func (s *inflight) sampleSettled(n int) map[int64]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int64]bool)
+	for id := range s.ids {
+		if n >= 0 && len(out) >= n {
+			break
+		}
+		if _, stale := s.stale[id]; !stale {
+			out[id] = true
+		}
+	}
+	return out
+}
+
+// currentIncarnation returns the incarnation of the rows set.
+func (s *inflight) currentIncarnation() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.incarnation
+}
+
+// markReleased records rows this worker reset itself under the current
+// incarnation.
+func (s *inflight) markReleased(ids []int64) {
+	s.mu.Lock()
+	for _, id := range ids {
+		s.released[id] = struct{}{}
+	}
+	s.mu.Unlock()
+}
+
+// retaken reports whether a row released under the current incarnation is
+// tracked again (among ids, or among all tracked rows if ids is nil).
+func (s *inflight) retaken(ids []int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.released) == 0 {
+		return false
+	}
+	if ids == nil {
+		for id := range s.released {
+			if _, ok := s.ids[id]; ok {
+				return true
+			}
+		}
+		return false
+	}
+	for _, id := range ids {
+		if _, ok := s.released[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
+// rotation returns the released rows not tracked again, which must leave
+// the rows set with the old incarnation, and a new incarnation.
+func (s *inflight) rotation() (gone []any, next string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for id := range s.released {
+		if _, ok := s.ids[id]; !ok {
+			gone = append(gone, strconv.FormatInt(id, 10))
+		}
+	}
+	return gone, newToken()
+}
+
+// rotated records that Redis now holds incarnation next and none of gone.
+func (s *inflight) rotated(next string, gone []any) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.incarnation = next
+	clear(s.released)
+	for _, m := range gone {
+		id, _ := strconv.ParseInt(m.(string), 10, 64)
+		delete(s.unremoved, id)
+	}
+}
+
+// forgetUnremoved drops rows whose SREM has now succeeded.
+func (s *inflight) forgetUnremoved(done []any) {
+	s.mu.Lock()
+	for _, m := range done {
+		id, _ := strconv.ParseInt(m.(string), 10, 64)
+		delete(s.unremoved, id)
+	}
+	s.mu.Unlock()
+}
+
+func (s *inflight) len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.ids)
+}
+
+func members[V any](set map[int64]V) []any {
+	if len(set) == 0 {
+		return nil
+	}
+	out := make([]any, 0, len(set))
+	for id := range set {
+		out = append(out, strconv.FormatInt(id, 10))
+	}
+	return out
+}
+
+func idArgs(ids []int64) []any {
+	out := make([]any, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.FormatInt(id, 10)
+	}
+	return out
+}
