@@ -58,17 +58,7 @@ func registered(t *testing.T, rdb redis.UniversalClient, prefix, id string) bool
 // recoveries returns rowid -> recovery count.
 func recoveries(t *testing.T, db *pgxpool.Pool) map[int64]int {
 	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT rowid, recoveries FROM batchrows`)
-	require.NoError(t, err)
-	out := map[int64]int{}
-	for rows.Next() {
-		var id int64
-		var n int
-		require.NoError(t, rows.Scan(&id, &n))
-		out[id] = n
-	}
-	require.NoError(t, rows.Err())
-	return out
+	return byRow[int](t, db, `SELECT rowid, recoveries FROM batchrows`)
 }
 
 // victim starts a worker that takes rows ids (in progress in the table and

@@ -23,17 +23,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 	r, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, "failed"))
 	require.NoError(t, err)
 	state := func() map[int64]string {
-		rows, err := db.Query(ctx, `SELECT rowid, status || '/' || recoveries FROM batchrows`)
-		require.NoError(t, err)
-		out := map[int64]string{}
-		for rows.Next() {
-			var id int64
-			var s string
-			require.NoError(t, rows.Scan(&id, &s))
-			out[id] = s
-		}
-		require.NoError(t, rows.Err())
-		return out
+		return byRow[string](t, db, `SELECT rowid, status || '/' || recoveries FROM batchrows`)
 	}
 	before := state()
 	req := ResetRequest{InstanceID: "dead-1", Incarnation: "inc-1", RowIDs: []int64{6, 5, 4, 3, 2, 1, 1, 99}}

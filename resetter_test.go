@@ -22,20 +22,26 @@ func setStatus(t *testing.T, db *pgxpool.Pool, status string, ids ...int64) {
 	require.NoError(t, err)
 }
 
-// statuses returns rowid -> status of every row.
-func statuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
+// byRow runs sql, which selects (rowid, value), and returns rowid -> value.
+func byRow[T any](t *testing.T, db *pgxpool.Pool, sql string) map[int64]T {
 	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT rowid, status FROM batchrows`)
+	rows, err := db.Query(context.Background(), sql)
 	require.NoError(t, err)
-	out := map[int64]string{}
+	out := map[int64]T{}
 	for rows.Next() {
 		var id int64
-		var s string
-		require.NoError(t, rows.Scan(&id, &s))
-		out[id] = s
+		var v T
+		require.NoError(t, rows.Scan(&id, &v))
+		out[id] = v
 	}
 	require.NoError(t, rows.Err())
 	return out
+}
+
+// statuses returns rowid -> status of every row.
+func statuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
+	t.Helper()
+	return byRow[string](t, db, `SELECT rowid, status FROM batchrows`)
 }
 
 func TestPgxResetterResetsOnlyRowsStillInProgress(t *testing.T) {
