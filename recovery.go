@@ -166,9 +166,7 @@ func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 // report.
 func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
 	pr, claimed, err := w.recoverPeer(ctx, peer)
-	// Rows reset before a failure are reset: count them either way.
-	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
-	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+	w.countRows(pr) // rows reset before a failure are reset all the same
 	if len(pr.NotReset) > 0 {
 		w.stats.rowsNotReset.Add(uint64(len(pr.NotReset)))
 		w.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
@@ -185,8 +183,14 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 	return pr, claimed, nil
 }
 
-// countRecovered counts and emits one peer's recovery. Rows are counted by
-// the caller.
+// countRows counts the rows a recovery reset and quarantined.
+func (w *Worker) countRows(pr PeerRecovery) {
+	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
+	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+}
+
+// countRecovered counts and emits one peer's recovery; its rows are counted
+// by countRows.
 func (w *Worker) countRecovered(pr PeerRecovery, foundBy string, took time.Duration) {
 	w.stats.peersRecovered.Add(1)
 	w.emit(Event{Kind: EventRowsRecovered, PeerID: pr.InstanceID, FoundBy: foundBy,

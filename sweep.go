@@ -134,8 +134,7 @@ func (w *Worker) sweep(ctx context.Context) (rep SweepReport, err error) {
 		delete(w.swept.absentSince, o)
 		pr := PeerRecovery{InstanceID: o, RowsReset: res.Reset, Quarantined: res.Quarantined}
 		rep.Recovered = append(rep.Recovered, pr)
-		w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
-		w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+		w.countRows(pr)
 		w.countRecovered(pr, "sweep", time.Since(since))
 	}
 	return rep, errors.Join(errs...)
