@@ -54,14 +54,33 @@ func (s *inflight) init() {
 	s.incarnation = newToken()
 }
 
-func (s *inflight) add(ids []int64) {
+// add tracks ids. It reports whether one of them was released under the
+// current incarnation (the incarnation must change before it is written).
+func (s *inflight) add(ids []int64) (retaken bool) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
 	s.gen++
 	for _, id := range ids {
 		s.ids[id] = s.gen
 		delete(s.unremoved, id)
+		if _, ok := s.released[id]; ok {
+			retaken = true
+		}
 	}
-	s.mu.Unlock()
+	return retaken
+}
+
+// tracked returns which of ids are tracked now.
+func (s *inflight) tracked(ids []int64) map[int64]bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[int64]bool, len(ids))
+	for _, id := range ids {
+		if _, ok := s.ids[id]; ok {
+			out[id] = true
+		}
+	}
+	return out
 }
 
 // generations returns the generation of each of ids that is tracked.
@@ -183,14 +202,13 @@ func (s *inflight) snapshot() (tracked, unremoved []any, incarnation string) {
 	return members(s.ids), members(s.unremoved), s.incarnation
 }
 
-// sampleSettled returns up to n tracked rows (all if n < 0) that are not
-// stale.
+// sampleSettled returns up to n tracked rows that are not stale.
 func (s *inflight) sampleSettled(n int) map[int64]bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	out := make(map[int64]bool)
 	for id := range s.ids {
-		if n >= 0 && len(out) >= n {
+		if len(out) >= n {
 			break
 		}
 		if _, stale := s.stale[id]; !stale {
@@ -218,23 +236,12 @@ func (s *inflight) markReleased(ids []int64) {
 }
 
 // retaken reports whether a row released under the current incarnation is
-// tracked again (among ids, or among all tracked rows if ids is nil).
-func (s *inflight) retaken(ids []int64) bool {
+// tracked again.
+func (s *inflight) retaken() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if len(s.released) == 0 {
-		return false
-	}
-	if ids == nil {
-		for id := range s.released {
-			if _, ok := s.ids[id]; ok {
-				return true
-			}
-		}
-		return false
-	}
-	for _, id := range ids {
-		if _, ok := s.released[id]; ok {
+	for id := range s.released {
+		if _, ok := s.ids[id]; ok {
 			return true
 		}
 	}

@@ -34,8 +34,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	w.rows.add(rowIDs)
-	if w.rows.retaken(rowIDs) {
+	if w.rows.add(rowIDs) {
 		if err := w.rotateIncarnation(ctx); err != nil {
 			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
 		}
@@ -241,7 +240,7 @@ func (w *Worker) rotateIncarnation(ctx context.Context) error {
 }
 
 func (w *Worker) rotateLocked(ctx context.Context) error {
-	if !w.rows.retaken(nil) {
+	if !w.rows.retaken() {
 		return nil // done meanwhile
 	}
 	gone, next := w.rows.rotation()

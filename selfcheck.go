@@ -92,7 +92,7 @@ func (w *Worker) selfCheckOnce(ctx context.Context, reader RowStateReader, befor
 		return before, suspect, false // try again with the same rows
 	}
 	w.self.checks.Add(1)
-	still := w.rows.sampleSettled(-1) // rows untracked during the read are out
+	still := w.rows.tracked(candidates) // rows untracked during the read are out
 	notInProgress = make(map[int64]bool)
 	var first *RowState
 	for i := range states {
