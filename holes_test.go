@@ -34,6 +34,16 @@ func onRealServers(t *testing.T, n int, prefix string) (*redis.Client, *pgxpool.
 	return rdb, db, testutil.Name(prefix)
 }
 
+// pgProxy returns a netfault proxy in front of the PostgreSQL behind db,
+// closed when the test ends; testutil.PoolVia connects through it.
+func pgProxy(t *testing.T, db *pgxpool.Pool) *netfault.Proxy {
+	t.Helper()
+	proxy, err := netfault.NewProxy(pgAddr(db))
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	return proxy
+}
+
 // pgAddr returns host:port of the server behind pool.
 func pgAddr(pool *pgxpool.Pool) string {
 	c := pool.Config().ConnConfig
@@ -79,13 +89,8 @@ func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowRese
 // than that lost its rows for good.
 func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	proxy, err := netfault.NewProxy(pgAddr(db))
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	prefix := testutil.Name("F1")
+	rdb, db, prefix := onRealServers(t, 10, "F1")
+	proxy := pgProxy(t, db)
 	const rowsTTL = 1600 * time.Millisecond
 	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
 		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(rowsTTL), WithResetTimeout(300 * time.Millisecond)}
@@ -238,13 +243,8 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 // and cannot know the reset committed.
 func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 	ctx := context.Background()
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	proxy, err := netfault.NewProxy(pgAddr(db))
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	prefix := testutil.Name("F2")
+	rdb, db, prefix := onRealServers(t, 10, "F2")
+	proxy := pgProxy(t, db)
 	direct, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))
 	require.NoError(t, err)
 	timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
