@@ -35,8 +35,8 @@ bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)
 
 fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
-	$(GO) test -run '^$$' -fuzz FuzzValidNamesKeepEveryKeyInTheNamesSlot -fuzztime $${FUZZTIME:-5s} ./internal/keys/
-	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime $${FUZZTIME:-5s} ./internal/keys/
+	$(GO) test -run '^$$' -fuzz FuzzValidNamesKeepEveryKeyInTheNamesSlot -fuzztime $${FUZZTIME:-5s} ./internal/store/
+	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime $${FUZZTIME:-5s} ./internal/store/
 	$(GO) test -run '^$$' -fuzz FuzzNewAcceptsExactlyTheDocumentedConfigurations -fuzztime $${FUZZTIME:-5s} .
 
 lint: ## gofmt and go vet

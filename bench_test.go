@@ -348,7 +348,7 @@ func BenchmarkHeartbeatWith100000TrackedRows(b *testing.B) {
 	b.ReportAllocs()
 	b.ResetTimer()
 	for range b.N {
-		if err := w.beat(context.Background()); err != nil {
+		if err := w.heart.runOnce(context.Background()); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -131,7 +131,7 @@ func ExampleWorker_Track() {
 		if err := w.Untrack(id); err != nil {
 			fmt.Println("untrack:", err) // the next heartbeat removes it
 		}
-		fmt.Printf("row %d done, %d still tracked\n", id, w.TrackedRows())
+		fmt.Printf("row %d done, %d still tracked\n", id, w.Stats().TrackedRows)
 	}
 	// Output:
 	// tracked in Redis: [101 102 103]
@@ -225,7 +225,7 @@ func ExampleWorker_RecoverNow() {
 		fmt.Println(err)
 		return
 	}
-	fmt.Println("dead peers:", report.DeadPeers, "rows reset:", report.RowsReset)
+	fmt.Println("dead peers:", len(report.Dead), "rows reset:", report.RowsReset)
 	fmt.Println("rows 7, 8, 9:", rows.get(7), rows.get(8), rows.get(9))
 	// Output:
 	// dead peers: 1 rows reset: 2

@@ -4,12 +4,8 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"strings"
-	"sync"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 )
 
 // Expiry-driven recovery: instead of waiting for the next scan, a worker
@@ -19,9 +15,6 @@ import (
 // interval. Notifications are fire-and-forget (a worker that is
 // disconnected when one is sent misses it), so the periodic scan stays as
 // the fallback.
-
-// expiredChannel is the keyevent channel of expired keys, in every database.
-const expiredChannel = "__keyevent@*__:expired"
 
 // WithExpiryNotifications turns on expiry-driven recovery: the worker
 // subscribes to expired-key events (on every master of a Cluster) and
@@ -34,115 +27,60 @@ func WithExpiryNotifications(configure bool) Option {
 	return optionFunc(func(o *options) { o.expiry, o.expiryConfigure = true, configure })
 }
 
-// notificationsEnabled reports whether a notify-keyspace-events value
-// includes keyevent notifications of expired keys.
-func notificationsEnabled(flags string) bool {
-	return strings.Contains(flags, "E") && (strings.Contains(flags, "x") || strings.Contains(flags, "A"))
+// expiryWatcher forwards the peers whose heartbeat expired, as the masters
+// announce them, to the recoverer.
+type expiryWatcher struct {
+	w    *Worker
+	subs []store.Subscription
 }
 
-// forEachMaster runs f on every master of a Cluster (concurrently), or on
-// rdb itself.
-func (w *Worker) forEachMaster(ctx context.Context, f func(context.Context, redis.UniversalClient) error) error {
-	if cc, ok := w.rdb.(*redis.ClusterClient); ok {
-		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error { return f(ctx, c) })
-	}
-	return f(ctx, w.rdb)
-}
-
-// prepareNotifications checks (and with configure, sets) the server's
-// notify-keyspace-events on every master. It reports whether notifications
-// of expired keys can be relied on; every problem is logged, none is fatal.
-func (w *Worker) prepareNotifications(ctx context.Context) bool {
+// subscribe makes sure the servers publish expired-key events and
+// subscribes to them on every master. Every problem is logged, none is
+// fatal: without a watcher the scan finds dead peers.
+func (w *Worker) subscribeExpiry(ctx context.Context) *expiryWatcher {
 	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
 	defer cancel()
-	err := w.forEachMaster(opCtx, func(ctx context.Context, c redis.UniversalClient) error {
-		cfg, err := c.ConfigGet(ctx, "notify-keyspace-events").Result()
-		if err != nil {
-			return fmt.Errorf("read notify-keyspace-events: %w", err)
-		}
-		flags := cfg["notify-keyspace-events"]
-		if notificationsEnabled(flags) {
-			return nil
-		}
-		if !w.opts.expiryConfigure {
-			return fmt.Errorf("notify-keyspace-events is %q, without E and x", flags)
-		}
-		if err := c.ConfigSet(ctx, "notify-keyspace-events", flags+"Ex").Err(); err != nil {
-			return fmt.Errorf("set notify-keyspace-events: %w", err)
-		}
+	set, err := w.store.EnableExpiredEvents(opCtx, w.opts.expiryConfigure)
+	for _, flags := range set {
 		w.log.Warn("enabled keyspace notifications of expired keys on the server (CONFIG SET notify-keyspace-events); set it in the server's configuration to keep it across restarts",
-			slog.String("notify_keyspace_events", flags+"Ex"))
-		return nil
-	})
-	if err != nil {
-		w.log.Warn("expiry notifications unavailable; dead peers are found by the periodic scan only", slog.Any("error", err))
-		return false
+			slog.String("notify_keyspace_events", flags))
 	}
-	return true
+	if err == nil {
+		var subs []store.Subscription
+		if subs, err = w.store.SubscribeExpired(opCtx); err == nil {
+			return &expiryWatcher{w: w, subs: subs}
+		}
+	}
+	w.log.Warn("expiry notifications unavailable; dead peers are found by the periodic scan only",
+		slog.Any("error", fmt.Errorf("expiry notifications: %w", err)))
+	return nil
 }
 
-// subscribeExpired subscribes to expired-key events on every master.
-func (w *Worker) subscribeExpired(ctx context.Context) ([]*redis.PubSub, error) {
-	var (
-		mu   sync.Mutex // ForEachMaster calls f concurrently
-		subs []*redis.PubSub
-	)
-	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
-	defer cancel()
-	err := w.forEachMaster(opCtx, func(ctx context.Context, c redis.UniversalClient) error {
-		ps := c.PSubscribe(context.Background(), expiredChannel)
-		if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
-			ps.Close()
-			return err
-		}
-		mu.Lock()
-		subs = append(subs, ps)
-		mu.Unlock()
-		return nil
-	})
-	if err != nil {
-		for _, ps := range subs {
-			ps.Close()
-		}
-		return nil, fmt.Errorf("subscribe to %s: %w", expiredChannel, err)
-	}
-	return subs, nil
-}
-
-// watchExpired forwards the IDs of peers whose heartbeat expired, as one
-// master reports them, to the recovery loop until ctx is done; then it
-// closes the subscription. A peer is forwarded only if deadPeers, asked
-// then, finds it dead.
-func (w *Worker) watchExpired(ctx context.Context, ps *redis.PubSub) {
-	defer ps.Close()
-	prefix, suffix := w.opts.keyPrefix+"_{", "}_HEARTBEAT"
-	msgs := ps.Channel()
+// run watches one master's subscription until ctx is done, then closes it.
+func (e *expiryWatcher) run(ctx context.Context, sub store.Subscription) {
+	defer sub.Close()
 	for {
-		select {
-		case <-ctx.Done():
+		key, ok := sub.Next(ctx)
+		if !ok {
 			return
-		case m, ok := <-msgs:
-			if !ok {
-				return
-			}
-			key := m.Payload
-			if !strings.HasPrefix(key, prefix) || !strings.HasSuffix(key, suffix) || len(key) < len(prefix)+len(suffix) {
-				continue
-			}
-			id := key[len(prefix) : len(key)-len(suffix)]
-			if id == w.opts.instanceID || keys.ValidateName(id) != nil {
-				continue
-			}
-			// The event is a hint; the verdict is deadPeers', as for a
-			// scan: the key may be back, or the server may have restarted
-			// too recently for an absent heartbeat to mean death.
-			if dead, err := w.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
-				continue
-			}
-			select {
-			case w.expired <- id:
-			default: // the loop is busy; the periodic scan will find the peer
-			}
 		}
+		e.runOnce(ctx, key)
 	}
+}
+
+// runOnce handles one expired key: a peer's heartbeat is handed to the
+// recoverer if deadPeers, asked now, finds it dead. The event is a hint;
+// the verdict is deadPeers', as for a scan: the key may be back, or the
+// server may have restarted too recently for an absent heartbeat to mean
+// death.
+func (e *expiryWatcher) runOnce(ctx context.Context, key string) {
+	w := e.w
+	id, ok := store.InstanceOfHeartbeat(w.opts.keyPrefix, key)
+	if !ok || id == w.opts.instanceID {
+		return
+	}
+	if dead, err := w.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
+		return
+	}
+	w.recov.hand(id)
 }

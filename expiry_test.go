@@ -10,6 +10,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+
+	"github.com/alya/recovery/internal/store"
 )
 
 // killToReset starts a worker that tracks rows, crashes it, and returns how
@@ -58,7 +60,7 @@ func TestExpiryNotificationsAreConfiguredWhenAllowed(t *testing.T) {
 	assert.Equal(t, 1, logs.Count("enabled keyspace notifications of expired keys"))
 	cfg, err = rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
 	require.NoError(t, err)
-	assert.True(t, notificationsEnabled(cfg["notify-keyspace-events"]), "got %q", cfg["notify-keyspace-events"])
+	assert.True(t, store.ExpiredEventsEnabled(cfg["notify-keyspace-events"]), "got %q", cfg["notify-keyspace-events"])
 }
 
 func TestExpiryNotificationsOnCluster(t *testing.T) {

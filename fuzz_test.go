@@ -102,7 +102,7 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 	greater("claim TTL > reset timeout + 2 op timeouts", claim-o.resetTimeout, 2*o.opTimeout)
 	redisTTL("claim TTL", claim)
 
-	scan := o.scanLeaseTTL()
+	scan := o.scanTurnTTL()
 	equal("scan lease TTL", scan, exact(max(min(o.recoveryInterval-o.recoveryInterval/5, o.heartbeatTTL), time.Millisecond)))
 	if scan > o.heartbeatTTL && scan > time.Millisecond {
 		t.Fatalf("scan lease %v outlives heartbeat TTL %v", scan, o.heartbeatTTL)
@@ -112,13 +112,14 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 	}
 	redisTTL("scan lease TTL", scan)
 
-	sweep := o.sweepLeaseTTL()
+	sweep := o.sweepTurnTTL()
 	equal("sweep lease TTL", sweep, sum(mul(o.recoveryInterval, 2), exact(o.recoveryInterval/5), exact(o.opTimeout)))
 	greater("sweep lease > 2 × recovery interval", sweep-o.recoveryInterval, o.recoveryInterval)
 	greater("sweep lease > longest recovery wait", sweep, o.longestRecoveryWait())
 	redisTTL("sweep lease TTL", sweep)
 
-	margin, lease := o.leaseMargin(), o.leaseLength()
+	lease := leaseLength(o.heartbeatTTL)
+	margin := o.heartbeatTTL - lease
 	equal("lease length", lease, new(big.Int).Sub(exact(o.heartbeatTTL), exact(margin)))
 	if margin < 0 || lease <= 0 || lease > o.heartbeatTTL {
 		t.Fatalf("lease %v (margin %v) not in (0, heartbeat TTL %v]", lease, margin, o.heartbeatTTL)
@@ -127,7 +128,7 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 
 	window := o.detectionWindow()
 	if o.scanLease {
-		equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10), exact(o.scanLeaseTTL())))
+		equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10), exact(o.scanTurnTTL())))
 	} else {
 		equal("detection window", window, sum(exact(o.heartbeatTTL), exact(o.recoveryInterval), exact(o.recoveryInterval/10)))
 	}
@@ -143,7 +144,7 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 		}
 	}
 	for n := 1; n <= 64; n++ {
-		if d := w.retryDelay(n); d <= 0 || d > o.heartbeatInterval+o.heartbeatInterval/5+1 {
+		if d := w.heart.retryDelay(n); d <= 0 || d > o.heartbeatInterval+o.heartbeatInterval/5+1 {
 			t.Fatalf("heartbeat retry %d waits %v, not in (0, 1.2 × interval %v]", n, d, o.heartbeatInterval)
 		}
 	}
@@ -293,7 +294,7 @@ func TestEveryDerivedDurationIsSoundAtTheMaximumTimings(t *testing.T) {
 		w, err := New(idleClient(t), &fakeResetter{}, opts...)
 		require.NoError(t, err)
 		checkDerivedDurations(t, w)
-		require.Greater(t, w.claimTTL(), w.opts.resetTimeout)
-		require.Greater(t, w.sweepLeaseTTL(), 2*w.opts.recoveryInterval)
+		require.Greater(t, w.opts.claimTTL(), w.opts.resetTimeout)
+		require.Greater(t, w.opts.sweepTurnTTL(), 2*w.opts.recoveryInterval)
 	}
 }

@@ -110,13 +110,13 @@ func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
 	interval := w.opts.heartbeatInterval
 	for n := 1; n <= 10; n++ {
-		d := w.retryDelay(n)
+		d := w.heart.retryDelay(n)
 		assert.LessOrEqual(t, d, interval*12/10, "retry %d", n)
 		assert.Greater(t, d, time.Duration(0))
 		base := min(interval/10<<(n-1), interval)
 		assert.InDelta(t, float64(base), float64(d), float64(base)*0.2+1, "retry %d", n)
 	}
-	assert.Less(t, w.retryDelay(1), interval/5, "the first retry comes well before the next tick")
+	assert.Less(t, w.heart.retryDelay(1), interval/5, "the first retry comes well before the next tick")
 }
 
 func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {

@@ -224,7 +224,7 @@ func workerGoroutines() int {
 	buf = buf[:runtime.Stack(buf, true)]
 	n := 0
 	for _, g := range strings.Split(string(buf), "\n\n") {
-		if strings.Contains(g, "created by github.com/alya/recovery.(*Worker).Start") {
+		if strings.Contains(g, "github.com/alya/recovery.(*Worker).Start.func") {
 			n++
 		}
 	}

@@ -19,8 +19,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
-	"github.com/alya/recovery/internal/scripts"
 	"github.com/alya/recovery/internal/testutil"
+
+	"github.com/alya/recovery/internal/store"
 )
 
 // onRealServers returns a real Redis, a fresh PostgreSQL schema holding a
@@ -80,7 +81,7 @@ func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowRese
 	setStatus(t, db, "inprog", ids...)
 	require.NoError(t, v.Track(context.Background(), ids...))
 	v.crash()
-	require.NoError(t, rdb.Del(context.Background(), v.keys.Heartbeat).Err())
+	require.NoError(t, rdb.Del(context.Background(), v.ownKeys().Heartbeat).Err())
 	return v
 }
 
@@ -162,7 +163,7 @@ func lostReply(t *testing.T, script *redis.Script) (RecoveryReport, error, *fake
 // F4: a retried claim used to find the caller's own claim and answer
 // "held", so the peer was skipped and blocked for the claim TTL.
 func TestSafetyAClaimWhoseReplyWasLostIsStillTaken(t *testing.T) {
-	rep, err, r, direct := lostReply(t, scripts.Claim)
+	rep, err, r, direct := lostReply(t, store.Script("claim"))
 
 	require.NoError(t, err)
 	assert.Empty(t, rep.Skipped, "the retry finds its own claim")
@@ -173,7 +174,7 @@ func TestSafetyAClaimWhoseReplyWasLostIsStillTaken(t *testing.T) {
 
 // F4: a retried finish used to find the claim gone and report it lost.
 func TestSafetyAFinishWhoseReplyWasLostReportsItsFirstResult(t *testing.T) {
-	rep, err, r, direct := lostReply(t, scripts.Finish)
+	rep, err, r, direct := lostReply(t, store.Script("finish"))
 
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -303,7 +304,7 @@ func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.
 	assert.NotEqual(t, before, after, "a new incarnation before the row is tracked again")
 	assert.Equal(t, []string{"1"}, rowsOf(t, rdb, prefix, "w"))
 	w.crash()
-	require.NoError(t, rdb.Del(ctx, w.keys.Heartbeat).Err())
+	require.NoError(t, rdb.Del(ctx, w.ownKeys().Heartbeat).Err())
 
 	r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))
 	require.Eventually(t, func() bool {
@@ -326,7 +327,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	require.NoError(t, v.Track(ctx, 1, 2, 3, 4))
 	setStatus(t, db, "done", 4) // finished; the process died before Untrack
 	v.crash()
-	require.NoError(t, rdb.Del(ctx, v.keys.Heartbeat).Err())
+	require.NoError(t, rdb.Del(ctx, v.ownKeys().Heartbeat).Err())
 
 	misspelled, err := NewPgxResetter(db, WithStatuses("in_progress", "queued"))
 	require.NoError(t, err)
@@ -386,8 +387,6 @@ func TestLostRowsSetAfterAFailedRecoveryIsReportedNotCountedAsRecovered(t *testi
 	assert.True(t, rep.Failed[0].NoRecord)
 	assert.Empty(t, rep.Recovered)
 
-	// The recovery loop logs it at Error.
-	l := newRecoveryLog(w)
-	l.report(rep, err)
+	// The dead-peer path logs it at Error.
 	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"rows set of dead peer vanished`))
 }

@@ -1,9 +1,6 @@
 package recovery
 
-import (
-	"strconv"
-	"sync"
-)
+import "sync"
 
 // inflight is the worker's own record of the rows it is processing. Redis
 // holds the copy peers read; this one survives Redis forgetting (a restart
@@ -173,30 +170,29 @@ func (s *inflight) forget(ids []int64) {
 	s.mu.Unlock()
 }
 
-// trackedAmong returns the members of ms that are tracked now.
-func (s *inflight) trackedAmong(ms []any) []any {
+// trackedAmong returns the rows of ids that are tracked now.
+func (s *inflight) trackedAmong(ids []int64) []int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	var out []any
-	for _, m := range ms {
-		id, _ := strconv.ParseInt(m.(string), 10, 64)
+	var out []int64
+	for _, id := range ids {
 		if _, ok := s.ids[id]; ok {
-			out = append(out, m)
+			out = append(out, id)
 		}
 	}
 	return out
 }
 
 // pendingRemovals returns the rows waiting for their SREM.
-func (s *inflight) pendingRemovals() []any {
+func (s *inflight) pendingRemovals() []int64 {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return members(s.unremoved)
 }
 
-// snapshot returns the tracked and the unremoved rows as Redis arguments,
-// and the incarnation.
-func (s *inflight) snapshot() (tracked, unremoved []any, incarnation string) {
+// snapshot returns the tracked and the unremoved rows, and the
+// incarnation.
+func (s *inflight) snapshot() (tracked, unremoved []int64, incarnation string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return members(s.ids), members(s.unremoved), s.incarnation
@@ -250,34 +246,32 @@ func (s *inflight) retaken() bool {
 
 // rotation returns the released rows not tracked again, which must leave
 // the rows set with the old incarnation, and a new incarnation.
-func (s *inflight) rotation() (gone []any, next string) {
+func (s *inflight) rotation() (gone []int64, next string) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	for id := range s.released {
 		if _, ok := s.ids[id]; !ok {
-			gone = append(gone, strconv.FormatInt(id, 10))
+			gone = append(gone, id)
 		}
 	}
 	return gone, newToken()
 }
 
 // rotated records that Redis now holds incarnation next and none of gone.
-func (s *inflight) rotated(next string, gone []any) {
+func (s *inflight) rotated(next string, gone []int64) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.incarnation = next
 	clear(s.released)
-	for _, m := range gone {
-		id, _ := strconv.ParseInt(m.(string), 10, 64)
+	for _, id := range gone {
 		delete(s.unremoved, id)
 	}
 }
 
 // forgetUnremoved drops rows whose SREM has now succeeded.
-func (s *inflight) forgetUnremoved(done []any) {
+func (s *inflight) forgetUnremoved(done []int64) {
 	s.mu.Lock()
-	for _, m := range done {
-		id, _ := strconv.ParseInt(m.(string), 10, 64)
+	for _, id := range done {
 		delete(s.unremoved, id)
 	}
 	s.mu.Unlock()
@@ -289,21 +283,13 @@ func (s *inflight) len() int {
 	return len(s.ids)
 }
 
-func members[V any](set map[int64]V) []any {
+func members[V any](set map[int64]V) []int64 {
 	if len(set) == 0 {
 		return nil
 	}
-	out := make([]any, 0, len(set))
+	out := make([]int64, 0, len(set))
 	for id := range set {
-		out = append(out, strconv.FormatInt(id, 10))
-	}
-	return out
-}
-
-func idArgs(ids []int64) []any {
-	out := make([]any, len(ids))
-	for i, id := range ids {
-		out[i] = strconv.FormatInt(id, 10)
+		out = append(out, id)
 	}
 	return out
 }

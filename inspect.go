@@ -12,8 +12,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/alya/recovery/internal/keys"
-	"github.com/alya/recovery/internal/scripts"
+	"github.com/alya/recovery/internal/store"
 )
 
 // Read-only inspection of a fleet, for operator tools (cmd/recoveryctl):
@@ -43,7 +42,7 @@ func claimState(v string) ClaimState {
 	switch {
 	case v == "":
 		return ClaimNone
-	case v == scripts.FailedClaim:
+	case v == store.FailedClaim:
 		return ClaimFailed
 	case strings.HasPrefix(v, "done:"):
 		return ClaimFinished
@@ -129,7 +128,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (Fle
 	if err != nil {
 		return FleetState{}, err
 	}
-	fs := FleetState{Registry: w.registry}
+	fs := FleetState{Registry: w.store.Registry()}
 	ids, invalid, err := w.registeredPeers(ctx)
 	if err != nil {
 		return fs, err
@@ -148,7 +147,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (Fle
 // not, changing nothing. An invalid ID is an error wrapping
 // ErrInvalidConfig.
 func InspectInstance(ctx context.Context, rdb redis.UniversalClient, prefix, id string) (InstanceState, error) {
-	if err := keys.ValidateName(id); err != nil {
+	if err := store.ValidateName(id); err != nil {
 		return InstanceState{}, fmt.Errorf("%w: instance ID %q %v", ErrInvalidConfig, clip(id), err)
 	}
 	w, err := inspector(rdb, prefix)
@@ -156,10 +155,10 @@ func InspectInstance(ctx context.Context, rdb redis.UniversalClient, prefix, id 
 		return InstanceState{}, err
 	}
 	opCtx, cancel := w.opContext(ctx)
-	registered, err := rdb.SIsMember(opCtx, w.registry, id).Result()
+	registered, err := w.store.IsRegistered(opCtx, id)
 	cancel()
 	if err != nil {
-		return InstanceState{}, fmt.Errorf("read registry %s: %w", w.registry, err)
+		return InstanceState{}, err
 	}
 	st, err := w.describe(ctx, []string{id})
 	if err != nil {
@@ -173,7 +172,7 @@ func InspectInstance(ctx context.Context, rdb redis.UniversalClient, prefix, id 
 // recovery reads them (SSCAN in pages, each under the operation timeout),
 // changing nothing.
 func ReadTrackedRows(ctx context.Context, rdb redis.UniversalClient, prefix, id string) (TrackedRows, error) {
-	if err := keys.ValidateName(id); err != nil {
+	if err := store.ValidateName(id); err != nil {
 		return TrackedRows{}, fmt.Errorf("%w: instance ID %q %v", ErrInvalidConfig, clip(id), err)
 	}
 	w, err := inspector(rdb, prefix)
@@ -184,7 +183,7 @@ func ReadTrackedRows(ctx context.Context, rdb redis.UniversalClient, prefix, id 
 }
 
 func (w *Worker) trackedRows(ctx context.Context, id string) (TrackedRows, error) {
-	incarnation, members, err := w.readRows(ctx, keys.For(w.opts.keyPrefix, id))
+	incarnation, members, err := w.store.ReadRows(ctx, id)
 	if err != nil {
 		return TrackedRows{}, err
 	}
@@ -199,43 +198,23 @@ func (w *Worker) describe(ctx context.Context, ids []string) ([]InstanceState, e
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	type cmds struct {
-		hbTTL, rowsTTL     *redis.DurationCmd
-		rows               *redis.IntCmd
-		claim, incarnation *redis.StringCmd
-	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	pipe := w.rdb.Pipeline()
-	cs := make([]cmds, len(ids))
-	for i, id := range ids {
-		k := keys.For(w.opts.keyPrefix, id)
-		cs[i] = cmds{
-			hbTTL:       pipe.PTTL(opCtx, k.Heartbeat),
-			rows:        pipe.SCard(opCtx, k.Rows),
-			rowsTTL:     pipe.PTTL(opCtx, k.Rows),
-			claim:       pipe.Get(opCtx, k.Claim),
-			incarnation: pipe.Get(opCtx, k.Incarnation),
-		}
+	keys, err := w.store.Describe(opCtx, ids)
+	if err != nil {
+		return nil, err
 	}
-	cmdsRun, _ := pipe.Exec(opCtx)
-	for _, c := range cmdsRun {
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return nil, fmt.Errorf("read the keys of %d instances: %w", len(ids), err)
-		}
-	}
-	out := make([]InstanceState, len(ids))
-	for i, id := range ids {
-		c := cs[i]
+	out := make([]InstanceState, len(keys))
+	for i, k := range keys {
 		out[i] = InstanceState{
-			InstanceID:       id,
-			HeartbeatPresent: c.hbTTL.Val() != -2,
-			HeartbeatTTL:     c.hbTTL.Val(),
-			RowsPresent:      c.rowsTTL.Val() != -2,
-			Rows:             c.rows.Val(),
-			RowsTTL:          c.rowsTTL.Val(),
-			Incarnation:      c.incarnation.Val(),
-			Claim:            claimState(c.claim.Val()),
+			InstanceID:       k.ID,
+			HeartbeatPresent: k.HeartbeatTTL != -2,
+			HeartbeatTTL:     k.HeartbeatTTL,
+			RowsPresent:      k.RowsTTL != -2,
+			Rows:             k.Rows,
+			RowsTTL:          k.RowsTTL,
+			Incarnation:      k.Incarnation,
+			Claim:            claimState(k.Claim),
 		}
 	}
 	return out, nil

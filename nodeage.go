@@ -8,8 +8,6 @@ import (
 	"strings"
 	"sync"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 )
 
 // Node age: no death verdict from a Redis server that may have forgotten
@@ -151,37 +149,16 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 	return s.since.Add(ttl), first
 }
 
-// nodeInfo asks one node for the facts of its age in one round trip.
-func (w *Worker) nodeInfo(ctx context.Context, c redis.UniversalClient) (nodeFacts, error) {
+// nodeInfo asks one node (as the store names it) for the facts of its age
+// in one round trip.
+func (w *Worker) nodeInfo(ctx context.Context, node string) (nodeFacts, error) {
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	pipe := c.Pipeline()
-	cmds := []*redis.StringCmd{
-		pipe.Info(opCtx, "server"), pipe.Info(opCtx, "replication"), pipe.Info(opCtx, "persistence"),
-	}
-	if _, err := pipe.Exec(opCtx); err != nil {
-		return nodeFacts{}, fmt.Errorf("read INFO: %w", err)
-	}
-	var b strings.Builder
-	for _, c := range cmds {
-		b.WriteString(c.Val())
-		b.WriteByte('\n')
-	}
-	return parseNodeFacts(b.String())
-}
-
-// nodeOf returns the client of the node that holds key, and its name in
-// the worker's memory: the address of a Cluster master, "" otherwise.
-func (w *Worker) nodeOf(ctx context.Context, key string) (redis.UniversalClient, string, error) {
-	cc, ok := w.rdb.(*redis.ClusterClient)
-	if !ok {
-		return w.rdb, "", nil
-	}
-	c, err := cc.MasterForKey(ctx, key)
+	info, err := w.store.NodeInfo(opCtx, node)
 	if err != nil {
-		return nil, "", fmt.Errorf("find the node of %s: %w", key, err)
+		return nodeFacts{}, err
 	}
-	return c, c.Options().Addr, nil
+	return parseNodeFacts(info)
 }
 
 // observeNodes records every master as it is now, so that a restart or a
@@ -189,23 +166,14 @@ func (w *Worker) nodeOf(ctx context.Context, key string) (redis.UniversalClient,
 // leaves the memory empty.
 func (w *Worker) observeNodes(ctx context.Context) {
 	now := time.Now()
-	_ = w.forEachMaster(ctx, func(ctx context.Context, c redis.UniversalClient) error {
-		f, err := w.nodeInfo(ctx, c)
-		if err != nil {
-			return err
+	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
+	defer cancel()
+	infos, _ := w.store.MasterInfos(opCtx)
+	for node, info := range infos {
+		if f, err := parseNodeFacts(info); err == nil {
+			w.nodes.observe(node, f, now, w.opts.heartbeatTTL, true)
 		}
-		addr := ""
-		if cl, ok := c.(*redis.Client); ok && w.isCluster() {
-			addr = cl.Options().Addr
-		}
-		w.nodes.observe(addr, f, now, w.opts.heartbeatTTL, true)
-		return nil
-	})
-}
-
-func (w *Worker) isCluster() bool {
-	_, ok := w.rdb.(*redis.ClusterClient)
-	return ok
+	}
 }
 
 // youngNodeHolds returns the peers of absent whose death may be judged: it
@@ -213,34 +181,27 @@ func (w *Worker) isCluster() bool {
 // a heartbeat TTL (see above) since sent, when their EXISTS was sent. If a
 // node's INFO cannot be read (a server that forbids INFO) the peers are
 // judged as before, and that is logged once.
-func (w *Worker) youngNodeHolds(ctx context.Context, absent, heartbeatKeys []string, sent time.Time) []string {
-	type node struct {
-		c     redis.UniversalClient
-		peers []int
-	}
-	byAddr := map[string]*node{}
+func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.Time) []string {
+	byAddr := map[string][]int{} // node -> indexes of absent
 	var order []string
 	kept := make([]bool, len(absent))
-	for i, key := range heartbeatKeys {
-		c, addr, err := w.nodeOf(ctx, key)
+	for i, peer := range absent {
+		addr, err := w.store.NodeOf(ctx, peer)
 		if err != nil {
 			continue // unknown node: not judged now
 		}
-		n, ok := byAddr[addr]
-		if !ok {
-			n = &node{c: c}
-			byAddr[addr] = n
+		if _, ok := byAddr[addr]; !ok {
 			order = append(order, addr)
 		}
-		n.peers = append(n.peers, i)
+		byAddr[addr] = append(byAddr[addr], i)
 	}
 	for _, addr := range order {
-		n := byAddr[addr]
-		f, err := w.nodeInfo(ctx, n.c)
+		peers := byAddr[addr]
+		f, err := w.nodeInfo(ctx, addr)
 		recv := time.Now()
 		if err != nil {
 			w.infoUnavailable(err)
-			for _, i := range n.peers {
+			for _, i := range peers {
 				kept[i] = true
 			}
 			continue
@@ -248,7 +209,7 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent, heartbeatKeys []str
 		w.infoAvailable()
 		until, first := w.nodes.observe(addr, f, recv, w.opts.heartbeatTTL, false)
 		if until.IsZero() || !sent.Before(until) {
-			for _, i := range n.peers {
+			for _, i := range peers {
 				kept[i] = true
 			}
 			continue
@@ -256,7 +217,7 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent, heartbeatKeys []str
 		if first {
 			w.log.Warn("dead peers not judged yet: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their heartbeat again",
 				slog.String("redis_node", addr), slog.String("run_id", f.runID),
-				slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(n.peers)),
+				slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(peers)),
 				slog.Duration("held_for", until.Sub(recv)))
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"os"
 	"time"
 
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 )
 
 // An Option configures a Worker. Options are applied in order and validated
@@ -24,9 +24,11 @@ type options struct {
 	instanceID        string
 	keyPrefix         string
 	heartbeatTTL      time.Duration
-	heartbeatInterval time.Duration
+	heartbeatInterval time.Duration // derived from the heartbeat TTL unless intervalSet
 	recoveryInterval  time.Duration
-	rowsTTL           time.Duration
+	rowsTTL           time.Duration // derived from the detection window unless rowsTTLSet
+	intervalSet       bool
+	rowsTTLSet        bool
 	opTimeout         time.Duration // 0: derived from the heartbeat interval
 	resetTimeout      time.Duration
 	logger            *slog.Logger
@@ -44,14 +46,12 @@ type options struct {
 
 func defaultOptions() options {
 	return options{
-		instanceID:        defaultInstanceID(),
-		keyPrefix:         DefaultKeyPrefix,
-		heartbeatTTL:      DefaultHeartbeatTTL,
-		heartbeatInterval: DefaultHeartbeatInterval,
-		recoveryInterval:  DefaultRecoveryInterval,
-		rowsTTL:           DefaultRowsTTL,
-		resetTimeout:      DefaultResetTimeout,
-		scanLease:         true,
+		instanceID:       defaultInstanceID(),
+		keyPrefix:        DefaultKeyPrefix,
+		heartbeatTTL:     DefaultHeartbeatTTL,
+		recoveryInterval: DefaultRecoveryInterval,
+		resetTimeout:     DefaultResetTimeout,
+		scanLease:        true,
 	}
 }
 
@@ -65,7 +65,7 @@ func defaultInstanceID() string {
 	if err != nil {
 		host = "unknown"
 	}
-	return fmt.Sprintf("%s-%d-%d-%s", keys.Sanitize(host), os.Getpid(), time.Now().Unix(), newToken()[:8])
+	return fmt.Sprintf("%s-%d-%d-%s", store.Sanitize(host), os.Getpid(), time.Now().Unix(), newToken()[:8])
 }
 
 // WithInstanceID sets the worker's identity in Redis. It must be unique in
@@ -88,7 +88,8 @@ func WithKeyPrefix(prefix string) Option {
 }
 
 // WithHeartbeatTTL sets how long a heartbeat key lives without a refresh,
-// which is how long a dead worker goes unnoticed. Like every timing option
+// which is how long a dead worker goes unnoticed. The heartbeat interval
+// and the rows TTL are derived from it unless set. Like every timing option
 // it must lie between MinDuration (1ms) and MaxDuration (a week), so that
 // no duration derived from it can overflow. Default: DefaultHeartbeatTTL (60s).
 func WithHeartbeatTTL(d time.Duration) Option {
@@ -98,9 +99,10 @@ func WithHeartbeatTTL(d time.Duration) Option {
 // WithHeartbeatInterval sets how often the heartbeat is refreshed; it must be
 // shorter than the heartbeat TTL, and with the operation timeout shorter
 // than 90% of it (when the lease ends); at least MinDuration (1ms).
-// Default: DefaultHeartbeatInterval (30s).
+// Default: half the heartbeat TTL (DefaultHeartbeatInterval, 30s, for the
+// default TTL), so one lost refresh does not cost a live worker its key.
 func WithHeartbeatInterval(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.heartbeatInterval = d })
+	return optionFunc(func(o *options) { o.heartbeatInterval, o.intervalSet = d, true })
 }
 
 // WithRecoveryInterval sets how often the worker scans for dead peers. Each
@@ -118,9 +120,11 @@ func WithRecoveryInterval(d time.Duration) Option {
 // is dead. It must exceed the longest wait for the first recovery scan:
 // heartbeat TTL + recovery interval + 10% (the jitter) + the scan lease
 // (min(0.8 × recovery interval, heartbeat TTL), when WithScanLease is on);
-// and not exceed MaxDuration (a week). Default: DefaultRowsTTL (180s).
+// and not exceed MaxDuration (a week). Default: three heartbeat TTLs, or
+// that wait + one heartbeat TTL when three TTLs are not longer
+// (DefaultRowsTTL, 180s, for the default TTL and recovery interval).
 func WithRowsTTL(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.rowsTTL = d })
+	return optionFunc(func(o *options) { o.rowsTTL, o.rowsTTLSet = d, true })
 }
 
 // WithOperationTimeout bounds each Redis call made by the background loops
@@ -183,17 +187,34 @@ func WithLogger(l *slog.Logger) Option {
 // validate checks the options after all were applied and fills in derived
 // values. The error names the bad value.
 func (o *options) validate() error {
-	if err := keys.ValidateName(o.instanceID); err != nil {
+	if err := store.ValidateName(o.instanceID); err != nil {
 		return fmt.Errorf("%w: instance ID %q %v", ErrInvalidConfig, clip(o.instanceID), err)
 	}
-	if err := keys.ValidateName(o.keyPrefix); err != nil {
+	if err := store.ValidateName(o.keyPrefix); err != nil {
 		return fmt.Errorf("%w: key prefix %q %v", ErrInvalidConfig, clip(o.keyPrefix), err)
+	}
+	if err := checkBounds("heartbeat TTL", o.heartbeatTTL); err != nil {
+		return err
+	}
+	if !o.intervalSet {
+		// Half the TTL: one lost refresh does not cost a live worker its
+		// key, and with the operation timeout (at most a quarter of the
+		// TTL, derived below) the next is answered before the lease ends.
+		o.heartbeatInterval = max(o.heartbeatTTL/2, MinDuration)
+	}
+	if !o.rowsTTLSet && checkBounds("recovery interval", o.recoveryInterval) == nil {
+		// Three TTLs, as the design has it, unless the first scan after a
+		// death may come later than that: then that wait + a TTL.
+		o.rowsTTL = satMul(o.heartbeatTTL, 3)
+		if window := o.detectionWindow(); o.rowsTTL <= window {
+			o.rowsTTL = satAdd(window, o.heartbeatTTL)
+		}
+		o.rowsTTL = min(o.rowsTTL, MaxDuration)
 	}
 	for _, d := range []struct {
 		name string
 		v    time.Duration
 	}{
-		{"heartbeat TTL", o.heartbeatTTL},
 		{"heartbeat interval", o.heartbeatInterval},
 		{"recovery interval", o.recoveryInterval},
 		{"rows TTL", o.rowsTTL},
@@ -225,7 +246,7 @@ func (o *options) validate() error {
 	// The lease ends at 90% of the TTL after a heartbeat is sent (see
 	// CheckLease); the next one must be sent and answered before that, or
 	// a healthy worker would lose its lease every cycle.
-	if lease := o.leaseLength(); o.heartbeatInterval >= lease-o.opTimeout {
+	if lease := leaseLength(o.heartbeatTTL); o.heartbeatInterval >= lease-o.opTimeout {
 		return fmt.Errorf("%w: heartbeat interval %v + operation timeout %v must be shorter than 90%% of heartbeat TTL %v (%v), when the lease ends",
 			ErrInvalidConfig, o.heartbeatInterval, o.opTimeout, o.heartbeatTTL, lease)
 	}
@@ -273,31 +294,23 @@ func (o *options) claimTTL() time.Duration {
 	return satAdd(o.resetTimeout, satMul(o.opTimeout, 3))
 }
 
-// scanLeaseTTL is 0.8 × the recovery interval, so the holder's own next
+// scanTurnTTL is 0.8 × the recovery interval, so the holder's own next
 // tick (at least 0.9 × the interval later) finds the lease free, but never
 // more than the heartbeat TTL: a holder that dies right after taking the
 // lease has released it by the time its heartbeat expires, so the next
 // tick of any peer after that scans, and worst-case recovery stays
 // heartbeat TTL + recovery interval (+ jitter) whatever the ratio of the
 // two. It is at least 1ms, the shortest expiry Redis can hold.
-func (o *options) scanLeaseTTL() time.Duration {
+func (o *options) scanTurnTTL() time.Duration {
 	return max(min(o.recoveryInterval-o.recoveryInterval/5, o.heartbeatTTL), time.Millisecond)
 }
 
-// sweepLeaseTTL is 2.2 × the recovery interval + an operation timeout: the
+// sweepTurnTTL is 2.2 × the recovery interval + an operation timeout: the
 // holder may miss one renewal (±10% jitter included) before another worker
 // may take over.
-func (o *options) sweepLeaseTTL() time.Duration {
+func (o *options) sweepTurnTTL() time.Duration {
 	return satAdd(satAdd(satMul(o.recoveryInterval, 2), o.recoveryInterval/5), o.opTimeout)
 }
-
-// leaseMargin is how long before the heartbeat key could expire the worker
-// considers its lease lost: a tenth of the TTL.
-func (o *options) leaseMargin() time.Duration { return o.heartbeatTTL / 10 }
-
-// leaseLength is how long after a heartbeat is sent the lease lasts: the
-// TTL less the margin.
-func (o *options) leaseLength() time.Duration { return o.heartbeatTTL - o.leaseMargin() }
 
 // detectionWindow is the longest time from a worker's last heartbeat to the
 // first scan after its key expired: heartbeat TTL + 1.1 × recovery interval
@@ -308,7 +321,7 @@ func (o *options) leaseLength() time.Duration { return o.heartbeatTTL - o.leaseM
 func (o *options) detectionWindow() time.Duration {
 	w := satAdd(satAdd(o.heartbeatTTL, o.recoveryInterval), o.recoveryInterval/10)
 	if o.scanLease {
-		w = satAdd(w, o.scanLeaseTTL())
+		w = satAdd(w, o.scanTurnTTL())
 	}
 	return w
 }

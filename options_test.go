@@ -13,7 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 )
 
 func TestDefaultsMatchTheDesign(t *testing.T) {
@@ -30,7 +30,7 @@ func TestDefaultsMatchTheDesign(t *testing.T) {
 	assert.Equal(t, DefaultRecoveryInterval, w.opts.recoveryInterval)
 	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
 	assert.Equal(t, DefaultOperationTimeout, w.opts.opTimeout)
-	assert.Equal(t, "ALYA_WORKER_REGISTRY", w.registry)
+	assert.Equal(t, "ALYA_WORKER_REGISTRY", w.store.Registry())
 }
 
 // defaultIDShape is <hostname>-<pid>-<unix start seconds>-<8 hex digits>.
@@ -45,15 +45,15 @@ func TestDefaultInstanceIDIsHostPidStartTimeRandom(t *testing.T) {
 	id := w.InstanceID()
 	m := defaultIDShape.FindStringSubmatch(id)
 	require.NotNil(t, m, "instance ID %q", id)
-	require.NoError(t, keys.ValidateName(id))
+	require.NoError(t, store.ValidateName(id))
 	host, _ := os.Hostname()
-	assert.Equal(t, keys.Sanitize(host), m[1])
+	assert.Equal(t, store.Sanitize(host), m[1])
 	assert.Equal(t, strconv.Itoa(os.Getpid()), m[2])
 	started, _ := strconv.ParseInt(m[3], 10, 64)
 	assert.GreaterOrEqual(t, started, before)
 	assert.LessOrEqual(t, started, after)
-	assert.Equal(t, "ALYA_{"+id+"}_HEARTBEAT", w.keys.Heartbeat)
-	assert.Equal(t, "ALYA_{"+id+"}_ROWS", w.keys.Rows)
+	assert.Equal(t, "ALYA_{"+id+"}_HEARTBEAT", w.ownKeys().Heartbeat)
+	assert.Equal(t, "ALYA_{"+id+"}_ROWS", w.ownKeys().Rows)
 }
 
 // TestTwoWorkersMadeInOneProcessInTheSameSecondGetDifferentIDs reproduces
@@ -71,7 +71,7 @@ func TestTwoWorkersMadeInOneProcessInTheSameSecondGetDifferentIDs(t *testing.T) 
 		id := w.InstanceID()
 		m := defaultIDShape.FindStringSubmatch(id)
 		require.NotNil(t, m, "instance ID %q keeps the design's shape plus a random part", id)
-		require.NoError(t, keys.ValidateName(id))
+		require.NoError(t, store.ValidateName(id))
 		assert.False(t, ids[id], "instance ID %q given twice", id)
 		ids[id] = true
 		perSecond[m[1]+"-"+m[2]+"-"+m[3]]++
@@ -111,7 +111,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 			"(+10% jitter, + the scan lease if on: 2m54s)"},
 		{"rows TTL inside the jitter, scan lease off", rdb, r, []Option{WithRowsTTL(125 * time.Second), WithScanLease(false)},
 			"(+10% jitter, + the scan lease if on: 2m6s)"},
-		{"rows TTL below window", rdb, r, []Option{WithRecoveryInterval(150 * time.Second)},
+		{"rows TTL below window", rdb, r, []Option{WithRecoveryInterval(150 * time.Second), WithRowsTTL(DefaultRowsTTL)},
 			"rows TTL 3m0s must exceed heartbeat TTL 1m0s + recovery interval 2m30s"},
 		{"interval too close to the lease end", rdb, r, []Option{WithHeartbeatInterval(50 * time.Second)},
 			"heartbeat interval 50s + operation timeout 5s must be shorter than 90% of heartbeat TTL 1m0s (54s)"},
@@ -156,7 +156,35 @@ func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
 		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
 	require.NoError(t, err)
 	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")
-	assert.Equal(t, "MY-FLEET_{w1}_HEARTBEAT", w.keys.Heartbeat)
-	assert.Equal(t, "MY-FLEET_{w1}_ROWS", w.keys.Rows)
-	assert.Equal(t, "MY-FLEET_WORKER_REGISTRY", w.registry)
+	assert.Equal(t, "MY-FLEET_{w1}_HEARTBEAT", w.ownKeys().Heartbeat)
+	assert.Equal(t, "MY-FLEET_{w1}_ROWS", w.ownKeys().Rows)
+	assert.Equal(t, "MY-FLEET_WORKER_REGISTRY", w.store.Registry())
+}
+
+func TestNewDerivesTheHeartbeatIntervalAndRowsTTLUnlessSet(t *testing.T) {
+	_, rdb := newMini(t)
+	r := &fakeResetter{}
+
+	w, err := New(rdb, r)
+	require.NoError(t, err)
+	assert.Equal(t, DefaultHeartbeatInterval, w.opts.heartbeatInterval, "the defaults are what derivation gives")
+	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
+
+	w, err = New(rdb, r, WithHeartbeatTTL(2*time.Second))
+	require.NoError(t, err, "a short TTL alone is a valid configuration")
+	assert.Equal(t, time.Second, w.opts.heartbeatInterval, "half the TTL")
+	assert.Equal(t, 72*time.Second, w.opts.rowsTTL,
+		"the first scan may come 2s + 66s + 2s (the scan turn) after a death: 3 TTLs are too short, so that + a TTL")
+
+	w, err = New(rdb, r, WithRecoveryInterval(150*time.Second))
+	require.NoError(t, err, "a long recovery interval alone is a valid configuration")
+	assert.Equal(t, w.opts.detectionWindow()+DefaultHeartbeatTTL, w.opts.rowsTTL)
+
+	w, err = New(rdb, r, WithHeartbeatTTL(2*time.Second), WithHeartbeatInterval(300*time.Millisecond), WithRowsTTL(time.Hour))
+	require.NoError(t, err)
+	assert.Equal(t, 300*time.Millisecond, w.opts.heartbeatInterval, "a set value overrides the derived one")
+	assert.Equal(t, time.Hour, w.opts.rowsTTL)
+
+	_, err = New(rdb, r, WithHeartbeatInterval(0))
+	assert.ErrorIs(t, err, ErrInvalidConfig, "an explicit zero is refused, not taken for the default")
 }

@@ -26,7 +26,7 @@ func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []int64{105, 106, 107, 108, 109}, r.resetOf("workerA"))
 	assert.Equal(t, 1, rep.PeersChecked)
-	assert.Equal(t, 1, rep.DeadPeers)
+	assert.Equal(t, 1, len(rep.Dead))
 	assert.Equal(t, int64(5), rep.RowsReset)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, PeerRecovery{InstanceID: "workerA", RowsFound: 5, RowsReset: 5}, rep.Recovered[0])
@@ -50,7 +50,7 @@ func TestRecoveryLeavesRowsOfLivePeers(t *testing.T) {
 
 	require.NoError(t, err)
 	assert.Equal(t, 1, rep.PeersChecked)
-	assert.Zero(t, rep.DeadPeers)
+	assert.Zero(t, len(rep.Dead))
 	assert.Zero(t, r.callCount())
 	got, _ := mr.Members("ALYA_{workerA}_ROWS")
 	assert.ElementsMatch(t, []string{"1", "2", "3"}, got)
@@ -70,13 +70,13 @@ func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
 	mr.FastForward(1900 * time.Millisecond)
 	rep, err := b.RecoverNow(context.Background())
 	require.NoError(t, err)
-	assert.Zero(t, rep.DeadPeers, "heartbeat still there: not dead yet")
+	assert.Zero(t, len(rep.Dead), "heartbeat still there: not dead yet")
 	assert.Zero(t, r.callCount())
 
 	mr.FastForward(100 * time.Millisecond)
 	rep, err = b.RecoverNow(context.Background())
 	require.NoError(t, err)
-	assert.Equal(t, 1, rep.DeadPeers)
+	assert.Equal(t, 1, len(rep.Dead))
 	assert.Equal(t, []int64{105, 106, 107, 108, 109}, r.resetOf("workerA"))
 }
 

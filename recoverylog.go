@@ -3,24 +3,31 @@ package recovery
 import (
 	"errors"
 	"log/slog"
+	"sync"
 )
 
-// recoveryLog logs what the recovery loop does, once per outage: a scan that
-// keeps failing, a peer that keeps failing or a garbage registry member is
-// logged when it first appears and when it clears, not at every scan.
+// recoveryLog logs what recovery does, once per outage: a scan that keeps
+// failing, a peer that keeps failing or a garbage registry member is logged
+// when it first appears and when it clears, not at every scan. The
+// recoverer, the sweeper and the dead-peer path share it.
 func newRecoveryLog(w *Worker) *recoveryLog {
-	return &recoveryLog{w: w, failing: make(map[string]bool), invalid: make(map[string]bool)}
+	return &recoveryLog{w: w, failing: make(map[string]string), invalid: make(map[string]bool)}
 }
 
 type recoveryLog struct {
 	w            *Worker
+	mu           sync.Mutex
 	scanFailing  bool
 	sweepFailing bool
-	failing      map[string]bool // peers whose recovery failed last time
-	invalid      map[string]bool // registry members already reported
+	failing      map[string]string // peers whose recovery failed last time: the kind of failure
+	invalid      map[string]bool   // registry members already reported
 }
 
-func (l *recoveryLog) report(rep RecoveryReport, err error) {
+// scanned logs a scan of the recovery loop; the dead-peer path logged each
+// peer's outcome.
+func (l *recoveryLog) scanned(rep RecoveryReport, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	log := l.w.log
 	var peerErrs []*PeerError
 	var scanErr error
@@ -53,21 +60,12 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 				slog.String("member", clip(m)))
 		}
 	}
-	for _, peer := range rep.Dead {
-		if !l.failing[peer] {
-			log.Info("dead peer found: heartbeat expired", slog.String("peer_id", peer))
-		}
-	}
-	for _, pe := range peerErrs {
-		l.peerFailed(pe.InstanceID, pe.Err)
-	}
 	stillDead := make(map[string]bool, len(rep.Dead))
 	for _, peer := range rep.Dead {
 		stillDead[peer] = true
 	}
-	for _, pr := range rep.Recovered {
-		l.peerRecovered(pr, "registry")
-		l.recovered(pr, "registry")
+	for _, pe := range peerErrs {
+		stillDead[pe.InstanceID] = true
 	}
 	for peer := range l.failing {
 		if !stillDead[peer] {
@@ -76,19 +74,29 @@ func (l *recoveryLog) report(rep RecoveryReport, err error) {
 	}
 	log.Debug("recovery scan done",
 		slog.Int("peers_checked", rep.PeersChecked),
-		slog.Int("peers_dead", rep.DeadPeers),
+		slog.Int("peers_dead", len(rep.Dead)),
 		slog.Int64("rows_reset", rep.RowsReset),
 		slog.Duration("duration", rep.Duration))
 }
 
-// peerFailed logs a failed recovery of peer, once until it succeeds. Rows
+// peerFailed logs a failed recovery of peer, once until it succeeds or
+// fails differently. Rows
 // that could not be reset or were lost are at risk: Error; anything else
 // (PostgreSQL down) is retried: Warn.
 func (l *recoveryLog) peerFailed(peer string, err error) {
-	if l.failing[peer] {
-		return
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	kind := "retry"
+	switch {
+	case errors.Is(err, ErrRowsSetLost):
+		kind = "lost"
+	case errors.Is(err, ErrRowsNotReset):
+		kind = "not_reset"
 	}
-	l.failing[peer] = true
+	if l.failing[peer] == kind {
+		return // logged when this kind of failure began
+	}
+	l.failing[peer] = kind
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress; the backstop sweep (owner column) recovers them",
@@ -102,18 +110,20 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	}
 }
 
-// peerRecovered notes that peer's recovery succeeded.
-func (l *recoveryLog) peerRecovered(pr PeerRecovery, source string) {
-	if l.failing[pr.InstanceID] {
+// recovered logs the recovery of one dead peer this worker claimed: the
+// rows reset, each row quarantined, and the end of a run of failures;
+// source says which mechanism found the peer.
+func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, failed := l.failing[pr.InstanceID]; failed {
 		l.w.log.Info("recovery of dead peer succeeded after failing", slog.String("peer_id", pr.InstanceID),
 			slog.String("found_by", source))
 		delete(l.failing, pr.InstanceID)
+	} else {
+		l.w.log.Info("dead peer found: heartbeat expired", slog.String("peer_id", pr.InstanceID),
+			slog.String("found_by", source))
 	}
-}
-
-// recovered logs the rows reset for one dead peer, and each row
-// quarantined; source says which mechanism found the peer.
-func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
 	attrs := []any{
 		slog.String("peer_id", pr.InstanceID),
 		slog.String("found_by", source),
@@ -141,13 +151,14 @@ func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
 	}
 }
 
-// sweepReport logs a backstop sweep.
-func (l *recoveryLog) sweepReport(rep SweepReport, err error) {
+// swept logs a backstop sweep; the dead-peer path logged each owner's
+// outcome.
+func (l *recoveryLog) swept(rep sweepReport, err error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
 	for _, e := range unjoin(err) {
 		var pe *PeerError
 		if errors.As(e, &pe) {
-			l.w.log.Warn("backstop sweep: reset of absent owner failed; will retry",
-				slog.String("peer_id", pe.InstanceID), slog.Any("error", pe.Err))
 			continue
 		}
 		if !l.sweepFailing {
@@ -157,11 +168,15 @@ func (l *recoveryLog) sweepReport(rep SweepReport, err error) {
 		return
 	}
 	l.sweepFailing = false
-	for _, pr := range rep.Recovered {
-		l.recovered(pr, "sweep")
-	}
-	l.w.log.Debug("backstop sweep done", slog.Bool("lease_held", rep.LeaseHeld),
-		slog.Int("owners", rep.Owners), slog.Int("owners_absent", len(rep.Absent)))
+	l.w.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
+		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
+}
+
+// claimNotReleased logs a claim whose release failed; it expires by
+// itself.
+func (l *recoveryLog) claimNotReleased(peer string, err error) {
+	l.w.log.Warn("release recovery claim; it expires by itself",
+		slog.String("peer_id", peer), slog.Any("error", err))
 }
 
 // unjoin returns the errors joined in err, or err alone.

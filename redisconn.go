@@ -66,7 +66,7 @@ const maxDiagnosed = 3
 // connects and the server did not answer. The client's password never
 // appears in the message. errors.Is and errors.As see err.
 func (w *Worker) firstHeartbeatError(ctx context.Context, err error) error {
-	t := targetOf(w.rdb)
+	t := w.target
 	where := "redis"
 	if len(t.addrs) > 0 {
 		where = "redis at " + strings.Join(t.addrs, ", ")
@@ -134,4 +134,22 @@ type redisLogger struct{ l *slog.Logger }
 
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.l.WarnContext(ctx, "go-redis", slog.String("redis_log", fmt.Sprintf(format, v...)))
+}
+
+// warnIfEvicting logs once, at Start, when the server may evict keys under
+// memory pressure: an evicted heartbeat makes a live worker look dead, an
+// evicted rows set or registry hides a dead one. Servers that refuse CONFIG
+// (managed offerings often do) are not an error.
+func (w *Worker) warnIfEvicting(ctx context.Context) {
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	p, err := w.store.EvictionPolicy(opCtx)
+	if err != nil {
+		w.log.Debug("cannot read maxmemory-policy", slog.Any("error", err))
+		return
+	}
+	if p != "" && p != "noeviction" {
+		w.log.Warn("redis may evict keys under memory pressure; use maxmemory-policy noeviction for the recovery keys",
+			slog.String("maxmemory_policy", p))
+	}
 }

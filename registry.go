@@ -2,41 +2,39 @@ package recovery
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
-	"strings"
 	"time"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 )
 
 // The registry is a Redis set of every instance ID in the fleet. Workers add
-// themselves on every heartbeat, so a registry lost with a Redis restart is
-// whole again within one heartbeat interval. Recovery reads it instead of
-// SCAN, which does not work across Redis Cluster nodes.
+// themselves with every heartbeat (store.Beat), so a registry lost with a
+// Redis restart is whole again within one heartbeat interval, and remove
+// themselves at Shutdown (store.Leave); recoverers remove the dead
+// (deregister). Recovery reads it instead of SCAN, which does not work
+// across Redis Cluster nodes.
 
 // registeredPeers returns the registry's valid members other than this
 // worker, and the members that are not valid instance IDs.
 func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, err error) {
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	all, err := w.rdb.SMembers(opCtx, w.registry).Result()
+	all, err := w.store.RegistryMembers(opCtx)
 	w.noteRegistry(err)
-	if isWrongType(err) {
+	if store.IsWrongType(err) {
 		// One %w: the scan's callers split joined errors (unjoin).
-		return nil, nil, fmt.Errorf("read registry %s: %w (%v)", w.registry, ErrRegistryWrongType, err)
+		return nil, nil, fmt.Errorf("%w (%v)", ErrRegistryWrongType, err)
 	}
 	if err != nil {
-		return nil, nil, fmt.Errorf("read registry %s: %w", w.registry, err)
+		return nil, nil, err
 	}
 	peers = make([]string, 0, len(all))
 	for _, id := range all {
 		switch {
 		case id == w.opts.instanceID:
-		case keys.ValidateName(id) != nil:
+		case store.ValidateName(id) != nil:
 			invalid = append(invalid, id)
 		default:
 			peers = append(peers, id)
@@ -59,81 +57,34 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	pipe := w.rdb.Pipeline()
-	cmds := make([]*redis.IntCmd, len(peers))
-	for i, id := range peers {
-		cmds[i] = pipe.Exists(opCtx, keys.For(w.opts.keyPrefix, id).Heartbeat)
-	}
 	sent := time.Now()
-	_, err := pipe.Exec(opCtx)
-	var dead, deadKeys []string
-	failed := 0
-	for i, c := range cmds {
-		switch {
-		case c.Err() != nil:
-			failed++ // unknown, not dead: on Cluster one node may be down
-		case c.Val() == 0:
-			dead = append(dead, peers[i])
-			deadKeys = append(deadKeys, keys.For(w.opts.keyPrefix, peers[i]).Heartbeat)
-		}
+	live, err := w.store.Heartbeats(opCtx, peers)
+	if err != nil {
+		return nil, err
 	}
-	if failed == len(cmds) {
-		return nil, fmt.Errorf("check heartbeats of %d peers: %w", len(peers), err)
+	var dead []string
+	for i, l := range live {
+		if l == store.Absent {
+			dead = append(dead, peers[i])
+		}
 	}
 	if len(dead) == 0 {
 		return nil, nil
 	}
-	return w.youngNodeHolds(ctx, dead, deadKeys, sent), nil
+	return w.youngNodeHolds(ctx, dead, sent), nil
 }
 
-// deregister removes a dead peer from the registry. If the peer's heartbeat
-// came back meanwhile (it was only paused), it is put back, so a live
-// worker is never left out of the registry until its next heartbeat.
+// deregister removes a dead peer from the registry (store.Deregister puts
+// it back if its heartbeat came back meanwhile).
 func (w *Worker) deregister(ctx context.Context, peer string) error {
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	err := w.rdb.SRem(opCtx, w.registry, peer).Err()
+	err := w.store.Deregister(opCtx, peer)
 	w.noteRegistry(err)
-	if isWrongType(err) {
+	if store.IsWrongType(err) {
 		return nil // a key that is not a set lists nobody: nothing to remove
 	}
-	if err != nil {
-		return fmt.Errorf("deregister %s: %w", peer, err)
-	}
-	alive, err := w.rdb.Exists(opCtx, keys.For(w.opts.keyPrefix, peer).Heartbeat).Result()
-	if err != nil {
-		return fmt.Errorf("recheck heartbeat of %s: %w", peer, err)
-	}
-	if alive == 1 {
-		if err := w.rdb.SAdd(opCtx, w.registry, peer).Err(); err != nil {
-			return fmt.Errorf("re-register %s: %w", peer, err)
-		}
-	}
-	return nil
-}
-
-// failedOnlyOnWrongTypeRegistry reports whether reg, the registry command
-// of a pipeline, was refused with WRONGTYPE and every other command of it
-// succeeded: everything else the pipeline had to do was done. (A pipeline
-// that failed as a whole, a timeout say, may leave every command's error
-// unset: that is not this case.)
-func failedOnlyOnWrongTypeRegistry(cmds []redis.Cmder, reg redis.Cmder) bool {
-	if !isWrongType(reg.Err()) {
-		return false
-	}
-	for _, c := range cmds {
-		if c != reg && c.Err() != nil {
-			return false
-		}
-	}
-	return true
-}
-
-// isWrongType reports whether err is Redis's WRONGTYPE reply: the key holds
-// another type than the command needs.
-func isWrongType(err error) bool {
-	var rerr redis.Error
-	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")
+	return err
 }
 
 // noteRegistry records the outcome of a command on the registry key. A
@@ -147,16 +98,16 @@ func (w *Worker) noteRegistry(err error) {
 	case err == nil:
 		if w.stats.registryBroken.Swap(false) {
 			w.log.Info("worker registry is a set again; scans find dead peers again",
-				slog.String("registry_key", w.registry))
+				slog.String("registry_key", w.store.Registry()))
 		}
-	case isWrongType(err):
+	case store.IsWrongType(err):
 		w.stats.registryWrongType.Add(1)
 		if !w.stats.registryBroken.Swap(true) {
 			w.emit(Event{Kind: EventRegistryWrongType, Err: err})
 			w.log.Error("worker registry key is not a set: recovery scans cannot find dead peers and workers cannot register; "+
 				"expiry notifications and the backstop sweep still recover peers. Delete the key (DEL it): "+
 				"every live worker re-registers with its next heartbeat",
-				slog.String("registry_key", w.registry), slog.Any("error", err))
+				slog.String("registry_key", w.store.Registry()), slog.Any("error", err))
 		}
 	}
 }

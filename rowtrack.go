@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 )
 
@@ -28,7 +27,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	case stateShutdown:
 		return ErrShutdown
 	}
-	if err := w.lease.check(w); err != nil {
+	if err := w.lease.check(w.rows.staleRows()); err != nil {
 		return err
 	}
 	if len(rowIDs) == 0 {
@@ -39,10 +38,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
 		}
 	}
-	pipe := w.rdb.Pipeline()
-	pipe.SAdd(ctx, w.keys.Rows, idArgs(rowIDs)...)
-	pipe.PExpire(ctx, w.keys.Rows, w.opts.rowsTTL)
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := w.store.TrackRows(ctx, w.opts.instanceID, rowIDs, w.opts.rowsTTL); err != nil {
 		return fmt.Errorf("track %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
 	return nil
@@ -70,13 +66,10 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 		if w.state.Load() != stateRunning { // Shutdown began: its clean-up may have run
 			ctx, cancel := w.opContext(context.Background())
 			defer cancel()
-			w.flushUntracked(ctx)
+			w.flusher.runOnce(ctx)
 			return nil
 		}
-		select {
-		case w.untrackKick <- struct{}{}:
-		default: // a flush is already due
-		}
+		w.flusher.kick()
 		return nil
 	}
 	w.rows.assert.RLock()
@@ -91,12 +84,11 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 func (w *Worker) sremUntracked(ids []int64) error {
 	ctx, cancel := w.opContext(context.Background())
 	defer cancel()
-	args := idArgs(ids)
-	if err := w.rdb.SRem(ctx, w.keys.Rows, args...).Err(); err != nil {
+	if err := w.store.UntrackRows(ctx, w.opts.instanceID, ids); err != nil {
 		w.rows.markUnremoved(ids)
 		return fmt.Errorf("untrack %d rows of %s: %w", len(ids), w.opts.instanceID, err)
 	}
-	w.retrack(ctx, args)
+	w.retrack(ctx, ids)
 	return nil
 }
 
@@ -105,10 +97,7 @@ func (w *Worker) sremUntracked(ids []int64) error {
 func (w *Worker) untrackUnchanged(gens map[int64]uint64) error {
 	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
 		if len(w.rows.removeUnchanged(gens, true)) > 0 {
-			select {
-			case w.untrackKick <- struct{}{}:
-			default:
-			}
+			w.flusher.kick()
 		}
 		return nil
 	}
@@ -119,112 +108,6 @@ func (w *Worker) untrackUnchanged(gens map[int64]uint64) error {
 		return nil
 	}
 	return w.sremUntracked(ids)
-}
-
-// Release hands rows this worker took but will not finish back to the queue
-// at once, instead of leaving them for a peer to recover after the worker
-// dies: call it when the host abandons a block (CheckLease said
-// ErrLeaseLost, or the shutdown deadline is near: call it before
-// Shutdown). The rows go through the resetter like any reset, then they are
-// untracked.
-//
-// With owner fencing (a resetter whose FencesByOwner reports true, such as
-// a PgxResetter WithOwnerColumn) a row another worker holds now is left
-// alone, so Release is safe in any state, also with the lease lost and
-// after Shutdown. Without it the status guard alone cannot tell this
-// worker's rows from a peer's that were recovered and fetched again, so
-// Release refuses with ErrLeaseLost while the lease is lost and with
-// ErrShutdown after Shutdown: in those states peers may already have
-// recovered the rows.
-//
-// The error says the rows could not be returned to the queue; they are
-// then still tracked, for a peer to recover should this worker die. Once
-// they are back in the queue Release succeeds even if Redis cannot be
-// reached to untrack them (a worker that lost its lease often cannot): the
-// next heartbeat removes them from the rows set.
-func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
-	if len(rowIDs) == 0 {
-		return nil
-	}
-	if !fencesByOwner(w.resetter) {
-		switch {
-		case w.state.Load() == stateShutdown:
-			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
-		case w.state.Load() == stateRunning && w.lease.check(w) != nil:
-			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
-		}
-	}
-	// The host may take a row again as soon as the reset commits, and
-	// Track it before this Release untracks it: only rows tracked now, and
-	// not tracked again by then, are untracked below.
-	gens := w.rows.generations(rowIDs)
-	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
-	fenced := fencesByOwner(w.resetter)
-	if !fenced {
-		// The reset is recorded under this incarnation: a row taken again,
-		// even before this call returns, must be tracked under a new one
-		// (Track rotates it).
-		w.rows.markReleased(rowIDs)
-	}
-	res, err := resetRows(ctx, w.resetter, req)
-	if err != nil {
-		if !fenced {
-			w.rows.unmarkReleased(rowIDs)
-		}
-		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
-	}
-	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
-		slog.Int("rows_quarantined", len(res.Quarantined))}
-	if err := w.untrackUnchanged(gens); err != nil {
-		attrs = append(attrs, slog.String("untrack_error", err.Error()))
-	}
-	w.log.Info("released rows", attrs...)
-	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
-	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
-	return nil
-}
-
-// TrackedRows returns how many rows the worker is tracking now.
-func (w *Worker) TrackedRows() int { return w.rows.len() }
-
-// runUntrackFlusher sends the SREMs of deferred Untracks: after the first
-// Untrack of a batch it waits the linger, then removes every row untracked
-// meanwhile in one command. A failed flush is retried by the next
-// heartbeat; Shutdown flushes what is left.
-func (w *Worker) runUntrackFlusher(ctx context.Context) {
-	linger := time.NewTimer(0)
-	<-linger.C
-	defer linger.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-w.untrackKick:
-		}
-		linger.Reset(w.opts.untrackLinger)
-		select {
-		case <-ctx.Done():
-			return
-		case <-linger.C:
-		}
-		w.flushUntracked(ctx)
-	}
-}
-
-// flushUntracked removes the rows waiting for their SREM, in one command.
-func (w *Worker) flushUntracked(ctx context.Context) {
-	w.rows.assert.Lock()
-	defer w.rows.assert.Unlock()
-	pending := w.rows.pendingRemovals()
-	if len(pending) == 0 {
-		return
-	}
-	opCtx, cancel := w.opContext(ctx)
-	defer cancel()
-	if err := w.rdb.SRem(opCtx, w.keys.Rows, pending...).Err(); err == nil {
-		w.rows.forgetUnremoved(pending)
-		w.retrack(opCtx, pending)
-	}
 }
 
 // rotateIncarnation gives the rows set a new incarnation, in one
@@ -244,12 +127,7 @@ func (w *Worker) rotateLocked(ctx context.Context) error {
 		return nil // done meanwhile
 	}
 	gone, next := w.rows.rotation()
-	pipe := w.rdb.TxPipeline()
-	if len(gone) > 0 {
-		pipe.SRem(ctx, w.keys.Rows, gone...)
-	}
-	pipe.Set(ctx, w.keys.Incarnation, next, w.incarnationTTL())
-	if _, err := pipe.Exec(ctx); err != nil {
+	if err := w.store.RotateIncarnation(ctx, w.opts.instanceID, gone, next, w.incarnationTTL()); err != nil {
 		return err
 	}
 	w.rows.rotated(next, gone)
@@ -266,11 +144,11 @@ func (w *Worker) incarnationTTL() time.Duration {
 // retrack writes back the rows among removed that are tracked again: a
 // Track of one of them may have reached Redis before the SREM that removed
 // it. A Track that comes later sends its own SADD after the SREM.
-func (w *Worker) retrack(ctx context.Context, removed []any) {
+func (w *Worker) retrack(ctx context.Context, removed []int64) {
 	again := w.rows.trackedAmong(removed)
 	if len(again) == 0 {
 		return
 	}
 	// On failure the next heartbeat writes them back.
-	_ = w.rdb.SAdd(ctx, w.keys.Rows, again...).Err()
+	_ = w.store.RetrackRows(ctx, w.opts.instanceID, again)
 }

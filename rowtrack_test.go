@@ -36,7 +36,7 @@ func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
 	require.NoError(t, err)
 	assert.ElementsMatch(t, want, got, "decimal row IDs")
 	assert.Equal(t, 3*time.Hour, mr.TTL("ALYA_{w1}_ROWS"))
-	assert.Equal(t, 100, w.TrackedRows())
+	assert.Equal(t, 100, w.Stats().TrackedRows)
 }
 
 func TestTrackHonoursTheCallersContext(t *testing.T) {
@@ -73,7 +73,7 @@ func TestUntrackRemovesRowsWhateverTheProcessingContext(t *testing.T) {
 	require.NoError(t, w.Untrack(1))
 	require.NoError(t, w.Untrack(2, 3))
 	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"), "every finished row removed")
-	assert.Zero(t, w.TrackedRows())
+	assert.Zero(t, w.Stats().TrackedRows)
 
 	// After Shutdown too: the host may finish its block late.
 	require.NoError(t, w.Track(context.Background(), 4))
@@ -129,7 +129,7 @@ func TestDeferredUntrackRemovesABlockInOneCommand(t *testing.T) {
 	for _, id := range ids {
 		require.NoError(t, w.Untrack(id))
 	}
-	assert.Zero(t, w.TrackedRows(), "forgotten in memory at once")
+	assert.Zero(t, w.Stats().TrackedRows, "forgotten in memory at once")
 	require.Eventually(t, func() bool { return !mr.Exists("ALYA_{w1}_ROWS") }, 2*time.Second, 5*time.Millisecond)
 	_, cmds := counter.snapshot()
 	srems := 0
@@ -173,7 +173,7 @@ func TestRowTrackedAgainWhileItsRemovalIsPendingStaysTracked(t *testing.T) {
 	require.NoError(t, w.Track(ctx, 7))
 	_, err := mr.SRem("ALYA_{w1}_ROWS", "7")
 	require.NoError(t, err)
-	w.retrack(ctx, []any{"7"})
+	w.retrack(ctx, []int64{7})
 	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "7")
 	assert.True(t, ok, "tracked again, so written back")
 

@@ -26,7 +26,7 @@ func TestScanLeaseLetsOneWorkerScanPerInterval(t *testing.T) {
 			fleet = append(fleet, w)
 		}
 		for _, w := range fleet {
-			w.recoveryTick(ctx, newRecoveryLog(w))
+			w.recov.runOnce(ctx)
 		}
 		var scans uint64
 		for _, w := range fleet {
@@ -47,13 +47,13 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 	plantDeadPeer(t, rdb, prefix, "dead", "1")
 	r := &fakeResetter{}
 	holder, _ := newWorker(t, rdb, &fakeResetter{delay: time.Hour}, "holder", WithKeyPrefix(prefix))
-	require.True(t, holder.takeScanLease(ctx), "the holder takes the lease and dies before scanning")
+	require.True(t, holder.takeScanTurn(ctx), "the holder takes the lease and dies before scanning")
 	other, _ := newWorker(t, rdb, r, "other", WithKeyPrefix(prefix)) // recovery interval 1s
 
-	other.recoveryTick(ctx, newRecoveryLog(other))
+	other.recov.runOnce(ctx)
 	assert.Zero(t, other.Stats().Scans, "lease held: skipped")
 	time.Sleep(850 * time.Millisecond) // the lease is 0.8 × the 1s interval
-	other.recoveryTick(ctx, newRecoveryLog(other))
+	other.recov.runOnce(ctx)
 	assert.Equal(t, uint64(1), other.Stats().Scans)
 	assert.Equal(t, []int64{1}, r.resetOf("dead"))
 }
@@ -105,16 +105,16 @@ func fleetMinute(t testing.TB, rdb *redis.Client, n int, lease bool) int64 {
 			WithScanLease(lease), WithLogger(discardLogger))
 		require.NoError(t, err)
 		fleet[i] = w
-		require.NoError(t, w.beat(ctx))
+		require.NoError(t, w.heart.runOnce(ctx))
 	}
 	before := totalCommands(t, rdb)
 	for range 2 {
 		for _, w := range fleet {
-			require.NoError(t, w.beat(ctx))
+			require.NoError(t, w.heart.runOnce(ctx))
 		}
 	}
 	for _, w := range fleet {
-		w.recoveryTick(ctx, newRecoveryLog(w))
+		w.recov.runOnce(ctx)
 	}
 	return totalCommands(t, rdb) - before - 1 // the INFO call itself
 }
@@ -164,10 +164,10 @@ func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
 	w, err := New(idleClient(t), &fakeResetter{}, WithHeartbeatTTL(2*time.Second),
 		WithHeartbeatInterval(time.Second), WithRecoveryInterval(10*time.Second), WithRowsTTL(time.Minute))
 	require.NoError(t, err)
-	assert.Equal(t, 2*time.Second, w.scanLeaseTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
+	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
 	w, err = New(idleClient(t), &fakeResetter{})
 	require.NoError(t, err)
-	assert.Equal(t, 48*time.Second, w.scanLeaseTTL(), "0.8 x the 60s recovery interval")
+	assert.Equal(t, 48*time.Second, w.opts.scanTurnTTL(), "0.8 x the 60s recovery interval")
 }
 
 // The worst case of the stated bound: the lease holder scans just before a
@@ -190,15 +190,15 @@ func TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease(t
 	other, _ := newWorker(t, rdb, r, "other")
 
 	advance(ttl - time.Millisecond)
-	holder.recoveryTick(ctx, newRecoveryLog(holder))
+	holder.recov.runOnce(ctx)
 	require.Equal(t, uint64(1), holder.Stats().Scans, "the holder scans while V is alive")
 	require.Empty(t, holder.Stats().PeersDead)
 	advance(2 * time.Millisecond) // V's heartbeat expires; the holder dies
-	advance(holder.scanLeaseTTL() - 3*time.Millisecond)
-	other.recoveryTick(ctx, newRecoveryLog(other))
+	advance(holder.opts.scanTurnTTL() - 3*time.Millisecond)
+	other.recov.runOnce(ctx)
 	require.Zero(t, other.Stats().Scans, "a tick just before the lease ends is skipped")
 	advance(interval * 11 / 10) // the next tick, jitter at its worst
-	other.recoveryTick(ctx, newRecoveryLog(other))
+	other.recov.runOnce(ctx)
 
 	assert.Equal(t, []int64{1}, r.resetOf("V"))
 	assert.LessOrEqual(t, elapsed, stated, "recovered within TTL + 1.1 × interval + the scan lease of V's last heartbeat")

@@ -41,39 +41,48 @@ type RowStateReader interface {
 // selfCheckSample bounds how many rows one self-check reads.
 const selfCheckSample = 64
 
-// selfCheck is the state of the self-check loop.
-type selfCheck struct {
+// selfChecker is the self-check loop.
+type selfChecker struct {
+	w       *Worker
+	reader  RowStateReader
 	alarm   atomic.Pointer[error] // set once a mismatch is confirmed
 	checks  atomic.Uint64         // row-state reads made
 	verdict atomic.Int32          // 0 pending, 1 verified, 2 alarm
+	// before are the rows tracked at the previous check, suspect those of
+	// them found not in progress. Only runOnce touches them.
+	before, suspect map[int64]bool
 }
 
-// runSelfCheck checks the worker's own rows every heartbeat interval until
-// the configuration is verified or found wrong, or ctx ends.
-func (w *Worker) runSelfCheck(ctx context.Context, reader RowStateReader) {
-	t := time.NewTicker(w.opts.heartbeatInterval)
+// run checks the worker's own rows every heartbeat interval until the
+// configuration is verified or found wrong, or ctx ends.
+func (c *selfChecker) run(ctx context.Context) {
+	t := time.NewTicker(c.w.opts.heartbeatInterval)
 	defer t.Stop()
-	var (
-		before  map[int64]bool // tracked at the previous check
-		suspect map[int64]bool // not in progress at the previous check
-	)
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		var done bool
-		before, suspect, done = w.selfCheckOnce(ctx, reader, before, suspect)
-		if done {
+		if c.runOnce(ctx) {
 			return
 		}
 	}
 }
 
-// selfCheckOnce is one check. It returns the rows tracked now and the rows
-// found not in progress, for the next, and whether the check is over.
-func (w *Worker) selfCheckOnce(ctx context.Context, reader RowStateReader, before, suspect map[int64]bool) (tracked, notInProgress map[int64]bool, done bool) {
+// runOnce is one check; it reports whether the check is over.
+func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
+	var tracked, notInProgress map[int64]bool
+	tracked, notInProgress, done = c.check(ctx, c.before, c.suspect)
+	c.before, c.suspect = tracked, notInProgress
+	return done
+}
+
+// check compares the rows tracked at the previous check with their state
+// now. It returns the rows tracked now and the rows found not in progress,
+// for the next, and whether the check is over.
+func (c *selfChecker) check(ctx context.Context, before, suspect map[int64]bool) (tracked, notInProgress map[int64]bool, done bool) {
+	w, reader := c.w, c.reader
 	tracked = w.rows.sampleSettled(selfCheckSample)
 	var candidates []int64
 	for id := range tracked {
@@ -91,7 +100,7 @@ func (w *Worker) selfCheckOnce(ctx context.Context, reader RowStateReader, befor
 		w.log.Debug("self-check: cannot read the state of tracked rows", slog.Any("error", err))
 		return before, suspect, false // try again with the same rows
 	}
-	w.self.checks.Add(1)
+	c.checks.Add(1)
 	still := w.rows.tracked(candidates) // rows untracked during the read are out
 	notInProgress = make(map[int64]bool)
 	var first *RowState
@@ -101,7 +110,7 @@ func (w *Worker) selfCheckOnce(ctx context.Context, reader RowStateReader, befor
 			continue
 		}
 		if reader.InProgress(s, w.opts.instanceID) {
-			w.self.verdict.Store(1)
+			c.verdict.Store(1)
 			w.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
 			return tracked, nil, true
 		}
@@ -115,8 +124,8 @@ func (w *Worker) selfCheckOnce(ctx context.Context, reader RowStateReader, befor
 	}
 	err = fmt.Errorf("%w: row %d, tracked by %s for two heartbeat intervals, has status %q and owner %q, which the resetter does not take for a row in progress by this worker: check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
 		ErrMisconfigured, first.ID, w.opts.instanceID, clip(first.Status), clip(first.Owner))
-	w.self.alarm.Store(&err)
-	w.self.verdict.Store(2)
+	c.alarm.Store(&err)
+	c.verdict.Store(2)
 	w.stats.misconfigured.Add(1)
 	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck",
 		slog.Int64("row_id", first.ID), slog.String("status", clip(first.Status)), slog.String("owner", clip(first.Owner)),
@@ -127,7 +136,10 @@ func (w *Worker) selfCheckOnce(ctx context.Context, reader RowStateReader, befor
 
 // misconfigured returns the self-check's alarm, or nil.
 func (w *Worker) misconfigured() error {
-	if p := w.self.alarm.Load(); p != nil {
+	if w.checker == nil {
+		return nil
+	}
+	if p := w.checker.alarm.Load(); p != nil {
 		return *p
 	}
 	return nil

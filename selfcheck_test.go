@@ -78,10 +78,10 @@ func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
 	w, _ := startWorker(t, rdb, r, "w", selfCheckTimings(testutil.Name("SC"))...)
 	takeBlock(t, w, "inprog", w.InstanceID(), 1, 2, 3)
 
-	require.Eventually(t, func() bool { return w.self.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
-	checks := w.self.checks.Load()
+	require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
+	checks := w.checker.checks.Load()
 	time.Sleep(time.Second)
-	assert.Equal(t, checks, w.self.checks.Load(), "no more reads once verified")
+	assert.Equal(t, checks, w.checker.checks.Load(), "no more reads once verified")
 	assert.NoError(t, w.Healthy())
 	assert.False(t, w.Stats().Misconfigured)
 }
@@ -106,7 +106,7 @@ func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.
 		time.Sleep(400 * time.Millisecond) // finished, not yet untracked, for more than an interval
 		require.NoError(t, w.Untrack(id))
 	}
-	assert.NotZero(t, w.self.checks.Load(), "checks read rows in the finished-not-untracked state")
+	assert.NotZero(t, w.checker.checks.Load(), "checks read rows in the finished-not-untracked state")
 	assert.NoError(t, w.Healthy())
-	assert.Equal(t, int32(0), w.self.verdict.Load(), "neither verified nor alarmed: no row was ever seen in progress")
+	assert.Equal(t, int32(0), w.checker.verdict.Load(), "neither verified nor alarmed: no row was ever seen in progress")
 }

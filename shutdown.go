@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 
-	"github.com/redis/go-redis/v9"
-
-	"github.com/alya/recovery/internal/scripts"
+	"github.com/alya/recovery/internal/store"
 )
 
 // Shutdown stops the worker: it stops the heartbeat and recovery loops and
@@ -64,34 +62,20 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	// Like the heartbeat, hold the rows set's write lock from the snapshot
 	// until Redis has answered: a synchronous Untrack running now either
 	// finishes its SREM before the snapshot (and the row is not written
-	// back) or waits and sends it after our SADD.
+	// back) or waits and sends it after our SADD. Only our own heartbeat
+	// is deleted: a process that took the ID over since the last heartbeat
+	// keeps its. With rows still tracked, they are written back (Redis may
+	// have lost them) and the worker stays registered, or no peer would
+	// ever look for them.
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
 	opCtx, cancel := w.opContext(ctx)
-	pipe := w.rdb.Pipeline()
-	// Only our own heartbeat: a process that took the ID over since the
-	// last heartbeat keeps its.
-	scripts.Leave.Eval(opCtx, pipe, []string{w.keys.Heartbeat}, w.beatValue)
-	var reg redis.Cmder
-	if len(tracked) == 0 {
-		reg = pipe.SRem(opCtx, w.registry, w.opts.instanceID)
-	} else {
-		// Write them back (Redis may have lost them) and stay registered,
-		// or no peer would ever look for them.
-		pipe.SAdd(opCtx, w.keys.Rows, tracked...)
-		pipe.PExpire(opCtx, w.keys.Rows, w.opts.rowsTTL)
-	}
-	if len(unremoved) > 0 {
-		pipe.SRem(opCtx, w.keys.Rows, unremoved...)
-	}
-	cmds, err := pipe.Exec(opCtx)
+	res, err := w.store.Leave(opCtx, w.opts.instanceID, store.Departure{
+		Value: w.beatValue, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.opts.rowsTTL})
 	cancel()
 	w.rows.assert.Unlock()
-	if reg != nil {
-		w.noteRegistry(reg.Err())
-		if err != nil && failedOnlyOnWrongTypeRegistry(cmds, reg) {
-			err = nil // a key that is not a set lists nobody: nothing to remove
-		}
+	if res.Deregistered {
+		w.noteRegistry(res.RegistryErr)
 	}
 	if err != nil {
 		if ctx.Err() != nil {

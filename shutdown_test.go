@@ -12,7 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery/internal/scripts"
+	"github.com/alya/recovery/internal/store"
 )
 
 func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
@@ -142,14 +142,14 @@ type pipelineGate struct {
 	open    chan struct{}
 }
 
-// isLeaveOf reports whether c is the EVAL of scripts.Leave on key.
+// isLeaveOf reports whether c is the EVAL of the leave script on key.
 func isLeaveOf(c redis.Cmder, key string) bool {
 	a := c.Args()
 	if c.Name() != "eval" || len(a) < 4 || a[3] != key {
 		return false
 	}
 	src, _ := a[1].(string)
-	return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == scripts.Leave.Hash()
+	return fmt.Sprintf("%x", sha1.Sum([]byte(src))) == store.Script("leave").Hash()
 }
 
 func newPipelineGate(key string) *pipelineGate {
@@ -214,7 +214,7 @@ func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
 		ok = false
 	}
 	assert.False(t, ok, "a row untracked during Shutdown is not in the rows set afterwards")
-	assert.Zero(t, w.TrackedRows())
+	assert.Zero(t, w.Stats().TrackedRows)
 }
 
 func TestShutdownCleanupIsBoundedByTheOperationTimeout(t *testing.T) {

@@ -96,17 +96,3 @@ func (w *Worker) Stats() Stats {
 	}
 	return s
 }
-
-// Healthy returns nil while the worker holds a valid heartbeat lease, and
-// the reason otherwise (ErrNotStarted, ErrLeaseLost, ErrShutdown). It is
-// meant for a liveness or readiness probe: a worker that keeps failing it
-// cannot reach Redis and its rows are being recovered by peers. It also
-// fails, with an error wrapping ErrMisconfigured, once the self-check found
-// that the rows this worker tracks would not be recovered should it crash
-// (statuses or owner column misconfigured).
-func (w *Worker) Healthy() error {
-	if err := w.CheckLease(); err != nil {
-		return err
-	}
-	return w.misconfigured()
-}

@@ -4,96 +4,109 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sync"
 	"time"
 
-	"github.com/alya/recovery/internal/keys"
-	"github.com/alya/recovery/internal/scripts"
+	"github.com/alya/recovery/internal/store"
 )
 
 // The backstop sweep finds rows in progress whose owner is gone even when
 // Redis has nothing left about them: the whole fleet was down for longer
 // than the rows TTL, or Redis lost the registry and the rows sets. It asks
 // the database (an OwnerSweeper) for the distinct owners of rows in
-// progress and resets the rows of every owner whose heartbeat was absent at
-// two sweeps at least a heartbeat TTL apart. One worker of the fleet sweeps
-// at a time: the holder of the sweep lease, which it renews every recovery
-// interval.
+// progress, and hands every owner whose heartbeat was absent at two sweeps
+// at least a heartbeat TTL apart to the one dead-peer path, which resets
+// its rows by owner. One worker of the fleet sweeps at a time: the holder
+// of the sweep turn, which it renews every recovery interval.
 
-// WithBackstopSweep turns on the backstop sweep, run after every recovery
-// scan by the one worker holding the sweep lease. The resetter must be an
-// OwnerSweeper: a PgxResetter WithOwnerColumn. Default: off.
+// WithBackstopSweep turns on the backstop sweep, run every recovery
+// interval by the one worker holding the sweep turn. The resetter must be
+// an OwnerSweeper: a PgxResetter WithOwnerColumn. Default: off.
 func WithBackstopSweep() Option {
 	return optionFunc(func(o *options) { o.sweep = true })
 }
 
-// SweepReport says what one backstop sweep found and did.
-type SweepReport struct {
-	// LeaseHeld is false when another worker holds the sweep lease; then
+// sweepReport says what one backstop sweep found and did.
+type sweepReport struct {
+	// turnHeld is false when another worker holds the sweep turn; then
 	// nothing else was done.
-	LeaseHeld bool
-	// Owners is how many distinct owners rows in progress had.
-	Owners int
-	// Absent lists owners without a heartbeat seen for the first time, or
+	turnHeld bool
+	// owners is how many distinct owners rows in progress had.
+	owners int
+	// absent lists owners without a heartbeat seen for the first time, or
 	// not yet for a whole heartbeat TTL.
-	Absent []string
-	// Recovered lists owners whose rows were reset.
-	Recovered []PeerRecovery
-	// InvalidOwners lists owners that are not valid instance IDs (rows a
+	absent []string
+	// recovered lists owners whose rows were reset.
+	recovered []PeerRecovery
+	// invalidOwners lists owners that are not valid instance IDs (rows a
 	// host marked by other means); they are left alone.
-	InvalidOwners []string
+	invalidOwners []string
 }
 
-type sweepState struct {
-	mu          sync.Mutex
-	token       string
+// sweeper is the backstop sweep's loop.
+type sweeper struct {
+	w     *Worker
+	sw    OwnerSweeper
+	token string // holds the sweep turn
+	// absentSince is when each owner was first seen without a heartbeat
+	// by this holder of the turn. Only runOnce touches it.
 	absentSince map[string]time.Time
 }
 
-// sweepLeaseTTL lets the holder miss one renewal (±10% jitter included)
-// before another worker may take over (options.sweepLeaseTTL).
-func (w *Worker) sweepLeaseTTL() time.Duration { return w.opts.sweepLeaseTTL() }
+func newSweeper(w *Worker, sw OwnerSweeper) *sweeper {
+	return &sweeper{w: w, sw: sw, token: newToken(), absentSince: make(map[string]time.Time)}
+}
 
-// sweep runs one backstop sweep.
-func (w *Worker) sweep(ctx context.Context) (rep SweepReport, err error) {
-	defer func() {
-		if err != nil {
-			w.stats.errors.Add(1)
+// run sweeps every recovery interval (±10%), the first after one interval,
+// until ctx is done.
+func (s *sweeper) run(ctx context.Context) {
+	t := time.NewTimer(jitter(s.w.opts.recoveryInterval, 0.1))
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
 		}
-	}()
-	sw, ok := w.resetter.(OwnerSweeper)
-	if !ok {
-		return rep, fmt.Errorf("%w: backstop sweep needs an OwnerSweeper resetter", ErrInvalidConfig)
+		rep, err := s.runOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		s.w.rlog.swept(rep, err)
+		t.Reset(jitter(s.w.opts.recoveryInterval, 0.1))
 	}
-	w.swept.mu.Lock()
-	defer w.swept.mu.Unlock()
+}
 
+// runOnce is one sweep. A failure of the sweep itself is counted once;
+// each owner's recovery counts its own.
+func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
+	w := s.w
 	opCtx, cancel := w.opContext(ctx)
-	held, err := scripts.TakeLease.Run(opCtx, w.rdb, []string{keys.SweepLease(w.opts.keyPrefix)},
-		w.swept.token, w.sweepLeaseTTL().Milliseconds()).Int()
+	held, err := w.store.TakeSweepTurn(opCtx, s.token, w.opts.sweepTurnTTL())
 	cancel()
 	if err != nil {
-		return rep, fmt.Errorf("take sweep lease: %w", err)
+		w.stats.errors.Add(1)
+		return rep, fmt.Errorf("take sweep turn: %w", err)
 	}
-	if held != 1 {
-		clear(w.swept.absentSince) // observations must be our own and recent
+	if !held {
+		clear(s.absentSince) // observations must be our own and recent
 		return rep, nil
 	}
-	rep.LeaseHeld = true
+	rep.turnHeld = true
 
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	owners, err := sw.InProgressOwners(dbCtx)
+	owners, err := s.sw.InProgressOwners(dbCtx)
 	cancel()
 	if err != nil {
+		w.stats.errors.Add(1)
 		return rep, err
 	}
-	rep.Owners = len(owners)
+	rep.owners = len(owners)
 	candidates := owners[:0:0]
 	for _, o := range owners {
 		switch {
 		case o == w.opts.instanceID:
-		case keys.ValidateName(o) != nil:
-			rep.InvalidOwners = append(rep.InvalidOwners, o)
+		case store.ValidateName(o) != nil:
+			rep.invalidOwners = append(rep.invalidOwners, o)
 		default:
 			candidates = append(candidates, o)
 		}
@@ -101,41 +114,36 @@ func (w *Worker) sweep(ctx context.Context) (rep SweepReport, err error) {
 	checkedAt := time.Now()
 	dead, err := w.deadPeers(ctx, candidates)
 	if err != nil {
+		w.stats.errors.Add(1)
 		return rep, err
 	}
 	isDead := make(map[string]bool, len(dead))
 	for _, o := range dead {
 		isDead[o] = true
 	}
-	for o := range w.swept.absentSince {
+	for o := range s.absentSince {
 		if !isDead[o] {
-			delete(w.swept.absentSince, o) // alive again, or no rows left
+			delete(s.absentSince, o) // alive again, or no rows left
 		}
 	}
 	var errs []error
 	for _, o := range dead {
-		since, seen := w.swept.absentSince[o]
+		since, seen := s.absentSince[o]
 		if !seen {
-			w.swept.absentSince[o] = checkedAt
+			s.absentSince[o] = checkedAt
 		}
 		if !seen || checkedAt.Sub(since) < w.opts.heartbeatTTL {
-			rep.Absent = append(rep.Absent, o)
+			rep.absent = append(rep.absent, o)
 			continue
 		}
-		w.emit(Event{Kind: EventPeerDead, PeerID: o, FoundBy: "sweep"})
-		dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-		res, err := sw.ResetOwnerRows(dbCtx, o)
-		cancel()
-		if err != nil {
+		pr, claimed, err := w.recoverDead(ctx, o, foundBySweep, since)
+		switch {
+		case err != nil:
 			errs = append(errs, &PeerError{InstanceID: o, Err: err})
-			w.emit(Event{Kind: EventRecoveryFailed, PeerID: o, FoundBy: "sweep", Err: err})
-			continue
+		case claimed:
+			delete(s.absentSince, o)
+			rep.recovered = append(rep.recovered, pr)
 		}
-		delete(w.swept.absentSince, o)
-		pr := PeerRecovery{InstanceID: o, RowsReset: res.Reset, Quarantined: res.Quarantined}
-		rep.Recovered = append(rep.Recovered, pr)
-		w.countRows(pr)
-		w.countRecovered(pr, "sweep", time.Since(since))
 	}
 	return rep, errors.Join(errs...)
 }

@@ -2,12 +2,11 @@ package recovery
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
 
-	"github.com/redis/go-redis/v9"
+	"github.com/alya/recovery/internal/store"
 )
 
 // Telling a live twin from a dead predecessor (issue 10, F3).
@@ -15,8 +14,8 @@ import (
 // Two processes may heartbeat one instance ID: two Workers given the same
 // WithInstanceID, or a pod of a StatefulSet restarted under its name while
 // the crashed process's heartbeat still lives. Every Worker writes a token
-// of its own into its heartbeat (keys.HeartbeatOf), and only ever writes
-// over an absent key or its own value (scripts.Beat). Before its first
+// of its own into its heartbeat (store.HeartbeatOf), and only ever writes
+// over an absent key or its own value (store.Beat). Before its first
 // heartbeat, Start looks at the key:
 //
 //   - absent, or our own value (a retried Start): go on;
@@ -36,26 +35,16 @@ import (
 // reports, for good: its lease is lost and the ID in use.
 var errOusted = fmt.Errorf("%w: %w", ErrLeaseLost, ErrInstanceIDInUse)
 
-// ownKeys is what Start reads of its own instance's keys.
-type ownKeys struct {
-	value  string        // heartbeat value; "" when absent
-	pttl   time.Duration // heartbeat's remaining TTL; < 0 when none
-	record bool          // a rows set or an incarnation exists
-}
-
-// inspectOwnKeys reads the heartbeat, its TTL and whether a rows set or an
+// readOwn reads the heartbeat, its TTL and whether a rows set or an
 // incarnation exists, in one transaction on the instance's slot.
-func (w *Worker) inspectOwnKeys(ctx context.Context) (ownKeys, error) {
+func (w *Worker) readOwn(ctx context.Context) (store.Own, error) {
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	pipe := w.rdb.TxPipeline()
-	get := pipe.Get(opCtx, w.keys.Heartbeat)
-	pttl := pipe.PTTL(opCtx, w.keys.Heartbeat)
-	rec := pipe.Exists(opCtx, w.keys.Rows, w.keys.Incarnation)
-	if _, err := pipe.Exec(opCtx); err != nil && !errors.Is(err, redis.Nil) {
-		return ownKeys{}, &readError{fmt.Errorf("read heartbeat %s: %w", w.keys.Heartbeat, err)}
+	k, err := w.store.ReadOwn(opCtx, w.opts.instanceID)
+	if err != nil {
+		return k, &readError{err}
 	}
-	return ownKeys{value: get.Val(), pttl: pttl.Val(), record: rec.Val() > 0}, nil
+	return k, nil
 }
 
 // readError is a failure to read the instance's keys at Start: Start
@@ -87,18 +76,18 @@ func (w *Worker) twinPoll() time.Duration {
 // the rows it left. It writes nothing to Redis but the recovery's own keys.
 func (w *Worker) claimInstanceID(ctx context.Context) error {
 	for {
-		k, err := w.inspectOwnKeys(ctx)
+		k, err := w.readOwn(ctx)
 		if err != nil {
 			return err
 		}
 		switch {
-		case k.value == w.beatValue:
+		case k.Value == w.beatValue:
 			return nil // written by an earlier try of this Start
-		case k.value != "":
+		case k.Value != "":
 			if err := w.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.record:
+		case k.Record:
 			if err := w.recoverPredecessor(ctx); err != nil {
 				return err
 			}
@@ -111,7 +100,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 // awaitPredecessor watches a heartbeat that holds another process's value
 // until it expires. A refresh seen meanwhile means a live process holds
 // the ID.
-func (w *Worker) awaitPredecessor(ctx context.Context, first ownKeys) error {
+func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
 	start := time.Now()
 	prev := first
 	warned := false
@@ -121,34 +110,34 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first ownKeys) error {
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("wait for the heartbeat of a previous process with this instance ID to expire (%s left): %w",
-				prev.pttl.Round(time.Millisecond), ctx.Err())
+				prev.PTTL.Round(time.Millisecond), ctx.Err())
 		case <-t.C:
 		}
-		k, err := w.inspectOwnKeys(ctx)
+		k, err := w.readOwn(ctx)
 		if err != nil {
 			return err
 		}
 		switch {
-		case k.value == "":
+		case k.Value == "":
 			if warned {
 				w.log.Info("heartbeat of the previous process with this instance ID expired; recovering the rows it left",
 					slog.Duration("waited", time.Since(start)))
 			}
 			return nil
-		case k.value != prev.value || k.pttl > prev.pttl:
+		case k.Value != prev.Value || k.PTTL > prev.PTTL:
 			return fmt.Errorf("%w: %s was refreshed by another process %s after Start found it",
-				ErrInstanceIDInUse, w.keys.Heartbeat, time.Since(start).Round(time.Millisecond))
-		case k.pttl < 0 && time.Since(start) > w.twinWatch():
+				ErrInstanceIDInUse, w.ownKeys().Heartbeat, time.Since(start).Round(time.Millisecond))
+		case k.PTTL < 0 && time.Since(start) > w.twinWatch():
 			return fmt.Errorf("%w: %s holds another process's value and has no TTL: delete it if no process runs as %s",
-				ErrInstanceIDInUse, w.keys.Heartbeat, w.opts.instanceID)
+				ErrInstanceIDInUse, w.ownKeys().Heartbeat, w.opts.instanceID)
 		}
 		if !warned && time.Since(start) > w.twinWatch() {
 			warned = true
 			w.log.Warn("a previous process with this instance ID stopped refreshing its heartbeat; waiting for it to expire before starting",
-				slog.Duration("heartbeat_ttl_left", k.pttl))
+				slog.Duration("heartbeat_ttl_left", k.PTTL))
 		}
 		prev = k
-		t.Reset(min(w.twinPoll(), max(k.pttl, time.Millisecond)))
+		t.Reset(min(w.twinPoll(), max(k.PTTL, time.Millisecond)))
 	}
 }
 
@@ -156,7 +145,7 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first ownKeys) error {
 // this instance ID, through the recovery every peer runs. While another
 // worker holds the claim it waits and tries again.
 func (w *Worker) recoverPredecessor(ctx context.Context) error {
-	pr, claimed, err := w.recoverDead(ctx, w.opts.instanceID, "restart", time.Now())
+	pr, claimed, err := w.recoverDead(ctx, w.opts.instanceID, foundByRestart, time.Now())
 	if err != nil {
 		return fmt.Errorf("recover the rows a previous process left under this instance ID: %w", err)
 	}
@@ -186,7 +175,7 @@ func (w *Worker) noteOusted() {
 	}
 	if !w.lease.lost.Swap(true) {
 		w.stats.leaseLosses.Add(1)
-		w.emit(Event{Kind: EventLeaseLost, Duration: w.lease.sinceRefresh(w), Err: errOusted})
+		w.emit(Event{Kind: EventLeaseLost, Duration: w.lease.sinceRefresh(), Err: errOusted})
 	}
 	w.emit(Event{Kind: EventInstanceIDTaken, Err: errOusted})
 	w.log.Error("another process heartbeats this instance ID: it started while this worker could not refresh its heartbeat, and has taken over its rows; stop processing and shut this worker down",

@@ -14,7 +14,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 )
 
 // v1Claim and v1Finish are the first version's claim and finish scripts.
@@ -46,7 +46,7 @@ return 1
 func v1Recover(t *testing.T, rdb redis.UniversalClient, r RowResetter, prefix, peer string) bool {
 	t.Helper()
 	ctx := context.Background()
-	k := keys.For(prefix, peer)
+	k := store.InstanceKeys(prefix, peer)
 	res, err := v1Claim.Run(ctx, rdb, []string{k.Heartbeat, k.Claim}, "v1-token", 45000).Int()
 	require.NoError(t, err)
 	if res != 1 {
@@ -60,7 +60,7 @@ func v1Recover(t *testing.T, rdb redis.UniversalClient, r RowResetter, prefix, p
 	fin, err := v1Finish.Run(ctx, rdb, []string{k.Heartbeat, k.Rows, k.Claim}, "v1-token").Int()
 	require.NoError(t, err)
 	require.Equal(t, 1, fin)
-	require.NoError(t, rdb.SRem(ctx, keys.Registry(prefix), peer).Err())
+	require.NoError(t, rdb.SRem(ctx, store.RegistryKey(prefix), peer).Err())
 	return true
 }
 

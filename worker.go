@@ -8,11 +8,10 @@ import (
 	"reflect"
 	"sync"
 	"sync/atomic"
-	"time"
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 )
 
 // lifecycle states of a Worker.
@@ -31,36 +30,35 @@ const (
 // and Shutdown when the process stops. See the package documentation for the
 // lifecycle.
 type Worker struct {
-	rdb      redis.UniversalClient
-	resetter RowResetter
-	opts     options
-	log      *slog.Logger
-	keys     keys.Keys
-	registry string
-	epoch    time.Time // monotonic base for the lease
-	// beatValue is what this Worker writes into its heartbeat key: a token
-	// of its own, so a process with the same instance ID is told apart
-	// (twin.go).
-	beatValue string
+	opts      options
+	log       *slog.Logger
+	store     store.Store // every Redis command goes through it
+	target    redisTarget // how the user's client reaches Redis, for messages
+	resetter  RowResetter
+	beatValue string // this process's heartbeat value (twin.go)
 
-	state atomic.Int32
-
+	// Lifecycle (Start, Shutdown).
+	state     atomic.Int32
 	mu        sync.Mutex // serializes Start and the transitions of Shutdown
 	started   bool
 	stopLoops context.CancelFunc
 	loopsDone chan struct{}
 	cleaned   bool
 
-	rows   inflight   // inflight.go
-	lease  lease      // heartbeat.go
-	swept  sweepState // sweep.go
-	self   selfCheck  // selfcheck.go
+	// Shared state.
+	rows   inflight   // the rows tracked now (inflight.go)
+	lease  lease      // lease.go
 	nodes  nodeAges   // nodeage.go
 	stats  counters   // stats.go
 	events dispatcher // events.go
+	rlog   *recoveryLog
 
-	expired     chan string   // expiry.go: peers whose heartbeat just expired
-	untrackKick chan struct{} // rowtrack.go: a deferred Untrack is waiting
+	// The loops, one type each.
+	heart   *heartbeater    // heartbeat.go
+	recov   *recoverer      // scan.go
+	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
+	sweeper *sweeper        // sweep.go; nil without WithBackstopSweep
+	checker *selfChecker    // selfcheck.go; nil unless the resetter is a RowStateReader
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -90,28 +88,33 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	if o.sweep {
-		if err := canSweep(resetter); err != nil {
-			return nil, err
-		}
+	sw, err := sweeperOf(resetter, o.sweep)
+	if err != nil {
+		return nil, err
 	}
 	w := &Worker{
-		rdb:      rdb,
-		resetter: resetter,
-		opts:     o,
-		log:      o.logger.With(slog.String("instance_id", o.instanceID)),
-		keys:     keys.For(o.keyPrefix, o.instanceID),
-		registry: keys.Registry(o.keyPrefix),
-		epoch:    time.Now(),
-
-		beatValue: keys.HeartbeatOf(newToken()),
+		opts:      o,
+		log:       o.logger.With(slog.String("instance_id", o.instanceID)),
+		store:     store.NewRedis(rdb, o.keyPrefix, o.opTimeout),
+		target:    targetOf(rdb),
+		resetter:  resetter,
+		beatValue: store.HeartbeatOf(newToken()),
+		lease:     newLease(o.heartbeatTTL),
 	}
 	w.rows.init()
-	w.expired = make(chan string, 256)
-	w.untrackKick = make(chan struct{}, 1)
 	w.events.obs = o.observer
-	w.swept.token = newToken()
-	w.swept.absentSince = make(map[string]time.Time)
+	w.rlog = newRecoveryLog(w)
+	w.heart = &heartbeater{w: w}
+	w.recov = newRecoverer(w)
+	if o.untrackLinger > 0 {
+		w.flusher = newUntrackFlusher(w)
+	}
+	if sw != nil {
+		w.sweeper = newSweeper(w, sw)
+	}
+	if reader, ok := resetter.(RowStateReader); ok {
+		w.checker = &selfChecker{w: w, reader: reader}
+	}
 	return w, nil
 }
 
@@ -160,7 +163,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	if err := w.beat(ctx); err != nil {
+	if err := w.heart.runOnce(ctx); err != nil {
 		if errors.Is(err, ErrInstanceIDInUse) {
 			return fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
 		}
@@ -168,12 +171,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	w.warnIfEvicting(ctx)
 	w.observeNodes(ctx)
-	var subs []*redis.PubSub
-	if w.opts.expiry && w.prepareNotifications(ctx) {
-		var err error
-		if subs, err = w.subscribeExpired(ctx); err != nil {
-			w.log.Warn("expiry notifications unavailable; dead peers are found by the periodic scan only", slog.Any("error", err))
-		}
+	var expiry *expiryWatcher
+	if w.opts.expiry {
+		expiry = w.subscribeExpiry(ctx)
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
@@ -182,19 +182,21 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.state.Store(stateRunning)
 
 	var wg sync.WaitGroup
-	wg.Add(2 + len(subs))
-	go func() { defer wg.Done(); w.runHeartbeat(loopCtx) }()
-	go func() { defer wg.Done(); w.runRecovery(loopCtx) }()
-	if w.opts.untrackLinger > 0 {
-		wg.Add(1)
-		go func() { defer wg.Done(); w.runUntrackFlusher(loopCtx) }()
+	wg.Go(func() { w.heart.run(loopCtx) })
+	wg.Go(func() { w.recov.run(loopCtx) })
+	if w.flusher != nil {
+		wg.Go(func() { w.flusher.run(loopCtx) })
 	}
-	if reader, ok := w.resetter.(RowStateReader); ok {
-		wg.Add(1)
-		go func() { defer wg.Done(); w.runSelfCheck(loopCtx, reader) }()
+	if w.sweeper != nil {
+		wg.Go(func() { w.sweeper.run(loopCtx) })
 	}
-	for _, ps := range subs {
-		go func() { defer wg.Done(); w.watchExpired(loopCtx, ps) }()
+	if w.checker != nil {
+		wg.Go(func() { w.checker.run(loopCtx) })
+	}
+	if expiry != nil {
+		for _, sub := range expiry.subs {
+			wg.Go(func() { expiry.run(loopCtx, sub) })
+		}
 	}
 	go func() { wg.Wait(); close(w.loopsDone) }()
 	w.log.Debug("recovery worker started",
@@ -222,13 +224,21 @@ func isNil(v any) bool {
 	return false
 }
 
-// canSweep reports whether r can back the backstop sweep.
-func canSweep(r RowResetter) error {
+// sweeperOf returns what backs the backstop sweep when it is on: r, which
+// must be an OwnerSweeper that knows owners.
+func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
+	if !on {
+		return nil, nil
+	}
 	if p, ok := r.(*PgxResetter); ok && p.owners == "" {
-		return fmt.Errorf("%w: backstop sweep needs a PgxResetter WithOwnerColumn", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: backstop sweep needs a PgxResetter WithOwnerColumn", ErrInvalidConfig)
 	}
-	if _, ok := r.(OwnerSweeper); !ok {
-		return fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper", ErrInvalidConfig)
+	sw, ok := r.(OwnerSweeper)
+	if !ok {
+		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper", ErrInvalidConfig)
 	}
-	return nil
+	return sw, nil
 }
+
+// ownKeys returns the key names of this worker's instance.
+func (w *Worker) ownKeys() store.Keys { return w.store.Keys(w.opts.instanceID) }

@@ -17,8 +17,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
-	"github.com/alya/recovery/internal/keys"
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/internal/store"
 )
 
 // instanceJSON is one instance in JSON output. TTLs are milliseconds; null
@@ -165,7 +165,7 @@ func usageIfConfig(err error) error {
 
 // cmdRows shows the rows an instance is tracking.
 func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error {
-	if err := keys.ValidateName(id); err != nil {
+	if err := store.ValidateName(id); err != nil {
 		return &usageError{fmt.Sprintf("instance ID %q %v", id, err)}
 	}
 	rdb, _, err := connectRedis(ctx, o)
@@ -179,7 +179,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 	}
 	if !inst.Known() {
 		return fmt.Errorf("unknown instance %q: not in %s and no keys of it under prefix %q",
-			id, keys.Registry(o.prefix), o.prefix)
+			id, store.RegistryKey(o.prefix), o.prefix)
 	}
 	tracked, err := recovery.ReadTrackedRows(ctx, rdb, o.prefix, id)
 	if err != nil {
@@ -369,7 +369,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 	out := recoverJSON{}
 	rep, scanErr := w.RecoverNow(ctx)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
-		rep.PeersChecked, rep.DeadPeers, rep.RowsReset, rep.InvalidMembers
+		rep.PeersChecked, len(rep.Dead), rep.RowsReset, rep.InvalidMembers
 	for _, pr := range rep.Recovered {
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
@@ -423,7 +423,7 @@ func rowsJSON(rs []recovery.RowState) []rowJSON {
 // or registers; it only has to differ from every worker's.
 func ctlInstanceID() string {
 	host, _ := os.Hostname()
-	return fmt.Sprintf("recoveryctl-%s-%d", keys.Sanitize(host), os.Getpid())
+	return fmt.Sprintf("recoveryctl-%s-%d", store.Sanitize(host), os.Getpid())
 }
 
 func printRecover(w io.Writer, out recoverJSON) {

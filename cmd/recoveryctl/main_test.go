@@ -22,7 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery"
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -63,7 +63,7 @@ func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, dead
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
 	require.Eventually(t, func() bool {
 		// A failed recovery leaves the note "failed" in place of its claim.
-		v, err := rdb.Get(context.Background(), keys.For(prefix, deadPeer).Claim).Result()
+		v, err := rdb.Get(context.Background(), store.InstanceKeys(prefix, deadPeer).Claim).Result()
 		return r.calls.Load() > 0 && (errors.Is(err, redis.Nil) || v == "failed")
 	}, 5*time.Second, 5*time.Millisecond, "the worker's first scan is over")
 	require.NoError(t, w.Track(context.Background(), rows...))
@@ -74,9 +74,9 @@ func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, dead
 func plantAlive(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
 	t.Helper()
 	ctx := context.Background()
-	k := keys.For(prefix, id)
-	require.NoError(t, rdb.Set(ctx, k.Heartbeat, keys.HeartbeatValue, time.Minute).Err())
-	require.NoError(t, rdb.SAdd(ctx, keys.Registry(prefix), id).Err())
+	k := store.InstanceKeys(prefix, id)
+	require.NoError(t, rdb.Set(ctx, k.Heartbeat, store.HeartbeatValue, time.Minute).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err())
 	if len(rows) > 0 {
 		require.NoError(t, rdb.SAdd(ctx, k.Rows, rows...).Err())
 		require.NoError(t, rdb.Expire(ctx, k.Rows, 3*time.Minute).Err())
@@ -88,9 +88,9 @@ func plantAlive(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows
 func plantDead(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, rdb.SAdd(ctx, keys.Registry(prefix), id).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err())
 	if len(rows) > 0 {
-		require.NoError(t, rdb.SAdd(ctx, keys.For(prefix, id).Rows, rows...).Err())
+		require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, id).Rows, rows...).Err())
 	}
 }
 
@@ -107,7 +107,7 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	prefix := testutil.Name("CTL")
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3")
 	liveWorker(t, rdb, prefix, "alive-1", "dead-1", 7, 8)
-	require.NoError(t, rdb.SAdd(context.Background(), keys.Registry(prefix), "not valid").Err())
+	require.NoError(t, rdb.SAdd(context.Background(), store.RegistryKey(prefix), "not valid").Err())
 
 	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers")
 	require.Equal(t, exitOK, code, errOut)
@@ -293,10 +293,10 @@ func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T
 	plantAlive(t, rdb, prefix, "alive-1", "9")
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "4", "5", "6", "junk")
 	plantDead(t, rdb, prefix, "dead-2", "7")
-	require.NoError(t, rdb.Set(ctx, keys.For(prefix, "dead-2").Claim, "failed", time.Minute).Err())
+	require.NoError(t, rdb.Set(ctx, store.InstanceKeys(prefix, "dead-2").Claim, "failed", time.Minute).Err())
 	plantDead(t, rdb, prefix, "dead-empty")
 	plantDead(t, rdb, prefix, "dead-claimed", "8")
-	require.NoError(t, rdb.Set(ctx, keys.For(prefix, "dead-claimed").Claim, "token", time.Minute).Err())
+	require.NoError(t, rdb.Set(ctx, store.InstanceKeys(prefix, "dead-claimed").Claim, "token", time.Minute).Err())
 	ids := []string{"dead-1", "dead-2", "dead-empty", "dead-claimed"}
 	redisBefore, dbBefore := dump(t, rdb, prefix, ids...), itemStates(t, db)
 
@@ -342,7 +342,7 @@ func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T
 		1: "pending/", 2: "pending/", 3: "pending/", 4: "done/", 5: "running/other", 6: "pending/",
 		7: "pending/", 9: "running/alive-1",
 	}, itemStates(t, db))
-	reg, err := rdb.SMembers(ctx, keys.Registry(prefix)).Result()
+	reg, err := rdb.SMembers(ctx, store.RegistryKey(prefix)).Result()
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"alive-1", "dead-claimed"}, reg)
 }
@@ -374,7 +374,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	assert.Equal(t, exitFail, code, errOut)
 	assert.Contains(t, errOut, "could not be recovered; their rows stay tracked")
 	assert.Equal(t, redisBefore["registry"], dump(t, rdb, prefix, "dead-1")["registry"])
-	assert.Equal(t, redisBefore[keys.For(prefix, "dead-1").Rows], dump(t, rdb, prefix, "dead-1")[keys.For(prefix, "dead-1").Rows])
+	assert.Equal(t, redisBefore[store.InstanceKeys(prefix, "dead-1").Rows], dump(t, rdb, prefix, "dead-1")[store.InstanceKeys(prefix, "dead-1").Rows])
 	assert.Equal(t, dbBefore, itemStates(t, db))
 
 	// A text status column has no labels to check: the misspelt status
@@ -383,7 +383,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	_, err := db.Exec(ctx, `CREATE TABLE textitems (item_id bigint PRIMARY KEY, state text NOT NULL, worker text);
 		INSERT INTO textitems VALUES (1, 'running', 'dead-1'), (2, 'running', 'dead-1'), (3, 'done', NULL)`)
 	require.NoError(t, err)
-	require.NoError(t, rdb.SAdd(ctx, keys.For(prefix, "dead-1").Rows, "3").Err())
+	require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, "dead-1").Rows, "3").Err())
 	misspelt[slices.Index(misspelt, "items")] = "textitems"
 	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
 	out, errOut, code := ctl(t, env, append(append(base, "--dry-run"), misspelt...)...)
@@ -397,7 +397,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	assert.Contains(t, errOut, "--inprog-status")
 	after := dump(t, rdb, prefix, "dead-1")
 	assert.Equal(t, []string{"dead-1"}, after["registry"], "still registered")
-	assert.Equal(t, []string{"1", "2", "3"}, after[keys.For(prefix, "dead-1").Rows], "rows set kept")
+	assert.Equal(t, []string{"1", "2", "3"}, after[store.InstanceKeys(prefix, "dead-1").Rows], "rows set kept")
 	var n int
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM textitems WHERE state = 'running'`).Scan(&n))
 	assert.Equal(t, 2, n)
@@ -503,16 +503,16 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	assert.Equal(t, "inprog", status[4], "a live worker's row is left alone")
 	assert.Equal(t, "done", status[5], "a finished row stays finished")
 
-	n, err := rdb.Exists(ctx, keys.For(prefix, "dead-1").Rows).Result()
+	n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "dead-1").Rows).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "rows set deleted")
-	member, err := rdb.SIsMember(ctx, keys.Registry(prefix), "dead-1").Result()
+	member, err := rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead-1").Result()
 	require.NoError(t, err)
 	assert.False(t, member, "deregistered")
-	hb, err := rdb.Exists(ctx, keys.For(prefix, "recoveryctl").Heartbeat).Result()
+	hb, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "recoveryctl").Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Zero(t, hb)
-	reg, err := rdb.SMembers(ctx, keys.Registry(prefix)).Result()
+	reg, err := rdb.SMembers(ctx, store.RegistryKey(prefix)).Result()
 	require.NoError(t, err)
 	assert.Equal(t, []string{"alive-1"}, reg, "recoveryctl never registers itself")
 
@@ -642,11 +642,11 @@ func dump(t *testing.T, rdb redis.UniversalClient, prefix string, ids ...string)
 	t.Helper()
 	ctx := context.Background()
 	out := map[string]any{}
-	reg, err := rdb.SMembers(ctx, keys.Registry(prefix)).Result()
+	reg, err := rdb.SMembers(ctx, store.RegistryKey(prefix)).Result()
 	require.NoError(t, err)
 	out["registry"] = sortedStrings(reg)
 	for _, id := range ids {
-		k := keys.For(prefix, id)
+		k := store.InstanceKeys(prefix, id)
 		rows, err := rdb.SMembers(ctx, k.Rows).Result()
 		require.NoError(t, err)
 		out[k.Rows] = sortedStrings(rows)

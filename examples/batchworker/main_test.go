@@ -21,7 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 	"go.uber.org/goleak"
 
-	"github.com/alya/recovery/internal/keys"
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -138,10 +138,10 @@ func (f fixture) count(t *testing.T, where string, args ...any) int {
 func (f fixture) assertGone(t *testing.T, id string) {
 	t.Helper()
 	ctx := context.Background()
-	n, err := f.rdb.Exists(ctx, keys.For(f.prefix, id).Heartbeat).Result()
+	n, err := f.rdb.Exists(ctx, store.InstanceKeys(f.prefix, id).Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "heartbeat of %s deleted", id)
-	member, err := f.rdb.SIsMember(ctx, keys.Registry(f.prefix), id).Result()
+	member, err := f.rdb.SIsMember(ctx, store.RegistryKey(f.prefix), id).Result()
 	require.NoError(t, err)
 	assert.False(t, member, "%s deregistered", id)
 }
@@ -207,7 +207,7 @@ func TestTwoWorkersProcessEveryRowExactlyOnce(t *testing.T) {
 	f.assertGone(t, "bw-1")
 	f.assertGone(t, "bw-2")
 	for _, id := range []string{"bw-1", "bw-2"} {
-		n, err := f.rdb.SCard(ctx, keys.For(f.prefix, id).Rows).Result()
+		n, err := f.rdb.SCard(ctx, store.InstanceKeys(f.prefix, id).Rows).Result()
 		require.NoError(t, err)
 		assert.Zero(t, n, "every row of %s untracked", id)
 	}

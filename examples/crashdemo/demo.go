@@ -20,9 +20,9 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 
-	"github.com/alya/recovery/internal/keys"
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/servers"
+	"github.com/alya/recovery/internal/store"
 )
 
 // proc is one worker process and what the demo knows about it. Only the
@@ -428,7 +428,7 @@ func (d *demo) poll(ctx context.Context, now time.Time) {
 	pipe := d.rdb.Pipeline()
 	ttls := make([]*redis.DurationCmd, len(d.procs))
 	for i, p := range d.procs {
-		ttls[i] = pipe.PTTL(ctx, keys.For(d.prefix, p.name).Heartbeat)
+		ttls[i] = pipe.PTTL(ctx, store.InstanceKeys(d.prefix, p.name).Heartbeat)
 	}
 	if _, err := pipe.Exec(ctx); err == nil {
 		for i, p := range d.procs {
@@ -580,9 +580,9 @@ func (d *demo) cleanup() {
 	}
 	if d.rdb != nil {
 		if d.mr == nil { // someone else's Redis: remove our keys
-			ks := []string{keys.Registry(d.prefix), keys.ScanLease(d.prefix)}
+			ks := []string{store.RegistryKey(d.prefix), store.ScanTurnKey(d.prefix)}
 			for _, p := range d.procs {
-				k := keys.For(d.prefix, p.name)
+				k := store.InstanceKeys(d.prefix, p.name)
 				ks = append(ks, k.Heartbeat, k.Rows, k.Claim, k.Incarnation)
 			}
 			_ = d.rdb.Del(ctx, ks...).Err()

@@ -21,8 +21,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery"
-	"github.com/alya/recovery/internal/keys"
 	"github.com/alya/recovery/internal/servers"
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -195,9 +195,9 @@ func (e *env) setupDatabase(adminURL string) {
 }
 
 // keysOf returns the Redis keys of instance id.
-func (e *env) keysOf(id string) keys.Keys { return keys.For(e.prefix, id) }
+func (e *env) keysOf(id string) store.Keys { return store.InstanceKeys(e.prefix, id) }
 
-func (e *env) registry() string { return keys.Registry(e.prefix) }
+func (e *env) registry() string { return store.RegistryKey(e.prefix) }
 
 // proc is one worker process.
 type proc struct {

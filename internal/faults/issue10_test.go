@@ -20,7 +20,6 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
-	"github.com/alya/recovery/internal/scripts"
 )
 
 // postgresProxy puts a TCP proxy in front of the scenario's PostgreSQL
@@ -354,13 +353,13 @@ func TestScenarioF4ReplyToTheClaimScriptLost(t *testing.T) {
 	ctx := context.Background()
 	// Loaded, so the recoverer's EVALSHA runs the script (instead of
 	// failing with NOSCRIPT, which would be the reply dropped).
-	require.NoError(t, scripts.Claim.Load(ctx, e.rdb).Err())
+	require.NoError(t, store.Claim.Load(ctx, e.rdb).Err())
 	e.waitMidBlock(victim)
 	killedAt := time.Now()
 	victim.kill(t)
 	stranded := e.inprogOf(victim.id)
 	require.NotEmpty(t, stranded)
-	dropped := proxy.DropReplyTo([]byte(scripts.Claim.Hash()))
+	dropped := proxy.DropReplyTo([]byte(store.Claim.Hash()))
 
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 	e.res.Bound = detectionBound

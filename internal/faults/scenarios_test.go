@@ -17,7 +17,6 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery/internal/netfault"
-	"github.com/alya/recovery/internal/scripts"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -348,7 +347,7 @@ func TestScenario07PostgresStoppedDuringARecovery(t *testing.T) {
 	claim, err := e.rdb.Get(ctx, k.Claim).Result()
 	if err != redis.Nil {
 		require.NoError(t, err)
-		assert.Equal(t, scripts.FailedClaim, claim, "no claim left behind by the failed recoveries, only the failure note")
+		assert.Equal(t, store.FailedClaim, claim, "no claim left behind by the failed recoveries, only the failure note")
 	}
 
 	require.NoError(t, pg.Resume(ctx))

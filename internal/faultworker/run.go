@@ -154,7 +154,7 @@ func (h *host) recoverNow() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*h.cfg.resetTimeout)
 	defer cancel()
 	rep, err := h.w.RecoverNow(ctx)
-	attrs := []any{"peers_dead", rep.DeadPeers, "peers_recovered", len(rep.Recovered),
+	attrs := []any{"peers_dead", len(rep.Dead), "peers_recovered", len(rep.Recovered),
 		"peers_skipped", len(rep.Skipped), "rows_reset", rep.RowsReset}
 	if err != nil && !errors.Is(err, recovery.ErrShutdown) {
 		attrs = append(attrs, "error", err)

@@ -1,5 +1,5 @@
-// Package keys builds the Redis key names shared by every worker of a fleet
-// and validates the names that go into them.
+// Key names: the names shared by every worker of a fleet, and the
+// validation of the names that go into them.
 //
 // The key names are a wire protocol: workers of different versions read each
 // other's keys, so a change here is a breaking change for running fleets.
@@ -9,12 +9,12 @@
 //	<prefix>_{<instanceID>}_RECOVERY   string claim token of the recoverer, PX
 //	<prefix>_{<instanceID>}_INCARNATION string token of the rows set's life, TTL > rows TTL
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
-//	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner, PX
-//	<prefix>_SWEEP_LEASE               string token of the backstop sweeper, PX
+//	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner (the scan turn), PX
+//	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
 //
 // The braces are a Redis Cluster hash tag: every key of one instance hashes
 // to the same slot, so a script or transaction over them runs on Cluster.
-package keys
+package store
 
 import (
 	"errors"
@@ -59,9 +59,9 @@ type Keys struct {
 	Incarnation string
 }
 
-// For returns the key names of instance id under prefix. It does not
+// InstanceKeys returns the key names of instance id under prefix. It does not
 // validate; call ValidateName first for untrusted input.
-func For(prefix, id string) Keys {
+func InstanceKeys(prefix, id string) Keys {
 	tag := prefix + "_{" + id + "}"
 	return Keys{
 		Heartbeat: tag + heartbeatSuffix,
@@ -72,8 +72,8 @@ func For(prefix, id string) Keys {
 	}
 }
 
-// Registry returns the name of the registry set under prefix.
-func Registry(prefix string) string { return prefix + registrySuffix }
+// RegistryKey returns the name of the registry set under prefix.
+func RegistryKey(prefix string) string { return prefix + registrySuffix }
 
 // Errors returned by ValidateName; callers wrap them with the name's role.
 var (
@@ -125,10 +125,23 @@ func Sanitize(s string) string {
 	return s
 }
 
-// SweepLease returns the name of the key held by the one worker of the fleet
-// that runs the backstop sweep.
-func SweepLease(prefix string) string { return prefix + "_SWEEP_LEASE" }
+// SweepTurnKey returns the name of the key held by the one worker of the
+// fleet that runs the backstop sweep (its name says LEASE: it predates the
+// word "turn", and key names are a protocol).
+func SweepTurnKey(prefix string) string { return prefix + "_SWEEP_LEASE" }
 
-// ScanLease returns the name of the key held by the worker that runs the
+// ScanTurnKey returns the name of the key held by the worker that runs the
 // fleet's recovery scan for the current interval.
-func ScanLease(prefix string) string { return prefix + "_SCAN_LEASE" }
+func ScanTurnKey(prefix string) string { return prefix + "_SCAN_LEASE" }
+
+// InstanceOfHeartbeat returns the instance ID whose heartbeat key under
+// prefix is key, and false when key is not a valid instance's heartbeat key
+// (an expiry notification of any other key).
+func InstanceOfHeartbeat(prefix, key string) (string, bool) {
+	head, tail := prefix+"_{", "}"+heartbeatSuffix
+	if len(key) <= len(head)+len(tail) || !strings.HasPrefix(key, head) || !strings.HasSuffix(key, tail) {
+		return "", false
+	}
+	id := key[len(head) : len(key)-len(tail)]
+	return id, ValidateName(id) == nil
+}

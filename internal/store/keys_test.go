@@ -1,4 +1,4 @@
-package keys
+package store
 
 import (
 	"strings"
@@ -22,11 +22,11 @@ func hashTag(key string) string {
 }
 
 func TestKeysMatchTheDesign(t *testing.T) {
-	k := For("ALYA", "hostname-1234-1234567890")
+	k := InstanceKeys("ALYA", "hostname-1234-1234567890")
 	assert.Equal(t, "ALYA_{hostname-1234-1234567890}_HEARTBEAT", k.Heartbeat)
 	assert.Equal(t, "ALYA_{hostname-1234-1234567890}_ROWS", k.Rows)
 	assert.Equal(t, "ALYA_{hostname-1234-1234567890}_RECOVERY", k.Claim)
-	assert.Equal(t, "ALYA_WORKER_REGISTRY", Registry("ALYA"))
+	assert.Equal(t, "ALYA_WORKER_REGISTRY", RegistryKey("ALYA"))
 	assert.Equal(t, "alive", HeartbeatValue)
 }
 
@@ -64,7 +64,7 @@ func FuzzValidNamesKeepEveryKeyInTheNamesSlot(f *testing.F) {
 		if ValidateName(prefix) != nil || ValidateName(id) != nil {
 			return
 		}
-		k := For(prefix, id)
+		k := InstanceKeys(prefix, id)
 		for _, key := range []string{k.Heartbeat, k.Rows, k.Claim} {
 			if got := hashTag(key); got != id {
 				t.Fatalf("key %q hashes on %q, want %q", key, got, id)

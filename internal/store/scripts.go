@@ -1,37 +1,46 @@
-// Package scripts holds the Lua scripts of the recovery protocol. Claim,
-// Finish, Fail, Beat and Leave touch the keys of one instance only, which share a
-// hash tag; TakeLease touches one fleet-wide key. So every script runs
-// unchanged on Redis Cluster.
+// The Lua scripts of the recovery protocol. claimScript, finishScript,
+// failScript, beatScript and leaveScript touch the keys of one instance
+// only, which share a hash tag; turnScript touches one fleet-wide key. So
+// every script runs unchanged on Redis Cluster.
 //
 // Every script is idempotent for its caller: go-redis retries a command
 // whose reply was lost (MaxRetries, 3 by default), and a retry must have
 // the effect of one call, never report "held by someone else" for a claim
 // the caller itself took, nor "claim lost" for a recovery it finished.
-package scripts
+package store
 
 import "github.com/redis/go-redis/v9"
 
-// Claim results.
+// ClaimResult is what ClaimDead found.
+type ClaimResult int
+
+// ClaimDead results (the claim script's replies).
 const (
-	ClaimTaken         = 1  // the caller now holds the claim; the peer has a rows set
-	ClaimTakenNoRecord = 2  // the caller holds the claim; the peer has no rows set (it died without rows)
-	ClaimTakenLost     = 3  // as ClaimTakenNoRecord, but an earlier recovery of the peer failed: its rows set was lost
-	ClaimAlive         = 0  // the heartbeat exists: the peer is not dead
-	ClaimHeld          = -1 // another recoverer holds the claim
+	ClaimTaken         ClaimResult = 1  // the caller now holds the claim; the peer has a rows set
+	ClaimTakenNoRecord ClaimResult = 2  // the caller holds the claim; the peer has no rows set (it died without rows)
+	ClaimTakenLost     ClaimResult = 3  // as ClaimTakenNoRecord, but an earlier recovery of the peer failed: its rows set was lost
+	ClaimAlive         ClaimResult = 0  // the heartbeat exists: the peer is not dead
+	ClaimHeld          ClaimResult = -1 // another recoverer holds the claim
 )
+
+// Taken reports whether the caller holds the claim.
+func (r ClaimResult) Taken() bool { return r > 0 }
 
 // FailedClaim is the value a failed recovery leaves in the claim key (see
-// Fail): not a claim, a note for the next recoverer.
+// failScript): not a claim, a note for the next recoverer.
 const FailedClaim = "failed"
 
-// Finish results.
+// FinishResult is what FinishRecovery did.
+type FinishResult int
+
+// FinishRecovery results (the finish script's replies).
 const (
-	FinishDone = 1 // rows set, incarnation and claim deleted
-	FinishBack = 2 // claim deleted, rows set kept: the peer's heartbeat is back
-	FinishLost = 0 // the claim expired or was taken over: nothing deleted
+	FinishDone FinishResult = 1 // rows set, incarnation and claim deleted
+	FinishBack FinishResult = 2 // claim deleted, rows set kept: the peer's heartbeat is back
+	FinishLost FinishResult = 0 // the claim expired or was taken over: nothing deleted
 )
 
-// Claim atomically re-checks that the peer's heartbeat is absent and takes
+// claimScript atomically re-checks that the peer's heartbeat is absent and takes
 // the recovery claim. Taking it also renews the TTL of the peer's rows set
 // and incarnation: a dead peer's rows must stay known for as long as
 // recoverers keep trying (a PostgreSQL outage of hours, recoverers dying
@@ -42,7 +51,7 @@ const (
 //
 //	KEYS[1] heartbeat, KEYS[2] claim, KEYS[3] rows set, KEYS[4] incarnation
 //	ARGV[1] claim token, ARGV[2] claim TTL ms, ARGV[3] rows TTL ms
-var Claim = redis.NewScript(`
+var claimScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
@@ -69,7 +78,7 @@ redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
 return 2
 `)
 
-// Finish ends a recovery the caller holds the claim for. If the heartbeat is
+// finishScript ends a recovery the caller holds the claim for. If the heartbeat is
 // still absent it deletes the rows set and the incarnation, as the design's
 // step 5 does. If the peer came back meanwhile (it was only paused) it
 // leaves the rows set alone: whatever the peer wrote there since is live
@@ -81,7 +90,7 @@ return 2
 //
 //	KEYS[1] heartbeat, KEYS[2] rows set, KEYS[3] claim, KEYS[4] incarnation
 //	ARGV[1] claim token, ARGV[2] tombstone TTL ms
-var Finish = redis.NewScript(`
+var finishScript = redis.NewScript(`
 local held = redis.call('GET', KEYS[3])
 if held == 'lost:' .. ARGV[1] then
   held = ARGV[1]
@@ -104,14 +113,14 @@ redis.call('SET', KEYS[3], 'done:' .. result .. ':' .. ARGV[1], 'PX', ARGV[2])
 return result
 `)
 
-// Fail gives up a claim the caller holds after a failed recovery: it
+// failScript gives up a claim the caller holds after a failed recovery: it
 // replaces the claim with FailedClaim, which the next recoverer's Claim
 // takes over at once and which tells it that the peer's rows were not
 // reset yet. A retry finds the note and does nothing.
 //
 //	KEYS[1] claim key
 //	ARGV[1] claim token, ARGV[2] TTL of the note in ms
-var Fail = redis.NewScript(`
+var failScript = redis.NewScript(`
 local held = redis.call('GET', KEYS[1])
 if held == ARGV[1] or held == 'lost:' .. ARGV[1] then
   redis.call('SET', KEYS[1], '` + FailedClaim + `', 'PX', ARGV[2])
@@ -120,7 +129,7 @@ end
 return 0
 `)
 
-// TakeLease takes a fleet-wide lease, or extends it if the caller holds it
+// turnScript takes a fleet-wide turn (the scan or the sweep turn), or extends it if the caller holds it
 // already: the holder keeps the lease for as long as it renews it, and a
 // retry after a lost reply finds the caller holding it.
 //
@@ -128,7 +137,7 @@ return 0
 //	ARGV[1] holder token, ARGV[2] TTL in milliseconds
 //
 // Returns 1 when the caller holds the lease, 0 otherwise.
-var TakeLease = redis.NewScript(`
+var turnScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   redis.call('PEXPIRE', KEYS[1], ARGV[2])
   return 1
@@ -139,13 +148,7 @@ end
 return 0
 `)
 
-// Beat results.
-const (
-	BeatDone    = 1 // the heartbeat, incarnation and rows set are written
-	BeatForeign = 0 // the heartbeat holds another process's value: nothing written
-)
-
-// Beat writes one heartbeat of an instance on the instance's own slot: if
+// beatScript writes one heartbeat of an instance on the instance's own slot: if
 // the heartbeat key is absent or holds the caller's value, it sets it with
 // its TTL, sets the incarnation, removes the rows whose Untrack could not
 // reach Redis, adds every tracked row and refreshes the rows set's TTL.
@@ -166,7 +169,7 @@ const (
 //	ARGV[1] heartbeat value, ARGV[2] heartbeat TTL ms, ARGV[3] incarnation,
 //	ARGV[4] incarnation TTL ms, ARGV[5] rows TTL ms, ARGV[6] n,
 //	ARGV[7 .. 6+n] rows to remove, ARGV[7+n ..] rows to add
-var Beat = redis.NewScript(`
+var beatScript = redis.NewScript(`
 local v = redis.call('GET', KEYS[1])
 if v and v ~= ARGV[1] then
   return 0
@@ -192,15 +195,25 @@ redis.call('PEXPIRE', KEYS[3], ARGV[5])
 return 1
 `)
 
-// Leave deletes the caller's heartbeat at Shutdown, and only if it still
+// leaveScript deletes the caller's heartbeat at Shutdown, and only if it still
 // holds the caller's value: a process that took the instance ID over
 // keeps its heartbeat. A retry finds the key gone and does nothing.
 //
 //	KEYS[1] heartbeat
 //	ARGV[1] the caller's heartbeat value
-var Leave = redis.NewScript(`
+var leaveScript = redis.NewScript(`
 if redis.call('GET', KEYS[1]) == ARGV[1] then
   return redis.call('DEL', KEYS[1])
 end
 return 0
 `)
+
+// Script returns a protocol script by name ("claim", "finish", "fail",
+// "turn", "beat" or "leave"; nil for another), for tests that must
+// recognise one on the wire by its hash.
+func Script(name string) *redis.Script {
+	return map[string]*redis.Script{
+		"claim": claimScript, "finish": finishScript, "fail": failScript,
+		"turn": turnScript, "beat": beatScript, "leave": leaveScript,
+	}[name]
+}

@@ -1,0 +1,301 @@
+package recovery
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/hex"
+	"fmt"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/alya/recovery/internal/store"
+)
+
+// The one path for a dead peer. Whoever finds a peer dead (the scan, an
+// expiry notification, the backstop sweep, or Start finding a predecessor
+// under its own ID) hands it to recoverDead, which runs the design's steps,
+// each a small function below:
+//
+//	claim       store.ClaimDead: re-check the heartbeat, take the claim
+//	read+reset  rows from the rows set (resetTracked), or every row the peer
+//	            owns in PostgreSQL (resetOwned: the sweep)
+//	finish      store.FinishRecovery: delete the rows set if still dead
+//	deregister  store.Deregister
+//
+// and counts, emits and logs what happened, the same way for every finder.
+//
+// Each step survives a lost reply and a crash. The claim and finish
+// scripts answer a retry as they answered the first call. A crash after
+// the claim leaves it to expire (claim TTL); after the reset's COMMIT, the
+// next recoverer finds the rows settled (owner guard) or recorded in the
+// reset ledger, so it resets nothing twice; after the finish, only the
+// deregistration is left, which the next scan does.
+
+// Finders: which mechanism found a dead peer (Event.FoundBy, the found_by
+// log attribute).
+const (
+	foundByScan    = "registry"
+	foundByExpiry  = "expiry"
+	foundBySweep   = "sweep"
+	foundByRestart = "restart"
+)
+
+// PeerRecovery says what recovery did for one dead peer.
+type PeerRecovery struct {
+	// InstanceID is the dead peer's ID.
+	InstanceID string
+	// RowsFound is how many row IDs its rows set held (for the backstop
+	// sweep, which resets by owner: how many rows it reset or quarantined).
+	RowsFound int
+	// RowsReset is how many rows the RowResetter returned to the queue
+	// (rows that had already finished are not counted).
+	RowsReset int64
+	// Quarantined lists rows that reached their recovery limit and were set
+	// to the terminal status instead of queued (see WithMaxRecoveries).
+	Quarantined []int64
+	// InvalidMembers lists rows-set members that are not decimal int64 row
+	// IDs; they were skipped.
+	InvalidMembers []string
+	// NotReset lists rows that were neither reset nor shown to be settled
+	// (see ResetResult.NotReset). The peer's rows set and registry entry
+	// were kept, and the recovery returned an error wrapping
+	// ErrRowsNotReset, so it is tried again by the next scan.
+	NotReset []RowState
+	// PeerCameBack is set when the peer's heartbeat reappeared during the
+	// recovery: its rows set was left as the peer keeps it, and it stays
+	// registered.
+	PeerCameBack bool
+	// NoRecord is set when Redis held neither a rows set nor an
+	// incarnation for the peer: it died without rows, or its keys expired
+	// or were lost before anyone recovered it. It was deregistered and is
+	// not counted as recovered.
+	NoRecord bool
+}
+
+// PeerError is a recovery failure that concerns one peer. The peer's rows
+// set and registry entry are kept, so the next scan tries again.
+type PeerError struct {
+	// InstanceID is the peer whose recovery failed.
+	InstanceID string
+	// Err is why.
+	Err error
+}
+
+func (e *PeerError) Error() string { return "recover " + e.InstanceID + ": " + e.Err.Error() }
+
+// Unwrap returns the underlying error.
+func (e *PeerError) Unwrap() error { return e.Err }
+
+// recoverDead recovers one peer found dead by foundBy, noticed at noticed,
+// and counts, emits and logs what happened. claimed is false when the peer
+// was left alone (alive again, or claimed by another worker). A failure is
+// counted, emitted and logged here, and returned for the caller's report.
+func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
+	w.stats.peersDead.Add(1)
+	w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
+	r := &peerRecovery{w: w, peer: peer, byOwner: foundBy == foundBySweep, token: newToken()}
+	r.rep.InstanceID = peer
+	claimed, err := r.run(ctx)
+	pr := r.rep
+	w.countRows(pr) // rows reset before a failure are reset all the same
+	if len(pr.NotReset) > 0 {
+		w.stats.rowsNotReset.Add(uint64(len(pr.NotReset)))
+		w.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
+			RowsReset: pr.RowsReset, RowsNotReset: len(pr.NotReset), Err: err})
+	}
+	switch {
+	case err != nil:
+		w.stats.errors.Add(1)
+		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+		if ctx.Err() == nil {
+			w.rlog.peerFailed(peer, err)
+		}
+	case claimed && !pr.NoRecord:
+		w.stats.peersRecovered.Add(1)
+		w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
+			Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
+			Duration: time.Since(noticed)})
+		w.rlog.recovered(pr, foundBy)
+	case claimed:
+		w.rlog.recovered(pr, foundBy)
+	}
+	return pr, claimed, err
+}
+
+// countRows counts the rows a recovery reset and quarantined.
+func (w *Worker) countRows(pr PeerRecovery) {
+	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
+	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+}
+
+// peerRecovery is one recovery of one dead peer, under one claim token.
+type peerRecovery struct {
+	w       *Worker
+	peer    string
+	byOwner bool // reset every row the peer owns (the sweep), not its rows set
+	token   string
+	rep     PeerRecovery
+}
+
+// run takes the claim and, if it got it, resets, finishes and deregisters.
+// Everything done under the claim ends before the claim can expire;
+// deregistering needs no claim, and runs on ctx.
+func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
+	w := r.w
+	claimCtx, cancel := context.WithTimeout(ctx, w.opts.claimTTL())
+	defer cancel()
+
+	res, err := r.claim(claimCtx)
+	if err != nil {
+		return false, err
+	}
+	switch {
+	case !res.Taken():
+		return false, nil
+	case res == store.ClaimTakenLost && !r.byOwner:
+		// An earlier recovery failed and the peer's record is gone since:
+		// nothing in Redis says which rows it held any more. Deregister it
+		// (there is nothing left to try) and say so loudly.
+		r.rep.NoRecord = true
+		if err := r.finish(claimCtx, ctx); err != nil {
+			return true, err
+		}
+		return true, fmt.Errorf("%w: %s", ErrRowsSetLost, r.peer)
+	case res != store.ClaimTaken && !r.byOwner:
+		r.rep.NoRecord = true
+	}
+
+	reset := r.resetTracked
+	if r.byOwner {
+		reset = r.resetOwned
+	}
+	if err := reset(claimCtx); err != nil {
+		r.release()
+		return true, err
+	}
+	return true, r.finish(claimCtx, ctx)
+}
+
+// claim is step 1: re-check that the heartbeat is absent and take the
+// claim, renewing the rows set's TTL.
+func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
+	w := r.w
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.opts.rowsTTL)
+}
+
+// resetTracked is steps 2 and 3 for a rows set: read it, and reset its
+// rows under its incarnation.
+func (r *peerRecovery) resetTracked(ctx context.Context) error {
+	w := r.w
+	incarnation, members, err := w.store.ReadRows(ctx, r.peer)
+	if err != nil {
+		return err
+	}
+	ids, bad := parseRowIDs(members)
+	r.rep.RowsFound, r.rep.InvalidMembers = len(ids), bad
+	if len(ids) == 0 {
+		return nil
+	}
+	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("reset %d rows of %s: %w", len(ids), r.peer, err)
+	}
+	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Reset, res.Quarantined, res.NotReset
+	if len(res.NotReset) > 0 {
+		// Forgetting the set now would lose these rows for good: keep it
+		// and the registry entry, and try again at the next scan.
+		first := res.NotReset[0]
+		return fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)",
+			ErrRowsNotReset, len(res.NotReset), len(ids), r.peer, first.ID, clip(first.Status))
+	}
+	return nil
+}
+
+// resetOwned is steps 2 and 3 by owner: reset every row in progress the
+// peer owns in PostgreSQL, whatever Redis remembers.
+func (r *peerRecovery) resetOwned(ctx context.Context) error {
+	w := r.w
+	sw, ok := w.resetter.(OwnerSweeper)
+	if !ok {
+		return fmt.Errorf("%w: resetting rows by owner needs an OwnerSweeper resetter", ErrInvalidConfig)
+	}
+	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	res, err := sw.ResetOwnerRows(resetCtx, r.peer)
+	cancel()
+	if err != nil {
+		return fmt.Errorf("reset rows owned by %s: %w", r.peer, err)
+	}
+	r.rep.RowsReset, r.rep.Quarantined = res.Reset, res.Quarantined
+	r.rep.RowsFound = int(res.Reset) + len(res.Quarantined)
+	return nil
+}
+
+// finish is steps 4 and 5: the finish script and, if the peer is still
+// dead, deregistration (on parent: it needs no claim).
+func (r *peerRecovery) finish(ctx, parent context.Context) error {
+	w := r.w
+	opCtx, cancel := w.opContext(ctx)
+	fin, err := w.store.FinishRecovery(opCtx, r.peer, r.token, w.tombstoneTTL())
+	cancel()
+	if err != nil {
+		return err
+	}
+	switch fin {
+	case store.FinishLost:
+		// The claim expired, or the peer's heartbeat came back and
+		// cancelled it: its rows set is left for the next scan.
+		return fmt.Errorf("claim on %s was lost before the rows set could be deleted (it expired, or the peer came back)", r.peer)
+	case store.FinishBack:
+		r.rep.PeerCameBack = true
+		return nil
+	}
+	return w.deregister(parent, r.peer)
+}
+
+// release gives the claim up after a failure so the next scan, by any
+// worker, can try again at once instead of waiting out its TTL, and leaves
+// a note that this recovery failed: if the peer's rows set is gone by the
+// next try, that recoverer knows rows were lost. The note lives as long as
+// a rows set renewed now. It runs on its own context: the recovery context
+// may be the thing that ended.
+func (r *peerRecovery) release() {
+	w := r.w
+	ctx, cancel := w.opContext(context.Background())
+	defer cancel()
+	note := satAdd(w.opts.rowsTTL, w.opts.recoveryInterval)
+	if err := w.store.FailRecovery(ctx, r.peer, r.token, note); err != nil {
+		w.rlog.claimNotReleased(r.peer, err)
+	}
+}
+
+// tombstoneTTL is how long a finished claim keeps its result for a retry
+// of the finish script: longer than go-redis's retries of one call.
+func (w *Worker) tombstoneTTL() time.Duration { return 2 * w.opts.opTimeout }
+
+// parseRowIDs splits rows-set members into row IDs (sorted) and the members
+// that are not decimal int64s.
+func parseRowIDs(members []string) (ids []int64, bad []string) {
+	ids = make([]int64, 0, len(members))
+	for _, m := range members {
+		id, err := strconv.ParseInt(m, 10, 64)
+		if err != nil {
+			bad = append(bad, m)
+			continue
+		}
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	return ids, bad
+}
+
+// newToken returns 32 random hex digits.
+func newToken() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on Linux
+	return hex.EncodeToString(b[:])
+}

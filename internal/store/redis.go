@@ -1,0 +1,568 @@
+package store
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+)
+
+// Redis is the Store over a go-redis client: a single server, a failover
+// client or a Cluster. It never closes the client.
+type Redis struct {
+	rdb       redis.UniversalClient
+	prefix    string
+	registry  string
+	opTimeout time.Duration // bounds each page of ReadRows
+
+	nodesMu sync.Mutex
+	nodes   map[string]*redis.Client // Cluster masters NodeOf named
+}
+
+// NewRedis returns the Store of the fleet under prefix in rdb. opTimeout
+// bounds each call of a method that sends several in turn (ReadRows).
+func NewRedis(rdb redis.UniversalClient, prefix string, opTimeout time.Duration) *Redis {
+	return &Redis{rdb: rdb, prefix: prefix, registry: RegistryKey(prefix), opTimeout: opTimeout,
+		nodes: make(map[string]*redis.Client)}
+}
+
+// Keys returns the key names of instance id.
+func (s *Redis) Keys(id string) Keys { return InstanceKeys(s.prefix, id) }
+
+// Registry returns the name of the registry key.
+func (s *Redis) Registry() string { return s.registry }
+
+// Beat runs beatScript on the instance's slot and the registry SADD in the
+// same pipeline (another slot on Cluster). EVAL, not EVALSHA: a pipeline
+// cannot fall back on NOSCRIPT, and the server caches the script by its
+// hash either way.
+func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (BeatResult, error) {
+	k := s.Keys(id)
+	args := make([]any, 0, 6+len(b.Remove)+len(b.Add))
+	args = append(args, b.Value, b.TTL.Milliseconds(), b.Incarnation,
+		b.IncarnationTTL.Milliseconds(), b.RowsTTL.Milliseconds(), len(b.Remove))
+	args = appendIDs(args, b.Remove)
+	args = appendIDs(args, b.Add)
+	pipe := s.rdb.Pipeline()
+	script := beatScript.Eval(ctx, pipe, []string{k.Heartbeat, k.Incarnation, k.Rows, k.Claim}, args...)
+	reg := pipe.SAdd(ctx, s.registry, id)
+	cmds, err := pipe.Exec(ctx)
+	wrote, scriptErr := script.Int()
+	res := BeatResult{RegistryErr: reg.Err()}
+	if scriptErr == nil {
+		res.Foreign, res.Wrote = wrote == 0, wrote == 1
+	}
+	if err != nil && failedOnlyOnWrongType(cmds, reg) {
+		// A registry key of the wrong type is the fleet's outage; this
+		// instance's heartbeat and rows are written.
+		err = nil
+	}
+	if err != nil {
+		return res, fmt.Errorf("heartbeat %s: %w", k.Heartbeat, err)
+	}
+	return res, nil
+}
+
+// TrackRows sends SADD and PEXPIRE in one pipeline.
+func (s *Redis) TrackRows(ctx context.Context, id string, rows []int64, ttl time.Duration) error {
+	k := s.Keys(id)
+	pipe := s.rdb.Pipeline()
+	pipe.SAdd(ctx, k.Rows, appendIDs(nil, rows)...)
+	pipe.PExpire(ctx, k.Rows, ttl)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// UntrackRows sends one SREM.
+func (s *Redis) UntrackRows(ctx context.Context, id string, rows []int64) error {
+	return s.rdb.SRem(ctx, s.Keys(id).Rows, appendIDs(nil, rows)...).Err()
+}
+
+// RetrackRows sends one SADD.
+func (s *Redis) RetrackRows(ctx context.Context, id string, rows []int64) error {
+	return s.rdb.SAdd(ctx, s.Keys(id).Rows, appendIDs(nil, rows)...).Err()
+}
+
+// RotateIncarnation sends SREM and SET in one MULTI.
+func (s *Redis) RotateIncarnation(ctx context.Context, id string, gone []int64, next string, ttl time.Duration) error {
+	k := s.Keys(id)
+	pipe := s.rdb.TxPipeline()
+	if len(gone) > 0 {
+		pipe.SRem(ctx, k.Rows, appendIDs(nil, gone)...)
+	}
+	pipe.Set(ctx, k.Incarnation, next, ttl)
+	_, err := pipe.Exec(ctx)
+	return err
+}
+
+// ReadOwn reads the heartbeat, its TTL and whether a rows set or an
+// incarnation exists, in one MULTI on the instance's slot.
+func (s *Redis) ReadOwn(ctx context.Context, id string) (Own, error) {
+	k := s.Keys(id)
+	pipe := s.rdb.TxPipeline()
+	get := pipe.Get(ctx, k.Heartbeat)
+	pttl := pipe.PTTL(ctx, k.Heartbeat)
+	rec := pipe.Exists(ctx, k.Rows, k.Incarnation)
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+		return Own{}, fmt.Errorf("read heartbeat %s: %w", k.Heartbeat, err)
+	}
+	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rec.Val() > 0}, nil
+}
+
+// Leave sends the clean-up in one pipeline.
+func (s *Redis) Leave(ctx context.Context, id string, d Departure) (LeaveResult, error) {
+	k := s.Keys(id)
+	pipe := s.rdb.Pipeline()
+	leaveScript.Eval(ctx, pipe, []string{k.Heartbeat}, d.Value)
+	var reg redis.Cmder
+	if len(d.Tracked) == 0 {
+		reg = pipe.SRem(ctx, s.registry, id)
+	} else {
+		pipe.SAdd(ctx, k.Rows, appendIDs(nil, d.Tracked)...)
+		pipe.PExpire(ctx, k.Rows, d.RowsTTL)
+	}
+	if len(d.Unremoved) > 0 {
+		pipe.SRem(ctx, k.Rows, appendIDs(nil, d.Unremoved)...)
+	}
+	cmds, err := pipe.Exec(ctx)
+	var res LeaveResult
+	if reg != nil {
+		res.Deregistered, res.RegistryErr = true, reg.Err()
+		if err != nil && failedOnlyOnWrongType(cmds, reg) {
+			err = nil // a key that is not a set lists nobody: nothing to remove
+		}
+	}
+	return res, err
+}
+
+// RegistryMembers sends SMEMBERS.
+func (s *Redis) RegistryMembers(ctx context.Context) ([]string, error) {
+	all, err := s.rdb.SMembers(ctx, s.registry).Result()
+	if err != nil {
+		return nil, fmt.Errorf("read registry %s: %w", s.registry, err)
+	}
+	return all, nil
+}
+
+// IsRegistered sends SISMEMBER.
+func (s *Redis) IsRegistered(ctx context.Context, id string) (bool, error) {
+	ok, err := s.rdb.SIsMember(ctx, s.registry, id).Result()
+	if err != nil {
+		return false, fmt.Errorf("read registry %s: %w", s.registry, err)
+	}
+	return ok, nil
+}
+
+// Deregister sends SREM, then EXISTS of the heartbeat, and SADD again if
+// it exists: a peer that was only paused is never left out of the registry
+// until its next heartbeat.
+func (s *Redis) Deregister(ctx context.Context, id string) error {
+	if err := s.rdb.SRem(ctx, s.registry, id).Err(); err != nil {
+		return fmt.Errorf("deregister %s: %w", id, err)
+	}
+	alive, err := s.rdb.Exists(ctx, s.Keys(id).Heartbeat).Result()
+	if err != nil {
+		return fmt.Errorf("recheck heartbeat of %s: %w", id, err)
+	}
+	if alive == 1 {
+		if err := s.rdb.SAdd(ctx, s.registry, id).Err(); err != nil {
+			return fmt.Errorf("re-register %s: %w", id, err)
+		}
+	}
+	return nil
+}
+
+// Heartbeats pipelines one EXISTS per peer.
+func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error) {
+	pipe := s.rdb.Pipeline()
+	cmds := make([]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		cmds[i] = pipe.Exists(ctx, s.Keys(id).Heartbeat)
+	}
+	_, err := pipe.Exec(ctx)
+	out := make([]Liveness, len(ids))
+	answered := 0
+	for i, c := range cmds {
+		switch {
+		case c.Err() != nil: // unknown, not dead: on Cluster one node may be down
+		case c.Val() == 0:
+			out[i], answered = Absent, answered+1
+		default:
+			out[i], answered = Alive, answered+1
+		}
+	}
+	if answered == 0 && len(ids) > 0 {
+		return out, fmt.Errorf("check heartbeats of %d peers: %w", len(ids), err)
+	}
+	return out, nil
+}
+
+// ClaimDead runs claimScript.
+func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (ClaimResult, error) {
+	k := s.Keys(peer)
+	res, err := claimScript.Run(ctx, s.rdb, []string{k.Heartbeat, k.Claim, k.Rows, k.Incarnation},
+		token, claimTTL.Milliseconds(), rowsTTL.Milliseconds()).Int()
+	if err != nil {
+		return ClaimHeld, fmt.Errorf("claim: %w", err)
+	}
+	return ClaimResult(res), nil
+}
+
+// readRowsBatch is how many members one SSCAN asks for. Small sets (up to
+// 512 integers) come back whole in one call; a huge one is read in pieces,
+// each under the operation timeout, so a dead peer with a million rows is
+// still recovered and the server is never blocked for long.
+const readRowsBatch = 10000
+
+// ReadRows sends GET of the incarnation, then SSCAN pages (and SCARD when
+// there were several).
+func (s *Redis) ReadRows(ctx context.Context, peer string) (string, []string, error) {
+	k := s.Keys(peer)
+	opCtx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	incarnation, err := s.rdb.Get(opCtx, k.Incarnation).Result()
+	cancel()
+	if err != nil && !errors.Is(err, redis.Nil) {
+		return "", nil, fmt.Errorf("read incarnation %s: %w", k.Incarnation, err)
+	}
+	members, err := s.scanSet(ctx, k.Rows)
+	return incarnation, members, err
+}
+
+// scanSet returns the members of a set, read with SSCAN in pages.
+func (s *Redis) scanSet(ctx context.Context, key string) ([]string, error) {
+	var (
+		out    []string
+		seen   map[string]struct{}
+		cursor uint64
+	)
+	for {
+		opCtx, cancel := context.WithTimeout(ctx, s.opTimeout)
+		page, next, err := s.rdb.SScan(opCtx, key, cursor, "", readRowsBatch).Result()
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("read rows set %s: %w", key, err)
+		}
+		if cursor == 0 && next == 0 {
+			return page, nil // the whole set in one call: no repeats
+		}
+		if seen == nil {
+			seen = make(map[string]struct{}, len(page))
+		}
+		for _, m := range page {
+			if _, dup := seen[m]; !dup {
+				seen[m] = struct{}{}
+				out = append(out, m)
+			}
+		}
+		if next == 0 {
+			return out, s.checkComplete(ctx, key, len(out))
+		}
+		cursor = next
+	}
+}
+
+// checkComplete makes sure a set read in several SSCAN pages was read
+// whole. An SSCAN cursor only means something on the node that issued it:
+// should the key's slot migrate to another Cluster node between two pages
+// (go-redis follows the MOVED or ASK), the cursor walks another hash table
+// and may skip members, which the finish would then delete unread. A dead
+// peer's set does not change under the claim, so fewer distinct members
+// than SCARD means some were skipped: the read fails, and the next scan
+// reads it again.
+func (s *Redis) checkComplete(ctx context.Context, key string, read int) error {
+	opCtx, cancel := context.WithTimeout(ctx, s.opTimeout)
+	defer cancel()
+	card, err := s.rdb.SCard(opCtx, key).Result()
+	if err != nil {
+		return fmt.Errorf("count rows set %s: %w", key, err)
+	}
+	if int64(read) < card {
+		return fmt.Errorf("read rows set %s: %d of its %d members read (its slot moved between pages?); read again at the next scan", key, read, card)
+	}
+	return nil
+}
+
+// FinishRecovery runs finishScript.
+func (s *Redis) FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (FinishResult, error) {
+	k := s.Keys(peer)
+	fin, err := finishScript.Run(ctx, s.rdb, []string{k.Heartbeat, k.Rows, k.Claim, k.Incarnation},
+		token, tombstoneTTL.Milliseconds()).Int()
+	if err != nil {
+		return FinishLost, fmt.Errorf("delete rows set after reset: %w", err)
+	}
+	return FinishResult(fin), nil
+}
+
+// FailRecovery runs failScript.
+func (s *Redis) FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) error {
+	return failScript.Run(ctx, s.rdb, []string{s.Keys(peer).Claim}, token, noteTTL.Milliseconds()).Err()
+}
+
+// TakeScanTurn runs turnScript on the scan turn's key.
+func (s *Redis) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
+	return s.takeTurn(ctx, ScanTurnKey(s.prefix), holder, ttl)
+}
+
+// TakeSweepTurn runs turnScript on the sweep turn's key.
+func (s *Redis) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
+	return s.takeTurn(ctx, SweepTurnKey(s.prefix), holder, ttl)
+}
+
+func (s *Redis) takeTurn(ctx context.Context, key, holder string, ttl time.Duration) (bool, error) {
+	held, err := turnScript.Run(ctx, s.rdb, []string{key}, holder, ttl.Milliseconds()).Int()
+	if err != nil {
+		return false, fmt.Errorf("take %s: %w", key, err)
+	}
+	return held == 1, nil
+}
+
+// NodeOf asks a Cluster client which master holds id's slot, and remembers
+// that master's client for NodeInfo.
+func (s *Redis) NodeOf(ctx context.Context, id string) (string, error) {
+	cc, ok := s.rdb.(*redis.ClusterClient)
+	if !ok {
+		return "", nil
+	}
+	key := s.Keys(id).Heartbeat
+	c, err := cc.MasterForKey(ctx, key)
+	if err != nil {
+		return "", fmt.Errorf("find the node of %s: %w", key, err)
+	}
+	addr := c.Options().Addr
+	s.nodesMu.Lock()
+	s.nodes[addr] = c
+	s.nodesMu.Unlock()
+	return addr, nil
+}
+
+// NodeInfo reads the INFO sections of one node in one round trip.
+func (s *Redis) NodeInfo(ctx context.Context, node string) (string, error) {
+	var c redis.UniversalClient = s.rdb
+	if node != "" {
+		s.nodesMu.Lock()
+		cl, ok := s.nodes[node]
+		s.nodesMu.Unlock()
+		if !ok {
+			return "", fmt.Errorf("read INFO: unknown node %s", node)
+		}
+		c = cl
+	}
+	return nodeInfo(ctx, c)
+}
+
+func nodeInfo(ctx context.Context, c redis.UniversalClient) (string, error) {
+	pipe := c.Pipeline()
+	cmds := []*redis.StringCmd{
+		pipe.Info(ctx, "server"), pipe.Info(ctx, "replication"), pipe.Info(ctx, "persistence"),
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return "", fmt.Errorf("read INFO: %w", err)
+	}
+	var b strings.Builder
+	for _, c := range cmds {
+		b.WriteString(c.Val())
+		b.WriteByte('\n')
+	}
+	return b.String(), nil
+}
+
+// MasterInfos reads INFO of every master, concurrently on a Cluster.
+func (s *Redis) MasterInfos(ctx context.Context) (map[string]string, error) {
+	var mu sync.Mutex
+	out := make(map[string]string)
+	err := s.forEachMaster(ctx, func(ctx context.Context, node string, c redis.UniversalClient) error {
+		info, err := nodeInfo(ctx, c)
+		if err != nil {
+			return err
+		}
+		mu.Lock()
+		out[node] = info
+		mu.Unlock()
+		return nil
+	})
+	return out, err
+}
+
+// forEachMaster runs f on every master of a Cluster (concurrently), named
+// by address, or on the client itself, named "".
+func (s *Redis) forEachMaster(ctx context.Context, f func(context.Context, string, redis.UniversalClient) error) error {
+	if cc, ok := s.rdb.(*redis.ClusterClient); ok {
+		return cc.ForEachMaster(ctx, func(ctx context.Context, c *redis.Client) error {
+			addr := c.Options().Addr
+			s.nodesMu.Lock()
+			s.nodes[addr] = c
+			s.nodesMu.Unlock()
+			return f(ctx, addr, c)
+		})
+	}
+	return f(ctx, "", s.rdb)
+}
+
+// expiredChannel is the keyevent channel of expired keys, in every database.
+const expiredChannel = "__keyevent@*__:expired"
+
+// ExpiredEventsEnabled reports whether a notify-keyspace-events value
+// includes keyevent notifications of expired keys.
+func ExpiredEventsEnabled(flags string) bool {
+	return strings.Contains(flags, "E") && (strings.Contains(flags, "x") || strings.Contains(flags, "A"))
+}
+
+// EnableExpiredEvents reads (and with configure, sets) notify-keyspace-events
+// on every master.
+func (s *Redis) EnableExpiredEvents(ctx context.Context, configure bool) ([]string, error) {
+	var (
+		mu  sync.Mutex
+		set []string
+	)
+	err := s.forEachMaster(ctx, func(ctx context.Context, _ string, c redis.UniversalClient) error {
+		cfg, err := c.ConfigGet(ctx, "notify-keyspace-events").Result()
+		if err != nil {
+			return fmt.Errorf("read notify-keyspace-events: %w", err)
+		}
+		flags := cfg["notify-keyspace-events"]
+		if ExpiredEventsEnabled(flags) {
+			return nil
+		}
+		if !configure {
+			return fmt.Errorf("notify-keyspace-events is %q, without E and x", flags)
+		}
+		if err := c.ConfigSet(ctx, "notify-keyspace-events", flags+"Ex").Err(); err != nil {
+			return fmt.Errorf("set notify-keyspace-events: %w", err)
+		}
+		mu.Lock()
+		set = append(set, flags+"Ex")
+		mu.Unlock()
+		return nil
+	})
+	return set, err
+}
+
+// SubscribeExpired PSUBSCRIBEs to expired-key events on every master and
+// waits for each confirmation within ctx.
+func (s *Redis) SubscribeExpired(ctx context.Context) ([]Subscription, error) {
+	var (
+		mu   sync.Mutex // ForEachMaster calls f concurrently
+		subs []Subscription
+	)
+	err := s.forEachMaster(ctx, func(ctx context.Context, _ string, c redis.UniversalClient) error {
+		ps := c.PSubscribe(context.Background(), expiredChannel)
+		if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
+			ps.Close()
+			return err
+		}
+		mu.Lock()
+		subs = append(subs, &pubsub{ps: ps, ch: ps.Channel()})
+		mu.Unlock()
+		return nil
+	})
+	if err != nil {
+		for _, sub := range subs {
+			sub.Close()
+		}
+		return nil, fmt.Errorf("subscribe to %s: %w", expiredChannel, err)
+	}
+	return subs, nil
+}
+
+type pubsub struct {
+	ps *redis.PubSub
+	ch <-chan *redis.Message
+}
+
+func (p *pubsub) Next(ctx context.Context) (string, bool) {
+	select {
+	case <-ctx.Done():
+		return "", false
+	case m, ok := <-p.ch:
+		if !ok {
+			return "", false
+		}
+		return m.Payload, true
+	}
+}
+
+func (p *pubsub) Close() error { return p.ps.Close() }
+
+// EvictionPolicy sends CONFIG GET maxmemory-policy.
+func (s *Redis) EvictionPolicy(ctx context.Context) (string, error) {
+	cfg, err := s.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
+	if err != nil {
+		return "", err
+	}
+	return cfg["maxmemory-policy"], nil
+}
+
+// Describe pipelines PTTL, SCARD, PTTL, GET, GET per instance.
+func (s *Redis) Describe(ctx context.Context, ids []string) ([]Instance, error) {
+	type cmds struct {
+		hbTTL, rowsTTL     *redis.DurationCmd
+		rows               *redis.IntCmd
+		claim, incarnation *redis.StringCmd
+	}
+	pipe := s.rdb.Pipeline()
+	cs := make([]cmds, len(ids))
+	for i, id := range ids {
+		k := s.Keys(id)
+		cs[i] = cmds{
+			hbTTL:       pipe.PTTL(ctx, k.Heartbeat),
+			rows:        pipe.SCard(ctx, k.Rows),
+			rowsTTL:     pipe.PTTL(ctx, k.Rows),
+			claim:       pipe.Get(ctx, k.Claim),
+			incarnation: pipe.Get(ctx, k.Incarnation),
+		}
+	}
+	ran, _ := pipe.Exec(ctx)
+	for _, c := range ran {
+		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
+			return nil, fmt.Errorf("read the keys of %d instances: %w", len(ids), err)
+		}
+	}
+	out := make([]Instance, len(ids))
+	for i, id := range ids {
+		c := cs[i]
+		out[i] = Instance{ID: id, HeartbeatTTL: c.hbTTL.Val(), Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(),
+			Claim: c.claim.Val(), Incarnation: c.incarnation.Val()}
+	}
+	return out, nil
+}
+
+// IsWrongType reports whether err is Redis's WRONGTYPE reply: the key holds
+// another type than the command needs.
+func IsWrongType(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")
+}
+
+// failedOnlyOnWrongType reports whether reg, the registry command of a
+// pipeline, was refused with WRONGTYPE and every other command of it
+// succeeded. (A pipeline that failed as a whole, a timeout say, may leave
+// every command's error unset: that is not this case.)
+func failedOnlyOnWrongType(cmds []redis.Cmder, reg redis.Cmder) bool {
+	if !IsWrongType(reg.Err()) {
+		return false
+	}
+	for _, c := range cmds {
+		if c != reg && c.Err() != nil {
+			return false
+		}
+	}
+	return true
+}
+
+// appendIDs appends row IDs as decimal strings, the rows set's members.
+func appendIDs(dst []any, ids []int64) []any {
+	if dst == nil {
+		dst = make([]any, 0, len(ids))
+	}
+	for _, id := range ids {
+		dst = append(dst, strconv.FormatInt(id, 10))
+	}
+	return dst
+}
+
+var _ Store = (*Redis)(nil)

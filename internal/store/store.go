@@ -1,0 +1,184 @@
+// Package store is everything the recovery library says to Redis: every
+// command, pipeline, Lua script and key name, behind methods named for what
+// they mean in the recovery protocol (Beat, TrackRows, ClaimDead,
+// FinishRecovery, ...). Nothing else in the module sends a Redis command.
+//
+// Store is an interface so that the Worker's logic can run against another
+// implementation (an in-memory model of the Redis semantics it relies on,
+// under testing/synctest); Redis, from NewRedis, is the implementation over
+// a go-redis client.
+//
+// Every method is bounded by its ctx; ReadRows, which reads a set in pages,
+// also bounds each page by the operation timeout given to NewRedis. Errors
+// wrap the go-redis error, so IsWrongType and errors.Is(err, redis.Nil)
+// still see it.
+package store
+
+import (
+	"context"
+	"time"
+)
+
+// A Store holds the keys of one fleet (one key prefix).
+type Store interface {
+	// Keys returns the key names of instance id.
+	Keys(id string) Keys
+	// Registry returns the name of the registry key.
+	Registry() string
+
+	// Beat writes one heartbeat of instance id and registers it (see
+	// Heartbeat). It is written only over an absent heartbeat key or the
+	// caller's own value.
+	Beat(ctx context.Context, id string, b Heartbeat) (BeatResult, error)
+	// TrackRows adds rows to the rows set of id and renews its TTL, in one
+	// round trip.
+	TrackRows(ctx context.Context, id string, rows []int64, ttl time.Duration) error
+	// UntrackRows removes rows from the rows set of id.
+	UntrackRows(ctx context.Context, id string, rows []int64) error
+	// RetrackRows adds rows back to the rows set of id, its TTL unchanged:
+	// rows tracked again whose removal may have landed after their Track.
+	RetrackRows(ctx context.Context, id string, rows []int64) error
+	// RotateIncarnation sets the incarnation of id's rows set to next (TTL
+	// ttl) and removes gone from the set, in one transaction.
+	RotateIncarnation(ctx context.Context, id string, gone []int64, next string, ttl time.Duration) error
+	// ReadOwn reads what Start needs of its own instance's keys, in one
+	// transaction.
+	ReadOwn(ctx context.Context, id string) (Own, error)
+	// Leave is Shutdown's clean-up of instance id (see Departure).
+	Leave(ctx context.Context, id string, d Departure) (LeaveResult, error)
+
+	// RegistryMembers returns every member of the registry.
+	RegistryMembers(ctx context.Context) ([]string, error)
+	// IsRegistered reports whether id is in the registry.
+	IsRegistered(ctx context.Context, id string) (bool, error)
+	// Deregister removes a dead peer from the registry, and puts it back
+	// if its heartbeat is there again by then.
+	Deregister(ctx context.Context, id string) error
+	// Heartbeats asks, in one round trip per node, whether the heartbeat
+	// of each of ids exists. It returns an error only if no answer came.
+	Heartbeats(ctx context.Context, ids []string) ([]Liveness, error)
+
+	// ClaimDead re-checks that peer's heartbeat is absent and takes the
+	// recovery claim with token, renewing the TTL of peer's rows set and
+	// incarnation to rowsTTL.
+	ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (ClaimResult, error)
+	// ReadRows returns the incarnation of peer's rows set ("" if none) and
+	// the set's members without repeats, read with SSCAN in pages and
+	// checked whole against SCARD.
+	ReadRows(ctx context.Context, peer string) (incarnation string, members []string, err error)
+	// FinishRecovery ends a recovery held under token: the rows set and
+	// incarnation are deleted if the peer is still dead; a tombstone with
+	// the result lives tombstoneTTL.
+	FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (FinishResult, error)
+	// FailRecovery gives up a claim held under token, leaving a note that
+	// lives noteTTL (failScript).
+	FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) error
+
+	// TakeScanTurn takes or renews the fleet's scan turn for holder.
+	TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error)
+	// TakeSweepTurn takes or renews the fleet's sweep turn for holder.
+	TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error)
+
+	// NodeOf returns the name of the node that holds id's keys: a Cluster
+	// master's address, "" for a single server.
+	NodeOf(ctx context.Context, id string) (string, error)
+	// NodeInfo returns the INFO server, replication and persistence
+	// sections of a node NodeOf or MasterInfos named.
+	NodeInfo(ctx context.Context, node string) (string, error)
+	// MasterInfos returns NodeInfo of every master, by node name. It
+	// returns what it could read, and the first error.
+	MasterInfos(ctx context.Context) (map[string]string, error)
+
+	// EnableExpiredEvents makes sure every master publishes expired-key
+	// events (notify-keyspace-events with E and x); with configure it sets
+	// them where missing, and returns the value it set. Without, a master
+	// lacking them is an error.
+	EnableExpiredEvents(ctx context.Context, configure bool) (set []string, err error)
+	// SubscribeExpired subscribes to expired-key events on every master.
+	SubscribeExpired(ctx context.Context) ([]Subscription, error)
+	// EvictionPolicy returns the server's maxmemory-policy.
+	EvictionPolicy(ctx context.Context) (string, error)
+
+	// Describe reads the keys of each of ids in one round trip per node.
+	Describe(ctx context.Context, ids []string) ([]Instance, error)
+}
+
+// Heartbeat is what one heartbeat writes.
+type Heartbeat struct {
+	// Value goes into the heartbeat key (HeartbeatOf), for TTL.
+	Value string
+	TTL   time.Duration
+	// Incarnation names the rows set's life; it lives IncarnationTTL.
+	Incarnation    string
+	IncarnationTTL time.Duration
+	// Remove are rows whose Untrack could not reach Redis; Add every row
+	// tracked now. The rows set then lives RowsTTL.
+	Remove, Add []int64
+	RowsTTL     time.Duration
+}
+
+// BeatResult is what a heartbeat found.
+type BeatResult struct {
+	// Foreign is set when the heartbeat key held another process's value:
+	// nothing was written.
+	Foreign bool
+	// Wrote is set when the script wrote the heartbeat (whatever happened
+	// to the registry).
+	Wrote bool
+	// RegistryErr is the outcome of the registry SADD.
+	RegistryErr error
+}
+
+// Own is what Start reads of its own instance's keys.
+type Own struct {
+	Value  string        // heartbeat value; "" when absent
+	PTTL   time.Duration // heartbeat's remaining TTL; < 0 when none
+	Record bool          // a rows set or an incarnation exists
+}
+
+// Departure is Shutdown's clean-up: delete the heartbeat if it still holds
+// Value; with no Tracked rows also deregister, otherwise write them back
+// (TTL RowsTTL) and stay registered; remove Unremoved from the rows set.
+type Departure struct {
+	Value     string
+	Tracked   []int64
+	Unremoved []int64
+	RowsTTL   time.Duration
+}
+
+// LeaveResult is what Leave did.
+type LeaveResult struct {
+	// Deregistered is set when the registry SREM was sent; RegistryErr
+	// is its outcome.
+	Deregistered bool
+	RegistryErr  error
+}
+
+// Liveness is what Heartbeats learnt of one heartbeat key.
+type Liveness int
+
+// Liveness values.
+const (
+	Unknown Liveness = iota // the node did not answer
+	Alive                   // the key exists
+	Absent                  // the key does not exist
+)
+
+// Subscription delivers expired-key events of one master.
+type Subscription interface {
+	// Next returns the key of the next expired-key event; ok is false
+	// once ctx is done or the subscription is closed.
+	Next(ctx context.Context) (key string, ok bool)
+	// Close ends the subscription.
+	Close() error
+}
+
+// Instance is what Describe read of one instance's keys.
+type Instance struct {
+	ID           string
+	HeartbeatTTL time.Duration // -2 when absent, -1 without expiry
+	Rows         int64
+	RowsTTL      time.Duration // -2 when absent, -1 without expiry
+	Claim        string        // the claim key's value, "" when absent
+	Incarnation  string        // "" when absent
+}

@@ -1,0 +1,106 @@
+package recovery
+
+import (
+	"sync/atomic"
+	"time"
+)
+
+// The lease is the worker's own view of its liveness (docs/safety.md). A
+// heartbeat written at time t (taken before the write is sent) makes the
+// key live until at least t + heartbeat TTL on the server, so until then no
+// peer can find it dead. The lease ends a margin earlier, a tenth of the
+// TTL, to allow for clock-rate differences and for the host to react.
+//
+// It is not to be confused with the fleet's two turns (the scan turn and
+// the sweep turn, one worker at a time), nor with the claim a recoverer
+// holds on a dead peer.
+
+// leaseLength is how long after a heartbeat is sent the lease lasts: the
+// TTL less the margin (a tenth of it). The one place the margin is written.
+func leaseLength(ttl time.Duration) time.Duration { return ttl - ttl/10 }
+
+// lease measures time on the monotonic clock from its epoch.
+type lease struct {
+	epoch  time.Time
+	length time.Duration
+	// until is the end of the lease, in nanoseconds since epoch; 0 before
+	// the first heartbeat.
+	until atomic.Int64
+	// lost is set when the loss has been noted, so it is noted once.
+	lost atomic.Bool
+	// ousted is set, for good, when a heartbeat found the key holding
+	// another process's value (twin.go): the instance ID is not ours any
+	// more, and neither are the rows tracked under it.
+	ousted atomic.Bool
+}
+
+func newLease(ttl time.Duration) lease {
+	return lease{epoch: time.Now(), length: leaseLength(ttl)}
+}
+
+// renew extends the lease after a heartbeat sent at sentAt was written.
+func (l *lease) renew(sentAt time.Time) {
+	l.until.Store(int64(sentAt.Sub(l.epoch) + l.length))
+}
+
+// valid reports whether the lease has not ended.
+func (l *lease) valid() bool {
+	return int64(time.Since(l.epoch)) < l.until.Load()
+}
+
+// sinceRefresh is how long ago the last successful heartbeat was sent.
+func (l *lease) sinceRefresh() time.Duration {
+	sent := time.Duration(l.until.Load()) - l.length
+	return time.Since(l.epoch) - sent
+}
+
+// check reports errOusted for good once another process took the ID, and
+// ErrLeaseLost while the lease has ended or staleRows (rows tracked when it
+// was lost) are still tracked: peers may have recovered those, and a host
+// that went on with them would process them twice.
+func (l *lease) check(staleRows int) error {
+	if l.ousted.Load() {
+		return errOusted
+	}
+	if !l.valid() || staleRows > 0 {
+		return ErrLeaseLost
+	}
+	return nil
+}
+
+// CheckLease reports whether the worker may go on processing rows: it
+// returns nil while the last successful heartbeat is recent enough that no
+// peer can consider this worker dead, ErrLeaseLost when it is not (the
+// host should stop taking new rows and release the ones it has not
+// finished), ErrNotStarted before Start and ErrShutdown after Shutdown.
+//
+// With owner fencing (see Release), a lost lease stays lost after the
+// heartbeat is back for as long as the rows tracked when it was lost are
+// tracked: peers may have recovered them meanwhile (a worker resuming from
+// a long pause sees its heartbeat succeed within milliseconds). Untrack or
+// Release them and the lease is valid again. Without owner fencing nothing
+// safe can be done with those rows, and the lease is valid again with the
+// next heartbeat.
+func (w *Worker) CheckLease() error {
+	switch w.state.Load() {
+	case stateNew:
+		return ErrNotStarted
+	case stateShutdown:
+		return ErrShutdown
+	}
+	return w.lease.check(w.rows.staleRows())
+}
+
+// Healthy returns nil while the worker holds a valid heartbeat lease, and
+// the reason otherwise (ErrNotStarted, ErrLeaseLost, ErrShutdown). It is
+// meant for a liveness or readiness probe: a worker that keeps failing it
+// cannot reach Redis and its rows are being recovered by peers. It also
+// fails, with an error wrapping ErrMisconfigured, once the self-check found
+// that the rows this worker tracks would not be recovered should it crash
+// (statuses or owner column misconfigured).
+func (w *Worker) Healthy() error {
+	if err := w.CheckLease(); err != nil {
+		return err
+	}
+	return w.misconfigured()
+}

@@ -1,0 +1,70 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+)
+
+// Release hands rows this worker took but will not finish back to the queue
+// at once, instead of leaving them for a peer to recover after the worker
+// dies: call it when the host abandons a block (CheckLease said
+// ErrLeaseLost, or the shutdown deadline is near: call it before
+// Shutdown). The rows go through the resetter like any reset, then they are
+// untracked.
+//
+// With owner fencing (a resetter whose FencesByOwner reports true, such as
+// a PgxResetter WithOwnerColumn) a row another worker holds now is left
+// alone, so Release is safe in any state, also with the lease lost and
+// after Shutdown. Without it the status guard alone cannot tell this
+// worker's rows from a peer's that were recovered and fetched again, so
+// Release refuses with ErrLeaseLost while the lease is lost and with
+// ErrShutdown after Shutdown: in those states peers may already have
+// recovered the rows.
+//
+// The error says the rows could not be returned to the queue; they are
+// then still tracked, for a peer to recover should this worker die. Once
+// they are back in the queue Release succeeds even if Redis cannot be
+// reached to untrack them (a worker that lost its lease often cannot): the
+// next heartbeat removes them from the rows set.
+func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	if !fencesByOwner(w.resetter) {
+		switch {
+		case w.state.Load() == stateShutdown:
+			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
+		case w.state.Load() == stateRunning && w.lease.check(w.rows.staleRows()) != nil:
+			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+		}
+	}
+	// The host may take a row again as soon as the reset commits, and
+	// Track it before this Release untracks it: only rows tracked now, and
+	// not tracked again by then, are untracked below.
+	gens := w.rows.generations(rowIDs)
+	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
+	fenced := fencesByOwner(w.resetter)
+	if !fenced {
+		// The reset is recorded under this incarnation: a row taken again,
+		// even before this call returns, must be tracked under a new one
+		// (Track rotates it).
+		w.rows.markReleased(rowIDs)
+	}
+	res, err := resetRows(ctx, w.resetter, req)
+	if err != nil {
+		if !fenced {
+			w.rows.unmarkReleased(rowIDs)
+		}
+		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+	}
+	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
+		slog.Int("rows_quarantined", len(res.Quarantined))}
+	if err := w.untrackUnchanged(gens); err != nil {
+		attrs = append(attrs, slog.String("untrack_error", err.Error()))
+	}
+	w.log.Info("released rows", attrs...)
+	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
+	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
+	return nil
+}

@@ -1,0 +1,186 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"time"
+)
+
+// The recoverer is the recovery loop: at Start and then every recovery
+// interval (±10%) it takes the fleet's scan turn and, if it got it, scans
+// the registry for dead peers; in between it recovers the peers the expiry
+// watcher hands it. Every dead peer goes down the one path (deadpeer.go).
+
+// RecoveryReport says what one recovery scan found and did.
+type RecoveryReport struct {
+	// PeersChecked is how many registered peers (other than this worker)
+	// had their heartbeat checked.
+	PeersChecked int
+	// Dead lists the peers that had no heartbeat.
+	Dead []string
+	// Recovered lists the dead peers whose recovery this scan completed.
+	Recovered []PeerRecovery
+	// Failed lists dead peers whose recovery failed (the error says why),
+	// with what was done before the failure: rows reset, and rows found
+	// but neither reset nor settled (PeerRecovery.NotReset).
+	Failed []PeerRecovery
+	// Skipped lists dead peers left alone: another worker held the
+	// recovery claim, or the heartbeat came back before the claim.
+	Skipped []string
+	// InvalidMembers lists registry members that are not valid instance
+	// IDs. They are left in the registry and ignored.
+	InvalidMembers []string
+	// RowsReset is the sum of RowsReset over Recovered and Failed.
+	RowsReset int64
+	// Duration is how long the scan took.
+	Duration time.Duration
+}
+
+// RecoverNow runs one recovery scan now, bounded by ctx: it finds the
+// registered peers whose heartbeat has expired and, for each, resets the
+// rows in its rows set, then deletes the set and removes the peer from the
+// registry. It may be called before Start (an operator tool that never
+// heartbeats can use it) and concurrently with the background scans: a
+// claim in Redis makes sure one dead peer is recovered by one worker.
+//
+// The error is nil when every dead peer was handled; otherwise it joins a
+// *PeerError for each peer that failed, or reports why the scan itself
+// failed. The report describes what was done either way.
+func (w *Worker) RecoverNow(ctx context.Context) (RecoveryReport, error) {
+	if w.state.Load() == stateShutdown {
+		return RecoveryReport{}, ErrShutdown
+	}
+	return w.scan(ctx)
+}
+
+// scan is one recovery pass: the registry, the heartbeats, and the one
+// path for every dead peer.
+func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
+	start := time.Now()
+	defer func() {
+		rep.Duration = time.Since(start)
+		w.stats.scans.Add(1)
+		if err != nil && len(rep.Dead) == 0 {
+			w.stats.errors.Add(1) // the scan itself failed; peer failures are counted by recoverDead
+			w.emit(Event{Kind: EventRecoveryFailed, Err: err})
+		}
+		w.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
+			PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
+	}()
+
+	peers, invalid, err := w.registeredPeers(ctx)
+	if err != nil {
+		return rep, err
+	}
+	rep.InvalidMembers = invalid
+	rep.PeersChecked = len(peers)
+	dead, err := w.deadPeers(ctx, peers)
+	if err != nil {
+		return rep, err
+	}
+	noticed := time.Now()
+	rep.Dead = dead
+	var errs []error
+	for _, peer := range dead {
+		if err := ctx.Err(); err != nil {
+			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			continue
+		}
+		pr, claimed, err := w.recoverDead(ctx, peer, foundByScan, noticed)
+		switch {
+		case err != nil:
+			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			rep.Failed = append(rep.Failed, pr)
+			rep.RowsReset += pr.RowsReset
+		case !claimed:
+			rep.Skipped = append(rep.Skipped, peer)
+		default:
+			rep.Recovered = append(rep.Recovered, pr)
+			rep.RowsReset += pr.RowsReset
+		}
+	}
+	return rep, errors.Join(errs...)
+}
+
+// recoverer is the recovery loop.
+type recoverer struct {
+	w       *Worker
+	expired chan string // peers whose heartbeat just expired (expiry.go)
+}
+
+func newRecoverer(w *Worker) *recoverer {
+	return &recoverer{w: w, expired: make(chan string, 256)}
+}
+
+// run scans at once and then every recovery interval (±10%), and recovers
+// the peers the expiry watcher hands it, until ctx, which only Shutdown
+// cancels, is done.
+func (r *recoverer) run(ctx context.Context) {
+	w := r.w
+	w.log.Debug("recovery loop started", slog.Duration("interval", w.opts.recoveryInterval))
+	defer w.log.Debug("recovery loop stopped")
+
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case peer := <-r.expired:
+			// Every subscribed worker hears of it; the claim lets one act.
+			_, _, _ = w.recoverDead(ctx, peer, foundByExpiry, time.Now())
+			continue
+		case <-t.C:
+		}
+		r.runOnce(ctx)
+		if ctx.Err() != nil {
+			return
+		}
+		t.Reset(jitter(w.opts.recoveryInterval, 0.1))
+	}
+}
+
+// runOnce is one turn of the loop: the scan, if this worker gets the scan
+// turn.
+func (r *recoverer) runOnce(ctx context.Context) {
+	w := r.w
+	if !w.takeScanTurn(ctx) {
+		return
+	}
+	rep, err := w.scan(ctx)
+	if ctx.Err() != nil {
+		return
+	}
+	w.rlog.scanned(rep, err)
+}
+
+// hand passes a peer whose heartbeat expired to the loop, without waiting:
+// a busy loop leaves it to the next scan.
+func (r *recoverer) hand(peer string) {
+	select {
+	case r.expired <- peer:
+	default:
+	}
+}
+
+// takeScanTurn reports whether this worker should scan now. With the scan
+// turn on (WithScanLease, the default), one worker of the fleet scans per
+// recovery interval: the first whose tick finds <prefix>_SCAN_LEASE free
+// takes it for the scan turn's TTL, so the fleet's scan load stays that of
+// one worker instead of growing with the square of its size. The key holds
+// the instance ID, so a retry after a lost reply finds this worker holding
+// it instead of skipping the scan. If Redis cannot be asked, the worker
+// scans anyway: the scan reports the outage.
+//
+// The turn adds to the detection bound: see options.scanTurnTTL and
+// options.detectionWindow.
+func (w *Worker) takeScanTurn(ctx context.Context) bool {
+	if !w.opts.scanLease {
+		return true
+	}
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	held, err := w.store.TakeScanTurn(opCtx, w.opts.instanceID, w.opts.scanTurnTTL())
+	return held || err != nil
+}
