@@ -64,7 +64,10 @@ func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
 	plantLivePeers(t, rdb, "ALYA", 10000)
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner")
+	// It counts round trips, not time: a loaded machine with -race may take
+	// longer than the fast timings' 250ms operation timeout for 10,000 EXISTS.
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithHeartbeatTTL(20*time.Second),
+		WithHeartbeatInterval(5*time.Second), WithOperationTimeout(5*time.Second), WithRowsTTL(time.Minute))
 
 	rep, err := w.RecoverNow(ctx)
 

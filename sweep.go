@@ -56,10 +56,10 @@ func newSweeper(w *Worker, sw OwnerSweeper) *sweeper {
 	return &sweeper{w: w, sw: sw, token: newToken(), absentSince: make(map[string]time.Time)}
 }
 
-// run sweeps every recovery interval (±10%), the first after one interval,
-// until ctx is done.
+// run sweeps at once and then every recovery interval (±10%), until ctx is
+// done.
 func (s *sweeper) run(ctx context.Context) {
-	t := time.NewTimer(jitter(s.w.opts.recoveryInterval, 0.1))
+	t := time.NewTimer(0)
 	defer t.Stop()
 	for {
 		select {
