@@ -193,9 +193,24 @@ func (o *options) validate() error {
 	if err := store.ValidateName(o.keyPrefix); err != nil {
 		return fmt.Errorf("%w: key prefix %q %v", ErrInvalidConfig, clip(o.keyPrefix), err)
 	}
-	if err := checkBounds("heartbeat TTL", o.heartbeatTTL); err != nil {
+	if err := o.validateTimings(); err != nil {
 		return err
 	}
+	if o.loggerSet && o.logger == nil {
+		return fmt.Errorf("%w: logger is nil", ErrInvalidConfig)
+	}
+	if o.logger == nil {
+		o.logger = slog.Default()
+	}
+	if o.observerSet && isNil(o.observer) {
+		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// deriveTimings fills in the timings not set from the heartbeat TTL and
+// the recovery interval.
+func (o *options) deriveTimings() {
 	if !o.intervalSet {
 		// Half the TTL: one lost refresh does not cost a live worker its
 		// key, and with the operation timeout (at most a quarter of the
@@ -211,6 +226,23 @@ func (o *options) validate() error {
 		}
 		o.rowsTTL = min(o.rowsTTL, MaxDuration)
 	}
+	if o.opTimeout == 0 {
+		o.opTimeout = min(DefaultOperationTimeout, o.heartbeatInterval/2)
+	}
+}
+
+// validateTimings derives what is not set and checks every timing and
+// their relations.
+func (o *options) validateTimings() error {
+	if err := checkBounds("heartbeat TTL", o.heartbeatTTL); err != nil {
+		return err
+	}
+	if o.opTimeout != 0 { // 0 means derived, which may be under a millisecond
+		if err := checkBounds("operation timeout", o.opTimeout); err != nil {
+			return err
+		}
+	}
+	o.deriveTimings()
 	for _, d := range []struct {
 		name string
 		v    time.Duration
@@ -229,17 +261,13 @@ func (o *options) validate() error {
 			ErrInvalidConfig, o.heartbeatInterval, o.heartbeatTTL)
 	}
 	// The first scan after a death comes at most heartbeat TTL + 1.1 ×
-	// recovery interval (jitter) + the scan lease later; the rows set must
+	// recovery interval (jitter) + the scan turn later; the rows set must
 	// still be there.
 	if window := o.detectionWindow(); o.rowsTTL <= window {
 		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter, + the scan lease if on: %v)",
 			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval, window)
 	}
-	if o.opTimeout == 0 {
-		o.opTimeout = min(DefaultOperationTimeout, o.heartbeatInterval/2)
-	} else if err := checkBounds("operation timeout", o.opTimeout); err != nil {
-		return err
-	} else if o.opTimeout > o.heartbeatInterval {
+	if o.opTimeout > o.heartbeatInterval {
 		return fmt.Errorf("%w: operation timeout %v must not exceed heartbeat interval %v",
 			ErrInvalidConfig, o.opTimeout, o.heartbeatInterval)
 	}
@@ -253,15 +281,6 @@ func (o *options) validate() error {
 	if o.untrackSet && (o.untrackLinger <= 0 || o.untrackLinger >= o.heartbeatInterval) {
 		return fmt.Errorf("%w: deferred untrack linger %v must be positive and shorter than heartbeat interval %v",
 			ErrInvalidConfig, o.untrackLinger, o.heartbeatInterval)
-	}
-	if o.loggerSet && o.logger == nil {
-		return fmt.Errorf("%w: logger is nil", ErrInvalidConfig)
-	}
-	if o.logger == nil {
-		o.logger = slog.Default()
-	}
-	if o.observerSet && isNil(o.observer) {
-		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
 	}
 	return nil
 }

@@ -317,7 +317,7 @@ func (r *PgxResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, e
 	}
 	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1",
 		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn))
-	rows, err := r.dbQuery(ctx, sql, ids)
+	rows, err := r.db.Query(ctx, sql, ids)
 	if err != nil {
 		return nil, fmt.Errorf("read row states: %w", err)
 	}

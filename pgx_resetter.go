@@ -14,7 +14,10 @@ import (
 	"github.com/jackc/pgx/v5/pgconn"
 )
 
-// PgxExecer is satisfied by *pgxpool.Pool, *pgx.Conn and pgx.Tx. Given a
+// PgxExecer is what a PgxResetter calls on its database handle: Begin for
+// every reset (in a transaction), Query for reads outside one (the owners
+// of rows in progress, the self-check's row states) and Exec for
+// CreateLedger. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it. Given a
 // pgx.Tx, the resetter works inside a savepoint of that transaction.
 //
 // Give a Worker a *pgxpool.Pool: its recovery loop, RecoverNow and Release
@@ -24,6 +27,7 @@ import (
 // suits a PgxResetter used on its own, by one goroutine.
 type PgxExecer interface {
 	Exec(ctx context.Context, sql string, args ...any) (pgconn.CommandTag, error)
+	Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
 	Begin(ctx context.Context) (pgx.Tx, error)
 }
 
@@ -418,7 +422,7 @@ func (r *PgxResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 	if r.owners == "" {
 		return nil, fmt.Errorf("%w: in-progress owners need WithOwnerColumn", ErrInvalidConfig)
 	}
-	rows, err := r.dbQuery(ctx, r.owners, r.o.inprog)
+	rows, err := r.db.Query(ctx, r.owners, r.o.inprog)
 	if err != nil {
 		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
 	}
@@ -442,17 +446,6 @@ func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
 	}
 	return res, nil
-}
-
-// dbQuery runs a read on the handle, which may be a pool, a conn or a tx.
-func (r *PgxResetter) dbQuery(ctx context.Context, sql string, args ...any) (pgx.Rows, error) {
-	type querier interface {
-		Query(ctx context.Context, sql string, args ...any) (pgx.Rows, error)
-	}
-	if q, ok := r.db.(querier); ok {
-		return q.Query(ctx, sql, args...)
-	}
-	return nil, errors.New("database handle cannot run queries")
 }
 
 func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, v resetValues) (ResetResult, error) {

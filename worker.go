@@ -37,13 +37,7 @@ type Worker struct {
 	resetter  RowResetter
 	beatValue string // this process's heartbeat value (twin.go)
 
-	// Lifecycle (Start, Shutdown).
-	state     atomic.Int32
-	mu        sync.Mutex // serializes Start and the transitions of Shutdown
-	started   bool
-	stopLoops context.CancelFunc
-	loopsDone chan struct{}
-	cleaned   bool
+	lifecycle // Start, Shutdown
 
 	// Shared state.
 	rows   inflight   // the rows tracked now (inflight.go)
@@ -53,7 +47,22 @@ type Worker struct {
 	events dispatcher // events.go
 	rlog   *recoveryLog
 
-	// The loops, one type each.
+	loops // what Start runs
+}
+
+// lifecycle is the state Start and Shutdown share.
+type lifecycle struct {
+	state     atomic.Int32
+	mu        sync.Mutex // serializes Start and the transitions of Shutdown
+	started   bool
+	stopLoops context.CancelFunc
+	loopsDone chan struct{}
+	cleaned   bool
+}
+
+// loops are the Worker's background loops, one small type each, with run
+// (the loop) and runOnce (one turn, which tests call).
+type loops struct {
 	heart   *heartbeater    // heartbeat.go
 	recov   *recoverer      // scan.go
 	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
