@@ -94,7 +94,7 @@ func (e *PeerError) Unwrap() error { return e.Err }
 func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
 	w.stats.peersDead.Add(1)
 	w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
-	r := &peerRecovery{w: w, peer: peer, byOwner: foundBy == foundBySweep, token: newToken()}
+	r := &peerRecovery{w: w, peer: peer, byOwner: w.ownerMode || foundBy == foundBySweep, token: newToken()}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
 	pr := r.rep
@@ -174,6 +174,9 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 		r.release()
 		return true, err
 	}
+	if r.byOwner && res != store.ClaimTaken && r.rep.RowsFound == 0 {
+		r.rep.NoRecord = true // nothing in Redis, nothing owned: it died idle
+	}
 	return true, r.finish(claimCtx, ctx)
 }
 
@@ -231,7 +234,7 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 		return fmt.Errorf("reset rows owned by %s: %w", r.peer, err)
 	}
 	r.rep.RowsReset, r.rep.Quarantined = res.Reset, res.Quarantined
-	r.rep.RowsFound = int(res.Reset) + len(res.Quarantined)
+	r.rep.RowsFound = int(res.Reset) // quarantined rows included
 	return nil
 }
 

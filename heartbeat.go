@@ -46,6 +46,9 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		return fmt.Errorf("new incarnation: %w", err)
 	}
 	tracked, unremoved, incarnation := w.rows.snapshot()
+	if w.ownerMode {
+		tracked, unremoved = nil, nil // no rows set: the owner column says it all
+	}
 	sentAt := time.Now()
 	res, err := w.store.Beat(ctx, w.opts.instanceID, store.Heartbeat{
 		Value: w.beatValue, TTL: w.opts.heartbeatTTL,

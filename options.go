@@ -42,6 +42,7 @@ type options struct {
 	observer          Observer
 	observerSet       bool
 	noSchemaCheck     bool
+	rowsSets          bool // WithRowsSets: no owner mode
 }
 
 func defaultOptions() options {

@@ -48,6 +48,8 @@ func (r *PgxResetter) bind(q query, v resetValues) []any {
 			args[i] = v.incarnation
 		case "max":
 			args[i] = r.o.maxRecoveries
+		case "chunk":
+			args[i] = r.o.chunkSize
 		case "terminal":
 			args[i] = r.o.terminal
 		case "settled":
@@ -78,7 +80,9 @@ func (o *resetterOptions) settled() []string {
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
 //	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
 //
-// byOwner selects every row of $owner instead of the rows among $ids.
+// byOwner selects the rows of $owner instead of the rows among $ids, at
+// most $chunk of them (the lowest IDs): the caller runs it again until a
+// chunk comes back short.
 func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
@@ -122,12 +126,16 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	}
 
 	var sql strings.Builder
+	limit := ""
+	if byOwner {
+		limit = " LIMIT " + q.param("chunk")
+	}
 	fmt.Fprintf(&sql, `WITH locked AS (
-	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s FOR UPDATE
+	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s%[7]s FOR UPDATE
 ), changed AS (
 	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
 	RETURNING r.%[1]s AS id, r.%[6]s AS st
-)`, id, table, strings.Join(match, " AND "), strings.Join(set, ", "), strings.Join(guard, " AND "), status)
+)`, id, table, strings.Join(match, " AND "), strings.Join(set, ", "), strings.Join(guard, " AND "), status, limit)
 	if ledger {
 		fmt.Fprintf(&sql, `, logged AS (
 	INSERT INTO %s (instance_id, incarnation, row_id)

@@ -33,7 +33,11 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	if w.rows.add(rowIDs) {
+	retaken := w.rows.add(rowIDs)
+	if w.ownerMode {
+		return nil // the owner column says it all
+	}
+	if retaken {
 		if err := w.rotateIncarnation(ctx); err != nil {
 			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
 		}
@@ -59,6 +63,10 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 // the rows from Redis in a batch shortly after (see that option).
 func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
+		return nil
+	}
+	if w.ownerMode {
+		w.rows.remove(rowIDs)
 		return nil
 	}
 	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
@@ -95,6 +103,10 @@ func (w *Worker) sremUntracked(ids []int64) error {
 // untrackUnchanged untracks the rows of gens that were not tracked again
 // since gens was taken (Release), as Untrack would.
 func (w *Worker) untrackUnchanged(gens map[int64]uint64) error {
+	if w.ownerMode {
+		w.rows.removeUnchanged(gens, false)
+		return nil
+	}
 	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
 		if len(w.rows.removeUnchanged(gens, true)) > 0 {
 			w.flusher.kick()

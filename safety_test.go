@@ -206,7 +206,7 @@ func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testi
 	testutil.CreateBatch(t, db, 10)
 	r := fencedResetter(t, db)
 	ctx := context.Background()
-	a, _ := startWorker(t, rdb, r, "A", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	a, _ := startWorker(t, rdb, r, "A", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithRowsSets())
 	take(t, db, "A", 1, 2, 3, 4)
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4))
 	require.NoError(t, a.Untrack(1))
@@ -222,7 +222,7 @@ func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testi
 	}, 2*time.Second, 10*time.Millisecond, "the live worker re-asserts its rows within one interval")
 	a.crash()
 
-	b, _ := startWorker(t, rdb, r, "B")
+	b, _ := startWorker(t, rdb, r, "B", WithRowsSets())
 	_ = b
 	require.Eventually(t, func() bool {
 		for _, id := range []int64{2, 3, 4} {
@@ -259,7 +259,8 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = NULL WHERE rowid = 4`)
 	require.NoError(t, err)
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix),
+	// Rows-set mode: in owner mode the live worker would sweep too.
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(),
 		WithHeartbeatTTL(500 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
 	live, _ := startWorker(t, rdb, r, "live", opts...) // no sweep of its own
@@ -417,7 +418,7 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 	prefix := testutil.Name("S")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix), WithDeferredUntrack(400*time.Millisecond))
+	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix), WithDeferredUntrack(400*time.Millisecond), WithRowsSets())
 	take(t, db, "A", 1, 2)
 	require.NoError(t, a.Track(ctx, 1, 2))
 	setStatus(t, db, "done", 1)
@@ -427,7 +428,7 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 	require.NoError(t, err)
 	require.True(t, ok, "the finished row is still in the set")
 
-	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
+	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix), WithRowsSets())
 	require.Eventually(t, func() bool {
 		rep, err := b.RecoverNow(ctx)
 		return err == nil && len(rep.Recovered) == 1

@@ -91,6 +91,8 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.recoverPredecessor(ctx); err != nil {
 				return err
 			}
+		case w.ownerMode:
+			return w.resetOwnRows(ctx)
 		default:
 			return nil
 		}

@@ -35,6 +35,7 @@ type Worker struct {
 	store     store.Store // every Redis command goes through it
 	target    redisTarget // how the user's client reaches Redis, for messages
 	resetter  RowResetter
+	ownerMode bool   // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
 	beatValue string // this process's heartbeat value (twin.go)
 
 	lifecycle // Start, Shutdown
@@ -97,7 +98,8 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	sw, err := sweeperOf(resetter, o.sweep)
+	ownerMode := ownerModeOf(resetter, o)
+	sw, err := sweeperOf(resetter, o.sweep || ownerMode)
 	if err != nil {
 		return nil, err
 	}
@@ -107,6 +109,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		store:     store.NewRedis(rdb, o.keyPrefix, o.opTimeout),
 		target:    targetOf(rdb),
 		resetter:  resetter,
+		ownerMode: ownerMode,
 		beatValue: store.HeartbeatOf(newToken()),
 		lease:     newLease(o.heartbeatTTL),
 	}
@@ -115,7 +118,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	w.rlog = newRecoveryLog(w)
 	w.heart = &heartbeater{w: w}
 	w.recov = newRecoverer(w)
-	if o.untrackLinger > 0 {
+	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
 	}
 	if sw != nil {

@@ -120,9 +120,10 @@ func (s *Redis) Leave(ctx context.Context, id string, d Departure) (LeaveResult,
 	pipe := s.rdb.Pipeline()
 	leaveScript.Eval(ctx, pipe, []string{k.Heartbeat}, d.Value)
 	var reg redis.Cmder
-	if len(d.Tracked) == 0 {
+	if !d.Stay {
 		reg = pipe.SRem(ctx, s.registry, id)
-	} else {
+	}
+	if len(d.Tracked) > 0 {
 		pipe.SAdd(ctx, k.Rows, appendIDs(nil, d.Tracked)...)
 		pipe.PExpire(ctx, k.Rows, d.RowsTTL)
 	}

@@ -137,10 +137,12 @@ type Own struct {
 }
 
 // Departure is Shutdown's clean-up: delete the heartbeat if it still holds
-// Value; with no Tracked rows also deregister, otherwise write them back
-// (TTL RowsTTL) and stay registered; remove Unremoved from the rows set.
+// Value; deregister unless Stay (rows are still held: the peers must find
+// this instance dead); write Tracked back into the rows set (TTL RowsTTL)
+// and remove Unremoved from it.
 type Departure struct {
 	Value     string
+	Stay      bool
 	Tracked   []int64
 	Unremoved []int64
 	RowsTTL   time.Duration
