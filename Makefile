@@ -2,10 +2,10 @@
 GO        ?= go
 PKGS      ?= ./...
 # The nested modules (go.work puts them in one workspace with the root;
-# docs/releasing.md): prom is published, internal/modcheck is the test that
+# docs/releasing.md): prom and otel are published, internal/modcheck is the test that
 # builds a user's module against all of them through a file proxy, and
 # internal/containers the tests' Docker fallback (vetted only).
-NESTED    ?= prom internal/modcheck
+NESTED    ?= prom otel internal/modcheck
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
@@ -31,6 +31,7 @@ test-unit: ## fast unit tests only (miniredis; no servers needed)
 test-integration: deps ## integration tests only, failing (not skipping) without servers
 	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
 	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
+	cd otel && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'RealRecovery|WithoutInstanceID' ./...
 
 test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; ~5 min
 	$(GO) vet -tags faults ./internal/faults/
