@@ -100,13 +100,8 @@ func histogram(t *testing.T, m metricdata.Metrics) metricdata.HistogramDataPoint
 func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
+	prefix := testutil.DeadPeer(t, rdb, db, "dead-1", 3)
 	ctx := context.Background()
-	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'dead-1' WHERE rowid IN (1, 2, 3)`)
-	require.NoError(t, err)
-	prefix := testutil.Name("P")
-	require.NoError(t, rdb.SAdd(ctx, prefix+"_WORKER_REGISTRY", "dead-1").Err())
-	require.NoError(t, rdb.SAdd(ctx, prefix+"_{dead-1}_ROWS", 1, 2, 3).Err())
 
 	s := newSDK(t)
 	resetter, err := recovery.NewPgxResetter(db, recovery.WithOwnerColumn("owner"))

@@ -2,7 +2,6 @@ package testutil
 
 import (
 	"bufio"
-	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -38,7 +37,7 @@ type containerHelper struct {
 	cmd    *exec.Cmd
 	in     io.WriteCloser
 	out    *bufio.Scanner
-	stderr *lockedBuffer
+	stderr *LogBuffer
 }
 
 var (
@@ -81,7 +80,7 @@ func startContainerHelper() (*containerHelper, error) {
 	if err != nil {
 		return nil, err
 	}
-	h := &containerHelper{stderr: &lockedBuffer{}}
+	h := &containerHelper{stderr: &LogBuffer{}}
 	h.cmd = exec.Command("go", "run", ".")
 	h.cmd.Dir = dir
 	h.cmd.Env = append(os.Environ(), "GOWORK=off")
@@ -106,10 +105,10 @@ func (h *containerHelper) request(line string) (string, error) {
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if _, err := fmt.Fprintln(h.in, line); err != nil {
-		return "", fmt.Errorf("containers helper: %w (stderr: %s)", err, h.stderr.tail())
+		return "", fmt.Errorf("containers helper: %w (stderr: %s)", err, h.tail())
 	}
 	if !h.out.Scan() {
-		return "", fmt.Errorf("containers helper exited without a reply to %q (stderr: %s)", line, h.stderr.tail())
+		return "", fmt.Errorf("containers helper exited without a reply to %q (stderr: %s)", line, h.tail())
 	}
 	reply := h.out.Text()
 	if rest, ok := strings.CutPrefix(reply, "ok"); ok {
@@ -163,23 +162,9 @@ func containerPostgresURL() (string, error) {
 	return url, err
 }
 
-// lockedBuffer collects a process's stderr.
-type lockedBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-// tail returns the last 2 KiB written.
-func (b *lockedBuffer) tail() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	s := b.buf.String()
+// tail returns the last 2 KiB of what the helper wrote to stderr.
+func (h *containerHelper) tail() string {
+	s := h.stderr.String()
 	if len(s) > 2048 {
 		s = s[len(s)-2048:]
 	}
