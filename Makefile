@@ -1,10 +1,15 @@
 # Targets describe themselves: `make help`.
 GO        ?= go
 PKGS      ?= ./...
+# The nested modules (go.work puts them in one workspace with the root;
+# docs/releasing.md): prom and otel are published, internal/modcheck is the test that
+# builds a user's module against all of them through a file proxy, and
+# internal/containers the tests' Docker fallback (vetted only).
+NESTED    ?= prom otel internal/modcheck
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps test test-unit test-integration test-faults bench fuzz lint demo
+.PHONY: help deps test test-unit test-integration test-faults bench fuzz lint tidy demo
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -15,17 +20,18 @@ deps: ## install redis-server, PostgreSQL binaries and promtool when missing (ap
 demo: deps ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200")
 	$(GO) run ./examples/crashdemo $(DEMO_FLAGS)
 
-test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race (both modules)
+test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race (every module)
 	$(GO) test -race -count=1 $(PKGS)
-	cd prom && $(GO) test -race -count=1 ./...
+	for m in $(NESTED); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
 
 test-unit: ## fast unit tests only (miniredis; no servers needed)
 	$(GO) test -race -short -count=1 $(PKGS)
-	cd prom && $(GO) test -race -short -count=1 ./...
+	for m in $(NESTED); do (cd $$m && $(GO) test -race -short -count=1 ./...) || exit 1; done
 
 test-integration: deps ## integration tests only, failing (not skipping) without servers
 	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
 	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
+	cd otel && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'RealRecovery|WithoutInstanceID' ./...
 
 test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; ~5 min
 	$(GO) vet -tags faults ./internal/faults/
@@ -42,4 +48,7 @@ fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 lint: ## gofmt and go vet
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 	$(GO) vet $(PKGS)
-	cd prom && $(GO) vet ./...
+	for m in $(NESTED) internal/containers; do (cd $$m && $(GO) vet ./...) || exit 1; done
+
+tidy: ## go mod tidy in every module, the nested ones through a file proxy of the working tree
+	scripts/tidy.sh

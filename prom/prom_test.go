@@ -32,13 +32,8 @@ func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
 func TestScrapeAfterARealRecovery(t *testing.T) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
+	prefix := testutil.DeadPeer(t, rdb, db, "dead-1", 3)
 	ctx := context.Background()
-	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'dead-1' WHERE rowid IN (1, 2, 3)`)
-	require.NoError(t, err)
-	prefix := testutil.Name("P")
-	require.NoError(t, rdb.SAdd(ctx, prefix+"_WORKER_REGISTRY", "dead-1").Err())
-	require.NoError(t, rdb.SAdd(ctx, prefix+"_{dead-1}_ROWS", 1, 2, 3).Err())
 
 	resetter, err := recovery.NewPgxResetter(db, recovery.WithOwnerColumn("owner"))
 	require.NoError(t, err)
