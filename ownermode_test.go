@@ -1,0 +1,313 @@
+package recovery
+
+import (
+	"context"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// Owner mode (ownermode.go), against real Redis and PostgreSQL.
+
+func TestOwnerModeIsWhatAResetterThatFencesByOwnerGets(t *testing.T) {
+	_, rdb := newMini(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w")
+	assert.True(t, w.OwnerMode(), "NewPgxResetter(pool, WithOwnerColumn(...)) is all it takes")
+	assert.NotNil(t, w.sweeper, "the owners in PostgreSQL are always looked at")
+
+	plain, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	w, _ = newWorker(t, rdb, plain, "w2")
+	assert.False(t, w.OwnerMode(), "without an owner column: rows sets")
+
+	w, _ = newWorker(t, rdb, fencedResetter(t, db), "w3", WithRowsSets())
+	assert.False(t, w.OwnerMode(), "WithRowsSets keeps the rows-set mode")
+	assert.Nil(t, w.sweeper)
+
+	w, _ = newWorker(t, rdb, &fencedFake{}, "w4")
+	assert.False(t, w.OwnerMode(), "fencing alone is not enough: the resetter must reset by owner")
+}
+
+func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	prefix := testutil.Name("O")
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix),
+		WithHeartbeatInterval(time.Hour/2), WithHeartbeatTTL(time.Hour), WithRowsTTL(4*time.Hour),
+		WithRecoveryInterval(time.Hour)) // after their first turns, no loop sends anything for an hour
+	require.True(t, w.OwnerMode())
+	ctx := context.Background()
+	// The first scan and sweep run at Start: wait until Redis has heard
+	// nothing for 300ms (each takes a few milliseconds).
+	require.Eventually(t, func() bool {
+		before, _ := counter.snapshot()
+		time.Sleep(300 * time.Millisecond)
+		after, _ := counter.snapshot()
+		return w.Stats().Scans > 0 && before == after
+	}, 10*time.Second, time.Millisecond)
+	counter.reset()
+
+	take(t, db, "w", 1, 2, 3, 4, 5)
+	require.NoError(t, w.Track(ctx, 1, 2, 3, 4, 5))
+	require.NoError(t, w.Untrack(1, 2))
+	assert.Equal(t, 3, w.Stats().TrackedRows, "the worker's own view is kept")
+	require.NoError(t, w.Release(ctx, 3))
+	require.NoError(t, w.CheckLease())
+
+	trips, cmds := counter.snapshot()
+	assert.Zero(t, trips, "no Redis command for Track, Untrack or Release: %v", cmds)
+	s, o := rowState(t, db, 3)
+	assert.Equal(t, "queued", s, "Release resets through the resetter")
+	assert.Nil(t, o)
+	assert.Equal(t, 2, w.Stats().TrackedRows)
+	n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "w").Rows).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "no rows set")
+
+	// A heartbeat writes no row either.
+	require.NoError(t, w.heart.runOnce(ctx))
+	n, err = rdb.Exists(ctx, store.InstanceKeys(prefix, "w").Rows).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
+func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 6)
+	prefix := testutil.Name("O")
+	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"))
+	ctx := context.Background()
+
+	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))
+	take(t, db, "A", 1, 2, 3, 4)
+	require.NoError(t, a.Track(ctx, 1, 2, 3, 4))
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done', owner = NULL WHERE rowid = 4`)
+	require.NoError(t, err) // finished; A died before its Untrack
+	a.crash()
+	take(t, db, "C", 5) // another worker's row is never touched
+
+	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
+	require.Eventually(t, func() bool { // A's heartbeat expires (TTL 2s)
+		n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, "A").Heartbeat).Result()
+		return n == 0
+	}, 5*time.Second, 20*time.Millisecond)
+	rep, err := b.RecoverNow(ctx)
+
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset)
+	for _, id := range []int64{1, 2, 3} {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+		assert.Nil(t, o)
+	}
+	s, _ := rowState(t, db, 4)
+	assert.Equal(t, "done", s, "a finished row stays finished")
+	s, o := rowState(t, db, 5)
+	assert.Equal(t, "inprog", s)
+	assert.Equal(t, "C", *o)
+	var count int
+	require.NoError(t, db.QueryRow(ctx, `SELECT recoveries FROM batchrows WHERE rowid = 1`).Scan(&count))
+	assert.Equal(t, 1, count, "recovery counted, as in rows-set mode")
+	assert.False(t, registered(t, rdb, prefix, "A"))
+
+	// Idempotent: a second recovery finds nothing A owns.
+	pr, err := b.recoverDeadForTest(ctx, "A")
+	require.NoError(t, err)
+	assert.Zero(t, pr.RowsReset)
+}
+
+// recoverDeadForTest runs the dead-peer path on peer as the scan would.
+func (w *Worker) recoverDeadForTest(ctx context.Context, peer string) (PeerRecovery, error) {
+	pr, _, err := w.recoverDead(ctx, peer, foundByScan, time.Now())
+	return pr, err
+}
+
+func TestOwnerModeRecoversRowsWhenRedisForgotEverything(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	prefix := testutil.Name("O")
+	r := fencedResetter(t, db)
+	ctx := context.Background()
+	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
+		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+
+	a, _ := startWorker(t, rdb, r, "A", opts...)
+	take(t, db, "A", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2))
+	a.crash()
+	require.NoError(t, rdb.FlushAll(ctx).Err(), "Redis forgets the registry and every key")
+
+	start := time.Now()
+	b, _ := startWorker(t, rdb, r, "B", opts...)
+	require.Eventually(t, func() bool {
+		s1, _ := rowState(t, db, 1)
+		s2, _ := rowState(t, db, 2)
+		return s1 == "queued" && s2 == "queued"
+	}, 10*time.Second, 20*time.Millisecond, "the owners in PostgreSQL are part of what recovery looks at")
+	took := time.Since(start)
+	// Two sightings a heartbeat TTL apart, each at most an interval (+10%)
+	// after the last: TTL + 2.2 intervals, with scheduling to spare.
+	assert.Less(t, took, 500*time.Millisecond+3*220*time.Millisecond+time.Second)
+	assert.Equal(t, uint64(1), b.Stats().PeersRecovered)
+}
+
+func TestOwnerModeStartResetsRowsAPredecessorLeftUnderItsID(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	prefix := testutil.Name("O")
+	// A process that ran as "pod-0" crashed long ago: Redis has nothing of
+	// it any more, PostgreSQL still names it the owner of rows 1 and 2.
+	take(t, db, "pod-0", 1, 2)
+
+	w, logs := startWorker(t, rdb, fencedResetter(t, db), "pod-0", WithKeyPrefix(prefix))
+
+	for _, id := range []int64{1, 2} {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d: nobody else would ever recover it while pod-0 heartbeats", id)
+		assert.Nil(t, o)
+	}
+	assert.Equal(t, 1, logs.Count(`reset rows a previous process left under this instance ID`))
+	assert.Equal(t, uint64(2), w.Stats().RowsRecovered)
+}
+
+func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 8)
+	prefix := testutil.Name("O")
+	r := fencedResetter(t, db)
+	ctx := context.Background()
+	dead := func(id string) func() bool {
+		return func() bool {
+			n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, id).Heartbeat).Result()
+			return n == 0
+		}
+	}
+
+	// An old-style worker (rows set + owner fencing) dies; an owner-mode
+	// worker recovers it by owner and deletes its set.
+	old, _ := startWorker(t, rdb, r, "old", WithKeyPrefix(prefix), WithRowsSets())
+	take(t, db, "old", 1, 2)
+	require.NoError(t, old.Track(ctx, 1, 2))
+	old.crash()
+	owner, _ := newWorker(t, rdb, r, "new", WithKeyPrefix(prefix))
+	require.Eventually(t, dead("old"), 5*time.Second, 20*time.Millisecond)
+	rep, err := owner.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset)
+	n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, "old").Rows).Result()
+	assert.Zero(t, n, "its rows set is gone")
+
+	// An owner-mode worker dies; an old-style worker finds no rows set and
+	// deregisters it; the owners in PostgreSQL bring its rows back all the
+	// same, through the next owner-mode worker's sweep.
+	gone, _ := startWorker(t, rdb, r, "gone", WithKeyPrefix(prefix))
+	take(t, db, "gone", 3, 4)
+	require.NoError(t, gone.Track(ctx, 3, 4))
+	gone.crash()
+	oldRec, _ := newWorker(t, rdb, r, "old2", WithKeyPrefix(prefix), WithRowsSets())
+	require.Eventually(t, dead("gone"), 5*time.Second, 20*time.Millisecond)
+	_, err = oldRec.RecoverNow(ctx)
+	require.NoError(t, err)
+	s, _ := rowState(t, db, 3)
+	assert.Equal(t, "inprog", s, "the rows-set worker cannot see them")
+	assert.False(t, registered(t, rdb, prefix, "gone"))
+
+	// The sweep turn may still be the dead worker's (it swept at Start):
+	// sweep as the loop would, every interval, until the turn is ours and
+	// "gone" was seen absent twice a heartbeat TTL (2s) apart.
+	sweeper, _ := newWorker(t, rdb, r, "new2", WithKeyPrefix(prefix))
+	var recovered []PeerRecovery
+	require.Eventually(t, func() bool {
+		srep, err := sweeper.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		recovered = append(recovered, srep.recovered...)
+		return len(recovered) > 0
+	}, 10*time.Second, 200*time.Millisecond)
+	require.Len(t, recovered, 1)
+	assert.Equal(t, "gone", recovered[0].InstanceID)
+	for _, id := range []int64{3, 4} {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+		assert.Nil(t, o)
+	}
+}
+
+func TestOwnerModeShutdownWithRowsStillHeldStaysRegisteredWithoutARowsSet(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("O")
+	ctx := context.Background()
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix))
+	take(t, db, "w", 1)
+	require.NoError(t, w.Track(ctx, 1))
+
+	require.NoError(t, w.Shutdown(ctx))
+
+	assert.True(t, registered(t, rdb, prefix, "w"), "peers must find it dead and reset row 1")
+	n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "w").Heartbeat, store.InstanceKeys(prefix, "w").Rows).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "heartbeat deleted, no rows set written")
+
+	peer, _ := newWorker(t, rdb, fencedResetter(t, db), "peer", WithKeyPrefix(prefix))
+	rep, err := peer.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "queued", s)
+}
+
+func TestOwnerModeConcurrentRecoverersResetEachRowOnce(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 300)
+	prefix := testutil.Name("O")
+	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithChunkSize(7))
+	ctx := context.Background()
+	ids := make([]int64, 300)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+	}
+	take(t, db, "dead", ids...)
+	// A registered peer without a heartbeat: dead.
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err())
+
+	var wg sync.WaitGroup
+	for i := range 8 {
+		w, _ := newWorker(t, rdb, r, testutil.Name("rec"), WithKeyPrefix(prefix))
+		wg.Go(func() {
+			if _, err := w.RecoverNow(ctx); err != nil {
+				t.Errorf("recoverer %d: %v", i, err)
+			}
+		})
+	}
+	wg.Wait()
+
+	var once, queued int
+	require.NoError(t, db.QueryRow(ctx,
+		`SELECT count(*) FILTER (WHERE recoveries = 1), count(*) FILTER (WHERE status = 'queued') FROM batchrows`).Scan(&once, &queued))
+	assert.Equal(t, 300, once, "every row reset exactly once, in chunks of 7")
+	assert.Equal(t, 300, queued)
+}
+
+var _ redis.Hook = (*commandCounter)(nil)
