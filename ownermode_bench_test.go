@@ -141,7 +141,7 @@ func BenchmarkRecoverDeadPeer100000(b *testing.B) {
 	db := testutil.Postgres(b)
 	testutil.CreateBatch(b, db, 100000)
 	ctx := context.Background()
-	if _, err := db.Exec(ctx, `CREATE INDEX batchrows_inprog_owner ON batchrows (owner) WHERE status = 'inprog'`); err != nil {
+	if _, err := db.Exec(ctx, `CREATE INDEX batchrows_inprog_owner ON batchrows (owner, rowid) WHERE status = 'inprog'`); err != nil {
 		b.Fatal(err)
 	}
 	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))

@@ -437,7 +437,7 @@ func (r *PgxResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 // the queue (or quarantine), in one transaction, WithChunkSize rows per
 // statement in ID order. It needs WithOwnerColumn. On a large table give
 // it the partial index the migration in docs/integration.md creates,
-// (owner) WHERE status = in progress: each statement then reads only the
+// (owner, id) WHERE status = in progress: each statement then seeks to the
 // rows it changes.
 func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
 	if r.owners == "" {
@@ -445,17 +445,22 @@ func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 	}
 	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
 		var all ResetResult
+		v := resetValues{owner: owner}
 		for {
 			// Chunk after chunk, in ID order, in one transaction: locks
 			// are taken in the order every reset takes them, and no
 			// statement locks an unbounded number of rows at once.
-			res, err := r.run(ctx, tx, r.byOwner, resetValues{owner: owner})
+			var (
+				res    ResetResult
+				locked int
+			)
+			err := tx.QueryRow(ctx, r.byOwner.sql, r.bind(r.byOwner, v)...).Scan(&res.Reset, &res.Quarantined, &locked, &v.after)
 			if err != nil {
 				return ResetResult{}, err
 			}
 			all.Reset += res.Reset
 			all.Quarantined = append(all.Quarantined, res.Quarantined...)
-			if res.Reset < int64(r.o.chunkSize) {
+			if locked < r.o.chunkSize {
 				return all, nil
 			}
 		}

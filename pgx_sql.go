@@ -29,6 +29,7 @@ type resetValues struct {
 	ids         []int64
 	owner       string // the instance whose rows these are
 	incarnation string
+	after       int64 // by owner: the last ID of the previous chunk
 }
 
 // bind returns the arguments of q.
@@ -50,6 +51,8 @@ func (r *PgxResetter) bind(q query, v resetValues) []any {
 			args[i] = r.o.maxRecoveries
 		case "chunk":
 			args[i] = r.o.chunkSize
+		case "after":
+			args[i] = v.after
 		case "terminal":
 			args[i] = r.o.terminal
 		case "settled":
@@ -80,9 +83,10 @@ func (o *resetterOptions) settled() []string {
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
 //	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
 //
-// byOwner selects the rows of $owner instead of the rows among $ids, at
-// most $chunk of them (the lowest IDs): the caller runs it again until a
-// chunk comes back short.
+// byOwner selects the rows of $owner instead of the rows among $ids: at
+// most $chunk of them, those with the lowest IDs above $after; it also
+// returns how many it locked and the highest, and the caller runs it again
+// from there until a chunk comes back short.
 func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
@@ -128,6 +132,10 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	var sql strings.Builder
 	limit := ""
 	if byOwner {
+		// Keyset chunks: the rows after the last one of the previous
+		// chunk, so an index on (owner, id) WHERE status = in progress
+		// seeks straight to them.
+		match = append(match, fmt.Sprintf("%s > %s", id, q.param("after")))
 		limit = " LIMIT " + q.param("chunk")
 	}
 	fmt.Fprintf(&sql, `WITH locked AS (
@@ -142,7 +150,11 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	SELECT %s::text, %s::text, id FROM changed ON CONFLICT DO NOTHING
 )`, o.ledgerIdent(), q.param("owner"), q.param("incarnation"))
 	}
-	fmt.Fprintf(&sql, "\nSELECT count(*), %s FROM changed", quarantined)
+	fmt.Fprintf(&sql, "\nSELECT count(*), %s", quarantined)
+	if byOwner {
+		fmt.Fprintf(&sql, ", (SELECT count(*) FROM locked), (SELECT coalesce(max(%s), 0) FROM locked)", id)
+	}
+	sql.WriteString(" FROM changed")
 	q.sql = sql.String()
 	return q
 }
