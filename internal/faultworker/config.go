@@ -38,7 +38,7 @@ type config struct {
 	// (redis.NewFailoverClient) instead.
 	sentinelAddrs  []string
 	sentinelMaster string
-	databaseURL  string   // DATABASE_URL, never printed
+	databaseURL    string // DATABASE_URL, never printed
 	// resetDatabaseURL (RESET_DATABASE_URL, never printed) is the
 	// database of the resetter's own pool, when it must differ from the
 	// host's (the suite puts a proxy in front of the resets only); ""
