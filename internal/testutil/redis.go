@@ -244,7 +244,8 @@ func StartClusterWithReplicas(t testing.TB, masters, replicas int, nodeTimeout t
 	c := &Cluster{}
 	for range masters * (1 + replicas) {
 		s := StartRedis(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10))
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--repl-diskless-sync-delay", "0") // a replica's first copy at once, not after 5 s
 		c.Nodes = append(c.Nodes, s)
 		c.Addrs = append(c.Addrs, s.Addr)
 	}

@@ -36,10 +36,13 @@ type Sentinel struct {
 func StartSentinel(t testing.TB, replicas, sentinels int, downAfter time.Duration) *Sentinel {
 	t.Helper()
 	s := &Sentinel{MasterName: Name("master")}
-	master := StartRedis(t)
+	// Without the delay a master waits 5 s (the default) before it sends
+	// a new replica its first copy: a failover before that promotes an
+	// empty replica.
+	master := StartRedis(t, "--repl-diskless-sync-delay", "0")
 	s.Data = append(s.Data, master)
 	for range replicas {
-		s.Data = append(s.Data, StartRedis(t, "--replicaof", "127.0.0.1", strconv.Itoa(master.Port)))
+		s.Data = append(s.Data, StartRedis(t, "--repl-diskless-sync-delay", "0", "--replicaof", "127.0.0.1", strconv.Itoa(master.Port)))
 	}
 	for range sentinels {
 		s.Sentinels = append(s.Sentinels, s.startSentinel(t, master.Port, sentinels/2+1, downAfter))
@@ -48,6 +51,14 @@ func StartSentinel(t testing.TB, replicas, sentinels int, downAfter time.Duratio
 		s.SentinelAddrs = append(s.SentinelAddrs, sn.Addr)
 	}
 	deadline := time.Now().Add(30 * time.Second)
+	for _, r := range s.Data[1:] {
+		for !strings.Contains(info(context.Background(), r, "replication"), "master_link_status:up") {
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %s not in sync with its master", r.Addr)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
 	for _, sn := range s.Sentinels {
 		sc := redis.NewSentinelClient(&redis.Options{Addr: sn.Addr})
 		for {
@@ -120,16 +131,18 @@ func (s *Sentinel) Node(addr string) *RedisServer {
 	return nil
 }
 
+// info returns the INFO section of node, or "" when it does not answer.
+func info(ctx context.Context, node *RedisServer, section string) string {
+	rc := redis.NewClient(&redis.Options{Addr: node.Addr, MaxRetries: -1})
+	defer rc.Close()
+	s, _ := rc.Info(ctx, section).Result()
+	return s
+}
+
 // Role returns the role line of INFO replication of node ("master" or
 // "slave"), or "" when it does not answer.
 func Role(ctx context.Context, node *RedisServer) string {
-	rc := redis.NewClient(&redis.Options{Addr: node.Addr, MaxRetries: -1})
-	defer rc.Close()
-	info, err := rc.Info(ctx, "replication").Result()
-	if err != nil {
-		return ""
-	}
-	for _, l := range strings.Split(info, "\n") {
+	for _, l := range strings.Split(info(ctx, node, "replication"), "\n") {
 		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "role:"); ok {
 			return v
 		}
