@@ -31,7 +31,7 @@ var newerThan62 = map[string]string{
 	"CLUSTER SHARDS": "7.0", "CLUSTER LINKS": "7.0", "CLUSTER ADDSLOTSRANGE": "7.0", "CLUSTER DELSLOTSRANGE": "7.0",
 	"PUBSUB SHARDCHANNELS": "7.0", "PUBSUB SHARDNUMSUB": "7.0", "ACL DRYRUN": "7.0", "CLIENT NO-EVICT": "7.0",
 	"LATENCY HISTOGRAM": "7.0",
-	"CLIENT NO-TOUCH": "7.2", "WAITAOF": "7.2", "CLUSTER MYSHARDID": "7.2",
+	"CLIENT NO-TOUCH":   "7.2", "WAITAOF": "7.2", "CLUSTER MYSHARDID": "7.2",
 	"HEXPIRE": "7.4", "HPEXPIRE": "7.4", "HEXPIREAT": "7.4", "HPEXPIREAT": "7.4", "HTTL": "7.4", "HPTTL": "7.4",
 	"HEXPIRETIME": "7.4", "HPEXPIRETIME": "7.4", "HPERSIST": "7.4",
 }
@@ -155,4 +155,3 @@ func TestScenarioVCommandsSentExistInRedis62(t *testing.T) {
 	}
 	e.res.note("%d distinct commands, %d run by scripts: %s", len(seen), lua, strings.Join(slices.Sorted(slices.Values(names)), " "))
 }
-

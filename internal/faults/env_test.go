@@ -61,10 +61,10 @@ type envConfig struct {
 	// clusterReplicas gives each Cluster master that many replicas, and
 	// the Cluster a node timeout of clusterNodeTimeout (deploy_test.go).
 	clusterReplicas int
-	sentinel        bool     // a master, a replica and 3 sentinels (deploy_test.go)
-	redisArgs       []string // more redis-server options of the single server (persistence)
-	table   string            // the rows table; "" is batchrows
-	work    time.Duration     // per row; 0 is work
+	sentinel        bool          // a master, a replica and 3 sentinels (deploy_test.go)
+	redisArgs       []string      // more redis-server options of the single server (persistence)
+	table           string        // the rows table; "" is batchrows
+	work            time.Duration // per row; 0 is work
 }
 
 // env is one scenario's world: a schema with a seeded batch and a ledger,
@@ -91,7 +91,7 @@ type env struct {
 	// netns, while set, is the network namespace spawn starts workers in
 	// (deploy_test.go).
 	netns *netfault.Namespace
-	res     *result
+	res   *result
 }
 
 func newEnv(t *testing.T, scenario string, cfg envConfig) *env {
