@@ -199,6 +199,17 @@ func (e *env) idOn(prefix, master string, want bool) string {
 	return ""
 }
 
+// registryMaster returns the registry's slot and the master serving it.
+func (e *env) registryMaster() (int64, string) {
+	e.t.Helper()
+	ctx := context.Background()
+	slot, err := e.rdb.ClusterKeySlot(ctx, e.registry()).Result()
+	require.NoError(e.t, err)
+	addr, err := e.clusterT.MasterOf(ctx, slot)
+	require.NoError(e.t, err)
+	return slot, addr
+}
+
 // waitClusterFailover waits until slot is served by a master other than
 // old, as the surviving nodes see it.
 func (e *env) waitClusterFailover(slot int64, old string, timeout time.Duration) string {
@@ -233,11 +244,8 @@ func TestScenarioC1ClusterMasterOfAWorkersSlotKilledWithExpiryNotifications(t *t
 	skipClusterFailover(t)
 	e := newEnv(t, "C1 Cluster+replicas: master of a worker's slot SIGKILLed (expiry events)", envConfig{rows: 400, cluster: true, clusterReplicas: 1})
 	ctx := context.Background()
-	// M: the master of the registry's slot is left alone (C2 kills it).
-	regSlot, err := e.rdb.ClusterKeySlot(ctx, e.registry()).Result()
-	require.NoError(t, err)
-	regMaster, err := e.clusterT.MasterOf(ctx, regSlot)
-	require.NoError(t, err)
+	// The master of the registry's slot is left alone (C2 kills it).
+	_, regMaster := e.registryMaster()
 	var target string
 	for _, a := range e.cluster {
 		if a != regMaster && testutil.Role(ctx, e.clusterT.Node(a)) == "master" {
@@ -313,11 +321,7 @@ func skipClusterFailover(t *testing.T) {
 func TestScenarioC2ClusterRegistryMasterKilled(t *testing.T) {
 	skipClusterFailover(t)
 	e := newEnv(t, "C2 Cluster+replicas: registry's master SIGKILLed with a worker", envConfig{rows: 300, cluster: true, clusterReplicas: 1})
-	ctx := context.Background()
-	regSlot, err := e.rdb.ClusterKeySlot(ctx, e.registry()).Result()
-	require.NoError(t, err)
-	regMaster, err := e.clusterT.MasterOf(ctx, regSlot)
-	require.NoError(t, err)
+	regSlot, regMaster := e.registryMaster()
 	v := e.idOn("cc2-v-", regMaster, false)
 	ws := e.start([]string{v, e.idOn("cc2-w1-", regMaster, true), e.idOn("cc2-w2-", regMaster, false)})
 	victim, live := ws[0], ws[1:]
