@@ -33,7 +33,7 @@ test-integration: deps ## integration tests only, failing (not skipping) without
 	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
 	cd otel && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'RealRecovery|WithoutInstanceID' ./...
 
-test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; ~5 min
+test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; Sentinel failover, AOF, network namespaces; ~8 min
 	$(GO) vet -tags faults ./internal/faults/
 	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
 

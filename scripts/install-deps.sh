@@ -18,6 +18,10 @@ if [ -z "${REDIS_URL:-}" ] || [ -z "${DATABASE_URL:-}" ]; then
 	command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 	command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 fi
+# The fault suite's real partitions (make test-faults) put workers in
+# network namespaces with ip(8); Sentinel needs no package of its own:
+# the suite runs redis-server --sentinel.
+command -v ip >/dev/null 2>&1 || missing+=(iproute2)
 if [ -z "${DATABASE_URL:-}" ] && ! have_pg; then
 	missing+=(postgresql)
 fi

@@ -21,6 +21,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
@@ -57,8 +58,13 @@ type envConfig struct {
 	rows    int
 	pg      *servers.Postgres // nil: the shared one
 	cluster bool              // a 3-master Redis Cluster instead of one redis-server
-	table   string            // the rows table; "" is batchrows
-	work    time.Duration     // per row; 0 is work
+	// clusterReplicas gives each Cluster master that many replicas, and
+	// the Cluster a node timeout of clusterNodeTimeout (deploy_test.go).
+	clusterReplicas int
+	sentinel        bool          // a master, a replica and 3 sentinels (deploy_test.go)
+	redisArgs       []string      // more redis-server options of the single server (persistence)
+	table           string        // the rows table; "" is batchrows
+	work            time.Duration // per row; 0 is work
 }
 
 // env is one scenario's world: a schema with a seeded batch and a ledger,
@@ -75,12 +81,17 @@ type env struct {
 	redisSrv *testutil.RedisServer // nil on Cluster
 	redisURL string                // with the password of user app; "" on Cluster
 	cluster  []string
+	clusterT *testutil.Cluster  // nil unless a Cluster
+	sent     *testutil.Sentinel // nil unless Sentinel
 	rdb      redis.UniversalClient
 	prefix   string
 
 	secrets []string
 	procs   []*proc
-	res     *result
+	// netns, while set, is the network namespace spawn starts workers in
+	// (deploy_test.go).
+	netns *netfault.Namespace
+	res   *result
 }
 
 func newEnv(t *testing.T, scenario string, cfg envConfig) *env {
@@ -110,15 +121,22 @@ func newEnv(t *testing.T, scenario string, cfg envConfig) *env {
 	e.secrets = append(e.secrets, pgPassword)
 	e.setupDatabase(pg.URL)
 
-	if cfg.cluster {
-		c := testutil.StartCluster(t, 3)
-		e.cluster = c.Addrs
+	switch {
+	case cfg.cluster:
+		c := testutil.StartClusterWithReplicas(t, 3, cfg.clusterReplicas, clusterNodeTimeout(cfg))
+		e.cluster, e.clusterT = c.Addrs, c
 		e.rdb = c.Client(t)
-	} else {
+	case cfg.sentinel:
+		e.sent = testutil.StartSentinel(t, 1, 3, sentinelDownAfter)
+		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: e.sent.MasterName, SentinelAddrs: e.sent.SentinelAddrs})
+		t.Cleanup(func() { c.Close() })
+		e.rdb = c
+	default:
 		pw := testutil.Name("rpw")
 		// User app has a password; the default user keeps none, so the
 		// test helpers' own readiness check works.
-		e.redisSrv = testutil.StartRedis(t, "--user", "app", "on", ">"+pw, "~*", "&*", "+@all")
+		args := append([]string{"--user", "app", "on", ">" + pw, "~*", "&*", "+@all"}, cfg.redisArgs...)
+		e.redisSrv = testutil.StartRedis(t, args...)
 		e.redisURL = fmt.Sprintf("redis://app:%s@%s", pw, e.redisSrv.Addr)
 		e.secrets = append(e.secrets, pw)
 		opt, err := redis.ParseURL(e.redisURL)
@@ -224,9 +242,13 @@ func (e *env) workerEnv(overrides map[string]string) []string {
 	// The race runtime sleeps 1 s at exit by default: that would count
 	// in the time a SIGTERMed worker takes to exit.
 	vars := map[string]string{"DATABASE_URL": e.dbURL, "GORACE": "atexit_sleep_ms=50"}
-	if e.cfg.cluster {
+	switch {
+	case e.cfg.cluster:
 		vars["REDIS_CLUSTER_ADDRS"] = strings.Join(e.cluster, ",")
-	} else {
+	case e.cfg.sentinel:
+		vars["REDIS_SENTINEL_ADDRS"] = strings.Join(e.sent.SentinelAddrs, ",")
+		vars["REDIS_SENTINEL_MASTER"] = e.sent.MasterName
+	default:
 		vars["REDIS_URL"] = e.redisURL
 	}
 	for k, v := range overrides {
@@ -244,6 +266,9 @@ func (e *env) spawn(id string, overrides map[string]string, args ...string) *pro
 	e.t.Helper()
 	p := &proc{id: id, out: &testutil.LogBuffer{}, done: make(chan struct{})}
 	p.cmd = exec.Command(workerBin, args...)
+	if e.netns != nil {
+		p.cmd = e.netns.Command(workerBin, args...)
+	}
 	p.cmd.Env = e.workerEnv(overrides)
 	p.cmd.Stdout, p.cmd.Stderr = p.out, p.out
 	p.cmd.SysProcAttr = servers.ChildAttr(nil, true) // dies with the suite

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
+	"github.com/alya/recovery/internal/store"
 )
 
 // postgresProxy puts a TCP proxy in front of the scenario's PostgreSQL
@@ -353,13 +354,13 @@ func TestScenarioF4ReplyToTheClaimScriptLost(t *testing.T) {
 	ctx := context.Background()
 	// Loaded, so the recoverer's EVALSHA runs the script (instead of
 	// failing with NOSCRIPT, which would be the reply dropped).
-	require.NoError(t, store.Claim.Load(ctx, e.rdb).Err())
+	require.NoError(t, store.Script("claim").Load(ctx, e.rdb).Err())
 	e.waitMidBlock(victim)
 	killedAt := time.Now()
 	victim.kill(t)
 	stranded := e.inprogOf(victim.id)
 	require.NotEmpty(t, stranded)
-	dropped := proxy.DropReplyTo([]byte(store.Claim.Hash()))
+	dropped := proxy.DropReplyTo([]byte(store.Script("claim").Hash()))
 
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 	e.res.Bound = detectionBound

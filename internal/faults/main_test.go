@@ -15,6 +15,8 @@ import (
 
 	"testing"
 
+	"github.com/jackc/pgx/v5"
+
 	"github.com/alya/recovery/internal/servers"
 )
 
@@ -62,9 +64,40 @@ func runSuite(m *testing.M) int {
 	if sharedPG != nil {
 		defer sharedPG.Stop()
 	}
+	versions = serverVersions()
+	fmt.Println("faults: " + versions)
 	code := m.Run()
 	printResults(os.Stdout)
+	fmt.Println("  versions: " + versions)
 	return code
+}
+
+// versions names the servers the suite ran against, for the matrix in
+// docs/reliability.md.
+var versions string
+
+// serverVersions returns the redis-server and PostgreSQL versions.
+func serverVersions() string {
+	redisV := "redis-server: not found"
+	if out, err := exec.Command("redis-server", "--version").Output(); err == nil {
+		redisV = strings.TrimSpace(string(out))
+		if i := strings.Index(redisV, " sha="); i > 0 {
+			redisV = redisV[:i]
+		}
+	}
+	pgV := "PostgreSQL: unavailable"
+	if sharedPG != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		if c, err := pgx.Connect(ctx, sharedPG.URL); err == nil {
+			var v string
+			if c.QueryRow(ctx, "SHOW server_version").Scan(&v) == nil {
+				pgV = "PostgreSQL " + v
+			}
+			c.Close(ctx)
+		}
+	}
+	return redisV + "; " + pgV
 }
 
 // buildWorker builds the worker into out, with the race detector unless

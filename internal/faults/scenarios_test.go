@@ -18,6 +18,7 @@ import (
 
 	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/servers"
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -340,7 +341,7 @@ func TestScenario07PostgresStoppedDuringARecovery(t *testing.T) {
 	checkKept()
 	// Down for one more recovery interval: later scans fail too, and the
 	// claim of the failed one was released, not left to expire: the key
-	// holds at most the note a failed recovery leaves (scripts.Fail),
+	// holds at most the note a failed recovery leaves (the fail script),
 	// which the next recoverer takes over at once.
 	time.Sleep(recoveryInterval * 11 / 10)
 	checkKept()

@@ -27,13 +27,18 @@ const (
 )
 
 // config is everything the worker can be told. Connection strings come
-// from the environment only (REDIS_URL or REDIS_CLUSTER_ADDRS, and
-// DATABASE_URL), so they never appear in a process listing, and they are
-// never printed.
+// from the environment only (REDIS_URL, REDIS_CLUSTER_ADDRS, or
+// REDIS_SENTINEL_ADDRS with REDIS_SENTINEL_MASTER; and DATABASE_URL), so
+// they never appear in a process listing, and they are never printed.
 type config struct {
 	redisURL     string   // REDIS_URL, never printed
 	clusterAddrs []string // REDIS_CLUSTER_ADDRS: a Redis Cluster instead
-	databaseURL  string   // DATABASE_URL, never printed
+	// sentinelAddrs (REDIS_SENTINEL_ADDRS) and sentinelMaster
+	// (REDIS_SENTINEL_MASTER): a master found through Sentinel
+	// (redis.NewFailoverClient) instead.
+	sentinelAddrs  []string
+	sentinelMaster string
+	databaseURL    string // DATABASE_URL, never printed
 	// resetDatabaseURL (RESET_DATABASE_URL, never printed) is the
 	// database of the resetter's own pool, when it must differ from the
 	// host's (the suite puts a proxy in front of the resets only); ""
@@ -58,6 +63,7 @@ type config struct {
 	resetTimeout      time.Duration
 	shutdownTimeout   time.Duration
 	scanLease         bool
+	expiry            bool // WithExpiryNotifications(true)
 
 	// Faults of the recoverer (issue 10), all off by default.
 	recoverOnly     bool          // take no rows: only heartbeat and recover peers
@@ -91,6 +97,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.DurationVar(&c.resetTimeout, "reset-timeout", 10*time.Second, "timeout of each reset")
 	fs.DurationVar(&c.shutdownTimeout, "shutdown-timeout", 5*time.Second, "deadline for Shutdown after the last block")
 	fs.BoolVar(&c.scanLease, "scan-lease", true, "one worker of the fleet scans per recovery interval (false: every worker scans)")
+	fs.BoolVar(&c.expiry, "expiry-notifications", false, "recover a peer on its heartbeat's expiry event (WithExpiryNotifications(true)); the scan stays")
 	fs.BoolVar(&c.recoverOnly, "recover-only", false, "take no rows: only heartbeat and recover dead peers")
 	fs.StringVar(&c.dieAfterResetOf, "die-after-reset-of", "", "SIGKILL this process right after its first reset of this peer's rows that changed rows has committed, before the finish script (fault F2)")
 	fs.StringVar(&c.delayFinishOf, "delay-finish-of", "", "after the first reset of this peer's rows that changed rows, wait -finish-delay before the finish script (fault F8)")
@@ -106,15 +113,22 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	if addrs := getenv("REDIS_CLUSTER_ADDRS"); addrs != "" {
 		c.clusterAddrs = strings.Split(addrs, ",")
 	}
+	if addrs := getenv("REDIS_SENTINEL_ADDRS"); addrs != "" {
+		c.sentinelAddrs = strings.Split(addrs, ",")
+	}
+	c.sentinelMaster = getenv("REDIS_SENTINEL_MASTER")
 	c.databaseURL = getenv("DATABASE_URL")
 	c.resetDatabaseURL = getenv("RESET_DATABASE_URL")
 
 	var problems []string
-	if c.redisURL == "" && len(c.clusterAddrs) == 0 {
-		problems = append(problems, "set REDIS_URL or REDIS_CLUSTER_ADDRS")
+	switch n := countSet(c.redisURL != "", len(c.clusterAddrs) > 0, len(c.sentinelAddrs) > 0); {
+	case n == 0:
+		problems = append(problems, "set REDIS_URL, REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS")
+	case n > 1:
+		problems = append(problems, "set only one of REDIS_URL, REDIS_CLUSTER_ADDRS and REDIS_SENTINEL_ADDRS")
 	}
-	if c.redisURL != "" && len(c.clusterAddrs) > 0 {
-		problems = append(problems, "set only one of REDIS_URL and REDIS_CLUSTER_ADDRS")
+	if (len(c.sentinelAddrs) > 0) != (c.sentinelMaster != "") {
+		problems = append(problems, "REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER go together")
 	}
 	if c.databaseURL == "" {
 		problems = append(problems, "set DATABASE_URL")
@@ -150,6 +164,17 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	return c, nil
 }
 
+// countSet returns how many of bs are true.
+func countSet(bs ...bool) int {
+	n := 0
+	for _, b := range bs {
+		if b {
+			n++
+		}
+	}
+	return n
+}
+
 // options are the library options the flags ask for. New validates them.
 func (c config) options(log *slog.Logger) []recovery.Option {
 	opts := []recovery.Option{
@@ -164,6 +189,9 @@ func (c config) options(log *slog.Logger) []recovery.Option {
 	}
 	if c.instanceID != "" {
 		opts = append(opts, recovery.WithInstanceID(c.instanceID))
+	}
+	if c.expiry {
+		opts = append(opts, recovery.WithExpiryNotifications(true))
 	}
 	if c.opTimeout != 0 {
 		opts = append(opts, recovery.WithOperationTimeout(c.opTimeout))

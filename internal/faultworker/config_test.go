@@ -32,6 +32,35 @@ func TestConfigTakesConnectionsFromTheEnvironmentOnly(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, []string{"127.0.0.1:1", "127.0.0.1:2"}, c.clusterAddrs)
 	assert.Equal(t, guardOwner, c.guard, "owner fencing by default")
+
+	env = map[string]string{"REDIS_SENTINEL_ADDRS": "127.0.0.1:1,127.0.0.1:2,127.0.0.1:3", "REDIS_SENTINEL_MASTER": "m1", "DATABASE_URL": "postgres://h/x"}
+	c, err = parseConfig([]string{"-expiry-notifications"}, func(k string) string { return env[k] }, &out)
+	require.NoError(t, err)
+	assert.Equal(t, []string{"127.0.0.1:1", "127.0.0.1:2", "127.0.0.1:3"}, c.sentinelAddrs)
+	assert.Equal(t, "m1", c.sentinelMaster)
+	assert.True(t, c.expiry)
+	rdb, err := openRedis(c)
+	require.NoError(t, err)
+	defer rdb.Close()
+	_, isClient := rdb.(*redis.Client) // NewFailoverClient returns a *redis.Client
+	assert.True(t, isClient, "a failover client for Sentinel")
+}
+
+func TestConfigWantsExactlyOneRedisAndAMasterNameWithSentinels(t *testing.T) {
+	for _, tc := range []struct {
+		env  map[string]string
+		want string
+	}{
+		{map[string]string{"REDIS_URL": "redis://h:1", "REDIS_SENTINEL_ADDRS": "h:2", "REDIS_SENTINEL_MASTER": "m"},
+			"set only one of REDIS_URL, REDIS_CLUSTER_ADDRS and REDIS_SENTINEL_ADDRS"},
+		{map[string]string{"REDIS_SENTINEL_ADDRS": "h:2"}, "REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER go together"},
+		{map[string]string{"REDIS_URL": "redis://h:1", "REDIS_SENTINEL_MASTER": "m"}, "REDIS_SENTINEL_ADDRS and REDIS_SENTINEL_MASTER go together"},
+	} {
+		tc.env["DATABASE_URL"] = "postgres://h/x"
+		_, err := parseConfig(nil, func(k string) string { return tc.env[k] }, io.Discard)
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), tc.want)
+	}
 }
 
 func TestConfigTakesTheRecovererFaults(t *testing.T) {
@@ -53,7 +82,7 @@ func TestConfigTakesTheRecovererFaults(t *testing.T) {
 func TestConfigNamesEveryProblem(t *testing.T) {
 	_, err := parseConfig([]string{"-guard", "maybe", "-block", "0", "-poll", "0s"}, func(string) string { return "" }, io.Discard)
 	require.Error(t, err)
-	for _, want := range []string{"set REDIS_URL or REDIS_CLUSTER_ADDRS", "set DATABASE_URL",
+	for _, want := range []string{"set REDIS_URL, REDIS_CLUSTER_ADDRS or REDIS_SENTINEL_ADDRS", "set DATABASE_URL",
 		`-guard "maybe" must be owner, status or none`, "-block 0 must be at least 1", "-poll 0s must be positive"} {
 		assert.Contains(t, err.Error(), want)
 	}

@@ -24,7 +24,8 @@
 // It expects the tables batches (batchid, status), the rows table
 // (rowid, batchid, status, owner, recoveries) and ledger (rowid, instance,
 // outcome); the suite creates them. Connection strings come from REDIS_URL
-// (or REDIS_CLUSTER_ADDRS, comma-separated), DATABASE_URL and, for a
+// (or REDIS_CLUSTER_ADDRS, or REDIS_SENTINEL_ADDRS with REDIS_SENTINEL_MASTER;
+// addresses comma-separated), DATABASE_URL and, for a
 // resetter pool of its own, RESET_DATABASE_URL, and are never printed.
 // Logs are JSON lines on stderr.
 //

@@ -108,8 +108,9 @@ func openPostgres(ctx context.Context, cfg config, dbURL string) (*pgxpool.Pool,
 	return pool, nil
 }
 
-// openRedis returns a client for REDIS_URL, or a cluster client for
-// REDIS_CLUSTER_ADDRS. ContextTimeoutEnabled makes go-redis honour the
+// openRedis returns a client for REDIS_URL, a cluster client for
+// REDIS_CLUSTER_ADDRS, or a failover client (the master the sentinels
+// name, followed across failovers) for REDIS_SENTINEL_ADDRS. ContextTimeoutEnabled makes go-redis honour the
 // deadlines of the contexts it is given: without it socket reads wait for
 // ReadTimeout (3 s) whatever the context says, and the library's operation
 // timeout (250 ms with these timings) would not bound a call to an
@@ -118,6 +119,13 @@ func openRedis(cfg config) (redis.UniversalClient, error) {
 	if len(cfg.clusterAddrs) > 0 {
 		return redis.NewClusterClient(&redis.ClusterOptions{
 			Addrs:                 cfg.clusterAddrs,
+			ContextTimeoutEnabled: true,
+		}), nil
+	}
+	if len(cfg.sentinelAddrs) > 0 {
+		return redis.NewFailoverClient(&redis.FailoverOptions{
+			MasterName:            cfg.sentinelMaster,
+			SentinelAddrs:         cfg.sentinelAddrs,
 			ContextTimeoutEnabled: true,
 		}), nil
 	}

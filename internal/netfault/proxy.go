@@ -50,8 +50,14 @@ type dropArm struct {
 
 // NewProxy listens on a free loopback port and forwards every connection
 // to target until Close.
-func NewProxy(target string) (*Proxy, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
+func NewProxy(target string) (*Proxy, error) { return NewProxyOn("127.0.0.1:0", target) }
+
+// NewProxyOn is NewProxy listening on listen (host:port, port 0 for a free
+// one): the fault suite puts one on the host side of each veth link, so
+// that a worker in a network namespace reaches a server that listens on
+// loopback only.
+func NewProxyOn(listen, target string) (*Proxy, error) {
+	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return nil, fmt.Errorf("proxy for %s: listen: %w", target, err)
 	}

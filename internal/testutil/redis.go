@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strconv"
 	"strings"
 	"syscall"
@@ -215,50 +216,98 @@ func (s *RedisServer) Signal(sig syscall.Signal) error {
 	return s.cmd.Process.Signal(sig)
 }
 
-// Cluster is a Redis Cluster of masters without replicas owned by one test.
+// Cluster is a Redis Cluster owned by one test.
 type Cluster struct {
 	Addrs []string
 	Nodes []*RedisServer
 }
 
 // StartCluster starts n redis-server nodes with cluster mode on loopback,
-// joins them with redis-cli --cluster create and waits until every node
-// reports cluster_state:ok.
+// joins them with redis-cli --cluster create (masters only) and waits
+// until every node reports cluster_state:ok.
 func StartCluster(t testing.TB, n int) *Cluster {
+	t.Helper()
+	return StartClusterWithReplicas(t, n, 0, 2*time.Second)
+}
+
+// StartClusterWithReplicas starts masters × (1 + replicas) nodes with
+// cluster mode and the given cluster-node-timeout (how long a master may
+// be unreachable before its replica is promoted), joins them with
+// redis-cli --cluster create --cluster-replicas, and waits until every
+// node reports cluster_state:ok and every replica is in sync.
+func StartClusterWithReplicas(t testing.TB, masters, replicas int, nodeTimeout time.Duration) *Cluster {
 	t.Helper()
 	cli, err := exec.LookPath("redis-cli")
 	if err != nil {
 		Unavailable(t, "redis-cli not found in PATH: cannot create a Redis Cluster")
 	}
 	c := &Cluster{}
-	for range n {
+	for range masters * (1 + replicas) {
 		s := StartRedis(t, "--cluster-enabled", "yes",
-			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", "2000")
+			"--cluster-config-file", "nodes.conf", "--cluster-node-timeout", strconv.FormatInt(nodeTimeout.Milliseconds(), 10),
+			"--repl-diskless-sync-delay", "0") // a replica's first copy at once, not after 5 s
 		c.Nodes = append(c.Nodes, s)
 		c.Addrs = append(c.Addrs, s.Addr)
 	}
 	args := append([]string{"--cluster", "create"}, c.Addrs...)
-	args = append(args, "--cluster-replicas", "0", "--cluster-yes")
+	args = append(args, "--cluster-replicas", strconv.Itoa(replicas), "--cluster-yes")
 	if out, err := exec.Command(cli, args...).CombinedOutput(); err != nil {
 		t.Fatalf("redis-cli --cluster create: %v\n%s", err, out)
 	}
-	deadline := time.Now().Add(20 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for _, s := range c.Nodes {
 		rc := redis.NewClient(&redis.Options{Addr: s.Addr})
 		for {
 			info, err := rc.ClusterInfo(context.Background()).Result()
-			if err == nil && strings.Contains(info, "cluster_state:ok") {
+			repl, err2 := rc.Info(context.Background(), "replication").Result()
+			if err == nil && err2 == nil && strings.Contains(info, "cluster_state:ok") &&
+				(strings.Contains(repl, "role:master") || strings.Contains(repl, "master_link_status:up")) {
 				break
 			}
 			if time.Now().After(deadline) {
 				rc.Close()
-				t.Fatalf("cluster node %s not ok: %v %s", s.Addr, err, info)
+				t.Fatalf("cluster node %s not ok: %v %v %s", s.Addr, err, err2, info)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
 		rc.Close()
 	}
 	return c
+}
+
+// Node returns the node listening on addr, or nil.
+func (c *Cluster) Node(addr string) *RedisServer {
+	for _, s := range c.Nodes {
+		if s.Addr == addr {
+			return s
+		}
+	}
+	return nil
+}
+
+// MasterOf returns the address of the master that serves slot, as the
+// first node that answers (other than those in skip) sees it.
+func (c *Cluster) MasterOf(ctx context.Context, slot int64, skip ...string) (string, error) {
+	var last error
+	for _, s := range c.Nodes {
+		if slices.Contains(skip, s.Addr) {
+			continue
+		}
+		rc := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+		ranges, err := rc.ClusterSlots(ctx).Result()
+		rc.Close()
+		if err != nil {
+			last = err
+			continue
+		}
+		for _, r := range ranges {
+			if int64(r.Start) <= slot && slot <= int64(r.End) && len(r.Nodes) > 0 {
+				return r.Nodes[0].Addr, nil
+			}
+		}
+		return "", fmt.Errorf("slot %d not served (as %s sees it)", slot, s.Addr)
+	}
+	return "", fmt.Errorf("no node answered CLUSTER SLOTS: %v", last)
 }
 
 // Client returns a cluster client, closed when the test ends.

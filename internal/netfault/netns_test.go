@@ -1,0 +1,75 @@
+package netfault
+
+import (
+	"bufio"
+	"net"
+	"os/exec"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// TestNamespaceLinkCarriesCutsAndHeals checks the partition primitives on
+// a real namespace: a client in it reaches a listener on the link's host
+// address, not while the link is cut, again once healed, and the
+// namespace and its veth are gone after Close.
+func TestNamespaceLinkCarriesCutsAndHeals(t *testing.T) {
+	if err := Probe(); err != nil {
+		testutil.Unavailable(t, "cannot make network namespaces here: %v", err)
+	}
+	ns, err := NewNamespace("test")
+	require.NoError(t, err)
+	t.Cleanup(func() { ns.Close() })
+	l, err := ns.AddLink()
+	require.NoError(t, err)
+
+	ln, err := net.Listen("tcp", l.HostIP+":0")
+	require.NoError(t, err)
+	defer ln.Close()
+	got := make(chan string, 4)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			s, _ := bufio.NewReader(c).ReadString('\n')
+			got <- strings.TrimSpace(s)
+			c.Close()
+		}
+	}()
+	send := func(msg string) error {
+		// bash's /dev/tcp, inside the namespace, with a 1 s bound.
+		return ns.Command("timeout", "1", "bash", "-c", "echo "+msg+" >/dev/tcp/"+strings.Replace(ln.Addr().String(), ":", "/", 1)).Run()
+	}
+	if _, err := exec.LookPath("bash"); err != nil {
+		t.Skip("no bash for the client inside the namespace")
+	}
+	require.NoError(t, send("before"))
+	assert.Equal(t, "before", <-got)
+
+	require.NoError(t, l.Cut())
+	assert.Error(t, send("cut"), "nothing crosses a cut link")
+	require.NoError(t, l.Heal())
+	require.Eventually(t, func() bool { return send("healed") == nil }, 5*time.Second, 100*time.Millisecond)
+	assert.Equal(t, "healed", <-got)
+
+	require.NoError(t, l.DropReplies())
+	assert.Error(t, send("oneway"), "no SYN-ACK comes back while replies are dropped")
+	require.NoError(t, l.RestoreReplies())
+	require.NoError(t, send("back"))
+	assert.Equal(t, "back", <-got)
+
+	require.NoError(t, ns.Close())
+	out, err := exec.Command("ip", "netns", "list").CombinedOutput()
+	require.NoError(t, err)
+	assert.NotContains(t, string(out), ns.Name, "namespace removed")
+	out, err = exec.Command("ip", "link", "show", l.hostDev).CombinedOutput()
+	assert.Error(t, err, "veth removed: %s", out)
+	require.NoError(t, ns.Close(), "Close twice")
+}
