@@ -7,48 +7,9 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
 )
-
-func TestStartWritesHeartbeatAndRegistersBeforeReturning(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
-	require.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
-
-	require.NoError(t, w.Start(context.Background()))
-
-	v, err := mr.Get("ALYA_{w1}_HEARTBEAT")
-	require.NoError(t, err)
-	assert.Regexp(t, "^alive:[0-9a-f]{32}$", v, "alive:<this Worker's token>")
-	assert.Equal(t, w.beatValue, v)
-	assert.Equal(t, 2*time.Second, mr.TTL("ALYA_{w1}_HEARTBEAT"))
-	ok, err := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-	require.NoError(t, err)
-	assert.True(t, ok)
-	assert.Zero(t, mr.TTL("ALYA_WORKER_REGISTRY"), "the registry has no TTL")
-	assert.NoError(t, w.CheckLease())
-}
-
-func TestStartFailsWhenRedisIsUnreachable(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
-	mr.Close()
-
-	err := w.Start(context.Background())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "start w1: first heartbeat")
-	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrNotStarted, "a failed Start starts nothing")
-
-	mr2, rdb2 := newMini(t) // Start may be tried again once Redis is back
-	w2, _ := newWorker(t, rdb2, &fakeResetter{}, "w1")
-	require.NoError(t, w2.Start(context.Background()))
-	assert.True(t, mr2.Exists("ALYA_{w1}_HEARTBEAT"))
-}
-
-func TestStartTwiceIsRefused(t *testing.T) {
-	_, rdb := newMini(t)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
-	assert.ErrorIs(t, w.Start(context.Background()), ErrAlreadyStarted)
-}
 
 func TestHeartbeatExpiresWhenNotRefreshed(t *testing.T) {
 	mr, rdb := newMini(t)
@@ -119,40 +80,50 @@ func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
 	assert.Less(t, w.heart.retryDelay(1), interval/5, "the first retry comes well before the next tick")
 }
 
-func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, logs := startWorker(t, rdb, &fencedFake{}, "w1",
-		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	r := fencedResetter(t, db)
 	ctx := context.Background()
-	require.NoError(t, w.Track(ctx, 1))
+	a, _ := startWorker(t, rdb, r, "A", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	take(t, db, "A", 1, 2, 3, 4)
+	require.NoError(t, a.Track(ctx, 1, 2, 3, 4))
+	require.NoError(t, a.Untrack(1))
 
-	mr.SetError("ERR unreachable")
-	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
-	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
-	assert.ErrorIs(t, w.Track(ctx, 2), ErrLeaseLost, "no new rows while peers may consider us dead")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	srv.Restart() // no persistence: registry, heartbeat and rows set are gone
+	n, err := rdb.Exists(ctx, "ALYA_{A}_ROWS").Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
 
-	mr.SetError("")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
-	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is not given back yet")
-	require.NoError(t, w.Untrack(1))
-	assert.NoError(t, w.CheckLease())
-	assert.NoError(t, w.Track(ctx, 2))
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-	assert.True(t, ok, "re-registered")
+	require.Eventually(t, func() bool {
+		m, err := rdb.SMembers(ctx, "ALYA_{A}_ROWS").Result()
+		return err == nil && len(m) == 3
+	}, 2*time.Second, 10*time.Millisecond, "the live worker re-asserts its rows within one interval")
+	a.crash()
+
+	b, _ := startWorker(t, rdb, r, "B")
+	_ = b
+	require.Eventually(t, func() bool {
+		for _, id := range []int64{2, 3, 4} {
+			if s, _ := rowState(t, db, id); s != "queued" {
+				return false
+			}
+		}
+		return true
+	}, 6*time.Second, 20*time.Millisecond, "rows recovered after TTL + recovery interval")
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "row 1 was untracked (finished, in the host's terms): never reset")
 }
 
-func TestHealthyWorkerWithTheTightestTimingsNeverLosesItsLease(t *testing.T) {
-	_, rdb := newMini(t)
-	// 550ms + the derived 275ms operation timeout: just inside the 900ms lease.
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithHeartbeatTTL(time.Second),
-		WithHeartbeatInterval(550*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	deadline := time.Now().Add(2500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		require.NoError(t, w.Healthy())
-		time.Sleep(5 * time.Millisecond)
+func TestRecoveryIntervalIsJitteredByTenPercent(t *testing.T) {
+	seen := map[time.Duration]bool{}
+	for range 1000 {
+		d := jitter(time.Second, 0.1)
+		require.GreaterOrEqual(t, d, 900*time.Millisecond)
+		require.LessOrEqual(t, d, 1100*time.Millisecond)
+		seen[d] = true
 	}
-	assert.Zero(t, w.Stats().LeaseLosses)
-	assert.GreaterOrEqual(t, w.Stats().Heartbeats, uint64(5))
+	assert.Greater(t, len(seen), 100, "the waits differ")
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -344,4 +345,52 @@ func recoverAtOnce(t *testing.T, n int, mk func(i int) *Worker) {
 	}
 	close(start)
 	wg.Wait()
+}
+
+// fencedFake is a fakeResetter that declares owner fencing.
+type fencedFake struct{ fakeResetter }
+
+func (*fencedFake) FencesByOwner() bool { return true }
+
+// rowsOf returns the members of instance id's rows set.
+func rowsOf(t *testing.T, rdb redis.UniversalClient, prefix, id string) []string {
+	t.Helper()
+	m, err := rdb.SMembers(context.Background(), prefix+"_{"+id+"}_ROWS").Result()
+	require.NoError(t, err)
+	return m
+}
+
+func registered(t *testing.T, rdb redis.UniversalClient, prefix, id string) bool {
+	t.Helper()
+	ok, err := rdb.SIsMember(context.Background(), prefix+"_WORKER_REGISTRY", id).Result()
+	require.NoError(t, err)
+	return ok
+}
+
+// victim starts a worker that takes rows ids (in progress in the table and
+// tracked) and is then killed, as SIGKILL would; its heartbeat is deleted,
+// as if its TTL had run out.
+func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowResetter, id string, opts []Option, ids ...int64) *Worker {
+	t.Helper()
+	v, _ := startWorker(t, rdb, r, id, opts...)
+	setStatus(t, db, "inprog", ids...)
+	require.NoError(t, v.Track(context.Background(), ids...))
+	v.crash()
+	require.NoError(t, rdb.Del(context.Background(), v.ownKeys().Heartbeat).Err())
+	return v
+}
+
+// hookResetter runs after once its inner resetter has committed a reset.
+type hookResetter struct {
+	*PgxResetter
+	after func()
+}
+
+func (h *hookResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	res, err := h.PgxResetter.ResetIncarnation(ctx, req)
+	if err == nil && h.after != nil {
+		h.after()
+		h.after = nil
+	}
+	return res, err
 }

@@ -188,3 +188,13 @@ func TestNewDerivesTheHeartbeatIntervalAndRowsTTLUnlessSet(t *testing.T) {
 	_, err = New(rdb, r, WithHeartbeatInterval(0))
 	assert.ErrorIs(t, err, ErrInvalidConfig, "an explicit zero is refused, not taken for the default")
 }
+
+func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
+	w, err := New(idleClient(t), &fakeResetter{}, WithHeartbeatTTL(2*time.Second),
+		WithHeartbeatInterval(time.Second), WithRecoveryInterval(10*time.Second), WithRowsTTL(time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
+	w, err = New(idleClient(t), &fakeResetter{})
+	require.NoError(t, err)
+	assert.Equal(t, 48*time.Second, w.opts.scanTurnTTL(), "0.8 x the 60s recovery interval")
+}

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,4 +87,24 @@ func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
 	assert.Contains(t, logs.String(), `"found_by":"sweep"`)
 	assert.True(t, sweeper.Stats().RegistryBroken)
 	assert.Equal(t, 1, logs.Count("worker registry key is not a set"))
+}
+
+func TestInvalidRegistryMembersAreReportedAndLeftAlone(t *testing.T) {
+	mr, rdb := newMini(t)
+	long := strings.Repeat("x", 10*1024)
+	for _, m := range []string{"", "a{b}c", "with space", long} {
+		_, err := mr.SAdd("ALYA_WORKER_REGISTRY", m)
+		require.NoError(t, err)
+	}
+	plantDeadPeer(t, rdb, "ALYA", "good", "1")
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"", "a{b}c", "with space", long}, rep.InvalidMembers)
+	assert.Equal(t, []int64{1}, r.resetOf("good"))
+	n, _ := mr.SMembers("ALYA_WORKER_REGISTRY")
+	assert.Len(t, n, 4, "garbage is not ours to delete")
 }

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
 )
 
 func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
@@ -235,4 +236,32 @@ func TestShutdownCleanupIsBoundedByTheOperationTimeout(t *testing.T) {
 	fr.thaw()
 	require.NoError(t, w.Shutdown(context.Background()), "a later call finishes the clean-up")
 	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+}
+
+func TestSafetyHungPostgresCannotBlockShutdown(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	ctx := context.Background()
+	take(t, db, "dead", 1)
+	_, err := db.Exec(ctx, `
+		CREATE FUNCTION hang() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;
+		CREATE TRIGGER hang BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION hang();`)
+	require.NoError(t, err)
+	prefix := testutil.Name("S")
+	plantDeadPeer(t, rdb, prefix, "dead", "1")
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithResetTimeout(time.Minute))
+	require.Eventually(t, func() bool {
+		var n int
+		_ = db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'WITH locked%'`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond, "the reset is stuck in PostgreSQL")
+
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.Shutdown(sctx))
+	assert.Less(t, time.Since(start), 3*time.Second, "Shutdown cancels the stuck reset")
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "the cancelled reset changed nothing")
 }

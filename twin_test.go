@@ -305,3 +305,50 @@ func TestStartRecoversARowsSetLeftUnderItsInstanceIDWithoutAHeartbeat(t *testing
 }
 
 var _ redis.UniversalClient = (*redis.Client)(nil)
+
+// R2 (fixed). A fixed instance ID restarted before its predecessor's heartbeat
+// expired inherits the predecessor's rows set and never recovers it.
+//
+// docs/design.md asks only that an ID set with WithInstanceID be unique "at
+// any one time"; a StatefulSet pod (w-0) restarted after an OOM kill meets
+// that. Its restart usually takes less than the 60 s TTL:
+//
+//	w-0 (life 1): takes rows 1-3, Tracks them; OOM-killed
+//	w-0 (life 2): Start within the TTL: SET heartbeat, new incarnation;
+//	              the old heartbeat never expires, so no peer ever finds
+//	              life 1 dead; its rows 1-3 stay in the set under life 2's
+//	              incarnation, unknown to life 2's memory
+//	w-0 (life 2): processes other rows; Shutdown with nothing tracked:
+//	              DEL heartbeat, SREM registry; the set {1,2,3} is orphaned
+//
+// Rows 1-3 stay in progress for ever (no sweep: the default). Even while
+// life 2 runs they are held for as long as it lives. The incarnation was
+// meant to name "the life of the rows set"; a new life should start a new
+// set (or hand the old members to recovery) instead of adopting it.
+func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecovered(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 10, "RV2")
+	life1, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))
+	take(t, db, "w-0", 1, 2, 3)
+	require.NoError(t, life1.Track(ctx, 1, 2, 3))
+	life1.crash() // OOM kill: its heartbeat lives on for up to a TTL
+
+	life2, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))
+	take(t, db, "w-0", 4)
+	require.NoError(t, life2.Track(ctx, 4))
+	setStatus(t, db, "done", 4)
+	require.NoError(t, life2.Untrack(4))
+	require.NoError(t, life2.Shutdown(ctx), "a clean shutdown, nothing tracked")
+
+	peer, _ := startWorker(t, rdb, fencedResetter(t, db), "peer", WithKeyPrefix(prefix))
+	deadline := time.Now().Add(3 * 2 * time.Second) // three heartbeat TTLs of the fast timings
+	for time.Now().Before(deadline) {
+		_, _ = peer.RecoverNow(ctx)
+		time.Sleep(200 * time.Millisecond)
+	}
+	for id := int64(1); id <= 3; id++ {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d of the killed first life must be recovered; it is stuck", id)
+	}
+	t.Logf("left in Redis: rows set %v, registered %v", rowsOf(t, rdb, prefix, "w-0"), registered(t, rdb, prefix, "w-0"))
+}
