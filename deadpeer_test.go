@@ -152,25 +152,14 @@ func TestClaimHeldByAnotherRecovererIsRespectedUntilItExpires(t *testing.T) {
 	assert.Equal(t, []int64{1}, r.resetOf("dead"), "taken over once the dead recoverer's claim expired")
 }
 
-// comeBackResetter brings the peer's heartbeat back while it resets, as a
-// peer resuming from a long pause would.
-type comeBackResetter struct {
-	fakeResetter
-	revive func()
-}
-
-func (c *comeBackResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	c.revive()
-	return c.fakeResetter.ResetRows(ctx, peer, ids)
-}
-
 // A peer that comes back keeps its rows set as it writes it: the reset
 // rows are fenced by owner or recorded in the ledger, and removing members
 // could remove rows the peer tracked again after the reset (F8).
 func TestPeerThatComesBackDuringRecoveryKeepsItsRegistrationAndNewRows(t *testing.T) {
 	mr, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "paused", "1", "2")
-	r := &comeBackResetter{revive: func() {
+	// The peer resumes from a long pause while its rows are reset.
+	r := &fakeResetter{before: func(string) {
 		_ = mr.Set("ALYA_{paused}_HEARTBEAT", "alive")
 		_, _ = mr.SAdd("ALYA_{paused}_ROWS", "3") // it tracked a new block
 	}}
@@ -294,7 +283,7 @@ func TestSafetyTenRecoverersResetEachRowOfADeadPeerOnce(t *testing.T) {
 		take(t, db, "dead", int64(i+1))
 	}
 	plantDeadPeer(t, rdb, prefix, "dead", ids...)
-	r := &countingResetter{RowResetter: fencedResetter(t, db)}
+	r := &fakeResetter{inner: fencedResetter(t, db)}
 	recoverAtOnce(t, 10, func(int) *Worker {
 		w, _ := newWorker(t, rdb, r, testutil.Name("rec"), WithKeyPrefix(prefix))
 		return w
@@ -311,19 +300,6 @@ func TestSafetyTenRecoverersResetEachRowOfADeadPeerOnce(t *testing.T) {
 	}
 }
 
-// blockingResetter lets a test hold a recoverer inside ResetRows.
-type blockingResetter struct {
-	RowResetter
-	entered chan struct{}
-	release chan struct{}
-	once    sync.Once
-}
-
-func (b *blockingResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	b.once.Do(func() { close(b.entered); <-b.release })
-	return b.RowResetter.ResetRows(ctx, peer, ids)
-}
-
 // The design's race: B resets rows 105-109, C fetches them again, and a slow
 // D that read the rows set before B's DEL resets them under C. With claims D
 // cannot read the set while B works on it, and finds nothing after. This
@@ -337,20 +313,20 @@ func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
 	plantDeadPeer(t, rdb, prefix, "A", "105", "106", "107", "108", "109")
 	plain, err := NewPgxResetter(db) // no owner fencing
 	require.NoError(t, err)
-	slowB := &blockingResetter{RowResetter: plain, entered: make(chan struct{}), release: make(chan struct{})}
-	counted := &countingResetter{RowResetter: plain}
+	slowB := &fakeResetter{inner: plain, hold: newGate()} // B stops inside its reset
+	counted := &fakeResetter{inner: plain}
 	b, _ := newWorker(t, rdb, slowB, "B", WithKeyPrefix(prefix))
 	d, _ := newWorker(t, rdb, counted, "D", WithKeyPrefix(prefix))
 
 	bDone := make(chan error)
 	go func() { _, err := b.RecoverNow(context.Background()); bDone <- err }()
-	<-slowB.entered // B holds the claim and is about to reset
+	<-slowB.hold.entered // B holds the claim and is about to reset
 
 	rep, err := d.RecoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"A"}, rep.Skipped, "D may not touch A while B recovers it")
 
-	close(slowB.release)
+	close(slowB.hold.release)
 	require.NoError(t, <-bDone)
 	take(t, db, "C", 105, 106, 107, 108, 109) // C fetches the recovered rows
 

@@ -72,7 +72,7 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T) {
 	mr, rdb := newMini(t)
 	ctx := context.Background()
-	r := &fencedFake{}
+	r := &fakeResetter{fenced: true}
 	w, logs := startWorker(t, rdb, r, "w", WithHeartbeatTTL(400*time.Millisecond),
 		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
 	require.NoError(t, w.Track(ctx, 1, 2, 3))
@@ -95,7 +95,7 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 
 func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	mr, rdb := newMini(t)
-	w, logs := startWorker(t, rdb, &fencedFake{}, "w1",
+	w, logs := startWorker(t, rdb, &fakeResetter{fenced: true}, "w1",
 		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
 	ctx := context.Background()

@@ -2,10 +2,7 @@ package recovery
 
 import (
 	"context"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
@@ -14,51 +11,6 @@ import (
 
 	"github.com/alya/recovery/internal/testutil"
 )
-
-// timedResetter records every ResetRows call with its time and outcome, and
-// refuses the peers refuse names.
-type timedResetter struct {
-	RowResetter
-	refuse func(peer string) bool
-	mu     sync.Mutex
-	calls  []timedReset
-}
-
-type timedReset struct {
-	peer string
-	ids  []int64
-	at   time.Time
-	ok   bool
-}
-
-func (r *timedResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	at := time.Now()
-	if r.refuse != nil && r.refuse(peer) {
-		r.record(timedReset{peer: peer, ids: slices.Clone(ids), at: at})
-		return 0, context.DeadlineExceeded // as PostgreSQL out of reach would
-	}
-	n, err := r.RowResetter.ResetRows(ctx, peer, ids)
-	r.record(timedReset{peer: peer, ids: slices.Clone(ids), at: at, ok: err == nil})
-	return n, err
-}
-
-func (r *timedResetter) record(c timedReset) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, c)
-}
-
-func (r *timedResetter) of(peer string) []timedReset {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []timedReset
-	for _, c := range r.calls {
-		if c.peer == peer {
-			out = append(out, c)
-		}
-	}
-	return out
-}
 
 // F7: Redis restarts from a snapshot taken more than a heartbeat TTL ago.
 // The registry and rows sets come back, the heartbeats in the file have
@@ -74,8 +26,8 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithHeartbeatTTL(ttl),
 		WithHeartbeatInterval(300 * time.Millisecond), WithRecoveryInterval(300 * time.Millisecond),
 		WithRowsTTL(10 * time.Second)}
-	var dReachable atomic.Bool // D's reset fails until the restart, so D is still to recover then
-	r := &timedResetter{RowResetter: fencedResetter(t, db), refuse: func(p string) bool { return p == "D" && !dReachable.Load() }}
+	r := &fakeResetter{inner: fencedResetter(t, db)}
+	r.setFail("D", context.DeadlineExceeded) // as PostgreSQL out of reach would: D is still to recover at the restart
 
 	live := map[string][]int64{"A": {1, 2, 3, 4, 5}, "B": {11, 12, 13, 14, 15}}
 	frozen := map[string]*freezer{}
@@ -104,7 +56,7 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	}
 	restarted := time.Now()
 	srv.RestartKeepingData()
-	dReachable.Store(true)
+	r.setFail("D", nil)
 	observer, logs := newWorker(t, srv.Client(t), r, "observer", opts...)
 	rep, err := observer.RecoverNow(ctx)
 	for _, f := range frozen {
@@ -146,7 +98,7 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	prefix := testutil.Name("R")
-	r := &timedResetter{RowResetter: &fakeResetter{}}
+	r := &fakeResetter{}
 	// A long recovery interval: only the expiry event could act soon.
 	startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
 		WithRowsTTL(time.Minute), WithExpiryNotifications(false))

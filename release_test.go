@@ -16,7 +16,7 @@ func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T)
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
 	plain := &fakeResetter{}
 	a, _ := startWorker(t, rdb, plain, "plain", timing...)
-	fenced := &fencedFake{}
+	fenced := &fakeResetter{fenced: true}
 	b, _ := startWorker(t, rdb, fenced, "fenced", timing...)
 	require.NoError(t, a.Track(ctx, 1))
 	require.NoError(t, b.Track(ctx, 2))

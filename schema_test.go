@@ -14,7 +14,8 @@ import (
 )
 
 // checkingResetter is a fakeResetter whose schema check fails while bad is
-// set.
+// set. It is a type of its own because a SchemaChecker changes what Start
+// does: were every fakeResetter one, every test's Start would run a check.
 type checkingResetter struct {
 	fakeResetter
 	bad    atomic.Bool

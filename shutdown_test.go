@@ -70,25 +70,12 @@ func TestShutdownWithoutStart(t *testing.T) {
 	assert.Empty(t, mr.Keys(), "a worker that never started writes nothing")
 }
 
-// stubbornResetter ignores its context for a while, like a driver stuck in
-// a system call.
-type stubbornResetter struct {
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (s *stubbornResetter) ResetRows(context.Context, string, []int64) (int64, error) {
-	close(s.entered)
-	<-s.release
-	return 0, nil
-}
-
 func TestShutdownReturnsContextErrorWhenItEndsFirstAndCanBeRetried(t *testing.T) {
 	mr, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
-	r := &stubbornResetter{entered: make(chan struct{}), release: make(chan struct{})}
+	r := &fakeResetter{hold: newGate()} // stuck in a reset, deaf to its context
 	w, _ := startWorker(t, rdb, r, "w1")
-	<-r.entered // the recovery loop is stuck in a reset
+	<-r.hold.entered // the recovery loop is stuck in a reset
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
@@ -97,7 +84,7 @@ func TestShutdownReturnsContextErrorWhenItEndsFirstAndCanBeRetried(t *testing.T)
 	assert.True(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "not cleaned up while a loop still runs")
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown, "shut down for callers all the same")
 
-	close(r.release)
+	close(r.hold.release)
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "a later call finishes the clean-up")
 }

@@ -39,7 +39,7 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 
 	var crashedMu sync.Mutex
 	crashed := map[string]bool{}
-	r := &countingResetter{RowResetter: fencedResetter(t, db), check: func(peer string) {
+	r := &fakeResetter{inner: fencedResetter(t, db), before: func(peer string) {
 		crashedMu.Lock()
 		defer crashedMu.Unlock()
 		if !crashed[peer] {
