@@ -40,13 +40,13 @@ func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
 	assert.Equal(t, int64(5), rep.RowsReset)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, PeerRecovery{InstanceID: "workerA", RowsFound: 5, RowsReset: 5}, rep.Recovered[0])
-	assert.False(t, mr.Exists("ALYA_{workerA}_ROWS"), "rows set deleted after the reset")
-	claim, _ := mr.Get("ALYA_{workerA}_RECOVERY")
+	assert.False(t, mr.Exists(keysOf("workerA").Rows), "rows set deleted after the reset")
+	claim, _ := mr.Get(keysOf("workerA").Claim)
 	assert.True(t, strings.HasPrefix(claim, "done:1:"), "the claim became a tombstone holding the result, for a retried Finish: %q", claim)
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "workerA")
+	ok, _ := mr.SIsMember(registryKey, "workerA")
 	assert.False(t, ok, "dead peer deregistered")
 	mr.FastForward(2 * b.opts.opTimeout)
-	assert.False(t, mr.Exists("ALYA_{workerA}_RECOVERY"), "the tombstone lives two operation timeouts")
+	assert.False(t, mr.Exists(keysOf("workerA").Claim), "the tombstone lives two operation timeouts")
 }
 
 func TestDeadPeerWithoutRowsIsSimplyDeregistered(t *testing.T) {
@@ -61,7 +61,7 @@ func TestDeadPeerWithoutRowsIsSimplyDeregistered(t *testing.T) {
 	assert.Zero(t, r.callCount(), "nothing to reset")
 	require.Len(t, rep.Recovered, 1)
 	assert.Zero(t, rep.Recovered[0].RowsFound)
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "emptyPeer")
+	ok, _ := mr.SIsMember(registryKey, "emptyPeer")
 	assert.False(t, ok)
 }
 
@@ -85,18 +85,18 @@ func TestFailedRecoveryOfOnePeerKeepsItForTheNextScan(t *testing.T) {
 	assert.Equal(t, []int64{3}, r.resetOf("p2"), "the other peer is still recovered")
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, "p2", rep.Recovered[0].InstanceID)
-	got, _ := mr.Members("ALYA_{p1}_ROWS")
+	got, _ := mr.Members(keysOf("p1").Rows)
 	assert.ElementsMatch(t, []string{"1", "2"}, got, "rows set kept")
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "p1")
+	ok, _ := mr.SIsMember(registryKey, "p1")
 	assert.True(t, ok, "registry entry kept")
-	note, _ := mr.Get("ALYA_{p1}_RECOVERY")
+	note, _ := mr.Get(keysOf("p1").Claim)
 	assert.Equal(t, "failed", note, "claim replaced by the note of a failed recovery, which any recoverer takes over at once")
 
 	r.setFail("p1", nil)
 	_, err = b.RecoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 2}, r.resetOf("p1"))
-	assert.False(t, mr.Exists("ALYA_{p1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("p1").Rows))
 }
 
 func TestNonNumericRowMembersAreSkipped(t *testing.T) {
@@ -111,7 +111,7 @@ func TestNonNumericRowMembersAreSkipped(t *testing.T) {
 	assert.Equal(t, []int64{-3, 1, 2}, r.resetOf("p1"))
 	require.Len(t, rep.Recovered, 1)
 	assert.ElementsMatch(t, []string{"abc", "", "99999999999999999999", " 4", "0x10"}, rep.Recovered[0].InvalidMembers)
-	assert.False(t, mr.Exists("ALYA_{p1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("p1").Rows))
 }
 
 func TestConcurrentRecoverersResetEachRowOnce(t *testing.T) {
@@ -135,8 +135,8 @@ func TestClaimHeldByAnotherRecovererIsRespectedUntilItExpires(t *testing.T) {
 	mr, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
 	// A recoverer took the claim and died before finishing.
-	require.NoError(t, mr.Set("ALYA_{dead}_RECOVERY", "someone-else"))
-	mr.SetTTL("ALYA_{dead}_RECOVERY", 10*time.Second)
+	require.NoError(t, mr.Set(keysOf("dead").Claim, "someone-else"))
+	mr.SetTTL(keysOf("dead").Claim, 10*time.Second)
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
@@ -160,8 +160,8 @@ func TestPeerThatComesBackDuringRecoveryKeepsItsRegistrationAndNewRows(t *testin
 	plantDeadPeer(t, rdb, "ALYA", "paused", "1", "2")
 	// The peer resumes from a long pause while its rows are reset.
 	r := &fakeResetter{before: func(string) {
-		_ = mr.Set("ALYA_{paused}_HEARTBEAT", "alive")
-		_, _ = mr.SAdd("ALYA_{paused}_ROWS", "3") // it tracked a new block
+		_ = mr.Set(keysOf("paused").Heartbeat, "alive")
+		_, _ = mr.SAdd(keysOf("paused").Rows, "3") // it tracked a new block
 	}}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
@@ -170,9 +170,9 @@ func TestPeerThatComesBackDuringRecoveryKeepsItsRegistrationAndNewRows(t *testin
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.True(t, rep.Recovered[0].PeerCameBack)
-	got, _ := mr.Members("ALYA_{paused}_ROWS")
+	got, _ := mr.Members(keysOf("paused").Rows)
 	assert.ElementsMatch(t, []string{"1", "2", "3"}, got, "the set is left as the peer keeps it")
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "paused")
+	ok, _ := mr.SIsMember(registryKey, "paused")
 	assert.True(t, ok)
 }
 
@@ -187,9 +187,9 @@ func TestHugeRowsSetIsReadInPiecesAndRecoveredWhole(t *testing.T) {
 		for j := range batch {
 			batch[j] = int64(i + j + 1)
 		}
-		pipe.SAdd(ctx, "ALYA_{huge}_ROWS", batch...)
+		pipe.SAdd(ctx, keysOf("huge").Rows, batch...)
 	}
-	pipe.SAdd(ctx, "ALYA_WORKER_REGISTRY", "huge")
+	pipe.SAdd(ctx, registryKey, "huge")
 	_, err := pipe.Exec(ctx)
 	require.NoError(t, err)
 	counter := &commandCounter{}
@@ -252,8 +252,8 @@ func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) 
 	for i := range members {
 		members[i] = int64(i + 1)
 	}
-	require.NoError(t, rdb.SAdd(ctx, "ALYA_{moved}_ROWS", members...).Err())
-	require.NoError(t, rdb.SAdd(ctx, "ALYA_WORKER_REGISTRY", "moved").Err())
+	require.NoError(t, rdb.SAdd(ctx, keysOf("moved").Rows, members...).Err())
+	require.NoError(t, rdb.SAdd(ctx, registryKey, "moved").Err())
 	rdb.AddHook(&skipper{})
 	r := &fakeResetter{}
 	w, _ := newWorker(t, rdb, r, "rec")
@@ -262,7 +262,7 @@ func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) 
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "members read")
 	assert.Zero(t, r.callCount(), "nothing reset from an incomplete read")
-	card, err := rdb.SCard(ctx, "ALYA_{moved}_ROWS").Result()
+	card, err := rdb.SCard(ctx, keysOf("moved").Rows).Result()
 	require.NoError(t, err)
 	assert.EqualValues(t, n, card, "the set is kept")
 
@@ -383,7 +383,7 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	}, 10*time.Second, 50*time.Millisecond, "every row comes back once PostgreSQL does")
 	require.Eventually(t, func() bool { return !registered(t, rdb, prefix, "victim") }, 5*time.Second, 20*time.Millisecond,
 		"deregistered only after its rows were reset")
-	n, err := rdb.Exists(ctx, prefix+"_{victim}_ROWS", prefix+"_{victim}_INCARNATION").Result()
+	n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "victim").Rows, store.InstanceKeys(prefix, "victim").Incarnation).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n)
 }
@@ -502,7 +502,7 @@ func TestLostRowsSetAfterAFailedRecoveryIsReportedNotCountedAsRecovered(t *testi
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, "idle", rep.Recovered[0].InstanceID)
 	assert.True(t, rep.Recovered[0].NoRecord, "an idle dead peer is deregistered")
-	mr.Del("ALYA_{dead}_ROWS") // Redis loses it (or it expired) before the next try
+	mr.Del(keysOf("dead").Rows) // Redis loses it (or it expired) before the next try
 
 	rep, err = w.RecoverNow(context.Background())
 	require.ErrorIs(t, err, ErrRowsSetLost)
@@ -538,7 +538,7 @@ func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T
 	ctx := context.Background()
 	mr, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2")
-	require.NoError(t, rdb.Set(ctx, "ALYA_{dead}_INCARNATION", "life-1", 0).Err(), "what every heartbeat of this version writes")
+	require.NoError(t, rdb.Set(ctx, keysOf("dead").Incarnation, "life-1", 0).Err(), "what every heartbeat of this version writes")
 	r := &fakeResetter{}
 	pgDown := errors.New("connection refused")
 	r.setFail("dead", pgDown)
@@ -546,8 +546,8 @@ func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T
 
 	_, err := w.RecoverNow(ctx)
 	require.ErrorIs(t, err, pgDown)
-	require.True(t, mr.Exists("ALYA_{dead}_ROWS"))
-	mr.Del("ALYA_{dead}_ROWS") // lost; the incarnation is not
+	require.True(t, mr.Exists(keysOf("dead").Rows))
+	mr.Del(keysOf("dead").Rows) // lost; the incarnation is not
 
 	rep, err := w.RecoverNow(ctx)
 	assert.ErrorIs(t, err, ErrRowsSetLost, "rows 1 and 2 were never reset and nothing knows them any more")

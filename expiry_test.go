@@ -78,7 +78,7 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	r := &fakeResetter{}
 	w, _ := startWorker(t, rdb, r, "self", WithExpiryNotifications(false),
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	for _, k := range []string{"unrelated", "ALYA_{}_HEARTBEAT", "ALYA_{a b}_HEARTBEAT", "OTHER_{x}_HEARTBEAT", "ALYA_{x}_ROWS"} {
+	for _, k := range []string{"unrelated", keysOf("").Heartbeat, keysOf("a b").Heartbeat, store.InstanceKeys("OTHER", "x").Heartbeat, keysOf("x").Rows} {
 		require.NoError(t, rdb.Set(ctx, k, "1", 10*time.Millisecond).Err())
 	}
 	time.Sleep(300 * time.Millisecond)

@@ -17,10 +17,10 @@ func TestHeartbeatExpiresWhenNotRefreshed(t *testing.T) {
 	w.crash()
 
 	mr.FastForward(1999 * time.Millisecond)
-	assert.True(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.True(t, mr.Exists(keysOf("w1").Heartbeat))
 	mr.FastForward(time.Millisecond)
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "expiry means death")
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat), "expiry means death")
+	ok, _ := mr.SIsMember(registryKey, "w1")
 	assert.True(t, ok, "a killed worker stays registered until a peer recovers it")
 }
 
@@ -35,12 +35,12 @@ func TestHeartbeatRefreshesKeyRegistryAndRowsTTLEveryInterval(t *testing.T) {
 
 	for range 3 {
 		mr.FastForward(1500 * time.Millisecond) // 500ms of heartbeat TTL left
-		_, err := mr.SRem("ALYA_WORKER_REGISTRY", "w1")
+		_, err := mr.SRem(registryKey, "w1")
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
-			ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-			return mr.TTL("ALYA_{w1}_HEARTBEAT") == 2*time.Second &&
-				mr.TTL("ALYA_{w1}_ROWS") == 4*time.Second && ok
+			ok, _ := mr.SIsMember(registryKey, "w1")
+			return mr.TTL(keysOf("w1").Heartbeat) == 2*time.Second &&
+				mr.TTL(keysOf("w1").Rows) == 4*time.Second && ok
 		}, 3*time.Second, 10*time.Millisecond, "heartbeat, registry and rows TTL refreshed")
 	}
 	assert.NoError(t, w.CheckLease())
@@ -93,12 +93,12 @@ func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testi
 	require.NoError(t, a.Untrack(1))
 
 	srv.Restart() // no persistence: registry, heartbeat and rows set are gone
-	n, err := rdb.Exists(ctx, "ALYA_{A}_ROWS").Result()
+	n, err := rdb.Exists(ctx, keysOf("A").Rows).Result()
 	require.NoError(t, err)
 	require.Zero(t, n)
 
 	require.Eventually(t, func() bool {
-		m, err := rdb.SMembers(ctx, "ALYA_{A}_ROWS").Result()
+		m, err := rdb.SMembers(ctx, keysOf("A").Rows).Result()
 		return err == nil && len(m) == 3
 	}, 2*time.Second, 10*time.Millisecond, "the live worker re-asserts its rows within one interval")
 	a.crash()

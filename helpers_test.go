@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -219,14 +220,20 @@ func (g *gate) pass() {
 	g.once.Do(func() { close(g.entered); <-g.release })
 }
 
+// keysOf returns the key names of instance id under the default prefix.
+func keysOf(id string) store.Keys { return store.InstanceKeys(DefaultKeyPrefix, id) }
+
+// registryKey is the name of the registry under the default prefix.
+var registryKey = store.RegistryKey(DefaultKeyPrefix)
+
 // plantDeadPeer writes what a worker that was killed leaves behind: a
 // registry entry and a rows set, and no heartbeat.
 func plantDeadPeer(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, rdb.SAdd(ctx, prefix+"_WORKER_REGISTRY", id).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err())
 	if len(rows) > 0 {
-		require.NoError(t, rdb.SAdd(ctx, prefix+"_{"+id+"}_ROWS", rows...).Err())
+		require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, id).Rows, rows...).Err())
 	}
 }
 
@@ -408,14 +415,14 @@ func recoverAtOnce(t *testing.T, n int, mk func(i int) *Worker) {
 // rowsOf returns the members of instance id's rows set.
 func rowsOf(t *testing.T, rdb redis.UniversalClient, prefix, id string) []string {
 	t.Helper()
-	m, err := rdb.SMembers(context.Background(), prefix+"_{"+id+"}_ROWS").Result()
+	m, err := rdb.SMembers(context.Background(), store.InstanceKeys(prefix, id).Rows).Result()
 	require.NoError(t, err)
 	return m
 }
 
 func registered(t *testing.T, rdb redis.UniversalClient, prefix, id string) bool {
 	t.Helper()
-	ok, err := rdb.SIsMember(context.Background(), prefix+"_WORKER_REGISTRY", id).Result()
+	ok, err := rdb.SIsMember(context.Background(), store.RegistryKey(prefix), id).Result()
 	require.NoError(t, err)
 	return ok
 }

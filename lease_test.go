@@ -30,7 +30,7 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 	fr.freeze() // A can no longer reach Redis: a GC pause, a partition
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		n, err := observer.Exists(ctx, "ALYA_{A}_HEARTBEAT").Result()
+		n, err := observer.Exists(ctx, keysOf("A").Heartbeat).Result()
 		require.NoError(t, err)
 		if n == 0 {
 			break
@@ -57,12 +57,12 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 
 	fr.thaw()
 	require.Eventually(t, func() bool { return a.CheckLease() == nil }, 3*time.Second, 5*time.Millisecond)
-	ok, err := observer.SIsMember(ctx, "ALYA_WORKER_REGISTRY", "A").Result()
+	ok, err := observer.SIsMember(ctx, registryKey, "A").Result()
 	require.NoError(t, err)
 	assert.True(t, ok, "re-registered with the new lease")
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, time.Second, 5*time.Millisecond)
 	assert.Equal(t, 1, logs.Count("heartbeat lease lost"))
-	n, err := observer.Exists(ctx, "ALYA_{A}_ROWS").Result()
+	n, err := observer.Exists(ctx, keysOf("A").Rows).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "released rows are untracked")
 }
@@ -113,7 +113,7 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	require.NoError(t, w.Untrack(1))
 	assert.NoError(t, w.CheckLease())
 	assert.NoError(t, w.Track(ctx, 2))
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+	ok, _ := mr.SIsMember(registryKey, "w1")
 	assert.True(t, ok, "re-registered")
 }
 

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -104,13 +105,13 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 		WithRowsTTL(time.Minute), WithExpiryNotifications(false))
 
 	plantDeadPeer(t, rdb, prefix, "peer", "7")
-	require.NoError(t, rdb.Set(ctx, prefix+"_{peer}_HEARTBEAT", "alive", 1200*time.Millisecond).Err())
+	require.NoError(t, rdb.Set(ctx, store.InstanceKeys(prefix, "peer").Heartbeat, "alive", 1200*time.Millisecond).Err())
 	require.NoError(t, rdb.Save(ctx).Err())
 	restarted := time.Now()
 	srv.RestartKeepingData() // the heartbeat comes back and expires about a second later
 
 	require.Eventually(t, func() bool {
-		n, err := rdb.Exists(ctx, prefix+"_{peer}_HEARTBEAT").Result()
+		n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "peer").Heartbeat).Result()
 		return err == nil && n == 0
 	}, 3*time.Second, 10*time.Millisecond)
 	time.Sleep(500 * time.Millisecond) // the event has been heard and acted on

@@ -30,7 +30,7 @@ func TestDefaultsMatchTheDesign(t *testing.T) {
 	assert.Equal(t, DefaultRecoveryInterval, w.opts.recoveryInterval)
 	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
 	assert.Equal(t, DefaultOperationTimeout, w.opts.opTimeout)
-	assert.Equal(t, "ALYA_WORKER_REGISTRY", w.store.Registry())
+	assert.Equal(t, registryKey, w.store.Registry())
 }
 
 // defaultIDShape is <hostname>-<pid>-<unix start seconds>-<8 hex digits>.
@@ -52,8 +52,8 @@ func TestDefaultInstanceIDIsHostPidStartTimeRandom(t *testing.T) {
 	started, _ := strconv.ParseInt(m[3], 10, 64)
 	assert.GreaterOrEqual(t, started, before)
 	assert.LessOrEqual(t, started, after)
-	assert.Equal(t, "ALYA_{"+id+"}_HEARTBEAT", w.ownKeys().Heartbeat)
-	assert.Equal(t, "ALYA_{"+id+"}_ROWS", w.ownKeys().Rows)
+	assert.Equal(t, keysOf(id).Heartbeat, w.ownKeys().Heartbeat)
+	assert.Equal(t, keysOf(id).Rows, w.ownKeys().Rows)
 }
 
 // TestTwoWorkersMadeInOneProcessInTheSameSecondGetDifferentIDs reproduces

@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
 )
 
 func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
@@ -32,10 +34,10 @@ func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
 	trips, cmds := counter.snapshot()
 	assert.Equal(t, 1, trips, "one round trip for a 100-row block")
 	assert.Equal(t, []string{"sadd", "pexpire"}, cmds)
-	got, err := mr.Members("ALYA_{w1}_ROWS")
+	got, err := mr.Members(keysOf("w1").Rows)
 	require.NoError(t, err)
 	assert.ElementsMatch(t, want, got, "decimal row IDs")
-	assert.Equal(t, 3*time.Hour, mr.TTL("ALYA_{w1}_ROWS"))
+	assert.Equal(t, 3*time.Hour, mr.TTL(keysOf("w1").Rows))
 	assert.Equal(t, 100, w.Stats().TrackedRows)
 }
 
@@ -46,10 +48,10 @@ func TestTrackHonoursTheCallersContext(t *testing.T) {
 	cancel()
 	err := w.Track(ctx, 1, 2)
 	require.ErrorIs(t, err, context.Canceled)
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 	// The rows are kept in memory: if the host processes them anyway they
 	// are written with the next heartbeat.
-	require.Eventually(t, func() bool { ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "2"); return ok },
+	require.Eventually(t, func() bool { ok, _ := mr.SIsMember(keysOf("w1").Rows, "2"); return ok },
 		2*time.Second, 10*time.Millisecond)
 }
 
@@ -60,7 +62,7 @@ func TestTrackBeforeStartAndAfterShutdownIsRefused(t *testing.T) {
 	require.NoError(t, w.Start(context.Background()))
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown)
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 }
 
 func TestUntrackRemovesRowsWhateverTheProcessingContext(t *testing.T) {
@@ -72,14 +74,14 @@ func TestUntrackRemovesRowsWhateverTheProcessingContext(t *testing.T) {
 
 	require.NoError(t, w.Untrack(1))
 	require.NoError(t, w.Untrack(2, 3))
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"), "every finished row removed")
+	assert.False(t, mr.Exists(keysOf("w1").Rows), "every finished row removed")
 	assert.Zero(t, w.Stats().TrackedRows)
 
 	// After Shutdown too: the host may finish its block late.
 	require.NoError(t, w.Track(context.Background(), 4))
 	require.NoError(t, w.Shutdown(context.Background()))
 	require.NoError(t, w.Untrack(4))
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 }
 
 func TestFailedUntrackIsCompletedByTheNextHeartbeat(t *testing.T) {
@@ -93,9 +95,9 @@ func TestFailedUntrackIsCompletedByTheNextHeartbeat(t *testing.T) {
 	assert.Contains(t, err.Error(), "untrack 1 rows of w1")
 	mr.SetError("")
 
-	require.Eventually(t, func() bool { ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "1"); return !ok },
+	require.Eventually(t, func() bool { ok, _ := mr.SIsMember(keysOf("w1").Rows, "1"); return !ok },
 		3*time.Second, 10*time.Millisecond, "the heartbeat removes the row Untrack could not")
-	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "2")
+	ok, _ := mr.SIsMember(keysOf("w1").Rows, "2")
 	assert.True(t, ok, "rows still in progress stay")
 }
 
@@ -108,13 +110,13 @@ func TestHeartbeatWritesTrackedRowsBackAfterRedisForgetsThem(t *testing.T) {
 	mr.FlushAll() // Redis restarted without persistence
 
 	require.Eventually(t, func() bool {
-		got, _ := mr.Members("ALYA_{w1}_ROWS")
-		ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-		return ok && len(got) == 2 && mr.Exists("ALYA_{w1}_HEARTBEAT")
+		got, _ := mr.Members(keysOf("w1").Rows)
+		ok, _ := mr.SIsMember(registryKey, "w1")
+		return ok && len(got) == 2 && mr.Exists(keysOf("w1").Heartbeat)
 	}, 2*time.Second, 10*time.Millisecond, "rows, registry and heartbeat back within one interval")
-	got, _ := mr.Members("ALYA_{w1}_ROWS")
+	got, _ := mr.Members(keysOf("w1").Rows)
 	assert.ElementsMatch(t, []string{"10", "12"}, got, "finished rows are not written back")
-	assert.Equal(t, 4*time.Second, mr.TTL("ALYA_{w1}_ROWS"))
+	assert.Equal(t, 4*time.Second, mr.TTL(keysOf("w1").Rows))
 }
 
 // Without owner fencing, Release records its reset in the ledger under the
@@ -129,14 +131,14 @@ func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.
 	w, _ := startWorker(t, rdb, pg, "w", WithKeyPrefix(prefix))
 	setStatus(t, db, "inprog", 1, 2)
 	require.NoError(t, w.Track(ctx, 1, 2))
-	before, err := rdb.Get(ctx, prefix+"_{w}_INCARNATION").Result()
+	before, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
 
 	require.NoError(t, w.Release(ctx, 1, 2))
 	require.Equal(t, "queued", statuses(t, db)[1])
 	setStatus(t, db, "inprog", 1) // w fetches row 1 again
 	require.NoError(t, w.Track(ctx, 1))
-	after, err := rdb.Get(ctx, prefix+"_{w}_INCARNATION").Result()
+	after, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
 	assert.NotEqual(t, before, after, "a new incarnation before the row is tracked again")
 	assert.Equal(t, []string{"1"}, rowsOf(t, rdb, prefix, "w"))

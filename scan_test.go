@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -86,8 +87,8 @@ func plantLivePeers(t testing.TB, rdb redis.UniversalClient, prefix string, n in
 	pipe := rdb.Pipeline()
 	for i := range ids {
 		ids[i] = "peer-" + strconv.Itoa(i)
-		pipe.SAdd(ctx, prefix+"_WORKER_REGISTRY", ids[i])
-		pipe.Set(ctx, prefix+"_{"+ids[i]+"}_HEARTBEAT", "alive", time.Hour)
+		pipe.SAdd(ctx, store.RegistryKey(prefix), ids[i])
+		pipe.Set(ctx, store.InstanceKeys(prefix, ids[i]).Heartbeat, "alive", time.Hour)
 	}
 	_, err := pipe.Exec(ctx)
 	require.NoError(t, err)
@@ -175,7 +176,7 @@ func TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease(t
 	const ttl, interval = 2 * time.Second, time.Second // fast()
 	stated := ttl + interval*11/10 + min(interval*8/10, ttl)
 	plantDeadPeer(t, rdb, "ALYA", "V", "1")
-	require.NoError(t, rdb.Set(ctx, "ALYA_{V}_HEARTBEAT", "alive", ttl).Err()) // V's last heartbeat: now
+	require.NoError(t, rdb.Set(ctx, keysOf("V").Heartbeat, "alive", ttl).Err()) // V's last heartbeat: now
 	elapsed := time.Duration(0)
 	advance := func(d time.Duration) { mr.FastForward(d); elapsed += d }
 	holder, _ := newWorker(t, rdb, &fakeResetter{}, "holder")
@@ -211,7 +212,7 @@ func TestRecoveryLeavesRowsOfLivePeers(t *testing.T) {
 	assert.Equal(t, 1, rep.PeersChecked)
 	assert.Zero(t, len(rep.Dead))
 	assert.Zero(t, r.callCount())
-	got, _ := mr.Members("ALYA_{workerA}_ROWS")
+	got, _ := mr.Members(keysOf("workerA").Rows)
 	assert.ElementsMatch(t, []string{"1", "2", "3"}, got)
 }
 
@@ -244,14 +245,14 @@ func TestWorkerNeverRecoversItself(t *testing.T) {
 	r := &fakeResetter{}
 	w, _ := startWorker(t, rdb, r, "self", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
 	require.NoError(t, w.Track(context.Background(), 1))
-	mr.Del("ALYA_{self}_HEARTBEAT") // as if our own key expired in a pause
+	mr.Del(keysOf("self").Heartbeat) // as if our own key expired in a pause
 
 	rep, err := w.RecoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.Zero(t, rep.PeersChecked)
 	assert.Zero(t, r.callCount())
-	ok, _ := mr.SIsMember("ALYA_{self}_ROWS", "1")
+	ok, _ := mr.SIsMember(keysOf("self").Rows, "1")
 	assert.True(t, ok)
 }
 
@@ -290,5 +291,5 @@ func TestRecoveryScanFailsCleanlyWhenRedisIsDown(t *testing.T) {
 	mr.SetError("ERR down")
 	_, err := w.RecoverNow(context.Background())
 	require.Error(t, err)
-	assert.Contains(t, err.Error(), "read registry ALYA_WORKER_REGISTRY")
+	assert.Contains(t, err.Error(), "read registry "+registryKey)
 }

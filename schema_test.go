@@ -46,7 +46,7 @@ func TestStartRunsTheSchemaCheckBeforeWritingAnything(t *testing.T) {
 	r.bad.Store(false)
 	require.NoError(t, w.Start(context.Background()))
 	assert.EqualValues(t, 2, r.checks.Load())
-	assert.True(t, mr.Exists("ALYA_{w-1}_HEARTBEAT"))
+	assert.True(t, mr.Exists(keysOf("w-1").Heartbeat))
 }
 
 func TestWithoutSchemaCheckSkipsTheCheck(t *testing.T) {
@@ -55,7 +55,7 @@ func TestWithoutSchemaCheckSkipsTheCheck(t *testing.T) {
 	r.bad.Store(true)
 	startWorker(t, rdb, r, "w-1", WithoutSchemaCheck())
 	assert.Zero(t, r.checks.Load(), "CheckSchema never called")
-	assert.True(t, mr.Exists("ALYA_{w-1}_HEARTBEAT"))
+	assert.True(t, mr.Exists(keysOf("w-1").Heartbeat))
 }
 
 func TestStartRefusesAnEnumTableWithoutTheConfiguredStatuses(t *testing.T) {

@@ -24,8 +24,8 @@ func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 
 	require.NoError(t, w.Shutdown(context.Background()))
 
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
+	ok, _ := mr.SIsMember(registryKey, "w1")
 	assert.False(t, ok, "peers see at once that it left")
 	assert.NoError(t, rdb.Ping(context.Background()).Err(), "the caller's client is not closed")
 	assert.ErrorIs(t, w.CheckLease(), ErrShutdown)
@@ -57,7 +57,7 @@ func TestShutdownIsIdempotentAndSafeConcurrently(t *testing.T) {
 		assert.NoError(t, err)
 	}
 	assert.NoError(t, w.Shutdown(context.Background()))
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
 	assert.ErrorIs(t, w.Start(context.Background()), ErrShutdown)
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown)
 }
@@ -81,12 +81,12 @@ func TestShutdownReturnsContextErrorWhenItEndsFirstAndCanBeRetried(t *testing.T)
 	defer cancel()
 	err := w.Shutdown(ctx)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.True(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "not cleaned up while a loop still runs")
+	assert.True(t, mr.Exists(keysOf("w1").Heartbeat), "not cleaned up while a loop still runs")
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown, "shut down for callers all the same")
 
 	close(r.hold.release)
 	require.NoError(t, w.Shutdown(context.Background()))
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "a later call finishes the clean-up")
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat), "a later call finishes the clean-up")
 }
 
 func TestShutdownCleanupFailureIsReportedAndRetried(t *testing.T) {
@@ -98,7 +98,7 @@ func TestShutdownCleanupFailureIsReportedAndRetried(t *testing.T) {
 	assert.Contains(t, err.Error(), "shut down w1: remove heartbeat and registry entry")
 	mr.SetError("")
 	require.NoError(t, w.Shutdown(context.Background()))
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
 }
 
 func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
@@ -107,8 +107,8 @@ func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
 	require.NoError(t, a.Track(context.Background(), 101, 102))
 	require.NoError(t, a.Shutdown(context.Background())) // the deadline came before the block was done
 
-	assert.False(t, mr.Exists("ALYA_{A}_HEARTBEAT"), "the heartbeat goes at once")
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "A")
+	assert.False(t, mr.Exists(keysOf("A").Heartbeat), "the heartbeat goes at once")
+	ok, _ := mr.SIsMember(registryKey, "A")
 	assert.True(t, ok, "still registered, so peers look for its rows")
 	assert.Equal(t, 1, logs.Count("shut down with rows still tracked"))
 
@@ -171,7 +171,7 @@ func (g *pipelineGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // holds Shutdown's clean-up right after its snapshot while the Untrack runs.
 func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
 	mr, rdb := newMini(t)
-	gate := newPipelineGate("ALYA_{w1}_HEARTBEAT")
+	gate := newPipelineGate(keysOf("w1").Heartbeat)
 	rdb.AddHook(gate)
 	// An operation timeout longer than the gate's hold below.
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithOperationTimeout(500*time.Millisecond))
@@ -197,7 +197,7 @@ func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
 	}
 
 	assert.False(t, untrackedDuringCleanup, "Untrack must wait until Shutdown's clean-up has been answered")
-	ok, err := mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	ok, err := mr.SIsMember(keysOf("w1").Rows, "7")
 	if err != nil { // miniredis: the set is gone once empty
 		ok = false
 	}
@@ -222,7 +222,7 @@ func TestShutdownCleanupIsBoundedByTheOperationTimeout(t *testing.T) {
 
 	fr.thaw()
 	require.NoError(t, w.Shutdown(context.Background()), "a later call finishes the clean-up")
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
 }
 
 func TestSafetyHungPostgresCannotBlockShutdown(t *testing.T) {

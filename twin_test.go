@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -42,7 +43,7 @@ func TestStartRefusesAnInstanceIDAnotherLiveWorkerHeartbeats(t *testing.T) {
 
 	require.ErrorIs(t, err, ErrInstanceIDInUse)
 	assert.Less(t, took, 2*time.Second, "refused within the watch (500ms + 250ms + 50ms), well before the TTL")
-	v, err := rdb.Get(ctx, prefix+"_{pod-0}_HEARTBEAT").Result()
+	v, err := rdb.Get(ctx, store.InstanceKeys(prefix, "pod-0").Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Equal(t, first.beatValue, v, "the refused Worker wrote nothing")
 	assert.ErrorIs(t, second.Track(ctx, 1), ErrNotStarted)
@@ -92,9 +93,9 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 	events := &recorder{}
 	w, logs := startWorker(t, rdb, &fakeResetter{}, "pod-1", WithKeyPrefix(prefix), WithObserver(events))
 	require.NoError(t, w.Track(ctx, 1, 2))
-	hb := prefix + "_{pod-1}_HEARTBEAT"
-	require.NoError(t, rdb.Set(ctx, hb, "alive", time.Minute).Err()) // an old-version twin's heartbeat
-	require.NoError(t, rdb.Del(ctx, prefix+"_{pod-1}_ROWS").Err())   // its rows set, not ours
+	hb := store.InstanceKeys(prefix, "pod-1").Heartbeat
+	require.NoError(t, rdb.Set(ctx, hb, "alive", time.Minute).Err())                 // an old-version twin's heartbeat
+	require.NoError(t, rdb.Del(ctx, store.InstanceKeys(prefix, "pod-1").Rows).Err()) // its rows set, not ours
 
 	require.Eventually(t, func() bool { return errors.Is(w.CheckLease(), ErrInstanceIDInUse) },
 		3*time.Second, 10*time.Millisecond)
@@ -103,7 +104,7 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 	time.Sleep(1500 * time.Millisecond) // three more heartbeat attempts
 
 	assert.Equal(t, "alive", rdb.Get(ctx, hb).Val(), "never overwritten")
-	assert.Zero(t, rdb.Exists(ctx, prefix+"_{pod-1}_ROWS").Val(), "our rows never written into the twin's set")
+	assert.Zero(t, rdb.Exists(ctx, store.InstanceKeys(prefix, "pod-1").Rows).Val(), "our rows never written into the twin's set")
 	assert.Len(t, events.of(EventInstanceIDTaken), 1, "one event")
 	assert.Equal(t, 1, logs.Count("another process heartbeats this instance ID"), "one Error line")
 	assert.ErrorIs(t, w.CheckLease(), ErrInstanceIDInUse, "sticky")
@@ -120,7 +121,7 @@ func TestShutdownLeavesAHeartbeatAnotherProcessWrote(t *testing.T) {
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("twin")
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "pod-2", WithKeyPrefix(prefix), WithHeartbeatInterval(time.Second))
-	hb := prefix + "_{pod-2}_HEARTBEAT"
+	hb := store.InstanceKeys(prefix, "pod-2").Heartbeat
 	require.NoError(t, rdb.Set(ctx, hb, "alive:other", time.Minute).Err())
 	require.NoError(t, w.Shutdown(ctx))
 	assert.Equal(t, "alive:other", rdb.Get(ctx, hb).Val())
@@ -227,7 +228,7 @@ func TestTwoProcessesWithTheSameHostnameAndPIDInNamespaces(t *testing.T) {
 	}
 	assert.NotEqual(t, ids[0], ids[1], "the random part tells them apart")
 	for _, id := range ids {
-		assert.Equal(t, int64(1), rdb.Exists(context.Background(), prefix+"_{"+id+"}_HEARTBEAT").Val(), "each heartbeats its own key")
+		assert.Equal(t, int64(1), rdb.Exists(context.Background(), store.InstanceKeys(prefix, id).Heartbeat).Val(), "each heartbeats its own key")
 	}
 
 	_, state, out := startTwin(t, unshareArgs(t, "twinhost", twinArgs(t, addr, prefix, "-id", "fixed"))...)
@@ -254,13 +255,13 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 
 	p, state, out := startTwin(t, twinArgs(t, rdb.Options().Addr, prefix, "-id", "pod-0", "-track", "1,2,3")...)
 	require.Equal(t, "tracked", state, "%q", out)
-	k := prefix + "_{pod-0}"
-	oldInc := rdb.Get(ctx, k+"_INCARNATION").Val()
+	k := store.InstanceKeys(prefix, "pod-0")
+	oldInc := rdb.Get(ctx, k.Incarnation).Val()
 	require.NotEmpty(t, oldInc)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = p.cmd.Wait()
-	left := rdb.PTTL(ctx, k+"_HEARTBEAT").Val()
+	left := rdb.PTTL(ctx, k.Heartbeat).Val()
 	require.Positive(t, left, "the predecessor's heartbeat still lives")
 
 	resetter, err := NewPgxResetter(db)
@@ -279,8 +280,8 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 		oldInc).Scan(&ledgered))
 	assert.Equal(t, 3, ledgered, "reset under the predecessor's incarnation")
 	assert.Empty(t, rowsOf(t, rdb, prefix, "pod-0"), "the new process's rows set holds none of them")
-	assert.NotEqual(t, oldInc, rdb.Get(ctx, k+"_INCARNATION").Val(), "a rows set of its own")
-	assert.Equal(t, w.beatValue, rdb.Get(ctx, k+"_HEARTBEAT").Val())
+	assert.NotEqual(t, oldInc, rdb.Get(ctx, k.Incarnation).Val(), "a rows set of its own")
+	assert.Equal(t, w.beatValue, rdb.Get(ctx, k.Heartbeat).Val())
 	assert.Equal(t, 1, logs.Count("recovered rows a previous process left under this instance ID"))
 	assert.NoError(t, w.CheckLease())
 }

@@ -8,6 +8,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -26,7 +27,7 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 	setStatus(t, db, "done", 1)
 	require.NoError(t, a.Untrack(1))
 	a.crash() // before the deferred SREM
-	ok, err := rdb.SIsMember(ctx, prefix+"_{A}_ROWS", "1").Result()
+	ok, err := rdb.SIsMember(ctx, store.InstanceKeys(prefix, "A").Rows, "1").Result()
 	require.NoError(t, err)
 	require.True(t, ok, "the finished row is still in the set")
 
@@ -86,7 +87,7 @@ func TestDeferredUntrackRemovesABlockInOneCommand(t *testing.T) {
 		require.NoError(t, w.Untrack(id))
 	}
 	assert.Zero(t, w.Stats().TrackedRows, "forgotten in memory at once")
-	require.Eventually(t, func() bool { return !mr.Exists("ALYA_{w1}_ROWS") }, 2*time.Second, 5*time.Millisecond)
+	require.Eventually(t, func() bool { return !mr.Exists(keysOf("w1").Rows) }, 2*time.Second, 5*time.Millisecond)
 	_, cmds := counter.snapshot()
 	srems := 0
 	for _, c := range cmds {
@@ -103,10 +104,10 @@ func TestDeferredUntrackIsFlushedByShutdown(t *testing.T) {
 	require.NoError(t, w.Track(context.Background(), 1, 2))
 	require.NoError(t, w.Untrack(1))
 	require.NoError(t, w.Shutdown(context.Background()))
-	got, _ := mr.Members("ALYA_{w1}_ROWS")
+	got, _ := mr.Members(keysOf("w1").Rows)
 	assert.Equal(t, []string{"2"}, got)
 	require.NoError(t, w.Untrack(2), "after Shutdown Untrack is synchronous again")
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 }
 
 func TestDeferredUntrackLingerIsValidated(t *testing.T) {
@@ -127,13 +128,13 @@ func TestRowTrackedAgainWhileItsRemovalIsPendingStaysTracked(t *testing.T) {
 	// The flusher's SREM lands after the new Track's SADD, the worst order:
 	// simulate it by sending the SREM the flusher would send, by hand.
 	require.NoError(t, w.Track(ctx, 7))
-	_, err := mr.SRem("ALYA_{w1}_ROWS", "7")
+	_, err := mr.SRem(keysOf("w1").Rows, "7")
 	require.NoError(t, err)
 	w.retrack(ctx, []int64{7})
-	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	ok, _ := mr.SIsMember(keysOf("w1").Rows, "7")
 	assert.True(t, ok, "tracked again, so written back")
 
 	time.Sleep(150 * time.Millisecond) // the real flusher has run meanwhile
-	ok, _ = mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	ok, _ = mr.SIsMember(keysOf("w1").Rows, "7")
 	assert.True(t, ok, "the pending removal was cancelled by the new Track")
 }

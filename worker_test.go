@@ -12,19 +12,19 @@ import (
 func TestStartWritesHeartbeatAndRegistersBeforeReturning(t *testing.T) {
 	mr, rdb := newMini(t)
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
-	require.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	require.False(t, mr.Exists(keysOf("w1").Heartbeat))
 
 	require.NoError(t, w.Start(context.Background()))
 
-	v, err := mr.Get("ALYA_{w1}_HEARTBEAT")
+	v, err := mr.Get(keysOf("w1").Heartbeat)
 	require.NoError(t, err)
 	assert.Regexp(t, "^alive:[0-9a-f]{32}$", v, "alive:<this Worker's token>")
 	assert.Equal(t, w.beatValue, v)
-	assert.Equal(t, 2*time.Second, mr.TTL("ALYA_{w1}_HEARTBEAT"))
-	ok, err := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+	assert.Equal(t, 2*time.Second, mr.TTL(keysOf("w1").Heartbeat))
+	ok, err := mr.SIsMember(registryKey, "w1")
 	require.NoError(t, err)
 	assert.True(t, ok)
-	assert.Zero(t, mr.TTL("ALYA_WORKER_REGISTRY"), "the registry has no TTL")
+	assert.Zero(t, mr.TTL(registryKey), "the registry has no TTL")
 	assert.NoError(t, w.CheckLease())
 }
 
@@ -41,7 +41,7 @@ func TestStartFailsWhenRedisIsUnreachable(t *testing.T) {
 	mr2, rdb2 := newMini(t) // Start may be tried again once Redis is back
 	w2, _ := newWorker(t, rdb2, &fakeResetter{}, "w1")
 	require.NoError(t, w2.Start(context.Background()))
-	assert.True(t, mr2.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.True(t, mr2.Exists(keysOf("w1").Heartbeat))
 }
 
 func TestStartTwiceIsRefused(t *testing.T) {
