@@ -161,7 +161,7 @@ func BenchmarkHostLoop(b *testing.B) {
 			w := benchWorker(b, rdb, mode.opts...)
 			block := make([]int64, 10)
 			next := int64(0)
-			work := func() { time.Sleep(time.Millisecond) }
+			work := func() { time.Sleep(time.Millisecond) } // the host's work on a row, beside which the library is measured
 			withLib := func() {
 				for i := range block {
 					next++

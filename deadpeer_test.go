@@ -361,6 +361,8 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	// Started during the outage: without the schema check, which needs
 	// PostgreSQL.
 	r, _ := startWorker(t, rdb, viaProxy, "recoverer", append(timing, WithoutSchemaCheck())...)
+	// Nothing to wait on: what is tested is that time passes. Four rows
+	// TTLs of failed recoveries; the set must outlive them all.
 	time.Sleep(4 * rowsTTL)
 
 	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 5, "the rows set outlives 4 rows TTLs of failed recoveries")

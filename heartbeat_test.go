@@ -2,12 +2,16 @@ package recovery
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -46,24 +50,83 @@ func TestHeartbeatRefreshesKeyRegistryAndRowsTTLEveryInterval(t *testing.T) {
 	assert.NoError(t, w.CheckLease())
 }
 
+// beatStore is a store whose heartbeats the test decides, for the
+// heartbeat loop under testing/synctest: it records when each Beat came and
+// fails it while err is set. Every other method is the nil Store's and
+// panics: the loop must need nothing else.
+type beatStore struct {
+	store.Store
+	mu    sync.Mutex
+	err   error
+	beats []time.Time
+}
+
+func (s *beatStore) Beat(context.Context, string, store.Heartbeat) (store.BeatResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.beats = append(s.beats, time.Now())
+	if s.err != nil {
+		return store.BeatResult{}, s.err
+	}
+	return store.BeatResult{Wrote: true}, nil
+}
+
+func (s *beatStore) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err = err
+}
+
+// since returns the times of the beats sent at or after t.
+func (s *beatStore) since(t time.Time) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Time
+	for _, b := range s.beats {
+		if !b.Before(t) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// The heartbeat loop on the fake clock (testing/synctest): the real loop,
+// timers and backoff, with a store that fails on demand.
 func TestHeartbeatOutageIsRetriedQuicklyAndLoggedOnce(t *testing.T) {
-	mr, rdb := newMini(t)
-	counter := &commandCounter{}
-	rdb.AddHook(counter)
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	_ = w
+	synctest.Test(t, func(t *testing.T) {
+		w, logs := newWorker(t, idleClient(t), &fakeResetter{}, "w1", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		s := &beatStore{}
+		w.store = s
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		require.NoError(t, w.heart.runOnce(ctx)) // Start's first heartbeat
+		go func() { defer close(done); w.heart.run(ctx) }()
+		defer func() { cancel(); <-done }()
 
-	mr.SetError("LOADING down for the test")
-	counter.reset()
-	time.Sleep(1200 * time.Millisecond) // a bit over two heartbeat intervals
-	trips, _ := counter.snapshot()
-	mr.SetError("")
+		time.Sleep(1100 * time.Millisecond) // fake time: beats at 0, 500ms and 1s
+		require.Len(t, s.since(time.Time{}), 3)
+		down := time.Now()
+		s.fail(errors.New("LOADING down for the test"))
+		time.Sleep(900 * time.Millisecond)
 
-	// A ticker alone would try twice in 1.2s; the backoff starts at 50ms.
-	assert.GreaterOrEqual(t, trips, 4, "failed heartbeats are retried before a whole interval passes")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat restored") == 1 },
-		3*time.Second, 10*time.Millisecond)
-	assert.Equal(t, 1, logs.Count("heartbeat failed"), "one log line per outage, not per try")
+		// The first try fails at the tick (1.5s); the retries follow after
+		// 50, 100 and 200ms (±20%), not a whole 500ms interval later.
+		tries := s.since(down)
+		require.GreaterOrEqual(t, len(tries), 4)
+		assert.Equal(t, 400*time.Millisecond, tries[0].Sub(down), "the first failure is the regular tick")
+		for i, want := range []time.Duration{50, 100, 200} {
+			gap := tries[i+1].Sub(tries[i])
+			assert.InDelta(t, float64(want*time.Millisecond), float64(gap), float64(want*time.Millisecond)/5+1, "retry %d", i+1)
+		}
+		assert.Less(t, tries[3].Sub(tries[0]), w.opts.heartbeatInterval, "four tries within one interval; a ticker alone would take three")
+
+		s.fail(nil)
+		time.Sleep(w.opts.heartbeatInterval * 12 / 10) // the longest backoff: the next try succeeds
+		synctest.Wait()
+		assert.Equal(t, 1, logs.Count("heartbeat restored"))
+		assert.Equal(t, 1, logs.Count("heartbeat failed"), "one log line per outage, not per try")
+		assert.Zero(t, w.Stats().LeaseLosses, "the outage was shorter than the lease")
+	})
 }
 
 func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {

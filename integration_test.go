@@ -118,7 +118,9 @@ func TestIntegrationCancellingProcessingContextDoesNotStopHeartbeat(t *testing.T
 	require.NoError(t, w.Track(ctx, 1))
 	cancel() // SIGTERM: processing context cancelled, the block goes on
 
-	time.Sleep(1200 * time.Millisecond) // three heartbeat TTLs
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+12 }, 10*time.Second, 10*time.Millisecond,
+		"heartbeats go on for three heartbeat TTLs")
 	ttl, err := rdb.PTTL(context.Background(), store.InstanceKeys(prefix, "w1").Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, time.Duration(0), "heartbeat still refreshed")

@@ -28,16 +28,8 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 	require.NoError(t, a.Track(ctx, 1, 2, 3))
 
 	fr.freeze() // A can no longer reach Redis: a GC pause, a partition
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n, err := observer.Exists(ctx, keysOf("A").Heartbeat).Result()
-		require.NoError(t, err)
-		if n == 0 {
-			break
-		}
-		require.True(t, time.Now().Before(deadline), "heartbeat never expired")
-		time.Sleep(2 * time.Millisecond)
-	}
+	require.Eventually(t, func() bool { return observer.Exists(ctx, keysOf("A").Heartbeat).Val() == 0 },
+		5*time.Second, 2*time.Millisecond, "heartbeat never expired")
 	// The first moment a peer could find A dead, A already knows.
 	assert.ErrorIs(t, a.CheckLease(), ErrLeaseLost)
 	assert.ErrorIs(t, a.Track(ctx, 4), ErrLeaseLost)
@@ -122,13 +114,16 @@ func TestHealthyWorkerWithTheTightestTimingsNeverLosesItsLease(t *testing.T) {
 	// 550ms + the derived 275ms operation timeout: just inside the 900ms lease.
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithHeartbeatTTL(time.Second),
 		WithHeartbeatInterval(550*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	deadline := time.Now().Add(2500 * time.Millisecond)
-	for time.Now().Before(deadline) {
+	// Healthy is polled all along, until four heartbeats after Start's.
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Stats().Heartbeats < 5 {
 		require.NoError(t, w.Healthy())
-		time.Sleep(5 * time.Millisecond)
+		require.True(t, time.Now().Before(deadline), "four heartbeats in 10s")
+		<-poll.C
 	}
 	assert.Zero(t, w.Stats().LeaseLosses)
-	assert.GreaterOrEqual(t, w.Stats().Heartbeats, uint64(5))
 }
 
 func TestHealthyBeforeStart(t *testing.T) {

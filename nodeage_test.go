@@ -32,11 +32,13 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 
 	live := map[string][]int64{"A": {1, 2, 3, 4, 5}, "B": {11, 12, 13, 14, 15}}
 	frozen := map[string]*freezer{}
+	var fleet []*Worker
 	for id, rows := range live {
 		c := srv.Client(t)
 		frozen[id] = &freezer{}
 		c.AddHook(frozen[id])
 		w, _ := startWorker(t, c, r, id, opts...)
+		fleet = append(fleet, w)
 		take(t, db, id, rows...)
 		require.NoError(t, w.Track(ctx, rows...))
 	}
@@ -48,7 +50,10 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 
 	admin := srv.Client(t)
 	require.NoError(t, admin.Save(ctx).Err())
-	time.Sleep(ttl + 500*time.Millisecond) // every heartbeat in the snapshot has expired now
+	// Nothing to wait on but the clock: the file keeps each heartbeat's
+	// absolute expiry time, at most a TTL after the SAVE. Two TTLs leave a
+	// whole TTL of margin.
+	time.Sleep(2 * ttl)
 
 	// Restart from the snapshot while A and B are between heartbeats, and
 	// let a worker that was not running look at once.
@@ -81,7 +86,16 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 				"D reset %v after the restart, before a heartbeat TTL had passed", c.at.Sub(restarted))
 		}
 	}
-	time.Sleep(3 * 300 * time.Millisecond) // more scans of A and B, with their heartbeats back
+	fleet = append(fleet, observer)
+	scans := func() (n uint64) {
+		for _, w := range fleet {
+			n += w.Stats().Scans
+		}
+		return n
+	}
+	before := scans()
+	require.Eventually(t, func() bool { return scans() >= before+3 }, 10*time.Second, 10*time.Millisecond,
+		"three more scans of the fleet, A's and B's heartbeats back")
 
 	for id, rows := range live {
 		assert.Empty(t, r.of(id), "rows of live worker %s passed to ResetRows", id)
@@ -101,7 +115,7 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 	prefix := testutil.Name("R")
 	r := &fakeResetter{}
 	// A long recovery interval: only the expiry event could act soon.
-	startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
+	_, logs := startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
 		WithRowsTTL(time.Minute), WithExpiryNotifications(false))
 
 	plantDeadPeer(t, rdb, prefix, "peer", "7")
@@ -114,7 +128,12 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 		n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "peer").Heartbeat).Result()
 		return err == nil && n == 0
 	}, 3*time.Second, 10*time.Millisecond)
-	time.Sleep(500 * time.Millisecond) // the event has been heard and acted on
+	// The event is heard and judged: the peer is held, not handed on
+	// (the warning is logged once the hold is decided).
+	require.Eventually(t, func() bool {
+		return logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago") == 1
+	},
+		5*time.Second, 10*time.Millisecond)
 	for _, c := range r.of("peer") {
 		assert.False(t, c.at.Before(restarted.Add(2*time.Second)),
 			"reset %v after the restart, before a heartbeat TTL (2s) had passed", c.at.Sub(restarted))

@@ -53,7 +53,8 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 
 	other.recov.runOnce(ctx)
 	assert.Zero(t, other.Stats().Scans, "lease held: skipped")
-	time.Sleep(850 * time.Millisecond) // the lease is 0.8 × the 1s interval
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, store.ScanTurnKey(prefix)).Val() == 0 },
+		5*time.Second, 10*time.Millisecond, "the dead holder's turn ends (0.8 × the 1s interval)")
 	other.recov.runOnce(ctx)
 	assert.Equal(t, uint64(1), other.Stats().Scans)
 	assert.Equal(t, []int64{1}, r.resetOf("dead"))

@@ -34,7 +34,8 @@ func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 func TestShutdownStopsEveryGoroutine(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithRecoveryInterval(50*time.Millisecond))
-	time.Sleep(150 * time.Millisecond) // both loops have run a few times
+	require.Eventually(t, func() bool { return w.Stats().Scans >= 3 }, 5*time.Second, 5*time.Millisecond,
+		"the loops are running: the recovery loop has scanned a few times")
 	require.Equal(t, 3, workerGoroutines(), "two loops and their waiter")
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.Zero(t, workerGoroutines(), "no goroutine outlives Shutdown")

@@ -34,6 +34,7 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	w, _ := newWorker(t, rdb, r, "newcomer", opts...)
 	other, _ := newWorker(t, rdb, r, "other", opts...)
 
+	firstSweep := time.Now()
 	rep, err := w.sweeper.runOnce(ctx)
 	require.NoError(t, err)
 	require.True(t, rep.turnHeld)
@@ -44,14 +45,17 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, orep.turnHeld, "one sweeper at a time")
 
-	time.Sleep(200 * time.Millisecond)
 	rep, err = w.sweeper.runOnce(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, rep.recovered, "absent for less than a heartbeat TTL")
 
-	time.Sleep(400 * time.Millisecond)
-	rep, err = w.sweeper.runOnce(ctx)
-	require.NoError(t, err)
+	var sweepErr error
+	require.Eventually(t, func() bool {
+		rep, sweepErr = w.sweeper.runOnce(ctx)
+		return sweepErr != nil || len(rep.recovered) > 0
+	}, 5*time.Second, 50*time.Millisecond, "reset once absent for a heartbeat TTL")
+	require.NoError(t, sweepErr)
+	assert.GreaterOrEqual(t, time.Since(firstSweep), 500*time.Millisecond, "and not before")
 	require.Len(t, rep.recovered, 2)
 	assert.Equal(t, uint64(3), w.Stats().RowsRecovered, "the sweep's rows are counted")
 	assert.Equal(t, uint64(2), w.Stats().PeersRecovered)

@@ -47,7 +47,9 @@ func TestStartRefusesAnInstanceIDAnotherLiveWorkerHeartbeats(t *testing.T) {
 	require.NoError(t, err)
 	assert.Equal(t, first.beatValue, v, "the refused Worker wrote nothing")
 	assert.ErrorIs(t, second.Track(ctx, 1), ErrNotStarted)
-	time.Sleep(time.Second) // two heartbeats of the first
+	beats := first.Stats().Heartbeats
+	require.Eventually(t, func() bool { return first.Stats().Heartbeats >= beats+2 }, 5*time.Second, 10*time.Millisecond,
+		"two heartbeats of the first")
 	assert.NoError(t, first.CheckLease())
 }
 
@@ -101,7 +103,9 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 		3*time.Second, 10*time.Millisecond)
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 3), ErrInstanceIDInUse)
-	time.Sleep(1500 * time.Millisecond) // three more heartbeat attempts
+	tries := len(events.of(EventHeartbeatFailed))
+	require.Eventually(t, func() bool { return len(events.of(EventHeartbeatFailed)) >= tries+3 }, 10*time.Second, 10*time.Millisecond,
+		"three more heartbeat attempts")
 
 	assert.Equal(t, "alive", rdb.Get(ctx, hb).Val(), "never overwritten")
 	assert.Zero(t, rdb.Exists(ctx, store.InstanceKeys(prefix, "pod-1").Rows).Val(), "our rows never written into the twin's set")
@@ -301,7 +305,8 @@ func TestStartRecoversARowsSetLeftUnderItsInstanceIDWithoutAHeartbeat(t *testing
 	assert.Equal(t, []int64{7, 8}, r.resetOf("pod-3"))
 	assert.Empty(t, rowsOf(t, rdb, prefix, "pod-3"))
 	require.NoError(t, w.Track(ctx, 9))
-	time.Sleep(600 * time.Millisecond) // a heartbeat
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats > beats }, 5*time.Second, 10*time.Millisecond, "a heartbeat")
 	assert.Equal(t, []string{"9"}, rowsOf(t, rdb, prefix, "pod-3"))
 }
 
@@ -342,14 +347,11 @@ func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecove
 	require.NoError(t, life2.Shutdown(ctx), "a clean shutdown, nothing tracked")
 
 	peer, _ := startWorker(t, rdb, fencedResetter(t, db), "peer", WithKeyPrefix(prefix))
-	deadline := time.Now().Add(3 * 2 * time.Second) // three heartbeat TTLs of the fast timings
-	for time.Now().Before(deadline) {
+	assert.Eventually(t, func() bool {
 		_, _ = peer.RecoverNow(ctx)
-		time.Sleep(200 * time.Millisecond)
-	}
-	for id := int64(1); id <= 3; id++ {
-		s, _ := rowState(t, db, id)
-		assert.Equal(t, "queued", s, "row %d of the killed first life must be recovered; it is stuck", id)
-	}
+		got := statuses(t, db)
+		return got[1] == "queued" && got[2] == "queued" && got[3] == "queued"
+	}, 3*2*time.Second, 200*time.Millisecond, // three heartbeat TTLs of the fast timings
+		"rows 1-3 of the killed first life must be recovered; they are stuck")
 	t.Logf("left in Redis: rows set %v, registered %v", rowsOf(t, rdb, prefix, "w-0"), registered(t, rdb, prefix, "w-0"))
 }
