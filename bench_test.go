@@ -10,6 +10,7 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -89,7 +90,7 @@ func BenchmarkTrackUntrackOneRow(b *testing.B) {
 	rdb := testutil.Redis(b)
 	ctx := context.Background()
 	w := benchWorker(b, rdb)
-	key := "BENCH_{floor}_ROWS"
+	key := store.InstanceKeys("BENCH", "floor").Rows
 	id := []any{"42"}
 	lib := func() {
 		if err := w.Track(ctx, 42); err != nil {
@@ -125,7 +126,7 @@ func BenchmarkTrackBlockOf100(b *testing.B) {
 		ids[i] = int64(i)
 		args[i] = strconv.Itoa(i)
 	}
-	key := "BENCH_{floor}_ROWS"
+	key := store.InstanceKeys("BENCH", "floor").Rows
 	lib := func() {
 		if err := w.Track(ctx, ids...); err != nil {
 			panic(err)
@@ -160,7 +161,7 @@ func BenchmarkHostLoop(b *testing.B) {
 			w := benchWorker(b, rdb, mode.opts...)
 			block := make([]int64, 10)
 			next := int64(0)
-			work := func() { time.Sleep(time.Millisecond) }
+			work := func() { time.Sleep(time.Millisecond) } // the host's work on a row, beside which the library is measured
 			withLib := func() {
 				for i := range block {
 					next++
@@ -189,13 +190,13 @@ func BenchmarkHostLoop(b *testing.B) {
 // naiveScan is the design's scan written by hand: SMEMBERS, then one
 // EXISTS per peer in sequence.
 func naiveScan(ctx context.Context, rdb redis.UniversalClient, prefix string) int {
-	peers, err := rdb.SMembers(ctx, prefix+"_WORKER_REGISTRY").Result()
+	peers, err := rdb.SMembers(ctx, store.RegistryKey(prefix)).Result()
 	if err != nil {
 		panic(err)
 	}
 	dead := 0
 	for _, p := range peers {
-		n, err := rdb.Exists(ctx, prefix+"_{"+p+"}_HEARTBEAT").Result()
+		n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, p).Heartbeat).Result()
 		if err != nil {
 			panic(err)
 		}
@@ -248,8 +249,8 @@ func BenchmarkScan10000PeersWith100Dead(b *testing.B) {
 		pipe := rdb.Pipeline()
 		for d := range 100 {
 			id := "dead-" + strconv.Itoa(d)
-			pipe.SAdd(ctx, prefix+"_WORKER_REGISTRY", id)
-			pipe.SAdd(ctx, prefix+"_{"+id+"}_ROWS", rows...)
+			pipe.SAdd(ctx, store.RegistryKey(prefix), id)
+			pipe.SAdd(ctx, store.InstanceKeys(prefix, id).Rows, rows...)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			b.Fatal(err)

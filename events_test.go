@@ -146,28 +146,6 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	assert.ErrorIs(t, w.Healthy(), ErrShutdown)
 }
 
-func TestHealthyBeforeStart(t *testing.T) {
-	_, rdb := newMini(t)
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
-	assert.ErrorIs(t, w.Healthy(), ErrNotStarted)
-}
-
-func TestReleaseIsCountedAndReported(t *testing.T) {
-	_, rdb := newMini(t)
-	rec := &recorder{}
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec))
-	require.NoError(t, w.Track(context.Background(), 1, 2, 3))
-	require.NoError(t, w.Release(context.Background(), 1, 2))
-	require.NoError(t, w.Shutdown(context.Background()))
-	rel := rec.of(EventRowsReleased)
-	require.Len(t, rel, 1)
-	assert.Equal(t, 2, rel[0].Rows)
-	assert.Equal(t, int64(2), rel[0].RowsReset)
-	assert.Equal(t, uint64(2), w.Stats().RowsReleased)
-	assert.Equal(t, 1, w.Stats().TrackedRows)
-	assert.Contains(t, logs.String(), `"msg":"released rows"`)
-}
-
 func TestPanickingObserverIsContained(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1",

@@ -23,11 +23,12 @@ func killToReset(t *testing.T, rdb redis.UniversalClient, opts ...Option) time.D
 	base := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(2 * time.Second),
 		WithHeartbeatInterval(500 * time.Millisecond), WithRowsTTL(30 * time.Second)}
 	peer, _ := startWorker(t, rdb, r, "peer", append(base, WithRecoveryInterval(5*time.Second))...)
-	_ = peer
 	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithRecoveryInterval(5*time.Second))...)
 	require.NoError(t, victim.Track(context.Background(), 1, 2, 3))
-	_, _ = startWorker(t, rdb, r, "watcher", append(append(base, WithRecoveryInterval(5*time.Second)), opts...)...)
-	time.Sleep(300 * time.Millisecond) // the first scans are done
+	watcher, _ := startWorker(t, rdb, r, "watcher", append(append(base, WithRecoveryInterval(5*time.Second)), opts...)...)
+	require.Eventually(t, func() bool { // the first scan (one per fleet: the scan turn) is done
+		return peer.Stats().Scans+victim.Stats().Scans+watcher.Stats().Scans >= 1
+	}, 5*time.Second, 5*time.Millisecond)
 	victim.crash()
 	killed := time.Now()
 	require.Eventually(t, func() bool { return len(r.resetOf("victim")) == 3 }, 15*time.Second, 5*time.Millisecond)
@@ -78,10 +79,24 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	r := &fakeResetter{}
 	w, _ := startWorker(t, rdb, r, "self", WithExpiryNotifications(false),
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	for _, k := range []string{"unrelated", "ALYA_{}_HEARTBEAT", "ALYA_{a b}_HEARTBEAT", "OTHER_{x}_HEARTBEAT", "ALYA_{x}_ROWS"} {
+	keys := []string{"unrelated", keysOf("").Heartbeat, keysOf("a b").Heartbeat, store.InstanceKeys("OTHER", "x").Heartbeat, keysOf("x").Rows}
+	for _, k := range keys {
 		require.NoError(t, rdb.Set(ctx, k, "1", 10*time.Millisecond).Err())
 	}
-	time.Sleep(300 * time.Millisecond)
-	assert.Zero(t, r.callCount())
-	assert.Zero(t, w.Stats().PeersDead)
+	require.Eventually(t, func() bool { // an EXISTS expires a key at once, and publishes its event
+		for _, k := range keys {
+			if rdb.Exists(ctx, k).Val() != 0 {
+				return false
+			}
+		}
+		return true
+	}, 5*time.Second, 10*time.Millisecond)
+	// Then a real peer's heartbeat expires: its event comes after all the
+	// others on the subscription, so once it is recovered they were handled.
+	plantDeadPeer(t, rdb, DefaultKeyPrefix, "last", "1")
+	require.NoError(t, rdb.Set(ctx, keysOf("last").Heartbeat, "alive", 10*time.Millisecond).Err())
+	require.Eventually(t, func() bool { return len(r.resetOf("last")) == 1 }, 5*time.Second, 10*time.Millisecond,
+		"recovered through its expiry event (the recovery interval is an hour)")
+	assert.Equal(t, 1, r.callCount(), "the other keys' events reset nothing")
+	assert.Equal(t, uint64(1), w.Stats().PeersDead, "and found no one else dead")
 }

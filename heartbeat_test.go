@@ -2,53 +2,18 @@ package recovery
 
 import (
 	"context"
+	"errors"
+	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
 )
-
-func TestStartWritesHeartbeatAndRegistersBeforeReturning(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
-	require.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
-
-	require.NoError(t, w.Start(context.Background()))
-
-	v, err := mr.Get("ALYA_{w1}_HEARTBEAT")
-	require.NoError(t, err)
-	assert.Regexp(t, "^alive:[0-9a-f]{32}$", v, "alive:<this Worker's token>")
-	assert.Equal(t, w.beatValue, v)
-	assert.Equal(t, 2*time.Second, mr.TTL("ALYA_{w1}_HEARTBEAT"))
-	ok, err := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-	require.NoError(t, err)
-	assert.True(t, ok)
-	assert.Zero(t, mr.TTL("ALYA_WORKER_REGISTRY"), "the registry has no TTL")
-	assert.NoError(t, w.CheckLease())
-}
-
-func TestStartFailsWhenRedisIsUnreachable(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
-	mr.Close()
-
-	err := w.Start(context.Background())
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), "start w1: first heartbeat")
-	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrNotStarted, "a failed Start starts nothing")
-
-	mr2, rdb2 := newMini(t) // Start may be tried again once Redis is back
-	w2, _ := newWorker(t, rdb2, &fakeResetter{}, "w1")
-	require.NoError(t, w2.Start(context.Background()))
-	assert.True(t, mr2.Exists("ALYA_{w1}_HEARTBEAT"))
-}
-
-func TestStartTwiceIsRefused(t *testing.T) {
-	_, rdb := newMini(t)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1")
-	assert.ErrorIs(t, w.Start(context.Background()), ErrAlreadyStarted)
-}
 
 func TestHeartbeatExpiresWhenNotRefreshed(t *testing.T) {
 	mr, rdb := newMini(t)
@@ -56,10 +21,10 @@ func TestHeartbeatExpiresWhenNotRefreshed(t *testing.T) {
 	w.crash()
 
 	mr.FastForward(1999 * time.Millisecond)
-	assert.True(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.True(t, mr.Exists(keysOf("w1").Heartbeat))
 	mr.FastForward(time.Millisecond)
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "expiry means death")
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat), "expiry means death")
+	ok, _ := mr.SIsMember(registryKey, "w1")
 	assert.True(t, ok, "a killed worker stays registered until a peer recovers it")
 }
 
@@ -74,35 +39,94 @@ func TestHeartbeatRefreshesKeyRegistryAndRowsTTLEveryInterval(t *testing.T) {
 
 	for range 3 {
 		mr.FastForward(1500 * time.Millisecond) // 500ms of heartbeat TTL left
-		_, err := mr.SRem("ALYA_WORKER_REGISTRY", "w1")
+		_, err := mr.SRem(registryKey, "w1")
 		require.NoError(t, err)
 		require.Eventually(t, func() bool {
-			ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-			return mr.TTL("ALYA_{w1}_HEARTBEAT") == 2*time.Second &&
-				mr.TTL("ALYA_{w1}_ROWS") == 4*time.Second && ok
+			ok, _ := mr.SIsMember(registryKey, "w1")
+			return mr.TTL(keysOf("w1").Heartbeat) == 2*time.Second &&
+				mr.TTL(keysOf("w1").Rows) == 4*time.Second && ok
 		}, 3*time.Second, 10*time.Millisecond, "heartbeat, registry and rows TTL refreshed")
 	}
 	assert.NoError(t, w.CheckLease())
 }
 
+// beatStore is a store whose heartbeats the test decides, for the
+// heartbeat loop under testing/synctest: it records when each Beat came and
+// fails it while err is set. Every other method is the nil Store's and
+// panics: the loop must need nothing else.
+type beatStore struct {
+	store.Store
+	mu    sync.Mutex
+	err   error
+	beats []time.Time
+}
+
+func (s *beatStore) Beat(context.Context, string, store.Heartbeat) (store.BeatResult, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.beats = append(s.beats, time.Now())
+	if s.err != nil {
+		return store.BeatResult{}, s.err
+	}
+	return store.BeatResult{Wrote: true}, nil
+}
+
+func (s *beatStore) fail(err error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err = err
+}
+
+// since returns the times of the beats sent at or after t.
+func (s *beatStore) since(t time.Time) []time.Time {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []time.Time
+	for _, b := range s.beats {
+		if !b.Before(t) {
+			out = append(out, b)
+		}
+	}
+	return out
+}
+
+// The heartbeat loop on the fake clock (testing/synctest): the real loop,
+// timers and backoff, with a store that fails on demand.
 func TestHeartbeatOutageIsRetriedQuicklyAndLoggedOnce(t *testing.T) {
-	mr, rdb := newMini(t)
-	counter := &commandCounter{}
-	rdb.AddHook(counter)
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	_ = w
+	synctest.Test(t, func(t *testing.T) {
+		w, logs := newWorker(t, idleClient(t), &fakeResetter{}, "w1", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		s := &beatStore{}
+		w.store = s
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		require.NoError(t, w.heart.runOnce(ctx)) // Start's first heartbeat
+		go func() { defer close(done); w.heart.run(ctx) }()
+		defer func() { cancel(); <-done }()
 
-	mr.SetError("LOADING down for the test")
-	counter.reset()
-	time.Sleep(1200 * time.Millisecond) // a bit over two heartbeat intervals
-	trips, _ := counter.snapshot()
-	mr.SetError("")
+		time.Sleep(1100 * time.Millisecond) // fake time: beats at 0, 500ms and 1s
+		require.Len(t, s.since(time.Time{}), 3)
+		down := time.Now()
+		s.fail(errors.New("LOADING down for the test"))
+		time.Sleep(900 * time.Millisecond)
 
-	// A ticker alone would try twice in 1.2s; the backoff starts at 50ms.
-	assert.GreaterOrEqual(t, trips, 4, "failed heartbeats are retried before a whole interval passes")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat restored") == 1 },
-		3*time.Second, 10*time.Millisecond)
-	assert.Equal(t, 1, logs.Count("heartbeat failed"), "one log line per outage, not per try")
+		// The first try fails at the tick (1.5s); the retries follow after
+		// 50, 100 and 200ms (±20%), not a whole 500ms interval later.
+		tries := s.since(down)
+		require.GreaterOrEqual(t, len(tries), 4)
+		assert.Equal(t, 400*time.Millisecond, tries[0].Sub(down), "the first failure is the regular tick")
+		for i, want := range []time.Duration{50, 100, 200} {
+			gap := tries[i+1].Sub(tries[i])
+			assert.InDelta(t, float64(want*time.Millisecond), float64(gap), float64(want*time.Millisecond)/5+1, "retry %d", i+1)
+		}
+		assert.Less(t, tries[3].Sub(tries[0]), w.opts.heartbeatInterval, "four tries within one interval; a ticker alone would take three")
+
+		s.fail(nil)
+		time.Sleep(w.opts.heartbeatInterval * 12 / 10) // the longest backoff: the next try succeeds
+		synctest.Wait()
+		assert.Equal(t, 1, logs.Count("heartbeat restored"))
+		assert.Equal(t, 1, logs.Count("heartbeat failed"), "one log line per outage, not per try")
+		assert.Zero(t, w.Stats().LeaseLosses, "the outage was shorter than the lease")
+	})
 }
 
 func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
@@ -119,40 +143,50 @@ func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
 	assert.Less(t, w.heart.retryDelay(1), interval/5, "the first retry comes well before the next tick")
 }
 
-func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, logs := startWorker(t, rdb, &fencedFake{}, "w1",
-		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	r := fencedResetter(t, db)
 	ctx := context.Background()
-	require.NoError(t, w.Track(ctx, 1))
+	a, _ := startWorker(t, rdb, r, "A", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithRowsSets())
+	take(t, db, "A", 1, 2, 3, 4)
+	require.NoError(t, a.Track(ctx, 1, 2, 3, 4))
+	require.NoError(t, a.Untrack(1))
 
-	mr.SetError("ERR unreachable")
-	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
-	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
-	assert.ErrorIs(t, w.Track(ctx, 2), ErrLeaseLost, "no new rows while peers may consider us dead")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	srv.Restart() // no persistence: registry, heartbeat and rows set are gone
+	n, err := rdb.Exists(ctx, keysOf("A").Rows).Result()
+	require.NoError(t, err)
+	require.Zero(t, n)
 
-	mr.SetError("")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
-	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is not given back yet")
-	require.NoError(t, w.Untrack(1))
-	assert.NoError(t, w.CheckLease())
-	assert.NoError(t, w.Track(ctx, 2))
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-	assert.True(t, ok, "re-registered")
+	require.Eventually(t, func() bool {
+		m, err := rdb.SMembers(ctx, keysOf("A").Rows).Result()
+		return err == nil && len(m) == 3
+	}, 2*time.Second, 10*time.Millisecond, "the live worker re-asserts its rows within one interval")
+	a.crash()
+
+	b, _ := startWorker(t, rdb, r, "B", WithRowsSets())
+	_ = b
+	require.Eventually(t, func() bool {
+		for _, id := range []int64{2, 3, 4} {
+			if s, _ := rowState(t, db, id); s != "queued" {
+				return false
+			}
+		}
+		return true
+	}, 6*time.Second, 20*time.Millisecond, "rows recovered after TTL + recovery interval")
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "row 1 was untracked (finished, in the host's terms): never reset")
 }
 
-func TestHealthyWorkerWithTheTightestTimingsNeverLosesItsLease(t *testing.T) {
-	_, rdb := newMini(t)
-	// 550ms + the derived 275ms operation timeout: just inside the 900ms lease.
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithHeartbeatTTL(time.Second),
-		WithHeartbeatInterval(550*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	deadline := time.Now().Add(2500 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		require.NoError(t, w.Healthy())
-		time.Sleep(5 * time.Millisecond)
+func TestRecoveryIntervalIsJitteredByTenPercent(t *testing.T) {
+	seen := map[time.Duration]bool{}
+	for range 1000 {
+		d := jitter(time.Second, 0.1)
+		require.GreaterOrEqual(t, d, 900*time.Millisecond)
+		require.LessOrEqual(t, d, 1100*time.Millisecond)
+		seen[d] = true
 	}
-	assert.Zero(t, w.Stats().LeaseLosses)
-	assert.GreaterOrEqual(t, w.Stats().Heartbeats, uint64(5))
+	assert.Greater(t, len(seen), 100, "the waits differ")
 }

@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"github.com/alicebob/miniredis/v2"
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -69,20 +71,54 @@ func startWorker(t *testing.T, rdb redis.UniversalClient, r RowResetter, id stri
 	return w, buf
 }
 
-// fakeResetter records every ResetRows call and can be told to fail.
+// fakeResetter is the one RowResetter double of the unit tests. It records
+// every ResetRows call (peer, rows, time, outcome); what a call does is set
+// by its fields, all optional, each for the tests that need it:
+//
+//   - inner does the reset (a PgxResetter, say); without it every row passed
+//     counts as reset. Only ResetRows is exposed, whatever else inner has.
+//   - setFail makes the calls for one peer fail with an error.
+//   - delay waits before each reset, ending early with the call's context.
+//   - hold, a gate, stops the first call until the test opens it, ignoring
+//     the call's context as a driver stuck in a system call would.
+//   - before runs at each call before the reset (a peer coming back, a
+//     check that fails the test).
+//   - fenced makes it an OwnerFencer whose resets are guarded by owner.
 type fakeResetter struct {
+	inner  RowResetter
+	delay  time.Duration
+	hold   *gate
+	before func(peer string)
+	fenced bool
+
 	mu    sync.Mutex
-	calls []resetCall
 	fail  map[string]error // by dead instance ID
-	delay time.Duration
+	calls []resetCall
 }
 
+// resetCall is one ResetRows call: when it came, with what, and whether it
+// succeeded.
 type resetCall struct {
 	peer string
 	ids  []int64
+	at   time.Time
+	ok   bool
 }
 
 func (f *fakeResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
+	call := resetCall{peer: peer, ids: slices.Clone(ids), at: time.Now()}
+	n, err := f.reset(ctx, peer, ids)
+	call.ok = err == nil
+	f.mu.Lock()
+	f.calls = append(f.calls, call)
+	f.mu.Unlock()
+	return n, err
+}
+
+func (f *fakeResetter) reset(ctx context.Context, peer string, ids []int64) (int64, error) {
+	if f.hold != nil {
+		f.hold.pass()
+	}
 	if f.delay > 0 {
 		select {
 		case <-time.After(f.delay):
@@ -90,15 +126,25 @@ func (f *fakeResetter) ResetRows(ctx context.Context, peer string, ids []int64) 
 			return 0, ctx.Err()
 		}
 	}
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	if err := f.fail[peer]; err != nil {
-		return 0, err
+	if f.before != nil {
+		f.before(peer)
 	}
-	f.calls = append(f.calls, resetCall{peer: peer, ids: slices.Clone(ids)})
+	f.mu.Lock()
+	err := f.fail[peer]
+	f.mu.Unlock()
+	switch {
+	case err != nil:
+		return 0, err
+	case f.inner != nil:
+		return f.inner.ResetRows(ctx, peer, ids)
+	}
 	return int64(len(ids)), nil
 }
 
+// FencesByOwner makes the fake an OwnerFencer; it answers fenced.
+func (f *fakeResetter) FencesByOwner() bool { return f.fenced }
+
+// setFail makes every later call for peer fail with err; nil ends that.
 func (f *fakeResetter) setFail(peer string, err error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -108,13 +154,11 @@ func (f *fakeResetter) setFail(peer string, err error) {
 	f.fail[peer] = err
 }
 
-// resetOf returns the IDs reset for peer, over all calls, sorted.
+// resetOf returns the IDs reset for peer, over all successful calls, sorted.
 func (f *fakeResetter) resetOf(peer string) []int64 {
-	f.mu.Lock()
-	defer f.mu.Unlock()
 	var ids []int64
-	for _, c := range f.calls {
-		if c.peer == peer {
+	for _, c := range f.of(peer) {
+		if c.ok {
 			ids = append(ids, c.ids...)
 		}
 	}
@@ -122,20 +166,74 @@ func (f *fakeResetter) resetOf(peer string) []int64 {
 	return ids
 }
 
+// callCount returns how many calls succeeded.
 func (f *fakeResetter) callCount() int {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return len(f.calls)
+	n := 0
+	for _, c := range f.calls {
+		if c.ok {
+			n++
+		}
+	}
+	return n
 }
+
+// of returns every call for peer, failed ones included, in order.
+func (f *fakeResetter) of(peer string) []resetCall {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	var out []resetCall
+	for _, c := range f.calls {
+		if c.peer == peer {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// perRow returns how many times each row was passed to ResetRows, failed
+// calls included.
+func (f *fakeResetter) perRow() map[int64]int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := map[int64]int{}
+	for _, c := range f.calls {
+		for _, id := range c.ids {
+			out[id]++
+		}
+	}
+	return out
+}
+
+// gate holds the first caller of pass until the test opens it: entered is
+// closed when the caller arrives, and closing release lets it go on.
+type gate struct {
+	entered chan struct{}
+	release chan struct{}
+	once    sync.Once
+}
+
+func newGate() *gate { return &gate{entered: make(chan struct{}), release: make(chan struct{})} }
+
+func (g *gate) pass() {
+	g.once.Do(func() { close(g.entered); <-g.release })
+}
+
+// keysOf returns the key names of instance id under the default prefix.
+func keysOf(id string) store.Keys { return store.InstanceKeys(DefaultKeyPrefix, id) }
+
+// registryKey is the name of the registry under the default prefix.
+var registryKey = store.RegistryKey(DefaultKeyPrefix)
 
 // plantDeadPeer writes what a worker that was killed leaves behind: a
 // registry entry and a rows set, and no heartbeat.
 func plantDeadPeer(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, rdb.SAdd(ctx, prefix+"_WORKER_REGISTRY", id).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err())
 	if len(rows) > 0 {
-		require.NoError(t, rdb.SAdd(ctx, prefix+"_{"+id+"}_ROWS", rows...).Err())
+		require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, id).Rows, rows...).Err())
 	}
 }
 
@@ -291,38 +389,6 @@ func (f *freezer) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.Proc
 	}
 }
 
-// countingResetter wraps a resetter and records every call.
-type countingResetter struct {
-	RowResetter
-	mu    sync.Mutex
-	calls []resetCall
-	check func(peer string) // called before each reset, may fail the test
-}
-
-func (c *countingResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	c.mu.Lock()
-	c.calls = append(c.calls, resetCall{peer: peer, ids: slices.Clone(ids)})
-	check := c.check
-	c.mu.Unlock()
-	if check != nil {
-		check(peer)
-	}
-	return c.RowResetter.ResetRows(ctx, peer, ids)
-}
-
-// perRow returns how many times each row was passed to ResetRows.
-func (c *countingResetter) perRow() map[int64]int {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := map[int64]int{}
-	for _, call := range c.calls {
-		for _, id := range call.ids {
-			out[id]++
-		}
-	}
-	return out
-}
-
 // discardLogger drops everything, for tests that create many workers.
 var discardLogger = slog.New(slog.DiscardHandler)
 
@@ -344,4 +410,51 @@ func recoverAtOnce(t *testing.T, n int, mk func(i int) *Worker) {
 	}
 	close(start)
 	wg.Wait()
+}
+
+// rowsOf returns the members of instance id's rows set.
+func rowsOf(t *testing.T, rdb redis.UniversalClient, prefix, id string) []string {
+	t.Helper()
+	m, err := rdb.SMembers(context.Background(), store.InstanceKeys(prefix, id).Rows).Result()
+	require.NoError(t, err)
+	return m
+}
+
+func registered(t *testing.T, rdb redis.UniversalClient, prefix, id string) bool {
+	t.Helper()
+	ok, err := rdb.SIsMember(context.Background(), store.RegistryKey(prefix), id).Result()
+	require.NoError(t, err)
+	return ok
+}
+
+// victim starts a worker that takes rows ids (in progress in the table and
+// tracked) and is then killed, as SIGKILL would; its heartbeat is deleted,
+// as if its TTL had run out.
+func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowResetter, id string, opts []Option, ids ...int64) *Worker {
+	t.Helper()
+	v, _ := startWorker(t, rdb, r, id, opts...)
+	setStatus(t, db, "inprog", ids...)
+	require.NoError(t, v.Track(context.Background(), ids...))
+	v.crash()
+	require.NoError(t, rdb.Del(context.Background(), v.ownKeys().Heartbeat).Err())
+	return v
+}
+
+// hookResetter is a PgxResetter that runs after once, right after a reset
+// of the rows of a dead peer committed. It is not a fakeResetter with an
+// inner resetter: the Worker must see everything the PgxResetter is
+// (ResetIncarnation with its ledger, owner fencing), and the hook sits in
+// ResetIncarnation, which a fake does not have.
+type hookResetter struct {
+	*PgxResetter
+	after func()
+}
+
+func (h *hookResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	res, err := h.PgxResetter.ResetIncarnation(ctx, req)
+	if err == nil && h.after != nil {
+		h.after()
+		h.after = nil
+	}
+	return res, err
 }

@@ -9,6 +9,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -71,13 +72,13 @@ func testKilledWorkerRowsAreQueuedAgain(t *testing.T, rdb redis.UniversalClient)
 	assert.Equal(t, "inprog", batch, "the batch is not reset")
 
 	require.Eventually(t, func() bool {
-		n, err := rdb.Exists(ctx, prefix+"_{workerA}_ROWS", prefix+"_{workerA}_HEARTBEAT", prefix+"_{workerA}_RECOVERY").Result()
+		n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "workerA").Rows, store.InstanceKeys(prefix, "workerA").Heartbeat, store.InstanceKeys(prefix, "workerA").Claim).Result()
 		return err == nil && n == 0
 	}, 2*time.Second, 10*time.Millisecond, "A's keys are gone")
-	isMember, err := rdb.SIsMember(ctx, prefix+"_WORKER_REGISTRY", "workerA").Result()
+	isMember, err := rdb.SIsMember(ctx, store.RegistryKey(prefix), "workerA").Result()
 	require.NoError(t, err)
 	assert.False(t, isMember, "A deregistered")
-	isMember, err = rdb.SIsMember(ctx, prefix+"_WORKER_REGISTRY", "workerB").Result()
+	isMember, err = rdb.SIsMember(ctx, store.RegistryKey(prefix), "workerB").Result()
 	require.NoError(t, err)
 	assert.True(t, isMember)
 	assert.Equal(t, 1, logs.Count("recovered rows of dead peer"))
@@ -95,11 +96,13 @@ func TestIntegrationClusterKeysOfOneWorkerShareASlot(t *testing.T) {
 		require.NoError(t, err)
 		return s
 	}
-	hb := slot("ALYA_{host-1234-1234567890}_HEARTBEAT")
-	assert.Equal(t, hb, slot("ALYA_{host-1234-1234567890}_ROWS"))
-	assert.Equal(t, hb, slot("ALYA_{host-1234-1234567890}_RECOVERY"))
+	k := keysOf("host-1234-1234567890")
+	hb := slot(k.Heartbeat)
+	assert.Equal(t, hb, slot(k.Rows))
+	assert.Equal(t, hb, slot(k.Claim))
+	assert.Equal(t, hb, slot(k.Incarnation))
 	assert.Equal(t, hb, slot("host-1234-1234567890"), "the hash tag decides the slot")
-	n, err := rdb.Exists(ctx, "ALYA_{host-1234-1234567890}_HEARTBEAT", "ALYA_{host-1234-1234567890}_ROWS").Result()
+	n, err := rdb.Exists(ctx, k.Heartbeat, k.Rows).Result()
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), n)
 }
@@ -115,14 +118,16 @@ func TestIntegrationCancellingProcessingContextDoesNotStopHeartbeat(t *testing.T
 	require.NoError(t, w.Track(ctx, 1))
 	cancel() // SIGTERM: processing context cancelled, the block goes on
 
-	time.Sleep(1200 * time.Millisecond) // three heartbeat TTLs
-	ttl, err := rdb.PTTL(context.Background(), prefix+"_{w1}_HEARTBEAT").Result()
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+12 }, 10*time.Second, 10*time.Millisecond,
+		"heartbeats go on for three heartbeat TTLs")
+	ttl, err := rdb.PTTL(context.Background(), store.InstanceKeys(prefix, "w1").Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, time.Duration(0), "heartbeat still refreshed")
 	assert.NoError(t, w.CheckLease())
 	require.NoError(t, w.Untrack(1))
 	require.NoError(t, w.Shutdown(context.Background()))
-	n, err := rdb.Exists(context.Background(), prefix+"_{w1}_HEARTBEAT").Result()
+	n, err := rdb.Exists(context.Background(), store.InstanceKeys(prefix, "w1").Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Zero(t, n, "gone at once on Shutdown")
 }

@@ -2,63 +2,16 @@ package recovery
 
 import (
 	"context"
-	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
-
-// timedResetter records every ResetRows call with its time and outcome, and
-// refuses the peers refuse names.
-type timedResetter struct {
-	RowResetter
-	refuse func(peer string) bool
-	mu     sync.Mutex
-	calls  []timedReset
-}
-
-type timedReset struct {
-	peer string
-	ids  []int64
-	at   time.Time
-	ok   bool
-}
-
-func (r *timedResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	at := time.Now()
-	if r.refuse != nil && r.refuse(peer) {
-		r.record(timedReset{peer: peer, ids: slices.Clone(ids), at: at})
-		return 0, context.DeadlineExceeded // as PostgreSQL out of reach would
-	}
-	n, err := r.RowResetter.ResetRows(ctx, peer, ids)
-	r.record(timedReset{peer: peer, ids: slices.Clone(ids), at: at, ok: err == nil})
-	return n, err
-}
-
-func (r *timedResetter) record(c timedReset) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	r.calls = append(r.calls, c)
-}
-
-func (r *timedResetter) of(peer string) []timedReset {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	var out []timedReset
-	for _, c := range r.calls {
-		if c.peer == peer {
-			out = append(out, c)
-		}
-	}
-	return out
-}
 
 // F7: Redis restarts from a snapshot taken more than a heartbeat TTL ago.
 // The registry and rows sets come back, the heartbeats in the file have
@@ -74,16 +27,18 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithHeartbeatTTL(ttl),
 		WithHeartbeatInterval(300 * time.Millisecond), WithRecoveryInterval(300 * time.Millisecond),
 		WithRowsTTL(10 * time.Second)}
-	var dReachable atomic.Bool // D's reset fails until the restart, so D is still to recover then
-	r := &timedResetter{RowResetter: fencedResetter(t, db), refuse: func(p string) bool { return p == "D" && !dReachable.Load() }}
+	r := &fakeResetter{inner: fencedResetter(t, db)}
+	r.setFail("D", context.DeadlineExceeded) // as PostgreSQL out of reach would: D is still to recover at the restart
 
 	live := map[string][]int64{"A": {1, 2, 3, 4, 5}, "B": {11, 12, 13, 14, 15}}
 	frozen := map[string]*freezer{}
+	var fleet []*Worker
 	for id, rows := range live {
 		c := srv.Client(t)
 		frozen[id] = &freezer{}
 		c.AddHook(frozen[id])
 		w, _ := startWorker(t, c, r, id, opts...)
+		fleet = append(fleet, w)
 		take(t, db, id, rows...)
 		require.NoError(t, w.Track(ctx, rows...))
 	}
@@ -95,7 +50,10 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 
 	admin := srv.Client(t)
 	require.NoError(t, admin.Save(ctx).Err())
-	time.Sleep(ttl + 500*time.Millisecond) // every heartbeat in the snapshot has expired now
+	// Nothing to wait on but the clock: the file keeps each heartbeat's
+	// absolute expiry time, at most a TTL after the SAVE. Two TTLs leave a
+	// whole TTL of margin.
+	time.Sleep(2 * ttl)
 
 	// Restart from the snapshot while A and B are between heartbeats, and
 	// let a worker that was not running look at once.
@@ -104,7 +62,7 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	}
 	restarted := time.Now()
 	srv.RestartKeepingData()
-	dReachable.Store(true)
+	r.setFail("D", nil)
 	observer, logs := newWorker(t, srv.Client(t), r, "observer", opts...)
 	rep, err := observer.RecoverNow(ctx)
 	for _, f := range frozen {
@@ -128,7 +86,16 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 				"D reset %v after the restart, before a heartbeat TTL had passed", c.at.Sub(restarted))
 		}
 	}
-	time.Sleep(3 * 300 * time.Millisecond) // more scans of A and B, with their heartbeats back
+	fleet = append(fleet, observer)
+	scans := func() (n uint64) {
+		for _, w := range fleet {
+			n += w.Stats().Scans
+		}
+		return n
+	}
+	before := scans()
+	require.Eventually(t, func() bool { return scans() >= before+3 }, 10*time.Second, 10*time.Millisecond,
+		"three more scans of the fleet, A's and B's heartbeats back")
 
 	for id, rows := range live {
 		assert.Empty(t, r.of(id), "rows of live worker %s passed to ResetRows", id)
@@ -146,22 +113,27 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	prefix := testutil.Name("R")
-	r := &timedResetter{RowResetter: &fakeResetter{}}
+	r := &fakeResetter{}
 	// A long recovery interval: only the expiry event could act soon.
-	startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
+	_, logs := startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
 		WithRowsTTL(time.Minute), WithExpiryNotifications(false))
 
 	plantDeadPeer(t, rdb, prefix, "peer", "7")
-	require.NoError(t, rdb.Set(ctx, prefix+"_{peer}_HEARTBEAT", "alive", 1200*time.Millisecond).Err())
+	require.NoError(t, rdb.Set(ctx, store.InstanceKeys(prefix, "peer").Heartbeat, "alive", 1200*time.Millisecond).Err())
 	require.NoError(t, rdb.Save(ctx).Err())
 	restarted := time.Now()
 	srv.RestartKeepingData() // the heartbeat comes back and expires about a second later
 
 	require.Eventually(t, func() bool {
-		n, err := rdb.Exists(ctx, prefix+"_{peer}_HEARTBEAT").Result()
+		n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "peer").Heartbeat).Result()
 		return err == nil && n == 0
 	}, 3*time.Second, 10*time.Millisecond)
-	time.Sleep(500 * time.Millisecond) // the event has been heard and acted on
+	// The event is heard and judged: the peer is held, not handed on
+	// (the warning is logged once the hold is decided).
+	require.Eventually(t, func() bool {
+		return logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago") == 1
+	},
+		5*time.Second, 10*time.Millisecond)
 	for _, c := range r.of("peer") {
 		assert.False(t, c.at.Before(restarted.Add(2*time.Second)),
 			"reset %v after the restart, before a heartbeat TTL (2s) had passed", c.at.Sub(restarted))

@@ -30,7 +30,7 @@ func TestDefaultsMatchTheDesign(t *testing.T) {
 	assert.Equal(t, DefaultRecoveryInterval, w.opts.recoveryInterval)
 	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
 	assert.Equal(t, DefaultOperationTimeout, w.opts.opTimeout)
-	assert.Equal(t, "ALYA_WORKER_REGISTRY", w.store.Registry())
+	assert.Equal(t, registryKey, w.store.Registry())
 }
 
 // defaultIDShape is <hostname>-<pid>-<unix start seconds>-<8 hex digits>.
@@ -52,8 +52,8 @@ func TestDefaultInstanceIDIsHostPidStartTimeRandom(t *testing.T) {
 	started, _ := strconv.ParseInt(m[3], 10, 64)
 	assert.GreaterOrEqual(t, started, before)
 	assert.LessOrEqual(t, started, after)
-	assert.Equal(t, "ALYA_{"+id+"}_HEARTBEAT", w.ownKeys().Heartbeat)
-	assert.Equal(t, "ALYA_{"+id+"}_ROWS", w.ownKeys().Rows)
+	assert.Equal(t, keysOf(id).Heartbeat, w.ownKeys().Heartbeat)
+	assert.Equal(t, keysOf(id).Rows, w.ownKeys().Rows)
 }
 
 // TestTwoWorkersMadeInOneProcessInTheSameSecondGetDifferentIDs reproduces
@@ -187,4 +187,14 @@ func TestNewDerivesTheHeartbeatIntervalAndRowsTTLUnlessSet(t *testing.T) {
 
 	_, err = New(rdb, r, WithHeartbeatInterval(0))
 	assert.ErrorIs(t, err, ErrInvalidConfig, "an explicit zero is refused, not taken for the default")
+}
+
+func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
+	w, err := New(idleClient(t), &fakeResetter{}, WithHeartbeatTTL(2*time.Second),
+		WithHeartbeatInterval(time.Second), WithRecoveryInterval(10*time.Second), WithRowsTTL(time.Minute))
+	require.NoError(t, err)
+	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
+	w, err = New(idleClient(t), &fakeResetter{})
+	require.NoError(t, err)
+	assert.Equal(t, 48*time.Second, w.opts.scanTurnTTL(), "0.8 x the 60s recovery interval")
 }

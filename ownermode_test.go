@@ -34,7 +34,7 @@ func TestOwnerModeIsWhatAResetterThatFencesByOwnerGets(t *testing.T) {
 	assert.False(t, w.OwnerMode(), "WithRowsSets keeps the rows-set mode")
 	assert.Nil(t, w.sweeper)
 
-	w, _ = newWorker(t, rdb, &fencedFake{}, "w4")
+	w, _ = newWorker(t, rdb, &fakeResetter{fenced: true}, "w4")
 	assert.False(t, w.OwnerMode(), "fencing alone is not enough: the resetter must reset by owner")
 }
 

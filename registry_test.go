@@ -2,12 +2,14 @@ package recovery
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -25,7 +27,7 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	r := &fakeResetter{}
 	victim, _ := startWorker(t, rdb, r, "victim")
 	require.NoError(t, victim.Track(ctx, 1, 2, 3))
-	require.NoError(t, rdb.Set(ctx, "ALYA_WORKER_REGISTRY", "oops", 0).Err()) // by hand, by mistake
+	require.NoError(t, rdb.Set(ctx, registryKey, "oops", 0).Err()) // by hand, by mistake
 
 	events := &recorder{}
 	watcher, logs := startWorker(t, rdb, r, "watcher", WithExpiryNotifications(false),
@@ -47,7 +49,7 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	assert.NoError(t, watcher.CheckLease())
 	assert.Equal(t, 1, logs.Count("worker registry key is not a set"), "one Error line per outage, not per scan")
 	assert.Contains(t, logs.String(), `"level":"ERROR","msg":"worker registry key is not a set`)
-	assert.Contains(t, logs.String(), `"registry_key":"ALYA_WORKER_REGISTRY"`)
+	assert.Contains(t, logs.String(), `"registry_key":"`+registryKey+`"`)
 	assert.Contains(t, logs.String(), "Delete the key")
 	assert.Zero(t, logs.Count("recovery scan failed"), "not logged twice")
 	assert.Zero(t, logs.Count("heartbeat failed"))
@@ -55,9 +57,9 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	_, err := watcher.RecoverNow(ctx)
 	assert.ErrorIs(t, err, ErrRegistryWrongType)
 
-	require.NoError(t, rdb.Del(ctx, "ALYA_WORKER_REGISTRY").Err()) // the runbook's fix
+	require.NoError(t, rdb.Del(ctx, registryKey).Err()) // the runbook's fix
 	require.Eventually(t, func() bool { return !watcher.Stats().RegistryBroken }, 5*time.Second, 10*time.Millisecond)
-	require.Eventually(t, func() bool { return rdb.SIsMember(ctx, "ALYA_WORKER_REGISTRY", "watcher").Val() },
+	require.Eventually(t, func() bool { return rdb.SIsMember(ctx, registryKey, "watcher").Val() },
 		5*time.Second, 10*time.Millisecond, "re-registered by its next heartbeat")
 	assert.Equal(t, 1, logs.Count("worker registry is a set again"))
 	require.NoError(t, watcher.Shutdown(ctx)) // delivers the queued events
@@ -74,7 +76,7 @@ func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
 	testutil.CreateBatch(t, db, 3)
 	take(t, db, "gone", 1, 2)
 	prefix := testutil.Name("S")
-	require.NoError(t, rdb.HSet(context.Background(), prefix+"_WORKER_REGISTRY", "f", "v").Err())
+	require.NoError(t, rdb.HSet(context.Background(), store.RegistryKey(prefix), "f", "v").Err())
 	sweeper, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(prefix), WithBackstopSweep(),
 		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
 		WithRecoveryInterval(100*time.Millisecond), WithRowsTTL(time.Second))
@@ -86,4 +88,24 @@ func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
 	assert.Contains(t, logs.String(), `"found_by":"sweep"`)
 	assert.True(t, sweeper.Stats().RegistryBroken)
 	assert.Equal(t, 1, logs.Count("worker registry key is not a set"))
+}
+
+func TestInvalidRegistryMembersAreReportedAndLeftAlone(t *testing.T) {
+	mr, rdb := newMini(t)
+	long := strings.Repeat("x", 10*1024)
+	for _, m := range []string{"", "a{b}c", "with space", long} {
+		_, err := mr.SAdd(registryKey, m)
+		require.NoError(t, err)
+	}
+	plantDeadPeer(t, rdb, "ALYA", "good", "1")
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.ElementsMatch(t, []string{"", "a{b}c", "with space", long}, rep.InvalidMembers)
+	assert.Equal(t, []int64{1}, r.resetOf("good"))
+	n, _ := mr.SMembers(registryKey)
+	assert.Len(t, n, 4, "garbage is not ours to delete")
 }

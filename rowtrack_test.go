@@ -8,6 +8,8 @@ import (
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
 )
 
 func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
@@ -32,10 +34,10 @@ func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
 	trips, cmds := counter.snapshot()
 	assert.Equal(t, 1, trips, "one round trip for a 100-row block")
 	assert.Equal(t, []string{"sadd", "pexpire"}, cmds)
-	got, err := mr.Members("ALYA_{w1}_ROWS")
+	got, err := mr.Members(keysOf("w1").Rows)
 	require.NoError(t, err)
 	assert.ElementsMatch(t, want, got, "decimal row IDs")
-	assert.Equal(t, 3*time.Hour, mr.TTL("ALYA_{w1}_ROWS"))
+	assert.Equal(t, 3*time.Hour, mr.TTL(keysOf("w1").Rows))
 	assert.Equal(t, 100, w.Stats().TrackedRows)
 }
 
@@ -46,10 +48,10 @@ func TestTrackHonoursTheCallersContext(t *testing.T) {
 	cancel()
 	err := w.Track(ctx, 1, 2)
 	require.ErrorIs(t, err, context.Canceled)
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 	// The rows are kept in memory: if the host processes them anyway they
 	// are written with the next heartbeat.
-	require.Eventually(t, func() bool { ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "2"); return ok },
+	require.Eventually(t, func() bool { ok, _ := mr.SIsMember(keysOf("w1").Rows, "2"); return ok },
 		2*time.Second, 10*time.Millisecond)
 }
 
@@ -60,7 +62,7 @@ func TestTrackBeforeStartAndAfterShutdownIsRefused(t *testing.T) {
 	require.NoError(t, w.Start(context.Background()))
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown)
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 }
 
 func TestUntrackRemovesRowsWhateverTheProcessingContext(t *testing.T) {
@@ -72,14 +74,14 @@ func TestUntrackRemovesRowsWhateverTheProcessingContext(t *testing.T) {
 
 	require.NoError(t, w.Untrack(1))
 	require.NoError(t, w.Untrack(2, 3))
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"), "every finished row removed")
+	assert.False(t, mr.Exists(keysOf("w1").Rows), "every finished row removed")
 	assert.Zero(t, w.Stats().TrackedRows)
 
 	// After Shutdown too: the host may finish its block late.
 	require.NoError(t, w.Track(context.Background(), 4))
 	require.NoError(t, w.Shutdown(context.Background()))
 	require.NoError(t, w.Untrack(4))
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
+	assert.False(t, mr.Exists(keysOf("w1").Rows))
 }
 
 func TestFailedUntrackIsCompletedByTheNextHeartbeat(t *testing.T) {
@@ -93,9 +95,9 @@ func TestFailedUntrackIsCompletedByTheNextHeartbeat(t *testing.T) {
 	assert.Contains(t, err.Error(), "untrack 1 rows of w1")
 	mr.SetError("")
 
-	require.Eventually(t, func() bool { ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "1"); return !ok },
+	require.Eventually(t, func() bool { ok, _ := mr.SIsMember(keysOf("w1").Rows, "1"); return !ok },
 		3*time.Second, 10*time.Millisecond, "the heartbeat removes the row Untrack could not")
-	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "2")
+	ok, _ := mr.SIsMember(keysOf("w1").Rows, "2")
 	assert.True(t, ok, "rows still in progress stay")
 }
 
@@ -108,76 +110,45 @@ func TestHeartbeatWritesTrackedRowsBackAfterRedisForgetsThem(t *testing.T) {
 	mr.FlushAll() // Redis restarted without persistence
 
 	require.Eventually(t, func() bool {
-		got, _ := mr.Members("ALYA_{w1}_ROWS")
-		ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
-		return ok && len(got) == 2 && mr.Exists("ALYA_{w1}_HEARTBEAT")
+		got, _ := mr.Members(keysOf("w1").Rows)
+		ok, _ := mr.SIsMember(registryKey, "w1")
+		return ok && len(got) == 2 && mr.Exists(keysOf("w1").Heartbeat)
 	}, 2*time.Second, 10*time.Millisecond, "rows, registry and heartbeat back within one interval")
-	got, _ := mr.Members("ALYA_{w1}_ROWS")
+	got, _ := mr.Members(keysOf("w1").Rows)
 	assert.ElementsMatch(t, []string{"10", "12"}, got, "finished rows are not written back")
-	assert.Equal(t, 4*time.Second, mr.TTL("ALYA_{w1}_ROWS"))
+	assert.Equal(t, 4*time.Second, mr.TTL(keysOf("w1").Rows))
 }
 
-func TestDeferredUntrackRemovesABlockInOneCommand(t *testing.T) {
-	mr, rdb := newMini(t)
-	counter := &commandCounter{}
-	rdb.AddHook(counter)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(50*time.Millisecond),
-		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
-	ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
-	require.NoError(t, w.Track(context.Background(), ids...))
-	counter.reset()
-	for _, id := range ids {
-		require.NoError(t, w.Untrack(id))
-	}
-	assert.Zero(t, w.Stats().TrackedRows, "forgotten in memory at once")
-	require.Eventually(t, func() bool { return !mr.Exists("ALYA_{w1}_ROWS") }, 2*time.Second, 5*time.Millisecond)
-	_, cmds := counter.snapshot()
-	srems := 0
-	for _, c := range cmds {
-		if c == "srem" {
-			srems++
-		}
-	}
-	assert.Equal(t, 1, srems, "ten Untracks, one SREM")
-}
-
-func TestDeferredUntrackIsFlushedByShutdown(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(400*time.Millisecond))
-	require.NoError(t, w.Track(context.Background(), 1, 2))
-	require.NoError(t, w.Untrack(1))
-	require.NoError(t, w.Shutdown(context.Background()))
-	got, _ := mr.Members("ALYA_{w1}_ROWS")
-	assert.Equal(t, []string{"2"}, got)
-	require.NoError(t, w.Untrack(2), "after Shutdown Untrack is synchronous again")
-	assert.False(t, mr.Exists("ALYA_{w1}_ROWS"))
-}
-
-func TestDeferredUntrackLingerIsValidated(t *testing.T) {
-	for _, d := range []time.Duration{0, -time.Millisecond, 30 * time.Second} {
-		_, err := New(idleClient(t), &fakeResetter{}, WithDeferredUntrack(d))
-		require.ErrorIs(t, err, ErrInvalidConfig, "%v", d)
-		assert.Contains(t, err.Error(), "deferred untrack linger")
-	}
-}
-
-func TestRowTrackedAgainWhileItsRemovalIsPendingStaysTracked(t *testing.T) {
-	mr, rdb := newMini(t)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(50*time.Millisecond),
-		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+// Without owner fencing, Release records its reset in the ledger under the
+// worker's incarnation. A row released and then taken again by the same
+// worker must still be recovered when that worker dies: the incarnation
+// changes before it is tracked again.
+func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.T) {
 	ctx := context.Background()
-	require.NoError(t, w.Track(ctx, 7))
-	require.NoError(t, w.Untrack(7)) // SREM 7 pending
-	// The flusher's SREM lands after the new Track's SADD, the worst order:
-	// simulate it by sending the SREM the flusher would send, by hand.
-	require.NoError(t, w.Track(ctx, 7))
-	_, err := mr.SRem("ALYA_{w1}_ROWS", "7")
+	rdb, db, prefix := onRealServers(t, 10, "RL")
+	pg, err := NewPgxResetter(db)
 	require.NoError(t, err)
-	w.retrack(ctx, []int64{7})
-	ok, _ := mr.SIsMember("ALYA_{w1}_ROWS", "7")
-	assert.True(t, ok, "tracked again, so written back")
+	w, _ := startWorker(t, rdb, pg, "w", WithKeyPrefix(prefix))
+	setStatus(t, db, "inprog", 1, 2)
+	require.NoError(t, w.Track(ctx, 1, 2))
+	before, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
+	require.NoError(t, err)
 
-	time.Sleep(150 * time.Millisecond) // the real flusher has run meanwhile
-	ok, _ = mr.SIsMember("ALYA_{w1}_ROWS", "7")
-	assert.True(t, ok, "the pending removal was cancelled by the new Track")
+	require.NoError(t, w.Release(ctx, 1, 2))
+	require.Equal(t, "queued", statuses(t, db)[1])
+	setStatus(t, db, "inprog", 1) // w fetches row 1 again
+	require.NoError(t, w.Track(ctx, 1))
+	after, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
+	require.NoError(t, err)
+	assert.NotEqual(t, before, after, "a new incarnation before the row is tracked again")
+	assert.Equal(t, []string{"1"}, rowsOf(t, rdb, prefix, "w"))
+	w.crash()
+	require.NoError(t, rdb.Del(ctx, w.ownKeys().Heartbeat).Err())
+
+	r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))
+	require.Eventually(t, func() bool {
+		_, err := r.RecoverNow(ctx)
+		return err == nil && statuses(t, db)[1] == "queued"
+	}, 10*time.Second, 100*time.Millisecond, "row 1 is not stuck")
+	assert.Equal(t, "queued", statuses(t, db)[2])
 }

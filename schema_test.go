@@ -14,7 +14,8 @@ import (
 )
 
 // checkingResetter is a fakeResetter whose schema check fails while bad is
-// set.
+// set. It is a type of its own because a SchemaChecker changes what Start
+// does: were every fakeResetter one, every test's Start would run a check.
 type checkingResetter struct {
 	fakeResetter
 	bad    atomic.Bool
@@ -45,7 +46,7 @@ func TestStartRunsTheSchemaCheckBeforeWritingAnything(t *testing.T) {
 	r.bad.Store(false)
 	require.NoError(t, w.Start(context.Background()))
 	assert.EqualValues(t, 2, r.checks.Load())
-	assert.True(t, mr.Exists("ALYA_{w-1}_HEARTBEAT"))
+	assert.True(t, mr.Exists(keysOf("w-1").Heartbeat))
 }
 
 func TestWithoutSchemaCheckSkipsTheCheck(t *testing.T) {
@@ -54,7 +55,7 @@ func TestWithoutSchemaCheckSkipsTheCheck(t *testing.T) {
 	r.bad.Store(true)
 	startWorker(t, rdb, r, "w-1", WithoutSchemaCheck())
 	assert.Zero(t, r.checks.Load(), "CheckSchema never called")
-	assert.True(t, mr.Exists("ALYA_{w-1}_HEARTBEAT"))
+	assert.True(t, mr.Exists(keysOf("w-1").Heartbeat))
 }
 
 func TestStartRefusesAnEnumTableWithoutTheConfiguredStatuses(t *testing.T) {

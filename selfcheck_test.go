@@ -80,7 +80,8 @@ func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
 
 	require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
 	checks := w.checker.checks.Load()
-	time.Sleep(time.Second)
+	beats := w.Stats().Heartbeats // the check would run beside each
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond)
 	assert.Equal(t, checks, w.checker.checks.Load(), "no more reads once verified")
 	assert.NoError(t, w.Healthy())
 	assert.False(t, w.Stats().Misconfigured)
@@ -103,7 +104,8 @@ func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.
 		takeBlock(t, w, "inprog", w.InstanceID(), id)
 		_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1`, id)
 		require.NoError(t, err)
-		time.Sleep(400 * time.Millisecond) // finished, not yet untracked, for more than an interval
+		checks := w.checker.checks.Load() // finished, not yet untracked, until a check has read it so
+		require.Eventually(t, func() bool { return w.checker.checks.Load() > checks }, 5*time.Second, 10*time.Millisecond)
 		require.NoError(t, w.Untrack(id))
 	}
 	assert.NotZero(t, w.checker.checks.Load(), "checks read rows in the finished-not-untracked state")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
 )
 
 func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
@@ -23,8 +24,8 @@ func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 
 	require.NoError(t, w.Shutdown(context.Background()))
 
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "w1")
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
+	ok, _ := mr.SIsMember(registryKey, "w1")
 	assert.False(t, ok, "peers see at once that it left")
 	assert.NoError(t, rdb.Ping(context.Background()).Err(), "the caller's client is not closed")
 	assert.ErrorIs(t, w.CheckLease(), ErrShutdown)
@@ -33,7 +34,8 @@ func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 func TestShutdownStopsEveryGoroutine(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithRecoveryInterval(50*time.Millisecond))
-	time.Sleep(150 * time.Millisecond) // both loops have run a few times
+	require.Eventually(t, func() bool { return w.Stats().Scans >= 3 }, 5*time.Second, 5*time.Millisecond,
+		"the loops are running: the recovery loop has scanned a few times")
 	require.Equal(t, 3, workerGoroutines(), "two loops and their waiter")
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.Zero(t, workerGoroutines(), "no goroutine outlives Shutdown")
@@ -56,7 +58,7 @@ func TestShutdownIsIdempotentAndSafeConcurrently(t *testing.T) {
 		assert.NoError(t, err)
 	}
 	assert.NoError(t, w.Shutdown(context.Background()))
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
 	assert.ErrorIs(t, w.Start(context.Background()), ErrShutdown)
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown)
 }
@@ -69,36 +71,23 @@ func TestShutdownWithoutStart(t *testing.T) {
 	assert.Empty(t, mr.Keys(), "a worker that never started writes nothing")
 }
 
-// stubbornResetter ignores its context for a while, like a driver stuck in
-// a system call.
-type stubbornResetter struct {
-	entered chan struct{}
-	release chan struct{}
-}
-
-func (s *stubbornResetter) ResetRows(context.Context, string, []int64) (int64, error) {
-	close(s.entered)
-	<-s.release
-	return 0, nil
-}
-
 func TestShutdownReturnsContextErrorWhenItEndsFirstAndCanBeRetried(t *testing.T) {
 	mr, rdb := newMini(t)
 	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
-	r := &stubbornResetter{entered: make(chan struct{}), release: make(chan struct{})}
+	r := &fakeResetter{hold: newGate()} // stuck in a reset, deaf to its context
 	w, _ := startWorker(t, rdb, r, "w1")
-	<-r.entered // the recovery loop is stuck in a reset
+	<-r.hold.entered // the recovery loop is stuck in a reset
 
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	err := w.Shutdown(ctx)
 	assert.ErrorIs(t, err, context.DeadlineExceeded)
-	assert.True(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "not cleaned up while a loop still runs")
+	assert.True(t, mr.Exists(keysOf("w1").Heartbeat), "not cleaned up while a loop still runs")
 	assert.ErrorIs(t, w.Track(context.Background(), 1), ErrShutdown, "shut down for callers all the same")
 
-	close(r.release)
+	close(r.hold.release)
 	require.NoError(t, w.Shutdown(context.Background()))
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"), "a later call finishes the clean-up")
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat), "a later call finishes the clean-up")
 }
 
 func TestShutdownCleanupFailureIsReportedAndRetried(t *testing.T) {
@@ -110,7 +99,7 @@ func TestShutdownCleanupFailureIsReportedAndRetried(t *testing.T) {
 	assert.Contains(t, err.Error(), "shut down w1: remove heartbeat and registry entry")
 	mr.SetError("")
 	require.NoError(t, w.Shutdown(context.Background()))
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
 }
 
 func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
@@ -119,8 +108,8 @@ func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
 	require.NoError(t, a.Track(context.Background(), 101, 102))
 	require.NoError(t, a.Shutdown(context.Background())) // the deadline came before the block was done
 
-	assert.False(t, mr.Exists("ALYA_{A}_HEARTBEAT"), "the heartbeat goes at once")
-	ok, _ := mr.SIsMember("ALYA_WORKER_REGISTRY", "A")
+	assert.False(t, mr.Exists(keysOf("A").Heartbeat), "the heartbeat goes at once")
+	ok, _ := mr.SIsMember(registryKey, "A")
 	assert.True(t, ok, "still registered, so peers look for its rows")
 	assert.Equal(t, 1, logs.Count("shut down with rows still tracked"))
 
@@ -183,7 +172,7 @@ func (g *pipelineGate) ProcessPipelineHook(next redis.ProcessPipelineHook) redis
 // holds Shutdown's clean-up right after its snapshot while the Untrack runs.
 func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
 	mr, rdb := newMini(t)
-	gate := newPipelineGate("ALYA_{w1}_HEARTBEAT")
+	gate := newPipelineGate(keysOf("w1").Heartbeat)
 	rdb.AddHook(gate)
 	// An operation timeout longer than the gate's hold below.
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithOperationTimeout(500*time.Millisecond))
@@ -209,7 +198,7 @@ func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
 	}
 
 	assert.False(t, untrackedDuringCleanup, "Untrack must wait until Shutdown's clean-up has been answered")
-	ok, err := mr.SIsMember("ALYA_{w1}_ROWS", "7")
+	ok, err := mr.SIsMember(keysOf("w1").Rows, "7")
 	if err != nil { // miniredis: the set is gone once empty
 		ok = false
 	}
@@ -234,5 +223,33 @@ func TestShutdownCleanupIsBoundedByTheOperationTimeout(t *testing.T) {
 
 	fr.thaw()
 	require.NoError(t, w.Shutdown(context.Background()), "a later call finishes the clean-up")
-	assert.False(t, mr.Exists("ALYA_{w1}_HEARTBEAT"))
+	assert.False(t, mr.Exists(keysOf("w1").Heartbeat))
+}
+
+func TestSafetyHungPostgresCannotBlockShutdown(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	ctx := context.Background()
+	take(t, db, "dead", 1)
+	_, err := db.Exec(ctx, `
+		CREATE FUNCTION hang() RETURNS trigger LANGUAGE plpgsql AS $$ BEGIN PERFORM pg_sleep(60); RETURN NEW; END $$;
+		CREATE TRIGGER hang BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION hang();`)
+	require.NoError(t, err)
+	prefix := testutil.Name("S")
+	plantDeadPeer(t, rdb, prefix, "dead", "1")
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithResetTimeout(time.Minute))
+	require.Eventually(t, func() bool {
+		var n int
+		_ = db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'WITH locked%'`).Scan(&n)
+		return n > 0
+	}, 5*time.Second, 10*time.Millisecond, "the reset is stuck in PostgreSQL")
+
+	start := time.Now()
+	sctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	require.NoError(t, w.Shutdown(sctx))
+	assert.Less(t, time.Since(start), 3*time.Second, "Shutdown cancels the stuck reset")
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "the cancelled reset changed nothing")
 }

@@ -39,7 +39,7 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 
 	var crashedMu sync.Mutex
 	crashed := map[string]bool{}
-	r := &countingResetter{RowResetter: fencedResetter(t, db), check: func(peer string) {
+	r := &fakeResetter{inner: fencedResetter(t, db), before: func(peer string) {
 		crashedMu.Lock()
 		defer crashedMu.Unlock()
 		if !crashed[peer] {
@@ -87,7 +87,7 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 
 	// Crash a random live worker every 250ms, six times, replacing each.
 	for range 6 {
-		time.Sleep(250 * time.Millisecond)
+		time.Sleep(250 * time.Millisecond) // the pace of the crashes, not a wait for anything
 		fleetMu.Lock()
 		var live []*member
 		for _, m := range fleet {
@@ -152,20 +152,20 @@ func hostLoop(t *testing.T, db *pgxpool.Pool, w *Worker, dead *atomic.Bool) {
 		case errors.Is(err, ErrShutdown):
 			return
 		case errors.Is(err, ErrLeaseLost):
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // a host's back-off before it asks again
 			continue
 		case err != nil:
 			t.Errorf("fetch: %v", err)
 			return
 		case len(ids) == 0:
-			time.Sleep(20 * time.Millisecond)
+			time.Sleep(20 * time.Millisecond) // a host's back-off before it asks again
 			continue
 		}
 		for _, id := range ids {
 			if dead.Load() {
 				return
 			}
-			time.Sleep(time.Duration(10+rand.N(10)) * time.Millisecond)
+			time.Sleep(time.Duration(10+rand.N(10)) * time.Millisecond) // the host's work on the row
 			if err := completeRow(ctx, db, me, id); err != nil {
 				t.Errorf("complete row %d: %v", id, err)
 				return

@@ -23,6 +23,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -42,11 +43,13 @@ func TestStartRefusesAnInstanceIDAnotherLiveWorkerHeartbeats(t *testing.T) {
 
 	require.ErrorIs(t, err, ErrInstanceIDInUse)
 	assert.Less(t, took, 2*time.Second, "refused within the watch (500ms + 250ms + 50ms), well before the TTL")
-	v, err := rdb.Get(ctx, prefix+"_{pod-0}_HEARTBEAT").Result()
+	v, err := rdb.Get(ctx, store.InstanceKeys(prefix, "pod-0").Heartbeat).Result()
 	require.NoError(t, err)
 	assert.Equal(t, first.beatValue, v, "the refused Worker wrote nothing")
 	assert.ErrorIs(t, second.Track(ctx, 1), ErrNotStarted)
-	time.Sleep(time.Second) // two heartbeats of the first
+	beats := first.Stats().Heartbeats
+	require.Eventually(t, func() bool { return first.Stats().Heartbeats >= beats+2 }, 5*time.Second, 10*time.Millisecond,
+		"two heartbeats of the first")
 	assert.NoError(t, first.CheckLease())
 }
 
@@ -92,18 +95,20 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 	events := &recorder{}
 	w, logs := startWorker(t, rdb, &fakeResetter{}, "pod-1", WithKeyPrefix(prefix), WithObserver(events))
 	require.NoError(t, w.Track(ctx, 1, 2))
-	hb := prefix + "_{pod-1}_HEARTBEAT"
-	require.NoError(t, rdb.Set(ctx, hb, "alive", time.Minute).Err()) // an old-version twin's heartbeat
-	require.NoError(t, rdb.Del(ctx, prefix+"_{pod-1}_ROWS").Err())   // its rows set, not ours
+	hb := store.InstanceKeys(prefix, "pod-1").Heartbeat
+	require.NoError(t, rdb.Set(ctx, hb, "alive", time.Minute).Err())                 // an old-version twin's heartbeat
+	require.NoError(t, rdb.Del(ctx, store.InstanceKeys(prefix, "pod-1").Rows).Err()) // its rows set, not ours
 
 	require.Eventually(t, func() bool { return errors.Is(w.CheckLease(), ErrInstanceIDInUse) },
 		3*time.Second, 10*time.Millisecond)
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 3), ErrInstanceIDInUse)
-	time.Sleep(1500 * time.Millisecond) // three more heartbeat attempts
+	tries := len(events.of(EventHeartbeatFailed))
+	require.Eventually(t, func() bool { return len(events.of(EventHeartbeatFailed)) >= tries+3 }, 10*time.Second, 10*time.Millisecond,
+		"three more heartbeat attempts")
 
 	assert.Equal(t, "alive", rdb.Get(ctx, hb).Val(), "never overwritten")
-	assert.Zero(t, rdb.Exists(ctx, prefix+"_{pod-1}_ROWS").Val(), "our rows never written into the twin's set")
+	assert.Zero(t, rdb.Exists(ctx, store.InstanceKeys(prefix, "pod-1").Rows).Val(), "our rows never written into the twin's set")
 	assert.Len(t, events.of(EventInstanceIDTaken), 1, "one event")
 	assert.Equal(t, 1, logs.Count("another process heartbeats this instance ID"), "one Error line")
 	assert.ErrorIs(t, w.CheckLease(), ErrInstanceIDInUse, "sticky")
@@ -120,7 +125,7 @@ func TestShutdownLeavesAHeartbeatAnotherProcessWrote(t *testing.T) {
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("twin")
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "pod-2", WithKeyPrefix(prefix), WithHeartbeatInterval(time.Second))
-	hb := prefix + "_{pod-2}_HEARTBEAT"
+	hb := store.InstanceKeys(prefix, "pod-2").Heartbeat
 	require.NoError(t, rdb.Set(ctx, hb, "alive:other", time.Minute).Err())
 	require.NoError(t, w.Shutdown(ctx))
 	assert.Equal(t, "alive:other", rdb.Get(ctx, hb).Val())
@@ -227,7 +232,7 @@ func TestTwoProcessesWithTheSameHostnameAndPIDInNamespaces(t *testing.T) {
 	}
 	assert.NotEqual(t, ids[0], ids[1], "the random part tells them apart")
 	for _, id := range ids {
-		assert.Equal(t, int64(1), rdb.Exists(context.Background(), prefix+"_{"+id+"}_HEARTBEAT").Val(), "each heartbeats its own key")
+		assert.Equal(t, int64(1), rdb.Exists(context.Background(), store.InstanceKeys(prefix, id).Heartbeat).Val(), "each heartbeats its own key")
 	}
 
 	_, state, out := startTwin(t, unshareArgs(t, "twinhost", twinArgs(t, addr, prefix, "-id", "fixed"))...)
@@ -254,13 +259,13 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 
 	p, state, out := startTwin(t, twinArgs(t, rdb.Options().Addr, prefix, "-id", "pod-0", "-track", "1,2,3")...)
 	require.Equal(t, "tracked", state, "%q", out)
-	k := prefix + "_{pod-0}"
-	oldInc := rdb.Get(ctx, k+"_INCARNATION").Val()
+	k := store.InstanceKeys(prefix, "pod-0")
+	oldInc := rdb.Get(ctx, k.Incarnation).Val()
 	require.NotEmpty(t, oldInc)
 	require.NoError(t, p.cmd.Process.Signal(syscall.SIGKILL))
 	killed := time.Now()
 	_ = p.cmd.Wait()
-	left := rdb.PTTL(ctx, k+"_HEARTBEAT").Val()
+	left := rdb.PTTL(ctx, k.Heartbeat).Val()
 	require.Positive(t, left, "the predecessor's heartbeat still lives")
 
 	resetter, err := NewPgxResetter(db)
@@ -279,8 +284,8 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 		oldInc).Scan(&ledgered))
 	assert.Equal(t, 3, ledgered, "reset under the predecessor's incarnation")
 	assert.Empty(t, rowsOf(t, rdb, prefix, "pod-0"), "the new process's rows set holds none of them")
-	assert.NotEqual(t, oldInc, rdb.Get(ctx, k+"_INCARNATION").Val(), "a rows set of its own")
-	assert.Equal(t, w.beatValue, rdb.Get(ctx, k+"_HEARTBEAT").Val())
+	assert.NotEqual(t, oldInc, rdb.Get(ctx, k.Incarnation).Val(), "a rows set of its own")
+	assert.Equal(t, w.beatValue, rdb.Get(ctx, k.Heartbeat).Val())
 	assert.Equal(t, 1, logs.Count("recovered rows a previous process left under this instance ID"))
 	assert.NoError(t, w.CheckLease())
 }
@@ -300,8 +305,53 @@ func TestStartRecoversARowsSetLeftUnderItsInstanceIDWithoutAHeartbeat(t *testing
 	assert.Equal(t, []int64{7, 8}, r.resetOf("pod-3"))
 	assert.Empty(t, rowsOf(t, rdb, prefix, "pod-3"))
 	require.NoError(t, w.Track(ctx, 9))
-	time.Sleep(600 * time.Millisecond) // a heartbeat
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats > beats }, 5*time.Second, 10*time.Millisecond, "a heartbeat")
 	assert.Equal(t, []string{"9"}, rowsOf(t, rdb, prefix, "pod-3"))
 }
 
 var _ redis.UniversalClient = (*redis.Client)(nil)
+
+// R2 (fixed). A fixed instance ID restarted before its predecessor's heartbeat
+// expired inherits the predecessor's rows set and never recovers it.
+//
+// docs/design.md asks only that an ID set with WithInstanceID be unique "at
+// any one time"; a StatefulSet pod (w-0) restarted after an OOM kill meets
+// that. Its restart usually takes less than the 60 s TTL:
+//
+//	w-0 (life 1): takes rows 1-3, Tracks them; OOM-killed
+//	w-0 (life 2): Start within the TTL: SET heartbeat, new incarnation;
+//	              the old heartbeat never expires, so no peer ever finds
+//	              life 1 dead; its rows 1-3 stay in the set under life 2's
+//	              incarnation, unknown to life 2's memory
+//	w-0 (life 2): processes other rows; Shutdown with nothing tracked:
+//	              DEL heartbeat, SREM registry; the set {1,2,3} is orphaned
+//
+// Rows 1-3 stay in progress for ever (no sweep: the default). Even while
+// life 2 runs they are held for as long as it lives. The incarnation was
+// meant to name "the life of the rows set"; a new life should start a new
+// set (or hand the old members to recovery) instead of adopting it.
+func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecovered(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 10, "RV2")
+	life1, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))
+	take(t, db, "w-0", 1, 2, 3)
+	require.NoError(t, life1.Track(ctx, 1, 2, 3))
+	life1.crash() // OOM kill: its heartbeat lives on for up to a TTL
+
+	life2, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))
+	take(t, db, "w-0", 4)
+	require.NoError(t, life2.Track(ctx, 4))
+	setStatus(t, db, "done", 4)
+	require.NoError(t, life2.Untrack(4))
+	require.NoError(t, life2.Shutdown(ctx), "a clean shutdown, nothing tracked")
+
+	peer, _ := startWorker(t, rdb, fencedResetter(t, db), "peer", WithKeyPrefix(prefix))
+	assert.Eventually(t, func() bool {
+		_, _ = peer.RecoverNow(ctx)
+		got := statuses(t, db)
+		return got[1] == "queued" && got[2] == "queued" && got[3] == "queued"
+	}, 3*2*time.Second, 200*time.Millisecond, // three heartbeat TTLs of the fast timings
+		"rows 1-3 of the killed first life must be recovered; they are stuck")
+	t.Logf("left in Redis: rows set %v, registered %v", rowsOf(t, rdb, prefix, "w-0"), registered(t, rdb, prefix, "w-0"))
+}

@@ -90,7 +90,7 @@ func TestRollingUpgradeOldAndNewWorkersRecoverEachOther(t *testing.T) {
 		got := statuses(t, db)
 		assert.Equal(t, "queued", got[3])
 		assert.Equal(t, "queued", got[4])
-		ttl, err := rdb.PTTL(ctx, prefix+"_{new-1}_INCARNATION").Result()
+		ttl, err := rdb.PTTL(ctx, store.InstanceKeys(prefix, "new-1").Incarnation).Result()
 		require.NoError(t, err)
 		assert.Greater(t, ttl, time.Duration(0), "left behind by the old finish, with a TTL: it does not leak")
 		assert.False(t, registered(t, rdb, prefix, "new-1"))

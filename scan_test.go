@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -52,7 +53,8 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 
 	other.recov.runOnce(ctx)
 	assert.Zero(t, other.Stats().Scans, "lease held: skipped")
-	time.Sleep(850 * time.Millisecond) // the lease is 0.8 × the 1s interval
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, store.ScanTurnKey(prefix)).Val() == 0 },
+		5*time.Second, 10*time.Millisecond, "the dead holder's turn ends (0.8 × the 1s interval)")
 	other.recov.runOnce(ctx)
 	assert.Equal(t, uint64(1), other.Stats().Scans)
 	assert.Equal(t, []int64{1}, r.resetOf("dead"))
@@ -86,8 +88,8 @@ func plantLivePeers(t testing.TB, rdb redis.UniversalClient, prefix string, n in
 	pipe := rdb.Pipeline()
 	for i := range ids {
 		ids[i] = "peer-" + strconv.Itoa(i)
-		pipe.SAdd(ctx, prefix+"_WORKER_REGISTRY", ids[i])
-		pipe.Set(ctx, prefix+"_{"+ids[i]+"}_HEARTBEAT", "alive", time.Hour)
+		pipe.SAdd(ctx, store.RegistryKey(prefix), ids[i])
+		pipe.Set(ctx, store.InstanceKeys(prefix, ids[i]).Heartbeat, "alive", time.Hour)
 	}
 	_, err := pipe.Exec(ctx)
 	require.NoError(t, err)
@@ -163,16 +165,6 @@ func TestFleetLoadGrowsLinearlyWithTheScanLease(t *testing.T) {
 	}
 }
 
-func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
-	w, err := New(idleClient(t), &fakeResetter{}, WithHeartbeatTTL(2*time.Second),
-		WithHeartbeatInterval(time.Second), WithRecoveryInterval(10*time.Second), WithRowsTTL(time.Minute))
-	require.NoError(t, err)
-	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
-	w, err = New(idleClient(t), &fakeResetter{})
-	require.NoError(t, err)
-	assert.Equal(t, 48*time.Second, w.opts.scanTurnTTL(), "0.8 x the 60s recovery interval")
-}
-
 // The worst case of the stated bound: the lease holder scans just before a
 // peer's heartbeat expires and dies; another worker's tick comes just
 // before the lease ends (skipped) and its next one a jittered interval
@@ -185,7 +177,7 @@ func TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease(t
 	const ttl, interval = 2 * time.Second, time.Second // fast()
 	stated := ttl + interval*11/10 + min(interval*8/10, ttl)
 	plantDeadPeer(t, rdb, "ALYA", "V", "1")
-	require.NoError(t, rdb.Set(ctx, "ALYA_{V}_HEARTBEAT", "alive", ttl).Err()) // V's last heartbeat: now
+	require.NoError(t, rdb.Set(ctx, keysOf("V").Heartbeat, "alive", ttl).Err()) // V's last heartbeat: now
 	elapsed := time.Duration(0)
 	advance := func(d time.Duration) { mr.FastForward(d); elapsed += d }
 	holder, _ := newWorker(t, rdb, &fakeResetter{}, "holder")
@@ -206,4 +198,99 @@ func TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease(t
 	assert.Equal(t, []int64{1}, r.resetOf("V"))
 	assert.LessOrEqual(t, elapsed, stated, "recovered within TTL + 1.1 × interval + the scan lease of V's last heartbeat")
 	assert.Greater(t, elapsed, ttl+interval*11/10, "the lease adds to TTL + 1.1 × interval")
+}
+
+func TestRecoveryLeavesRowsOfLivePeers(t *testing.T) {
+	mr, rdb := newMini(t)
+	r := &fakeResetter{}
+	a, _ := startWorker(t, rdb, r, "workerA")
+	require.NoError(t, a.Track(context.Background(), 1, 2, 3))
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.PeersChecked)
+	assert.Zero(t, len(rep.Dead))
+	assert.Zero(t, r.callCount())
+	got, _ := mr.Members(keysOf("workerA").Rows)
+	assert.ElementsMatch(t, []string{"1", "2", "3"}, got)
+}
+
+func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
+	mr, rdb := newMini(t)
+	r := &fakeResetter{}
+	a, _ := startWorker(t, rdb, r, "workerA", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	require.NoError(t, a.Track(context.Background(), 100, 101, 102, 103, 104, 105, 106, 107, 108, 109))
+	for _, id := range []int64{100, 101, 102, 103, 104} {
+		require.NoError(t, a.Untrack(id))
+	}
+	a.crash()
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	mr.FastForward(1900 * time.Millisecond)
+	rep, err := b.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, len(rep.Dead), "heartbeat still there: not dead yet")
+	assert.Zero(t, r.callCount())
+
+	mr.FastForward(100 * time.Millisecond)
+	rep, err = b.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, 1, len(rep.Dead))
+	assert.Equal(t, []int64{105, 106, 107, 108, 109}, r.resetOf("workerA"))
+}
+
+func TestWorkerNeverRecoversItself(t *testing.T) {
+	mr, rdb := newMini(t)
+	r := &fakeResetter{}
+	w, _ := startWorker(t, rdb, r, "self", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	require.NoError(t, w.Track(context.Background(), 1))
+	mr.Del(keysOf("self").Heartbeat) // as if our own key expired in a pause
+
+	rep, err := w.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.Zero(t, rep.PeersChecked)
+	assert.Zero(t, r.callCount())
+	ok, _ := mr.SIsMember(keysOf("self").Rows, "1")
+	assert.True(t, ok)
+}
+
+func TestRecoveryRunsAtStartAndEveryInterval(t *testing.T) {
+	_, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "early", "1")
+	r := &fakeResetter{}
+	// miniredis expires keys only when told to: no scan lease here.
+	_, _ = startWorker(t, rdb, r, "workerB", WithRecoveryInterval(300*time.Millisecond), WithScanLease(false))
+	require.Eventually(t, func() bool { return len(r.resetOf("early")) == 1 }, time.Second, 5*time.Millisecond,
+		"the first scan runs at Start")
+
+	plantDeadPeer(t, rdb, "ALYA", "late", "2")
+	require.Eventually(t, func() bool { return len(r.resetOf("late")) == 1 }, 2*time.Second, 5*time.Millisecond,
+		"later deaths are found by the periodic scan")
+}
+
+func TestRecoverNowBeforeStartWorksAndAfterShutdownIsRefused(t *testing.T) {
+	_, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "operator")
+
+	_, err := w.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []int64{1}, r.resetOf("dead"))
+
+	require.NoError(t, w.Shutdown(context.Background()))
+	_, err = w.RecoverNow(context.Background())
+	assert.ErrorIs(t, err, ErrShutdown)
+}
+
+func TestRecoveryScanFailsCleanlyWhenRedisIsDown(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w")
+	mr.SetError("ERR down")
+	_, err := w.RecoverNow(context.Background())
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "read registry "+registryKey)
 }

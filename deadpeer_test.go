@@ -1,0 +1,558 @@
+package recovery
+
+// Tests of the one dead-peer path (deadpeer.go): claim, read, reset, finish,
+// deregister. A comment naming F1-F8 or R1-R5 marks a regression test of the
+// two adversarial reviews (docs/safety.md section 9); each drives the
+// interleaving the review found, at the step it named, and fails on the code
+// before its fix. The other review regressions sit beside the concept they
+// test: release_test.go, rowtrack_test.go, twin_test.go, pgx_ledger_test.go,
+// pgx_resetter_test.go.
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/netfault"
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "workerA", "105", "106", "107", "108", "109")
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.Equal(t, []int64{105, 106, 107, 108, 109}, r.resetOf("workerA"))
+	assert.Equal(t, 1, rep.PeersChecked)
+	assert.Equal(t, 1, len(rep.Dead))
+	assert.Equal(t, int64(5), rep.RowsReset)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, PeerRecovery{InstanceID: "workerA", RowsFound: 5, RowsReset: 5}, rep.Recovered[0])
+	assert.False(t, mr.Exists(keysOf("workerA").Rows), "rows set deleted after the reset")
+	claim, _ := mr.Get(keysOf("workerA").Claim)
+	assert.True(t, strings.HasPrefix(claim, "done:1:"), "the claim became a tombstone holding the result, for a retried Finish: %q", claim)
+	ok, _ := mr.SIsMember(registryKey, "workerA")
+	assert.False(t, ok, "dead peer deregistered")
+	mr.FastForward(2 * b.opts.opTimeout)
+	assert.False(t, mr.Exists(keysOf("workerA").Claim), "the tombstone lives two operation timeouts")
+}
+
+func TestDeadPeerWithoutRowsIsSimplyDeregistered(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "emptyPeer")
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.Zero(t, r.callCount(), "nothing to reset")
+	require.Len(t, rep.Recovered, 1)
+	assert.Zero(t, rep.Recovered[0].RowsFound)
+	ok, _ := mr.SIsMember(registryKey, "emptyPeer")
+	assert.False(t, ok)
+}
+
+func TestFailedRecoveryOfOnePeerKeepsItForTheNextScan(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "p1", "1", "2")
+	plantDeadPeer(t, rdb, "ALYA", "p2", "3")
+	r := &fakeResetter{}
+	pgDown := errors.New("connection refused")
+	r.setFail("p1", pgDown)
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.Error(t, err)
+	assert.ErrorIs(t, err, pgDown)
+	var pe *PeerError
+	require.ErrorAs(t, err, &pe)
+	assert.Equal(t, "p1", pe.InstanceID)
+	assert.Contains(t, err.Error(), "recover p1: reset 2 rows of p1: connection refused")
+	assert.Equal(t, []int64{3}, r.resetOf("p2"), "the other peer is still recovered")
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, "p2", rep.Recovered[0].InstanceID)
+	got, _ := mr.Members(keysOf("p1").Rows)
+	assert.ElementsMatch(t, []string{"1", "2"}, got, "rows set kept")
+	ok, _ := mr.SIsMember(registryKey, "p1")
+	assert.True(t, ok, "registry entry kept")
+	note, _ := mr.Get(keysOf("p1").Claim)
+	assert.Equal(t, "failed", note, "claim replaced by the note of a failed recovery, which any recoverer takes over at once")
+
+	r.setFail("p1", nil)
+	_, err = b.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []int64{1, 2}, r.resetOf("p1"))
+	assert.False(t, mr.Exists(keysOf("p1").Rows))
+}
+
+func TestNonNumericRowMembersAreSkipped(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "p1", "2", "abc", "1", "", "99999999999999999999", "-3", " 4", "0x10")
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	assert.Equal(t, []int64{-3, 1, 2}, r.resetOf("p1"))
+	require.Len(t, rep.Recovered, 1)
+	assert.ElementsMatch(t, []string{"abc", "", "99999999999999999999", " 4", "0x10"}, rep.Recovered[0].InvalidMembers)
+	assert.False(t, mr.Exists(keysOf("p1").Rows))
+}
+
+func TestConcurrentRecoverersResetEachRowOnce(t *testing.T) {
+	_, rdb := newMini(t)
+	rows := make([]any, 100)
+	for i := range rows {
+		rows[i] = int64(i + 1)
+	}
+	plantDeadPeer(t, rdb, "ALYA", "dead", rows...)
+	r := &fakeResetter{delay: 20 * time.Millisecond}
+	recoverAtOnce(t, 10, func(i int) *Worker {
+		w, _ := newWorker(t, rdb, r, "rec"+string(rune('a'+i)))
+		return w
+	})
+
+	assert.Equal(t, 1, r.callCount(), "one recoverer per dead peer")
+	assert.Len(t, r.resetOf("dead"), 100)
+}
+
+func TestClaimHeldByAnotherRecovererIsRespectedUntilItExpires(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
+	// A recoverer took the claim and died before finishing.
+	require.NoError(t, mr.Set(keysOf("dead").Claim, "someone-else"))
+	mr.SetTTL(keysOf("dead").Claim, 10*time.Second)
+	r := &fakeResetter{}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"dead"}, rep.Skipped)
+	assert.Zero(t, r.callCount())
+
+	mr.FastForward(10 * time.Second)
+	rep, err = b.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Empty(t, rep.Skipped)
+	assert.Equal(t, []int64{1}, r.resetOf("dead"), "taken over once the dead recoverer's claim expired")
+}
+
+// A peer that comes back keeps its rows set as it writes it: the reset
+// rows are fenced by owner or recorded in the ledger, and removing members
+// could remove rows the peer tracked again after the reset (F8).
+func TestPeerThatComesBackDuringRecoveryKeepsItsRegistrationAndNewRows(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "paused", "1", "2")
+	// The peer resumes from a long pause while its rows are reset.
+	r := &fakeResetter{before: func(string) {
+		_ = mr.Set(keysOf("paused").Heartbeat, "alive")
+		_, _ = mr.SAdd(keysOf("paused").Rows, "3") // it tracked a new block
+	}}
+	b, _ := newWorker(t, rdb, r, "workerB")
+
+	rep, err := b.RecoverNow(context.Background())
+
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.True(t, rep.Recovered[0].PeerCameBack)
+	got, _ := mr.Members(keysOf("paused").Rows)
+	assert.ElementsMatch(t, []string{"1", "2", "3"}, got, "the set is left as the peer keeps it")
+	ok, _ := mr.SIsMember(registryKey, "paused")
+	assert.True(t, ok)
+}
+
+func TestHugeRowsSetIsReadInPiecesAndRecoveredWhole(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const n = 50000 // a hashtable set: SSCAN pages through it
+	pipe := rdb.Pipeline()
+	for i := 0; i < n; i += 5000 {
+		batch := make([]any, 5000)
+		for j := range batch {
+			batch[j] = int64(i + j + 1)
+		}
+		pipe.SAdd(ctx, keysOf("huge").Rows, batch...)
+	}
+	pipe.SAdd(ctx, registryKey, "huge")
+	_, err := pipe.Exec(ctx)
+	require.NoError(t, err)
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "rec")
+
+	rep, err := w.RecoverNow(ctx)
+
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, n, rep.Recovered[0].RowsFound, "every row once, though SSCAN may repeat")
+	assert.Len(t, r.resetOf("huge"), n)
+	_, cmds := counter.snapshot()
+	sscans := 0
+	for _, c := range cmds {
+		if c == "sscan" {
+			sscans++
+		}
+	}
+	assert.Greater(t, sscans, 1, "read in pieces")
+}
+
+// skipper is a go-redis hook that drops the first members of the second
+// SSCAN page, as a cursor carried to another Cluster node by a slot
+// migration may skip members.
+type skipper struct {
+	mu    sync.Mutex
+	pages int
+}
+
+func (s *skipper) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (s *skipper) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		if sc, ok := cmd.(*redis.ScanCmd); ok && cmd.Name() == "sscan" && err == nil {
+			s.mu.Lock()
+			s.pages++
+			if s.pages == 2 {
+				keys, cursor := sc.Val()
+				sc.SetVal(keys[100:], cursor)
+			}
+			s.mu.Unlock()
+		}
+		return err
+	}
+}
+
+func (s *skipper) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+
+func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	const n = 25000 // three SSCAN pages
+	members := make([]any, n)
+	for i := range members {
+		members[i] = int64(i + 1)
+	}
+	require.NoError(t, rdb.SAdd(ctx, keysOf("moved").Rows, members...).Err())
+	require.NoError(t, rdb.SAdd(ctx, registryKey, "moved").Err())
+	rdb.AddHook(&skipper{})
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "rec")
+
+	_, err := w.RecoverNow(ctx)
+	require.Error(t, err)
+	assert.Contains(t, err.Error(), "members read")
+	assert.Zero(t, r.callCount(), "nothing reset from an incomplete read")
+	card, err := rdb.SCard(ctx, keysOf("moved").Rows).Result()
+	require.NoError(t, err)
+	assert.EqualValues(t, n, card, "the set is kept")
+
+	rep, err := w.RecoverNow(ctx) // the next read is whole
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Len(t, r.resetOf("moved"), n)
+}
+
+func TestSafetyTenRecoverersResetEachRowOfADeadPeerOnce(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 200)
+	prefix := testutil.Name("S")
+	ids := make([]any, 200)
+	for i := range ids {
+		ids[i] = int64(i + 1)
+		take(t, db, "dead", int64(i+1))
+	}
+	plantDeadPeer(t, rdb, prefix, "dead", ids...)
+	r := &fakeResetter{inner: fencedResetter(t, db)}
+	recoverAtOnce(t, 10, func(int) *Worker {
+		w, _ := newWorker(t, rdb, r, testutil.Name("rec"), WithKeyPrefix(prefix))
+		return w
+	})
+
+	per := r.perRow()
+	assert.Len(t, per, 200)
+	for id, n := range per {
+		assert.Equal(t, 1, n, "row %d passed to ResetRows %d times", id, n)
+	}
+	for id := int64(1); id <= 200; id++ {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s)
+	}
+}
+
+// The design's race: B resets rows 105-109, C fetches them again, and a slow
+// D that read the rows set before B's DEL resets them under C. With claims D
+// cannot read the set while B works on it, and finds nothing after. This
+// holds without owner fencing.
+func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 110)
+	prefix := testutil.Name("S")
+	take(t, db, "A", 105, 106, 107, 108, 109)
+	plantDeadPeer(t, rdb, prefix, "A", "105", "106", "107", "108", "109")
+	plain, err := NewPgxResetter(db) // no owner fencing
+	require.NoError(t, err)
+	slowB := &fakeResetter{inner: plain, hold: newGate()} // B stops inside its reset
+	counted := &fakeResetter{inner: plain}
+	b, _ := newWorker(t, rdb, slowB, "B", WithKeyPrefix(prefix))
+	d, _ := newWorker(t, rdb, counted, "D", WithKeyPrefix(prefix))
+
+	bDone := make(chan error)
+	go func() { _, err := b.RecoverNow(context.Background()); bDone <- err }()
+	<-slowB.hold.entered // B holds the claim and is about to reset
+
+	rep, err := d.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Equal(t, []string{"A"}, rep.Skipped, "D may not touch A while B recovers it")
+
+	close(slowB.hold.release)
+	require.NoError(t, <-bDone)
+	take(t, db, "C", 105, 106, 107, 108, 109) // C fetches the recovered rows
+
+	rep, err = d.RecoverNow(context.Background())
+	require.NoError(t, err)
+	assert.Zero(t, len(rep.Dead), "A is gone from the registry")
+	assert.Empty(t, counted.perRow(), "D never reset anything")
+	for id := int64(105); id <= 109; id++ {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s)
+		assert.Equal(t, "C", *o, "row %d still C's", id)
+	}
+}
+
+// F1: a dead peer's rows set used to expire rows TTL after its last
+// heartbeat, whatever happened to its recovery; a PostgreSQL outage longer
+// than that lost its rows for good.
+func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 10, "F1")
+	proxy := pgProxy(t, db)
+	const rowsTTL = 1600 * time.Millisecond
+	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
+		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(rowsTTL), WithResetTimeout(300 * time.Millisecond)}
+	direct, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3, 4, 5)
+
+	proxy.Cut() // PostgreSQL unreachable for the recoverer
+	viaProxy, err := NewPgxResetter(testutil.PoolVia(t, db, proxy.Addr))
+	require.NoError(t, err)
+	// Started during the outage: without the schema check, which needs
+	// PostgreSQL.
+	r, _ := startWorker(t, rdb, viaProxy, "recoverer", append(timing, WithoutSchemaCheck())...)
+	// Nothing to wait on: what is tested is that time passes. Four rows
+	// TTLs of failed recoveries; the set must outlive them all.
+	time.Sleep(4 * rowsTTL)
+
+	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 5, "the rows set outlives 4 rows TTLs of failed recoveries")
+	assert.True(t, registered(t, rdb, prefix, "victim"), "still registered")
+	assert.Zero(t, r.Stats().PeersRecovered, "never counted as recovered")
+	assert.NotZero(t, r.Stats().Errors)
+	for id := int64(1); id <= 5; id++ {
+		assert.Equal(t, "inprog", statuses(t, db)[id])
+	}
+
+	proxy.Restore()
+	require.Eventually(t, func() bool {
+		got := statuses(t, db)
+		for id := int64(1); id <= 5; id++ {
+			if got[id] != "queued" {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 50*time.Millisecond, "every row comes back once PostgreSQL does")
+	require.Eventually(t, func() bool { return !registered(t, rdb, prefix, "victim") }, 5*time.Second, 20*time.Millisecond,
+		"deregistered only after its rows were reset")
+	n, err := rdb.Exists(ctx, store.InstanceKeys(prefix, "victim").Rows, store.InstanceKeys(prefix, "victim").Incarnation).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+}
+
+// lostReply runs one RecoverNow of dead peer "dead" (rows 1 and 2) by a
+// worker whose connection to Redis loses the reply to the given script
+// once, after the server ran it; go-redis retries it.
+func lostReply(t *testing.T, script *redis.Script) (RecoveryReport, error, *fakeResetter, *redis.Client) {
+	t.Helper()
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	direct := srv.Client(t)
+	proxy, err := netfault.NewProxy(srv.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	plantDeadPeer(t, direct, "ALYA", "dead", "1", "2")
+	require.NoError(t, script.Load(ctx, direct).Err(), "loaded, so the worker sends EVALSHA with the script's hash")
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "recoverer")
+
+	dropped := proxy.DropReplyTo([]byte(script.Hash()))
+	rep, err := w.RecoverNow(ctx)
+	select {
+	case <-dropped:
+	default:
+		t.Fatal("the reply to the script was never dropped")
+	}
+	return rep, err, r, direct
+}
+
+// F4: a retried claim used to find the caller's own claim and answer
+// "held", so the peer was skipped and blocked for the claim TTL.
+func TestSafetyAClaimWhoseReplyWasLostIsStillTaken(t *testing.T) {
+	rep, err, r, direct := lostReply(t, store.Script("claim"))
+
+	require.NoError(t, err)
+	assert.Empty(t, rep.Skipped, "the retry finds its own claim")
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, []int64{1, 2}, r.resetOf("dead"))
+	assert.False(t, registered(t, direct, "ALYA", "dead"))
+}
+
+// F4: a retried finish used to find the claim gone and report it lost.
+func TestSafetyAFinishWhoseReplyWasLostReportsItsFirstResult(t *testing.T) {
+	rep, err, r, direct := lostReply(t, store.Script("finish"))
+
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, []int64{1, 2}, r.resetOf("dead"))
+	assert.Equal(t, 1, r.callCount(), "reset once")
+	assert.False(t, registered(t, direct, "ALYA", "dead"), "deregistered in the same scan")
+}
+
+// Issue 11: a status misconfigured on the recoverer used to end with the
+// rows set deleted and the peer deregistered "with 0 rows reset": the rows
+// stayed in progress forever.
+func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 10, "NR")
+	right, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix))
+	setStatus(t, db, "inprog", 1, 2, 3, 4)
+	require.NoError(t, v.Track(ctx, 1, 2, 3, 4))
+	setStatus(t, db, "done", 4) // finished; the process died before Untrack
+	v.crash()
+	require.NoError(t, rdb.Del(ctx, v.ownKeys().Heartbeat).Err())
+
+	misspelled, err := NewPgxResetter(db, WithStatuses("in_progress", "queued"))
+	require.NoError(t, err)
+	rec := &recorder{}
+	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec))
+	rep, err := r.RecoverNow(ctx)
+
+	require.ErrorIs(t, err, ErrRowsNotReset)
+	assert.Contains(t, err.Error(), `row 1 has status "inprog"`)
+	require.Len(t, rep.Failed, 1)
+	assert.Equal(t, []RowState{{ID: 1, Status: "inprog"}, {ID: 2, Status: "inprog"}, {ID: 3, Status: "inprog"}}, rep.Failed[0].NotReset,
+		"the finished row 4 is settled, not reported")
+	assert.Empty(t, rep.Recovered)
+	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 4, "rows set kept")
+	assert.True(t, registered(t, rdb, prefix, "victim"), "registry entry kept")
+	assert.Equal(t, uint64(3), r.Stats().RowsNotReset)
+	assert.Zero(t, r.Stats().PeersRecovered)
+	require.NoError(t, r.Shutdown(ctx)) // delivers the events
+	require.Len(t, rec.of(EventRowsNotReset), 1)
+	assert.Equal(t, 3, rec.of(EventRowsNotReset)[0].RowsNotReset)
+	assert.Equal(t, 4, rec.of(EventRowsNotReset)[0].Rows)
+	_ = logs
+
+	fixed, _ := newWorker(t, rdb, right, "fixed", WithKeyPrefix(prefix))
+	rep, err = fixed.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, int64(3), rep.RowsReset)
+	got := statuses(t, db)
+	assert.Equal(t, "queued", got[1])
+	assert.Equal(t, "queued", got[3])
+	assert.Equal(t, "done", got[4])
+	assert.False(t, registered(t, rdb, prefix, "victim"))
+}
+
+func TestLostRowsSetAfterAFailedRecoveryIsReportedNotCountedAsRecovered(t *testing.T) {
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2")
+	plantDeadPeer(t, rdb, "ALYA", "idle") // died without rows: no record at all
+	r := &fakeResetter{}
+	pgDown := errors.New("connection refused")
+	r.setFail("dead", pgDown)
+	w, logs := newWorker(t, rdb, r, "w")
+
+	rep, err := w.RecoverNow(context.Background())
+	require.ErrorIs(t, err, pgDown)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, "idle", rep.Recovered[0].InstanceID)
+	assert.True(t, rep.Recovered[0].NoRecord, "an idle dead peer is deregistered")
+	mr.Del(keysOf("dead").Rows) // Redis loses it (or it expired) before the next try
+
+	rep, err = w.RecoverNow(context.Background())
+	require.ErrorIs(t, err, ErrRowsSetLost)
+	assert.False(t, registered(t, rdb, "ALYA", "dead"), "nothing left to retry: deregistered")
+	assert.Zero(t, w.Stats().PeersRecovered, "neither the lost peer nor the idle one counts as recovered")
+	require.Len(t, rep.Failed, 1)
+	assert.True(t, rep.Failed[0].NoRecord)
+	assert.Empty(t, rep.Recovered)
+
+	// The dead-peer path logs it at Error.
+	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"rows set of dead peer vanished`))
+}
+
+// R3 (fixed). F1's alarm never fires for a worker of this version: its rows set can
+// vanish after a failed recovery and the peer is counted as recovered.
+//
+// Claim answers ClaimTakenLost only when the rows set AND the incarnation
+// are both gone. A worker of the second version always has an incarnation
+// key (every heartbeat writes it; an idle worker has one and no rows set),
+// and every claim renews both, so when the set alone is lost (eviction
+// under an allkeys-* policy, an operator's DEL) the claim answers
+// ClaimTaken:
+//
+//	R: claim V (renews set + incarnation); reset fails (PostgreSQL down); Fail: note "failed"
+//	Redis loses V's rows set (not its incarnation)
+//	R: claim: note "failed", incarnation exists -> ClaimTaken (not Lost)
+//	R: reads 0 rows; Finish deletes the incarnation; V deregistered;
+//	   counted in PeersRecovered, no ErrRowsSetLost, no Error log
+//
+// The existing test plants an old-version peer (no incarnation), which is
+// the only case the alarm covers.
+func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2")
+	require.NoError(t, rdb.Set(ctx, keysOf("dead").Incarnation, "life-1", 0).Err(), "what every heartbeat of this version writes")
+	r := &fakeResetter{}
+	pgDown := errors.New("connection refused")
+	r.setFail("dead", pgDown)
+	w, _ := newWorker(t, rdb, r, "w")
+
+	_, err := w.RecoverNow(ctx)
+	require.ErrorIs(t, err, pgDown)
+	require.True(t, mr.Exists(keysOf("dead").Rows))
+	mr.Del(keysOf("dead").Rows) // lost; the incarnation is not
+
+	rep, err := w.RecoverNow(ctx)
+	assert.ErrorIs(t, err, ErrRowsSetLost, "rows 1 and 2 were never reset and nothing knows them any more")
+	assert.Zero(t, w.Stats().PeersRecovered, "not a recovery")
+	assert.Empty(t, rep.Recovered)
+}

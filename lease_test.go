@@ -1,0 +1,133 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	frozenClient := srv.Client(t)
+	fr := &freezer{}
+	frozenClient.AddHook(fr)
+	observer := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 5)
+	r := fencedResetter(t, db)
+	ctx := context.Background()
+	a, logs := startWorker(t, frozenClient, r, "A",
+		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250*time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	take(t, db, "A", 1, 2, 3)
+	require.NoError(t, a.Track(ctx, 1, 2, 3))
+
+	fr.freeze() // A can no longer reach Redis: a GC pause, a partition
+	require.Eventually(t, func() bool { return observer.Exists(ctx, keysOf("A").Heartbeat).Val() == 0 },
+		5*time.Second, 2*time.Millisecond, "heartbeat never expired")
+	// The first moment a peer could find A dead, A already knows.
+	assert.ErrorIs(t, a.CheckLease(), ErrLeaseLost)
+	assert.ErrorIs(t, a.Track(ctx, 4), ErrLeaseLost)
+
+	// The host abandons its block: the rows go back at once, but a row
+	// someone else has taken meanwhile stays theirs.
+	take(t, db, "C", 3)
+	require.NoError(t, a.Release(ctx, 1, 2, 3))
+	for _, id := range []int64{1, 2} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s)
+	}
+	s, o := rowState(t, db, 3)
+	assert.Equal(t, "inprog", s)
+	assert.Equal(t, "C", *o)
+	assert.Zero(t, a.Stats().TrackedRows)
+
+	fr.thaw()
+	require.Eventually(t, func() bool { return a.CheckLease() == nil }, 3*time.Second, 5*time.Millisecond)
+	ok, err := observer.SIsMember(ctx, registryKey, "A").Result()
+	require.NoError(t, err)
+	assert.True(t, ok, "re-registered with the new lease")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, time.Second, 5*time.Millisecond)
+	assert.Equal(t, 1, logs.Count("heartbeat lease lost"))
+	n, err := observer.Exists(ctx, keysOf("A").Rows).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n, "released rows are untracked")
+}
+
+// A worker paused past its TTL must not learn it is healthy again just
+// because its next heartbeat succeeded: the rows it held may be a peer's now.
+func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	r := &fakeResetter{fenced: true}
+	w, logs := startWorker(t, rdb, r, "w", WithHeartbeatTTL(400*time.Millisecond),
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	require.NoError(t, w.Track(ctx, 1, 2, 3))
+
+	mr.SetError("ERR paused") // the process is stopped, the key expires
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	mr.SetError("")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 1-3 may have been recovered meanwhile")
+	assert.ErrorIs(t, w.Track(ctx, 4), ErrLeaseLost)
+	assert.Contains(t, logs.String(), `"stale_rows":3`)
+
+	require.NoError(t, w.Untrack(1)) // the row it was in the middle of (its completion was refused)
+	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
+	require.NoError(t, w.Release(ctx, 2, 3)) // the rest of the block
+	assert.NoError(t, w.CheckLease(), "every stale row given back")
+	assert.NoError(t, w.Track(ctx, 4))
+}
+
+func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
+	mr, rdb := newMini(t)
+	w, logs := startWorker(t, rdb, &fakeResetter{fenced: true}, "w1",
+		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	ctx := context.Background()
+	require.NoError(t, w.Track(ctx, 1))
+
+	mr.SetError("ERR unreachable")
+	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
+	assert.ErrorIs(t, w.Track(ctx, 2), ErrLeaseLost, "no new rows while peers may consider us dead")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+
+	mr.SetError("")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is not given back yet")
+	require.NoError(t, w.Untrack(1))
+	assert.NoError(t, w.CheckLease())
+	assert.NoError(t, w.Track(ctx, 2))
+	ok, _ := mr.SIsMember(registryKey, "w1")
+	assert.True(t, ok, "re-registered")
+}
+
+func TestHealthyWorkerWithTheTightestTimingsNeverLosesItsLease(t *testing.T) {
+	_, rdb := newMini(t)
+	// 550ms + the derived 275ms operation timeout: just inside the 900ms lease.
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithHeartbeatTTL(time.Second),
+		WithHeartbeatInterval(550*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	// Healthy is polled all along, until four heartbeats after Start's.
+	poll := time.NewTicker(5 * time.Millisecond)
+	defer poll.Stop()
+	deadline := time.Now().Add(10 * time.Second)
+	for w.Stats().Heartbeats < 5 {
+		require.NoError(t, w.Healthy())
+		require.True(t, time.Now().Before(deadline), "four heartbeats in 10s")
+		<-poll.C
+	}
+	assert.Zero(t, w.Stats().LeaseLosses)
+}
+
+func TestHealthyBeforeStart(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
+	assert.ErrorIs(t, w.Healthy(), ErrNotStarted)
+}

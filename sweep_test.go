@@ -1,0 +1,96 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	prefix := testutil.Name("S")
+	ctx := context.Background()
+	// Yesterday's fleet died; Redis has nothing about it any more.
+	take(t, db, "gone-1", 1, 2)
+	take(t, db, "gone-2", 3)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = NULL WHERE rowid = 4`)
+	require.NoError(t, err)
+	r := fencedResetter(t, db)
+	// Rows-set mode: in owner mode the live worker would sweep too.
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(),
+		WithHeartbeatTTL(500 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
+	live, _ := startWorker(t, rdb, r, "live", opts...) // no sweep of its own
+	opts = append(opts, WithBackstopSweep())
+	take(t, db, "live", 5)
+	require.NoError(t, live.Track(ctx, 5))
+	// Sweeps are driven by hand here; the loop's part is tested below.
+	w, _ := newWorker(t, rdb, r, "newcomer", opts...)
+	other, _ := newWorker(t, rdb, r, "other", opts...)
+
+	firstSweep := time.Now()
+	rep, err := w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, rep.turnHeld)
+	assert.Equal(t, 3, rep.owners, "gone-1, gone-2, live")
+	assert.ElementsMatch(t, []string{"gone-1", "gone-2"}, rep.absent, "first sighting: not yet reset")
+	assert.Empty(t, rep.recovered)
+	orep, err := other.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	assert.False(t, orep.turnHeld, "one sweeper at a time")
+
+	rep, err = w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, rep.recovered, "absent for less than a heartbeat TTL")
+
+	var sweepErr error
+	require.Eventually(t, func() bool {
+		rep, sweepErr = w.sweeper.runOnce(ctx)
+		return sweepErr != nil || len(rep.recovered) > 0
+	}, 5*time.Second, 50*time.Millisecond, "reset once absent for a heartbeat TTL")
+	require.NoError(t, sweepErr)
+	assert.GreaterOrEqual(t, time.Since(firstSweep), 500*time.Millisecond, "and not before")
+	require.Len(t, rep.recovered, 2)
+	assert.Equal(t, uint64(3), w.Stats().RowsRecovered, "the sweep's rows are counted")
+	assert.Equal(t, uint64(2), w.Stats().PeersRecovered)
+	for _, id := range []int64{1, 2, 3} {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+		assert.Nil(t, o)
+	}
+	s, o := rowState(t, db, 5)
+	assert.Equal(t, "inprog", s, "a live owner's row is never swept")
+	assert.Equal(t, "live", *o)
+	s, _ = rowState(t, db, 4)
+	assert.Equal(t, "inprog", s, "rows without an owner are not the sweep's")
+}
+
+func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	take(t, db, "gone", 1, 2)
+	_, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(),
+		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
+		WithRecoveryInterval(100*time.Millisecond), WithRowsTTL(time.Second))
+	require.Eventually(t, func() bool { s, _ := rowState(t, db, 2); return s == "queued" }, 5*time.Second, 20*time.Millisecond)
+	assert.Contains(t, logs.String(), `"found_by":"sweep"`)
+}
+
+func TestSafetyBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
+	db := testutil.Postgres(t)
+	plain, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	_, err = New(idleClient(t), plain, WithBackstopSweep())
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "backstop sweep needs a PgxResetter WithOwnerColumn")
+	_, err = New(idleClient(t), &fakeResetter{}, WithBackstopSweep())
+	assert.Contains(t, err.Error(), "backstop sweep needs a resetter that implements OwnerSweeper")
+}
