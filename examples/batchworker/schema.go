@@ -24,7 +24,7 @@ import (
 //
 //	ALTER TABLE batchrows ADD COLUMN owner text;
 //	ALTER TABLE batchrows ADD COLUMN recoveries int NOT NULL DEFAULT 0;
-//	CREATE INDEX batchrows_inprog_owner ON batchrows (owner) WHERE status = 'inprog';
+//	CREATE INDEX batchrows_inprog_owner ON batchrows (owner, rowid) WHERE status = 'inprog';
 const schemaSQL = `
 CREATE TABLE IF NOT EXISTS batches (
 	batchid bigint PRIMARY KEY,
@@ -40,7 +40,7 @@ CREATE TABLE IF NOT EXISTS batchrows (
 	result     text
 );
 CREATE INDEX IF NOT EXISTS batchrows_queued ON batchrows (rowid) WHERE status = 'queued';
-CREATE INDEX IF NOT EXISTS batchrows_inprog_owner ON batchrows (owner) WHERE status = 'inprog';
+CREATE INDEX IF NOT EXISTS batchrows_inprog_owner ON batchrows (owner, rowid) WHERE status = 'inprog';
 `
 
 // createSchema creates the tables if they do not exist.

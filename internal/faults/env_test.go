@@ -65,6 +65,10 @@ type envConfig struct {
 	redisArgs       []string      // more redis-server options of the single server (persistence)
 	table           string        // the rows table; "" is batchrows
 	work            time.Duration // per row; 0 is work
+	// ownerMode runs the workers in owner mode (an owner-fencing worker's
+	// default); otherwise they get -rows-sets, the mode the scenarios
+	// written before owner mode inspect (their rows sets).
+	ownerMode bool
 }
 
 // env is one scenario's world: a schema with a seeded batch and a ledger,
@@ -228,12 +232,16 @@ type proc struct {
 
 // workerArgs are the flags every worker gets, then extra.
 func (e *env) workerArgs(id string, extra ...string) []string {
-	return append([]string{
+	args := []string{
 		"-instance-id", id, "-prefix", e.prefix, "-schema", e.schema, "-table", e.cfg.table,
 		"-block", fmt.Sprint(block), "-work", e.cfg.work.String(),
 		"-heartbeat-ttl", ttl.String(), "-heartbeat-interval", interval.String(),
 		"-recovery-interval", recoveryInterval.String(), "-rows-ttl", rowsTTL.String(),
-	}, extra...)
+	}
+	if !e.cfg.ownerMode {
+		args = append(args, "-rows-sets")
+	}
+	return append(args, extra...)
 }
 
 // workerEnv is the environment of a worker: the connection strings and
