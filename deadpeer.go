@@ -18,8 +18,9 @@ import (
 // each a small function below:
 //
 //	claim       store.ClaimDead: re-check the heartbeat, take the claim
-//	read+reset  rows from the rows set (resetTracked), or every row the peer
-//	            owns in PostgreSQL (resetOwned: the sweep)
+//	read+reset  rows from the rows set if there is one (resetTracked), then,
+//	            by owner (owner mode, the sweep), every row the peer still
+//	            owns in PostgreSQL (resetOwned)
 //	finish      store.FinishRecovery: delete the rows set if still dead
 //	deregister  store.Deregister
 //
@@ -166,11 +167,7 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 		r.rep.NoRecord = true
 	}
 
-	reset := r.resetTracked
-	if r.byOwner {
-		reset = r.resetOwned
-	}
-	if err := reset(claimCtx); err != nil {
+	if err := r.reset(claimCtx, res == store.ClaimTaken); err != nil {
 		r.release()
 		return true, err
 	}
@@ -189,8 +186,25 @@ func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
 	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.opts.rowsTTL)
 }
 
-// resetTracked is steps 2 and 3 for a rows set: read it, and reset its
-// rows under its incarnation.
+// reset is steps 2 and 3. A rows set, when the peer has one, is read and
+// its rows reset under its incarnation, with the check that every row is
+// reset or settled (a worker of rows-set mode, or of a release before owner
+// mode). By owner (owner mode, the sweep), every row the peer still owns in
+// progress is then reset, whatever Redis remembers.
+func (r *peerRecovery) reset(ctx context.Context, hasSet bool) error {
+	if hasSet || !r.byOwner {
+		if err := r.resetTracked(ctx); err != nil {
+			return err
+		}
+	}
+	if r.byOwner {
+		return r.resetOwned(ctx)
+	}
+	return nil
+}
+
+// resetTracked reads the rows set and resets its rows under its
+// incarnation.
 func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	w := r.w
 	incarnation, members, err := w.store.ReadRows(ctx, r.peer)
@@ -219,8 +233,8 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	return nil
 }
 
-// resetOwned is steps 2 and 3 by owner: reset every row in progress the
-// peer owns in PostgreSQL, whatever Redis remembers.
+// resetOwned resets every row in progress the peer owns in PostgreSQL,
+// and adds them to what resetTracked found.
 func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	w := r.w
 	sw, ok := w.resetter.(OwnerSweeper)
@@ -233,8 +247,9 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("reset rows owned by %s: %w", r.peer, err)
 	}
-	r.rep.RowsReset, r.rep.Quarantined = res.Reset, res.Quarantined
-	r.rep.RowsFound = int(res.Reset) // quarantined rows included
+	r.rep.RowsReset += res.Reset
+	r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)
+	r.rep.RowsFound += int(res.Reset) // quarantined rows included
 	return nil
 }
 

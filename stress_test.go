@@ -24,10 +24,37 @@ import (
 // every row is done, the ledger holds each row exactly once (no row done
 // twice), and no ResetRows ever named a worker that had not crashed (no
 // row reset while its owner is live).
+//
+// It runs in rows-set mode (the resetter wrapped so that only ResetRows is
+// seen) and in owner mode (the resetter is an owner-fencing PgxResetter, so
+// the workers reset by owner and keep no rows sets).
 func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 	if testing.Short() {
 		t.Skip("stress test")
 	}
+	for _, mode := range []string{"rows-set", "owner"} {
+		t.Run(mode, func(t *testing.T) { stressFleet(t, mode == "owner") })
+	}
+}
+
+// ownerSpy is an owner-fencing PgxResetter that calls before with the
+// owner of every reset that changed rows, and counts them.
+type ownerSpy struct {
+	*PgxResetter
+	before func(peer string)
+	resets atomic.Int64
+}
+
+func (s *ownerSpy) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+	res, err := s.PgxResetter.ResetOwnerRows(ctx, owner)
+	if res.Reset > 0 {
+		s.before(owner)
+		s.resets.Add(res.Reset)
+	}
+	return res, err
+}
+
+func stressFleet(t *testing.T, ownerMode bool) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	const rows = 300
@@ -39,13 +66,24 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 
 	var crashedMu sync.Mutex
 	crashed := map[string]bool{}
-	r := &fakeResetter{inner: fencedResetter(t, db), before: func(peer string) {
+	checkDead := func(peer string) {
 		crashedMu.Lock()
 		defer crashedMu.Unlock()
 		if !crashed[peer] {
 			t.Errorf("rows of live worker %s reset", peer)
 		}
-	}}
+	}
+	var (
+		r         RowResetter
+		recovered func() int
+	)
+	if ownerMode {
+		spy := &ownerSpy{PgxResetter: fencedResetter(t, db), before: checkDead}
+		r, recovered = spy, func() int { return int(spy.resets.Load()) }
+	} else {
+		fake := &fakeResetter{inner: fencedResetter(t, db), before: checkDead}
+		r, recovered = fake, func() int { return len(fake.perRow()) }
+	}
 	opts := []Option{WithKeyPrefix(prefix),
 		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(200 * time.Millisecond),
 		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(3 * time.Second)}
@@ -65,6 +103,9 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 		defer fleetMu.Unlock()
 		spawned++
 		w, _ := startWorker(t, rdb, r, testutil.Name("st"), opts...)
+		if w.OwnerMode() != ownerMode {
+			t.Errorf("owner mode %v, want %v", w.OwnerMode(), ownerMode)
+		}
 		m := &member{w: w, done: make(chan struct{})}
 		fleet = append(fleet, m)
 		go func() {
@@ -137,8 +178,8 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 	require.NoError(t, db.QueryRow(ctx, `SELECT count(*), count(DISTINCT rowid) FROM ledger`).Scan(&total, &distinct))
 	assert.Equal(t, rows, distinct)
 	assert.Equal(t, rows, total, "no row done twice")
-	t.Logf("workers spawned %d, crashed 6, rows reset by recovery %d", spawned, len(r.perRow()))
-	assert.NotEmpty(t, r.perRow(), "crashes mid-block must have left rows to recover")
+	t.Logf("workers spawned %d, crashed 6, rows reset by recovery %d", spawned, recovered())
+	assert.NotZero(t, recovered(), "crashes mid-block must have left rows to recover")
 }
 
 // hostLoop is a host batch loop: fetch a block of 5 rows, track them,
