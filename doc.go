@@ -10,16 +10,27 @@
 // to the queue through a RowResetter, so a dead worker's rows are queued
 // again within heartbeat TTL + recovery interval (120 s by default).
 //
+// # Owner mode
+//
+// When the resetter fences by owner (NewPgxResetter with WithOwnerColumn),
+// the fetch's owner column already tells PostgreSQL which rows each worker
+// holds, and the Worker runs in owner mode (Worker.OwnerMode): no rows set,
+// Track and Untrack send nothing to Redis, a dead peer's rows are reset by
+// owner, and the owners of rows in progress are part of what recovery looks
+// at. WithRowsSets keeps the rows sets of the design instead; a resetter
+// without an owner column always uses them.
+//
 // # Redis keys
 //
 // With the default prefix "ALYA" and an instance ID id:
 //
 //	ALYA_{id}_HEARTBEAT   string "alive:<token>", TTL heartbeat TTL (60s)
-//	ALYA_{id}_ROWS        set of decimal row IDs, TTL rows TTL (180s)
+//	ALYA_{id}_ROWS        set of decimal row IDs, TTL rows TTL (180s); none in owner mode
+//	ALYA_{id}_INCARNATION the rows set's life, for the reset ledger
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
 //	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
-//	ALYA_SWEEP_LEASE      the backstop sweeper (WithBackstopSweep)
+//	ALYA_SWEEP_LEASE      the backstop sweeper (WithBackstopSweep; always in owner mode)
 //
 // The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no
 // script or transaction spans two slots, so the same code runs on a single
@@ -39,9 +50,10 @@
 //	err = w.Shutdown(ctx)                          // after the last block
 //
 // Track goes inside the transaction that marks the rows in progress, before
-// its COMMIT: a crash after the commit then always finds the rows tracked,
-// and a crash before it leaves them queued. Tracking after the commit
-// leaves a moment in which a crash strands them.
+// its COMMIT: in rows-set mode a crash after the commit then always finds
+// the rows tracked, and a crash before it leaves them queued; tracking
+// after the commit leaves a moment in which a crash strands them. In owner
+// mode the order does not matter for recovery.
 //
 // Start first checks the resetter against the database when it can
 // (SchemaChecker: a missing table or column, a status that is not a label
@@ -51,12 +63,14 @@
 // process heartbeats, and recovers the rows a dead predecessor left under
 // the ID before taking it. It writes the first heartbeat before it returns and then runs the
 // heartbeat loop and the recovery loop (plus one subscriber per master with
-// WithExpiryNotifications, and a flusher with WithDeferredUntrack; events
+// WithExpiryNotifications, a flusher with WithDeferredUntrack, the sweeper
+// with WithBackstopSweep or in owner mode, and the self-check; events
 // reach an Observer on a goroutine of their own). None uses the context
 // given to Start: cancelling the processing context on SIGTERM does
 // not stop the heartbeat, so the worker can finish its block while peers
 // still see it alive. Only Shutdown stops them; it waits for all, deletes
-// the heartbeat key and the registry entry, and leaves the rows set for
+// the heartbeat key and the registry entry (it stays registered while rows
+// are still tracked, so peers recover them), and leaves the rows set for
 // peers. No goroutine of the Worker outlives a Shutdown that returned nil.
 //
 // The Worker never closes the Redis client or the database handle it is
