@@ -64,7 +64,7 @@ func failoverBound(failover time.Duration) time.Duration {
 func liveRecovered(ps, live []*proc) int {
 	n := 0
 	for _, p := range live {
-		n += len(peerLines(ps, "recovered rows of dead peer", p.id)) + len(peerLines(ps, "recover now: recovered rows of dead peer", p.id))
+		n += len(peerLines(ps, "recovered rows of dead peer", p.id))
 	}
 	return n
 }

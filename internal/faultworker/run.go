@@ -167,9 +167,7 @@ func (h *host) recoverNow() {
 	if err != nil && !errors.Is(err, recovery.ErrShutdown) {
 		attrs = append(attrs, "error", err)
 	}
+	// Each peer's recovery is logged by the library ("recovered rows of
+	// dead peer"), as for the loop's scans.
 	h.log.Info("recover now", attrs...)
-	for _, pr := range rep.Recovered {
-		h.log.Info("recover now: recovered rows of dead peer", "peer_id", pr.InstanceID,
-			"rows_found", pr.RowsFound, "rows_reset", pr.RowsReset, "invalid_members", len(pr.InvalidMembers))
-	}
 }
