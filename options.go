@@ -173,8 +173,9 @@ func WithScanLease(enabled bool) Option {
 // re-queued, or with owner fencing (and instance IDs never reused, which
 // the default ID ensures); a custom RowResetter must guard the same way.
 // See docs/safety.md, "Finished rows left in a dead worker's set". linger
-// must be positive and shorter than the heartbeat interval. Default: off
-// (Untrack waits for its SREM).
+// must be positive and shorter than the heartbeat interval. In owner mode
+// Untrack sends nothing, so there is nothing to defer and the option has
+// no effect. Default: off (Untrack waits for its SREM).
 func WithDeferredUntrack(linger time.Duration) Option {
 	return optionFunc(func(o *options) { o.untrackLinger = linger; o.untrackSet = true })
 }

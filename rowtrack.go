@@ -12,8 +12,12 @@ import (
 // finds the rows tracked, and a crash before it leaves them queued;
 // tracking after the commit leaves a moment in which a crash strands them
 // in progress, untracked (docs/safety.md, section 2). If the worker dies
-// before it calls Untrack, a peer returns the rows to the queue. It adds the IDs to the worker's rows set and refreshes the set's
-// TTL in one round trip, bounded by ctx.
+// before it calls Untrack, a peer returns the rows to the queue. In
+// rows-set mode it adds the IDs to the worker's rows set and refreshes the
+// set's TTL in one round trip, bounded by ctx. In owner mode (OwnerMode) it
+// only records them in the worker's own view (for Release, the lease and
+// the self-check) and sends nothing: the owner column the fetch set is what
+// recovery reads.
 //
 // Track returns ErrNotStarted before Start, ErrShutdown after Shutdown and
 // ErrLeaseLost while the heartbeat lease is lost; in those cases nothing is
@@ -60,7 +64,8 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 // logging.
 //
 // With WithDeferredUntrack, a running worker returns at once and removes
-// the rows from Redis in a batch shortly after (see that option).
+// the rows from Redis in a batch shortly after (see that option). In owner
+// mode Untrack only updates the worker's own view and sends nothing.
 func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
