@@ -93,8 +93,10 @@ func (e *PeerError) Unwrap() error { return e.Err }
 // was left alone (alive again, or claimed by another worker). A failure is
 // counted, emitted and logged here, and returned for the caller's report.
 func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
-	w.stats.peersDead.Add(1)
-	w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
+	if foundBy != foundByRestart { // Start's own predecessor is not a peer
+		w.stats.peersDead.Add(1)
+		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
+	}
 	r := &peerRecovery{w: w, peer: peer, byOwner: w.ownerMode || foundBy == foundBySweep, token: newToken()}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
@@ -112,14 +114,16 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 		if ctx.Err() == nil {
 			w.rlog.peerFailed(peer, err)
 		}
-	case claimed && !pr.NoRecord:
-		w.stats.peersRecovered.Add(1)
-		w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
-			Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-			Duration: time.Since(noticed)})
-		w.rlog.recovered(pr, foundBy)
 	case claimed:
-		w.rlog.recovered(pr, foundBy)
+		if !pr.NoRecord {
+			w.stats.peersRecovered.Add(1)
+			w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
+				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
+				Duration: time.Since(noticed)})
+		}
+		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
+			w.rlog.recovered(pr, foundBy)
+		}
 	}
 	return pr, claimed, err
 }

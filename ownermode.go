@@ -1,11 +1,5 @@
 package recovery
 
-import (
-	"context"
-	"fmt"
-	"log/slog"
-)
-
 // Owner mode. When the resetter fences by owner and can reset by owner (a
 // PgxResetter WithOwnerColumn), PostgreSQL knows which rows each worker
 // holds, atomically with the fetch that set the owner column: the worker
@@ -52,25 +46,3 @@ func ownerModeOf(r RowResetter, o options) bool {
 // set. In owner mode no row costs a Redis command and recovery resets a
 // dead peer's rows by owner.
 func (w *Worker) OwnerMode() bool { return w.ownerMode }
-
-// resetOwnRows runs at Start in owner mode, before the first heartbeat,
-// once no other live process holds the instance ID: rows that still name
-// this ID as their owner are a predecessor's (a process that crashed under
-// the same WithInstanceID), whose Redis record may have expired long ago.
-// Nobody else will recover them while this process heartbeats the ID, and
-// this process never fetched them, so they go back to the queue now.
-func (w *Worker) resetOwnRows(ctx context.Context) error {
-	sw := w.resetter.(OwnerSweeper)
-	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	defer cancel()
-	res, err := sw.ResetOwnerRows(resetCtx, w.opts.instanceID)
-	if err != nil {
-		return fmt.Errorf("reset the rows a previous process left under this instance ID: %w", err)
-	}
-	if res.Reset > 0 { // quarantined rows included
-		w.countRows(PeerRecovery{RowsReset: res.Reset, Quarantined: res.Quarantined})
-		w.log.Info("reset rows a previous process left under this instance ID",
-			slog.Int64("rows_reset", res.Reset), slog.Int("rows_quarantined", len(res.Quarantined)))
-	}
-	return nil
-}

@@ -74,7 +74,15 @@ func (w *Worker) twinPoll() time.Duration {
 // error wrapping ErrInstanceIDInUse if another live process heartbeats this
 // instance ID; it waits out a dead predecessor's heartbeat and recovers
 // the rows it left. It writes nothing to Redis but the recovery's own keys.
+//
+// In owner mode the predecessor is recovered even when Redis holds no
+// record of it (its keys may have expired long ago while PostgreSQL still
+// names the ID as the owner of rows in progress): nobody else would recover
+// those rows while this process heartbeats the ID. It goes through the
+// claim like every recovery, so a peer's sweep recovering the same ID at
+// that moment is waited for, not raced.
 func (w *Worker) claimInstanceID(ctx context.Context) error {
+	recovered := false
 	for {
 		k, err := w.readOwn(ctx)
 		if err != nil {
@@ -87,12 +95,10 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record:
-			if err := w.recoverPredecessor(ctx); err != nil {
+		case k.Record || (w.ownerMode && !recovered):
+			if recovered, err = w.recoverPredecessor(ctx); err != nil {
 				return err
 			}
-		case w.ownerMode:
-			return w.resetOwnRows(ctx)
 		default:
 			return nil
 		}
@@ -146,27 +152,27 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
 // recoverPredecessor recovers the rows set a previous process left under
 // this instance ID, through the recovery every peer runs. While another
 // worker holds the claim it waits and tries again.
-func (w *Worker) recoverPredecessor(ctx context.Context) error {
+func (w *Worker) recoverPredecessor(ctx context.Context) (done bool, err error) {
 	pr, claimed, err := w.recoverDead(ctx, w.opts.instanceID, foundByRestart, time.Now())
 	if err != nil {
-		return fmt.Errorf("recover the rows a previous process left under this instance ID: %w", err)
+		return false, fmt.Errorf("recover the rows a previous process left under this instance ID: %w", err)
 	}
 	if !claimed {
 		// Another worker is recovering it, or a heartbeat appeared: look
 		// again after a poll.
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("wait for a peer's recovery of this instance ID's previous process: %w", ctx.Err())
+			return false, fmt.Errorf("wait for a peer's recovery of this instance ID's previous process: %w", ctx.Err())
 		case <-time.After(w.twinPoll()):
 		}
-		return nil
+		return false, nil
 	}
 	if pr.RowsFound > 0 || pr.RowsReset > 0 {
 		w.log.Info("recovered rows a previous process left under this instance ID",
 			slog.Int("rows_found", pr.RowsFound), slog.Int64("rows_reset", pr.RowsReset),
 			slog.Int("rows_quarantined", len(pr.Quarantined)))
 	}
-	return nil
+	return true, nil
 }
 
 // noteOusted records, for good, that another process holds this Worker's
