@@ -4,7 +4,10 @@ import (
 	"context"
 	"database/sql"
 	"errors"
+	"net"
 	"net/url"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/jackc/pgx/v5/pgconn"
@@ -86,14 +89,26 @@ func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
 	}
 }
 
-// libpqDB opens a database/sql handle through lib/pq on the server and
-// schema of db, closed when the test ends.
+// libpqDB opens a database/sql handle through lib/pq to the server,
+// database, role and schema (search_path) of db, closed when the test
+// ends.
 func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
 	t.Helper()
-	u, err := url.Parse(testutil.PostgresURL(t))
-	require.NoError(t, err, "parse the database URL")
-	q := u.Query()
-	q.Set("search_path", db.Config().ConnConfig.RuntimeParams["search_path"])
+	cc := db.Config().ConnConfig
+	u := url.URL{Scheme: "postgres", Path: "/" + cc.Database, User: url.User(cc.User)}
+	if cc.Password != "" {
+		u.User = url.UserPassword(cc.User, cc.Password)
+	}
+	q := url.Values{"search_path": {cc.RuntimeParams["search_path"]}, "sslmode": {"require"}}
+	if cc.TLSConfig == nil {
+		q.Set("sslmode", "disable")
+	}
+	if strings.HasPrefix(cc.Host, "/") { // a Unix socket's directory
+		q.Set("host", cc.Host)
+		q.Set("port", strconv.Itoa(int(cc.Port)))
+	} else {
+		u.Host = net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+	}
 	u.RawQuery = q.Encode()
 	c, err := pq.NewConnector(u.String())
 	require.NoError(t, err, "lib/pq connector")
