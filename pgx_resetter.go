@@ -172,19 +172,19 @@ func WithMaxRecoveries(n int, terminalStatus string) ResetterOption {
 // ErrInvalidConfig that names the bad option. It does not contact the
 // database.
 func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: database handle is nil", ErrInvalidConfig)
-	}
 	r := &PgxResetter{db: db}
-	if err := r.init(pgxDB{db}, "PgxResetter", opts); err != nil {
+	if err := r.init(db, pgxDB{db}, "PgxResetter", opts); err != nil {
 		return nil, err
 	}
 	return r, nil
 }
 
-// init applies opts over the defaults, checks them and builds the
-// statements.
-func (r *pgResetter) init(conn pgDB, kind string, opts []ResetterOption) error {
+// init checks that the caller's handle is not nil, applies opts over the
+// defaults, checks them and builds the statements, run over conn.
+func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOption) error {
+	if isNil(handle) {
+		return fmt.Errorf("%w: database handle is nil", ErrInvalidConfig)
+	}
 	o := resetterOptions{
 		table:        DefaultTable,
 		idColumn:     DefaultIDColumn,

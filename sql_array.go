@@ -14,35 +14,33 @@ import (
 
 // formatInt64Array returns the text form of ids: {1,2,3}.
 func formatInt64Array(ids []int64) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, id := range ids {
-		if i > 0 {
-			b.WriteByte(',')
-		}
-		b.WriteString(strconv.FormatInt(id, 10))
-	}
-	b.WriteByte('}')
-	return b.String()
+	return formatArray(len(ids), func(b *strings.Builder, i int) { b.WriteString(strconv.FormatInt(ids[i], 10)) })
 }
 
 // formatTextArray returns the text form of ss, every element quoted:
 // {"a","b \"c\""}.
 func formatTextArray(ss []string) string {
-	var b strings.Builder
-	b.WriteByte('{')
-	for i, s := range ss {
-		if i > 0 {
-			b.WriteByte(',')
-		}
+	return formatArray(len(ss), func(b *strings.Builder, i int) {
 		b.WriteByte('"')
-		for _, c := range []byte(s) {
+		for _, c := range []byte(ss[i]) {
 			if c == '"' || c == '\\' {
 				b.WriteByte('\\')
 			}
 			b.WriteByte(c)
 		}
 		b.WriteByte('"')
+	})
+}
+
+// formatArray writes n elements, each by elem, between braces.
+func formatArray(n int, elem func(b *strings.Builder, i int)) string {
+	var b strings.Builder
+	b.WriteByte('{')
+	for i := range n {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		elem(&b, i)
 	}
 	b.WriteByte('}')
 	return b.String()
@@ -121,18 +119,23 @@ func parseArray(s string) ([]string, error) {
 	}
 }
 
-// arrayText returns the text of an array column as database/sql gives it:
-// []byte (lib/pq), string (pgx's stdlib), or nil for NULL.
-func arrayText(src any) (text string, null bool, err error) {
+// arrayElems returns the elements of an array column as database/sql
+// gives it: []byte (lib/pq) or string (pgx's stdlib) in the text form, or
+// nil for NULL.
+func arrayElems(src any) (elems []string, null bool, err error) {
+	var text string
 	switch v := src.(type) {
 	case nil:
-		return "", true, nil
+		return nil, true, nil
 	case []byte:
-		return string(v), false, nil
+		text = string(v)
 	case string:
-		return v, false, nil
+		text = v
+	default:
+		return nil, false, fmt.Errorf("array column of Go type %T: want its text form", src)
 	}
-	return "", false, fmt.Errorf("array column of Go type %T: want its text form", src)
+	elems, err = parseArray(text)
+	return elems, false, err
 }
 
 // int64Array scans a bigint[] column into dst; NULL gives nil.
@@ -140,13 +143,9 @@ type int64Array struct{ dst *[]int64 }
 
 // Scan implements sql.Scanner.
 func (a int64Array) Scan(src any) error {
-	text, null, err := arrayText(src)
+	*a.dst = nil
+	elems, null, err := arrayElems(src)
 	if err != nil || null {
-		*a.dst = nil
-		return err
-	}
-	elems, err := parseArray(text)
-	if err != nil {
 		return err
 	}
 	out := make([]int64, len(elems))
@@ -164,15 +163,7 @@ type textArray struct{ dst *[]string }
 
 // Scan implements sql.Scanner.
 func (a textArray) Scan(src any) error {
-	text, null, err := arrayText(src)
-	if err != nil || null {
-		*a.dst = nil
-		return err
-	}
-	elems, err := parseArray(text)
-	if err != nil {
-		return err
-	}
+	elems, _, err := arrayElems(src)
 	*a.dst = elems
-	return nil
+	return err
 }

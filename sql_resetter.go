@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"database/sql"
-	"fmt"
 )
 
 // SQLExecer is what an SQLResetter calls on its database/sql handle:
@@ -49,11 +48,8 @@ type SQLResetter struct {
 // ErrInvalidConfig that names the bad option. It takes the options of
 // NewPgxResetter and does not contact the database.
 func NewSQLResetter(db SQLExecer, opts ...ResetterOption) (*SQLResetter, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: database handle is nil", ErrInvalidConfig)
-	}
 	r := &SQLResetter{db: db}
-	if err := r.init(sqlDB{db}, "SQLResetter", opts); err != nil {
+	if err := r.init(db, sqlDB{db}, "SQLResetter", opts); err != nil {
 		return nil, err
 	}
 	return r, nil
