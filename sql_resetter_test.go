@@ -360,3 +360,17 @@ func TestSQLResetterReadsItsSQLStateFromEitherDriversError(t *testing.T) {
 	assert.Equal(t, "40001", sqlState(&pgconn.PgError{Code: "40001"}))
 	assert.Empty(t, sqlState(errors.New("no code")))
 }
+
+func TestSQLResetterBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
+	plain, err := NewSQLResetter(&sql.DB{})
+	require.NoError(t, err)
+	_, err = New(idleClient(t), plain, WithBackstopSweep())
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "backstop sweep needs a SQLResetter WithOwnerColumn")
+
+	fenced, err := NewSQLResetter(&sql.DB{}, WithOwnerColumn("owner"))
+	require.NoError(t, err)
+	w, err := New(idleClient(t), fenced, WithBackstopSweep())
+	require.NoError(t, err)
+	assert.True(t, w.OwnerMode())
+}
