@@ -29,7 +29,7 @@ test-unit: ## fast unit tests only (miniredis; no servers needed)
 	for m in $(NESTED); do (cd $$m && $(GO) test -race -short -count=1 ./...) || exit 1; done
 
 test-integration: deps ## integration tests only, failing (not skipping) without servers
-	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Safety|Stress|Scrape' $(PKGS)
+	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Resetter|SQL|Schema|Safety|Stress|Scrape' $(PKGS)
 	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
 	cd otel && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'RealRecovery|WithoutInstanceID' ./...
 

@@ -6,9 +6,6 @@ import (
 	"fmt"
 	"slices"
 	"strings"
-
-	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // CheckSchema compares the resetter's options with the PostgreSQL catalogue
@@ -31,18 +28,18 @@ import (
 //     role may SELECT, INSERT and DELETE in it (see WithResetLedger).
 //
 // It reads only the catalogue, inside a transaction (a savepoint when the
-// handle is a pgx.Tx) that it rolls back; names and statuses are query
+// handle is a transaction) that it rolls back; names and statuses are query
 // parameters. Other errors (the database unreachable) are returned as they
 // are. It implements SchemaChecker: Worker.Start runs it unless
 // WithoutSchemaCheck.
-func (r *PgxResetter) CheckSchema(ctx context.Context) (err error) {
-	tx, err := r.db.Begin(ctx)
+func (r *pgResetter) CheckSchema(ctx context.Context) (err error) {
+	tx, err := r.conn.begin(ctx)
 	if err != nil {
 		return fmt.Errorf("begin: %w", err)
 	}
 	defer func() {
 		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-		_ = tx.Rollback(rbCtx) // read only: nothing to keep
+		_ = tx.rollback(rbCtx) // read only: nothing to keep
 		cancel()
 	}()
 	t, err := r.lookUpTable(ctx, tx)
@@ -64,10 +61,10 @@ func (r *PgxResetter) CheckSchema(ctx context.Context) (err error) {
 // wrapping ErrSchema for a mismatch, any other error when it could not
 // look. It gets the transaction, so a check of another table is one more
 // entry of schemaChecks.
-type schemaCheck func(ctx context.Context, tx pgx.Tx, t *pgTable) error
+type schemaCheck func(ctx context.Context, tx pgTx, t *pgTable) error
 
 // schemaChecks lists what CheckSchema verifies once the table is found.
-func (r *PgxResetter) schemaChecks() []schemaCheck {
+func (r *pgResetter) schemaChecks() []schemaCheck {
 	return []schemaCheck{
 		r.checkIDColumn,
 		r.checkStatusColumn,
@@ -101,21 +98,17 @@ func (t *pgTable) column(col string) string { return t.name + "." + col }
 
 // lookUpTable finds the table and the configured columns, or returns an
 // error wrapping ErrSchema that says which of schema and table is missing.
-func (r *PgxResetter) lookUpTable(ctx context.Context, tx pgx.Tx) (*pgTable, error) {
+func (r *pgResetter) lookUpTable(ctx context.Context, tx pgTx) (*pgTable, error) {
 	t := &pgTable{cols: make(map[string]pgColumn)}
-	var (
-		oid  uint32
-		kind string
-	)
-	err := tx.QueryRow(ctx, `
-SELECT c.oid, n.nspname || '.' || c.relname, c.relkind::text, current_user
+	var kind string
+	err := queryRow(ctx, tx, `
+SELECT n.nspname || '.' || c.relname, c.relkind::text, current_user
 FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
-WHERE c.oid = to_regclass($1)`, r.o.tableIdent()).Scan(&oid, &t.name, &kind, &t.role)
-	var pe *pgconn.PgError
+WHERE c.oid = to_regclass($1)`, []any{r.o.tableIdent()}, &t.name, &kind, &t.role)
 	switch {
-	case errors.As(err, &pe) && pe.Code == "42501": // no USAGE on the schema
-		return nil, fmt.Errorf("%w: table %s: %s", ErrSchema, r.o.tableIdent(), pe.Message)
-	case errors.Is(err, pgx.ErrNoRows):
+	case sqlState(err) == "42501": // no USAGE on the schema
+		return nil, fmt.Errorf("%w: table %s: %s", ErrSchema, r.o.tableIdent(), serverMessage(err))
+	case errors.Is(err, errNoRow):
 		return nil, r.missingTable(ctx, tx)
 	case err != nil:
 		return nil, fmt.Errorf("look up table %s: %w", r.o.tableIdent(), err)
@@ -125,7 +118,7 @@ WHERE c.oid = to_regclass($1)`, r.o.tableIdent()).Scan(&oid, &t.name, &kind, &t.
 	default:
 		return nil, fmt.Errorf("%w: %s (WithTable) is not a table", ErrSchema, t.name)
 	}
-	rows, err := tx.Query(ctx, `
+	rows, err := tx.query(ctx, `
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), b.typname, b.typtype = 'e',
        CASE WHEN b.typtype = 'e' THEN
             ARRAY(SELECT e.enumlabel::text FROM pg_enum e WHERE e.enumtypid = b.oid ORDER BY e.enumsortorder)
@@ -135,8 +128,8 @@ SELECT a.attname, format_type(a.atttypid, a.atttypmod), b.typname, b.typtype = '
 FROM pg_attribute a
 JOIN pg_type d ON d.oid = a.atttypid
 JOIN pg_type b ON b.oid = CASE WHEN d.typtype = 'd' THEN d.typbasetype ELSE d.oid END
-WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY($2::text[])`,
-		oid, r.o.columns())
+WHERE a.attrelid = to_regclass($1) AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = ANY($2::text[])`,
+		r.o.tableIdent(), r.o.columns())
 	if err != nil {
 		return nil, fmt.Errorf("look up columns of %s: %w", t.name, err)
 	}
@@ -159,10 +152,10 @@ WHERE a.attrelid = $1 AND a.attnum > 0 AND NOT a.attisdropped AND a.attname = AN
 
 // missingTable says what is missing: the schema, or the table in the schema
 // or on the search_path.
-func (r *PgxResetter) missingTable(ctx context.Context, tx pgx.Tx) error {
+func (r *pgResetter) missingTable(ctx context.Context, tx pgTx) error {
 	if r.o.schema != "" {
 		var exists bool
-		if err := tx.QueryRow(ctx, `SELECT to_regnamespace($1) IS NOT NULL`, ident(r.o.schema)).Scan(&exists); err != nil {
+		if err := queryRow(ctx, tx, `SELECT to_regnamespace($1) IS NOT NULL`, []any{ident(r.o.schema)}, &exists); err != nil {
 			return fmt.Errorf("look up schema %s: %w", r.o.schema, err)
 		}
 		if !exists {
@@ -171,7 +164,7 @@ func (r *PgxResetter) missingTable(ctx context.Context, tx pgx.Tx) error {
 		return fmt.Errorf("%w: table %s.%s (WithTable) does not exist", ErrSchema, r.o.schema, r.o.table)
 	}
 	var path string
-	if err := tx.QueryRow(ctx, `SELECT current_setting('search_path')`).Scan(&path); err != nil {
+	if err := queryRow(ctx, tx, `SELECT current_setting('search_path')`, nil, &path); err != nil {
 		return fmt.Errorf("read search_path: %w", err)
 	}
 	return fmt.Errorf("%w: table %s (WithTable) does not exist in any schema of the search_path (%s); set WithSchema",
@@ -207,18 +200,18 @@ func checkColumn(t *pgTable, role, option, col string, want []string, enumOK boo
 	return fmt.Errorf("%w: %s %s (%s) is %s; it must be %s", ErrSchema, role, t.column(col), option, c.typ, wantText)
 }
 
-func (r *PgxResetter) checkIDColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+func (r *pgResetter) checkIDColumn(_ context.Context, _ pgTx, t *pgTable) error {
 	return checkColumn(t, "ID column", "WithIDColumn", r.o.idColumn, integerTypes, false, "bigint, integer or smallint")
 }
 
-func (r *PgxResetter) checkStatusColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+func (r *pgResetter) checkStatusColumn(_ context.Context, _ pgTx, t *pgTable) error {
 	return checkColumn(t, "status column", "WithStatusColumn", r.o.statusColumn, textTypes, true, "text, varchar, char or an enum")
 }
 
 // checkStatusLabels checks that every status the reset writes or matches is
 // a label of an enum status column. A text column takes any value: a
 // misspelt status there cannot be seen in the catalogue.
-func (r *PgxResetter) checkStatusLabels(_ context.Context, _ pgx.Tx, t *pgTable) error {
+func (r *pgResetter) checkStatusLabels(_ context.Context, _ pgTx, t *pgTable) error {
 	c, ok := t.cols[r.o.statusColumn]
 	if !ok || !c.enum {
 		return nil
@@ -238,14 +231,14 @@ func (r *PgxResetter) checkStatusLabels(_ context.Context, _ pgx.Tx, t *pgTable)
 	return errors.Join(errs...)
 }
 
-func (r *PgxResetter) checkOwnerColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+func (r *pgResetter) checkOwnerColumn(_ context.Context, _ pgTx, t *pgTable) error {
 	if r.o.ownerColumn == "" {
 		return nil
 	}
 	return checkColumn(t, "owner column", "WithOwnerColumn", r.o.ownerColumn, textTypes, false, "text, varchar or char")
 }
 
-func (r *PgxResetter) checkCountColumn(_ context.Context, _ pgx.Tx, t *pgTable) error {
+func (r *pgResetter) checkCountColumn(_ context.Context, _ pgTx, t *pgTable) error {
 	if r.o.countColumn == "" {
 		return nil
 	}
@@ -255,7 +248,7 @@ func (r *PgxResetter) checkCountColumn(_ context.Context, _ pgx.Tx, t *pgTable) 
 // checkPrivileges checks that the role may read every column the reset
 // reads and update every column it writes (a table-wide grant covers every
 // column). Missing columns are reported by their own checks.
-func (r *PgxResetter) checkPrivileges(_ context.Context, _ pgx.Tx, t *pgTable) error {
+func (r *pgResetter) checkPrivileges(_ context.Context, _ pgTx, t *pgTable) error {
 	var noSelect, noUpdate []string
 	for _, col := range r.o.columns() {
 		c, ok := t.cols[col]
@@ -283,21 +276,21 @@ func (r *PgxResetter) checkPrivileges(_ context.Context, _ pgx.Tx, t *pgTable) e
 
 // checkLedger checks the reset ledger, which resets without an owner column
 // need (WithResetLedger).
-func (r *PgxResetter) checkLedger(ctx context.Context, tx pgx.Tx, _ *pgTable) error {
+func (r *pgResetter) checkLedger(ctx context.Context, tx pgTx, _ *pgTable) error {
 	if !r.o.usesLedger() {
 		return nil
 	}
 	var exists, canSelect, canInsert, canDelete bool
-	err := tx.QueryRow(ctx, `SELECT c.oid IS NOT NULL,
+	err := queryRow(ctx, tx, `SELECT c.oid IS NOT NULL,
 		coalesce(has_table_privilege(c.oid, 'SELECT'), false),
 		coalesce(has_table_privilege(c.oid, 'INSERT'), false),
 		coalesce(has_table_privilege(c.oid, 'DELETE'), false)
-		FROM (SELECT to_regclass($1) AS oid) AS c`, r.o.ledgerIdent()).Scan(&exists, &canSelect, &canInsert, &canDelete)
+		FROM (SELECT to_regclass($1) AS oid) AS c`, []any{r.o.ledgerIdent()}, &exists, &canSelect, &canInsert, &canDelete)
 	if err != nil {
 		return fmt.Errorf("look up reset ledger %s: %w", r.o.ledgerIdent(), err)
 	}
 	if !exists {
-		return fmt.Errorf("%w: reset ledger table %s (WithResetLedger) does not exist: without an owner column every reset is recorded there; create it with PgxResetter.CreateLedger or the migration in docs/integration.md, or use WithOwnerColumn",
+		return fmt.Errorf("%w: reset ledger table %s (WithResetLedger) does not exist: without an owner column every reset is recorded there; create it with CreateLedger or the migration in docs/integration.md, or use WithOwnerColumn",
 			ErrSchema, r.o.ledgerIdent())
 	}
 	if !canSelect || !canInsert || !canDelete {
@@ -310,18 +303,14 @@ func (r *PgxResetter) checkLedger(ctx context.Context, tx pgx.Tx, _ *pgTable) er
 // RowStates returns the status, as text, and the owner (with
 // WithOwnerColumn) of each of ids that exists. It implements
 // RowStateReader, for the worker's self-check.
-func (r *PgxResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
 	owner := "NULL::text"
 	if r.o.ownerColumn != "" {
 		owner = ident(r.o.ownerColumn) + "::text"
 	}
 	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1",
 		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn))
-	rows, err := r.db.Query(ctx, sql, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read row states: %w", err)
-	}
-	out, err := pgx.CollectRows(rows, func(row pgx.CollectableRow) (RowState, error) {
+	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Owner)
 		return s, err
@@ -335,6 +324,6 @@ func (r *PgxResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, e
 // InProgress reports whether a row in state s is one this resetter would
 // reset as in progress for instance owner: the in-progress status and,
 // with WithOwnerColumn, owned by owner. It implements RowStateReader.
-func (r *PgxResetter) InProgress(s RowState, owner string) bool {
+func (r *pgResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == r.o.inprog && (r.o.ownerColumn == "" || s.Owner == owner)
 }

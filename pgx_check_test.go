@@ -131,99 +131,128 @@ func TestCheckSchemaNamesEachMistake(t *testing.T) {
 			want: []string{`terminal status "failed" (WithMaxRecoveries) is not a label of enum job_state`},
 		},
 	}
-	for _, c := range cases {
-		t.Run(c.name, func(t *testing.T) {
-			db := testutil.Postgres(t)
-			s := currentSchema(t, db)
-			if c.ddl != "" {
-				_, err := db.Exec(context.Background(), c.ddl)
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		for _, c := range cases {
+			t.Run(c.name, func(t *testing.T) {
+				db := testutil.Postgres(t)
+				s := currentSchema(t, db)
+				if c.ddl != "" {
+					_, err := db.Exec(context.Background(), c.ddl)
+					require.NoError(t, err)
+				}
+				opts := c.opts(s)
+				if !c.ledger {
+					opts = append(opts, WithoutResetLedger())
+				}
+				r, err := impl.newResetter(t, db, opts...)
 				require.NoError(t, err)
-			}
-			opts := c.opts(s)
-			if !c.ledger {
-				opts = append(opts, WithoutResetLedger())
-			}
-			r, err := NewPgxResetter(db, opts...)
-			require.NoError(t, err)
-			err = r.CheckSchema(context.Background())
-			require.Error(t, err)
-			assert.ErrorIs(t, err, ErrSchema)
-			for _, w := range c.want {
-				assert.Contains(t, err.Error(), strings.ReplaceAll(w, "{s}", s))
-			}
-			assert.Len(t, unjoin(err), len(c.want), "one finding per mistake: %v", err)
-		})
-	}
+				err = r.CheckSchema(context.Background())
+				require.Error(t, err)
+				assert.ErrorIs(t, err, ErrSchema)
+				for _, w := range c.want {
+					assert.Contains(t, err.Error(), strings.ReplaceAll(w, "{s}", s))
+				}
+				assert.Len(t, unjoin(err), len(c.want), "one finding per mistake: %v", err)
+			})
+		}
+	})
 }
 
 func TestCheckSchemaPassesACorrectTable(t *testing.T) {
-	t.Run("enum status, user's names, every option", func(t *testing.T) {
-		db := testutil.Postgres(t)
-		_, err := db.Exec(context.Background(), userEnumTable)
-		require.NoError(t, err)
-		r, err := NewPgxResetter(db, userEnumOptions(currentSchema(t, db), WithStatuses("running", "pending"),
-			WithRecoveryCountColumn("retries"), WithMaxRecoveries(3, "done"))...)
-		require.NoError(t, err)
-		require.NoError(t, r.CheckSchema(context.Background()))
-	})
-	t.Run("text status, the documented schema, on the search_path", func(t *testing.T) {
-		db := testutil.Postgres(t)
-		testutil.CreateBatch(t, db, 1)
-		r, err := NewPgxResetter(db, WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"))
-		require.NoError(t, err)
-		require.NoError(t, r.CheckSchema(context.Background()))
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		t.Run("enum status, user's names, every option", func(t *testing.T) {
+			db := testutil.Postgres(t)
+			_, err := db.Exec(context.Background(), userEnumTable)
+			require.NoError(t, err)
+			r, err := impl.newResetter(t, db, userEnumOptions(currentSchema(t, db), WithStatuses("running", "pending"),
+				WithRecoveryCountColumn("retries"), WithMaxRecoveries(3, "done"))...)
+			require.NoError(t, err)
+			require.NoError(t, r.CheckSchema(context.Background()))
+		})
+		t.Run("text status, the documented schema, on the search_path", func(t *testing.T) {
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 1)
+			r, err := impl.newResetter(t, db, WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"))
+			require.NoError(t, err)
+			require.NoError(t, r.CheckSchema(context.Background()))
+		})
 	})
 }
 
 func TestCheckSchemaNeedsUpdatePrivilege(t *testing.T) {
-	db := testutil.Postgres(t)
-	s := currentSchema(t, db)
-	testutil.CreateBatch(t, db, 1)
-	ctx := context.Background()
-	role := testutil.Name("r_")
-	const secret = "pw-s3cretRole"
-	_, err := db.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+secret+`'`)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
-		_, _ = db.Exec(ctx, `DROP ROLE `+role)
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		s := currentSchema(t, db)
+		testutil.CreateBatch(t, db, 1)
+		ctx := context.Background()
+		role := testutil.Name("r_")
+		const secret = "pw-s3cretRole"
+		_, err := db.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+secret+`'`)
+		require.NoError(t, err)
+		t.Cleanup(func() {
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
+			_, _ = db.Exec(ctx, `DROP ROLE `+role)
+		})
+		_, err = db.Exec(ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role+`; GRANT SELECT ON batchrows TO `+role)
+		require.NoError(t, err)
+
+		cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
+		require.NoError(t, err)
+		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, secret
+		cfg.ConnConfig.RuntimeParams["search_path"] = s
+		cfg.MaxConns = 2
+		asRole, err := pgxpool.NewWithConfig(ctx, cfg)
+		require.NoError(t, err)
+		t.Cleanup(asRole.Close) // before the role is dropped
+
+		r, err := impl.newResetter(t, asRole, WithOwnerColumn("owner"))
+		require.NoError(t, err)
+		err = r.CheckSchema(ctx)
+		require.Error(t, err)
+		assert.ErrorIs(t, err, ErrSchema)
+		assert.Contains(t, err.Error(), "role "+role+" may not UPDATE "+s+".batchrows.status, "+s+".batchrows.owner")
+		assert.NotContains(t, err.Error(), secret)
+		assert.NotContains(t, err.Error(), "SELECT "+s, "SELECT was granted")
+
+		// A grant on the columns the reset writes is enough.
+		_, err = db.Exec(ctx, `GRANT UPDATE (status, owner) ON batchrows TO `+role)
+		require.NoError(t, err)
+		require.NoError(t, r.CheckSchema(ctx))
 	})
-	_, err = db.Exec(ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role+`; GRANT SELECT ON batchrows TO `+role)
-	require.NoError(t, err)
-
-	cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, secret
-	cfg.ConnConfig.RuntimeParams["search_path"] = s
-	cfg.MaxConns = 2
-	asRole, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(asRole.Close) // before the role is dropped
-
-	r, err := NewPgxResetter(asRole, WithOwnerColumn("owner"))
-	require.NoError(t, err)
-	err = r.CheckSchema(ctx)
-	require.Error(t, err)
-	assert.ErrorIs(t, err, ErrSchema)
-	assert.Contains(t, err.Error(), "role "+role+" may not UPDATE "+s+".batchrows.status, "+s+".batchrows.owner")
-	assert.NotContains(t, err.Error(), secret)
-	assert.NotContains(t, err.Error(), "SELECT "+s, "SELECT was granted")
-
-	// A grant on the columns the reset writes is enough.
-	_, err = db.Exec(ctx, `GRANT UPDATE (status, owner) ON batchrows TO `+role)
-	require.NoError(t, err)
-	require.NoError(t, r.CheckSchema(ctx))
 }
 
 func TestCheckSchemaReportsAnUnreachableDatabaseAsSuch(t *testing.T) {
-	db := testutil.Postgres(t)
-	r, err := NewPgxResetter(db)
-	require.NoError(t, err)
-	ctx, cancel := context.WithCancel(context.Background())
-	cancel()
-	err = r.CheckSchema(ctx)
-	require.Error(t, err)
-	assert.False(t, errors.Is(err, ErrSchema), "not a finding about the table: %v", err)
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		r, err := impl.newResetter(t, db)
+		require.NoError(t, err)
+		ctx, cancel := context.WithCancel(context.Background())
+		cancel()
+		err = r.CheckSchema(ctx)
+		require.Error(t, err)
+		assert.False(t, errors.Is(err, ErrSchema), "not a finding about the table: %v", err)
+	})
+}
+
+func TestResetterRowStatesReadsStatusAndOwner(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		ctx := context.Background()
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 4)
+		take(t, db, "A", 1)
+		take(t, db, "B", 4)
+		setStatus(t, db, "done", 2)
+		r := impl.mustResetter(t, db, WithOwnerColumn("owner"))
+
+		got, err := r.RowStates(ctx, []int64{3, 1, 2, 4, 99})
+		require.NoError(t, err)
+		assert.Equal(t, []RowState{{1, "inprog", "A"}, {2, "done", ""}, {3, "queued", ""}, {4, "inprog", "B"}}, got)
+		assert.True(t, r.InProgress(got[0], "A"))
+		assert.False(t, r.InProgress(got[0], "B"), "fenced: another owner's row")
+		owners, err := r.InProgressOwners(ctx)
+		require.NoError(t, err)
+		assert.ElementsMatch(t, []string{"A", "B"}, owners)
+	})
 }

@@ -8,7 +8,6 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5"
-	"github.com/jackc/pgx/v5/pgconn"
 )
 
 // The reset ledger makes a reset without owner fencing happen at most once
@@ -70,11 +69,11 @@ func (o *resetterOptions) ledgerIdent() string {
 
 // UsesLedger reports whether this resetter records its resets in the reset
 // ledger: without WithOwnerColumn, unless WithoutResetLedger.
-func (r *PgxResetter) UsesLedger() bool { return r.o.usesLedger() }
+func (r *pgResetter) UsesLedger() bool { return r.o.usesLedger() }
 
 // LedgerDDL returns the statements that create the reset ledger's table and
 // index, for a migration tool.
-func (r *PgxResetter) LedgerDDL() string {
+func (r *pgResetter) LedgerDDL() string {
 	return fmt.Sprintf(`CREATE TABLE IF NOT EXISTS %[1]s (
 	instance_id text        NOT NULL,
 	incarnation text        NOT NULL,
@@ -87,8 +86,8 @@ CREATE INDEX IF NOT EXISTS %[2]s ON %[1]s (reset_at);`, r.o.ledgerIdent(), ident
 
 // CreateLedger creates the reset ledger's table and index if they do not
 // exist (LedgerDDL). It needs the privilege to create tables in the schema.
-func (r *PgxResetter) CreateLedger(ctx context.Context) error {
-	if _, err := r.db.Exec(ctx, r.LedgerDDL()); err != nil {
+func (r *pgResetter) CreateLedger(ctx context.Context) error {
+	if err := r.conn.exec(ctx, r.LedgerDDL()); err != nil {
 		return fmt.Errorf("create reset ledger %s: %w", r.o.ledgerIdent(), err)
 	}
 	return nil
@@ -98,14 +97,13 @@ func (r *PgxResetter) CreateLedger(ctx context.Context) error {
 // whose claim expired while its reset was still running (its COMMIT may
 // land late) and the recoverer that took over never interleave, so the
 // second always sees what the first recorded.
-func (r *PgxResetter) lockIncarnation(ctx context.Context, tx pgx.Tx, owner, incarnation string) error {
-	_, err := tx.Exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))", owner+"/"+incarnation)
-	return err
+func (r *pgResetter) lockIncarnation(ctx context.Context, tx pgTx, owner, incarnation string) error {
+	return tx.exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))", owner+"/"+incarnation)
 }
 
 // cleanLedger deletes expired ledger entries, at most once per
 // ledgerCleanEvery per resetter.
-func (r *PgxResetter) cleanLedger(ctx context.Context, tx pgx.Tx) error {
+func (r *pgResetter) cleanLedger(ctx context.Context, tx pgTx) error {
 	last := r.ledgerCleaned.Load()
 	now := time.Now().UnixNano()
 	if last != 0 && time.Duration(now-last) < ledgerCleanEvery {
@@ -114,9 +112,8 @@ func (r *PgxResetter) cleanLedger(ctx context.Context, tx pgx.Tx) error {
 	if !r.ledgerCleaned.CompareAndSwap(last, now) {
 		return nil
 	}
-	_, err := tx.Exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE reset_at < now() - make_interval(secs => $1)", r.o.ledgerIdent()),
+	return tx.exec(ctx, fmt.Sprintf("DELETE FROM %s WHERE reset_at < now() - make_interval(secs => $1)", r.o.ledgerIdent()),
 		r.o.ledgerRetention.Seconds())
-	return err
 }
 
 // ErrNoLedger is wrapped by the error of a reset that needs the reset
@@ -125,9 +122,8 @@ var ErrNoLedger = errors.New("recovery: reset ledger table missing")
 
 // explainLedgerError turns "relation does not exist" about the ledger into
 // an error that says what to do.
-func (r *PgxResetter) explainLedgerError(err error) error {
-	var pe *pgconn.PgError
-	if r.o.usesLedger() && errors.As(err, &pe) && pe.Code == "42P01" && strings.Contains(pe.Message, r.o.ledgerTable) {
+func (r *pgResetter) explainLedgerError(err error) error {
+	if r.o.usesLedger() && sqlState(err) == "42P01" && strings.Contains(serverMessage(err), r.o.ledgerTable) {
 		return fmt.Errorf("%w: %s (create it with CreateLedger or the migration in docs/integration.md, or use an owner column): %w",
 			ErrNoLedger, r.o.ledgerIdent(), err)
 	}

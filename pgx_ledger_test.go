@@ -109,26 +109,28 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 //	R: row 1 is in the ledger under (old-0, "") -> settled, skipped;
 //	   old-0 deregistered as recovered; row 1 in progress for ever
 func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testing.T) {
-	ctx := context.Background()
-	rdb, db, prefix := onRealServers(t, 10, "RV4")
-	pg, err := NewPgxResetter(db)
-	require.NoError(t, err)
-	require.True(t, pg.UsesLedger())
-	r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		ctx := context.Background()
+		rdb, db, prefix := onRealServers(t, 10, "RV4")
+		pg, err := impl.newResetter(t, db)
+		require.NoError(t, err)
+		require.True(t, pg.UsesLedger())
+		r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))
 
-	setStatus(t, db, "inprog", 1, 2) // life 1 of old-0 (a first-version worker: no incarnation key)
-	plantDeadPeer(t, rdb, prefix, "old-0", "1", "2")
-	rep, err := r.RecoverNow(ctx)
-	require.NoError(t, err)
-	require.Len(t, rep.Recovered, 1)
-	require.Equal(t, "queued", statuses(t, db)[1])
+		setStatus(t, db, "inprog", 1, 2) // life 1 of old-0 (a first-version worker: no incarnation key)
+		plantDeadPeer(t, rdb, prefix, "old-0", "1", "2")
+		rep, err := r.RecoverNow(ctx)
+		require.NoError(t, err)
+		require.Len(t, rep.Recovered, 1)
+		require.Equal(t, "queued", statuses(t, db)[1])
 
-	setStatus(t, db, "inprog", 1)       // life 2 of old-0 takes row 1 again, and dies
-	require.Eventually(t, func() bool { // once the tombstone of the first recovery is gone
-		plantDeadPeer(t, rdb, prefix, "old-0", "1")
-		rep, err = r.RecoverNow(ctx)
-		return err == nil && len(rep.Recovered) == 1
-	}, 5*time.Second, 100*time.Millisecond)
-	assert.Equal(t, "queued", statuses(t, db)[1], "row 1 of old-0's second life must be recovered; the ledger of its first life skips it")
-	assert.False(t, registered(t, rdb, prefix, "old-0"), "and old-0 is gone from the registry: nobody will retry")
+		setStatus(t, db, "inprog", 1)       // life 2 of old-0 takes row 1 again, and dies
+		require.Eventually(t, func() bool { // once the tombstone of the first recovery is gone
+			plantDeadPeer(t, rdb, prefix, "old-0", "1")
+			rep, err = r.RecoverNow(ctx)
+			return err == nil && len(rep.Recovered) == 1
+		}, 5*time.Second, 100*time.Millisecond)
+		assert.Equal(t, "queued", statuses(t, db)[1], "row 1 of old-0's second life must be recovered; the ledger of its first life skips it")
+		assert.False(t, registered(t, rdb, prefix, "old-0"), "and old-0 is gone from the registry: nobody will retry")
+	})
 }

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"slices"
-
-	"github.com/jackc/pgx/v5"
 )
 
 // ResetPlan says what a reset would change, found by running it and
@@ -25,7 +23,7 @@ type ResetPlan struct {
 
 // A ResetPlanner is a RowResetter that can say what a reset would change
 // without changing anything. Worker.PlanRecovery uses it, so a dry run
-// never promises a reset that would not happen. PgxResetter implements it.
+// never promises a reset that would not happen. PgxResetter and SQLResetter implement it.
 type ResetPlanner interface {
 	RowResetter
 	PlanReset(ctx context.Context, req ResetRequest) (ResetPlan, error)
@@ -38,21 +36,21 @@ type ResetPlanner interface {
 // locks the rows it changes, as a reset does; triggers on the table fire
 // and are rolled back with it (what they do outside the transaction, such
 // as taking sequence values, is not). It implements ResetPlanner.
-func (r *PgxResetter) PlanReset(ctx context.Context, req ResetRequest) (plan ResetPlan, err error) {
+func (r *pgResetter) PlanReset(ctx context.Context, req ResetRequest) (plan ResetPlan, err error) {
 	if len(req.RowIDs) == 0 {
 		return ResetPlan{}, nil
 	}
 	ids := slices.Clone(req.RowIDs)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	tx, err := r.db.Begin(ctx)
+	tx, err := r.conn.begin(ctx)
 	if err != nil {
 		return ResetPlan{}, fmt.Errorf("plan reset of %s: begin: %w", req.InstanceID, err)
 	}
 	defer func() {
 		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
 		defer cancel()
-		if rbErr := tx.Rollback(rbCtx); rbErr != nil && err == nil {
+		if rbErr := tx.rollback(rbCtx); rbErr != nil && err == nil {
 			plan, err = ResetPlan{}, fmt.Errorf("plan reset of %s: roll back: %w", req.InstanceID, rbErr)
 		}
 	}()
@@ -85,24 +83,20 @@ func (r *PgxResetter) PlanReset(ctx context.Context, req ResetRequest) (plan Res
 }
 
 // statuses returns the status, as text, of the rows among ids that exist.
-func (r *PgxResetter) statuses(ctx context.Context, tx pgx.Tx, ids []int64) (map[int64]string, error) {
+func (r *pgResetter) statuses(ctx context.Context, tx pgTx, ids []int64) (map[int64]string, error) {
 	sql := fmt.Sprintf("SELECT %[1]s, coalesce(%[2]s::text, '') FROM %[3]s WHERE %[1]s = ANY($1::bigint[])",
 		ident(r.o.idColumn), ident(r.o.statusColumn), r.o.tableIdent())
-	rows, err := tx.Query(ctx, sql, ids)
-	if err != nil {
-		return nil, fmt.Errorf("read row statuses: %w", err)
-	}
-	out := make(map[int64]string, len(ids))
-	var (
-		id     int64
-		status string
-	)
-	_, err = pgx.ForEachRow(rows, []any{&id, &status}, func() error {
-		out[id] = status
-		return nil
+	rows, err := collect(ctx, tx, sql, []any{ids}, func(row pgRows) (RowState, error) {
+		var s RowState
+		err := row.Scan(&s.ID, &s.Status)
+		return s, err
 	})
 	if err != nil {
 		return nil, fmt.Errorf("read row statuses: %w", err)
+	}
+	out := make(map[int64]string, len(rows))
+	for _, s := range rows {
+		out[s.ID] = s.Status
 	}
 	return out, nil
 }

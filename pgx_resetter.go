@@ -48,7 +48,15 @@ type PgxExecer interface {
 //
 // It never closes the handle it was given.
 type PgxResetter struct {
-	db      PgxExecer
+	pgResetter
+	db PgxExecer
+}
+
+// pgResetter is the PostgreSQL resetter both PgxResetter and SQLResetter
+// are: its statements and flows, run over a pgDB (pg_db.go).
+type pgResetter struct {
+	conn    pgDB
+	kind    string // "PgxResetter" or "SQLResetter", for messages
 	o       resetterOptions
 	byIDs   query  // reset the rows among $ids
 	logged  query  // byIDs, recording in the ledger and skipping what it holds
@@ -164,8 +172,18 @@ func WithMaxRecoveries(n int, terminalStatus string) ResetterOption {
 // ErrInvalidConfig that names the bad option. It does not contact the
 // database.
 func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) {
-	if isNil(db) {
-		return nil, fmt.Errorf("%w: database handle is nil", ErrInvalidConfig)
+	r := &PgxResetter{db: db}
+	if err := r.init(db, pgxDB{db}, "PgxResetter", opts); err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// init checks that the caller's handle is not nil, applies opts over the
+// defaults, checks them and builds the statements, run over conn.
+func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOption) error {
+	if isNil(handle) {
+		return fmt.Errorf("%w: database handle is nil", ErrInvalidConfig)
 	}
 	o := resetterOptions{
 		table:        DefaultTable,
@@ -181,14 +199,14 @@ func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) 
 	}
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("%w: nil resetter option", ErrInvalidConfig)
+			return fmt.Errorf("%w: nil resetter option", ErrInvalidConfig)
 		}
 		opt.applyResetter(&o)
 	}
 	if err := o.validate(); err != nil {
-		return nil, err
+		return err
 	}
-	r := &PgxResetter{db: db, o: o}
+	r.conn, r.kind, r.o = conn, kind, o
 	r.byIDs, r.rest = o.resetQuery(false, false), o.restQuery()
 	if o.usesLedger() {
 		r.logged = o.resetQuery(false, true)
@@ -198,7 +216,52 @@ func NewPgxResetter(db PgxExecer, opts ...ResetterOption) (*PgxResetter, error) 
 		r.owners = fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s = $1 AND %s IS NOT NULL",
 			ident(o.ownerColumn), o.tableIdent(), ident(o.statusColumn), ident(o.ownerColumn))
 	}
-	return r, nil
+	return nil
+}
+
+// pgxDB is pgDB over pgx.
+type pgxDB struct{ db PgxExecer }
+
+func (d pgxDB) begin(ctx context.Context) (pgTx, error) {
+	tx, err := d.db.Begin(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return pgxTx{tx}, nil
+}
+
+func (d pgxDB) query(ctx context.Context, sql string, args ...any) (pgRows, error) {
+	return pgxQuery(ctx, d.db, sql, args)
+}
+
+func (d pgxDB) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := d.db.Exec(ctx, sql, args...)
+	return err
+}
+
+// pgxTx is pgTx over a pgx.Tx (a savepoint when the handle was a pgx.Tx).
+type pgxTx struct{ tx pgx.Tx }
+
+func (t pgxTx) query(ctx context.Context, sql string, args ...any) (pgRows, error) {
+	return pgxQuery(ctx, t.tx, sql, args)
+}
+
+func (t pgxTx) exec(ctx context.Context, sql string, args ...any) error {
+	_, err := t.tx.Exec(ctx, sql, args...)
+	return err
+}
+
+func (t pgxTx) commit(ctx context.Context) error   { return t.tx.Commit(ctx) }
+func (t pgxTx) rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
+
+func pgxQuery(ctx context.Context, q interface {
+	Query(context.Context, string, ...any) (pgx.Rows, error)
+}, sql string, args []any) (pgRows, error) {
+	rows, err := q.Query(ctx, sql, args...)
+	if err != nil {
+		return nil, err
+	}
+	return rows, nil
 }
 
 // maxIdentifierLen is PostgreSQL's NAMEDATALEN-1: longer names are silently
@@ -279,7 +342,7 @@ func (o *resetterOptions) tableIdent() string {
 
 // FencesByOwner reports whether resets are guarded by owner
 // (WithOwnerColumn). It implements OwnerFencer.
-func (r *PgxResetter) FencesByOwner() bool { return r.owners != "" }
+func (r *pgResetter) FencesByOwner() bool { return r.owners != "" }
 
 // resetAttempts is how often a reset that hit a deadlock or a serialization
 // failure is tried in all.
@@ -292,7 +355,7 @@ const rollbackTimeout = 5 * time.Second
 // ResetRows sets the rows among rowIDs that are still in progress (and,
 // with WithOwnerColumn, still owned by deadInstanceID) back to queued, and
 // returns how many it changed, quarantined rows included.
-func (r *PgxResetter) ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
+func (r *pgResetter) ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
 	res, err := r.ResetRowsReport(ctx, deadInstanceID, rowIDs)
 	return res.Reset, err
 }
@@ -300,7 +363,7 @@ func (r *PgxResetter) ResetRows(ctx context.Context, deadInstanceID string, rowI
 // ResetRowsReport is ResetRows that also returns the rows quarantined by
 // WithMaxRecoveries and the rows it could not reset. With the reset
 // ledger, the resets are recorded under an unknown ("") incarnation.
-func (r *PgxResetter) ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error) {
+func (r *pgResetter) ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error) {
 	return r.ResetIncarnation(ctx, ResetRequest{InstanceID: deadInstanceID, RowIDs: rowIDs})
 }
 
@@ -310,14 +373,14 @@ func (r *PgxResetter) ResetRowsReport(ctx context.Context, deadInstanceID string
 // committed reset of the same instance and incarnation already changed,
 // and records the ones it changes, in the same transaction. It implements
 // IncarnationResetter.
-func (r *PgxResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+func (r *pgResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
 	if len(req.RowIDs) == 0 {
 		return ResetResult{}, nil
 	}
 	ids := slices.Clone(req.RowIDs)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
+	res, err := r.withRetry(ctx, func(tx pgTx) (ResetResult, error) {
 		return r.resetInTx(ctx, tx, req, ids, true)
 	})
 	if err != nil {
@@ -330,7 +393,7 @@ func (r *PgxResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 // tx: ResetIncarnation commits it, PlanReset rolls it back. clean lets it
 // delete expired ledger entries (a plan does not, so as not to postpone
 // the real clean-up).
-func (r *PgxResetter) resetInTx(ctx context.Context, tx pgx.Tx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
+func (r *pgResetter) resetInTx(ctx context.Context, tx pgTx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
 	reset, rest := r.byIDs, r.rest
 	if r.ledgerFor(req) {
 		reset = r.logged
@@ -373,19 +436,15 @@ func (r *PgxResetter) resetInTx(ctx context.Context, tx pgx.Tx, req ResetRequest
 // worker of the first protocol version, or a host calling ResetRows
 // itself) a record would make every later reset of the same instance ID
 // skip the row, also in that ID's next life.
-func (r *PgxResetter) ledgerFor(req ResetRequest) bool {
+func (r *pgResetter) ledgerFor(req ResetRequest) bool {
 	return r.o.usesLedger() && req.Incarnation != ""
 }
 
 // withoutRecorded returns ids (sorted) without the rows the ledger holds
 // for req's instance and incarnation.
-func (r *PgxResetter) withoutRecorded(ctx context.Context, tx pgx.Tx, req ResetRequest, ids []int64) ([]int64, error) {
-	rows, err := tx.Query(ctx, fmt.Sprintf("SELECT row_id FROM %s WHERE instance_id = $1 AND incarnation = $2 ORDER BY row_id",
-		r.o.ledgerIdent()), req.InstanceID, req.Incarnation)
-	if err != nil {
-		return nil, err
-	}
-	recorded, err := pgx.CollectRows(rows, pgx.RowTo[int64])
+func (r *pgResetter) withoutRecorded(ctx context.Context, tx pgTx, req ResetRequest, ids []int64) ([]int64, error) {
+	recorded, err := collect(ctx, tx, fmt.Sprintf("SELECT row_id FROM %s WHERE instance_id = $1 AND incarnation = $2 ORDER BY row_id",
+		r.o.ledgerIdent()), []any{req.InstanceID, req.Incarnation}, scanOne[int64])
 	if err != nil || len(recorded) == 0 {
 		return ids, err
 	}
@@ -404,12 +463,8 @@ func (r *PgxResetter) withoutRecorded(ctx context.Context, tx pgx.Tx, req ResetR
 }
 
 // unsettled runs q (restQuery) in tx.
-func (r *PgxResetter) unsettled(ctx context.Context, tx pgx.Tx, q query, v resetValues) ([]RowState, error) {
-	rows, err := tx.Query(ctx, q.sql, r.bind(q, v)...)
-	if err != nil {
-		return nil, err
-	}
-	return pgx.CollectRows(rows, func(row pgx.CollectableRow) (RowState, error) {
+func (r *pgResetter) unsettled(ctx context.Context, tx pgTx, q query, v resetValues) ([]RowState, error) {
+	return collect(ctx, tx, q.sql, r.bind(q, v), func(row pgRows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status)
 		return s, err
@@ -418,15 +473,11 @@ func (r *PgxResetter) unsettled(ctx context.Context, tx pgx.Tx, q query, v reset
 
 // InProgressOwners returns the distinct owners of rows in progress. It
 // needs WithOwnerColumn.
-func (r *PgxResetter) InProgressOwners(ctx context.Context) ([]string, error) {
-	if r.owners == "" {
-		return nil, fmt.Errorf("%w: in-progress owners need WithOwnerColumn", ErrInvalidConfig)
+func (r *pgResetter) InProgressOwners(ctx context.Context) ([]string, error) {
+	if err := r.needOwnerColumn("listing in-progress owners"); err != nil {
+		return nil, err
 	}
-	rows, err := r.db.Query(ctx, r.owners, r.o.inprog)
-	if err != nil {
-		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
-	}
-	owners, err := pgx.CollectRows(rows, pgx.RowTo[string])
+	owners, err := collect(ctx, r.conn, r.owners, []any{r.o.inprog}, scanOne[string])
 	if err != nil {
 		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
 	}
@@ -439,11 +490,11 @@ func (r *PgxResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 // it the partial index the migration in docs/integration.md creates,
 // (owner, id) WHERE status = in progress: each statement then seeks to the
 // rows it changes.
-func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
-	if r.owners == "" {
-		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
+func (r *pgResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+	if err := r.needOwnerColumn("resetting by owner"); err != nil {
+		return ResetResult{}, err
 	}
-	res, err := r.withRetry(ctx, func(tx pgx.Tx) (ResetResult, error) {
+	res, err := r.withRetry(ctx, func(tx pgTx) (ResetResult, error) {
 		var all ResetResult
 		v := resetValues{owner: owner}
 		for {
@@ -454,7 +505,7 @@ func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 				res    ResetResult
 				locked int
 			)
-			err := tx.QueryRow(ctx, r.byOwner.sql, r.bind(r.byOwner, v)...).Scan(&res.Reset, &res.Quarantined, &locked, &v.after)
+			err := queryRow(ctx, tx, r.byOwner.sql, r.bind(r.byOwner, v), &res.Reset, &res.Quarantined, &locked, &v.after)
 			if err != nil {
 				return ResetResult{}, err
 			}
@@ -471,9 +522,9 @@ func (r *PgxResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 	return res, nil
 }
 
-func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, v resetValues) (ResetResult, error) {
+func (r *pgResetter) run(ctx context.Context, tx pgTx, q query, v resetValues) (ResetResult, error) {
 	var res ResetResult
-	if err := tx.QueryRow(ctx, q.sql, r.bind(q, v)...).Scan(&res.Reset, &res.Quarantined); err != nil {
+	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Reset, &res.Quarantined); err != nil {
 		return ResetResult{}, err
 	}
 	return res, nil
@@ -481,7 +532,7 @@ func (r *PgxResetter) run(ctx context.Context, tx pgx.Tx, q query, v resetValues
 
 // withRetry runs f in a transaction, again after a deadlock or a
 // serialization failure, up to resetAttempts times.
-func (r *PgxResetter) withRetry(ctx context.Context, f func(pgx.Tx) (ResetResult, error)) (ResetResult, error) {
+func (r *pgResetter) withRetry(ctx context.Context, f func(pgTx) (ResetResult, error)) (ResetResult, error) {
 	for attempt := 1; ; attempt++ {
 		res, err := r.inTx(ctx, f)
 		if err == nil {
@@ -502,22 +553,22 @@ func (r *PgxResetter) withRetry(ctx context.Context, f func(pgx.Tx) (ResetResult
 	}
 }
 
-func (r *PgxResetter) inTx(ctx context.Context, f func(pgx.Tx) (ResetResult, error)) (res ResetResult, err error) {
-	tx, err := r.db.Begin(ctx)
+func (r *pgResetter) inTx(ctx context.Context, f func(pgTx) (ResetResult, error)) (res ResetResult, err error) {
+	tx, err := r.conn.begin(ctx)
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("begin: %w", err)
 	}
 	defer func() {
 		if err != nil {
 			rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
-			_ = tx.Rollback(rbCtx) // the transaction is void either way
+			_ = tx.rollback(rbCtx) // the transaction is void either way
 			cancel()
 		}
 	}()
 	if res, err = f(tx); err != nil {
 		return ResetResult{}, err
 	}
-	if err := tx.Commit(ctx); err != nil {
+	if err := tx.commit(ctx); err != nil {
 		return ResetResult{}, fmt.Errorf("commit: %w", err)
 	}
 	return res, nil
@@ -526,6 +577,15 @@ func (r *PgxResetter) inTx(ctx context.Context, f func(pgx.Tx) (ResetResult, err
 // retryable reports whether err is a PostgreSQL deadlock (40P01) or
 // serialization failure (40001), which succeed when tried again.
 func retryable(err error) bool {
-	var pe *pgconn.PgError
-	return errors.As(err, &pe) && (pe.Code == "40P01" || pe.Code == "40001")
+	code := sqlState(err)
+	return code == "40P01" || code == "40001"
+}
+
+// needOwnerColumn returns an error wrapping ErrInvalidConfig, saying that
+// what needs WithOwnerColumn, when the resetter has none.
+func (r *pgResetter) needOwnerColumn(what string) error {
+	if r.owners == "" {
+		return fmt.Errorf("%w: %s needs a %s WithOwnerColumn", ErrInvalidConfig, what, r.kind)
+	}
+	return nil
 }

@@ -16,129 +16,139 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-func TestPgxResetterResetsOnlyRowsStillInProgress(t *testing.T) {
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	setStatus(t, db, "inprog", 1, 2, 3, 4, 5)
-	setStatus(t, db, "done", 6)
-	r, err := NewPgxResetter(db)
-	require.NoError(t, err)
+func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 10)
+		setStatus(t, db, "inprog", 1, 2, 3, 4, 5)
+		setStatus(t, db, "done", 6)
+		r, err := impl.newResetter(t, db)
+		require.NoError(t, err)
 
-	n, err := r.ResetRows(context.Background(), "dead", []int64{5, 1, 2, 3, 4, 6, 7, 999, 1})
+		n, err := r.ResetRows(context.Background(), "dead", []int64{5, 1, 2, 3, 4, 6, 7, 999, 1})
 
-	require.NoError(t, err)
-	assert.Equal(t, int64(5), n, "only in-progress rows are counted")
-	got := statuses(t, db)
-	for id := int64(1); id <= 5; id++ {
-		assert.Equal(t, "queued", got[id], "row %d", id)
-	}
-	assert.Equal(t, "done", got[6], "a finished row is never reset")
-	var batch string
-	require.NoError(t, db.QueryRow(context.Background(), `SELECT status FROM batches WHERE batchid = 1`).Scan(&batch))
-	assert.Equal(t, "inprog", batch, "the parent batch is not touched")
+		require.NoError(t, err)
+		assert.Equal(t, int64(5), n, "only in-progress rows are counted")
+		got := statuses(t, db)
+		for id := int64(1); id <= 5; id++ {
+			assert.Equal(t, "queued", got[id], "row %d", id)
+		}
+		assert.Equal(t, "done", got[6], "a finished row is never reset")
+		var batch string
+		require.NoError(t, db.QueryRow(context.Background(), `SELECT status FROM batches WHERE batchid = 1`).Scan(&batch))
+		assert.Equal(t, "inprog", batch, "the parent batch is not touched")
 
-	n, err = r.ResetRows(context.Background(), "dead", nil)
-	require.NoError(t, err)
-	assert.Zero(t, n)
+		n, err = r.ResetRows(context.Background(), "dead", nil)
+		require.NoError(t, err)
+		assert.Zero(t, n)
+	})
 }
 
-func TestPgxResetterChunksLargeSetsInOneTransaction(t *testing.T) {
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	ctx := context.Background()
-	_, err := db.Exec(ctx, `
-		CREATE TABLE stmt_count (n int NOT NULL);
-		INSERT INTO stmt_count VALUES (0);
-		CREATE FUNCTION count_stmt() RETURNS trigger LANGUAGE plpgsql AS
-			$$ BEGIN UPDATE stmt_count SET n = n + 1; RETURN NULL; END $$;
-		CREATE TRIGGER count_stmt AFTER UPDATE ON batchrows FOR EACH STATEMENT EXECUTE FUNCTION count_stmt();`)
-	require.NoError(t, err)
-	setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
-	_, err = db.Exec(ctx, `UPDATE stmt_count SET n = 0`)
-	require.NoError(t, err)
-	r, err := NewPgxResetter(db, WithChunkSize(3))
-	require.NoError(t, err)
+func TestResetterChunksLargeSetsInOneTransaction(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 10)
+		ctx := context.Background()
+		_, err := db.Exec(ctx, `
+			CREATE TABLE stmt_count (n int NOT NULL);
+			INSERT INTO stmt_count VALUES (0);
+			CREATE FUNCTION count_stmt() RETURNS trigger LANGUAGE plpgsql AS
+				$$ BEGIN UPDATE stmt_count SET n = n + 1; RETURN NULL; END $$;
+			CREATE TRIGGER count_stmt AFTER UPDATE ON batchrows FOR EACH STATEMENT EXECUTE FUNCTION count_stmt();`)
+		require.NoError(t, err)
+		setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
+		_, err = db.Exec(ctx, `UPDATE stmt_count SET n = 0`)
+		require.NoError(t, err)
+		r, err := impl.newResetter(t, db, WithChunkSize(3))
+		require.NoError(t, err)
 
-	n, err := r.ResetRows(ctx, "dead", []int64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
+		n, err := r.ResetRows(ctx, "dead", []int64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
 
-	require.NoError(t, err)
-	assert.Equal(t, int64(10), n)
-	var stmts int
-	require.NoError(t, db.QueryRow(ctx, `SELECT n FROM stmt_count`).Scan(&stmts))
-	assert.Equal(t, 4, stmts, "10 IDs in chunks of 3")
+		require.NoError(t, err)
+		assert.Equal(t, int64(10), n)
+		var stmts int
+		require.NoError(t, db.QueryRow(ctx, `SELECT n FROM stmt_count`).Scan(&stmts))
+		assert.Equal(t, 4, stmts, "10 IDs in chunks of 3")
+	})
 }
 
-func TestPgxResetterResetsNothingWhenAChunkFails(t *testing.T) {
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 6)
-	ctx := context.Background()
-	setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6)
-	_, err := db.Exec(ctx, `
-		CREATE FUNCTION refuse_five() RETURNS trigger LANGUAGE plpgsql AS
-			$$ BEGIN IF NEW.rowid = 5 THEN RAISE EXCEPTION 'row five refused'; END IF; RETURN NEW; END $$;
-		CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
-	require.NoError(t, err)
-	r, err := NewPgxResetter(db, WithChunkSize(2))
-	require.NoError(t, err)
+func TestResetterResetsNothingWhenAChunkFails(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 6)
+		ctx := context.Background()
+		setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6)
+		_, err := db.Exec(ctx, `
+			CREATE FUNCTION refuse_five() RETURNS trigger LANGUAGE plpgsql AS
+				$$ BEGIN IF NEW.rowid = 5 THEN RAISE EXCEPTION 'row five refused'; END IF; RETURN NEW; END $$;
+			CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
+		require.NoError(t, err)
+		r, err := impl.newResetter(t, db, WithChunkSize(2))
+		require.NoError(t, err)
 
-	n, err := r.ResetRows(ctx, "deadpeer", []int64{1, 2, 3, 4, 5, 6})
+		n, err := r.ResetRows(ctx, "deadpeer", []int64{1, 2, 3, 4, 5, 6})
 
-	require.Error(t, err)
-	assert.Zero(t, n)
-	assert.Contains(t, err.Error(), "reset rows of deadpeer")
-	assert.Contains(t, err.Error(), "row five refused")
-	for id, s := range statuses(t, db) {
-		assert.Equal(t, "inprog", s, "row %d: the whole reset is rolled back", id)
-	}
+		require.Error(t, err)
+		assert.Zero(t, n)
+		assert.Contains(t, err.Error(), "reset rows of deadpeer")
+		assert.Contains(t, err.Error(), "row five refused")
+		for id, s := range statuses(t, db) {
+			assert.Equal(t, "inprog", s, "row %d: the whole reset is rolled back", id)
+		}
+	})
 }
 
-func TestPgxResetterQuotesIdentifiersFromOptions(t *testing.T) {
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	ctx := context.Background()
-	table := `rows"; DROP TABLE batchrows; --`
-	_, err := db.Exec(ctx, `CREATE TABLE "rows""; DROP TABLE batchrows; --" ("the id" bigint PRIMARY KEY, "St;atus" text)`)
-	require.NoError(t, err)
-	_, err = db.Exec(ctx, `INSERT INTO "rows""; DROP TABLE batchrows; --" VALUES (1, 'busy'), (2, 'busy'), (3, 'idle')`)
-	require.NoError(t, err)
-	r, err := NewPgxResetter(db, WithTable(table), WithIDColumn("the id"), WithStatusColumn("St;atus"),
-		WithStatuses("busy", "'; DELETE FROM batches; --"))
-	require.NoError(t, err)
+func TestResetterQuotesIdentifiersFromOptions(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 3)
+		ctx := context.Background()
+		table := `rows"; DROP TABLE batchrows; --`
+		_, err := db.Exec(ctx, `CREATE TABLE "rows""; DROP TABLE batchrows; --" ("the id" bigint PRIMARY KEY, "St;atus" text)`)
+		require.NoError(t, err)
+		_, err = db.Exec(ctx, `INSERT INTO "rows""; DROP TABLE batchrows; --" VALUES (1, 'busy'), (2, 'busy'), (3, 'idle')`)
+		require.NoError(t, err)
+		r, err := impl.newResetter(t, db, WithTable(table), WithIDColumn("the id"), WithStatusColumn("St;atus"),
+			WithStatuses("busy", "'; DELETE FROM batches; --"))
+		require.NoError(t, err)
 
-	n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+		n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
 
-	require.NoError(t, err)
-	assert.Equal(t, int64(2), n)
-	var count int
-	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows`).Scan(&count))
-	assert.Equal(t, 3, count, "batchrows survived")
-	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batches`).Scan(&count))
-	assert.Equal(t, 1, count, "values are parameters")
-	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM "rows""; DROP TABLE batchrows; --" WHERE "St;atus" = '''; DELETE FROM batches; --'`).Scan(&count))
-	assert.Equal(t, 2, count)
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), n)
+		var count int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows`).Scan(&count))
+		assert.Equal(t, 3, count, "batchrows survived")
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batches`).Scan(&count))
+		assert.Equal(t, 1, count, "values are parameters")
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM "rows""; DROP TABLE batchrows; --" WHERE "St;atus" = '''; DELETE FROM batches; --'`).Scan(&count))
+		assert.Equal(t, 2, count)
 
-	_, err = NewPgxResetter(db, WithTable("no_such_table"))
-	require.NoError(t, err, "the table is not checked at construction")
-	bad, _ := NewPgxResetter(db, WithTable("no_such_table"))
-	_, err = bad.ResetRows(ctx, "dead", []int64{1})
-	require.Error(t, err)
-	assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
+		_, err = impl.newResetter(t, db, WithTable("no_such_table"))
+		require.NoError(t, err, "the table is not checked at construction")
+		bad, _ := impl.newResetter(t, db, WithTable("no_such_table"))
+		_, err = bad.ResetRows(ctx, "dead", []int64{1})
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
+	})
 }
 
-func TestPgxResetterWithSchemaAndCustomStatuses(t *testing.T) {
-	db := testutil.Postgres(t)
-	ctx := context.Background()
-	_, err := db.Exec(ctx, `CREATE SCHEMA jobs; CREATE TABLE jobs.items (id bigint PRIMARY KEY, state text);
-		INSERT INTO jobs.items VALUES (1, 'RUNNING'), (2, 'PENDING'), (3, 'RUNNING')`)
-	require.NoError(t, err)
-	t.Cleanup(func() { _, _ = db.Exec(context.Background(), `DROP SCHEMA jobs CASCADE`) })
-	r, err := NewPgxResetter(db, WithSchema("jobs"), WithTable("items"), WithIDColumn("id"),
-		WithStatusColumn("state"), WithStatuses("RUNNING", "PENDING"))
-	require.NoError(t, err)
-	require.NoError(t, r.CreateLedger(ctx), "the ledger goes into the table's schema")
-	n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
-	require.NoError(t, err)
-	assert.Equal(t, int64(2), n)
+func TestResetterWithSchemaAndCustomStatuses(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		ctx := context.Background()
+		_, err := db.Exec(ctx, `CREATE SCHEMA jobs; CREATE TABLE jobs.items (id bigint PRIMARY KEY, state text);
+			INSERT INTO jobs.items VALUES (1, 'RUNNING'), (2, 'PENDING'), (3, 'RUNNING')`)
+		require.NoError(t, err)
+		t.Cleanup(func() { _, _ = db.Exec(context.Background(), `DROP SCHEMA jobs CASCADE`) })
+		r, err := impl.newResetter(t, db, WithSchema("jobs"), WithTable("items"), WithIDColumn("id"),
+			WithStatusColumn("state"), WithStatuses("RUNNING", "PENDING"))
+		require.NoError(t, err)
+		require.NoError(t, r.CreateLedger(ctx), "the ledger goes into the table's schema")
+		n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), n)
+	})
 }
 
 func TestPgxResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
@@ -244,96 +254,102 @@ func TestNewPgxResetterRejectsBadOptions(t *testing.T) {
 	}
 }
 
-func TestPgxResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
-	db := testutil.Postgres(t)
-	ctx := context.Background()
-	_, err := db.Exec(ctx, `
-		CREATE TYPE row_state AS ENUM ('queued', 'inprog', 'done', 'failed');
-		CREATE TABLE jobs (id bigint PRIMARY KEY, state row_state NOT NULL, owner text, recoveries int NOT NULL DEFAULT 0);
-		INSERT INTO jobs VALUES (1, 'inprog', 'dead', 2), (2, 'inprog', 'dead', 0);`)
-	require.NoError(t, err)
-	r, err := NewPgxResetter(db, WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"),
-		WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
-	require.NoError(t, err)
+func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		ctx := context.Background()
+		_, err := db.Exec(ctx, `
+			CREATE TYPE row_state AS ENUM ('queued', 'inprog', 'done', 'failed');
+			CREATE TABLE jobs (id bigint PRIMARY KEY, state row_state NOT NULL, owner text, recoveries int NOT NULL DEFAULT 0);
+			INSERT INTO jobs VALUES (1, 'inprog', 'dead', 2), (2, 'inprog', 'dead', 0);`)
+		require.NoError(t, err)
+		r, err := impl.newResetter(t, db, WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"),
+			WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+		require.NoError(t, err)
 
-	res, err := r.ResetRowsReport(ctx, "dead", []int64{1, 2})
-	require.NoError(t, err)
-	assert.Equal(t, int64(2), res.Reset)
-	assert.Equal(t, []int64{1}, res.Quarantined)
-	_, err = db.Exec(ctx, `UPDATE jobs SET state = 'inprog', owner = 'gone' WHERE id = 2`)
-	require.NoError(t, err)
-	res, err = r.ResetOwnerRows(ctx, "gone")
-	require.NoError(t, err, "the sweep's statement too")
-	assert.Equal(t, int64(1), res.Reset)
-	var states []string
-	require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(state::text ORDER BY id) FROM jobs`).Scan(&states))
-	assert.Equal(t, []string{"failed", "queued"}, states)
+		res, err := r.ResetRowsReport(ctx, "dead", []int64{1, 2})
+		require.NoError(t, err)
+		assert.Equal(t, int64(2), res.Reset)
+		assert.Equal(t, []int64{1}, res.Quarantined)
+		_, err = db.Exec(ctx, `UPDATE jobs SET state = 'inprog', owner = 'gone' WHERE id = 2`)
+		require.NoError(t, err)
+		res, err = r.ResetOwnerRows(ctx, "gone")
+		require.NoError(t, err, "the sweep's statement too")
+		assert.Equal(t, int64(1), res.Reset)
+		var states []string
+		require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(state::text ORDER BY id) FROM jobs`).Scan(&states))
+		assert.Equal(t, []string{"failed", "queued"}, states)
+	})
 }
 
 func TestSafetyOwnerFencingNeverResetsARowAnotherWorkerTook(t *testing.T) {
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 6)
-	take(t, db, "dead", 1, 2, 3)
-	take(t, db, "C", 4, 5) // recovered earlier and fetched again by C
-	r := fencedResetter(t, db)
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 6)
+		take(t, db, "dead", 1, 2, 3)
+		take(t, db, "C", 4, 5) // recovered earlier and fetched again by C
+		r := impl.mustResetter(t, db, WithOwnerColumn("owner"))
 
-	n, err := r.ResetRows(context.Background(), "dead", []int64{1, 2, 3, 4, 5, 6})
+		n, err := r.ResetRows(context.Background(), "dead", []int64{1, 2, 3, 4, 5, 6})
 
-	require.NoError(t, err)
-	assert.Equal(t, int64(3), n)
-	for _, id := range []int64{1, 2, 3} {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "queued", s)
-		assert.Nil(t, o, "owner cleared on reset")
-	}
-	for _, id := range []int64{4, 5} {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "inprog", s)
-		assert.Equal(t, "C", *o)
-	}
+		require.NoError(t, err)
+		assert.Equal(t, int64(3), n)
+		for _, id := range []int64{1, 2, 3} {
+			s, o := rowState(t, db, id)
+			assert.Equal(t, "queued", s)
+			assert.Nil(t, o, "owner cleared on reset")
+		}
+		for _, id := range []int64{4, 5} {
+			s, o := rowState(t, db, id)
+			assert.Equal(t, "inprog", s)
+			assert.Equal(t, "C", *o)
+		}
+	})
 }
 
 func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
-	rdb := testutil.Redis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	prefix := testutil.Name("S")
-	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
-	rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
-	ctx := context.Background()
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		rdb := testutil.Redis(t)
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 3)
+		prefix := testutil.Name("S")
+		r := impl.mustResetter(t, db, WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+		rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
+		ctx := context.Background()
 
-	// Row 1 kills every worker that takes it; rows 2 and 3 die with it once.
-	for round := 1; round <= 3; round++ {
-		dead := testutil.Name("dead")
-		ids := []any{"1"}
-		take(t, db, dead, 1)
-		if round == 1 {
-			take(t, db, dead, 2, 3)
-			ids = append(ids, "2", "3")
+		// Row 1 kills every worker that takes it; rows 2 and 3 die with it once.
+		for round := 1; round <= 3; round++ {
+			dead := testutil.Name("dead")
+			ids := []any{"1"}
+			take(t, db, dead, 1)
+			if round == 1 {
+				take(t, db, dead, 2, 3)
+				ids = append(ids, "2", "3")
+			}
+			plantDeadPeer(t, rdb, prefix, dead, ids...)
+			rep, err := rec.RecoverNow(ctx)
+			require.NoError(t, err)
+			require.Len(t, rep.Recovered, 1)
+			if round < 3 {
+				assert.Empty(t, rep.Recovered[0].Quarantined, "round %d", round)
+			} else {
+				assert.Equal(t, []int64{1}, rep.Recovered[0].Quarantined)
+			}
 		}
-		plantDeadPeer(t, rdb, prefix, dead, ids...)
-		rep, err := rec.RecoverNow(ctx)
-		require.NoError(t, err)
-		require.Len(t, rep.Recovered, 1)
-		if round < 3 {
-			assert.Empty(t, rep.Recovered[0].Quarantined, "round %d", round)
-		} else {
-			assert.Equal(t, []int64{1}, rep.Recovered[0].Quarantined)
+		s, _ := rowState(t, db, 1)
+		assert.Equal(t, "failed", s)
+		for _, id := range []int64{2, 3} {
+			s, _ := rowState(t, db, id)
+			assert.Equal(t, "queued", s, "siblings go back to the queue")
 		}
-	}
-	s, _ := rowState(t, db, 1)
-	assert.Equal(t, "failed", s)
-	for _, id := range []int64{2, 3} {
-		s, _ := rowState(t, db, id)
-		assert.Equal(t, "queued", s, "siblings go back to the queue")
-	}
-	var count int
-	require.NoError(t, db.QueryRow(ctx, `SELECT recoveries FROM batchrows WHERE rowid = 1`).Scan(&count))
-	assert.Equal(t, 3, count)
-	_ = logs // RecoverNow returns the report; the loop logs it:
-	l := recoveryLog{w: rec}
-	l.recovered(PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry")
-	assert.Contains(t, logs.String(), `"row_id":1`)
+		var count int
+		require.NoError(t, db.QueryRow(ctx, `SELECT recoveries FROM batchrows WHERE rowid = 1`).Scan(&count))
+		assert.Equal(t, 3, count)
+		_ = logs // RecoverNow returns the report; the loop logs it:
+		l := recoveryLog{w: rec}
+		l.recovered(PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry")
+		assert.Contains(t, logs.String(), `"row_id":1`)
+	})
 }
 
 // R5 (fixed). A reset that waits for another transaction's row locks reports, as
@@ -352,40 +368,42 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 //
 // A false alarm on the metric the runbook pages on, each time a claim
 // expires mid-reset or a resumed worker completes a row under recovery.
-func TestPgxResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing.T) {
-	ctx := context.Background()
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 5)
-	take(t, db, "dead", 1, 2, 3)
+func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		ctx := context.Background()
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 5)
+		take(t, db, "dead", 1, 2, 3)
 
-	tx, err := db.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	late, err := NewPgxResetter(tx, WithOwnerColumn("owner"))
-	require.NoError(t, err)
-	res1, err := late.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
-	require.NoError(t, err)
-	require.Equal(t, int64(3), res1.Reset, "R1's reset, not committed yet")
+		tx, err := db.Begin(ctx)
+		require.NoError(t, err)
+		defer func() { _ = tx.Rollback(ctx) }()
+		late, err := NewPgxResetter(tx, WithOwnerColumn("owner"))
+		require.NoError(t, err)
+		res1, err := late.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		require.NoError(t, err)
+		require.Equal(t, int64(3), res1.Reset, "R1's reset, not committed yet")
 
-	r2 := fencedResetter(t, db)
-	type result struct {
-		res ResetResult
-		err error
-	}
-	done := make(chan result, 1)
-	go func() {
-		res, err := r2.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
-		done <- result{res, err}
-	}()
-	require.Eventually(t, func() bool { // R2 waits on R1's row locks
-		var n int
-		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%FOR UPDATE%'`).Scan(&n))
-		return n > 0
-	}, 10*time.Second, 20*time.Millisecond, "R2 blocks on R1's row locks")
-	require.NoError(t, tx.Commit(ctx))
-	got := <-done
+		r2 := impl.mustResetter(t, db, WithOwnerColumn("owner"))
+		type result struct {
+			res ResetResult
+			err error
+		}
+		done := make(chan result, 1)
+		go func() {
+			res, err := r2.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+			done <- result{res, err}
+		}()
+		require.Eventually(t, func() bool { // R2 waits on R1's row locks
+			var n int
+			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE wait_event_type = 'Lock' AND datname = current_database() AND query LIKE '%FOR UPDATE%'`).Scan(&n))
+			return n > 0
+		}, 10*time.Second, 20*time.Millisecond, "R2 blocks on R1's row locks")
+		require.NoError(t, tx.Commit(ctx))
+		got := <-done
 
-	require.NoError(t, got.err)
-	assert.Zero(t, got.res.Reset)
-	assert.Empty(t, got.res.NotReset, "rows 1-3 are queued and ownerless: settled, not 'not reset'")
+		require.NoError(t, got.err)
+		assert.Zero(t, got.res.Reset)
+		assert.Empty(t, got.res.NotReset, "rows 1-3 are queued and ownerless: settled, not 'not reset'")
+	})
 }

@@ -33,7 +33,7 @@ type resetValues struct {
 }
 
 // bind returns the arguments of q.
-func (r *PgxResetter) bind(q query, v resetValues) []any {
+func (r *pgResetter) bind(q query, v resetValues) []any {
 	args := make([]any, len(q.args))
 	for i, name := range q.args {
 		switch name {

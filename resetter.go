@@ -2,9 +2,9 @@ package recovery
 
 import "context"
 
-// A RowResetter returns a dead worker's rows to the queue. PgxResetter is
-// the implementation for PostgreSQL; hosts with another store implement
-// their own.
+// A RowResetter returns a dead worker's rows to the queue. PgxResetter
+// (pgx) and SQLResetter (database/sql) are the implementations for
+// PostgreSQL; hosts with another store implement their own.
 type RowResetter interface {
 	// ResetRows returns the given rows of a dead instance to the queue. It must only change rows that are still in progress.
 	//
@@ -59,7 +59,7 @@ type ResetRequest struct {
 // ResetRequest, so it can record each reset under the incarnation of the
 // rows set and skip rows a committed reset of the same incarnation already
 // handled. The Worker prefers it over ResetReporter and RowResetter.
-// PgxResetter implements it.
+// PgxResetter and SQLResetter implement it.
 type IncarnationResetter interface {
 	RowResetter
 	ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error)
@@ -67,7 +67,7 @@ type IncarnationResetter interface {
 
 // A ResetReporter is a RowResetter that can tell which rows it quarantined.
 // The Worker uses ResetRowsReport instead of ResetRows when the resetter
-// has it, to log and report quarantined rows. PgxResetter implements it.
+// has it, to log and report quarantined rows. PgxResetter and SQLResetter implement it.
 type ResetReporter interface {
 	RowResetter
 	ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error)
@@ -76,7 +76,7 @@ type ResetReporter interface {
 // An OwnerSweeper is a RowResetter that knows which instance owns each row
 // in progress. It powers the backstop sweep (WithBackstopSweep), which finds
 // rows whose owner is gone even when Redis has forgotten them. PgxResetter
-// implements it when configured WithOwnerColumn.
+// and SQLResetter implement it when configured WithOwnerColumn.
 type OwnerSweeper interface {
 	RowResetter
 	// InProgressOwners returns the distinct owners of rows in progress.
@@ -101,7 +101,7 @@ func resetRows(ctx context.Context, r RowResetter, req ResetRequest) (ResetResul
 // An OwnerFencer is a RowResetter that can say whether its resets are
 // guarded by owner: a row is only reset while the instance named in the
 // call still owns it. Release relies on it to decide whether it is safe
-// after the lease was lost. PgxResetter implements it.
+// after the lease was lost. PgxResetter and SQLResetter implement it.
 type OwnerFencer interface {
 	FencesByOwner() bool
 }

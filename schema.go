@@ -9,7 +9,7 @@ import (
 // the store it resets before any row depends on it. Worker.Start calls
 // CheckSchema before the first heartbeat, so a wrong table, column or
 // status is reported when the process starts instead of the first time a
-// peer dies. PgxResetter implements it; a custom RowResetter may.
+// peer dies. PgxResetter and SQLResetter implement it; a custom RowResetter may.
 //
 // CheckSchema returns nil when the store matches, an error wrapping
 // ErrSchema that names the object at fault when it does not, and any other

@@ -242,8 +242,10 @@ func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 	if !on {
 		return nil, nil
 	}
-	if p, ok := r.(*PgxResetter); ok && p.owners == "" {
-		return nil, fmt.Errorf("%w: backstop sweep needs a PgxResetter WithOwnerColumn", ErrInvalidConfig)
+	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok {
+		if err := p.needOwnerColumn("backstop sweep"); err != nil {
+			return nil, err
+		}
 	}
 	sw, ok := r.(OwnerSweeper)
 	if !ok {

@@ -1,0 +1,376 @@
+package recovery
+
+import (
+	"context"
+	"database/sql"
+	"errors"
+	"net"
+	"net/url"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/jackc/pgx/v5/pgconn"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/jackc/pgx/v5/stdlib"
+	"github.com/lib/pq"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// pgResetterAPI is what PgxResetter and SQLResetter both offer: every
+// optional interface a Worker looks for, and the ledger's methods.
+type pgResetterAPI interface {
+	IncarnationResetter
+	ResetReporter
+	OwnerSweeper
+	OwnerFencer
+	ResetPlanner
+	RowStateReader
+	SchemaChecker
+	UsesLedger() bool
+	LedgerDDL() string
+	CreateLedger(ctx context.Context) error
+}
+
+var (
+	_ pgResetterAPI = (*PgxResetter)(nil)
+	_ pgResetterAPI = (*SQLResetter)(nil)
+)
+
+// resetterImpl builds a resetter of one implementation, through one Go
+// database API, over the PostgreSQL schema of a test's pool.
+type resetterImpl struct {
+	name string
+	// handle returns a database/sql handle on db's schema (nil for pgx).
+	handle func(t *testing.T, db *pgxpool.Pool) *sql.DB
+}
+
+// resetterImpls are the implementations every resetter test runs on:
+// PgxResetter, and SQLResetter through lib/pq and through pgx's stdlib.
+var resetterImpls = []resetterImpl{
+	{name: "pgx"},
+	{name: "libpq", handle: libpqDB},
+	{name: "stdlib", handle: stdlibDB},
+}
+
+// newResetter returns a resetter of this implementation over db's schema.
+func (impl resetterImpl) newResetter(t *testing.T, db *pgxpool.Pool, opts ...ResetterOption) (pgResetterAPI, error) {
+	t.Helper()
+	if impl.handle == nil {
+		r, err := NewPgxResetter(db, opts...)
+		if err != nil {
+			return nil, err
+		}
+		return r, nil
+	}
+	r, err := NewSQLResetter(impl.handle(t, db), opts...)
+	if err != nil {
+		return nil, err
+	}
+	return r, nil
+}
+
+// mustResetter is newResetter that ends the test on an error.
+func (impl resetterImpl) mustResetter(t *testing.T, db *pgxpool.Pool, opts ...ResetterOption) pgResetterAPI {
+	t.Helper()
+	r, err := impl.newResetter(t, db, opts...)
+	require.NoError(t, err)
+	return r
+}
+
+// forEachImpl runs test once per implementation, as a subtest.
+func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
+	t.Helper()
+	for _, impl := range resetterImpls {
+		t.Run(impl.name, func(t *testing.T) { test(t, impl) })
+	}
+}
+
+// libpqDB opens a database/sql handle through lib/pq to the server,
+// database, role and schema (search_path) of db, closed when the test
+// ends.
+func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
+	t.Helper()
+	cc := db.Config().ConnConfig
+	u := url.URL{Scheme: "postgres", Path: "/" + cc.Database, User: url.User(cc.User)}
+	if cc.Password != "" {
+		u.User = url.UserPassword(cc.User, cc.Password)
+	}
+	q := url.Values{"search_path": {cc.RuntimeParams["search_path"]}, "sslmode": {"require"}}
+	if cc.TLSConfig == nil {
+		q.Set("sslmode", "disable")
+	}
+	if strings.HasPrefix(cc.Host, "/") { // a Unix socket's directory
+		q.Set("host", cc.Host)
+		q.Set("port", strconv.Itoa(int(cc.Port)))
+	} else {
+		u.Host = net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
+	}
+	u.RawQuery = q.Encode()
+	c, err := pq.NewConnector(u.String())
+	require.NoError(t, err, "lib/pq connector")
+	h := sql.OpenDB(c)
+	h.SetMaxOpenConns(8)
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// stdlibDB opens a database/sql handle through pgx's stdlib on db's pool
+// (its schema included), closed when the test ends.
+func stdlibDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
+	t.Helper()
+	h := stdlib.OpenDBFromPool(db)
+	t.Cleanup(func() { _ = h.Close() })
+	return h
+}
+
+// sqlImpls are the implementations through database/sql.
+func sqlImpls() []resetterImpl { return resetterImpls[1:] }
+
+func TestNewSQLResetterRefusesANilHandleAndBadOptions(t *testing.T) {
+	var db *sql.DB
+	r, err := NewSQLResetter(db)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Nil(t, r)
+	assert.Contains(t, err.Error(), "database handle is nil")
+
+	r, err = NewSQLResetter(&sql.DB{}, WithMaxRecoveries(3, ""))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Nil(t, r)
+	assert.Contains(t, err.Error(), "max recoveries needs a recovery count column")
+}
+
+func TestSQLResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
+	for _, impl := range sqlImpls() {
+		t.Run(impl.name, func(t *testing.T) {
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 3)
+			ctx := context.Background()
+			take(t, db, "dead", 1, 2, 3)
+			h := impl.handle(t, db)
+
+			tx, err := h.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			r, err := NewSQLResetter(tx, WithOwnerColumn("owner"))
+			require.NoError(t, err)
+			n, err := r.ResetRows(ctx, "dead", []int64{1})
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), n)
+			var inTx string
+			require.NoError(t, tx.QueryRowContext(ctx, `SELECT status FROM batchrows WHERE rowid = 1`).Scan(&inTx))
+			assert.Equal(t, "queued", inTx, "the reset is visible in the caller's transaction")
+			_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint)
+			require.Error(t, err, "the resetter released its savepoint")
+			require.NoError(t, tx.Rollback())
+			s, _ := rowState(t, db, 1)
+			assert.Equal(t, "inprog", s, "the caller's transaction decides")
+
+			// A failed reset inside the caller's transaction rolls back to
+			// its savepoint: the transaction stays usable.
+			tx, err = h.BeginTx(ctx, nil)
+			require.NoError(t, err)
+			bad, err := NewSQLResetter(tx, WithTable("no_such_table"), WithOwnerColumn("owner"))
+			require.NoError(t, err)
+			_, err = bad.ResetRows(ctx, "dead", []int64{1})
+			require.Error(t, err)
+			assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
+			_, err = tx.ExecContext(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = 3`)
+			require.NoError(t, err, "not aborted: the resetter rolled back to its savepoint")
+			require.NoError(t, tx.Commit())
+			s, _ = rowState(t, db, 3)
+			assert.Equal(t, "done", s)
+
+			conn, err := h.Conn(ctx)
+			require.NoError(t, err)
+			defer conn.Close()
+			r, err = NewSQLResetter(conn, WithOwnerColumn("owner"))
+			require.NoError(t, err)
+			n, err = r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), n, "rows 1 and 2; row 3 is done")
+		})
+	}
+}
+
+// flakySQL fails BeginTx with an error carrying an SQLSTATE a number of
+// times, as the driver would report it.
+type flakySQL struct {
+	*sql.DB
+	err   func(code string) error
+	code  string
+	fails int
+	calls int
+}
+
+func (f *flakySQL) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, error) {
+	f.calls++
+	if f.calls <= f.fails {
+		return nil, f.err(f.code)
+	}
+	return f.DB.BeginTx(ctx, opts)
+}
+
+func TestSQLResetterRetriesDeadlocksAndSerializationFailuresOfEitherDriver(t *testing.T) {
+	driverErr := map[string]func(code string) error{
+		"libpq":  func(code string) error { return &pq.Error{Code: pq.ErrorCode(code), Message: "injected"} },
+		"stdlib": func(code string) error { return &pgconn.PgError{Code: code, Message: "injected"} },
+	}
+	for _, impl := range sqlImpls() {
+		t.Run(impl.name, func(t *testing.T) {
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 1)
+			h := impl.handle(t, db)
+			for _, code := range []string{"40P01", "40001"} {
+				setStatus(t, db, "inprog", 1)
+				f := &flakySQL{DB: h, err: driverErr[impl.name], code: code, fails: 2}
+				r, err := NewSQLResetter(f, WithoutResetLedger())
+				require.NoError(t, err)
+				n, err := r.ResetRows(context.Background(), "dead", []int64{1})
+				require.NoError(t, err, code)
+				assert.Equal(t, int64(1), n, code)
+				assert.Equal(t, 3, f.calls, code)
+			}
+			f := &flakySQL{DB: h, err: driverErr[impl.name], code: "42P01", fails: 1}
+			r, err := NewSQLResetter(f)
+			require.NoError(t, err)
+			_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+			require.Error(t, err)
+			assert.Equal(t, 1, f.calls, "undefined table: not retried")
+			assert.Equal(t, "42P01", sqlState(err))
+		})
+	}
+}
+
+func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.T) {
+	for _, impl := range sqlImpls() {
+		t.Run(impl.name, func(t *testing.T) {
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 1)
+			setStatus(t, db, "inprog", 1)
+			r := impl.mustResetter(t, db, WithResetLedger("no_ledger_here"))
+			_, err := r.ResetIncarnation(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
+			require.ErrorIs(t, err, ErrNoLedger)
+			require.NoError(t, r.CreateLedger(context.Background()))
+			res, err := r.ResetIncarnation(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
+			require.NoError(t, err)
+			assert.Equal(t, int64(1), res.Reset)
+		})
+	}
+}
+
+// A Worker given an SQLResetter WithOwnerColumn is in owner mode, and a
+// dead peer's rows are reset by owner, through each database/sql driver.
+func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
+	for _, impl := range sqlImpls() {
+		t.Run(impl.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb, db, prefix := onRealServers(t, 20, "SQLO")
+			r, err := NewSQLResetter(impl.handle(t, db), WithOwnerColumn("owner"),
+				WithRecoveryCountColumn("recoveries"), WithChunkSize(4))
+			require.NoError(t, err)
+
+			peer, _ := startWorker(t, rdb, r, "peer", WithKeyPrefix(prefix)) // Start runs the schema check
+			require.True(t, peer.OwnerMode(), "an SQLResetter WithOwnerColumn puts the worker in owner mode")
+			ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
+			take(t, db, "peer", ids...)
+			require.NoError(t, peer.Track(ctx, ids...))
+			setStatus(t, db, "done", 10) // finished before the peer died
+			take(t, db, "live", 11, 12)
+			peer.crash()
+			require.NoError(t, rdb.Del(ctx, peer.ownKeys().Heartbeat).Err())
+
+			rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
+			rep, err := rec.RecoverNow(ctx)
+			require.NoError(t, err, logs.String())
+			require.Len(t, rep.Recovered, 1)
+			assert.Equal(t, int64(9), rep.Recovered[0].RowsReset, "rows 1-9 in chunks of 4")
+
+			counts := recoveries(t, db)
+			for _, id := range ids[:9] {
+				s, owner := rowState(t, db, id)
+				assert.Equal(t, "queued", s, "row %d", id)
+				assert.Nil(t, owner, "row %d", id)
+				assert.Equal(t, 1, counts[id], "row %d counted once", id)
+			}
+			s, _ := rowState(t, db, 10)
+			assert.Equal(t, "done", s)
+			for _, id := range []int64{11, 12} {
+				s, owner := rowState(t, db, id)
+				assert.Equal(t, "inprog", s, "a live worker's row %d is left alone", id)
+				assert.Equal(t, "live", *owner)
+			}
+			assert.False(t, registered(t, rdb, prefix, "peer"))
+		})
+	}
+}
+
+// Without an owner column the worker keeps rows sets and the reset is
+// recorded in the ledger under the peer's incarnation: a second recovery of
+// the same life resets nothing a live worker took since.
+func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
+	for _, impl := range sqlImpls() {
+		t.Run(impl.name, func(t *testing.T) {
+			ctx := context.Background()
+			rdb, db, prefix := onRealServers(t, 10, "SQLL")
+			r, err := NewSQLResetter(impl.handle(t, db), WithRecoveryCountColumn("recoveries"))
+			require.NoError(t, err)
+			require.True(t, r.UsesLedger())
+			v := victim(t, rdb, db, r, "victim", []Option{WithKeyPrefix(prefix)}, 1, 2, 3)
+			require.False(t, v.OwnerMode())
+			inc, err := rdb.Get(ctx, v.ownKeys().Incarnation).Result()
+			require.NoError(t, err)
+
+			rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
+			rep, err := rec.RecoverNow(ctx)
+			require.NoError(t, err, logs.String())
+			require.Len(t, rep.Recovered, 1)
+			assert.Equal(t, int64(3), rep.RowsReset)
+			got := statuses(t, db)
+			for id := int64(1); id <= 3; id++ {
+				assert.Equal(t, "queued", got[id], "row %d", id)
+			}
+			var recorded int
+			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM recovery_ledger WHERE instance_id = 'victim' AND incarnation = $1`, inc).Scan(&recorded))
+			assert.Equal(t, 3, recorded, "the reset is in the ledger under the victim's incarnation")
+
+			setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
+			res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "victim", Incarnation: inc, RowIDs: []int64{1, 2, 3}})
+			require.NoError(t, err)
+			assert.Zero(t, res.Reset, "a late retry of the same life resets nothing")
+			assert.Empty(t, res.NotReset)
+			assert.Equal(t, map[int64]int{1: 1, 2: 1, 3: 1}, pick(recoveries(t, db), 1, 2, 3))
+		})
+	}
+}
+
+// pick returns m restricted to keys.
+func pick[V any](m map[int64]V, keys ...int64) map[int64]V {
+	out := make(map[int64]V, len(keys))
+	for _, k := range keys {
+		out[k] = m[k]
+	}
+	return out
+}
+
+func TestSQLResetterReadsItsSQLStateFromEitherDriversError(t *testing.T) {
+	assert.Equal(t, "40P01", sqlState(errors.Join(errors.New("x"), &pq.Error{Code: "40P01"})))
+	assert.Equal(t, "40001", sqlState(&pgconn.PgError{Code: "40001"}))
+	assert.Empty(t, sqlState(errors.New("no code")))
+}
+
+func TestSQLResetterBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
+	plain, err := NewSQLResetter(&sql.DB{})
+	require.NoError(t, err)
+	_, err = New(idleClient(t), plain, WithBackstopSweep())
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "backstop sweep needs a SQLResetter WithOwnerColumn")
+
+	fenced, err := NewSQLResetter(&sql.DB{}, WithOwnerColumn("owner"))
+	require.NoError(t, err)
+	w, err := New(idleClient(t), fenced, WithBackstopSweep())
+	require.NoError(t, err)
+	assert.True(t, w.OwnerMode())
+}
