@@ -310,43 +310,80 @@ func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {
 		return plan, err
 	}
 	planner, canPlan := w.resetter.(ResetPlanner)
+	owners, byOwner := w.resetter.(OwnerPlanner)
+	byOwner = byOwner && w.ownerMode
 	for _, st := range states {
 		p := PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
 		switch {
 		case st.Claim == ClaimHeld || st.Claim == ClaimFinished:
 			p.Action = PlanSkip
-		case !st.RowsPresent && st.Incarnation == "":
+		case !st.RowsPresent && st.Incarnation == "" && !byOwner:
 			p.Action = PlanDeregister
 			if st.Claim == ClaimFailed {
 				p.Action = PlanLost
 			}
 		default:
-			if p.Tracked, err = w.trackedRows(ctx, st.InstanceID); err != nil {
-				return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+			if err := w.planPeer(ctx, &p, st, planner, canPlan); err != nil {
+				return plan, err
 			}
-			p.Action = PlanReset
-			if len(p.Tracked.RowIDs) == 0 {
-				p.Action = PlanDeregister
-				break
+			if byOwner && p.Action != PlanUnknown && p.Action != PlanKeep {
+				// Then every row the peer still owns in progress, as the
+				// recovery resets them after its rows set.
+				resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+				op, err := owners.PlanOwnerReset(resetCtx, st.InstanceID)
+				cancel()
+				if err != nil {
+					return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+				}
+				p.Reset = mergeIDs(p.Reset, op.Reset)
+				p.Quarantined = mergeIDs(p.Quarantined, op.Quarantined)
+				if p.Action == PlanDeregister && len(p.Reset) > 0 {
+					p.Action = PlanReset
+				}
 			}
-			if !canPlan {
-				p.Action = PlanUnknown
-				break
-			}
-			resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-			rp, err := planner.PlanReset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
-				Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs})
-			cancel()
-			if err != nil {
-				return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
-			}
-			p.Reset, p.Quarantined, p.NotReset = rp.Reset, rp.Quarantined, rp.NotReset
-			if len(rp.NotReset) > 0 {
-				p.Action = PlanKeep
-			}
-			plan.RowsToReset += len(rp.Reset)
+			plan.RowsToReset += len(p.Reset)
 		}
 		plan.Peers = append(plan.Peers, p)
 	}
 	return plan, nil
+}
+
+// planPeer plans the recovery of one dead peer from its rows set, as a
+// recovery in rows-set mode would do it.
+func (w *Worker) planPeer(ctx context.Context, p *PeerPlan, st InstanceState, planner ResetPlanner, canPlan bool) error {
+	var err error
+	p.Action = PlanDeregister
+	if !st.RowsPresent && st.Incarnation == "" {
+		return nil
+	}
+	if p.Tracked, err = w.trackedRows(ctx, st.InstanceID); err != nil {
+		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+	}
+	if len(p.Tracked.RowIDs) == 0 {
+		return nil
+	}
+	if !canPlan {
+		p.Action = PlanUnknown
+		return nil
+	}
+	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	rp, err := planner.PlanReset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
+		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs})
+	cancel()
+	if err != nil {
+		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+	}
+	p.Action = PlanReset
+	p.Reset, p.Quarantined, p.NotReset = rp.Reset, rp.Quarantined, rp.NotReset
+	if len(rp.NotReset) > 0 {
+		p.Action = PlanKeep
+	}
+	return nil
+}
+
+// mergeIDs returns the sorted union of two sorted ID lists.
+func mergeIDs(a, b []int64) []int64 {
+	out := slices.Concat(a, b)
+	slices.Sort(out)
+	return slices.Compact(out)
 }

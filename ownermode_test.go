@@ -316,3 +316,45 @@ func TestOwnerModeConcurrentRecoverersResetEachRowOnce(t *testing.T) {
 }
 
 var _ redis.Hook = (*commandCounter)(nil)
+
+func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 4)
+	prefix := testutil.Name("O")
+	ctx := context.Background()
+	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(2, "failed"))
+	_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 1 WHERE rowid = 2`)
+	require.NoError(t, err)
+	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))
+	take(t, db, "A", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2))
+	a.crash()
+	take(t, db, "C", 3)
+
+	planner, _ := newWorker(t, rdb, r, "planner", WithKeyPrefix(prefix))
+	require.Eventually(t, func() bool {
+		n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, "A").Heartbeat).Result()
+		return n == 0
+	}, 5*time.Second, 20*time.Millisecond)
+	plan, err := planner.PlanRecovery(ctx)
+
+	require.NoError(t, err)
+	require.Len(t, plan.Peers, 1)
+	p := plan.Peers[0]
+	assert.Equal(t, PlanReset, p.Action, "no rows set, but rows owned in progress")
+	assert.Equal(t, []int64{1, 2}, p.Reset)
+	assert.Equal(t, []int64{2}, p.Quarantined, "its second recovery reaches the limit")
+	assert.Equal(t, 2, plan.RowsToReset)
+	for _, id := range []int64{1, 2} {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, "a plan changes nothing")
+		assert.Equal(t, "A", *o)
+	}
+
+	rep, err := planner.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset, "the plan said what the recovery did")
+	assert.Equal(t, []int64{2}, rep.Recovered[0].Quarantined)
+}

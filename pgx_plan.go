@@ -100,3 +100,51 @@ func (r *pgResetter) statuses(ctx context.Context, tx pgTx, ids []int64) (map[in
 	}
 	return out, nil
 }
+
+// An OwnerPlanner is a ResetPlanner that can also say what a reset by
+// owner (owner mode, the backstop sweep) would change. PgxResetter and
+// SQLResetter implement it when configured WithOwnerColumn.
+type OwnerPlanner interface {
+	ResetPlanner
+	PlanOwnerReset(ctx context.Context, owner string) (ResetPlan, error)
+}
+
+// PlanOwnerReset runs the statements ResetOwnerRows runs for owner in a
+// transaction that is always rolled back, and returns the rows they would
+// change (in ascending order) and quarantine. It implements OwnerPlanner.
+func (r *pgResetter) PlanOwnerReset(ctx context.Context, owner string) (plan ResetPlan, err error) {
+	if err := r.needOwnerColumn("planning a reset by owner"); err != nil {
+		return ResetPlan{}, err
+	}
+	tx, err := r.conn.begin(ctx)
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: begin: %w", owner, err)
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		if rbErr := tx.rollback(rbCtx); rbErr != nil && err == nil {
+			plan, err = ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: roll back: %w", owner, rbErr)
+		}
+	}()
+	sql := fmt.Sprintf("SELECT %[1]s FROM %[2]s WHERE %[3]s = $1::text AND %[4]s = $2 ORDER BY %[1]s",
+		ident(r.o.idColumn), r.o.tableIdent(), ident(r.o.ownerColumn), ident(r.o.statusColumn))
+	ids, err := collect(ctx, tx, sql, []any{owner, r.o.inprog}, func(row pgRows) (int64, error) {
+		var id int64
+		err := row.Scan(&id)
+		return id, err
+	})
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %w", owner, err)
+	}
+	res, err := r.resetOwnedInTx(ctx, tx, owner)
+	if err != nil {
+		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %w", owner, err)
+	}
+	if int64(len(ids)) != res.Reset {
+		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %d rows in progress, the reset reports %d changed", owner, len(ids), res.Reset)
+	}
+	plan.Reset = ids
+	plan.Quarantined = slices.Sorted(slices.Values(res.Quarantined))
+	return plan, nil
+}

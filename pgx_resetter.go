@@ -495,31 +495,35 @@ func (r *pgResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRes
 		return ResetResult{}, err
 	}
 	res, err := r.withRetry(ctx, func(tx pgTx) (ResetResult, error) {
-		var all ResetResult
-		v := resetValues{owner: owner}
-		for {
-			// Chunk after chunk, in ID order, in one transaction: locks
-			// are taken in the order every reset takes them, and no
-			// statement locks an unbounded number of rows at once.
-			var (
-				res    ResetResult
-				locked int
-			)
-			err := queryRow(ctx, tx, r.byOwner.sql, r.bind(r.byOwner, v), &res.Reset, &res.Quarantined, &locked, &v.after)
-			if err != nil {
-				return ResetResult{}, err
-			}
-			all.Reset += res.Reset
-			all.Quarantined = append(all.Quarantined, res.Quarantined...)
-			if locked < r.o.chunkSize {
-				return all, nil
-			}
-		}
+		return r.resetOwnedInTx(ctx, tx, owner)
 	})
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
 	}
 	return res, nil
+}
+
+// resetOwnedInTx resets the rows of owner chunk after chunk, in ID order,
+// in tx: locks are taken in the order every reset takes them, and no
+// statement locks an unbounded number of rows at once.
+func (r *pgResetter) resetOwnedInTx(ctx context.Context, tx pgTx, owner string) (ResetResult, error) {
+	var all ResetResult
+	v := resetValues{owner: owner}
+	for {
+		var (
+			res    ResetResult
+			locked int
+		)
+		err := queryRow(ctx, tx, r.byOwner.sql, r.bind(r.byOwner, v), &res.Reset, &res.Quarantined, &locked, &v.after)
+		if err != nil {
+			return ResetResult{}, err
+		}
+		all.Reset += res.Reset
+		all.Quarantined = append(all.Quarantined, res.Quarantined...)
+		if locked < r.o.chunkSize {
+			return all, nil
+		}
+	}
 }
 
 func (r *pgResetter) run(ctx context.Context, tx pgTx, q query, v resetValues) (ResetResult, error) {
