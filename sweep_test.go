@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -80,8 +81,10 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 	_, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(),
 		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
 		WithRecoveryInterval(100*time.Millisecond), WithRowsTTL(time.Second))
-	require.Eventually(t, func() bool { s, _ := rowState(t, db, 2); return s == "queued" }, 5*time.Second, 20*time.Millisecond)
-	assert.Contains(t, logs.String(), `"found_by":"sweep"`)
+	// The recovery is logged after its reset committed: wait for the log.
+	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) }, 5*time.Second, 20*time.Millisecond)
+	s, _ := rowState(t, db, 2)
+	assert.Equal(t, "queued", s)
 }
 
 func TestSafetyBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
