@@ -25,6 +25,7 @@ SMALL="-DW=2 -DR=1 -DNR=1 -DFAULTS=1 -DPAUSES=1"   # exhaustive in seconds
 checks=(
 	"safety|$FIXED $SMALL||pass"
 	"liveness|$FIXED $SMALL -DLIVE|-a -f|pass"
+	"liveness-TRACKAFTER|$FIXED -DTRACKAFTER $SMALL -DLIVE|-a -f|fail:acceptance-cycle"
 	"today|$SMALL||fail:any"
 	"H1-no-hold|-DATOMICDEREG -DBEATLOST $SMALL||fail:s1_live_owner_reset"
 	"H2-no-atomic-dereg|-DHOLD -DBEATLOST $SMALL||fail:s4_owner_not_registered"
