@@ -9,12 +9,12 @@ NESTED    ?= prom otel internal/modcheck
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps test test-unit test-integration test-faults bench fuzz lint tidy demo
+.PHONY: help deps test test-unit test-integration test-faults model bench fuzz lint tidy demo
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-deps: ## install redis-server, PostgreSQL binaries and promtool when missing (apt-get)
+deps: ## install redis-server, PostgreSQL binaries, promtool and spin when missing (apt-get)
 	@scripts/install-deps.sh
 
 demo: deps ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200")
@@ -36,6 +36,9 @@ test-integration: deps ## integration tests only, failing (not skipping) without
 test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; Sentinel failover, AOF, network namespaces; ~8 min
 	$(GO) vet -tags faults ./internal/faults/
 	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
+
+model: deps ## model-check the recovery protocol with Spin (docs/model.md): fixes pass, holes and broken variants fail; ~1 min
+	scripts/model.sh
 
 bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)

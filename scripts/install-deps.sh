@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
-# Installs what `make test` needs beyond Go: redis-server and redis-cli,
-# PostgreSQL's server binaries (initdb, postgres), and promtool (Debian
-# package prometheus) for the alert-rule tests of prom/. Nothing is started
+# Installs what `make test` and `make model` need beyond Go: redis-server
+# and redis-cli, PostgreSQL's server binaries (initdb, postgres), promtool
+# (Debian package prometheus) for the alert-rule tests of prom/, and the
+# Spin model checker (package spin; it compiles its verifiers with gcc) for
+# `make model`. Nothing is started
 # here: the tests start throwaway servers on free loopback ports themselves,
 # and promtool runs without a Prometheus server. With REDIS_URL and
 # DATABASE_URL both set, only promtool may need installing.
@@ -32,6 +34,9 @@ if ! command -v promtool >/dev/null 2>&1; then
 	missing+=(prometheus)
 	installs_prometheus=1
 fi
+# spin checks model/recovery.pml (scripts/model.sh); it needs gcc.
+command -v spin >/dev/null 2>&1 || missing+=(spin)
+command -v gcc >/dev/null 2>&1 || missing+=(gcc)
 [ ${#missing[@]} -eq 0 ] && exit 0
 
 echo "install-deps: installing ${missing[*]}" >&2
