@@ -111,7 +111,7 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	rec := &recorder{}
 	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec),
 		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithResetTimeout(100*time.Millisecond))
 	assert.NoError(t, w.Healthy())
 	before := w.Stats().LastHeartbeat
 	require.False(t, before.IsZero())
@@ -135,8 +135,9 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	restored := rec.of(EventHeartbeatRestored)
 	require.Len(t, restored, 1)
 	assert.Greater(t, restored[0].Duration, 200*time.Millisecond, "from the first failure to the first success")
+	assert.False(t, w.Stats().LeaseValid, "held for a claim TTL after the regain (250ms here)")
+	require.Eventually(t, func() bool { return w.Stats().LeaseValid }, 3*time.Second, 5*time.Millisecond)
 	s = w.Stats()
-	assert.True(t, s.LeaseValid)
 	assert.Equal(t, uint64(1), s.LeaseLosses)
 	assert.GreaterOrEqual(t, s.HeartbeatFailures, uint64(len(failures)))
 	assert.Equal(t, 1, logs.Count(`"level":"WARN","msg":"heartbeat failed`))

@@ -32,6 +32,9 @@ type lease struct {
 	// another process's value (twin.go): the instance ID is not ours any
 	// more, and neither are the rows tracked under it.
 	ousted atomic.Bool
+	// heldUntil, in nanoseconds since epoch, ends the hold after a lost
+	// lease was regained (hold).
+	heldUntil atomic.Int64
 }
 
 func newLease(ttl time.Duration) lease {
@@ -54,15 +57,32 @@ func (l *lease) sinceRefresh() time.Duration {
 	return time.Since(l.epoch) - sent
 }
 
+// hold keeps the lease counted as lost for d after a lost lease was
+// regained. A recoverer may have claimed this worker while its heartbeat
+// was gone; the heartbeat that came back cancels the claim, but a reset
+// that recoverer already has under way still runs, for at most the claim
+// TTL, and would reset rows this worker took meanwhile under its owner
+// (model hole H1, docs/model.md). Taking no new rows for a claim TTL lets
+// every such reset end first.
+func (l *lease) hold(d time.Duration) {
+	l.heldUntil.Store(int64(time.Since(l.epoch) + d))
+}
+
+// held reports whether the lease is held after a regain.
+func (l *lease) held() bool {
+	return int64(time.Since(l.epoch)) < l.heldUntil.Load()
+}
+
 // check reports errOusted for good once another process took the ID, and
-// ErrLeaseLost while the lease has ended or staleRows (rows tracked when it
-// was lost) are still tracked: peers may have recovered those, and a host
-// that went on with them would process them twice.
+// ErrLeaseLost while the lease has ended, while it is held after a regain,
+// or while staleRows (rows tracked when it was lost) are still tracked:
+// peers may have recovered those, and a host that went on with them would
+// process them twice.
 func (l *lease) check(staleRows int) error {
 	if l.ousted.Load() {
 		return errOusted
 	}
-	if !l.valid() || staleRows > 0 {
+	if !l.valid() || l.held() || staleRows > 0 {
 		return ErrLeaseLost
 	}
 	return nil
@@ -81,6 +101,11 @@ func (l *lease) check(staleRows int) error {
 // Release them and the lease is valid again. Without owner fencing nothing
 // safe can be done with those rows, and the lease is valid again with the
 // next heartbeat.
+//
+// A lost lease that comes back is held for one recovery claim TTL (reset
+// timeout + 3 × operation timeout) before CheckLease reports nil again: a
+// peer that claimed this worker while it looked dead may still be resetting
+// its rows, and rows taken meanwhile would be reset under it.
 func (w *Worker) CheckLease() error {
 	switch w.state.Load() {
 	case stateNew:

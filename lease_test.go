@@ -66,7 +66,8 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 	ctx := context.Background()
 	r := &fakeResetter{fenced: true}
 	w, logs := startWorker(t, rdb, r, "w", WithHeartbeatTTL(400*time.Millisecond),
-		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
+		WithResetTimeout(100*time.Millisecond)) // claim TTL 250ms: the hold after the regain
 	require.NoError(t, w.Track(ctx, 1, 2, 3))
 
 	mr.SetError("ERR paused") // the process is stopped, the key expires
@@ -81,7 +82,8 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 	require.NoError(t, w.Untrack(1)) // the row it was in the middle of (its completion was refused)
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	require.NoError(t, w.Release(ctx, 2, 3)) // the rest of the block
-	assert.NoError(t, w.CheckLease(), "every stale row given back")
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 2*time.Second, 5*time.Millisecond,
+		"every stale row given back, and the hold after the regain over")
 	assert.NoError(t, w.Track(ctx, 4))
 }
 
@@ -89,7 +91,7 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	mr, rdb := newMini(t)
 	w, logs := startWorker(t, rdb, &fakeResetter{fenced: true}, "w1",
 		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithResetTimeout(100*time.Millisecond))
 	ctx := context.Background()
 	require.NoError(t, w.Track(ctx, 1))
 
@@ -103,7 +105,8 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is not given back yet")
 	require.NoError(t, w.Untrack(1))
-	assert.NoError(t, w.CheckLease())
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 2*time.Second, 5*time.Millisecond,
+		"row 1 given back, and the hold after the regain (a claim TTL, 250ms) over")
 	assert.NoError(t, w.Track(ctx, 2))
 	ok, _ := mr.SIsMember(registryKey, "w1")
 	assert.True(t, ok, "re-registered")
@@ -130,4 +133,31 @@ func TestHealthyBeforeStart(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
 	assert.ErrorIs(t, w.Healthy(), ErrNotStarted)
+}
+
+// Model hole H1 (docs/model.md): a recoverer that claimed this worker while
+// its heartbeat was gone may still be resetting when the heartbeat comes
+// back and cancels the claim. The regained lease is held for a claim TTL,
+// so no row taken meanwhile can be reset under the worker.
+func TestRegainedLeaseIsHeldForAClaimTTL(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w", WithHeartbeatTTL(400*time.Millisecond),
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
+		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond)) // claim TTL 750ms
+	require.Equal(t, 750*time.Millisecond, w.opts.claimTTL())
+
+	mr.SetError("ERR paused")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	mr.SetError("")
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+	regained := time.Now()
+
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "no stale rows, but held")
+	assert.ErrorIs(t, w.Track(ctx, 1), ErrLeaseLost, "no new rows while a recovery of it may still run")
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 3*time.Second, 5*time.Millisecond)
+	held := time.Since(regained)
+	assert.GreaterOrEqual(t, held, 700*time.Millisecond, "held for about the claim TTL from the regain")
+	assert.NoError(t, w.Track(ctx, 1))
+	assert.Contains(t, logs.String(), `"held_for":750000000`)
 }

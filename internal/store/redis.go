@@ -159,14 +159,26 @@ func (s *Redis) IsRegistered(ctx context.Context, id string) (bool, error) {
 	return ok, nil
 }
 
-// Deregister sends SREM, then EXISTS of the heartbeat, and SADD again if
-// it exists: a peer that was only paused is never left out of the registry
-// until its next heartbeat.
+// Deregister runs deregisterScript on a single server: the peer leaves
+// the registry only while neither its heartbeat nor its rows set exists.
+// On a Cluster, where the registry and the peer's keys live in different
+// slots, it sends SREM, then EXISTS of the heartbeat, and SADD again if it
+// exists: a peer that was only paused is never left out of the registry
+// until its next heartbeat (a peer that came back, took rows and died
+// again while the recoverer stalled between the two is found by expiry
+// notifications or the backstop sweep; docs/safety.md).
 func (s *Redis) Deregister(ctx context.Context, id string) error {
+	k := s.Keys(id)
+	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
+		if err := deregisterScript.Run(ctx, s.rdb, []string{s.registry, k.Heartbeat, k.Rows}, id).Err(); err != nil {
+			return fmt.Errorf("deregister %s: %w", id, err)
+		}
+		return nil
+	}
 	if err := s.rdb.SRem(ctx, s.registry, id).Err(); err != nil {
 		return fmt.Errorf("deregister %s: %w", id, err)
 	}
-	alive, err := s.rdb.Exists(ctx, s.Keys(id).Heartbeat).Result()
+	alive, err := s.rdb.Exists(ctx, k.Heartbeat).Result()
 	if err != nil {
 		return fmt.Errorf("recheck heartbeat of %s: %w", id, err)
 	}

@@ -158,7 +158,8 @@ return 0
 // and writes the same again.
 //
 // A heartbeat also cancels a recovery claim on the instance (a recoverer's
-// token, not a failure note or a finished tombstone): the instance is
+// token, or its "lost:<token>" after a failed recovery whose record was
+// gone; not a failure note or a finished tombstone): the instance is
 // alive, and a recoverer that claimed it while it was paused must not
 // delete its rows set when it finishes, even if the instance has died
 // again and its heartbeat expired by then (its finish finds the claim gone
@@ -175,7 +176,7 @@ if v and v ~= ARGV[1] then
   return 0
 end
 local c = redis.call('GET', KEYS[4])
-if c and c ~= '` + FailedClaim + `' and string.sub(c, 1, 5) ~= 'done:' and string.sub(c, 1, 5) ~= 'lost:' then
+if c and c ~= '` + FailedClaim + `' and string.sub(c, 1, 5) ~= 'done:' then
   redis.call('DEL', KEYS[4])
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
@@ -208,12 +209,29 @@ end
 return 0
 `)
 
+// deregisterScript removes an instance from the registry only while
+// neither its heartbeat nor its rows set exists, in one step: a worker that
+// came back, took rows and died again between a recoverer's finish and its
+// deregistration stays registered, so the next scan finds it (model hole
+// H2, docs/model.md). The registry lives in another slot than the
+// instance's keys, so this runs on a single server only; Cluster uses the
+// SREM-then-recheck sequence (Redis.Deregister).
+//
+//	KEYS[1] registry, KEYS[2] heartbeat, KEYS[3] rows set
+//	ARGV[1] instance ID
+var deregisterScript = redis.NewScript(`
+if redis.call('EXISTS', KEYS[2]) == 0 and redis.call('EXISTS', KEYS[3]) == 0 then
+  return redis.call('SREM', KEYS[1], ARGV[1])
+end
+return 0
+`)
+
 // Script returns a protocol script by name ("claim", "finish", "fail",
-// "turn", "beat" or "leave"; nil for another), for tests that must
+// "turn", "beat", "leave" or "deregister"; nil for another), for tests that must
 // recognise one on the wire by its hash.
 func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "fail": failScript,
-		"turn": turnScript, "beat": beatScript, "leave": leaveScript,
+		"turn": turnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
 	}[name]
 }
