@@ -203,3 +203,33 @@ func TestReview2OwnerModeTwinStartingTogetherResetsTheRowsOfTheTwinThatWon(t *te
 	require.NoError(t, a.CheckLease())
 	assertHeldBy(t, db, "twin", 1, 2)
 }
+
+// Owner mode: the reset by owner walks keyset chunks from "ID > 0"
+// (resetValues.after starts at 0), so a dead peer's rows with an ID of 0 or
+// below are never reset, and nothing says so: the recovery reports success
+// and the sweep finds the same owner again at every turn, forever. Row IDs
+// are any bigint (the rows-set mode takes any int64); a sequence started
+// at its MINVALUE, or IDs derived from a hash, have them.
+func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("R2")
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `INSERT INTO batchrows (rowid, batchid) VALUES (-7, 1), (0, 1)`)
+	require.NoError(t, err)
+	take(t, db, "dead", -7, 0, 1)
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err()) // registered, no heartbeat
+
+	rec, _ := newWorker(t, rdb, fencedResetter(t, db), "rec", WithKeyPrefix(prefix))
+	require.True(t, rec.OwnerMode())
+	rep, err := rec.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+
+	for _, id := range []int64{-7, 0, 1} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d of the dead peer", id)
+	}
+	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset)
+}
