@@ -233,3 +233,55 @@ func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testi
 	}
 	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset)
 }
+
+// Owner mode: the sweep takes its candidates from PostgreSQL, so a Redis
+// that restarted empty gives it verdicts on live workers, and nodeage.go
+// holds nothing back after an empty start ("cannot hold a stale
+// registry": true of the scan, not of the sweep). The two-sightings rule
+// asks for two absent sightings a TTL apart, not for an absence that
+// lasted a TTL: a Redis restarted empty twice, each time seen by a sweep
+// before live worker L's next heartbeat (up to an interval, 30 s by
+// default, while sweeps come every 60 s), resets L's rows while L's lease
+// is valid.
+func TestReview2OwnerModeSweepAfterTwoEmptyRedisRestartsResetsALiveWorkersRows(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	lClient := srv.Client(t)
+	fr := &freezer{}
+	lClient.AddHook(fr)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	prefix := testutil.Name("R2")
+	ctx := context.Background()
+
+	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
+		WithHeartbeatInterval(250*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+	take(t, db, "L", 1, 2)
+	require.NoError(t, l.Track(ctx, 1, 2))
+	s, _ := newWorker(t, rdb, fencedResetter(t, db), "S", WithKeyPrefix(prefix)) // TTL 2s too
+	require.True(t, s.OwnerMode())
+
+	// Redis restarts empty; a sweep runs before L's next heartbeat reaches
+	// it (here: L's next heartbeat is held until the sweep is done).
+	restartSeenBySweep := func() sweepReport {
+		t.Helper()
+		fr.freeze()
+		srv.Restart()
+		rep, err := s.sweeper.runOnce(ctx)
+		require.NoError(t, l.CheckLease(), "L's lease is valid when the sweep judges it")
+		fr.thaw()
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return rdb.Exists(ctx, store.InstanceKeys(prefix, "L").Heartbeat).Val() == 1 },
+			5*time.Second, 5*time.Millisecond, "L heartbeats again")
+		return rep
+	}
+
+	rep := restartSeenBySweep()
+	require.Contains(t, rep.absent, "L", "first sighting")
+	time.Sleep(2100 * time.Millisecond) // a heartbeat TTL, L heartbeating all along; no sweep meanwhile (sweeps are an interval apart)
+	rep = restartSeenBySweep()
+	t.Logf("second sweep: absent %v, recovered %+v", rep.absent, rep.recovered)
+
+	require.NoError(t, l.CheckLease())
+	assertHeldBy(t, db, "L", 1, 2)
+}
