@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -50,6 +51,26 @@ func assertHeldBy(t *testing.T, db *pgxpool.Pool, owner string, ids ...int64) {
 	}
 }
 
+// freezableFleet is a redis-server of the test's own, a client for the
+// victim that fr can freeze (a pause, a partition), a client for everyone
+// else, a batch of rows in PostgreSQL and a fresh key prefix.
+type freezableFleet struct {
+	srv         *testutil.RedisServer
+	victim, rdb *redis.Client
+	fr          *freezer
+	db          *pgxpool.Pool
+	prefix      string
+}
+
+func newFreezableFleet(t *testing.T, rows int) freezableFleet {
+	t.Helper()
+	f := freezableFleet{srv: testutil.StartRedis(t), fr: &freezer{}, db: testutil.Postgres(t), prefix: testutil.Name("R2")}
+	f.victim, f.rdb = f.srv.Client(t), f.srv.Client(t)
+	f.victim.AddHook(f.fr)
+	testutil.CreateBatch(t, f.db, rows)
+	return f
+}
+
 // reviewPausedOwnerComesBack runs the paused-worker interleaving with a
 // victim built with victimOpts and an owner-mode recoverer:
 //
@@ -60,14 +81,8 @@ func assertHeldBy(t *testing.T, db *pgxpool.Pool, owner string, ids ...int64) {
 //     valid again. The host fetches rows 1, 2, 3 and tracks them.
 //  4. R resumes: ResetOwnerRows(A) resets rows 1, 2, 3 under live A.
 func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
-	srv := testutil.StartRedis(t)
-	aClient := srv.Client(t)
-	fr := &freezer{}
-	aClient.AddHook(fr)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 5)
-	prefix := testutil.Name("R2")
+	f := newFreezableFleet(t, 5)
+	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
 	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second),
 		WithHeartbeatInterval(250 * time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
@@ -244,14 +259,8 @@ func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testi
 // default, while sweeps come every 60 s), resets L's rows while L's lease
 // is valid.
 func TestReview2OwnerModeSweepAfterTwoEmptyRedisRestartsResetsALiveWorkersRows(t *testing.T) {
-	srv := testutil.StartRedis(t)
-	lClient := srv.Client(t)
-	fr := &freezer{}
-	lClient.AddHook(fr)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	prefix := testutil.Name("R2")
+	f := newFreezableFleet(t, 3)
+	srv, lClient, fr, rdb, db, prefix := f.srv, f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
 
 	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
