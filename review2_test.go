@@ -1,0 +1,296 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// Review of owner mode (issue 14), as an adversary. Each test is an
+// interleaving that resets the rows of a live worker that follows the
+// documented protocol (fetch sets the owner, CheckLease before taking rows,
+// Release when the lease is lost). They fail on the code as it stands.
+//
+// The common root: a reset by owner resets whatever the owner value holds
+// when its statement runs, not what the dead process held. A recoverer that
+// took its claim while the heartbeat was absent may run that statement up
+// to the claim TTL later (a GC pause, a pool that has no free connection,
+// a long chunked reset); a heartbeat written meanwhile only deletes the
+// claim key, which the holder never looks at again before it resets.
+
+// ownerGatedResetter is a PgxResetter whose first ResetOwnerRows waits at
+// g before it runs: a recoverer paused between its claim and its reset.
+type ownerGatedResetter struct {
+	*PgxResetter
+	g *gate
+}
+
+func (r *ownerGatedResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+	r.g.pass()
+	return r.PgxResetter.ResetOwnerRows(ctx, owner)
+}
+
+// assertHeldBy asserts that each row is in progress and owned by owner.
+func assertHeldBy(t *testing.T, db *pgxpool.Pool, owner string, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		s, o := rowState(t, db, id)
+		got := "<nil>"
+		if o != nil {
+			got = *o
+		}
+		assert.Equal(t, "inprog/"+owner, s+"/"+got, "row %d was reset under its live holder %s", id, owner)
+	}
+}
+
+// freezableFleet is a redis-server of the test's own, a client for the
+// victim that fr can freeze (a pause, a partition), a client for everyone
+// else, a batch of rows in PostgreSQL and a fresh key prefix.
+type freezableFleet struct {
+	srv         *testutil.RedisServer
+	victim, rdb *redis.Client
+	fr          *freezer
+	db          *pgxpool.Pool
+	prefix      string
+}
+
+func newFreezableFleet(t *testing.T, rows int) freezableFleet {
+	t.Helper()
+	f := freezableFleet{srv: testutil.StartRedis(t), fr: &freezer{}, db: testutil.Postgres(t), prefix: testutil.Name("R2")}
+	f.victim, f.rdb = f.srv.Client(t), f.srv.Client(t)
+	f.victim.AddHook(f.fr)
+	testutil.CreateBatch(t, f.db, rows)
+	return f
+}
+
+// reviewPausedOwnerComesBack runs the paused-worker interleaving with a
+// victim built with victimOpts and an owner-mode recoverer:
+//
+//  1. A (rows 1, 2) cannot reach Redis past its TTL; its heartbeat expires
+//     and its lease is lost. The host sees ErrLeaseLost and releases 1, 2.
+//  2. R claims A (heartbeat absent) and is paused before its reset.
+//  3. A reaches Redis again; its heartbeat deletes R's claim; the lease is
+//     valid again. The host fetches rows 1, 2, 3 and tracks them.
+//  4. R resumes: ResetOwnerRows(A) resets rows 1, 2, 3 under live A.
+func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
+	f := newFreezableFleet(t, 5)
+	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix
+	ctx := context.Background()
+	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second),
+		WithHeartbeatInterval(250 * time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
+
+	a, logs := startWorker(t, aClient, fencedResetter(t, db), "A", append(timing, victimOpts...)...)
+	take(t, db, "A", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2))
+
+	fr.freeze() // A loses Redis (a partition, a pause)
+	require.Eventually(t, func() bool { return rdb.Exists(ctx, store.InstanceKeys(prefix, "A").Heartbeat).Val() == 0 },
+		5*time.Second, 2*time.Millisecond)
+	require.ErrorIs(t, a.CheckLease(), ErrLeaseLost)
+	require.NoError(t, a.Release(ctx, 1, 2), "the host gives its block back, as documented")
+
+	g := newGate()
+	rec, _ := newWorker(t, rdb, &ownerGatedResetter{fencedResetter(t, db), g}, "R", timing...)
+	require.True(t, rec.OwnerMode())
+	type result struct {
+		pr  PeerRecovery
+		err error
+	}
+	done := make(chan result, 1)
+	go func() {
+		pr, _, err := rec.recoverDead(ctx, "A", foundByScan, time.Now())
+		done <- result{pr, err}
+	}()
+	select {
+	case <-g.entered: // R holds the claim on A and is about to reset by owner
+	case r := <-done:
+		t.Fatalf("recovery of A ended before its reset by owner: %+v, %v", r.pr, r.err)
+	}
+
+	fr.thaw()
+	require.Eventually(t, func() bool { return a.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond,
+		"A's lease comes back with its heartbeat")
+	require.Equal(t, 1, logs.Count("heartbeat lease regained"))
+	// The host takes a new block: 1 and 2 were queued by its Release.
+	take(t, db, "A", 1, 2, 3)
+	require.NoError(t, a.Track(ctx, 1, 2, 3))
+	require.NoError(t, a.CheckLease(), "A may process these rows")
+
+	close(g.release)
+	r := <-done
+	t.Logf("R's recovery of A: rows reset %d, error %v", r.pr.RowsReset, r.err)
+
+	require.NoError(t, a.CheckLease(), "A still holds a valid lease")
+	assertHeldBy(t, db, "A", 1, 2, 3)
+}
+
+// Owner mode: a worker that comes back after its heartbeat expired, and
+// follows the protocol, has the rows it fetched after its lease came back
+// reset by a recovery that claimed it while it was away.
+func TestReview2OwnerModeRecoveryInFlightResetsRowsTheResumedWorkerTookAfterItsLeaseCameBack(t *testing.T) {
+	reviewPausedOwnerComesBack(t)
+}
+
+// Mixed fleet: the same with a rows-set worker (WithRowsSets, as a worker of
+// the release before owner mode) recovered by an owner-mode worker. A
+// rows-set recoverer resets only the rows the set listed when it read it;
+// the owner-mode recoverer then resets by owner, which reaches the rows the
+// worker took after it came back.
+func TestReview2MixedFleetOwnerModeRecovererResetsRowsARowsSetWorkerTookAfterItCameBack(t *testing.T) {
+	reviewPausedOwnerComesBack(t, WithRowsSets())
+}
+
+// Owner mode, a fixed instance ID (a StatefulSet pod) whose predecessor
+// died long ago (Redis has nothing left of it; PostgreSQL still names it
+// the owner of rows 1, 2). A sweeper has seen the ID absent twice and
+// claims it; it is paused before its reset. The pod starts meanwhile:
+// Start finds no heartbeat and no record, resets rows 1, 2 itself (not
+// under a claim), writes its first heartbeat (which deletes the sweeper's
+// claim) and returns; the host fetches rows 1, 2, 3. The sweeper resumes
+// and resets them under the live pod.
+func TestReview2OwnerModeSweepClaimedBeforeAFixedIDRestartResetsTheNewProcesssRows(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 5)
+	prefix := testutil.Name("R2")
+	ctx := context.Background()
+	take(t, db, "pod-0", 1, 2)
+
+	g := newGate()
+	sweeper, _ := newWorker(t, rdb, &ownerGatedResetter{fencedResetter(t, db), g}, "sweeper", WithKeyPrefix(prefix))
+	done := make(chan error, 1)
+	go func() {
+		_, _, err := sweeper.recoverDead(ctx, "pod-0", foundBySweep, time.Now())
+		done <- err
+	}()
+	<-g.entered // the sweeper holds the claim on pod-0
+
+	pod, _ := startWorker(t, rdb, fencedResetter(t, db), "pod-0", WithKeyPrefix(prefix))
+	require.True(t, pod.OwnerMode())
+	take(t, db, "pod-0", 1, 2, 3) // the host's first block
+	require.NoError(t, pod.Track(ctx, 1, 2, 3))
+	require.NoError(t, pod.CheckLease())
+
+	close(g.release)
+	t.Logf("the sweeper's recovery of pod-0: %v", <-done)
+
+	require.NoError(t, pod.CheckLease())
+	assertHeldBy(t, db, "pod-0", 1, 2, 3)
+}
+
+// Owner mode, two processes given one instance ID that start together
+// (issue 10's F3; docs/safety.md §10 says the second is refused "having
+// written nothing"). B reads the heartbeat (absent) and goes on to reset
+// the rows under its ID; it is slow to do so. A reads the heartbeat too,
+// writes its first one and returns; its host fetches rows 1, 2. B's reset
+// then runs and resets A's live rows; only after that does B's first
+// heartbeat find A's value and refuse B.
+func TestReview2OwnerModeTwinStartingTogetherResetsTheRowsOfTheTwinThatWon(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 5)
+	prefix := testutil.Name("R2")
+	ctx := context.Background()
+
+	g := newGate()
+	b, _ := newWorker(t, rdb, &ownerGatedResetter{fencedResetter(t, db), g}, "twin", WithKeyPrefix(prefix))
+	startB := make(chan error, 1)
+	go func() { startB <- b.Start(ctx) }()
+	<-g.entered // B found no heartbeat and is about to reset the rows under "twin"
+
+	a, _ := startWorker(t, rdb, fencedResetter(t, db), "twin", WithKeyPrefix(prefix))
+	take(t, db, "twin", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2))
+	require.NoError(t, a.CheckLease())
+
+	close(g.release)
+	err := <-startB
+	assert.ErrorIs(t, err, ErrInstanceIDInUse, "B is refused, as §10 says")
+
+	require.NoError(t, a.CheckLease())
+	assertHeldBy(t, db, "twin", 1, 2)
+}
+
+// Owner mode: the reset by owner walks keyset chunks from "ID > 0"
+// (resetValues.after starts at 0), so a dead peer's rows with an ID of 0 or
+// below are never reset, and nothing says so: the recovery reports success
+// and the sweep finds the same owner again at every turn, forever. Row IDs
+// are any bigint (the rows-set mode takes any int64); a sequence started
+// at its MINVALUE, or IDs derived from a hash, have them.
+func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("R2")
+	ctx := context.Background()
+	_, err := db.Exec(ctx, `INSERT INTO batchrows (rowid, batchid) VALUES (-7, 1), (0, 1)`)
+	require.NoError(t, err)
+	take(t, db, "dead", -7, 0, 1)
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err()) // registered, no heartbeat
+
+	rec, _ := newWorker(t, rdb, fencedResetter(t, db), "rec", WithKeyPrefix(prefix))
+	require.True(t, rec.OwnerMode())
+	rep, err := rec.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+
+	for _, id := range []int64{-7, 0, 1} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d of the dead peer", id)
+	}
+	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset)
+}
+
+// Owner mode: the sweep takes its candidates from PostgreSQL, so a Redis
+// that restarted empty gives it verdicts on live workers, and nodeage.go
+// holds nothing back after an empty start ("cannot hold a stale
+// registry": true of the scan, not of the sweep). The two-sightings rule
+// asks for two absent sightings a TTL apart, not for an absence that
+// lasted a TTL: a Redis restarted empty twice, each time seen by a sweep
+// before live worker L's next heartbeat (up to an interval, 30 s by
+// default, while sweeps come every 60 s), resets L's rows while L's lease
+// is valid.
+func TestReview2OwnerModeSweepAfterTwoEmptyRedisRestartsResetsALiveWorkersRows(t *testing.T) {
+	f := newFreezableFleet(t, 3)
+	srv, lClient, fr, rdb, db, prefix := f.srv, f.victim, f.fr, f.rdb, f.db, f.prefix
+	ctx := context.Background()
+
+	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
+		WithHeartbeatInterval(250*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+	take(t, db, "L", 1, 2)
+	require.NoError(t, l.Track(ctx, 1, 2))
+	s, _ := newWorker(t, rdb, fencedResetter(t, db), "S", WithKeyPrefix(prefix)) // TTL 2s too
+	require.True(t, s.OwnerMode())
+
+	// Redis restarts empty; a sweep runs before L's next heartbeat reaches
+	// it (here: L's next heartbeat is held until the sweep is done).
+	restartSeenBySweep := func() sweepReport {
+		t.Helper()
+		fr.freeze()
+		srv.Restart()
+		rep, err := s.sweeper.runOnce(ctx)
+		require.NoError(t, l.CheckLease(), "L's lease is valid when the sweep judges it")
+		fr.thaw()
+		require.NoError(t, err)
+		require.Eventually(t, func() bool { return rdb.Exists(ctx, store.InstanceKeys(prefix, "L").Heartbeat).Val() == 1 },
+			5*time.Second, 5*time.Millisecond, "L heartbeats again")
+		return rep
+	}
+
+	rep := restartSeenBySweep()
+	require.Contains(t, rep.absent, "L", "first sighting")
+	time.Sleep(2100 * time.Millisecond) // a heartbeat TTL, L heartbeating all along; no sweep meanwhile (sweeps are an interval apart)
+	rep = restartSeenBySweep()
+	t.Logf("second sweep: absent %v, recovered %+v", rep.absent, rep.recovered)
+
+	require.NoError(t, l.CheckLease())
+	assertHeldBy(t, db, "L", 1, 2)
+}
