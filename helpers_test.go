@@ -458,3 +458,18 @@ func (h *hookResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (
 	}
 	return res, err
 }
+
+// waitUptime waits until the Redis server of rdb has been up for d, as
+// INFO counts it (whole seconds): the backstop sweep judges nothing from a
+// server up for less than a heartbeat TTL (nodeage.go).
+func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		info, err := rdb.Info(context.Background(), "server").Result()
+		if err != nil {
+			return false
+		}
+		f, err := parseNodeFacts(info + "\nrole:master\n")
+		return err == nil && f.uptime >= d
+	}, d+5*time.Second, 50*time.Millisecond)
+}

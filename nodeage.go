@@ -181,7 +181,13 @@ func (w *Worker) observeNodes(ctx context.Context) {
 // a heartbeat TTL (see above) since sent, when their EXISTS was sent. If a
 // node's INFO cannot be read (a server that forbids INFO) the peers are
 // judged as before, and that is logged once.
-func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.Time) []string {
+//
+// With strict (the backstop sweep, whose candidates come from PostgreSQL,
+// not from the registry), a node that started empty less than a TTL ago
+// holds its verdicts too: it has forgotten the heartbeats of live workers
+// whose rows the database still names, and two sightings a TTL apart
+// could both fall right after two such restarts.
+func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.Time, strict bool) []string {
 	byAddr := map[string][]int{} // node -> indexes of absent
 	var order []string
 	kept := make([]bool, len(absent))
@@ -208,6 +214,11 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		}
 		w.infoAvailable()
 		until, first := w.nodes.observe(addr, f, recv, w.opts.heartbeatTTL, false)
+		if up := max(f.uptime-time.Second, 0); strict && up < w.opts.heartbeatTTL {
+			if u := recv.Add(w.opts.heartbeatTTL - up); u.After(until) {
+				until, first = u, true
+			}
+		}
 		if until.IsZero() || !sent.Before(until) {
 			for _, i := range peers {
 				kept[i] = true

@@ -55,14 +55,15 @@ type PgxResetter struct {
 // pgResetter is the PostgreSQL resetter both PgxResetter and SQLResetter
 // are: its statements and flows, run over a pgDB (pg_db.go).
 type pgResetter struct {
-	conn    pgDB
-	kind    string // "PgxResetter" or "SQLResetter", for messages
-	o       resetterOptions
-	byIDs   query  // reset the rows among $ids
-	logged  query  // byIDs, recording in the ledger and skipping what it holds
-	rest    query  // the rows among $ids not settled after a reset (restQuery)
-	byOwner query  // reset every row of one owner (sweep)
-	owners  string // list the owners of rows in progress
+	conn         pgDB
+	kind         string // "PgxResetter" or "SQLResetter", for messages
+	o            resetterOptions
+	byIDs        query  // reset the rows among $ids
+	logged       query  // byIDs, recording in the ledger and skipping what it holds
+	rest         query  // the rows among $ids not settled after a reset (restQuery)
+	byOwner      query  // reset the first chunk of rows of one owner (owner mode, sweep)
+	byOwnerAfter query  // the next chunks, above the last ID of the previous one
+	owners       string // list the owners of rows in progress
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
 }
@@ -213,6 +214,7 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 	}
 	if o.ownerColumn != "" {
 		r.byOwner = o.resetQuery(true, false)
+		r.byOwnerAfter = o.resetQueryAfter(true, false, true)
 		r.owners = fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s = $1 AND %s IS NOT NULL",
 			ident(o.ownerColumn), o.tableIdent(), ident(o.statusColumn), ident(o.ownerColumn))
 	}
@@ -509,12 +511,14 @@ func (r *pgResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRes
 func (r *pgResetter) resetOwnedInTx(ctx context.Context, tx pgTx, owner string) (ResetResult, error) {
 	var all ResetResult
 	v := resetValues{owner: owner}
+	q := r.byOwner
 	for {
 		var (
 			res    ResetResult
 			locked int
 		)
-		err := queryRow(ctx, tx, r.byOwner.sql, r.bind(r.byOwner, v), &res.Reset, &res.Quarantined, &locked, &v.after)
+		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Reset, &res.Quarantined, &locked, &v.after)
+		q = r.byOwnerAfter
 		if err != nil {
 			return ResetResult{}, err
 		}

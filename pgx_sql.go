@@ -88,6 +88,12 @@ func (o *resetterOptions) settled() []string {
 // returns how many it locked and the highest, and the caller runs it again
 // from there until a chunk comes back short.
 func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
+	return o.resetQueryAfter(byOwner, ledger, false)
+}
+
+// resetQueryAfter is resetQuery; with keyset, a reset by owner takes only
+// the rows above $after (every chunk but the first).
+func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
 	fenced := o.ownerColumn != ""
@@ -134,8 +140,11 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 	if byOwner {
 		// Keyset chunks: the rows after the last one of the previous
 		// chunk, so an index on (owner, id) WHERE status = in progress
-		// seeks straight to them.
-		match = append(match, fmt.Sprintf("%s > %s", id, q.param("after")))
+		// seeks straight to them. The first chunk has no lower bound:
+		// row IDs may be zero or negative.
+		if keyset {
+			match = append(match, fmt.Sprintf("%s > %s", id, q.param("after")))
+		}
 		limit = " LIMIT " + q.param("chunk")
 	}
 	fmt.Fprintf(&sql, `WITH locked AS (

@@ -52,6 +52,17 @@ func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, 
 // interval. The scan, the backstop sweep and expiry events all get their
 // verdicts here.
 func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error) {
+	return w.judgeDead(ctx, peers, false)
+}
+
+// deadOwners is deadPeers for the backstop sweep, whose candidates come
+// from PostgreSQL: no verdict from a node that started less than a TTL ago,
+// even empty (youngNodeHolds, strict).
+func (w *Worker) deadOwners(ctx context.Context, owners []string) ([]string, error) {
+	return w.judgeDead(ctx, owners, true)
+}
+
+func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]string, error) {
 	if len(peers) == 0 {
 		return nil, nil
 	}
@@ -71,7 +82,7 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 	if len(dead) == 0 {
 		return nil, nil
 	}
-	return w.youngNodeHolds(ctx, dead, sent), nil
+	return w.youngNodeHolds(ctx, dead, sent, strict), nil
 }
 
 // deregister removes a dead peer from the registry (store.Deregister puts

@@ -84,8 +84,10 @@ func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	f := newFreezableFleet(t, 5)
 	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
+	// Claim TTL: 1s reset timeout + 3 × 125ms operation timeout = 1.375s.
 	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second),
-		WithHeartbeatInterval(250 * time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
+		WithHeartbeatInterval(250 * time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour),
+		WithResetTimeout(time.Second)}
 
 	a, logs := startWorker(t, aClient, fencedResetter(t, db), "A", append(timing, victimOpts...)...)
 	take(t, db, "A", 1, 2)
@@ -116,17 +118,23 @@ func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	}
 
 	fr.thaw()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	regained := time.Now()
+	// The fix (H1): the regained lease is held for a claim TTL, by which
+	// time R's claim context, started before its claim, has ended.
+	require.ErrorIs(t, a.CheckLease(), ErrLeaseLost, "held after the regain")
 	require.Eventually(t, func() bool { return a.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond,
-		"A's lease comes back with its heartbeat")
-	require.Equal(t, 1, logs.Count("heartbeat lease regained"))
+		"A's lease comes back a claim TTL after its heartbeat")
+	require.GreaterOrEqual(t, time.Since(regained), 1300*time.Millisecond)
 	// The host takes a new block: 1 and 2 were queued by its Release.
 	take(t, db, "A", 1, 2, 3)
 	require.NoError(t, a.Track(ctx, 1, 2, 3))
 	require.NoError(t, a.CheckLease(), "A may process these rows")
 
-	close(g.release)
+	close(g.release) // R resumes: its claim context has ended
 	r := <-done
 	t.Logf("R's recovery of A: rows reset %d, error %v", r.pr.RowsReset, r.err)
+	require.Error(t, r.err, "R's reset could not run after its claim context ended")
 
 	require.NoError(t, a.CheckLease(), "A still holds a valid lease")
 	assertHeldBy(t, db, "A", 1, 2, 3)
@@ -213,7 +221,7 @@ func TestReview2OwnerModeTwinStartingTogetherResetsTheRowsOfTheTwinThatWon(t *te
 
 	close(g.release)
 	err := <-startB
-	assert.ErrorIs(t, err, ErrInstanceIDInUse, "B is refused, as §10 says")
+	assert.ErrorIs(t, err, ErrInstanceIDInUse, "B is refused, as §10 says: A waited for B's claim on the ID, then took it")
 
 	require.NoError(t, a.CheckLease())
 	assertHeldBy(t, db, "twin", 1, 2)
@@ -286,7 +294,9 @@ func TestReview2OwnerModeSweepAfterTwoEmptyRedisRestartsResetsALiveWorkersRows(t
 	}
 
 	rep := restartSeenBySweep()
-	require.Contains(t, rep.absent, "L", "first sighting")
+	// The fix: the sweep takes no verdict from a server that started,
+	// even empty, less than a TTL ago.
+	require.NotContains(t, rep.absent, "L", "no sighting from a server that just restarted")
 	time.Sleep(2100 * time.Millisecond) // a heartbeat TTL, L heartbeating all along; no sweep meanwhile (sweeps are an interval apart)
 	rep = restartSeenBySweep()
 	t.Logf("second sweep: absent %v, recovered %+v", rep.absent, rep.recovered)

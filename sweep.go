@@ -112,7 +112,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		}
 	}
 	checkedAt := time.Now()
-	dead, err := w.deadPeers(ctx, candidates)
+	dead, err := w.deadOwners(ctx, candidates)
 	if err != nil {
 		w.stats.errors.Add(1)
 		return rep, err

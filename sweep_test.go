@@ -14,6 +14,7 @@ import (
 
 func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second) // up for the 500ms TTL, counted in whole seconds less one
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
 	prefix := testutil.Name("S")

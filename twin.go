@@ -97,6 +97,11 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			}
 		case k.Record || (w.ownerMode && !recovered):
 			if recovered, err = w.recoverPredecessor(ctx); err != nil {
+				// A twin may have taken the ID meanwhile (its recovery
+				// waited for ours, ours outlived its claim): say so.
+				if k, rerr := w.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != w.beatValue {
+					return fmt.Errorf("%w: another process took it while this one recovered its predecessor (%v)", ErrInstanceIDInUse, err)
+				}
 				return err
 			}
 		default:
