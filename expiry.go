@@ -162,6 +162,7 @@ func (e *expiryWatcher) subscribe(ctx context.Context) error {
 		delete(e.failing, node)
 		e.subs[node] = &watch{sub: sub}
 		if e.running {
+			e.observe(opCtx, node)
 			w.log.Info("expiry notifications: subscribed on a new master", slog.String("node", node))
 		}
 	}
@@ -185,6 +186,22 @@ func (e *expiryWatcher) subscribeNode(ctx context.Context, node string) (store.S
 		return nil, fmt.Errorf("node %q: %w", node, err)
 	}
 	return sub, nil
+}
+
+// observe records a master new to the watcher in the worker's memory of
+// node ages (nodeage.go), as a scan finding a heartbeat absent on it would
+// do. A promoted replica's verdicts are held for a TTL from the moment the
+// worker first sees it; without this look that moment would be the first
+// event from the node, which the hold would waste, leaving the peer to the
+// scan. The node answered as a master, so it was promoted before this look
+// and the hold covers the promotion, as the rule asks.
+func (e *expiryWatcher) observe(ctx context.Context, node string) {
+	w := e.w
+	f, err := w.nodeInfo(ctx, node)
+	if err != nil {
+		return // a scan or an event asks again when it needs a verdict
+	}
+	w.nodes.observe(node, f, time.Now(), w.opts.heartbeatTTL, false)
 }
 
 // startWatches starts a goroutine for each subscription without one.
