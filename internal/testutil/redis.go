@@ -358,6 +358,17 @@ func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	return cc
 }
 
+// FollowingClient returns a cluster client for a test's own reads that
+// reloads its slot map whenever it is used and older than 100 ms, so it
+// follows a failover the test caused; go-redis's default keeps a slot map
+// for 60 s, and a dead master answers no MOVED. Closed when the test ends.
+// (Workers get Client: following a failover is the library's job.)
+func (c *Cluster) FollowingClient(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, ClusterStateReloadInterval: 100 * time.Millisecond})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
 // redactErr returns err's text with any occurrence of secret removed, so a
 // URL with a password never reaches a test log.
 func redactErr(err error, secret string) string {
