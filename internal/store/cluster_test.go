@@ -70,22 +70,30 @@ func beatUntilOK(t *testing.T, s *Redis, id string, timeout time.Duration) time.
 	}
 }
 
+// beatOnCluster returns a Store over c (clusterStore) with id's heartbeat
+// written, id's slot and the master that serves it.
+func beatOnCluster(t *testing.T, c *testutil.Cluster, id string) (*Redis, int64, string) {
+	s, cc := clusterStore(t, c)
+	ctx := context.Background()
+	beatUntilOK(t, s, id, 5*time.Second)
+	slot, err := cc.ClusterKeySlot(ctx, s.Keys(id).Heartbeat).Result()
+	require.NoError(t, err)
+	master, err := c.MasterOf(ctx, slot)
+	require.NoError(t, err)
+	return s, slot, master
+}
+
 // A master SIGKILLed, its replica promoted: the Store's next commands go
 // to the promoted replica within reloadEvery of the promotion (plus a
 // command's timeout and the background reload). go-redis alone would go
 // on dialling the dead master until its slot map is 60 s old.
 func TestClusterStoreFollowsAFailoverWithinASecond(t *testing.T) {
 	c := testutil.StartClusterWithReplicas(t, 3, 1, time.Second)
-	s, cc := clusterStore(t, c)
 	ctx := context.Background()
 	const id = "failover-victim"
-	beatUntilOK(t, s, id, 5*time.Second)
-	slot, err := cc.ClusterKeySlot(ctx, s.Keys(id).Heartbeat).Result()
-	require.NoError(t, err)
-	master, err := c.MasterOf(ctx, slot)
-	require.NoError(t, err)
+	s, slot, master := beatOnCluster(t, c, id)
 	bystander, _ := clusterStore(t, c) // go-redis's own behaviour, for the log
-	_, err = bystander.ReadOwn(ctx, id)
+	_, err := bystander.ReadOwn(ctx, id)
 	require.NoError(t, err)
 	bystander.slots.cc = nil
 
@@ -111,14 +119,9 @@ func TestClusterStoreFollowsAFailoverWithinASecond(t *testing.T) {
 // one slot map reload a second however many of its commands fail.
 func TestClusterStoreReloadsTheSlotMapAtMostOnceASecond(t *testing.T) {
 	c := testutil.StartCluster(t, 3)
-	s, cc := clusterStore(t, c)
 	ctx := context.Background()
 	const id = "reload-victim"
-	beatUntilOK(t, s, id, 5*time.Second)
-	slot, err := cc.ClusterKeySlot(ctx, s.Keys(id).Heartbeat).Result()
-	require.NoError(t, err)
-	master, err := c.MasterOf(ctx, slot)
-	require.NoError(t, err)
+	s, _, master := beatOnCluster(t, c, id)
 	var survivors []string
 	for _, a := range c.Addrs {
 		if a != master {

@@ -436,8 +436,9 @@ func ExpiredEventsEnabled(flags string) bool {
 }
 
 // Masters lists the masters: on a Cluster, read afresh (CLUSTER SLOTS to
-// one node, which also renews the client's slot map); otherwise "", the
-// client itself, without a command.
+// one node, which also renews the client's slot map; the map the client
+// has if no node answers); otherwise "", the client itself, without a
+// command.
 func (s *Redis) Masters(ctx context.Context) (_ []string, err error) {
 	defer s.failed(&err)
 	var (
