@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -99,4 +100,73 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 		"recovered through its expiry event (the recovery interval is an hour)")
 	assert.Equal(t, 1, r.callCount(), "the other keys' events reset nothing")
 	assert.Equal(t, uint64(1), w.Stats().PeersDead, "and found no one else dead")
+}
+
+// idOn returns an instance ID starting with prefix whose keys live on the
+// Cluster master at addr (on) or on another one (!on).
+func idOn(t *testing.T, cluster *testutil.Cluster, rdb *redis.ClusterClient, keyPrefix, prefix, addr string, on bool) string {
+	t.Helper()
+	ctx := context.Background()
+	for i := range 1000 {
+		id := fmt.Sprintf("%s%d", prefix, i)
+		slot, err := rdb.ClusterKeySlot(ctx, store.InstanceKeys(keyPrefix, id).Heartbeat).Result()
+		require.NoError(t, err)
+		m, err := cluster.MasterOf(ctx, slot)
+		require.NoError(t, err)
+		if (m == addr) == on {
+			return id
+		}
+	}
+	t.Fatalf("no ID %s* on/off %s", prefix, addr)
+	return ""
+}
+
+// A Cluster master SIGKILLed and its replica promoted: the watcher
+// subscribes on the promoted master at its next check, and a peer that
+// dies after the failover, its keys on the promoted master, is recovered
+// through its expiry event: within the TTL + 1 s, with a recovery interval
+// of 30 s that a scan would need.
+func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
+	cluster := testutil.StartClusterWithReplicas(t, 3, 1, time.Second)
+	rdb := redis.NewClusterClient(&redis.ClusterOptions{Addrs: cluster.Addrs, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	ctx := context.Background()
+	prefix := testutil.Name("XF")
+	target := cluster.Addrs[0]
+	require.Equal(t, "master", testutil.Role(ctx, cluster.Node(target)), "redis-cli --cluster create makes the first nodes masters")
+	victimID := idOn(t, cluster, rdb, prefix, "victim-", target, true)
+	watcherID := idOn(t, cluster, rdb, prefix, "watcher-", target, false)
+	slot, err := rdb.ClusterKeySlot(ctx, store.InstanceKeys(prefix, victimID).Heartbeat).Result()
+	require.NoError(t, err)
+
+	const ttl = 4 * time.Second // longer than the failover (about 2.5 s): no lease lost to it
+	r := &fakeResetter{}
+	base := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(ttl), WithHeartbeatInterval(time.Second),
+		WithRowsTTL(time.Minute), WithRecoveryInterval(30 * time.Second)}
+	watcher, logs := startWorker(t, rdb, r, watcherID, append(base, WithExpiryNotifications(true))...)
+	victim, _ := startWorker(t, rdb, r, victimID, base...)
+
+	killedAt := time.Now()
+	cluster.Node(target).Kill()
+	promoted := cluster.WaitFailover(t, slot, target, 20*time.Second)
+	failover := time.Since(killedAt)
+	require.Eventually(t, func() bool { return logs.Count("expiry notifications: subscribed on a new master") == 1 },
+		5*time.Second, 10*time.Millisecond, "the watcher subscribed on %s", promoted)
+	subscribed := time.Since(killedAt) - failover
+	assert.Equal(t, 1, logs.Count("expiry notifications: subscription closed, the node is no longer a master"))
+	require.Eventually(t, func() bool { return victim.Track(ctx, 1, 2, 3) == nil }, 5*time.Second, 10*time.Millisecond,
+		"the victim's rows tracked on the promoted master")
+	// The watcher holds verdicts from the promoted master for a TTL from
+	// its subscription (nodeage.go); the victim dies after that.
+	time.Sleep(ttl)
+	deadBefore := watcher.Stats().PeersDead
+	victim.crash()
+	crashedAt := time.Now()
+	require.Eventually(t, func() bool { return len(r.resetOf(victimID)) == 3 }, 15*time.Second, 10*time.Millisecond)
+	took := time.Since(crashedAt)
+	t.Logf("failover %v; subscribed on %s %v after the promotion; crash to reset %v (TTL %v, recovery interval 30s)",
+		failover.Round(time.Millisecond), promoted, subscribed.Round(time.Millisecond), took.Round(time.Millisecond), ttl)
+	assert.LessOrEqual(t, subscribed, time.Second*11/10+time.Second, "subscribed at the next check: a heartbeat interval ±10%, and its round trips")
+	assert.LessOrEqual(t, took, ttl+time.Second, "found by its expiry event: TTL + 1 s, not the 30 s scan")
+	assert.Equal(t, deadBefore+1, watcher.Stats().PeersDead, "the watcher found it")
 }

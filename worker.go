@@ -206,9 +206,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		wg.Go(func() { w.checker.run(loopCtx) })
 	}
 	if expiry != nil {
-		for _, sub := range expiry.subs {
-			wg.Go(func() { expiry.run(loopCtx, sub) })
-		}
+		wg.Go(func() { expiry.run(loopCtx) })
 	}
 	go func() { wg.Wait(); close(w.loopsDone) }()
 	w.log.Debug("recovery worker started",

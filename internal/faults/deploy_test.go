@@ -43,11 +43,37 @@ func clusterNodeTimeout(cfg envConfig) time.Duration {
 	return 2 * time.Second
 }
 
-// clusterStateRefresh is how stale go-redis's ClusterClient lets its
-// slot map get: it reloads it on a MOVED reply, or when it is older than
-// 10 s. A master that dies sends no MOVED, so a client may go on asking
-// it for up to 10 s after its replica was promoted (scenarios C1, C2).
-const clusterStateRefresh = 10 * time.Second
+// storeReload is how long after a promotion a worker's commands may still
+// go to the dead master: the Store asks go-redis for a new slot map at most
+// once a second after a failure (internal/store/cluster.go), and the next
+// command after the reload reaches the promoted replica. Without it
+// go-redis would keep its slot map for 60 s (v9.22+).
+const storeReload = time.Second
+
+// heartbeatsBack returns the longest any worker of ps took, from the
+// promotion at promotedAt, to write its heartbeat again after an outage
+// that began after killedAt (0 if before the suite saw the promotion), and
+// how many workers had such an outage.
+func heartbeatsBack(t *testing.T, ps []*proc, killedAt, promotedAt time.Time) (time.Duration, int) {
+	var (
+		longest time.Duration
+		n       int
+	)
+	for _, p := range ps {
+		for _, l := range p.lines("heartbeat restored") {
+			if at := logTime(t, l); at.After(killedAt) {
+				longest, n = max(longest, at.Sub(promotedAt)), n+1
+				break
+			}
+		}
+	}
+	return longest, n
+}
+
+// backBound is the longest a worker may take after a promotion to write
+// its heartbeat again: the Store's reload, then the next heartbeat try
+// (an interval, +10% jitter), and slack.
+const backBound = storeReload + interval*11/10 + slack
 
 // failoverBound is the longest a dead worker's rows may stay in progress
 // after it died during a failover that completed failover after the
@@ -210,23 +236,6 @@ func (e *env) registryMaster() (int64, string) {
 	return slot, addr
 }
 
-// waitClusterFailover waits until slot is served by a master other than
-// old, as the surviving nodes see it.
-func (e *env) waitClusterFailover(slot int64, old string, timeout time.Duration) string {
-	e.t.Helper()
-	deadline := time.Now().Add(timeout)
-	for {
-		m, err := e.clusterT.MasterOf(context.Background(), slot, old)
-		if err == nil && m != old {
-			return m
-		}
-		if time.Now().After(deadline) {
-			e.t.Fatalf("slot %d still on %s after %v (%q, %v)", slot, old, timeout, m, err)
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-}
-
 // c1RecoveryInterval is the recovery interval of scenario C1: long
 // enough that detection by an expiry event (about the TTL) and by the
 // scan (up to TTL + 1.1 x this) are told apart.
@@ -236,12 +245,13 @@ const c1RecoveryInterval = 3 * time.Second
 // notifications on. A worker killed before any failover is found by its
 // heartbeat's expiry event; then the master holding the slot of a second
 // victim and of a live worker is SIGKILLed, its replica promoted, and the
-// second victim killed after the failover. The subscriptions were made at
-// Start on the old masters, so the second detection shows whether events
-// still arrive (about the TTL) or the scan found it (up to TTL + a
-// recovery interval). Nothing lost or done twice, no live row reset.
+// second victim killed after the failover. The workers' expiry watchers
+// subscribe on the promoted replica at their next check of the masters
+// (a heartbeat interval), so the second victim is found by its expiry
+// event too: within the TTL + slack, where the scan would take up to the
+// TTL + a 3 s recovery interval. Nothing lost or done twice, no live row
+// reset.
 func TestScenarioC1ClusterMasterOfAWorkersSlotKilledWithExpiryNotifications(t *testing.T) {
-	skipClusterFailover(t)
 	e := newEnv(t, "C1 Cluster+replicas: master of a worker's slot SIGKILLed (expiry events)", envConfig{rows: 400, cluster: true, clusterReplicas: 1})
 	ctx := context.Background()
 	// The master of the registry's slot is left alone (C2 kills it).
@@ -275,51 +285,55 @@ func TestScenarioC1ClusterMasterOfAWorkersSlotKilledWithExpiryNotifications(t *t
 	require.NoError(t, err)
 	masterKilledAt := time.Now()
 	e.clusterT.Node(target).Kill()
-	promoted := e.waitClusterFailover(slot2, target, 20*time.Second)
-	failover := time.Since(masterKilledAt)
-	// Once the second victim works again (its client found the promoted
-	// master: up to clusterStateRefresh) and the holds are over, it dies
+	promoted := e.clusterT.WaitFailover(t, slot2, target, 20*time.Second)
+	promotedAt := time.Now()
+	failover := promotedAt.Sub(masterKilledAt)
+	// Once the second victim works again (its Store found the promoted
+	// master: within storeReload) and the holds are over, it dies
 	// mid-block.
+	backAt := time.Now()
 	require.Eventually(t, func() bool {
 		n := len(e.inprogOf(v2))
 		return n >= 3 && n <= block-3
-	}, failover+clusterStateRefresh+2*ttl+5*time.Second, 5*time.Millisecond, "%s mid-block again after the failover", v2)
+	}, storeReload+2*ttl+5*time.Second, 5*time.Millisecond, "%s mid-block again after the failover", v2)
+	back := time.Since(backAt)
 	time.Sleep(ttl)
 	e.waitMidBlock(ws[1])
 	killed2At := time.Now()
 	ws[1].kill(t)
 	stranded2 := e.inprogOf(v2)
 	require.NotEmpty(t, stranded2)
-	after := e.waitReset(v2, stranded2, killed2At, scanBoundC1)
-	e.res.Detection, e.res.Bound = after, scanBoundC1
+	after := e.waitReset(v2, stranded2, killed2At, eventBound)
+	e.res.Detection, e.res.Bound = after, eventBound
+	subscribed := 0
+	for _, p := range ws[1:] { // the first victim died before the failover
+		subscribed += len(p.lines("expiry notifications: subscribed on a new master"))
+	}
+	assert.Equal(t, len(ws)-1, subscribed, "every worker alive at the failover subscribed on the promoted master")
+	foundBy := map[string]int{}
+	for _, l := range peerLines(ws, "recovered rows of dead peer", v2) {
+		foundBy[fmt.Sprint(l["found_by"])]++
+	}
 
 	e.finish(true)
 	assert.Zero(t, liveRecovered(ws, live), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused")
 	assert.Zero(t, e.count(`recoveries > 1`), "no row reset twice")
-	e.res.note("recovery interval %v; detection before the failover %.2fs (event bound %.1fs), after it %.2fs (scan bound %.1fs); failover of %s to %s %.2fs; leases lost %d",
-		c1RecoveryInterval, before.Seconds(), eventBound.Seconds(), after.Seconds(), scanBoundC1.Seconds(), target, promoted, failover.Seconds(), leaseLosses(ws))
+	hbBack, hbOut := heartbeatsBack(t, ws[1:], masterKilledAt, promotedAt)
+	assert.LessOrEqual(t, hbBack, backBound, "heartbeats written again after the promotion")
+	e.res.note("recovery interval %v; detection before the failover %.2fs, after it %.2fs (event bound %.1fs; a scan's %.1fs), found by %v; failover of %s to %s %.2fs; heartbeats of the %d workers with an outage back within %.2fs of the promotion (bound %.1fs), %s mid-block again %.2fs after it; leases lost %d",
+		c1RecoveryInterval, before.Seconds(), after.Seconds(), eventBound.Seconds(), scanBoundC1.Seconds(), foundBy, target, promoted, failover.Seconds(),
+		hbOut, hbBack.Seconds(), backBound.Seconds(), v2, back.Seconds(), leaseLosses(ws))
 	t.Logf("C1: detection with expiry events: before the failover %v, after it %v", before, after)
-}
-
-// skipClusterFailover skips the Cluster failover scenarios unless
-// FAULTS_CLUSTER_FAILOVER=1: they fail today. After the master is
-// SIGKILLed and its replica promoted (about 2 s), the workers'
-// ClusterClients go on dialling the dead address ("connection refused")
-// for as long as the scenarios watched (26 s), so no heartbeat, Track or
-// scan that needs a slot of that master works again (docs/reliability.md).
-func skipClusterFailover(t *testing.T) {
-	if os.Getenv("FAULTS_CLUSTER_FAILOVER") != "1" {
-		t.Skip("FAULTS_CLUSTER_FAILOVER=1 runs the Cluster failover scenarios, which fail today: the workers' cluster clients keep dialling the dead master (docs/reliability.md)")
-	}
 }
 
 // Scenario C2: Cluster, 3 masters with a replica each: the master holding
 // the registry's slot SIGKILLed and, at once, a worker whose keys are on
 // another master. No scan can read the registry until the replica is
-// promoted; then the dead worker's rows come back within a scan.
+// promoted; then, once the workers' Stores route to it (storeReload) and
+// the holds of verdicts from the promoted node are over (a TTL), the dead
+// worker's rows come back within a scan.
 func TestScenarioC2ClusterRegistryMasterKilled(t *testing.T) {
-	skipClusterFailover(t)
 	e := newEnv(t, "C2 Cluster+replicas: registry's master SIGKILLed with a worker", envConfig{rows: 300, cluster: true, clusterReplicas: 1})
 	regSlot, regMaster := e.registryMaster()
 	v := e.idOn("cc2-v-", regMaster, false)
@@ -331,9 +345,10 @@ func TestScenarioC2ClusterRegistryMasterKilled(t *testing.T) {
 	victim.kill(t)
 	stranded := e.inprogOf(victim.id)
 	require.NotEmpty(t, stranded)
-	e.waitClusterFailover(regSlot, regMaster, 20*time.Second)
-	failover := time.Since(killedAt)
-	bound := max(detectionBound, failover+clusterStateRefresh+ttl+scanBound)
+	e.clusterT.WaitFailover(t, regSlot, regMaster, 20*time.Second)
+	promotedAt := time.Now()
+	failover := promotedAt.Sub(killedAt)
+	bound := max(detectionBound, failover+storeReload+ttl+scanBound)
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, bound)
 	e.res.Bound = bound
 	e.waitGone(victim.id, 2*time.Second)
@@ -341,8 +356,10 @@ func TestScenarioC2ClusterRegistryMasterKilled(t *testing.T) {
 	assert.Zero(t, liveRecovered(live, live), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused")
 	assert.Equal(t, len(stranded)+released(live), e.sumRecoveries(), "no reset but the victim's rows and the rows live workers handed back themselves")
-	e.res.note("detection measured from the kills; bound failover + go-redis slot map refresh (10s) + TTL + scan; failover %.2fs; stranded=%d; leases lost %d of 2 live",
-		failover.Seconds(), len(stranded), leaseLosses(live))
+	hbBack, hbOut := heartbeatsBack(t, live, killedAt, promotedAt)
+	assert.LessOrEqual(t, hbBack, backBound, "heartbeats written again after the promotion")
+	e.res.note("detection measured from the kills; bound failover + the Store's slot map reload (1s) + TTL + scan; failover %.2fs; heartbeats of the %d live workers with an outage back within %.2fs of the promotion (bound %.1fs); stranded=%d; leases lost %d of 2 live",
+		failover.Seconds(), hbOut, hbBack.Seconds(), backBound.Seconds(), len(stranded), leaseLosses(live))
 }
 
 // migrateSlot moves slot from the node at src to the node at dst the way
@@ -399,15 +416,39 @@ func (e *env) migrateSlot(slot int64, src, dst string) error {
 	return nil
 }
 
+// migrationPause is C3's pause between two migrations of the slot: time
+// for the Cluster's gossip to settle the new owner everywhere.
+const migrationPause = 300 * time.Millisecond
+
+// c3Migrations is how many times C3 moves the slot. Each move (a MIGRATE
+// of the set, most of a second, and the pause) is shorter than one read
+// of the set in SSCAN pages, so no read completes while the moves go on:
+// the recovery can only finish after the last.
+const c3Migrations = 6
+
 // Scenario C3 (FAULTS_LONG=1): Cluster, a dead peer's 1,000,000-ID rows
-// set (rows 11-20 real) being recovered while its slot is migrated to
-// another master. Every real row is reset; the migration's start and end
-// against the recovery's log time are reported.
+// set (rows 11-20 real) recovered while its slot is migrated back and
+// forth between two masters c3Migrations times, 300 ms apart (CLUSTER
+// SETSLOT IMPORTING/MIGRATING, MIGRATE, SETSLOT NODE, as redis-cli
+// --cluster reshard does), from before the workers start.
+// The workers run without owner fencing (-guard status), so the recovery
+// reads the set in SSCAN pages rather than resetting by owner; a page
+// that lands on the other node after a move walks another hash table, and
+// the SCARD check makes that read fail and the next scan read again.
+// Every real row is reset, once; the rows set and registry entry are gone
+// after. The hugeTimings apply: one MIGRATE of the set, or the finish
+// script's DEL of it, blocks a node for longer than the suite's 250 ms
+// operation timeout.
+//
+// The Cluster has no replicas, so its node timeout is 2 s: a MIGRATE of
+// the set blocks both nodes for most of a second, and with the 1 s node
+// timeout of the failover scenarios the others flagged them as failing
+// and the Cluster went down (CLUSTERDOWN from MIGRATE's target).
 func TestScenarioC3ClusterSlotMigratedDuringARecovery(t *testing.T) {
 	if os.Getenv("FAULTS_LONG") != "1" {
-		t.Skip("FAULTS_LONG=1 runs the slot migration of a 1,000,000-ID rows set (about 40 s)")
+		t.Skip("FAULTS_LONG=1 runs the slot migrations of a 1,000,000-ID rows set (about 40 s)")
 	}
-	e := newEnv(t, "C3 Cluster: slot migrated while a 1,000,000-ID set is recovered", envConfig{rows: 300, cluster: true, clusterReplicas: 1})
+	e := newEnv(t, "C3 Cluster: slot migrated back and forth while a 1,000,000-ID set is recovered", envConfig{rows: 300, cluster: true})
 	ctx := context.Background()
 	const huge = "cc3-huge-peer"
 	e.plantHugePeer(huge)
@@ -422,24 +463,65 @@ func TestScenarioC3ClusterSlotMigratedDuringARecovery(t *testing.T) {
 			break
 		}
 	}
+	type migration struct{ from, to time.Duration }
+	var (
+		migrations []migration
+		migErr     error
+	)
 	startedAt := time.Now()
-	ws := e.start([]string{"cc3-w1", "cc3-w2", "cc3-w3"})
-	migStart := time.Now()
-	require.NoError(t, e.migrateSlot(slot, src, dst))
-	migEnd := time.Now()
-	const bound = 15 * time.Second
+	migrated := make(chan struct{})
+	go func() {
+		defer close(migrated)
+		from, to := src, dst
+		for range c3Migrations {
+			began := time.Since(startedAt)
+			if migErr = e.migrateSlot(slot, from, to); migErr != nil {
+				return
+			}
+			migrations = append(migrations, migration{began, time.Since(startedAt)})
+			from, to = to, from
+			time.Sleep(migrationPause)
+		}
+	}()
+	ws := e.start([]string{"cc3-w1", "cc3-w2", "cc3-w3"}, append([]string{"-guard", "status"}, hugeTimings...)...)
+	const bound = 30 * time.Second
 	e.res.Detection = e.waitReset(huge, ids(11, 20), startedAt, bound)
 	e.res.Bound = bound
+	resetAt := time.Since(startedAt)
+	<-migrated
+	require.NoError(t, migErr)
+	e.waitGone(huge, 10*time.Second)
 	e.finish(true)
-	var recAt time.Time
-	for _, l := range peerLines(ws, "recovered rows of dead peer", huge) {
-		recAt = logTime(t, l)
+	assert.Zero(t, e.count(`recoveries > 1`), "no row reset twice")
+
+	var (
+		events    []string
+		recovered int
+		line      map[string]any
+	)
+	for _, p := range ws {
+		for _, l := range p.lines("") {
+			if l["peer_id"] != huge {
+				continue
+			}
+			at := logTime(t, l).Sub(startedAt).Seconds()
+			if l["msg"] == "recovered rows of dead peer" {
+				recovered, line = recovered+1, l
+			}
+			events = append(events, fmt.Sprintf("%.2fs %s %v %v", at, p.id, l["msg"], l["error"]))
+		}
 	}
-	m, err := e.clusterT.MasterOf(ctx, slot)
-	require.NoError(t, err)
-	assert.Equal(t, dst, m, "slot migrated")
-	e.res.note("migration %.2fs-%.2fs after the start, recovery logged at %.2fs; detection measured from the workers' start",
-		migStart.Sub(startedAt).Seconds(), migEnd.Sub(startedAt).Seconds(), recAt.Sub(startedAt).Seconds())
+	if assert.Equal(t, 1, recovered, "one recovery of the peer logged") {
+		assert.EqualValues(t, 1_000_000, line["rows_found"], "the whole set read")
+		assert.EqualValues(t, 10, line["rows_reset"])
+	}
+	var spans []string
+	for _, m := range migrations {
+		spans = append(spans, fmt.Sprintf("%.2f-%.2fs", m.from.Seconds(), m.to.Seconds()))
+	}
+	t.Logf("C3 migrations %s; rows reset by %.2fs; log lines about %s: %s", strings.Join(spans, " "), resetAt.Seconds(), huge, strings.Join(events, "; "))
+	e.res.note("%d migrations of the slot (%s after the start); rows reset by %.2fs; the peer's log lines: %s",
+		len(migrations), strings.Join(spans, " "), resetAt.Seconds(), strings.Join(events, "; "))
 }
 
 // Scenario P1: redis-server with appendonly yes, appendfsync everysec,

@@ -129,7 +129,7 @@ func newEnv(t *testing.T, scenario string, cfg envConfig) *env {
 	case cfg.cluster:
 		c := testutil.StartClusterWithReplicas(t, 3, cfg.clusterReplicas, clusterNodeTimeout(cfg))
 		e.cluster, e.clusterT = c.Addrs, c
-		e.rdb = c.Client(t)
+		e.rdb = c.FollowingClient(t) // the suite's own reads follow the failovers it causes
 	case cfg.sentinel:
 		e.sent = testutil.StartSentinel(t, 1, 3, sentinelDownAfter)
 		c := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: e.sent.MasterName, SentinelAddrs: e.sent.SentinelAddrs})

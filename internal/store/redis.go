@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -20,16 +21,24 @@ type Redis struct {
 	registry  string
 	opTimeout time.Duration // bounds each page of ReadRows
 
+	slots slotMap // reloads a Cluster client's slot map after a failure (cluster.go)
+
 	nodesMu sync.Mutex
-	nodes   map[string]*redis.Client // Cluster masters NodeOf named
+	nodes   map[string]*redis.Client // Cluster masters named by NodeOf or Masters
 }
 
 // NewRedis returns the Store of the fleet under prefix in rdb. opTimeout
 // bounds each call of a method that sends several in turn (ReadRows).
 func NewRedis(rdb redis.UniversalClient, prefix string, opTimeout time.Duration) *Redis {
-	return &Redis{rdb: rdb, prefix: prefix, registry: RegistryKey(prefix), opTimeout: opTimeout,
+	s := &Redis{rdb: rdb, prefix: prefix, registry: RegistryKey(prefix), opTimeout: opTimeout,
 		nodes: make(map[string]*redis.Client)}
+	s.slots.cc, _ = rdb.(*redis.ClusterClient)
+	return s
 }
+
+// failed hands the error of a method to the slot map (cluster.go): every
+// method that sends a command defers it.
+func (s *Redis) failed(err *error) { s.slots.after(*err) }
 
 // Keys returns the key names of instance id.
 func (s *Redis) Keys(id string) Keys { return InstanceKeys(s.prefix, id) }
@@ -41,7 +50,8 @@ func (s *Redis) Registry() string { return s.registry }
 // same pipeline (another slot on Cluster). EVAL, not EVALSHA: a pipeline
 // cannot fall back on NOSCRIPT, and the server caches the script by its
 // hash either way.
-func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (BeatResult, error) {
+func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (_ BeatResult, err error) {
+	defer s.failed(&err)
 	k := s.Keys(id)
 	args := make([]any, 0, 6+len(b.Remove)+len(b.Add))
 	args = append(args, b.Value, b.TTL.Milliseconds(), b.Incarnation,
@@ -69,53 +79,59 @@ func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (BeatResult, e
 }
 
 // TrackRows sends SADD and PEXPIRE in one pipeline.
-func (s *Redis) TrackRows(ctx context.Context, id string, rows []int64, ttl time.Duration) error {
+func (s *Redis) TrackRows(ctx context.Context, id string, rows []int64, ttl time.Duration) (err error) {
+	defer s.failed(&err)
 	k := s.Keys(id)
 	pipe := s.rdb.Pipeline()
 	pipe.SAdd(ctx, k.Rows, appendIDs(nil, rows)...)
 	pipe.PExpire(ctx, k.Rows, ttl)
-	_, err := pipe.Exec(ctx)
+	_, err = pipe.Exec(ctx)
 	return err
 }
 
 // UntrackRows sends one SREM.
-func (s *Redis) UntrackRows(ctx context.Context, id string, rows []int64) error {
+func (s *Redis) UntrackRows(ctx context.Context, id string, rows []int64) (err error) {
+	defer s.failed(&err)
 	return s.rdb.SRem(ctx, s.Keys(id).Rows, appendIDs(nil, rows)...).Err()
 }
 
 // RetrackRows sends one SADD.
-func (s *Redis) RetrackRows(ctx context.Context, id string, rows []int64) error {
+func (s *Redis) RetrackRows(ctx context.Context, id string, rows []int64) (err error) {
+	defer s.failed(&err)
 	return s.rdb.SAdd(ctx, s.Keys(id).Rows, appendIDs(nil, rows)...).Err()
 }
 
 // RotateIncarnation sends SREM and SET in one MULTI.
-func (s *Redis) RotateIncarnation(ctx context.Context, id string, gone []int64, next string, ttl time.Duration) error {
+func (s *Redis) RotateIncarnation(ctx context.Context, id string, gone []int64, next string, ttl time.Duration) (err error) {
+	defer s.failed(&err)
 	k := s.Keys(id)
 	pipe := s.rdb.TxPipeline()
 	if len(gone) > 0 {
 		pipe.SRem(ctx, k.Rows, appendIDs(nil, gone)...)
 	}
 	pipe.Set(ctx, k.Incarnation, next, ttl)
-	_, err := pipe.Exec(ctx)
+	_, err = pipe.Exec(ctx)
 	return err
 }
 
 // ReadOwn reads the heartbeat, its TTL and whether a rows set or an
 // incarnation exists, in one MULTI on the instance's slot.
-func (s *Redis) ReadOwn(ctx context.Context, id string) (Own, error) {
+func (s *Redis) ReadOwn(ctx context.Context, id string) (_ Own, err error) {
+	defer s.failed(&err)
 	k := s.Keys(id)
 	pipe := s.rdb.TxPipeline()
 	get := pipe.Get(ctx, k.Heartbeat)
 	pttl := pipe.PTTL(ctx, k.Heartbeat)
 	rec := pipe.Exists(ctx, k.Rows, k.Incarnation)
-	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
+	if _, err = pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Own{}, fmt.Errorf("read heartbeat %s: %w", k.Heartbeat, err)
 	}
 	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rec.Val() > 0}, nil
 }
 
 // Leave sends the clean-up in one pipeline.
-func (s *Redis) Leave(ctx context.Context, id string, d Departure) (LeaveResult, error) {
+func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResult, err error) {
+	defer s.failed(&err)
 	k := s.Keys(id)
 	pipe := s.rdb.Pipeline()
 	leaveScript.Eval(ctx, pipe, []string{k.Heartbeat}, d.Value)
@@ -142,7 +158,8 @@ func (s *Redis) Leave(ctx context.Context, id string, d Departure) (LeaveResult,
 }
 
 // RegistryMembers sends SMEMBERS.
-func (s *Redis) RegistryMembers(ctx context.Context) ([]string, error) {
+func (s *Redis) RegistryMembers(ctx context.Context) (_ []string, err error) {
+	defer s.failed(&err)
 	all, err := s.rdb.SMembers(ctx, s.registry).Result()
 	if err != nil {
 		return nil, fmt.Errorf("read registry %s: %w", s.registry, err)
@@ -151,7 +168,8 @@ func (s *Redis) RegistryMembers(ctx context.Context) ([]string, error) {
 }
 
 // IsRegistered sends SISMEMBER.
-func (s *Redis) IsRegistered(ctx context.Context, id string) (bool, error) {
+func (s *Redis) IsRegistered(ctx context.Context, id string) (_ bool, err error) {
+	defer s.failed(&err)
 	ok, err := s.rdb.SIsMember(ctx, s.registry, id).Result()
 	if err != nil {
 		return false, fmt.Errorf("read registry %s: %w", s.registry, err)
@@ -167,7 +185,8 @@ func (s *Redis) IsRegistered(ctx context.Context, id string) (bool, error) {
 // until its next heartbeat (a peer that came back, took rows and died
 // again while the recoverer stalled between the two is found by expiry
 // notifications or the backstop sweep; docs/safety.md).
-func (s *Redis) Deregister(ctx context.Context, id string) error {
+func (s *Redis) Deregister(ctx context.Context, id string) (err error) {
+	defer s.failed(&err)
 	k := s.Keys(id)
 	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
 		if err := deregisterScript.Run(ctx, s.rdb, []string{s.registry, k.Heartbeat, k.Rows}, id).Err(); err != nil {
@@ -198,6 +217,7 @@ func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error
 		cmds[i] = pipe.Exists(ctx, s.Keys(id).Heartbeat)
 	}
 	_, err := pipe.Exec(ctx)
+	s.slots.after(err) // even when other nodes answered: one may be gone
 	out := make([]Liveness, len(ids))
 	answered := 0
 	for i, c := range cmds {
@@ -216,7 +236,8 @@ func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error
 }
 
 // ClaimDead runs claimScript.
-func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (ClaimResult, error) {
+func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (_ ClaimResult, err error) {
+	defer s.failed(&err)
 	k := s.Keys(peer)
 	res, err := claimScript.Run(ctx, s.rdb, []string{k.Heartbeat, k.Claim, k.Rows, k.Incarnation},
 		token, claimTTL.Milliseconds(), rowsTTL.Milliseconds()).Int()
@@ -234,7 +255,8 @@ const readRowsBatch = 10000
 
 // ReadRows sends GET of the incarnation, then SSCAN pages (and SCARD when
 // there were several).
-func (s *Redis) ReadRows(ctx context.Context, peer string) (string, []string, error) {
+func (s *Redis) ReadRows(ctx context.Context, peer string) (_ string, _ []string, err error) {
+	defer s.failed(&err)
 	k := s.Keys(peer)
 	opCtx, cancel := context.WithTimeout(ctx, s.opTimeout)
 	incarnation, err := s.rdb.Get(opCtx, k.Incarnation).Result()
@@ -301,7 +323,8 @@ func (s *Redis) checkComplete(ctx context.Context, key string, read int) error {
 }
 
 // FinishRecovery runs finishScript.
-func (s *Redis) FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (FinishResult, error) {
+func (s *Redis) FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (_ FinishResult, err error) {
+	defer s.failed(&err)
 	k := s.Keys(peer)
 	fin, err := finishScript.Run(ctx, s.rdb, []string{k.Heartbeat, k.Rows, k.Claim, k.Incarnation},
 		token, tombstoneTTL.Milliseconds()).Int()
@@ -312,7 +335,8 @@ func (s *Redis) FinishRecovery(ctx context.Context, peer, token string, tombston
 }
 
 // FailRecovery runs failScript.
-func (s *Redis) FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) error {
+func (s *Redis) FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) (err error) {
+	defer s.failed(&err)
 	return failScript.Run(ctx, s.rdb, []string{s.Keys(peer).Claim}, token, noteTTL.Milliseconds()).Err()
 }
 
@@ -326,7 +350,8 @@ func (s *Redis) TakeSweepTurn(ctx context.Context, holder string, ttl time.Durat
 	return s.takeTurn(ctx, SweepTurnKey(s.prefix), holder, ttl)
 }
 
-func (s *Redis) takeTurn(ctx context.Context, key, holder string, ttl time.Duration) (bool, error) {
+func (s *Redis) takeTurn(ctx context.Context, key, holder string, ttl time.Duration) (_ bool, err error) {
+	defer s.failed(&err)
 	held, err := turnScript.Run(ctx, s.rdb, []string{key}, holder, ttl.Milliseconds()).Int()
 	if err != nil {
 		return false, fmt.Errorf("take %s: %w", key, err)
@@ -336,7 +361,8 @@ func (s *Redis) takeTurn(ctx context.Context, key, holder string, ttl time.Durat
 
 // NodeOf asks a Cluster client which master holds id's slot, and remembers
 // that master's client for NodeInfo.
-func (s *Redis) NodeOf(ctx context.Context, id string) (string, error) {
+func (s *Redis) NodeOf(ctx context.Context, id string) (_ string, err error) {
+	defer s.failed(&err)
 	cc, ok := s.rdb.(*redis.ClusterClient)
 	if !ok {
 		return "", nil
@@ -354,16 +380,11 @@ func (s *Redis) NodeOf(ctx context.Context, id string) (string, error) {
 }
 
 // NodeInfo reads the INFO sections of one node in one round trip.
-func (s *Redis) NodeInfo(ctx context.Context, node string) (string, error) {
-	var c redis.UniversalClient = s.rdb
-	if node != "" {
-		s.nodesMu.Lock()
-		cl, ok := s.nodes[node]
-		s.nodesMu.Unlock()
-		if !ok {
-			return "", fmt.Errorf("read INFO: unknown node %s", node)
-		}
-		c = cl
+func (s *Redis) NodeInfo(ctx context.Context, node string) (_ string, err error) {
+	defer s.failed(&err)
+	c, err := s.client(node)
+	if err != nil {
+		return "", fmt.Errorf("read INFO: %w", err)
 	}
 	return nodeInfo(ctx, c)
 }
@@ -385,10 +406,11 @@ func nodeInfo(ctx context.Context, c redis.UniversalClient) (string, error) {
 }
 
 // MasterInfos reads INFO of every master, concurrently on a Cluster.
-func (s *Redis) MasterInfos(ctx context.Context) (map[string]string, error) {
+func (s *Redis) MasterInfos(ctx context.Context) (_ map[string]string, err error) {
+	defer s.failed(&err)
 	var mu sync.Mutex
 	out := make(map[string]string)
-	err := s.forEachMaster(ctx, func(ctx context.Context, node string, c redis.UniversalClient) error {
+	err = s.forEachMaster(ctx, func(ctx context.Context, node string, c redis.UniversalClient) error {
 		info, err := nodeInfo(ctx, c)
 		if err != nil {
 			return err
@@ -425,61 +447,83 @@ func ExpiredEventsEnabled(flags string) bool {
 	return strings.Contains(flags, "E") && (strings.Contains(flags, "x") || strings.Contains(flags, "A"))
 }
 
-// EnableExpiredEvents reads (and with configure, sets) notify-keyspace-events
-// on every master.
-func (s *Redis) EnableExpiredEvents(ctx context.Context, configure bool) ([]string, error) {
+// Masters lists the masters: on a Cluster, read afresh (CLUSTER SLOTS to
+// one node, which also renews the client's slot map; the map the client
+// has if no node answers); otherwise "", the client itself, without a
+// command.
+func (s *Redis) Masters(ctx context.Context) (_ []string, err error) {
+	defer s.failed(&err)
 	var (
-		mu  sync.Mutex
-		set []string
+		mu    sync.Mutex // forEachMaster calls f concurrently
+		nodes []string
 	)
-	err := s.forEachMaster(ctx, func(ctx context.Context, _ string, c redis.UniversalClient) error {
-		cfg, err := c.ConfigGet(ctx, "notify-keyspace-events").Result()
-		if err != nil {
-			return fmt.Errorf("read notify-keyspace-events: %w", err)
-		}
-		flags := cfg["notify-keyspace-events"]
-		if ExpiredEventsEnabled(flags) {
-			return nil
-		}
-		if !configure {
-			return fmt.Errorf("notify-keyspace-events is %q, without E and x", flags)
-		}
-		if err := c.ConfigSet(ctx, "notify-keyspace-events", flags+"Ex").Err(); err != nil {
-			return fmt.Errorf("set notify-keyspace-events: %w", err)
-		}
+	err = s.forEachMaster(ctx, func(_ context.Context, node string, _ redis.UniversalClient) error {
 		mu.Lock()
-		set = append(set, flags+"Ex")
-		mu.Unlock()
-		return nil
-	})
-	return set, err
-}
-
-// SubscribeExpired PSUBSCRIBEs to expired-key events on every master and
-// waits for each confirmation within ctx.
-func (s *Redis) SubscribeExpired(ctx context.Context) ([]Subscription, error) {
-	var (
-		mu   sync.Mutex // ForEachMaster calls f concurrently
-		subs []Subscription
-	)
-	err := s.forEachMaster(ctx, func(ctx context.Context, _ string, c redis.UniversalClient) error {
-		ps := c.PSubscribe(context.Background(), expiredChannel)
-		if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
-			ps.Close()
-			return err
-		}
-		mu.Lock()
-		subs = append(subs, &pubsub{ps: ps, ch: ps.Channel()})
+		nodes = append(nodes, node)
 		mu.Unlock()
 		return nil
 	})
 	if err != nil {
-		for _, sub := range subs {
-			sub.Close()
-		}
+		return nil, fmt.Errorf("list the masters: %w", err)
+	}
+	slices.Sort(nodes)
+	return nodes, nil
+}
+
+// client returns the client of a node that NodeOf, Masters or
+// MasterInfos named; "" is the client itself.
+func (s *Redis) client(node string) (redis.UniversalClient, error) {
+	if node == "" {
+		return s.rdb, nil
+	}
+	s.nodesMu.Lock()
+	c, ok := s.nodes[node]
+	s.nodesMu.Unlock()
+	if !ok {
+		return nil, fmt.Errorf("unknown node %s", node)
+	}
+	return c, nil
+}
+
+// EnableExpiredEvents sends CONFIG GET notify-keyspace-events to node, and
+// with configure CONFIG SET where the flags are missing.
+func (s *Redis) EnableExpiredEvents(ctx context.Context, node string, configure bool) (_ string, err error) {
+	defer s.failed(&err)
+	c, err := s.client(node)
+	if err != nil {
+		return "", fmt.Errorf("read notify-keyspace-events: %w", err)
+	}
+	cfg, err := c.ConfigGet(ctx, "notify-keyspace-events").Result()
+	if err != nil {
+		return "", fmt.Errorf("read notify-keyspace-events: %w", err)
+	}
+	flags := cfg["notify-keyspace-events"]
+	if ExpiredEventsEnabled(flags) {
+		return "", nil
+	}
+	if !configure {
+		return "", fmt.Errorf("notify-keyspace-events is %q, without E and x", flags)
+	}
+	if err := c.ConfigSet(ctx, "notify-keyspace-events", flags+"Ex").Err(); err != nil {
+		return "", fmt.Errorf("set notify-keyspace-events: %w", err)
+	}
+	return flags + "Ex", nil
+}
+
+// SubscribeExpired sends PSUBSCRIBE to node and waits for the
+// confirmation within ctx.
+func (s *Redis) SubscribeExpired(ctx context.Context, node string) (_ Subscription, err error) {
+	defer s.failed(&err)
+	c, err := s.client(node)
+	if err != nil {
 		return nil, fmt.Errorf("subscribe to %s: %w", expiredChannel, err)
 	}
-	return subs, nil
+	ps := c.PSubscribe(context.Background(), expiredChannel)
+	if _, err := ps.Receive(ctx); err != nil { // the subscription confirmation
+		ps.Close()
+		return nil, fmt.Errorf("subscribe to %s: %w", expiredChannel, err)
+	}
+	return &pubsub{ps: ps, ch: ps.Channel()}, nil
 }
 
 type pubsub struct {
@@ -502,7 +546,8 @@ func (p *pubsub) Next(ctx context.Context) (string, bool) {
 func (p *pubsub) Close() error { return p.ps.Close() }
 
 // EvictionPolicy sends CONFIG GET maxmemory-policy.
-func (s *Redis) EvictionPolicy(ctx context.Context) (string, error) {
+func (s *Redis) EvictionPolicy(ctx context.Context) (_ string, err error) {
+	defer s.failed(&err)
 	cfg, err := s.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
 	if err != nil {
 		return "", err
@@ -511,7 +556,8 @@ func (s *Redis) EvictionPolicy(ctx context.Context) (string, error) {
 }
 
 // Describe pipelines PTTL, SCARD, PTTL, GET, GET per instance.
-func (s *Redis) Describe(ctx context.Context, ids []string) ([]Instance, error) {
+func (s *Redis) Describe(ctx context.Context, ids []string) (_ []Instance, err error) {
+	defer s.failed(&err)
 	type cmds struct {
 		hbTTL, rowsTTL     *redis.DurationCmd
 		rows               *redis.IntCmd

@@ -89,13 +89,19 @@ type Store interface {
 	// returns what it could read, and the first error.
 	MasterInfos(ctx context.Context) (map[string]string, error)
 
-	// EnableExpiredEvents makes sure every master publishes expired-key
-	// events (notify-keyspace-events with E and x); with configure it sets
-	// them where missing, and returns the value it set. Without, a master
-	// lacking them is an error.
-	EnableExpiredEvents(ctx context.Context, configure bool) (set []string, err error)
-	// SubscribeExpired subscribes to expired-key events on every master.
-	SubscribeExpired(ctx context.Context) ([]Subscription, error)
+	// Masters returns the names of the masters as they are now: the
+	// Cluster's masters by address, read afresh from the Cluster, or "" for
+	// a single server or a failover client (whatever master it follows).
+	Masters(ctx context.Context) ([]string, error)
+	// EnableExpiredEvents makes sure a master that Masters named publishes
+	// expired-key events (notify-keyspace-events with E and x); with
+	// configure it sets them if missing, and returns the value it set
+	// ("" when they were there). Without, a master lacking them is an
+	// error.
+	EnableExpiredEvents(ctx context.Context, node string, configure bool) (set string, err error)
+	// SubscribeExpired subscribes to expired-key events on a master that
+	// Masters named.
+	SubscribeExpired(ctx context.Context, node string) (Subscription, error)
 	// EvictionPolicy returns the server's maxmemory-policy.
 	EvictionPolicy(ctx context.Context) (string, error)
 
@@ -166,7 +172,9 @@ const (
 	Absent                  // the key does not exist
 )
 
-// Subscription delivers expired-key events of one master.
+// Subscription delivers expired-key events of one master. It follows
+// its node across reconnections (go-redis subscribes again), not across a
+// failover: the node it was made on stays its node.
 type Subscription interface {
 	// Next returns the key of the next expired-key event; ok is false
 	// once ctx is done or the subscription is closed.

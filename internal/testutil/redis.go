@@ -310,9 +310,61 @@ func (c *Cluster) MasterOf(ctx context.Context, slot int64, skip ...string) (str
 	return "", fmt.Errorf("no node answered CLUSTER SLOTS: %v", last)
 }
 
+// WaitFailover waits until slot is served by a master other than old, as
+// the surviving nodes see it, and returns that master; the test fails if
+// it takes longer than timeout.
+func (c *Cluster) WaitFailover(t testing.TB, slot int64, old string, timeout time.Duration) string {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for {
+		m, err := c.MasterOf(context.Background(), slot, old)
+		if err == nil && m != old {
+			return m
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("slot %d still on %s after %v (%q, %v)", slot, old, timeout, m, err)
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+// CommandCalls returns how many times the server at addr ran command, as
+// INFO commandstats names it ("get", "cluster|slots" on Redis 7).
+func CommandCalls(t testing.TB, addr, command string) int64 {
+	t.Helper()
+	rc := redis.NewClient(&redis.Options{Addr: addr})
+	defer rc.Close()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	if err != nil {
+		t.Fatalf("INFO commandstats of %s: %v", addr, err)
+	}
+	prefix := "cmdstat_" + command + ":calls="
+	for line := range strings.SplitSeq(info, "\n") {
+		if rest, ok := strings.CutPrefix(strings.TrimSpace(line), prefix); ok {
+			n, err := strconv.ParseInt(rest[:strings.IndexByte(rest+",", ',')], 10, 64)
+			if err != nil {
+				t.Fatalf("INFO commandstats of %s: %q: %v", addr, line, err)
+			}
+			return n
+		}
+	}
+	return 0
+}
+
 // Client returns a cluster client, closed when the test ends.
 func (c *Cluster) Client(t testing.TB) *redis.ClusterClient {
 	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs})
+	t.Cleanup(func() { cc.Close() })
+	return cc
+}
+
+// FollowingClient returns a cluster client for a test's own reads that
+// reloads its slot map whenever it is used and older than 100 ms, so it
+// follows a failover the test caused; go-redis's default keeps a slot map
+// for 60 s, and a dead master answers no MOVED. Closed when the test ends.
+// (Workers get Client: following a failover is the library's job.)
+func (c *Cluster) FollowingClient(t testing.TB) *redis.ClusterClient {
+	cc := redis.NewClusterClient(&redis.ClusterOptions{Addrs: c.Addrs, ClusterStateReloadInterval: 100 * time.Millisecond})
 	t.Cleanup(func() { cc.Close() })
 	return cc
 }
