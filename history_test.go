@@ -295,3 +295,28 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	_, ok := historyKind(Event{Kind: EventRecoveryFailed})
 	assert.False(t, ok, "a failed scan is no recovery")
 }
+
+// TestHistoryWritesARepeatedFailureOnce: a recovery that keeps failing for
+// the same cause is written once, not at every scan; a new cause is
+// written, and so is the recovery that ends it, and the next death.
+func TestHistoryWritesARepeatedFailureOnce(t *testing.T) {
+	s := &historyStore{}
+	h := newTestHistorian(s)
+	claimed := Event{Kind: EventPeerClaimed, PeerID: "x", Time: time.Now()}
+	fail := func(cause string) Event {
+		return Event{Kind: EventRecoveryFailed, PeerID: "x", Time: time.Now(), Err: errors.New(cause)}
+	}
+	for _, e := range []Event{
+		claimed, fail("connection refused"),
+		claimed, fail("connection refused"),
+		claimed, fail("connection refused"),
+		claimed, fail("table batchrows does not exist"),
+		claimed, {Kind: EventRowsRecovered, PeerID: "x", Time: time.Now(), Rows: 2, RowsReset: 2},
+		claimed,
+	} {
+		h.offer(e)
+	}
+	require.NoError(t, h.close(context.Background()))
+	assert.Equal(t, []string{"peer_dead x", "recovery_failed x", "recovery_failed x", "rows_recovered x", "peer_dead x"}, s.peers())
+	assert.Zero(t, h.dropped.Load(), "held back, not dropped")
+}

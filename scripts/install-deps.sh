@@ -5,7 +5,7 @@
 # prometheus) for the alert-rule tests of prom/. Nothing is started
 # here: the tests start throwaway servers on free loopback ports themselves,
 # and promtool runs without a Prometheus server. With REDIS_URL and
-# DATABASE_URL both set, only promtool may need installing.
+# DATABASE_URL both set, only tmux and promtool may need installing.
 set -euo pipefail
 
 have_pg() {

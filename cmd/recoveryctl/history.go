@@ -125,13 +125,16 @@ func historyDetails(e recovery.HistoryEntry) string {
 	return d
 }
 
-// roundDuration shows a duration to the millisecond, or to 0.1 s past a
-// second.
+// roundDuration shows a duration to the millisecond (the microsecond
+// below one), or to 0.1 s past a second.
 func roundDuration(d time.Duration) string {
-	if d >= time.Second {
+	switch {
+	case d >= time.Second:
 		return d.Round(100 * time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(time.Millisecond).String()
 	}
-	return d.Round(time.Millisecond).String()
+	return d.Round(time.Microsecond).String()
 }
 
 // maxShown bounds an untrusted string on one line of the screen.

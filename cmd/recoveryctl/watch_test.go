@@ -61,7 +61,6 @@ func TestWatchInATerminal(t *testing.T) {
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "recoveryctl")
 	build := exec.Command("go", "build", "-o", bin, ".")
-	build.Env = append(os.Environ(), "GOFLAGS=")
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build recoveryctl: %v\n%s", err, out)
 	}
@@ -73,7 +72,7 @@ func TestWatchInATerminal(t *testing.T) {
 	status := filepath.Join(dir, "status")
 	// The shell ignores the Ctrl-C, as a login shell would, so it can
 	// report the status; recoveryctl's own handler takes SIGINT back.
-	script := "trap '' INT; " + bin + " --redis-url " + url + " --prefix " + prefix + " watch --interval 200ms --last 4; echo $? > " + status
+	script := "trap '' INT; " + bin + " --redis-url " + url + " --prefix " + prefix + " watch --interval 200ms --last 6; echo $? > " + status
 	out, err := tm("new-session", "-d", "-s", "watch", "-x", "132", "-y", "30", "sh", "-c", script)
 	require.NoError(t, err, out)
 	t.Cleanup(func() { _, _ = tm("kill-server") })
