@@ -240,7 +240,7 @@ type historian struct {
 	// an entry Redis did not answer.
 	opTimeout, retry time.Duration
 
-	mu      sync.Mutex // guards the fields below and the send on ch
+	mu      sync.Mutex        // guards the fields below and the send on ch
 	failing map[string]string // peer → the cause of its last failed recovery, written once
 	started bool
 	closed  bool
