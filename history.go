@@ -115,11 +115,14 @@ type HistoryEntry struct {
 	// FoundBy says how the death was found: "registry" (a scan),
 	// "expiry", "sweep" or "restart" (a worker restarted under the dead
 	// one's ID).
-	FoundBy         string
+	FoundBy string
+	// Rows, RowsReset and RowsQuarantined count a recovery's rows: found,
+	// reset (quarantined included), quarantined.
 	Rows            int
 	RowsReset       int64
 	RowsQuarantined int
-	Duration        time.Duration
+	// Duration is the entry's length; see each kind.
+	Duration time.Duration
 	// Error is the failure's message.
 	Error string
 }
