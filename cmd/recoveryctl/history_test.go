@@ -161,6 +161,7 @@ func TestHistoryAndWatchFlags(t *testing.T) {
 		{"watch", "--interval", "0s"},
 		{"watch", "--count", "-2"},
 		{"history", "extra"},
+		{"watch", "--json"},
 	} {
 		_, _, code := ctl(t, nil, args...)
 		assert.Equal(t, exitUsage, code, args)

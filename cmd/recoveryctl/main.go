@@ -348,6 +348,10 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 		fmt.Fprintf(stderr, "recoveryctl: --timeout %v must be positive\n", o.timeout)
 		return "", nil, nil, exitUsage
 	}
+	if cmd == "watch" && o.json {
+		fmt.Fprintf(stderr, "recoveryctl watch: no --json: a watch is for people; programs read workers --json and history --json\n")
+		return "", nil, nil, exitUsage
+	}
 	if o.since < 0 || o.last < 0 || o.count < 0 || (cmd == "watch" && o.interval <= 0) {
 		fmt.Fprintf(stderr, "recoveryctl %s: --since, --last and --count must not be negative, --interval must be positive\n", cmd)
 		return "", nil, nil, exitUsage
