@@ -320,3 +320,18 @@ func TestHistoryWritesARepeatedFailureOnce(t *testing.T) {
 	assert.Equal(t, []string{"peer_dead x", "recovery_failed x", "recovery_failed x", "rows_recovered x", "peer_dead x"}, s.peers())
 	assert.Zero(t, h.dropped.Load(), "held back, not dropped")
 }
+
+// TestStatsCountHistoryEntriesNotAppended: an entry that comes after
+// Shutdown, when nothing sends it any more, is counted in Stats.
+func TestStatsCountHistoryEntriesNotAppended(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w")
+	require.NoError(t, w.Shutdown(context.Background()))
+	w.emit(Event{Kind: EventLeaseLost})
+	w.emit(Event{Kind: EventHeartbeat}) // not history: not counted
+	assert.Equal(t, uint64(1), w.Stats().HistoryDropped)
+
+	off, _ := newWorker(t, rdb, &fakeResetter{}, "off", WithHistory(0))
+	off.emit(Event{Kind: EventLeaseLost})
+	assert.Zero(t, off.Stats().HistoryDropped, "no history, nothing to drop")
+}
