@@ -346,28 +346,40 @@ func (h *historian) start() {
 	go h.run(ctx)
 }
 
-// run appends the queued entries in order until close, then sends what is
-// left once each, and stops at the first failure.
+// run appends the queued entries in order until close, then drains.
 func (h *historian) run(ctx context.Context) {
 	defer close(h.done)
 	failing := false
 	for {
+		select { // close first: a backlog must not be retried at Shutdown
+		case <-h.quit:
+			h.drain(ctx, failing)
+			return
+		default:
+		}
 		select {
 		case it := <-h.ch:
 			failing = !h.append(ctx, it, failing)
 		case <-h.quit:
-			for {
-				select {
-				case it := <-h.ch:
-					if failing {
-						h.dropped.Add(1)
-						continue
-					}
-					failing = !h.appendOnce(ctx, it)
-				default:
-					return
-				}
+			h.drain(ctx, failing)
+			return
+		}
+	}
+}
+
+// drain sends what is left once each, in order, and drops the rest at the
+// first failure: Shutdown waits for at most one failed send here.
+func (h *historian) drain(ctx context.Context, failing bool) {
+	for {
+		select {
+		case it := <-h.ch:
+			if failing {
+				h.dropped.Add(1)
+				continue
 			}
+			failing = !h.appendOnce(ctx, it)
+		default:
+			return
 		}
 	}
 }

@@ -335,3 +335,24 @@ func TestStatsCountHistoryEntriesNotAppended(t *testing.T) {
 	off.emit(Event{Kind: EventLeaseLost})
 	assert.Zero(t, off.Stats().HistoryDropped, "no history, nothing to drop")
 }
+
+// TestShutdownWaitsForOneFailedSendNotTheBacklog: with Redis hanging and
+// a backlog queued, close without a deadline still returns after one more
+// failed send, dropping and counting the rest.
+func TestShutdownWaitsForOneFailedSendNotTheBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &historyStore{block: make(chan struct{})} // every XADD hangs until its timeout
+		h := newTestHistorian(s)
+		for i := range 50 {
+			h.offer(failedEvent(fmt.Sprint(i)))
+		}
+		time.Sleep(500 * time.Millisecond) // the first send timed out; its retry waits
+		start := time.Now()
+		require.NoError(t, h.close(context.Background()))
+		assert.Equal(t, h.opTimeout, time.Since(start), "one last send of the entry under way, then the rest dropped")
+		assert.Equal(t, uint64(50), h.dropped.Load())
+		s.mu.Lock()
+		assert.Equal(t, 2, s.attempts)
+		s.mu.Unlock()
+	})
+}
