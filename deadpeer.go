@@ -97,7 +97,8 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 		w.stats.peersDead.Add(1)
 		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
-	r := &peerRecovery{w: w, peer: peer, byOwner: w.ownerMode || foundBy == foundBySweep, token: newToken()}
+	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
+		byOwner: w.ownerMode || foundBy == foundBySweep, token: newToken()}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
 	pr := r.rep
@@ -138,7 +139,9 @@ func (w *Worker) countRows(pr PeerRecovery) {
 type peerRecovery struct {
 	w       *Worker
 	peer    string
-	byOwner bool // reset every row the peer owns (the sweep), not its rows set
+	foundBy string
+	noticed time.Time // when the death was noticed
+	byOwner bool      // reset every row the peer owns (the sweep), not its rows set
 	token   string
 	rep     PeerRecovery
 }
@@ -155,9 +158,11 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if err != nil {
 		return false, err
 	}
-	switch {
-	case !res.Taken():
+	if !res.Taken() {
 		return false, nil
+	}
+	w.emit(Event{Kind: EventPeerClaimed, PeerID: r.peer, FoundBy: r.foundBy, Duration: time.Since(r.noticed)})
+	switch {
 	case res == store.ClaimTakenLost && !r.byOwner:
 		// An earlier recovery failed and the peer's record is gone since:
 		// nothing in Redis says which rows it held any more. Deregister it
@@ -178,6 +183,8 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if r.byOwner && res != store.ClaimTaken && r.rep.RowsFound == 0 {
 		r.rep.NoRecord = true // nothing in Redis, nothing owned: it died idle
 	}
+	w.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
+		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: time.Since(r.noticed)})
 	return true, r.finish(claimCtx, ctx)
 }
 

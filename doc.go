@@ -31,6 +31,7 @@
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
 //	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
 //	ALYA_SWEEP_LEASE      the backstop sweeper (WithBackstopSweep; always in owner mode)
+//	ALYA_HISTORY          stream of the fleet's recoveries and lease losses (WithHistory)
 //
 // The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no
 // script or transaction spans two slots, so the same code runs on a single

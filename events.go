@@ -63,6 +63,16 @@ const (
 	// with the same instance ID took it over while this one could not
 	// refresh it. The lease is lost for good; emitted once.
 	EventInstanceIDTaken
+	// EventPeerClaimed: this worker took the recovery claim on dead PeerID
+	// (found by FoundBy) and recovers it now; no other worker does.
+	// Duration runs from the death being noticed to the claim.
+	EventPeerClaimed
+	// EventRowsReset: the reset of dead PeerID's rows committed (Rows
+	// found, RowsReset of them reset, RowsQuarantined quarantined); the
+	// finish (deleting its rows set, deregistering it) comes next, then
+	// EventRowsRecovered or EventRecoveryFailed. Duration runs from the
+	// death being noticed to the commit.
+	EventRowsReset
 )
 
 var eventNames = map[EventKind]string{
@@ -80,6 +90,8 @@ var eventNames = map[EventKind]string{
 	EventMisconfigured:     "misconfigured",
 	EventRegistryWrongType: "registry_wrong_type",
 	EventInstanceIDTaken:   "instance_id_taken",
+	EventPeerClaimed:       "peer_claimed",
+	EventRowsReset:         "rows_reset",
 }
 
 // String returns the event's snake_case name.
@@ -151,6 +163,7 @@ const eventBuffer = 1024
 // started with the first event and stopped by Shutdown.
 type dispatcher struct {
 	obs     Observer
+	hist    *historian   // nil without history (history.go)
 	mu      sync.RWMutex // guards closed and the send on ch
 	closed  bool
 	started bool
@@ -160,6 +173,9 @@ type dispatcher struct {
 }
 
 func (d *dispatcher) emit(e Event) {
+	if d.hist != nil {
+		d.hist.offer(e)
+	}
 	if d.obs == nil {
 		return
 	}
@@ -214,8 +230,19 @@ func (d *dispatcher) deliver(e Event) {
 }
 
 // close stops accepting events and waits, within ctx, until the ones
-// queued are delivered.
+// queued are delivered, and the history's entries sent.
 func (d *dispatcher) close(ctx context.Context) error {
+	var herr error
+	if d.hist != nil {
+		herr = d.hist.close(ctx)
+	}
+	if err := d.closeObserver(ctx); err != nil {
+		return err
+	}
+	return herr
+}
+
+func (d *dispatcher) closeObserver(ctx context.Context) error {
 	d.mu.Lock()
 	if !d.closed {
 		d.closed = true

@@ -93,6 +93,28 @@ func TestEventsDescribeARecovery(t *testing.T) {
 	require.Len(t, failed, 1)
 	assert.Equal(t, "broken", failed[0].PeerID)
 	assert.ErrorIs(t, failed[0].Err, boom)
+	// The steps of each recovery, in order: claimed, then (if the reset
+	// committed) rows reset, with the counts, before the end.
+	claimed := rec.of(EventPeerClaimed)
+	require.Len(t, claimed, 2)
+	assert.ElementsMatch(t, []string{"dead", "broken"}, []string{claimed[0].PeerID, claimed[1].PeerID})
+	reset := rec.of(EventRowsReset)
+	require.Len(t, reset, 1, "the failed reset committed nothing")
+	assert.Equal(t, "dead", reset[0].PeerID)
+	assert.Equal(t, "registry", reset[0].FoundBy)
+	assert.Equal(t, 2, reset[0].Rows)
+	assert.Equal(t, int64(2), reset[0].RowsReset)
+	var steps []EventKind
+	for _, e := range rec.events {
+		if e.PeerID == "dead" {
+			steps = append(steps, e.Kind)
+		}
+	}
+	assert.Equal(t, []EventKind{EventPeerDead, EventPeerClaimed, EventRowsReset, EventRowsRecovered}, steps)
+	for _, e := range claimed {
+		assert.Positive(t, e.Duration, "noticed → claimed")
+	}
+	assert.LessOrEqual(t, reset[0].Duration, recovered[0].Duration)
 	scans := rec.of(EventScanFinished)
 	require.Len(t, scans, 1)
 	assert.Equal(t, 2, scans[0].PeersChecked)
@@ -165,10 +187,12 @@ func TestNilObserverIsRefused(t *testing.T) {
 }
 
 func TestEventKindNames(t *testing.T) {
-	for k := EventHeartbeat; k <= EventInstanceIDTaken; k++ {
+	for k := EventHeartbeat; k <= EventRowsReset; k++ {
 		assert.NotEqual(t, "unknown", k.String(), "kind %d", k)
 	}
 	assert.Equal(t, "rows_recovered", EventRowsRecovered.String())
 	assert.Equal(t, "registry_wrong_type", EventRegistryWrongType.String())
+	assert.Equal(t, "peer_claimed", EventPeerClaimed.String())
+	assert.Equal(t, "rows_reset", EventRowsReset.String())
 	assert.Equal(t, "unknown", EventKind(0).String())
 }

@@ -43,6 +43,7 @@ type options struct {
 	observerSet       bool
 	noSchemaCheck     bool
 	rowsSets          bool // WithRowsSets: no owner mode
+	historyLen        int  // WithHistory; 0: off
 }
 
 func defaultOptions() options {
@@ -53,6 +54,7 @@ func defaultOptions() options {
 		recoveryInterval: DefaultRecoveryInterval,
 		resetTimeout:     DefaultResetTimeout,
 		scanLease:        true,
+		historyLen:       DefaultHistoryLength,
 	}
 }
 
@@ -206,6 +208,9 @@ func (o *options) validate() error {
 	}
 	if o.observerSet && isNil(o.observer) {
 		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
+	}
+	if o.historyLen < 0 {
+		return fmt.Errorf("%w: history length %d is negative (0 turns the history off)", ErrInvalidConfig, o.historyLen)
 	}
 	return nil
 }

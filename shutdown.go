@@ -32,7 +32,8 @@ import (
 // without Start. After it, Start, Track and RecoverNow return ErrShutdown.
 // It never closes the Redis client or the database handle it was given.
 // With an observer, it also waits for the events already queued to be
-// delivered.
+// delivered, and for the fleet history's entries queued to be appended
+// (once each; see WithHistory).
 func (w *Worker) Shutdown(ctx context.Context) error {
 	w.mu.Lock()
 	w.state.Store(stateShutdown)

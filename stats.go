@@ -54,6 +54,10 @@ type Stats struct {
 	RegistryWrongType uint64
 	// EventsDropped counts events the observer did not receive.
 	EventsDropped uint64
+	// HistoryDropped counts entries of the fleet's history (WithHistory)
+	// this worker could not append: its queue was full, or Redis did not
+	// take them.
+	HistoryDropped uint64
 }
 
 // counters are the Worker's running totals.
@@ -90,6 +94,9 @@ func (w *Worker) Stats() Stats {
 		RegistryBroken:    w.stats.registryBroken.Load(),
 		RegistryWrongType: w.stats.registryWrongType.Load(),
 		EventsDropped:     w.events.dropped.Load(),
+	}
+	if h := w.events.hist; h != nil {
+		s.HistoryDropped = h.dropped.Load()
 	}
 	if ns := w.stats.lastHeartbeat.Load(); ns != 0 {
 		s.LastHeartbeat = time.Unix(0, ns)

@@ -115,6 +115,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	}
 	w.rows.init()
 	w.events.obs = o.observer
+	w.events.hist = newHistorian(w)
 	w.rlog = newRecoveryLog(w)
 	w.heart = &heartbeater{w: w}
 	w.recov = newRecoverer(w)

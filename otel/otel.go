@@ -30,6 +30,7 @@
 //	recovery.errors                 {error}      failed scans, peer recoveries and sweeps
 //	recovery.registry.wrong_type    {reply}      registry commands refused with WRONGTYPE
 //	recovery.events.dropped         {event}      events the observer did not receive
+//	recovery.history.dropped        {entry}      history entries not appended to <prefix>_HISTORY
 //	recovery.rows.tracked           {row}        rows being processed now (up-down counter)
 //	recovery.registry.broken        1            1 while the registry key is not a set (gauge)
 //	recovery.scan.duration          s            histogram of scan durations
@@ -44,10 +45,13 @@
 // Each recovery of a dead peer by a watched worker's Observer is one span,
 // "recover dead peer", from the moment the peer was found dead to the end
 // of the recovery, with the attributes recovery.instance.id,
-// recovery.peer.id, recovery.found_by and the row counts, and span events
-// "peer found dead" and "rows reset" (or, for a failed recovery, the
-// error and status Error). A peer found dead whose recovery another worker
-// claimed makes no span here: it shows in the claimer's.
+// recovery.peer.id, recovery.found_by and the row counts, and a span event
+// per step: "peer found dead", "claimed" (the worker took the recovery
+// claim: recovery.EventPeerClaimed), "rows reset" (the reset committed,
+// with the counts: recovery.EventRowsReset) and "finished" (rows set
+// deleted, peer deregistered). A failed recovery has the steps it reached,
+// then the error, and status Error. A peer found dead whose recovery
+// another worker claimed makes no span here: it shows in the claimer's.
 package recoveryotel
 
 import (
@@ -125,6 +129,9 @@ type deadPeer struct {
 	at           time.Time
 	foundBy      string
 	rowsNotReset int
+	claimed      time.Time      // zero until this worker claimed it
+	reset        time.Time      // zero until its reset committed
+	counts       recovery.Event // the EventRowsReset, for its counts
 }
 
 // An Option configures an Observer.
@@ -224,6 +231,9 @@ func (o *Observer) instruments(m metric.Meter) error {
 			func(s recovery.Stats) uint64 { return s.RegistryWrongType }},
 		{"recovery.events.dropped", "{event}", "Events the observer did not receive: histograms and spans miss them.",
 			func(s recovery.Stats) uint64 { return s.EventsDropped }},
+		{"recovery.history.dropped", "{entry}",
+			"Entries of the fleet's history stream the worker could not append (queue full, or Redis did not take them).",
+			func(s recovery.Stats) uint64 { return s.HistoryDropped }},
 	} {
 		inst, err := m.Int64ObservableCounter(c.name, metric.WithUnit(c.unit), metric.WithDescription(c.desc))
 		if err != nil {
@@ -301,9 +311,10 @@ func (o *Observer) observeStats(_ context.Context, obs metric.Observer) error {
 }
 
 // Observe implements recovery.Observer: it records scan durations
-// (EventScanFinished) and recovery durations (EventRowsRecovered), and
-// ends a recovery's span when the recovery ends (EventRowsRecovered or
-// EventRecoveryFailed naming a peer).
+// (EventScanFinished) and recovery durations (EventRowsRecovered), notes
+// the steps of a recovery (EventPeerDead, EventPeerClaimed,
+// EventRowsReset, EventRowsNotReset), and ends its span when the recovery
+// ends (EventRowsRecovered or EventRecoveryFailed naming a peer).
 func (o *Observer) Observe(e recovery.Event) {
 	ctx := context.Background()
 	var opts []metric.RecordOption
@@ -316,18 +327,29 @@ func (o *Observer) Observe(e recovery.Event) {
 		o.mu.Lock()
 		o.dead[key] = deadPeer{at: e.Time, foundBy: e.FoundBy}
 		o.mu.Unlock()
-	case recovery.EventRowsNotReset:
+	case recovery.EventPeerClaimed, recovery.EventRowsReset, recovery.EventRowsNotReset:
 		o.mu.Lock()
-		d := o.dead[key]
-		d.rowsNotReset = e.RowsNotReset
+		d, ok := o.dead[key]
+		if !ok { // its EventPeerDead was dropped
+			d = deadPeer{at: e.Time.Add(-e.Duration), foundBy: e.FoundBy}
+		}
+		switch e.Kind {
+		case recovery.EventPeerClaimed:
+			d.claimed = e.Time
+		case recovery.EventRowsReset:
+			d.reset, d.counts = e.Time, e
+		default:
+			d.rowsNotReset = e.RowsNotReset
+		}
 		o.dead[key] = d
 		o.mu.Unlock()
 	case recovery.EventRowsRecovered:
 		o.recoveryDuration.Record(ctx, e.Duration.Seconds(), opts...)
 		o.mu.Lock()
+		d := o.dead[key]
 		delete(o.dead, key)
 		o.mu.Unlock()
-		o.recoveredSpan(e)
+		o.recoveredSpan(e, d)
 	case recovery.EventRecoveryFailed:
 		if e.PeerID == "" {
 			return // the scan failed, not a peer's recovery
@@ -343,18 +365,16 @@ func (o *Observer) Observe(e recovery.Event) {
 	}
 }
 
-// forgetClaimedElsewhere drops the peers a scan of instance found dead
-// (FoundBy empty) by the time it ended, and those found by an expiry
-// notification or the sweep before it began: a recovery this worker ran
-// has ended with an event of its own by then, so those were claimed by
-// another worker, or left alone. (A recovery found by expiry or the sweep
-// that outlasts a whole scan loses its start: its failure span starts at
-// the failure.)
+// forgetClaimedElsewhere drops the peers, not claimed by this worker, that
+// a scan of instance found dead (FoundBy empty) by the time it ended, and
+// those found by an expiry notification or the sweep before it began: a
+// recovery this worker ran has ended with an event of its own by then,
+// so those were claimed by another worker, or left alone.
 func (o *Observer) forgetClaimedElsewhere(instance string, began, ended time.Time) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	for k, d := range o.dead {
-		if k.instance == instance && (d.foundBy == "" && !d.at.After(ended) || d.at.Before(began)) {
+		if k.instance == instance && d.claimed.IsZero() && (d.foundBy == "" && !d.at.After(ended) || d.at.Before(began)) {
 			delete(o.dead, k)
 		}
 	}
@@ -362,18 +382,14 @@ func (o *Observer) forgetClaimedElsewhere(instance string, began, ended time.Tim
 
 // recoveredSpan records the span of a recovery that reset a peer's rows:
 // it starts when the peer was found dead (Duration before the event).
-func (o *Observer) recoveredSpan(e recovery.Event) {
+func (o *Observer) recoveredSpan(e recovery.Event, d deadPeer) {
 	start := e.Time.Add(-e.Duration)
-	_, span := o.tracer.Start(context.Background(), SpanName,
-		trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(InstanceIDKey.String(e.InstanceID), PeerIDKey.String(e.PeerID),
-			FoundByKey.String(foundBy(e.FoundBy))))
-	span.AddEvent("peer found dead", trace.WithTimestamp(start),
-		trace.WithAttributes(FoundByKey.String(foundBy(e.FoundBy))))
+	span := o.startSpan(e, start, e.FoundBy)
+	o.steps(span, start, e.FoundBy, d)
 	counts := []attribute.KeyValue{RowsFoundKey.Int(e.Rows), RowsResetKey.Int64(e.RowsReset),
 		RowsQuarantinedKey.Int(e.RowsQuarantined)}
-	span.AddEvent("rows reset", trace.WithTimestamp(e.Time), trace.WithAttributes(counts...))
 	span.SetAttributes(counts...)
+	span.AddEvent("finished", trace.WithTimestamp(e.Time))
 	span.End(trace.WithTimestamp(e.Time))
 }
 
@@ -388,13 +404,9 @@ func (o *Observer) failedSpan(e recovery.Event, d deadPeer, found bool) {
 	if by == "" {
 		by = d.foundBy
 	}
-	_, span := o.tracer.Start(context.Background(), SpanName,
-		trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindInternal),
-		trace.WithAttributes(InstanceIDKey.String(e.InstanceID), PeerIDKey.String(e.PeerID),
-			FoundByKey.String(foundBy(by))))
+	span := o.startSpan(e, start, by)
 	if found {
-		span.AddEvent("peer found dead", trace.WithTimestamp(start),
-			trace.WithAttributes(FoundByKey.String(foundBy(by))))
+		o.steps(span, start, by, d)
 	}
 	if d.rowsNotReset > 0 {
 		span.SetAttributes(RowsNotResetKey.Int(d.rowsNotReset))
@@ -406,6 +418,30 @@ func (o *Observer) failedSpan(e recovery.Event, d deadPeer, found bool) {
 		span.SetStatus(codes.Error, "recovery failed")
 	}
 	span.End(trace.WithTimestamp(e.Time))
+}
+
+// startSpan starts the span of the recovery e ends, at start.
+func (o *Observer) startSpan(e recovery.Event, start time.Time, by string) trace.Span {
+	_, span := o.tracer.Start(context.Background(), SpanName,
+		trace.WithTimestamp(start), trace.WithSpanKind(trace.SpanKindInternal),
+		trace.WithAttributes(InstanceIDKey.String(e.InstanceID), PeerIDKey.String(e.PeerID),
+			FoundByKey.String(foundBy(by))))
+	return span
+}
+
+// steps adds the span events of the steps the recovery reached: found
+// dead at start, then claimed and rows reset if this Observer saw them.
+func (o *Observer) steps(span trace.Span, start time.Time, by string, d deadPeer) {
+	span.AddEvent("peer found dead", trace.WithTimestamp(start),
+		trace.WithAttributes(FoundByKey.String(foundBy(by))))
+	if !d.claimed.IsZero() {
+		span.AddEvent("claimed", trace.WithTimestamp(d.claimed))
+	}
+	if !d.reset.IsZero() {
+		c := d.counts
+		span.AddEvent("rows reset", trace.WithTimestamp(d.reset), trace.WithAttributes(RowsFoundKey.Int(c.Rows),
+			RowsResetKey.Int64(c.RowsReset), RowsQuarantinedKey.Int(c.RowsQuarantined)))
+	}
 }
 
 // foundBy names the mechanism that found a peer dead: a scan's events

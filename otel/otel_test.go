@@ -137,6 +137,7 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 		"recovery.heartbeat.failures":  0,
 		"recovery.registry.wrong_type": 0,
 		"recovery.events.dropped":      0,
+		"recovery.history.dropped":     0,
 		"recovery.rows.tracked":        1,
 		"recovery.registry.broken":     0,
 	} {
@@ -187,10 +188,17 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	for _, ev := range span.Events() {
 		names = append(names, ev.Name)
 	}
-	assert.Equal(t, []string{"peer found dead", "rows reset"}, names)
+	require.Equal(t, []string{"peer found dead", "claimed", "rows reset", "finished"}, names)
 	assert.True(t, span.StartTime().After(began), "starts when the peer was found dead")
-	assert.Equal(t, span.StartTime(), span.Events()[0].Time)
-	assert.Equal(t, span.EndTime(), span.Events()[1].Time)
+	ev := span.Events()
+	assert.Equal(t, span.StartTime(), ev[0].Time)
+	assert.True(t, ev[1].Time.After(ev[0].Time), "claimed after found")
+	assert.True(t, ev[2].Time.After(ev[1].Time), "reset after claimed")
+	assert.False(t, ev[3].Time.Before(ev[2].Time), "finished after the reset")
+	assert.Equal(t, span.EndTime(), ev[3].Time)
+	resetAttrs := attribute.NewSet(ev[2].Attributes...)
+	v, _ := resetAttrs.Value(recoveryotel.RowsResetKey)
+	assert.Equal(t, int64(3), v.AsInt64(), "the reset event carries its counts")
 	assert.InDelta(t, latency.Sum, span.EndTime().Sub(span.StartTime()).Seconds(), 1e-6,
 		"the span lasts as long as the recovery the histogram recorded")
 }
@@ -207,9 +215,15 @@ func TestFailedRecoveryIsAnErrorSpanFromTheDeath(t *testing.T) {
 		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", Time: t0, Err: errors.New("read registry: i/o timeout")},
 		{Kind: recovery.EventPeerDead, InstanceID: "w-1", PeerID: "dead-2", Time: t0.Add(time.Second)},
 		{Kind: recovery.EventPeerDead, InstanceID: "w-1", PeerID: "other", Time: t0.Add(time.Second)},
+		{Kind: recovery.EventPeerClaimed, InstanceID: "w-1", PeerID: "dead-2", Time: t0.Add(2 * time.Second)},
 		{Kind: recovery.EventRowsNotReset, InstanceID: "w-1", PeerID: "dead-2", RowsNotReset: 2, Time: t0.Add(3 * time.Second)},
 		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", PeerID: "dead-2", Time: t0.Add(3 * time.Second), Err: cause},
+		// "slow", found by expiry before the scan below began, is this
+		// worker's own recovery (claimed): the scan's end keeps it.
+		{Kind: recovery.EventPeerDead, InstanceID: "w-1", PeerID: "slow", FoundBy: "expiry", Time: t0.Add(200 * time.Millisecond)},
+		{Kind: recovery.EventPeerClaimed, InstanceID: "w-1", PeerID: "slow", FoundBy: "expiry", Time: t0.Add(300 * time.Millisecond)},
 		{Kind: recovery.EventScanFinished, InstanceID: "w-1", Time: t0.Add(4 * time.Second), Duration: 3500 * time.Millisecond},
+		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", PeerID: "slow", FoundBy: "expiry", Time: t0.Add(5 * time.Second), Err: cause},
 		// "other" was claimed by another worker: forgotten at the scan's end,
 		// so a failure of a later expiry recovery starts its span afresh.
 		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", PeerID: "other", FoundBy: "expiry", Time: t0.Add(9 * time.Second), Err: cause},
@@ -217,7 +231,7 @@ func TestFailedRecoveryIsAnErrorSpanFromTheDeath(t *testing.T) {
 		s.obs.Observe(e)
 	}
 	spans := s.spans.Ended()
-	require.Len(t, spans, 2)
+	require.Len(t, spans, 3)
 	failed := spans[0]
 	assert.Equal(t, codes.Error, failed.Status().Code)
 	assert.Equal(t, cause.Error(), failed.Status().Description)
@@ -232,9 +246,18 @@ func TestFailedRecoveryIsAnErrorSpanFromTheDeath(t *testing.T) {
 	for _, ev := range failed.Events() {
 		names = append(names, ev.Name)
 	}
-	assert.Equal(t, []string{"peer found dead", "exception"}, names)
+	assert.Equal(t, []string{"peer found dead", "claimed", "exception"}, names)
+	assert.Equal(t, t0.Add(2*time.Second), failed.Events()[1].Time)
 
-	later := spans[1]
+	slow := spans[1]
+	assert.Equal(t, t0.Add(200*time.Millisecond), slow.StartTime(), "a claimed recovery outlives a scan's end")
+	names = nil
+	for _, ev := range slow.Events() {
+		names = append(names, ev.Name)
+	}
+	assert.Equal(t, []string{"peer found dead", "claimed", "exception"}, names)
+
+	later := spans[2]
 	assert.Equal(t, t0.Add(9*time.Second), later.StartTime(), "the stale death was forgotten")
 	laterAttrs := attribute.NewSet(later.Attributes()...)
 	v, _ = laterAttrs.Value(recoveryotel.FoundByKey)

@@ -54,7 +54,7 @@ type Collector struct {
 	rowsRecovered, rowsQuarantined           *prometheus.Desc
 	rowsNotReset, errors, trackedRows        *prometheus.Desc
 	registryBroken, registryWrongType        *prometheus.Desc
-	eventsDropped                            *prometheus.Desc
+	eventsDropped, historyDropped            *prometheus.Desc
 }
 
 // An Option configures a Collector.
@@ -116,6 +116,8 @@ func NewCollector(opts ...Option) *Collector {
 	c.registryWrongType = desc("recovery_registry_wrong_type_total", "Registry commands Redis refused with WRONGTYPE.")
 	c.eventsDropped = desc("recovery_events_dropped_total",
 		"Events the observer did not receive: the histograms miss them.")
+	c.historyDropped = desc("recovery_history_dropped_total",
+		"Entries of the fleet's history stream the worker could not append (queue full, or Redis did not take them).")
 	return c
 }
 
@@ -149,7 +151,7 @@ func (c *Collector) labels(id string) []string {
 func (c *Collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.heartbeats, c.heartbeatFailures, c.leaseLost, c.scans,
 		c.peersDead, c.peersRecovered, c.rowsRecovered, c.rowsQuarantined, c.rowsNotReset,
-		c.errors, c.trackedRows, c.registryBroken, c.registryWrongType, c.eventsDropped}
+		c.errors, c.trackedRows, c.registryBroken, c.registryWrongType, c.eventsDropped, c.historyDropped}
 }
 
 // Describe implements prometheus.Collector.
@@ -197,6 +199,7 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, s recovery.Stats, label
 	counter(c.errors, s.Errors)
 	counter(c.registryWrongType, s.RegistryWrongType)
 	counter(c.eventsDropped, s.EventsDropped)
+	counter(c.historyDropped, s.HistoryDropped)
 	ch <- prometheus.MustNewConstMetric(c.trackedRows, prometheus.GaugeValue, float64(s.TrackedRows), labels...)
 	broken := 0.0
 	if s.RegistryBroken {
@@ -222,6 +225,7 @@ func sum(stats []recovery.Stats) recovery.Stats {
 		t.Errors += s.Errors
 		t.RegistryWrongType += s.RegistryWrongType
 		t.EventsDropped += s.EventsDropped
+		t.HistoryDropped += s.HistoryDropped
 		t.TrackedRows += s.TrackedRows
 		t.RegistryBroken = t.RegistryBroken || s.RegistryBroken
 	}

@@ -74,6 +74,7 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 		`recovery_peers_recovered_total{instance_id="rec-1"} 1`,
 		`recovery_rows_not_reset_total{instance_id="rec-1"} 0`,
 		`recovery_events_dropped_total{instance_id="rec-1"} 0`,
+		`recovery_history_dropped_total{instance_id="rec-1"} 0`,
 		`recovery_latency_seconds_count{instance_id="rec-1"} 1`,
 	} {
 		assert.Contains(t, text, line)
@@ -101,7 +102,7 @@ func TestDescribeListsEveryMetric(t *testing.T) {
 		"recovery_rows_quarantined_total", "recovery_errors_total", "recovery_tracked_rows",
 		"recovery_scan_duration_seconds", "recovery_registry_broken", "recovery_registry_wrong_type_total",
 		"recovery_rows_not_reset_total", "recovery_peers_recovered_total", "recovery_scans_total",
-		"recovery_events_dropped_total", "recovery_latency_seconds"} {
+		"recovery_events_dropped_total", "recovery_history_dropped_total", "recovery_latency_seconds"} {
 		assert.Contains(t, all, `"`+n+`"`)
 	}
 }

@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # Installs what `make test` and `make model` need beyond Go: redis-server
-# and redis-cli, PostgreSQL's server binaries (initdb, postgres), promtool
-# (Debian package prometheus) for the alert-rule tests of prom/, and the
-# Spin model checker (package spin; it compiles its verifiers with gcc) for
-# `make model`. Nothing is started
+# and redis-cli, PostgreSQL's server binaries (initdb, postgres), tmux (the
+# terminal recoveryctl watch is tested in), promtool (Debian package
+# prometheus) for the alert-rule tests of prom/, and the Spin model checker
+# (package spin; it compiles its verifiers with gcc) for `make model`.
+# Nothing is started
 # here: the tests start throwaway servers on free loopback ports themselves,
 # and promtool runs without a Prometheus server. With REDIS_URL and
-# DATABASE_URL both set, only promtool may need installing.
+# DATABASE_URL both set, only tmux and promtool may need installing.
 set -euo pipefail
 
 have_pg() {
@@ -24,6 +25,9 @@ fi
 # network namespaces with ip(8); Sentinel needs no package of its own:
 # the suite runs redis-server --sentinel.
 command -v ip >/dev/null 2>&1 || missing+=(iproute2)
+# recoveryctl's watch is tested in a real terminal: tmux's (send-keys,
+# capture-pane; cmd/recoveryctl/watch_test.go).
+command -v tmux >/dev/null 2>&1 || missing+=(tmux)
 if [ -z "${DATABASE_URL:-}" ] && ! have_pg; then
 	missing+=(postgresql)
 fi

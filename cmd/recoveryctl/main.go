@@ -1,11 +1,14 @@
 // Command recoveryctl inspects and repairs the Redis state of a fleet of
 // workers that use github.com/alya/recovery: who is registered, who is alive,
-// which rows each instance is tracking, and one recovery scan on demand.
+// which rows each instance is tracking, the fleet's history, a live view,
+// and one recovery scan on demand.
 //
 // Usage:
 //
 //	recoveryctl [flags] workers
 //	recoveryctl [flags] rows <instance>
+//	recoveryctl [flags] history [--since 1h] [--last N]
+//	recoveryctl [flags] watch [--interval 2s] [--last 10] [--count N] [--plain]
 //	recoveryctl [flags] recover [--dry-run] [--database-url URL] [resetter flags]
 //
 // Flags may come before or after the command:
@@ -16,7 +19,20 @@
 //	--prefix ALYA     key prefix of the fleet (recovery.WithKeyPrefix)
 //	                  (default $RECOVERY_KEY_PREFIX, else ALYA)
 //	--json            print JSON instead of text
-//	--timeout 30s     bound for the whole command
+//	--timeout 30s     bound for the whole command (for watch: for each frame)
+//
+// history prints the fleet's history stream (<prefix>_HISTORY, see
+// recovery.WithHistory): which peer died, who recovered it, how many rows
+// were reset and quarantined and how long it took, what failed and why,
+// who lost its lease. --since keeps the entries Redis appended in that
+// last stretch of time, --last the newest N; --json prints every field.
+//
+// watch shows the fleet live: every worker, alive or dead, its heartbeat
+// TTL left and the rows it holds, who holds the scan and sweep turns, and
+// the last --last entries of the history, read again every --interval
+// until interrupted (or --count frames). On a terminal each frame redraws
+// the screen in place; piped (or with --plain), frames are plain lines,
+// one block per frame.
 //
 // recover resets rows in PostgreSQL through the library itself: a
 // recovery.PgxResetter built from the flags below and one scan of a
@@ -100,6 +116,11 @@ type options struct {
 	dryRun        bool
 	databaseURL   string
 	noSchemaCheck bool
+	since         time.Duration // history
+	last          int           // history, watch
+	interval      time.Duration // watch
+	count         int           // watch
+	plain         bool          // watch
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
 	// environment variables the host reads too, then the flags.
 	pgx recovery.PgxConfig
@@ -146,6 +167,20 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 		"reset without the reset ledger (recovery.WithoutResetLedger; default $%s)", recovery.EnvNoResetLedger))
 }
 
+// registerHistory defines the flags of history.
+func (o *options) registerHistory(fs *flag.FlagSet) {
+	fs.DurationVar(&o.since, "since", 0, "only the entries appended in this last stretch of time (default: all kept)")
+	fs.IntVar(&o.last, "last", 0, "only the newest N entries (default: all)")
+}
+
+// registerWatch defines the flags of watch.
+func (o *options) registerWatch(fs *flag.FlagSet) {
+	fs.DurationVar(&o.interval, "interval", 2*time.Second, "time between frames")
+	fs.IntVar(&o.last, "last", 10, "how many of the newest history entries to show")
+	fs.IntVar(&o.count, "count", 0, "stop after N frames (default: until interrupted)")
+	fs.BoolVar(&o.plain, "plain", false, "plain lines, one block per frame, even on a terminal")
+}
+
 // optionName names the library option behind a recover flag.
 func optionName(flag string) string {
 	switch flag {
@@ -176,6 +211,8 @@ const usageText = `recoveryctl inspects and repairs the Redis state of a recover
 Usage:
   recoveryctl [flags] workers              every registered instance: alive or dead, heartbeat TTL, rows
   recoveryctl [flags] rows <instance>      the row IDs an instance is tracking
+  recoveryctl [flags] history [--since 1h] the fleet's history: deaths, recoveries, failures, lease losses
+  recoveryctl [flags] watch                the fleet live: workers, turns, the last recoveries
   recoveryctl [flags] recover [--dry-run]  one recovery scan: reset the rows of dead instances
                                            (--dry-run: ask PostgreSQL what it would change)
 
@@ -195,13 +232,20 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 		return code
 	}
 	var err error
-	ctx, cancel := context.WithTimeout(ctx, o.timeout)
-	defer cancel()
+	if cmd != "watch" { // a watch lasts until interrupted; --timeout bounds each frame
+		var cancel context.CancelFunc
+		ctx, cancel = context.WithTimeout(ctx, o.timeout)
+		defer cancel()
+	}
 	switch cmd {
 	case "workers":
 		err = cmdWorkers(ctx, o, stdout, stderr)
 	case "rows":
 		err = cmdRows(ctx, o, pos[0], stdout)
+	case "history":
+		err = cmdHistory(ctx, o, stdout, stderr)
+	case "watch":
+		err = cmdWatch(ctx, o, stdout)
 	case "recover":
 		err = cmdRecover(ctx, o, stdout, stderr)
 	}
@@ -242,6 +286,16 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 		fs.SetOutput(stderr)
 		(&options{pgx: o.pgx}).registerRecover(fs)
 		fs.PrintDefaults()
+		for _, c := range []struct {
+			name     string
+			register func(*options, *flag.FlagSet)
+		}{{"history", (*options).registerHistory}, {"watch", (*options).registerWatch}} {
+			fmt.Fprintf(stderr, "\n%s flags:\n", c.name)
+			fs := flag.NewFlagSet(c.name, flag.ContinueOnError)
+			fs.SetOutput(stderr)
+			c.register(&options{}, fs)
+			fs.PrintDefaults()
+		}
 	}
 	if err = global.Parse(args); err != nil {
 		return "", nil, nil, helpOrUsage(err)
@@ -264,8 +318,12 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 		wantArgs = 1
 	case "recover":
 		o.registerRecover(fs)
+	case "history":
+		o.registerHistory(fs)
+	case "watch":
+		o.registerWatch(fs)
 	default:
-		fmt.Fprintf(stderr, "recoveryctl: unknown command %q (workers, rows, recover)\n", cmd)
+		fmt.Fprintf(stderr, "recoveryctl: unknown command %q (workers, rows, history, watch, recover)\n", cmd)
 		return "", nil, nil, exitUsage
 	}
 	pos, err = parseInterleaved(fs, rest)
@@ -288,6 +346,14 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 	}
 	if o.timeout <= 0 {
 		fmt.Fprintf(stderr, "recoveryctl: --timeout %v must be positive\n", o.timeout)
+		return "", nil, nil, exitUsage
+	}
+	if cmd == "watch" && o.json {
+		fmt.Fprintf(stderr, "recoveryctl watch: no --json: a watch is for people; programs read workers --json and history --json\n")
+		return "", nil, nil, exitUsage
+	}
+	if o.since < 0 || o.last < 0 || o.count < 0 || (cmd == "watch" && o.interval <= 0) {
+		fmt.Fprintf(stderr, "recoveryctl %s: --since, --last and --count must not be negative, --interval must be positive\n", cmd)
 		return "", nil, nil, exitUsage
 	}
 

@@ -11,6 +11,8 @@
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
 //	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner (the scan turn), PX
 //	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
+//	<prefix>_HISTORY                   stream of the fleet's recoveries and lease losses, XADD MAXLEN ~
+//	                                   (third protocol version: earlier workers ignore it)
 //
 // The braces are a Redis Cluster hash tag: every key of one instance hashes
 // to the same slot, so a script or transaction over them runs on Cluster.

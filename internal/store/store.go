@@ -107,6 +107,14 @@ type Store interface {
 
 	// Describe reads the keys of each of ids in one round trip per node.
 	Describe(ctx context.Context, ids []string) ([]Instance, error)
+	// Turns reads who holds the scan turn and the sweep turn.
+	Turns(ctx context.Context) (scan, sweep Turn, err error)
+
+	// AppendHistory adds an entry (field-value pairs) to the fleet's
+	// history stream, trimmed to about maxLen entries.
+	AppendHistory(ctx context.Context, fields []string, maxLen int64) error
+	// ReadHistory reads entries of the history stream, oldest first.
+	ReadHistory(ctx context.Context, q HistoryQuery) ([]HistoryRecord, error)
 }
 
 // Heartbeat is what one heartbeat writes.

@@ -1,0 +1,158 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strings"
+	"text/tabwriter"
+	"time"
+	"unicode"
+
+	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/store"
+)
+
+// historyJSON is one entry of the fleet's history in JSON output.
+type historyJSON struct {
+	ID              string   `json:"id"`
+	Added           string   `json:"added"`
+	Time            string   `json:"time"`
+	Kind            string   `json:"kind"`
+	InstanceID      string   `json:"instance_id"`
+	PeerID          string   `json:"peer_id,omitempty"`
+	FoundBy         string   `json:"found_by,omitempty"`
+	Rows            *int     `json:"rows,omitempty"`
+	RowsReset       *int64   `json:"rows_reset,omitempty"`
+	RowsQuarantined *int     `json:"rows_quarantined,omitempty"`
+	DurationMs      *float64 `json:"duration_ms,omitempty"`
+	Error           string   `json:"error,omitempty"`
+}
+
+func historyToJSON(e recovery.HistoryEntry) historyJSON {
+	j := historyJSON{ID: e.ID, Added: e.Added.UTC().Format(time.RFC3339Nano), Time: e.Time.UTC().Format(time.RFC3339Nano),
+		Kind: e.Kind, InstanceID: e.InstanceID, PeerID: e.PeerID, FoundBy: e.FoundBy, Error: e.Error}
+	switch e.Kind {
+	case recovery.HistoryRowsRecovered:
+		j.Rows, j.RowsReset, j.RowsQuarantined = &e.Rows, &e.RowsReset, &e.RowsQuarantined
+	case recovery.HistoryRowsQuarantined:
+		j.RowsQuarantined = &e.RowsQuarantined
+	}
+	if e.Duration > 0 {
+		ms := float64(e.Duration) / float64(time.Millisecond)
+		j.DurationMs = &ms
+	}
+	return j
+}
+
+// cmdHistory prints the fleet's history: the entries appended since
+// --since ago (all kept, without it), at most the newest --last.
+func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error {
+	rdb, _, err := connectRedis(ctx, o)
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	q := recovery.HistoryQuery{Last: o.last}
+	if o.since > 0 {
+		q.Since = time.Now().Add(-o.since)
+	}
+	entries, err := recovery.ReadHistory(ctx, rdb, o.prefix, q)
+	if err != nil {
+		return usageIfConfig(err)
+	}
+	if len(entries) == 0 {
+		what := "is empty or absent"
+		if o.since > 0 {
+			what = "holds nothing from the last " + o.since.String()
+		}
+		fmt.Fprintf(stderr, "no history under prefix %q: %s %s (workers before the history, or WithHistory(0), write none)\n",
+			o.prefix, store.HistoryKey(o.prefix), what)
+	}
+	if o.json {
+		out := struct {
+			Prefix  string        `json:"prefix"`
+			Stream  string        `json:"stream"`
+			Entries []historyJSON `json:"entries"`
+		}{Prefix: o.prefix, Stream: store.HistoryKey(o.prefix), Entries: []historyJSON{}}
+		for _, e := range entries {
+			out.Entries = append(out.Entries, historyToJSON(e))
+		}
+		return writeJSON(stdout, out)
+	}
+	writeHistory(stdout, entries, "2006-01-02T15:04:05.000Z")
+	return nil
+}
+
+// writeHistory prints entries as a table, their times in layout (UTC).
+func writeHistory(w io.Writer, entries []recovery.HistoryEntry, layout string) {
+	if len(entries) == 0 {
+		return
+	}
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "TIME\tEVENT\tPEER\tBY\tDETAILS")
+	for _, e := range entries {
+		peer := clean(e.PeerID)
+		if peer == "" {
+			peer = "-"
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.UTC().Format(layout), clean(e.Kind), peer,
+			clean(e.InstanceID), historyDetails(e))
+	}
+	tw.Flush()
+}
+
+// historyDetails says what an entry means, in a few words.
+func historyDetails(e recovery.HistoryEntry) string {
+	var d string
+	switch e.Kind {
+	case recovery.HistoryPeerDead:
+		d = fmt.Sprintf("found by %s, claimed %s later", clean(e.FoundBy), roundDuration(e.Duration))
+	case recovery.HistoryRowsRecovered:
+		d = fmt.Sprintf("%d rows: %d reset, %d quarantined, %s after found", e.Rows, e.RowsReset,
+			e.RowsQuarantined, roundDuration(e.Duration))
+	case recovery.HistoryRowsQuarantined:
+		d = fmt.Sprintf("%d rows reached their recovery limit", e.RowsQuarantined)
+	case recovery.HistoryRecoveryFailed:
+		d = "failed: " + clean(e.Error)
+	case recovery.HistoryLeaseLost:
+		d = fmt.Sprintf("no heartbeat for %s: peers may recover its rows", roundDuration(e.Duration))
+	case recovery.HistoryLeaseRegained:
+		d = "heartbeat back"
+	default:
+		d = clean(e.Error)
+	}
+	return d
+}
+
+// roundDuration shows a duration to the millisecond (the microsecond
+// below one), or to 0.1 s past a second.
+func roundDuration(d time.Duration) string {
+	switch {
+	case d >= time.Second:
+		return d.Round(100 * time.Millisecond).String()
+	case d >= time.Millisecond:
+		return d.Round(time.Millisecond).String()
+	}
+	return d.Round(time.Microsecond).String()
+}
+
+// maxShown bounds an untrusted string on one line of the screen.
+const maxShown = 200
+
+// clean makes an untrusted string from Redis safe to print on one line:
+// control characters (escape sequences, newlines) become spaces, and it is
+// cut at maxShown runes.
+func clean(s string) string {
+	s = strings.ToValidUTF8(s, "?")
+	s = strings.Map(func(r rune) rune {
+		if unicode.IsControl(r) {
+			return ' '
+		}
+		return r
+	}, s)
+	if r := []rune(s); len(r) > maxShown {
+		s = string(r[:maxShown]) + "..."
+	}
+	return s
+}

@@ -1,0 +1,156 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/store"
+)
+
+// ANSI sequences watch uses on a terminal.
+const (
+	ansiHome       = "\x1b[H"    // cursor to the top left corner
+	ansiClear      = "\x1b[2J"   // clear the screen
+	ansiClearLine  = "\x1b[K"    // clear to the end of the line
+	ansiClearBelow = "\x1b[J"    // clear to the end of the screen
+	ansiHideCursor = "\x1b[?25l" // no cursor blinking over the table
+	ansiShowCursor = "\x1b[?25h"
+)
+
+// cmdWatch shows the fleet every --interval until interrupted (or --count
+// frames): on a terminal each frame redraws the screen in place; piped,
+// frames are plain lines, one block after another. A frame that cannot be
+// read (Redis down) says why, and the next one tries again.
+func cmdWatch(ctx context.Context, o *options, stdout io.Writer) error {
+	connectCtx, cancel := context.WithTimeout(ctx, o.timeout)
+	rdb, name, err := connectRedis(connectCtx, o)
+	cancel()
+	if err != nil {
+		return err
+	}
+	defer rdb.Close()
+	if err := store.ValidateName(o.prefix); err != nil {
+		return &usageError{fmt.Sprintf("key prefix %q %v", o.prefix, err)}
+	}
+	ansi := !o.plain && isTerminal(stdout)
+	if ansi {
+		fmt.Fprint(stdout, ansiHideCursor+ansiClear)
+		defer fmt.Fprint(stdout, ansiShowCursor)
+	}
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for n := 0; o.count == 0 || n < o.count; n++ {
+		select {
+		case <-ctx.Done():
+			return nil // interrupted: the normal end of a watch
+		case <-t.C:
+		}
+		started := time.Now()
+		lines := watchFrame(ctx, rdb, o, name)
+		if ctx.Err() != nil {
+			return nil
+		}
+		var b strings.Builder
+		if ansi {
+			b.WriteString(ansiHome)
+			for _, l := range lines {
+				b.WriteString(l + ansiClearLine + "\n")
+			}
+			b.WriteString(ansiClearBelow)
+		} else {
+			b.WriteString(strings.Join(lines, "\n") + "\n\n")
+		}
+		if _, err := io.WriteString(stdout, b.String()); err != nil {
+			return err // the reader went away
+		}
+		t.Reset(max(0, o.interval-time.Since(started)))
+	}
+	return nil
+}
+
+// watchFrame reads the fleet once and returns the lines of one frame.
+func watchFrame(ctx context.Context, rdb redis.UniversalClient, o *options, name string) []string {
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+	lines := []string{fmt.Sprintf("recovery fleet %s on %s, %s", o.prefix, name,
+		time.Now().UTC().Format("2006-01-02 15:04:05 UTC"))}
+
+	fleet, err := recovery.Inspect(ctx, rdb, o.prefix)
+	if err != nil {
+		return append(lines, "", "cannot read the fleet: "+clean(err.Error()))
+	}
+	scan, sweep, err := store.NewRedis(rdb, o.prefix, o.timeout).Turns(ctx)
+	turns := fmt.Sprintf("scan turn: %s, sweep turn: %s", turnText(scan, true), turnText(sweep, false))
+	if err != nil {
+		turns = "turns unknown: " + clean(err.Error())
+	}
+	alive := 0
+	for _, i := range fleet.Instances {
+		if i.Alive() {
+			alive++
+		}
+	}
+	lines = append(lines, fmt.Sprintf("%d workers: %d alive, %d dead; %s", len(fleet.Instances), alive,
+		len(fleet.Instances)-alive, turns), "")
+
+	var buf bytes.Buffer
+	if len(fleet.Instances) > 0 {
+		tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
+		fmt.Fprintln(tw, "INSTANCE\tSTATE\tHEARTBEAT TTL\tROWS\tROWS TTL")
+		for _, i := range fleet.Instances {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", i.InstanceID, stateText(i),
+				ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL))
+		}
+		tw.Flush()
+	} else {
+		fmt.Fprintf(&buf, "no worker registered in %s\n", fleet.Registry)
+	}
+	if len(fleet.InvalidMembers) > 0 {
+		fmt.Fprintf(&buf, "ignored %d registry members that are not valid instance IDs\n", len(fleet.InvalidMembers))
+	}
+	buf.WriteString("\n")
+
+	entries, err := recovery.ReadHistory(ctx, rdb, o.prefix, recovery.HistoryQuery{Last: o.last})
+	switch {
+	case err != nil:
+		fmt.Fprintf(&buf, "cannot read the history: %s\n", clean(err.Error()))
+	case len(entries) == 0:
+		fmt.Fprintf(&buf, "no history yet in %s\n", store.HistoryKey(o.prefix))
+	default:
+		fmt.Fprintf(&buf, "last %d of the history (%s):\n", len(entries), store.HistoryKey(o.prefix))
+		writeHistory(&buf, entries, "2006-01-02 15:04:05.000")
+	}
+	return append(lines, strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")...)
+}
+
+// turnText shows who holds a turn: the scan turn's holder is an instance
+// ID, the sweep turn's a token, so only whether it is held shows.
+func turnText(t store.Turn, showHolder bool) string {
+	switch {
+	case t.Holder == "":
+		return "free"
+	case showHolder:
+		return fmt.Sprintf("%s (%s left)", clean(t.Holder), ttlText(true, t.TTL))
+	default:
+		return fmt.Sprintf("held (%s left)", ttlText(true, t.TTL))
+	}
+}
+
+// isTerminal reports whether w is a terminal (a character device).
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	fi, err := f.Stat()
+	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}

@@ -1,0 +1,463 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+
+	"github.com/alya/recovery/internal/store"
+)
+
+// The fleet's history: every worker appends what an operator wants to read
+// after a bad night (which peer died, who recovered it, how many rows, how
+// long it took, what failed, who lost its lease) to one capped Redis stream
+// per prefix, <prefix>_HISTORY. `recoveryctl history` and `recoveryctl
+// watch` read it, as does ReadHistory.
+//
+// Appending is never on the hot path: Worker.emit hands the few events the
+// history records to a bounded queue, and a goroutine of its own (the
+// historian, started with the first such event, stopped by Shutdown)
+// sends the XADDs. A full queue or a failed XADD drops the entry and
+// counts it (Stats.HistoryDropped); a recovery never waits for Redis on
+// its account, and never fails because of it.
+
+// DefaultHistoryLength is about how many entries the history stream keeps
+// (XADD MAXLEN ~). Entries are written only when a peer dies, a recovery
+// fails or a lease is lost, two per recovery: 10,000 are the last 5,000
+// recoveries, 50 days of a fleet that loses 100 workers a day, in about
+// 2 MB of one key (measured on redis-server 7.0.15: 10,022 entries,
+// 1.97 MB). On by default: the history helps only if it was on before the
+// bad night.
+const DefaultHistoryLength = 10_000
+
+// WithHistory sets about how many entries the fleet's history stream
+// (<prefix>_HISTORY) keeps: each append trims it to about maxLen (Redis
+// trims whole stream nodes, so a few more may stay). 0 turns the history
+// off: this worker appends nothing (others of the fleet may). The length
+// is per append, so the fleet's stream follows whichever worker appended
+// last; give every worker the same value. Default: DefaultHistoryLength
+// (10,000).
+func WithHistory(maxLen int) Option {
+	return optionFunc(func(o *options) { o.historyLen = maxLen })
+}
+
+// Kinds of history entries (HistoryEntry.Kind).
+const (
+	// HistoryPeerDead: PeerID was found dead (FoundBy) and InstanceID
+	// claimed its recovery; Duration from the death being noticed to the
+	// claim. Only the claimer writes it, so a death is one entry however
+	// many workers noticed it.
+	HistoryPeerDead = "peer_dead"
+	// HistoryRowsRecovered: InstanceID reset the rows of dead PeerID:
+	// Rows found, RowsReset reset, RowsQuarantined quarantined, Duration
+	// from the death being noticed to the end of the recovery.
+	HistoryRowsRecovered = "rows_recovered"
+	// HistoryRowsQuarantined: that recovery quarantined RowsQuarantined
+	// rows (they reached their recovery limit); written beside
+	// HistoryRowsRecovered so it stands out.
+	HistoryRowsQuarantined = "rows_quarantined"
+	// HistoryRecoveryFailed: InstanceID's recovery of PeerID failed
+	// (Error); a later scan tries again. A worker writes a recovery that
+	// keeps failing for the same cause once (with its HistoryPeerDead),
+	// not at every attempt, until it succeeds or the cause changes.
+	HistoryRecoveryFailed = "recovery_failed"
+	// HistoryLeaseLost: InstanceID's heartbeat lease ran out (Duration
+	// since its last successful heartbeat): its peers may recover its
+	// rows. Error is the last heartbeat's failure.
+	HistoryLeaseLost = "lease_lost"
+	// HistoryLeaseRegained: InstanceID's heartbeat succeeded again after
+	// its lease was lost.
+	HistoryLeaseRegained = "lease_regained"
+)
+
+// historyKind returns the kind of history entry an event makes, and false
+// for the events the history does not record.
+func historyKind(e Event) (string, bool) {
+	switch e.Kind {
+	case EventPeerClaimed:
+		return HistoryPeerDead, true
+	case EventRowsRecovered:
+		return HistoryRowsRecovered, true
+	case EventRecoveryFailed:
+		// A scan that failed (PeerID empty) is no recovery; its cause is
+		// usually Redis itself.
+		return HistoryRecoveryFailed, e.PeerID != ""
+	case EventLeaseLost:
+		return HistoryLeaseLost, true
+	case EventLeaseRegained:
+		return HistoryLeaseRegained, true
+	}
+	return "", false
+}
+
+// A HistoryEntry is one entry of the fleet's history. Only the fields its
+// Kind documents are set.
+type HistoryEntry struct {
+	// ID is the stream entry's ID; Added is when Redis appended it (its
+	// server clock).
+	ID    string
+	Added time.Time
+	// Kind is one of the History* kinds; entries of kinds a later version
+	// writes come through with the fields this version knows.
+	Kind string
+	// Time is when it happened, by the reporting worker's clock.
+	Time time.Time
+	// InstanceID is the reporting worker.
+	InstanceID string
+	// PeerID is the dead peer, for recoveries.
+	PeerID string
+	// FoundBy says how the death was found: "registry" (a scan),
+	// "expiry", "sweep" or "restart" (a worker restarted under the dead
+	// one's ID).
+	FoundBy string
+	// Rows, RowsReset and RowsQuarantined count a recovery's rows: found,
+	// reset (quarantined included), quarantined.
+	Rows            int
+	RowsReset       int64
+	RowsQuarantined int
+	// Duration is the entry's length; see each kind.
+	Duration time.Duration
+	// Error is the failure's message.
+	Error string
+}
+
+// Stream field names of a history entry.
+const (
+	hfKind        = "kind"
+	hfTime        = "time"
+	hfInstance    = "instance"
+	hfPeer        = "peer"
+	hfFoundBy     = "found_by"
+	hfRows        = "rows"
+	hfRowsReset   = "rows_reset"
+	hfQuarantined = "rows_quarantined"
+	hfDurationMs  = "duration_ms"
+	hfError       = "error"
+)
+
+// maxHistoryError bounds the error message an entry carries.
+const maxHistoryError = 1024
+
+// historyFields turns an event into an entry's field-value pairs.
+func historyFields(kind string, e Event) []string {
+	f := []string{hfKind, kind, hfTime, e.Time.UTC().Format(time.RFC3339Nano), hfInstance, e.InstanceID}
+	if e.PeerID != "" {
+		f = append(f, hfPeer, e.PeerID)
+	}
+	if e.FoundBy != "" {
+		f = append(f, hfFoundBy, e.FoundBy)
+	}
+	switch kind {
+	case HistoryRowsRecovered:
+		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
+			hfQuarantined, strconv.Itoa(e.RowsQuarantined))
+	case HistoryRowsQuarantined:
+		f = append(f, hfQuarantined, strconv.Itoa(e.RowsQuarantined))
+	}
+	if e.Duration > 0 {
+		f = append(f, hfDurationMs, strconv.FormatFloat(float64(e.Duration)/float64(time.Millisecond), 'f', -1, 64))
+	}
+	if e.Err != nil {
+		msg := e.Err.Error()
+		if len(msg) > maxHistoryError {
+			msg = msg[:maxHistoryError] + "..."
+		}
+		f = append(f, hfError, msg)
+	}
+	return f
+}
+
+// historyEntry reads an entry written by historyFields. Fields it cannot
+// parse are left zero: the history is for reading, not for failing.
+func historyEntry(r store.HistoryRecord) HistoryEntry {
+	f := r.Fields
+	e := HistoryEntry{ID: r.ID, Added: r.Added, Kind: f[hfKind], InstanceID: f[hfInstance], PeerID: f[hfPeer],
+		FoundBy: f[hfFoundBy], Error: f[hfError]}
+	e.Time, _ = time.Parse(time.RFC3339Nano, f[hfTime])
+	e.Rows, _ = strconv.Atoi(f[hfRows])
+	e.RowsReset, _ = strconv.ParseInt(f[hfRowsReset], 10, 64)
+	e.RowsQuarantined, _ = strconv.Atoi(f[hfQuarantined])
+	if ms, err := strconv.ParseFloat(f[hfDurationMs], 64); err == nil {
+		e.Duration = time.Duration(ms * float64(time.Millisecond))
+	}
+	return e
+}
+
+// HistoryQuery says which entries ReadHistory returns.
+type HistoryQuery struct {
+	// Since keeps the entries Redis appended at or after it (by the
+	// server's clock). Zero: from the oldest kept.
+	Since time.Time
+	// Last keeps only the newest Last of those. 0: all.
+	Last int
+}
+
+// ReadHistory reads the history of the fleet under prefix (WithKeyPrefix),
+// oldest first, changing nothing. It is bounded by ctx and
+// DefaultOperationTimeout. A fleet without history (every worker
+// WithHistory(0), or older than the history) has no entries.
+func ReadHistory(ctx context.Context, rdb redis.UniversalClient, prefix string, q HistoryQuery) ([]HistoryEntry, error) {
+	if err := store.ValidateName(prefix); err != nil {
+		return nil, fmt.Errorf("%w: key prefix %q %v", ErrInvalidConfig, clip(prefix), err)
+	}
+	if q.Last < 0 {
+		return nil, fmt.Errorf("%w: history query Last %d is negative", ErrInvalidConfig, q.Last)
+	}
+	ctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
+	defer cancel()
+	recs, err := store.NewRedis(rdb, prefix, DefaultOperationTimeout).ReadHistory(ctx,
+		store.HistoryQuery{Since: q.Since, Count: int64(q.Last), Newest: q.Last > 0})
+	if err != nil {
+		return nil, err
+	}
+	out := make([]HistoryEntry, len(recs))
+	for i, r := range recs {
+		out[i] = historyEntry(r)
+	}
+	return out, nil
+}
+
+// historyQueue is how many entries wait for Redis before new ones are
+// dropped: an outage's worth of deaths and lease changes of one worker.
+const historyQueue = 256
+
+// historyAttempts is how many times an entry is sent while Redis does not
+// take it (a heartbeat interval apart, at least a second) before it is
+// dropped: 5 minutes at the default interval, so the lease loss that a
+// Redis outage caused reaches the stream once Redis is back.
+const historyAttempts = 10
+
+// historian appends the history's entries from a goroutine of its own,
+// started with the first entry and stopped by close.
+type historian struct {
+	store  store.Store
+	log    *slog.Logger
+	maxLen int64
+	// opTimeout bounds each XADD; retry is the wait before sending again
+	// an entry Redis did not answer.
+	opTimeout, retry time.Duration
+
+	mu      sync.Mutex        // guards the fields below and the send on ch
+	failing map[string]string // peer → the cause of its last failed recovery, written once
+	started bool
+	closed  bool
+	ch      chan historyItem
+	quit    chan struct{} // closed by close: send what is queued once, then end
+	abort   context.CancelFunc
+	done    chan struct{}
+
+	dropped atomic.Uint64
+}
+
+type historyItem struct {
+	kind string
+	e    Event
+}
+
+// newHistorian returns the historian of w, or nil when the history is off.
+func newHistorian(w *Worker) *historian {
+	if w.opts.historyLen == 0 {
+		return nil
+	}
+	// Retried like a heartbeat, but not more than once a second: the
+	// entries are for people, later.
+	return &historian{store: w.store, log: w.log, maxLen: int64(w.opts.historyLen),
+		opTimeout: w.opts.opTimeout, retry: max(w.opts.heartbeatInterval, time.Second)}
+}
+
+// offer queues the entry e makes, if it makes one, without waiting.
+func (h *historian) offer(e Event) {
+	kind, ok := historyKind(e)
+	if !ok {
+		return
+	}
+	items := []historyItem{{kind, e}}
+	if kind == HistoryRowsRecovered && e.RowsQuarantined > 0 {
+		items = append(items, historyItem{HistoryRowsQuarantined, e})
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.repeat(kind, e) {
+		return
+	}
+	if h.closed {
+		h.dropped.Add(uint64(len(items)))
+		return
+	}
+	if !h.started {
+		h.start()
+	}
+	for _, it := range items {
+		select {
+		case h.ch <- it:
+		default:
+			h.dropped.Add(1)
+		}
+	}
+}
+
+// maxFailing bounds the peers whose failures repeat remembers.
+const maxFailing = 1024
+
+// repeat reports whether the entry only repeats what this worker wrote at
+// its last attempt on the same peer: a recovery that keeps failing for the
+// same cause is written once (its peer_dead and recovery_failed), not at
+// every scan, until it succeeds or the cause changes. h.mu is held.
+func (h *historian) repeat(kind string, e Event) bool {
+	cause, failed := h.failing[e.PeerID]
+	switch kind {
+	case HistoryPeerDead:
+		return failed
+	case HistoryRecoveryFailed:
+		msg := ""
+		if e.Err != nil {
+			msg = e.Err.Error()
+		}
+		if failed && cause == msg {
+			return true
+		}
+		if h.failing == nil || len(h.failing) >= maxFailing {
+			h.failing = make(map[string]string)
+		}
+		h.failing[e.PeerID] = msg
+		if failed { // a new cause: the attempt's peer_dead was held back
+			return false
+		}
+	case HistoryRowsRecovered:
+		delete(h.failing, e.PeerID)
+	}
+	return false
+}
+
+// start starts the goroutine; h.mu is held.
+func (h *historian) start() {
+	h.started = true
+	h.ch = make(chan historyItem, historyQueue)
+	h.quit = make(chan struct{})
+	h.done = make(chan struct{})
+	ctx, cancel := context.WithCancel(context.Background())
+	h.abort = cancel
+	go h.run(ctx)
+}
+
+// run appends the queued entries in order until close, then drains.
+func (h *historian) run(ctx context.Context) {
+	defer close(h.done)
+	failing := false
+	for {
+		select { // close first: a backlog must not be retried at Shutdown
+		case <-h.quit:
+			h.drain(ctx, failing)
+			return
+		default:
+		}
+		select {
+		case it := <-h.ch:
+			failing = !h.append(ctx, it, failing)
+		case <-h.quit:
+			h.drain(ctx, failing)
+			return
+		}
+	}
+}
+
+// drain sends what is left once each, in order, and drops the rest at the
+// first failure: Shutdown waits for at most one failed send here.
+func (h *historian) drain(ctx context.Context, failing bool) {
+	for {
+		select {
+		case it := <-h.ch:
+			if failing {
+				h.dropped.Add(1)
+				continue
+			}
+			failing = !h.appendOnce(ctx, it)
+		default:
+			return
+		}
+	}
+}
+
+// append sends one entry, again every retry interval while it fails, up
+// to historyAttempts times or until close. failing says whether the entry before failed: an outage is
+// logged once, at its first failure. It reports whether the entry was
+// appended.
+func (h *historian) append(ctx context.Context, it historyItem, failing bool) bool {
+	for attempt := 1; ; attempt++ {
+		err := h.send(ctx, it)
+		if err == nil {
+			if failing {
+				h.log.Info("fleet history appended again", slog.Uint64("history_dropped", h.dropped.Load()))
+			}
+			return true
+		}
+		if !failing {
+			h.log.Warn("fleet history not appended; entries are kept a while, then dropped",
+				slog.String("kind", it.kind), slog.Any("error", err))
+			failing = true
+		}
+		if attempt == historyAttempts {
+			h.dropped.Add(1)
+			return false
+		}
+		t := time.NewTimer(h.retry)
+		select {
+		case <-t.C:
+		case <-h.quit:
+			t.Stop()
+			return h.appendOnce(ctx, it)
+		}
+	}
+}
+
+// appendOnce sends one entry once, dropping it if that fails.
+func (h *historian) appendOnce(ctx context.Context, it historyItem) bool {
+	if err := h.send(ctx, it); err != nil {
+		h.dropped.Add(1)
+		return false
+	}
+	return true
+}
+
+func (h *historian) send(ctx context.Context, it historyItem) error {
+	if err := ctx.Err(); err != nil {
+		return err
+	}
+	opCtx, cancel := context.WithTimeout(ctx, h.opTimeout)
+	defer cancel()
+	return h.store.AppendHistory(opCtx, historyFields(it.kind, it.e), h.maxLen)
+}
+
+// close stops accepting entries and waits, within ctx, until the queued
+// ones are sent (once each, the first failure dropping the rest). If ctx
+// ends first, the send under way is abandoned and the rest dropped; close
+// returns ctx.Err() once the goroutine has ended, which is at once.
+func (h *historian) close(ctx context.Context) error {
+	h.mu.Lock()
+	if !h.closed {
+		h.closed = true
+		if h.started {
+			close(h.quit)
+		}
+	}
+	started, done, abort := h.started, h.done, h.abort
+	h.mu.Unlock()
+	if !started {
+		return nil
+	}
+	defer abort()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		abort()
+		<-done
+		return ctx.Err()
+	}
+}

@@ -1,0 +1,358 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration: a real recovery
+// on redis-server and PostgreSQL leaves, in the fleet's stream, who found
+// the peer dead and claimed it, how many rows it reset and quarantined and
+// how long that took; a failed recovery leaves its cause.
+func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 4, "H")
+	ctx := context.Background()
+	take(t, db, "dead-1", 1, 2, 3, 4)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 2 WHERE rowid IN (3, 4)`)
+	require.NoError(t, err)
+	plantDeadPeer(t, rdb, prefix, "dead-1", "1", "2", "3", "4")
+	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+	w, _ := newWorker(t, rdb, r, "rec-1", WithKeyPrefix(prefix), WithRowsSets())
+	began := time.Now()
+	rep, err := w.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+
+	// A second dead peer whose reset fails.
+	plantDeadPeer(t, rdb, prefix, "dead-2", "9")
+	failing, _ := newWorker(t, rdb, &fakeResetter{fail: map[string]error{"dead-2": errors.New("connection refused")}},
+		"rec-2", WithKeyPrefix(prefix))
+	_, err = failing.RecoverNow(ctx)
+	require.Error(t, err)
+	shutdown(t, w, failing) // sends what is queued
+
+	h, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{})
+	require.NoError(t, err)
+	var kinds []string
+	for _, e := range h {
+		kinds = append(kinds, e.Kind+" "+e.PeerID+" by "+e.InstanceID)
+	}
+	require.Equal(t, []string{
+		"peer_dead dead-1 by rec-1", "rows_recovered dead-1 by rec-1", "rows_quarantined dead-1 by rec-1",
+		"peer_dead dead-2 by rec-2", "recovery_failed dead-2 by rec-2",
+	}, kinds)
+	dead, recovered, quarantined, failed := h[0], h[1], h[2], h[4]
+	assert.Equal(t, "registry", dead.FoundBy)
+	assert.Equal(t, 4, recovered.Rows)
+	assert.Equal(t, int64(4), recovered.RowsReset, "quarantined rows count as reset")
+	assert.Equal(t, 2, recovered.RowsQuarantined)
+	assert.Equal(t, 2, quarantined.RowsQuarantined)
+	assert.Positive(t, recovered.Duration)
+	assert.Less(t, recovered.Duration, time.Since(began))
+	assert.LessOrEqual(t, dead.Duration, recovered.Duration, "claimed before the end")
+	assert.Contains(t, failed.Error, "connection refused")
+	for _, e := range h {
+		assert.WithinRange(t, e.Time, began, time.Now(), e.Kind)
+		assert.WithinDuration(t, e.Time, e.Added, time.Second, "Redis appended it at once")
+		assert.NotEmpty(t, e.ID)
+	}
+
+	// Since and Last select by the time Redis appended the entry.
+	last, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{Last: 2})
+	require.NoError(t, err)
+	assert.Equal(t, h[3:], last, "the newest two, oldest first")
+	none, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{Since: time.Now().Add(time.Second)})
+	require.NoError(t, err)
+	assert.Empty(t, none)
+	all, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{Since: began.Add(-time.Second)})
+	require.NoError(t, err)
+	assert.Equal(t, h, all)
+}
+
+// shutdown shuts workers down within 10 s.
+func shutdown(t *testing.T, ws ...*Worker) {
+	t.Helper()
+	for _, w := range ws {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		require.NoError(t, w.Shutdown(ctx))
+		cancel()
+	}
+}
+
+// TestHistoryOffAppendsNothing: WithHistory(0) writes no stream; a
+// negative length is refused.
+func TestHistoryOffAppendsNothing(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	prefix := testutil.Name("H")
+	plantDeadPeer(t, rdb, prefix, "dead-1", "1")
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "rec", WithKeyPrefix(prefix), WithHistory(0))
+	rep, err := w.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	shutdown(t, w)
+	n, err := rdb.Exists(ctx, store.HistoryKey(prefix)).Result()
+	require.NoError(t, err)
+	assert.Zero(t, n)
+
+	_, err = New(rdb, &fakeResetter{}, WithHistory(-1))
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "history length -1")
+}
+
+// TestHistoryKeepsTheLeaseLossItCouldNotWriteThen: a worker loses its
+// lease because Redis is gone; the entries wait and reach the stream once
+// Redis is back, in order.
+func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	prefix := testutil.Name("H")
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(200*time.Millisecond), WithRowsTTL(4*time.Second))
+	srv.Kill()
+	require.Eventually(t, func() bool { return w.Stats().LeaseLosses == 1 }, 5*time.Second, 10*time.Millisecond)
+	time.Sleep(300 * time.Millisecond) // the lease_lost entry has failed at least once
+	srv.Restart()
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond)
+	var h []HistoryEntry
+	require.Eventually(t, func() bool {
+		var err error
+		h, err = ReadHistory(context.Background(), rdb, prefix, HistoryQuery{})
+		return err == nil && len(h) == 2
+	}, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, HistoryLeaseLost, h[0].Kind)
+	assert.Equal(t, "w", h[0].InstanceID)
+	assert.GreaterOrEqual(t, h[0].Duration, 800*time.Millisecond, "since the last heartbeat: the lease's length")
+	assert.Equal(t, HistoryLeaseRegained, h[1].Kind)
+	assert.True(t, h[0].Added.After(h[0].Time), "appended after the fact")
+	assert.Zero(t, w.Stats().HistoryDropped)
+}
+
+// historyStore is a Store whose AppendHistory the test decides: it fails
+// while err is set, or blocks while block is set, and records what it
+// appended. Every other method is the nil Store's and panics.
+type historyStore struct {
+	store.Store
+	mu       sync.Mutex
+	err      error
+	block    chan struct{}
+	attempts int
+	appended [][]string
+}
+
+func (s *historyStore) AppendHistory(ctx context.Context, fields []string, maxLen int64) error {
+	s.mu.Lock()
+	s.attempts++
+	err, block := s.err, s.block
+	s.mu.Unlock()
+	if block != nil {
+		select {
+		case <-block:
+		case <-ctx.Done():
+			return ctx.Err()
+		}
+	}
+	if err != nil {
+		return err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.appended = append(s.appended, fields)
+	return nil
+}
+
+func (s *historyStore) set(err error, block chan struct{}) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.err, s.block = err, block
+}
+
+func (s *historyStore) peers() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []string
+	for _, f := range s.appended {
+		e := historyEntry(store.HistoryRecord{Fields: fieldMap(f)})
+		out = append(out, e.Kind+" "+e.PeerID)
+	}
+	return out
+}
+
+func fieldMap(f []string) map[string]string {
+	m := map[string]string{}
+	for i := 0; i+1 < len(f); i += 2 {
+		m[f[i]] = f[i+1]
+	}
+	return m
+}
+
+func newTestHistorian(s store.Store) *historian {
+	return &historian{store: s, log: discardLogger, maxLen: 100, opTimeout: 250 * time.Millisecond, retry: time.Second}
+}
+
+func failedEvent(peer string) Event {
+	return Event{Kind: EventRecoveryFailed, PeerID: peer, Time: time.Now(), Err: errors.New("boom")}
+}
+
+// TestHistorianRetriesWhileRedisIsDownThenDropsAndCounts: entries wait,
+// in order, while Redis fails, each retried a heartbeat interval apart;
+// one that fails historyAttempts times is dropped and counted; offer never
+// waits; close sends what is left once.
+func TestHistorianRetriesWhileRedisIsDownThenDropsAndCounts(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &historyStore{err: errors.New("dial tcp: connection refused")}
+		h := newTestHistorian(s)
+		h.offer(failedEvent("a"))
+		h.offer(failedEvent("b"))
+		h.offer(Event{Kind: EventHeartbeat}) // not history
+		time.Sleep(3*time.Second + time.Millisecond)
+		synctest.Wait()
+		s.mu.Lock()
+		assert.Equal(t, 4, s.attempts, "at 0, 1, 2, 3 s")
+		s.mu.Unlock()
+		s.set(nil, nil)
+		time.Sleep(time.Second)
+		synctest.Wait()
+		assert.Equal(t, []string{"recovery_failed a", "recovery_failed b"}, s.peers())
+		assert.Zero(t, h.dropped.Load())
+
+		s.set(errors.New("i/o timeout"), nil)
+		h.offer(failedEvent("c"))
+		time.Sleep(historyAttempts * time.Second)
+		synctest.Wait()
+		assert.Equal(t, uint64(1), h.dropped.Load(), "given up after %d attempts", historyAttempts)
+		s.set(nil, nil)
+		h.offer(failedEvent("d"))
+		require.NoError(t, h.close(context.Background()))
+		assert.Equal(t, []string{"recovery_failed a", "recovery_failed b", "recovery_failed d"}, s.peers())
+		h.offer(failedEvent("e"))
+		assert.Equal(t, uint64(2), h.dropped.Load(), "after close, offers are dropped")
+		require.NoError(t, h.close(context.Background()), "twice")
+	})
+}
+
+// TestHistorianNeverMakesARecoveryWait: with Redis hanging on every XADD,
+// offers return at once, the queue's overflow is counted, and close gives
+// up with its context and leaves no goroutine.
+func TestHistorianNeverMakesARecoveryWait(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &historyStore{block: make(chan struct{})}
+		h := newTestHistorian(s)
+		h.opTimeout = time.Hour // a hung server, and no timeout to save us
+		start := time.Now()
+		h.offer(failedEvent("first"))
+		synctest.Wait() // being sent
+		for i := range historyQueue + 9 {
+			h.offer(failedEvent(fmt.Sprint(i)))
+		}
+		assert.Zero(t, time.Since(start), "offer never waits")
+		synctest.Wait()
+		// One is being sent, historyQueue wait: the rest were dropped.
+		assert.Equal(t, uint64(9), h.dropped.Load())
+
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		assert.ErrorIs(t, h.close(ctx), context.DeadlineExceeded)
+		assert.Equal(t, time.Second, time.Since(start), "close waited for its context, no longer")
+		assert.Equal(t, uint64(historyQueue+10), h.dropped.Load(), "nothing was appended, everything counted")
+	})
+}
+
+// TestHistoryEntryRoundTrip: what historyFields writes historyEntry reads,
+// and an entry of an unknown kind or with garbage fields reads as far as
+// it can.
+func TestHistoryEntryRoundTrip(t *testing.T) {
+	at := time.Date(2026, 11, 23, 3, 12, 7, 123456789, time.UTC)
+	e := Event{Kind: EventRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2", FoundBy: "expiry",
+		Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}
+	got := historyEntry(store.HistoryRecord{ID: "1-0", Fields: fieldMap(historyFields(HistoryRowsRecovered, e))})
+	assert.Equal(t, HistoryEntry{ID: "1-0", Kind: HistoryRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2",
+		FoundBy: "expiry", Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}, got)
+
+	long := errors.New(string(make([]byte, 5000)))
+	f := fieldMap(historyFields(HistoryRecoveryFailed, Event{Kind: EventRecoveryFailed, Err: long}))
+	assert.Len(t, f[hfError], maxHistoryError+3, "clipped")
+
+	odd := historyEntry(store.HistoryRecord{Fields: map[string]string{"kind": "from_the_future", "rows": "many", "extra": "x"}})
+	assert.Equal(t, HistoryEntry{Kind: "from_the_future"}, odd)
+
+	for kind, want := range map[EventKind]bool{EventPeerClaimed: true, EventRowsRecovered: true, EventLeaseLost: true,
+		EventLeaseRegained: true, EventPeerDead: false, EventRowsReset: false, EventHeartbeat: false, EventScanFinished: false} {
+		_, ok := historyKind(Event{Kind: kind})
+		assert.Equal(t, want, ok, kind.String())
+	}
+	_, ok := historyKind(Event{Kind: EventRecoveryFailed})
+	assert.False(t, ok, "a failed scan is no recovery")
+}
+
+// TestHistoryWritesARepeatedFailureOnce: a recovery that keeps failing for
+// the same cause is written once, not at every scan; a new cause is
+// written, and so is the recovery that ends it, and the next death.
+func TestHistoryWritesARepeatedFailureOnce(t *testing.T) {
+	s := &historyStore{}
+	h := newTestHistorian(s)
+	claimed := Event{Kind: EventPeerClaimed, PeerID: "x", Time: time.Now()}
+	fail := func(cause string) Event {
+		return Event{Kind: EventRecoveryFailed, PeerID: "x", Time: time.Now(), Err: errors.New(cause)}
+	}
+	for _, e := range []Event{
+		claimed, fail("connection refused"),
+		claimed, fail("connection refused"),
+		claimed, fail("connection refused"),
+		claimed, fail("table batchrows does not exist"),
+		claimed, {Kind: EventRowsRecovered, PeerID: "x", Time: time.Now(), Rows: 2, RowsReset: 2},
+		claimed,
+	} {
+		h.offer(e)
+	}
+	require.NoError(t, h.close(context.Background()))
+	assert.Equal(t, []string{"peer_dead x", "recovery_failed x", "recovery_failed x", "rows_recovered x", "peer_dead x"}, s.peers())
+	assert.Zero(t, h.dropped.Load(), "held back, not dropped")
+}
+
+// TestStatsCountHistoryEntriesNotAppended: an entry that comes after
+// Shutdown, when nothing sends it any more, is counted in Stats.
+func TestStatsCountHistoryEntriesNotAppended(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w")
+	require.NoError(t, w.Shutdown(context.Background()))
+	w.emit(Event{Kind: EventLeaseLost})
+	w.emit(Event{Kind: EventHeartbeat}) // not history: not counted
+	assert.Equal(t, uint64(1), w.Stats().HistoryDropped)
+
+	off, _ := newWorker(t, rdb, &fakeResetter{}, "off", WithHistory(0))
+	off.emit(Event{Kind: EventLeaseLost})
+	assert.Zero(t, off.Stats().HistoryDropped, "no history, nothing to drop")
+}
+
+// TestShutdownWaitsForOneFailedSendNotTheBacklog: with Redis hanging and
+// a backlog queued, close without a deadline still returns after one more
+// failed send, dropping and counting the rest.
+func TestShutdownWaitsForOneFailedSendNotTheBacklog(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		s := &historyStore{block: make(chan struct{})} // every XADD hangs until its timeout
+		h := newTestHistorian(s)
+		for i := range 50 {
+			h.offer(failedEvent(fmt.Sprint(i)))
+		}
+		time.Sleep(500 * time.Millisecond) // the first send timed out; its retry waits
+		start := time.Now()
+		require.NoError(t, h.close(context.Background()))
+		assert.Equal(t, h.opTimeout, time.Since(start), "one last send of the entry under way, then the rest dropped")
+		assert.Equal(t, uint64(50), h.dropped.Load())
+		s.mu.Lock()
+		assert.Equal(t, 2, s.attempts)
+		s.mu.Unlock()
+	})
+}
