@@ -43,6 +43,7 @@ type options struct {
 	observerSet       bool
 	noSchemaCheck     bool
 	rowsSets          bool // WithRowsSets: no owner mode
+	instanceIDSet     bool // WithInstanceID: the ID may have had a predecessor
 	historyLen        int  // WithHistory; 0: off
 }
 
@@ -80,7 +81,7 @@ func defaultInstanceID() string {
 // hex digits>, unique per Worker even for containers with the same
 // hostname and PID started in the same second.
 func WithInstanceID(id string) Option {
-	return optionFunc(func(o *options) { o.instanceID = id })
+	return optionFunc(func(o *options) { o.instanceID, o.instanceIDSet = id, true })
 }
 
 // WithKeyPrefix sets the first part of every Redis key. Workers that must

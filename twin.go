@@ -75,10 +75,11 @@ func (w *Worker) twinPoll() time.Duration {
 // instance ID; it waits out a dead predecessor's heartbeat and recovers
 // the rows it left. It writes nothing to Redis but the recovery's own keys.
 //
-// In owner mode the predecessor is recovered even when Redis holds no
-// record of it (its keys may have expired long ago while PostgreSQL still
-// names the ID as the owner of rows in progress): nobody else would recover
-// those rows while this process heartbeats the ID. It goes through the
+// In owner mode a fixed ID's predecessor (WithInstanceID; the default ID
+// is new with every Worker) is recovered even when Redis holds no record of
+// it (its keys may have expired long ago while PostgreSQL still names the
+// ID as the owner of rows in progress): nobody else would recover those
+// rows while this process heartbeats the ID. It goes through the
 // claim like every recovery, so a peer's sweep recovering the same ID at
 // that moment is waited for, not raced.
 func (w *Worker) claimInstanceID(ctx context.Context) error {
@@ -95,7 +96,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || (w.ownerMode && !recovered):
+		case k.Record || (w.ownerMode && w.opts.instanceIDSet && !recovered):
 			if recovered, err = w.recoverPredecessor(ctx); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.
