@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Model-checks the recovery protocol (model/recovery.pml) with Spin: the
 # protocol with the fixes of H1-H3 must pass every property, exhaustively
-# in its scope; the protocol as the code is today, each fix removed, and
+# in its scope (the fixes are in the code; on Cluster H2's is not, see
+# docs/model.md); the protocol before the fixes, each fix removed, and
 # each deliberately broken variant must fail, with the property named
 # below, so the checker is shown to bite. docs/model.md explains the
 # checks and their figures.
@@ -26,7 +27,7 @@ checks=(
 	"safety|$FIXED $SMALL||pass"
 	"liveness|$FIXED $SMALL -DLIVE|-a -f|pass"
 	"liveness-TRACKAFTER|$FIXED -DTRACKAFTER $SMALL -DLIVE|-a -f|fail:acceptance-cycle"
-	"today|$SMALL||fail:any"
+	"before-H1-H3|$SMALL||fail:any"
 	"H1-no-hold|-DATOMICDEREG -DBEATLOST $SMALL||fail:s1_live_owner_reset"
 	"H2-no-atomic-dereg|-DHOLD -DBEATLOST $SMALL||fail:s4_owner_not_registered"
 	"H3-no-beat-cancels-lost|-DHOLD -DATOMICDEREG $SMALL||fail:stranded"

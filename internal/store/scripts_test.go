@@ -1,0 +1,72 @@
+package store
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// Model hole H3 (docs/model.md): a recoverer whose Claim answered "lost"
+// (a failed recovery's note, the record gone since) holds "lost:<token>",
+// which its Finish takes for its own claim. If the peer comes back, tracks
+// rows and dies again meanwhile, that Finish must not delete its new rows
+// set: the peer's heartbeat cancels a lost: claim as it cancels a token.
+func TestBeatCancelsALostClaim(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("SC"), time.Second)
+	ctx := context.Background()
+	k := s.Keys("w")
+
+	require.NoError(t, rdb.Set(ctx, k.Claim, FailedClaim, time.Minute).Err()) // an earlier recovery failed
+	res, err := s.ClaimDead(ctx, "w", "tok", time.Minute, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ClaimTakenLost, res, "no rows set: the record is lost")
+	require.Equal(t, "lost:tok", rdb.Get(ctx, k.Claim).Val())
+
+	// w comes back: its heartbeat, then a row tracked; then it dies.
+	b, err := s.Beat(ctx, "w", Heartbeat{Value: HeartbeatOf("p"), TTL: time.Minute, Incarnation: "i",
+		IncarnationTTL: time.Minute, RowsTTL: time.Minute})
+	require.NoError(t, err)
+	require.True(t, b.Wrote)
+	assert.Zero(t, rdb.Exists(ctx, k.Claim).Val(), "the heartbeat cancelled the lost: claim")
+	require.NoError(t, s.TrackRows(ctx, "w", []int64{7}, time.Minute))
+	require.NoError(t, rdb.Del(ctx, k.Heartbeat).Err()) // w died; its heartbeat expired
+
+	fin, err := s.FinishRecovery(ctx, "w", "tok", time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, FinishLost, fin, "the late finish has nothing to finish")
+	assert.True(t, rdb.SIsMember(ctx, k.Rows, "7").Val(), "w's new rows set is kept for the next recovery")
+}
+
+// Model hole H2 (docs/model.md): between a recoverer's finish and its
+// deregistration, the peer may come back, take rows and die again. On a
+// single server the deregistration removes it only while it has neither a
+// heartbeat nor a rows set, in one step.
+func TestDeregisterKeepsAPeerThatCameBackWithRows(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("SC"), time.Second)
+	ctx := context.Background()
+	k := s.Keys("w")
+	require.NoError(t, rdb.SAdd(ctx, s.Registry(), "w").Err())
+
+	// Came back, tracked a row, died: no heartbeat, a rows set.
+	require.NoError(t, s.TrackRows(ctx, "w", []int64{7}, time.Minute))
+	require.NoError(t, s.Deregister(ctx, "w"))
+	assert.True(t, rdb.SIsMember(ctx, s.Registry(), "w").Val(), "kept: the next scan recovers its row")
+
+	// Alive again: kept too.
+	require.NoError(t, rdb.Del(ctx, k.Rows).Err())
+	require.NoError(t, rdb.Set(ctx, k.Heartbeat, HeartbeatOf("p"), time.Minute).Err())
+	require.NoError(t, s.Deregister(ctx, "w"))
+	assert.True(t, rdb.SIsMember(ctx, s.Registry(), "w").Val(), "alive: kept")
+
+	// Dead with nothing left: removed.
+	require.NoError(t, rdb.Del(ctx, k.Heartbeat).Err())
+	require.NoError(t, s.Deregister(ctx, "w"))
+	assert.False(t, rdb.SIsMember(ctx, s.Registry(), "w").Val())
+}
