@@ -23,7 +23,8 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 	ctx := context.Background()
 	a, logs := startWorker(t, frozenClient, r, "A",
 		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
+		WithResetTimeout(500*time.Millisecond)) // the hold after the regain: a claim TTL, 875ms
 	take(t, db, "A", 1, 2, 3)
 	require.NoError(t, a.Track(ctx, 1, 2, 3))
 

@@ -82,6 +82,10 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		w.noteRegistry(res.RegistryErr)
 	}
 	if err != nil {
+		// The clean-up is retried by a later call; the events and the
+		// history are delivered (or dropped) now, so no goroutine of the
+		// Worker outlives a Shutdown that gave up, whatever the caller does.
+		_ = w.events.close(ctx)
 		if ctx.Err() != nil {
 			return ctx.Err()
 		}

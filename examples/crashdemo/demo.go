@@ -580,7 +580,7 @@ func (d *demo) cleanup() {
 	}
 	if d.rdb != nil {
 		if d.mr == nil { // someone else's Redis: remove our keys
-			ks := []string{store.RegistryKey(d.prefix), store.ScanTurnKey(d.prefix)}
+			ks := store.FleetKeys(d.prefix)
 			for _, p := range d.procs {
 				k := store.InstanceKeys(d.prefix, p.name)
 				ks = append(ks, k.Heartbeat, k.Rows, k.Claim, k.Incarnation)

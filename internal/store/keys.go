@@ -147,3 +147,10 @@ func InstanceOfHeartbeat(prefix, key string) (string, bool) {
 	id := key[len(head) : len(key)-len(tail)]
 	return id, ValidateName(id) == nil
 }
+
+// FleetKeys returns the names of the keys the fleet under prefix shares:
+// the registry, the scan and sweep turns and the history. A tool that
+// removes a fleet deletes these and every registered instance's Keys.
+func FleetKeys(prefix string) []string {
+	return []string{RegistryKey(prefix), ScanTurnKey(prefix), SweepTurnKey(prefix), HistoryKey(prefix)}
+}
