@@ -33,6 +33,7 @@ const (
 	interval         = 500 * time.Millisecond
 	recoveryInterval = time.Second
 	rowsTTL          = 6 * time.Second
+	resetTimeout     = 2 * time.Second
 	work             = 50 * time.Millisecond // per row
 	block            = 10                    // rows per block
 
@@ -237,6 +238,9 @@ func (e *env) workerArgs(id string, extra ...string) []string {
 		"-block", fmt.Sprint(block), "-work", e.cfg.work.String(),
 		"-heartbeat-ttl", ttl.String(), "-heartbeat-interval", interval.String(),
 		"-recovery-interval", recoveryInterval.String(), "-rows-ttl", rowsTTL.String(),
+		// A claim TTL of 2s + 3 × 250ms: how long a worker whose lost lease
+		// came back takes no rows (lease.go), as short as the timings.
+		"-reset-timeout", resetTimeout.String(),
 	}
 	if !e.cfg.ownerMode {
 		args = append(args, "-rows-sets")

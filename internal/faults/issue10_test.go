@@ -380,9 +380,11 @@ func TestScenarioF4ReplyToTheClaimScriptLost(t *testing.T) {
 
 // finishDelay is how long the recoverer of scenario F8 holds its finish
 // script after its reset committed: long enough for the paused worker to
-// resume and track a new block first, shorter than the heartbeat TTL so
-// that the finish finds the resumed worker's heartbeat.
-const finishDelay = 1200 * time.Millisecond
+// resume and track a new block first. A worker whose lost lease came back
+// takes no rows for a claim TTL (2s reset timeout + 3 × 250ms: model hole
+// H1's fix), so the finish now comes after the recoverer's claim context
+// has ended too.
+const finishDelay = resetTimeout + 3*250*time.Millisecond + 2*time.Second
 
 // Scenario F8: a worker is paused (SIGSTOP) past its TTL; the recoverer
 // (a worker that takes no rows, -recover-only) resets its rows and holds
@@ -409,7 +411,7 @@ func TestScenarioF8LateFinishKeepsTheTrackingOfAPeerThatCameBack(t *testing.T) {
 
 	require.Eventually(t, func() bool {
 		return e.count(`rowid = ANY($1) AND status = 'inprog' AND owner = $2`, stranded, w.id) == len(stranded)
-	}, 5*time.Second, time.Millisecond, "the resumed worker took its old rows again")
+	}, finishDelay+3*time.Second, time.Millisecond, "the resumed worker took its old rows again")
 	killedAt := time.Now()
 	w.kill(t)
 	retakenAfter := time.Since(resetAt)
@@ -417,7 +419,7 @@ func TestScenarioF8LateFinishKeepsTheTrackingOfAPeerThatCameBack(t *testing.T) {
 		retakenAfter.Seconds(), finishDelay)
 	require.Empty(t, missingFrom(e.rowsSet(w.id), stranded), "the re-taken rows are tracked")
 
-	rec.waitLog(t, "fault: finish script released", 5*time.Second)
+	rec.waitLog(t, "fault: finish script released", finishDelay+2*time.Second)
 	// The resumed worker's heartbeat cancelled the recoverer's claim (the
 	// Beat script), so the late finish finds it gone and leaves the rows
 	// set: "claim ... was lost". (A finish that still held its claim would
@@ -426,8 +428,12 @@ func TestScenarioF8LateFinishKeepsTheTrackingOfAPeerThatCameBack(t *testing.T) {
 	var outcome string
 	require.Eventually(t, func() bool {
 		for _, l := range peerLines([]*proc{rec}, "recovery of dead peer failed; will retry", w.id) {
-			if msg, _ := l["error"].(string); strings.Contains(msg, "was lost") {
+			msg, _ := l["error"].(string)
+			switch {
+			case strings.Contains(msg, "was lost"):
 				outcome = "claim cancelled by the resumed worker's heartbeat"
+			case strings.Contains(msg, "deadline exceeded"):
+				outcome = "the recoverer's claim context over"
 			}
 		}
 		for _, l := range peerLines([]*proc{rec}, "recovered rows of dead peer", w.id) {
