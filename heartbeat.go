@@ -167,7 +167,7 @@ func (w *Worker) noteLeaseLoss(cause error) {
 		return
 	}
 	since := w.lease.sinceRefresh()
-	if fencesByOwner(w.resetter) {
+	if fencesByOwner(w.resetter) && !mutantNoStickyLease {
 		// Only an owner-fenced host can do something safe with rows peers
 		// may have taken (Release them); without fencing the loss is not
 		// sticky, or such a host could never work again.
@@ -187,5 +187,10 @@ func jitter(d time.Duration, frac float64) time.Duration {
 	if d <= 0 {
 		return d
 	}
-	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
+	return time.Duration(float64(d) * (1 + frac*(2*jitterFloat()-1)))
 }
+
+// jitterFloat draws jitter's random fraction. The deterministic simulation
+// (sim_test.go) replaces it with a seeded source for the length of a run,
+// so that a seed replays the same timings.
+var jitterFloat = rand.Float64

@@ -53,7 +53,8 @@ func ownerModeOf(r RowResetter, o options) bool {
 // dead peer's rows by owner.
 func (w *Worker) OwnerMode() bool { return w.ownerMode }
 
-// resetOwnRows runs at Start in owner mode, before the first heartbeat,
+// resetOwnRows runs at Start in owner mode (and with the backstop sweep),
+// before the first heartbeat,
 // once no other live process holds the instance ID: rows that still name
 // this ID as their owner are a predecessor's (a process that crashed under
 // the same WithInstanceID), whose Redis record may have expired long ago.

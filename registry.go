@@ -68,8 +68,8 @@ func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error
 			dead = append(dead, peers[i])
 		}
 	}
-	if len(dead) == 0 {
-		return nil, nil
+	if len(dead) == 0 || mutantNoNodeAgeHold {
+		return dead, nil
 	}
 	return w.youngNodeHolds(ctx, dead, sent), nil
 }

@@ -91,7 +91,10 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.recoverPredecessor(ctx); err != nil {
 				return err
 			}
-		case w.ownerMode:
+		case w.ownerMode || w.sweeper != nil:
+			// Rows still owned by this ID are a predecessor's, whatever
+			// Redis remembers; the sweep never resets them while this
+			// process heartbeats the ID.
 			return w.resetOwnRows(ctx)
 		default:
 			return nil
