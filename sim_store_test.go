@@ -508,17 +508,19 @@ func (s *simStore) FailRecovery(ctx context.Context, peer, token string, noteTTL
 }
 
 func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
-	return s.takeTurn(ctx, store.ScanTurnKey(s.prefix), holder, ttl)
+	return s.takeTurn(ctx, "scanturn", store.ScanTurnKey(s.prefix), holder, ttl)
 }
 
 func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
-	return s.takeTurn(ctx, store.SweepTurnKey(s.prefix), holder, ttl)
+	return s.takeTurn(ctx, "sweepturn", store.SweepTurnKey(s.prefix), holder, ttl)
 }
 
 // takeTurn is turnScript.
-func (s *simStore) takeTurn(ctx context.Context, key, holder string, ttl time.Duration) (bool, error) {
+// Each turn has a stream of its own: the scan and the sweep loops start at
+// one instant.
+func (s *simStore) takeTurn(ctx context.Context, op, key, holder string, ttl time.Duration) (bool, error) {
 	var held bool
-	err := s.c.roundTrip(ctx, "turn", func(r *simRedis) {
+	err := s.c.roundTrip(ctx, op, func(r *simRedis) {
 		v, ok := r.getStr(key)
 		switch {
 		case ok && v == holder:
