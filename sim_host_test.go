@@ -29,6 +29,7 @@ type simProc struct {
 	started     time.Time // when Start returned
 	pausedUntil time.Time
 	held        map[int64]bool // rows fetched (committed) and not finished, released or given up
+	rolledBack  map[int64]bool // rows whose fetch rolled back after they were tracked
 
 	deadCh   chan struct{} // closed at the crash
 	hostStop context.CancelFunc

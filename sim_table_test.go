@@ -181,13 +181,18 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 		}
 		switch {
 		case w.freshAfterPromotion(r.p):
-			w.known++
+			w.known[knownFresh]++
 			w.tracef("KNOWN row %d reset under %s by %s, which started less than a TTL after a promotion (docs/safety.md §8)", id, h, r.p)
+		case !t.fenced && w.trackedThenRolledBack(instance, id):
+			// docs/safety.md §2: a tracked ID whose row is not ours is
+			// harmless only under owner fencing.
+			w.known[knownRolledBack]++
+			w.tracef("KNOWN row %d reset under %s: %s tracked it in a fetch that rolled back (no owner fencing, docs/safety.md §2)", id, h, instance)
 		case h.id == instance && row.takenAt.After(ref):
 			// Issue 10's closing note: owner fencing cannot tell two
 			// takes by one instance ID apart; closing it needs a per-take
 			// token in the owner column.
-			w.known++
+			w.known[knownTwoTakes]++
 			w.tracef("KNOWN row %d reset under %s, which took it after %s's claim or read of %s (one instance ID, two takes)", id, h, r.p, instance)
 		default:
 			w.violate("row %d reset (for %s, by %s) while %s holds it with a valid lease", id, instance, r.p, h)
@@ -327,6 +332,7 @@ func (p *simProc) rollback(ids []int64) {
 	for _, id := range ids {
 		if row := w.table.rows[id]; row.lockedBy == p {
 			row.lockedBy = nil
+			p.rolledBack[id] = true
 		}
 	}
 }
