@@ -41,7 +41,8 @@ test-faults: deps ## fault-injection suite (docs/reliability.md): real worker pr
 sim: ## deterministic simulation of the real Worker under faults (SEEDS=2000; replay one: SEED=n)
 	$(GO) vet -tags sim .
 	@if [ -n "$(SEED)" ]; then $(GO) test -tags sim -count=1 -run 'TestSimulation$$' -seed $(SEED) -v .; \
-	else $(GO) test -tags sim -count=1 -timeout 30m -run 'TestSimulation' -seeds $(SEEDS) .; fi
+	else $(GO) test -tags sim -count=1 -timeout 30m -run 'TestSimulation' -seeds $(SEEDS) . && \
+	$(GO) test -race -tags sim -count=1 -run 'TestSimulation$$' -seeds 50 .; fi
 
 sim-mutants: ## the simulation catches each reverted fix and mutation within the CI seed budget (SEEDS=2000)
 	$(GO) vet -tags simmutants .

@@ -187,14 +187,8 @@ func (c *simConn) roundTrip(ctx context.Context, op string, effect func(*simRedi
 				return err
 			}
 		}
-		w.mu.Lock()
-		switch {
-		case c.proc.dead:
-			w.mu.Unlock()
-			return errSimDead
-		case time.Now().Before(w.redis.downTill):
-			w.mu.Unlock()
-			return fmt.Errorf("%w: connection refused", errSimConn)
+		if err := c.arrive(func() bool { return time.Now().Before(w.redis.downTill) }, errSimConn); err != nil {
+			return err
 		}
 		effect(w.redis)
 		if lost {
@@ -219,6 +213,23 @@ func (c *simConn) roundTrip(ctx context.Context, op string, effect func(*simRedi
 			}
 		}
 	}
+}
+
+// arrive takes the world's lock at the instant a call reaches its server,
+// unless the process has crashed or the server is down (down is called
+// under the lock); on nil the caller holds the lock.
+func (c *simConn) arrive(down func() bool, errDown error) error {
+	w := c.world
+	w.mu.Lock()
+	switch {
+	case c.proc.dead:
+		w.mu.Unlock()
+		return errSimDead
+	case down():
+		w.mu.Unlock()
+		return fmt.Errorf("%w: connection refused", errDown)
+	}
+	return nil
 }
 
 // pg runs one PostgreSQL transaction: effect runs atomically at the
@@ -247,14 +258,8 @@ func (c *simConn) pg(ctx context.Context, op string, commit bool, effect func(*s
 	if err := c.proc.gate(ctx); err != nil {
 		return err
 	}
-	w.mu.Lock()
-	switch {
-	case c.proc.dead:
-		w.mu.Unlock()
-		return errSimDead
-	case w.pgDown():
-		w.mu.Unlock()
-		return fmt.Errorf("%w: connection refused", errSimPG)
+	if err := c.arrive(w.pgDown, errSimPG); err != nil {
+		return err
 	}
 	effect(w.table)
 	if lostAck {
@@ -294,7 +299,7 @@ func (p *simProc) host(ctx context.Context) {
 			}
 			if len(held) > 0 && p.world.table.fenced {
 				if err := p.w.Release(ctx, held...); err == nil {
-					p.world.tracef("%s host: lease lost (%v), released %v", p, lerr, held)
+					p.logf("host: lease lost (%v), released %v", lerr, held)
 					p.drop(held...)
 				}
 			}
@@ -318,18 +323,18 @@ func (p *simProc) host(ctx context.Context) {
 		switch {
 		case err != nil && fails[id] < 3:
 			fails[id]++
-			p.world.tracef("%s host: completion of row %d failed: %v", p, id, err)
+			p.logf("host: completion of row %d failed: %v", id, err)
 			continue // tried again
 		case err != nil:
 			// Give it back rather than hold it for ever.
 			if rerr := p.w.Release(ctx, id); rerr != nil {
 				continue
 			}
-			p.world.tracef("%s host: released row %d after failed completions", p, id)
+			p.logf("host: released row %d after failed completions", id)
 		case changed:
-			p.world.tracef("%s host: row %d done", p, id)
+			p.logf("host: row %d done", id)
 		default:
-			p.world.tracef("%s host: row %d was recovered under it: result discarded", p, id)
+			p.logf("host: row %d was recovered under it: result discarded", id)
 		}
 		delete(fails, id)
 		_ = p.w.Untrack(id)
@@ -357,7 +362,7 @@ func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
 		return
 	}
 	if err := p.commitBlock(ctx, ids); err != nil {
-		p.world.tracef("%s host: fetch of %v failed: %v", p, ids, err)
+		p.logf("host: fetch of %v failed: %v", ids, err)
 		_ = p.w.Untrack(ids...)
 		return
 	}
@@ -366,7 +371,14 @@ func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
 		p.held[id] = true
 	}
 	p.world.mu.Unlock()
-	p.world.tracef("%s host: fetched and tracked %v", p, ids)
+	p.logf("host: fetched and tracked %v", ids)
+}
+
+// logf traces a step of the host; it takes the world's lock.
+func (p *simProc) logf(format string, args ...any) {
+	p.world.mu.Lock()
+	defer p.world.mu.Unlock()
+	p.world.tracef("%s "+format, append([]any{p}, args...)...)
 }
 
 func (p *simProc) heldRows() []int64 {

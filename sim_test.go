@@ -197,6 +197,8 @@ type simSnap struct {
 	keys map[string]*simKey
 }
 
+// tracef records a step; the caller holds w.mu (or runs before any other
+// goroutine of the run).
 func (w *simWorld) tracef(format string, args ...any) {
 	line := fmt.Sprintf("%10.6fs  ", time.Since(w.start).Seconds()) + fmt.Sprintf(format, args...)
 	w.trace = append(w.trace, line)
