@@ -9,7 +9,8 @@ NESTED    ?= prom otel internal/modcheck
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps test test-unit test-integration test-faults model bench fuzz lint tidy demo
+.PHONY: help deps test test-unit test-integration test-faults model sim sim-mutants bench fuzz lint tidy demo
+SEEDS     ?= 2000
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
@@ -39,6 +40,16 @@ test-faults: deps ## fault-injection suite (docs/reliability.md): real worker pr
 
 model: deps ## model-check the recovery protocol with Spin (docs/model.md): fixes pass, holes and broken variants fail; ~1 min
 	scripts/model.sh
+
+sim: ## deterministic simulation of the real Worker under faults (SEEDS=2000; replay one: SEED=n)
+	$(GO) vet -tags sim .
+	@if [ -n "$(SEED)" ]; then $(GO) test -tags sim -count=1 -run 'TestSimulation$$' -seed $(SEED) -v .; \
+	else $(GO) test -tags sim -count=1 -timeout 30m -run 'TestSimulation' -seeds $(SEEDS) . && \
+	$(GO) test -race -tags sim -count=1 -run 'TestSimulation$$' -seeds 50 .; fi
+
+sim-mutants: ## the simulation catches each reverted fix and mutation within the CI seed budget (SEEDS=2000)
+	$(GO) vet -tags simmutants .
+	$(GO) test -tags simmutants -count=1 -timeout 60m -run 'TestSimulationCatchesMutants' -seeds $(SEEDS) -v .
 
 bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)

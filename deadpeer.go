@@ -98,7 +98,8 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: w.ownerMode || foundBy == foundBySweep, token: newToken()}
+		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweeper != nil),
+		token:   newToken()}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
 	pr := r.rep
@@ -144,6 +145,9 @@ type peerRecovery struct {
 	byOwner bool      // reset every row the peer owns (the sweep), not its rows set
 	token   string
 	rep     PeerRecovery
+	// back is set when the peer came back between the claim and the read
+	// of its rows set: nothing was reset.
+	back bool
 }
 
 // run takes the claim and, if it got it, resets, finishes and deregisters.
@@ -179,6 +183,9 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if err := r.reset(claimCtx, res == store.ClaimTaken); err != nil {
 		r.release()
 		return true, err
+	}
+	if r.back {
+		return false, nil // alive again: left alone, as if found alive at the claim
 	}
 	if r.byOwner && res != store.ClaimTaken && r.rep.RowsFound == 0 {
 		r.rep.NoRecord = true // nothing in Redis, nothing owned: it died idle
@@ -225,6 +232,23 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	ids, bad := parseRowIDs(members)
 	r.rep.RowsFound, r.rep.InvalidMembers = len(ids), bad
 	if len(ids) == 0 {
+		return nil
+	}
+	// The peer may have come back between the claim and the read: its
+	// heartbeat cancelled the claim, and the set now lists rows it took
+	// since, under a valid lease, which the owner guard cannot tell from
+	// its old ones (found by the simulation, seed 530). Any heartbeat
+	// cancels the claim, and a worker tracks nothing before a heartbeat
+	// renews its lease, so a claim still ours after the read means the
+	// set was read whole while the peer was dead. Claiming again is a
+	// retry of our own call when nothing changed.
+	again, err := r.claim(ctx)
+	if err != nil {
+		return err
+	}
+	if !again.Taken() {
+		r.back = true
+		r.rep.RowsFound = 0
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)

@@ -159,7 +159,7 @@ func (h *heartbeater) retryDelay(n int) time.Duration {
 	for i := 1; i < n && d < iv; i++ {
 		d *= 2
 	}
-	return jitter(min(d, iv), 0.2)
+	return h.w.jitter("heartbeat", min(d, iv), 0.2)
 }
 
 // noteLeaseLoss notes, once per loss, that the lease has ended.
@@ -168,7 +168,7 @@ func (w *Worker) noteLeaseLoss(cause error) {
 		return
 	}
 	since := w.lease.sinceRefresh()
-	if fencesByOwner(w.resetter) {
+	if fencesByOwner(w.resetter) && !mutantNoStickyLease {
 		// Only an owner-fenced host can do something safe with rows peers
 		// may have taken (Release them); without fencing the loss is not
 		// sticky, or such a host could never work again.
@@ -185,8 +185,24 @@ func (w *Worker) noteLeaseLoss(cause error) {
 
 // jitter returns d changed by a random fraction in [-frac, +frac].
 func jitter(d time.Duration, frac float64) time.Duration {
+	return jitterBy(rand.Float64(), d, frac)
+}
+
+// jitter is jitter for one of w's loops ("heartbeat", "scan", "sweep"),
+// drawn through jitterSource.
+func (w *Worker) jitter(loop string, d time.Duration, frac float64) time.Duration {
+	return jitterBy(jitterSource(w, loop), d, frac)
+}
+
+func jitterBy(f float64, d time.Duration, frac float64) time.Duration {
 	if d <= 0 {
 		return d
 	}
-	return time.Duration(float64(d) * (1 + frac*(2*rand.Float64()-1)))
+	return time.Duration(float64(d) * (1 + frac*(2*f-1)))
 }
+
+// jitterSource draws the random fraction of a loop's jitter. The
+// deterministic simulation (sim_test.go) replaces it for the length of a
+// run with a seeded stream per worker and loop, so that a seed replays the
+// same timings whatever order the loops draw in.
+var jitterSource = func(*Worker, string) float64 { return rand.Float64() }

@@ -39,8 +39,10 @@ import (
 //     set): since = now, the promotion time being unknown but not later;
 //   - a node that answers as a replica: no verdict this time.
 //
-// A server that started empty cannot hold a stale registry, so it holds
-// nothing back. Start records every master, so a failover after Start is a
+// A server that started empty cannot hold a stale registry, so on a first
+// look it holds nothing back; but a restart the worker saw (the run ID
+// changed) holds verdicts for a TTL from the start whatever the server
+// loaded: the registry a scan read may come from before the restart. Start records every master, so a failover after Start is a
 // change; a Worker that first looks at a node within a TTL after that node
 // was promoted can only go by its uptime (docs/safety.md).
 
@@ -131,8 +133,14 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 		changed := known || (!initial && len(a.nodes) > 0)
 		ns := &nodeSeen{runID: f.runID, replID: f.replID}
 		// uptime_in_seconds is the difference of two whole Unix seconds:
-		// it overstates the time since the start by up to a second.
-		if up := max(f.uptime-time.Second, 0); f.withData && up < ttl {
+		// it overstates the time since the start by up to a second. A
+		// restart this worker saw holds verdicts back even if the server
+		// started empty: a scan may have read the registry before the
+		// restart and the heartbeats after it, or a live worker's Track
+		// may have written its rows set again before its next heartbeat
+		// (found by the simulation, seed 1365).
+		restarted := known && s.runID != f.runID
+		if up := max(f.uptime-time.Second, 0); (f.withData || restarted) && up < ttl {
 			ns.since = recv.Add(-up)
 		}
 		if changed && f.shifted {

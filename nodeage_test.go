@@ -182,6 +182,12 @@ func TestNodeAgesHoldVerdictsForATTLAfterARestartWithDataOrAPromotion(t *testing
 	assert.True(t, until.IsZero(), "a server that started empty holds no stale registry")
 
 	a = nodeAges{}
+	a.observe("", old, t0, ttl, false)
+	until, _ = a.observe("", nodeFacts{runID: "r9", replID: "x9", master: true, uptime: 3 * time.Second}, t0.Add(time.Minute), ttl, false)
+	assert.Equal(t, t0.Add(time.Minute).Add(-2*time.Second).Add(ttl), until,
+		"a restart the worker saw, even empty: held a TTL from the start (a scan may have read the registry before it)")
+
+	a = nodeAges{}
 	until, first := a.observe("", loaded, t0, ttl, false)
 	assert.Equal(t, t0.Add(-2*time.Second).Add(ttl), until, "start with data: held a TTL from the start (uptime less its rounding)")
 	assert.True(t, first)

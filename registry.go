@@ -79,8 +79,8 @@ func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]
 			dead = append(dead, peers[i])
 		}
 	}
-	if len(dead) == 0 {
-		return nil, nil
+	if len(dead) == 0 || mutantNoNodeAgeHold {
+		return dead, nil
 	}
 	return w.youngNodeHolds(ctx, dead, sent, strict), nil
 }

@@ -137,7 +137,7 @@ func (r *recoverer) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		t.Reset(jitter(w.opts.recoveryInterval, 0.1))
+		t.Reset(w.jitter("scan", w.opts.recoveryInterval, 0.1))
 	}
 }
 

@@ -72,7 +72,7 @@ func (s *sweeper) run(ctx context.Context) {
 			return
 		}
 		s.w.rlog.swept(rep, err)
-		t.Reset(jitter(s.w.opts.recoveryInterval, 0.1))
+		t.Reset(s.w.jitter("sweep", s.w.opts.recoveryInterval, 0.1))
 	}
 }
 

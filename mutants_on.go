@@ -1,0 +1,10 @@
+//go:build simmutants
+
+package recovery
+
+// The simulation's mutants (see mutants_off.go): variables here, which
+// sim_mutants_test.go turns on one at a time.
+var (
+	mutantNoStickyLease bool
+	mutantNoNodeAgeHold bool
+)

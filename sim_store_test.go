@@ -1,0 +1,587 @@
+//go:build sim || simmutants
+
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/alya/recovery/internal/store"
+)
+
+// The deterministic simulation's Redis: an in-memory model of the Redis
+// semantics the library relies on, on the bubble's fake clock. Keys are
+// strings or sets with an absolute expiry (as Redis keeps them, and as an
+// RDB file stores them); the six scripts of internal/store/scripts.go are
+// mirrored line by line and run atomically under the world's lock; a
+// pipeline runs as the Redis implementation sends it (one round trip, its
+// commands in order); methods the Redis implementation sends in several
+// round trips (Deregister, ReadRows) are several round trips here too.
+//
+// simStore is one worker's client: every round trip goes through
+// simConn.roundTrip, which draws the latency and the faults (a reply lost
+// after the command ran, retried as go-redis does; a server that is down)
+// and blocks while the worker is paused.
+
+// simKey is one key: a string or a set, with an absolute expiry (zero:
+// none).
+type simKey struct {
+	str    string
+	set    map[string]struct{}
+	isSet  bool
+	expire time.Time
+}
+
+func (k *simKey) clone() *simKey {
+	c := *k
+	if k.isSet {
+		c.set = maps.Clone(k.set)
+	}
+	return &c
+}
+
+// simRedis is the server: its keys and what INFO says about it.
+type simRedis struct {
+	keys     map[string]*simKey
+	runID    string
+	replID   string
+	started  time.Time // for uptime_in_seconds
+	loaded   int       // rdb_last_load_keys_loaded
+	shifted  bool      // second_repl_offset set: promoted
+	downTill time.Time // refuses connections until then
+	runs     int       // restarts and failovers, for run IDs
+}
+
+func newSimRedis(now time.Time) *simRedis {
+	return &simRedis{keys: map[string]*simKey{}, runID: "run0", replID: "repl0", started: now}
+}
+
+// get returns the live key, expiring it lazily.
+func (r *simRedis) get(k string) *simKey {
+	e, ok := r.keys[k]
+	if !ok {
+		return nil
+	}
+	if !e.expire.IsZero() && !time.Now().Before(e.expire) {
+		delete(r.keys, k)
+		return nil
+	}
+	return e
+}
+
+func (r *simRedis) getStr(k string) (string, bool) {
+	e := r.get(k)
+	if e == nil || e.isSet {
+		return "", false
+	}
+	return e.str, true
+}
+
+func (r *simRedis) exists(k string) bool { return r.get(k) != nil }
+
+// set is SET k v PX ttl (ttl 0: no expiry).
+func (r *simRedis) set(k, v string, ttl time.Duration) {
+	e := &simKey{str: v}
+	if ttl > 0 {
+		e.expire = time.Now().Add(ttl)
+	}
+	r.keys[k] = e
+}
+
+func (r *simRedis) del(ks ...string) {
+	for _, k := range ks {
+		delete(r.keys, k)
+	}
+}
+
+func (r *simRedis) pexpire(k string, ttl time.Duration) {
+	if e := r.get(k); e != nil {
+		e.expire = time.Now().Add(ttl)
+	}
+}
+
+func (r *simRedis) sadd(k string, ms ...string) {
+	if len(ms) == 0 {
+		return
+	}
+	e := r.get(k)
+	if e == nil {
+		e = &simKey{isSet: true, set: map[string]struct{}{}}
+		r.keys[k] = e
+	}
+	for _, m := range ms {
+		e.set[m] = struct{}{}
+	}
+}
+
+func (r *simRedis) srem(k string, ms ...string) {
+	e := r.get(k)
+	if e == nil || !e.isSet {
+		return
+	}
+	for _, m := range ms {
+		delete(e.set, m)
+	}
+	if len(e.set) == 0 {
+		delete(r.keys, k) // Redis deletes an emptied set
+	}
+}
+
+func (r *simRedis) smembers(k string) []string {
+	e := r.get(k)
+	if e == nil || !e.isSet {
+		return nil
+	}
+	return slices.Sorted(maps.Keys(e.set))
+}
+
+func (r *simRedis) sismember(k, m string) bool {
+	e := r.get(k)
+	if e == nil || !e.isSet {
+		return false
+	}
+	_, ok := e.set[m]
+	return ok
+}
+
+// pttl is PTTL as go-redis returns it: -2ns absent, -1ns no expiry.
+func (r *simRedis) pttl(k string) time.Duration {
+	e := r.get(k)
+	switch {
+	case e == nil:
+		return -2
+	case e.expire.IsZero():
+		return -1
+	}
+	return e.expire.Sub(time.Now()).Truncate(time.Millisecond)
+}
+
+// snapshot copies every live key with its absolute expiry, as an RDB file
+// would.
+func (r *simRedis) snapshot() map[string]*simKey {
+	out := make(map[string]*simKey, len(r.keys))
+	for k := range r.keys {
+		if e := r.get(k); e != nil {
+			out[k] = e.clone()
+		}
+	}
+	return out
+}
+
+// restart starts the server again with keys (nil: empty) after down: a
+// new run ID; with keys, rdb_last_load_keys_loaded counts those still
+// live.
+func (r *simRedis) restart(keys map[string]*simKey, down time.Duration) {
+	r.runs++
+	now := time.Now()
+	r.keys = map[string]*simKey{}
+	for k, e := range keys {
+		r.keys[k] = e.clone()
+	}
+	r.loaded = 0
+	for k := range r.keys {
+		if r.get(k) != nil {
+			r.loaded++
+		}
+	}
+	r.runID = fmt.Sprintf("run%d", r.runs)
+	r.replID = fmt.Sprintf("repl%d", r.runs)
+	r.started = now.Add(down)
+	r.shifted = false
+	r.downTill = now.Add(down)
+}
+
+// failover promotes a replica that has keys (the master's state some
+// moments ago): it was up all along, its run ID and replication ID are
+// new and second_repl_offset is set.
+func (r *simRedis) failover(keys map[string]*simKey, down time.Duration, replicaStarted time.Time) {
+	r.restart(keys, down)
+	r.started = replicaStarted
+	r.loaded = 0
+	r.shifted = true
+}
+
+// info is INFO server, replication and persistence, as nodeage.go reads
+// them.
+func (r *simRedis) info() string {
+	now := time.Now()
+	off := "-1"
+	if r.shifted {
+		off = "1"
+	}
+	return fmt.Sprintf("run_id:%s\nuptime_in_seconds:%d\nrole:master\nmaster_replid:%s\nsecond_repl_offset:%s\nrdb_last_load_keys_loaded:%d\naof_enabled:0\n",
+		r.runID, now.Unix()-r.started.Unix(), r.replID, off, r.loaded)
+}
+
+// errSimConn is a connection refused, a reset or a read timeout: what a
+// round trip to a server that is down, or whose reply was lost, returns.
+var errSimConn = errors.New("sim: connection lost")
+
+// simStore is one worker's view of the simulated Redis: the store.Store
+// its Worker talks through.
+type simStore struct {
+	c      *simConn
+	prefix string
+}
+
+var _ store.Store = (*simStore)(nil)
+
+func (s *simStore) r() *simRedis { return s.c.world.redis }
+
+func (s *simStore) Keys(id string) store.Keys { return store.InstanceKeys(s.prefix, id) }
+func (s *simStore) Registry() string          { return store.RegistryKey(s.prefix) }
+
+func idStrings(ids []int64) []string {
+	out := make([]string, len(ids))
+	for i, id := range ids {
+		out[i] = strconv.FormatInt(id, 10)
+	}
+	return out
+}
+
+// Beat is beatScript and the registry SADD in one pipeline.
+func (s *simStore) Beat(ctx context.Context, id string, b store.Heartbeat) (store.BeatResult, error) {
+	k := s.Keys(id)
+	m := s.c.world.mut
+	var res store.BeatResult
+	err := s.c.roundTrip(ctx, "beat", func(r *simRedis) {
+		res = store.BeatResult{}
+		if v, ok := r.getStr(k.Heartbeat); ok && v != b.Value {
+			res.Foreign = true
+		} else {
+			if c, ok := r.getStr(k.Claim); ok && !m.f8 && c != store.FailedClaim &&
+				!strings.HasPrefix(c, "done:") && !strings.HasPrefix(c, "lost:") {
+				r.del(k.Claim)
+			}
+			r.set(k.Heartbeat, b.Value, b.TTL)
+			r.set(k.Incarnation, b.Incarnation, b.IncarnationTTL)
+			r.srem(k.Rows, idStrings(b.Remove)...)
+			if !m.noRewrite {
+				r.sadd(k.Rows, idStrings(b.Add)...)
+			}
+			r.pexpire(k.Rows, b.RowsTTL)
+			res.Wrote = true
+		}
+		r.sadd(s.Registry(), id)
+	})
+	if err != nil {
+		s.c.trace("heartbeat failed: %v", err)
+		return store.BeatResult{RegistryErr: err}, fmt.Errorf("heartbeat %s: %w", k.Heartbeat, err)
+	}
+	s.c.trace("heartbeat: wrote %v, foreign %v, tracked %d", res.Wrote, res.Foreign, len(b.Add))
+	return res, nil
+}
+
+func (s *simStore) TrackRows(ctx context.Context, id string, rows []int64, ttl time.Duration) error {
+	k := s.Keys(id)
+	return s.c.roundTrip(ctx, "track", func(r *simRedis) {
+		r.sadd(k.Rows, idStrings(rows)...)
+		r.pexpire(k.Rows, ttl)
+	})
+}
+
+func (s *simStore) UntrackRows(ctx context.Context, id string, rows []int64) error {
+	k := s.Keys(id)
+	return s.c.roundTrip(ctx, "untrack", func(r *simRedis) { r.srem(k.Rows, idStrings(rows)...) })
+}
+
+func (s *simStore) RetrackRows(ctx context.Context, id string, rows []int64) error {
+	k := s.Keys(id)
+	return s.c.roundTrip(ctx, "retrack", func(r *simRedis) { r.sadd(k.Rows, idStrings(rows)...) })
+}
+
+func (s *simStore) RotateIncarnation(ctx context.Context, id string, gone []int64, next string, ttl time.Duration) error {
+	k := s.Keys(id)
+	return s.c.roundTrip(ctx, "rotate", func(r *simRedis) {
+		r.srem(k.Rows, idStrings(gone)...)
+		r.set(k.Incarnation, next, ttl)
+	})
+}
+
+func (s *simStore) ReadOwn(ctx context.Context, id string) (store.Own, error) {
+	k := s.Keys(id)
+	var own store.Own
+	err := s.c.roundTrip(ctx, "readown", func(r *simRedis) {
+		v, _ := r.getStr(k.Heartbeat)
+		own = store.Own{Value: v, PTTL: r.pttl(k.Heartbeat), Record: r.exists(k.Rows) || r.exists(k.Incarnation)}
+	})
+	if err != nil {
+		return store.Own{}, fmt.Errorf("read heartbeat %s: %w", k.Heartbeat, err)
+	}
+	return own, nil
+}
+
+// Leave is leaveScript, the registry SREM unless Stay, and the rows written
+// back, in one pipeline.
+func (s *simStore) Leave(ctx context.Context, id string, d store.Departure) (store.LeaveResult, error) {
+	k := s.Keys(id)
+	err := s.c.roundTrip(ctx, "leave", func(r *simRedis) {
+		if v, ok := r.getStr(k.Heartbeat); ok && v == d.Value {
+			r.del(k.Heartbeat)
+		}
+		if !d.Stay {
+			r.srem(s.Registry(), id)
+		}
+		if len(d.Tracked) > 0 {
+			r.sadd(k.Rows, idStrings(d.Tracked)...)
+			r.pexpire(k.Rows, d.RowsTTL)
+		}
+		r.srem(k.Rows, idStrings(d.Unremoved)...)
+	})
+	return store.LeaveResult{Deregistered: !d.Stay}, err
+}
+
+func (s *simStore) RegistryMembers(ctx context.Context) ([]string, error) {
+	var out []string
+	err := s.c.roundTrip(ctx, "smembers", func(r *simRedis) { out = r.smembers(s.Registry()) })
+	if err != nil {
+		return nil, fmt.Errorf("read registry: %w", err)
+	}
+	return out, nil
+}
+
+func (s *simStore) IsRegistered(ctx context.Context, id string) (bool, error) {
+	var ok bool
+	err := s.c.roundTrip(ctx, "sismember", func(r *simRedis) { ok = r.sismember(s.Registry(), id) })
+	return ok, err
+}
+
+// Deregister is three round trips, as the Redis implementation sends it.
+func (s *simStore) Deregister(ctx context.Context, id string) error {
+	s.c.trace("deregister %s", id)
+	if err := s.c.roundTrip(ctx, "deregister", func(r *simRedis) { r.srem(s.Registry(), id) }); err != nil {
+		return fmt.Errorf("deregister %s: %w", id, err)
+	}
+	var alive bool
+	if err := s.c.roundTrip(ctx, "exists", func(r *simRedis) { alive = r.exists(s.Keys(id).Heartbeat) }); err != nil {
+		return fmt.Errorf("recheck heartbeat of %s: %w", id, err)
+	}
+	if alive {
+		return s.c.roundTrip(ctx, "reregister", func(r *simRedis) { r.sadd(s.Registry(), id) })
+	}
+	return nil
+}
+
+func (s *simStore) Heartbeats(ctx context.Context, ids []string) ([]store.Liveness, error) {
+	out := make([]store.Liveness, len(ids))
+	err := s.c.roundTrip(ctx, "heartbeats", func(r *simRedis) {
+		for i, id := range ids {
+			out[i] = store.Absent
+			if r.exists(s.Keys(id).Heartbeat) {
+				out[i] = store.Alive
+			}
+		}
+	})
+	if err != nil && len(ids) > 0 {
+		return make([]store.Liveness, len(ids)), fmt.Errorf("check heartbeats of %d peers: %w", len(ids), err)
+	}
+	return out, nil
+}
+
+// ClaimDead is claimScript.
+func (s *simStore) ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (store.ClaimResult, error) {
+	k := s.Keys(peer)
+	m := s.c.world.mut
+	var res store.ClaimResult
+	err := s.c.roundTrip(ctx, "claim", func(r *simRedis) {
+		res = func() store.ClaimResult {
+			if !m.claimNoRecheck && r.exists(k.Heartbeat) {
+				return store.ClaimAlive
+			}
+			held, isHeld := r.getStr(k.Claim)
+			failed := false
+			switch {
+			case isHeld && !m.f4 && (held == token || held == "lost:"+token):
+			case isHeld && held == store.FailedClaim:
+				failed = true
+			case isHeld:
+				return store.ClaimHeld
+			}
+			if r.exists(k.Rows) {
+				r.set(k.Claim, token, claimTTL)
+				s.c.claimAt[peer] = time.Now()
+				if !m.f1 {
+					r.pexpire(k.Rows, rowsTTL)
+					r.pexpire(k.Incarnation, rowsTTL)
+				}
+				return store.ClaimTaken
+			}
+			if failed || (isHeld && held == "lost:"+token) {
+				r.set(k.Claim, "lost:"+token, claimTTL)
+				s.c.claimAt[peer] = time.Now()
+				return store.ClaimTakenLost
+			}
+			r.set(k.Claim, token, claimTTL)
+			s.c.claimAt[peer] = time.Now()
+			return store.ClaimTakenNoRecord
+		}()
+	})
+	s.c.trace("claim %s: %d %v", peer, res, err)
+	if res == store.ClaimTakenNoRecord || res == store.ClaimTakenLost {
+		s.c.world.mu.Lock()
+		s.c.world.unrecorded[peer] = true
+		s.c.world.mu.Unlock()
+	}
+	if err != nil {
+		return store.ClaimHeld, fmt.Errorf("claim: %w", err)
+	}
+	return res, nil
+}
+
+// ReadRows is a GET and one SSCAN page (the sets here are far smaller
+// than a page): two round trips.
+func (s *simStore) ReadRows(ctx context.Context, peer string) (string, []string, error) {
+	k := s.Keys(peer)
+	var inc string
+	opCtx, cancel := context.WithTimeout(ctx, s.c.opTimeout)
+	err := s.c.roundTrip(opCtx, "getinc", func(r *simRedis) { inc, _ = r.getStr(k.Incarnation) })
+	cancel()
+	if err != nil {
+		return "", nil, fmt.Errorf("read incarnation %s: %w", k.Incarnation, err)
+	}
+	var members []string
+	opCtx, cancel = context.WithTimeout(ctx, s.c.opTimeout)
+	defer cancel()
+	err = s.c.roundTrip(opCtx, "sscan", func(r *simRedis) {
+		members = r.smembers(k.Rows)
+		s.c.readAt[peer] = time.Now()
+	})
+	s.c.trace("read rows of %s: %s %v %v", peer, short(inc), members, err)
+	if err != nil {
+		return "", nil, fmt.Errorf("read rows set %s: %w", k.Rows, err)
+	}
+	return inc, members, nil
+}
+
+// FinishRecovery is finishScript.
+func (s *simStore) FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (store.FinishResult, error) {
+	k := s.Keys(peer)
+	m := s.c.world.mut
+	var res store.FinishResult
+	err := s.c.roundTrip(ctx, "finish", func(r *simRedis) {
+		res = func() store.FinishResult {
+			held, _ := r.getStr(k.Claim)
+			if held == "lost:"+token {
+				held = token
+			}
+			switch held {
+			case "done:1:" + token:
+				return store.FinishDone
+			case "done:2:" + token:
+				return store.FinishBack
+			case token:
+			default:
+				return store.FinishLost
+			}
+			result := store.FinishBack
+			if !r.exists(k.Heartbeat) || m.f8 {
+				r.del(k.Rows, k.Incarnation)
+				result = store.FinishDone
+			}
+			r.set(k.Claim, fmt.Sprintf("done:%d:%s", result, token), tombstoneTTL)
+			return result
+		}()
+	})
+	s.c.trace("finish %s: %d %v", peer, res, err)
+	if err != nil {
+		return store.FinishLost, fmt.Errorf("delete rows set after reset: %w", err)
+	}
+	return res, nil
+}
+
+// FailRecovery is failScript.
+func (s *simStore) FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) error {
+	k := s.Keys(peer)
+	err := s.c.roundTrip(ctx, "fail", func(r *simRedis) {
+		if held, ok := r.getStr(k.Claim); ok && (held == token || held == "lost:"+token) {
+			r.set(k.Claim, store.FailedClaim, noteTTL)
+		}
+	})
+	s.c.trace("fail recovery of %s: %v", peer, err)
+	return err
+}
+
+func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
+	return s.takeTurn(ctx, "scanturn", store.ScanTurnKey(s.prefix), holder, ttl)
+}
+
+func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
+	return s.takeTurn(ctx, "sweepturn", store.SweepTurnKey(s.prefix), holder, ttl)
+}
+
+// takeTurn is turnScript.
+// Each turn has a stream of its own: the scan and the sweep loops start at
+// one instant.
+func (s *simStore) takeTurn(ctx context.Context, op, key, holder string, ttl time.Duration) (bool, error) {
+	var held bool
+	err := s.c.roundTrip(ctx, op, func(r *simRedis) {
+		v, ok := r.getStr(key)
+		switch {
+		case ok && v == holder:
+			r.pexpire(key, ttl)
+			held = true
+		case !r.exists(key):
+			r.set(key, holder, ttl)
+			held = true
+		default:
+			held = false
+		}
+	})
+	if err != nil {
+		return false, fmt.Errorf("take %s: %w", key, err)
+	}
+	return held, nil
+}
+
+func (s *simStore) NodeOf(context.Context, string) (string, error) { return "", nil }
+
+func (s *simStore) NodeInfo(ctx context.Context, node string) (string, error) {
+	var info string
+	err := s.c.roundTrip(ctx, "info", func(r *simRedis) { info = r.info() })
+	if err != nil {
+		return "", fmt.Errorf("read INFO: %w", err)
+	}
+	return info, nil
+}
+
+func (s *simStore) MasterInfos(ctx context.Context) (map[string]string, error) {
+	info, err := s.NodeInfo(ctx, "")
+	if err != nil {
+		return nil, err
+	}
+	return map[string]string{"": info}, nil
+}
+
+func (s *simStore) Masters(context.Context) ([]string, error) { return []string{""}, nil }
+
+func (s *simStore) EnableExpiredEvents(context.Context, string, bool) (string, error) {
+	return "", errors.New("sim: expiry notifications are not modelled")
+}
+
+func (s *simStore) SubscribeExpired(context.Context, string) (store.Subscription, error) {
+	return nil, errors.New("sim: expiry notifications are not modelled")
+}
+
+func (s *simStore) Turns(context.Context) (scan, sweep store.Turn, err error) {
+	return scan, sweep, errors.New("sim: Turns is not modelled")
+}
+
+func (s *simStore) AppendHistory(context.Context, []string, int64) error {
+	return errors.New("sim: the history is not modelled (workers run WithHistory(0))")
+}
+
+func (s *simStore) ReadHistory(context.Context, store.HistoryQuery) ([]store.HistoryRecord, error) {
+	return nil, errors.New("sim: the history is not modelled")
+}
+
+func (s *simStore) EvictionPolicy(context.Context) (string, error) { return "noeviction", nil }
+
+func (s *simStore) Describe(context.Context, []string) ([]store.Instance, error) {
+	return nil, errors.New("sim: Describe is not modelled")
+}

@@ -1,0 +1,361 @@
+//go:build sim || simmutants
+
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"maps"
+	"slices"
+	"time"
+)
+
+// The deterministic simulation's PostgreSQL: the rows table the host
+// fetches from and the resetter resets, with PgxResetter's semantics
+// (pgx_sql.go, pgx_resetter.go, pgx_ledger.go): the status guard, the owner
+// guard and owner = NULL on reset (WithOwnerColumn), the recovery count
+// and quarantine (WithRecoveryCountColumn, WithMaxRecoveries), the reset
+// ledger without an owner column, the rows "not reset", ResetOwnerRows and
+// the owners of rows in progress. Each transaction runs atomically at one
+// instant of the fake clock, under the world's lock: serializable, which
+// PostgreSQL's row locks in ID order give the resetter's statements (a
+// fetch's uncommitted rows are still queued to every other statement, so
+// no reset ever waits on one). simConn.pg draws the faults: the database
+// down, slow, or losing a COMMIT's acknowledgement after the commit.
+
+// Row statuses.
+const (
+	stQueued = "queued"
+	stInprog = "inprog"
+	stDone   = "done"
+	stFailed = "failed" // quarantined
+)
+
+type simRow struct {
+	status string
+	owner  string // "" is NULL
+	count  int    // recovery count
+	// Bookkeeping of the simulation, not columns.
+	takes       int      // committed fetches
+	taker       *simProc // the process of the last committed fetch
+	takenAt     time.Time
+	lockedBy    *simProc // an open fetch transaction holds the row
+	completions int      // guarded completions that changed the row
+	resets      int      // resets that changed the row (recovery and Release)
+	doneBy      *simProc // who completed it
+}
+
+// simTable is the rows table and the reset ledger.
+type simTable struct {
+	rows   map[int64]*simRow
+	fenced bool // WithOwnerColumn
+	ledger bool // the reset ledger (no owner column)
+	maxRec int  // WithMaxRecoveries; 0 off
+	// recorded is the ledger: instance, incarnation, row.
+	recorded map[ledgerKey]bool
+}
+
+type ledgerKey struct {
+	instance, incarnation string
+	row                   int64
+}
+
+func newSimTable(n int, fenced, ledger bool, maxRec int) *simTable {
+	t := &simTable{rows: map[int64]*simRow{}, fenced: fenced, ledger: ledger, maxRec: maxRec, recorded: map[ledgerKey]bool{}}
+	for id := int64(1); id <= int64(n); id++ {
+		t.rows[id] = &simRow{status: stQueued}
+	}
+	return t
+}
+
+func (t *simTable) ids() []int64 { return slices.Sorted(maps.Keys(t.rows)) }
+
+// settled is the rest query's test: queued, done, quarantined, or (with
+// owner fencing) owned by another instance.
+func (t *simTable) settled(r *simRow, owner string) bool {
+	switch r.status {
+	case stQueued, stDone:
+		return true
+	case stFailed:
+		if t.maxRec > 0 {
+			return true
+		}
+	}
+	return t.fenced && r.owner != owner
+}
+
+// simResetter is one process's PgxResetter over the simulated table.
+type simResetter struct {
+	p *simProc
+}
+
+var (
+	_ IncarnationResetter = (*simResetter)(nil)
+	_ ResetReporter       = (*simResetter)(nil)
+	_ OwnerFencer         = (*simResetter)(nil)
+	_ OwnerSweeper        = (*simResetter)(nil)
+	_ RowStateReader      = (*simResetter)(nil)
+)
+
+func (r *simResetter) table() *simTable { return r.p.world.table }
+
+func (r *simResetter) FencesByOwner() bool { return r.p.world.table.fenced }
+
+func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
+	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
+	return res.Reset, err
+}
+
+func (r *simResetter) ResetRowsReport(ctx context.Context, dead string, ids []int64) (ResetResult, error) {
+	return r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
+}
+
+// ResetIncarnation is PgxResetter.ResetIncarnation: one transaction.
+func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if len(req.RowIDs) == 0 {
+		return ResetResult{}, nil
+	}
+	ids := slices.Clone(req.RowIDs)
+	slices.Sort(ids)
+	ids = slices.Compact(ids)
+	var res ResetResult
+	err := r.p.conn.pg(ctx, "reset", true, func(t *simTable) {
+		res = ResetResult{}
+		ledger := t.ledger && req.Incarnation != ""
+		if ledger {
+			ids = slices.DeleteFunc(ids, func(id int64) bool {
+				return t.recorded[ledgerKey{req.InstanceID, req.Incarnation, id}]
+			})
+		}
+		for _, id := range ids {
+			row := t.rows[id]
+			if row == nil || !r.matches(t, row, req.InstanceID) {
+				continue
+			}
+			r.apply(t, id, row, req.InstanceID, false, &res)
+			if ledger {
+				t.recorded[ledgerKey{req.InstanceID, req.Incarnation, id}] = true
+			}
+		}
+		for _, id := range ids {
+			if row := t.rows[id]; row != nil && !t.settled(row, req.InstanceID) {
+				res.NotReset = append(res.NotReset, RowState{ID: id, Status: row.status, Owner: row.owner})
+			}
+		}
+		r.p.world.tracef("%s reset %s/%s rows %v: changed %d, quarantined %v, not reset %d",
+			r.p, req.InstanceID, short(req.Incarnation), ids, res.Reset, res.Quarantined, len(res.NotReset))
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, err)
+	}
+	return res, nil
+}
+
+// matches is the reset's WHERE: the status guard and, fenced, the owner
+// guard.
+func (r *simResetter) matches(t *simTable, row *simRow, instance string) bool {
+	if t.fenced && row.owner != instance {
+		return false
+	}
+	if r.p.world.mut.noStatusGuard {
+		return row.status != stQueued
+	}
+	return row.status == stInprog
+}
+
+// apply resets one row, after checking the safety invariants on it.
+func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string, byOwner bool, res *ResetResult) {
+	w := r.p.world
+	// Without owner fencing nothing tells a row of a worker paused past its
+	// TTL, which resumed and took its lease back, from the same row of
+	// that worker presumed dead (docs/reliability.md: "without owner
+	// fencing a paused worker's rows are done twice"): only another
+	// instance's rows are protected there.
+	if h := row.taker; h != nil && h != r.p && h.holdsLive(id) && (t.fenced || h.id != instance) {
+		// What the recoverer learnt the rows from: its claim (by owner) or
+		// its read of the rows set (by IDs).
+		ref := r.p.conn.readAt[instance]
+		if byOwner {
+			ref = r.p.conn.claimAt[instance]
+		}
+		switch {
+		case w.freshAfterPromotion(r.p):
+			w.known[knownFresh]++
+			w.tracef("KNOWN row %d reset under %s by %s, which started less than a TTL after a promotion (docs/safety.md §8)", id, h, r.p)
+		case !t.fenced && w.trackedThenRolledBack(instance, id):
+			// docs/safety.md §2: a tracked ID whose row is not ours is
+			// harmless only under owner fencing.
+			w.known[knownRolledBack]++
+			w.tracef("KNOWN row %d reset under %s: %s tracked it in a fetch that rolled back (no owner fencing, docs/safety.md §2)", id, h, instance)
+		case h.id == instance && row.takenAt.After(ref):
+			// Issue 10's closing note: owner fencing cannot tell two
+			// takes by one instance ID apart; closing it needs a per-take
+			// token in the owner column.
+			w.known[knownTwoTakes]++
+			w.tracef("KNOWN row %d reset under %s, which took it after %s's claim or read of %s (one instance ID, two takes)", id, h, r.p, instance)
+		default:
+			w.violate("row %d reset (for %s, by %s) while %s holds it with a valid lease", id, instance, r.p, h)
+		}
+	}
+	row.count++
+	row.resets++
+	if row.resets > row.takes {
+		w.violate("row %d reset %d times for %d takes: a reset applied twice", id, row.resets, row.takes)
+	}
+	row.status = stQueued
+	if t.maxRec > 0 && row.count >= t.maxRec {
+		row.status = stFailed
+		res.Quarantined = append(res.Quarantined, id)
+	}
+	if t.fenced {
+		row.owner = ""
+	}
+	res.Reset++
+}
+
+// ResetOwnerRows is PgxResetter.ResetOwnerRows: every row in progress
+// owner owns, in one transaction.
+func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+	if !r.table().fenced {
+		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
+	}
+	var res ResetResult
+	err := r.p.conn.pg(ctx, "resetowner", true, func(t *simTable) {
+		res = ResetResult{}
+		var changed []int64
+		for _, id := range t.ids() {
+			if row := t.rows[id]; r.matches(t, row, owner) {
+				r.apply(t, id, row, owner, true, &res)
+				changed = append(changed, id)
+			}
+		}
+		r.p.world.tracef("%s reset rows owned by %s: %v", r.p, owner, changed)
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
+	}
+	return res, nil
+}
+
+func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
+	if !r.table().fenced {
+		return nil, fmt.Errorf("%w: in-progress owners need WithOwnerColumn", ErrInvalidConfig)
+	}
+	var out []string
+	err := r.p.conn.pg(ctx, "owners", false, func(t *simTable) {
+		seen := map[string]bool{}
+		for _, row := range t.rows {
+			if row.status == stInprog && row.owner != "" {
+				seen[row.owner] = true
+			}
+		}
+		out = slices.Sorted(maps.Keys(seen))
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
+	}
+	return out, nil
+}
+
+func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	var out []RowState
+	err := r.p.conn.pg(ctx, "rowstates", false, func(t *simTable) {
+		out = nil
+		for _, id := range slices.Sorted(slices.Values(ids)) {
+			if row := t.rows[id]; row != nil {
+				out = append(out, RowState{ID: id, Status: row.status, Owner: row.owner})
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read row states: %w", err)
+	}
+	return out, nil
+}
+
+func (r *simResetter) InProgress(s RowState, owner string) bool {
+	return s.Status == stInprog && (!r.table().fenced || s.Owner == owner)
+}
+
+// The host's statements.
+
+// lockBlock is the fetch's first statement, in its transaction: up to n
+// queued rows not locked by another transaction (SKIP LOCKED), locked by
+// p, lowest IDs first.
+func (p *simProc) lockBlock(ctx context.Context, n int) ([]int64, error) {
+	var ids []int64
+	err := p.conn.pg(ctx, "fetch", false, func(t *simTable) {
+		ids = nil
+		for _, id := range t.ids() {
+			if row := t.rows[id]; row.status == stQueued && row.lockedBy == nil {
+				row.lockedBy = p
+				ids = append(ids, id)
+				if len(ids) == n {
+					break
+				}
+			}
+		}
+	})
+	return ids, err
+}
+
+// commitBlock marks the locked rows in progress and owned by p (the owner
+// column exists only with fencing), and commits. On an error the
+// transaction is rolled back.
+func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
+	err := p.conn.pg(ctx, "commit", false, func(t *simTable) {
+		for _, id := range ids {
+			row := t.rows[id]
+			row.lockedBy = nil
+			row.status = stInprog
+			if t.fenced {
+				row.owner = p.id
+			}
+			row.takes++
+			row.taker = p
+			row.takenAt = time.Now()
+		}
+	})
+	if err != nil {
+		p.rollback(ids)
+	}
+	return err
+}
+
+// rollback ends p's fetch transaction without effect (the connection is
+// gone, or the host rolled it back).
+func (p *simProc) rollback(ids []int64) {
+	w := p.world
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		if row := w.table.rows[id]; row.lockedBy == p {
+			row.lockedBy = nil
+			p.rolledBack[id] = true
+		}
+	}
+}
+
+// complete is the guarded completion: done only while the row is in
+// progress (and, fenced, owned by p). It reports whether it changed the
+// row.
+func (p *simProc) complete(ctx context.Context, id int64) (bool, error) {
+	var changed bool
+	err := p.conn.pg(ctx, "complete", true, func(t *simTable) {
+		row := t.rows[id]
+		changed = row.status == stInprog && (!t.fenced || row.owner == p.id)
+		if !changed {
+			return
+		}
+		row.status = stDone
+		row.completions++
+		row.doneBy = p
+		if row.completions > 1 {
+			p.world.violate("row %d completed %d times", id, row.completions)
+		}
+	})
+	return changed, err
+}
+
+var errSimPG = errors.New("sim: PostgreSQL connection lost")
