@@ -21,9 +21,11 @@ import (
 //
 // Track returns ErrNotStarted before Start, ErrShutdown after Shutdown and
 // ErrLeaseLost while the heartbeat lease is lost; in those cases nothing is
-// recorded. If only the Redis write fails, the IDs are kept in memory and
-// written with the next heartbeat, so a row the host goes on to process is
-// still protected; call Untrack for rows the host will not process.
+// recorded. If only the Redis write fails (rows-set mode), the IDs are kept
+// in memory and written with the next heartbeat: a row the host goes on to
+// process is protected from then on, but a crash before that heartbeat
+// strands it unless the backstop sweep is on. The safe reaction to any
+// Track error is to roll the fetch back (and Untrack the IDs).
 func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	switch w.state.Load() {
 	case stateNew:

@@ -65,7 +65,7 @@ type lifecycle struct {
 // (the loop) and runOnce (one turn, which tests call).
 type loops struct {
 	heart   *heartbeater    // heartbeat.go
-	recov   *recoverer      // scan.go
+	recov   *recoverer      // recovery.go
 	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
 	sweeper *sweeper        // sweep.go; nil without WithBackstopSweep
 	checker *selfChecker    // selfcheck.go; nil unless the resetter is a RowStateReader
