@@ -149,7 +149,6 @@ func BenchmarkTrackBlockOf100(b *testing.B) {
 // its inverse.
 func BenchmarkHostLoop(b *testing.B) {
 	rdb := testutil.Redis(b)
-	ctx := context.Background()
 	for _, mode := range []struct {
 		name string
 		opts []Option
@@ -158,33 +157,39 @@ func BenchmarkHostLoop(b *testing.B) {
 		{"untrack=deferred", []Option{WithDeferredUntrack(20 * time.Millisecond)}},
 	} {
 		b.Run(mode.name, func(b *testing.B) {
-			w := benchWorker(b, rdb, mode.opts...)
-			block := make([]int64, 10)
-			next := int64(0)
-			work := func() { time.Sleep(time.Millisecond) } // the host's work on a row, beside which the library is measured
-			withLib := func() {
-				for i := range block {
-					next++
-					block[i] = next
-				}
-				if err := w.Track(ctx, block...); err != nil {
-					panic(err)
-				}
-				for _, id := range block {
-					work()
-					if err := w.Untrack(id); err != nil {
-						panic(err)
-					}
-				}
-			}
-			plain := func() {
-				for range block {
-					work()
-				}
-			}
-			paired(b, "plain", withLib, plain)
+			pairedHostLoop(b, benchWorker(b, rdb, mode.opts...))
 		})
 	}
+}
+
+// pairedHostLoop runs the host loop (blocks of 10, 1 ms a row; Track the
+// block, Untrack each row) with w against the same loop without it.
+func pairedHostLoop(b *testing.B, w *Worker) {
+	ctx := context.Background()
+	block := make([]int64, 10)
+	next := int64(0)
+	work := func() { time.Sleep(time.Millisecond) }
+	withLib := func() {
+		for i := range block {
+			next++
+			block[i] = next
+		}
+		if err := w.Track(ctx, block...); err != nil {
+			panic(err)
+		}
+		for _, id := range block {
+			work()
+			if err := w.Untrack(id); err != nil {
+				panic(err)
+			}
+		}
+	}
+	plain := func() {
+		for range block {
+			work()
+		}
+	}
+	paired(b, "plain", withLib, plain)
 }
 
 // naiveScan is the design's scan written by hand: SMEMBERS, then one

@@ -44,30 +44,7 @@ func BenchmarkHostLoopOwnerMode(b *testing.B) {
 	if !w.OwnerMode() {
 		b.Fatal("not in owner mode")
 	}
-	block := make([]int64, 10)
-	next := int64(0)
-	work := func() { time.Sleep(time.Millisecond) }
-	withLib := func() {
-		for i := range block {
-			next++
-			block[i] = next
-		}
-		if err := w.Track(ctx, block...); err != nil {
-			panic(err)
-		}
-		for _, id := range block {
-			work()
-			if err := w.Untrack(id); err != nil {
-				panic(err)
-			}
-		}
-	}
-	plain := func() {
-		for range block {
-			work()
-		}
-	}
-	paired(b, "plain", withLib, plain)
+	pairedHostLoop(b, w)
 }
 
 // commandCalls returns the total calls of every command but INFO from INFO

@@ -4,7 +4,6 @@ package faults
 
 import (
 	"context"
-	"syscall"
 	"testing"
 	"time"
 
@@ -54,34 +53,6 @@ func TestScenarioO1OwnerModeSigkillOneOfThreeMidBlock(t *testing.T) {
 	e.waitGone(victim.id, 2*time.Second)
 	e.noRowsSets(ids...)
 	e.finish(true)
-}
-
-// Scenario O2: scenario 4 in owner mode, owner guard: a worker stopped for
-// longer than the TTL is recovered by owner; when it resumes its lease is
-// lost and it does nothing twice.
-func TestScenarioO2OwnerModeSigstopPastTheTTLThenSigcont(t *testing.T) {
-	e := newEnv(t, "O2 owner mode: SIGSTOP past the TTL, SIGCONT", envConfig{rows: 200, ownerMode: true})
-	ws := e.start([]string{"o2-w1", "o2-w2", "o2-w3"})
-	victim := ws[0]
-	e.waitMidBlock(victim)
-	stoppedAt := time.Now()
-	victim.signal(t, syscall.SIGSTOP)
-	stranded := e.inprogOf(victim.id)
-	require.NotEmpty(t, stranded)
-	e.res.Detection = e.waitReset(victim.id, stranded, stoppedAt, detectionBound)
-	e.res.Bound = detectionBound
-	require.Eventually(t, func() bool {
-		return e.count(`rowid = ANY($1) AND status = 'queued'`, stranded) == 0
-	}, 10*time.Second, 10*time.Millisecond, "stranded rows taken again by peers")
-	time.Sleep(time.Until(stoppedAt.Add(ttl)))
-	victim.signal(t, syscall.SIGCONT)
-	victim.waitLog(t, "heartbeat lease lost: peers may recover this worker's rows; stop taking rows and release unfinished ones", 5*time.Second)
-
-	e.finish(true)
-	var discarded int
-	require.NoError(t, e.query(&discarded, `SELECT count(*) FROM ledger WHERE instance = $1 AND outcome = 'discarded'`, victim.id))
-	assert.LessOrEqual(t, discarded, 1, "rows worked on after the lease was lost")
-	e.res.note("stranded=%d discarded_by_resumed_worker=%d", len(stranded), discarded)
 }
 
 // Scenario O3: a worker is SIGKILLed and redis-server restarts empty right

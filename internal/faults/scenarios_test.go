@@ -116,10 +116,22 @@ func TestScenario03SigtermFinishesTheBlock(t *testing.T) {
 // SIGCONT. Its peers presume it dead and recover its rows; when it resumes
 // it finds its lease lost. With owner fencing no row may be done twice;
 // with weaker completion guards the duplicates are measured.
+//
+// The owner guard runs twice: with rows sets (-rows-sets, as written before
+// owner mode) and in owner mode (O2).
 func TestScenario04SigstopPastTheTTLThenSigcont(t *testing.T) {
-	for _, guard := range []string{"owner", "status", "none"} {
-		t.Run(guard, func(t *testing.T) {
-			e := newEnv(t, "4 SIGSTOP past the TTL, SIGCONT (guard "+guard+")", envConfig{rows: 200})
+	for _, v := range []struct {
+		name, guard string
+		ownerMode   bool
+	}{
+		{"4 SIGSTOP past the TTL, SIGCONT (guard owner)", "owner", false},
+		{"4 SIGSTOP past the TTL, SIGCONT (guard status)", "status", false},
+		{"4 SIGSTOP past the TTL, SIGCONT (guard none)", "none", false},
+		{"O2 owner mode: SIGSTOP past the TTL, SIGCONT", "owner", true},
+	} {
+		guard := v.guard
+		t.Run(v.name, func(t *testing.T) {
+			e := newEnv(t, v.name, envConfig{rows: 200, ownerMode: v.ownerMode})
 			ws := e.start([]string{"s4-w1", "s4-w2", "s4-w3"}, "-guard", guard)
 			victim := ws[0]
 			e.waitMidBlock(victim)
