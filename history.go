@@ -239,6 +239,10 @@ type historian struct {
 	store  store.Store
 	log    *slog.Logger
 	maxLen int64
+	// running reports whether the Worker's loops run: only then is there
+	// a Shutdown to stop the historian's goroutine. A Worker used without
+	// Start (RecoverNow from an operator tool) appends inline instead.
+	running func() bool
 	// opTimeout bounds each XADD; retry is the wait before sending again
 	// an entry Redis did not answer.
 	opTimeout, retry time.Duration
@@ -268,7 +272,8 @@ func newHistorian(w *Worker) *historian {
 	// Retried like a heartbeat, but not more than once a second: the
 	// entries are for people, later.
 	return &historian{store: w.store, log: w.log, maxLen: int64(w.opts.historyLen),
-		opTimeout: w.opts.opTimeout, retry: max(w.opts.heartbeatInterval, time.Second)}
+		opTimeout: w.opts.opTimeout, retry: max(w.opts.heartbeatInterval, time.Second),
+		running: func() bool { return w.state.Load() == stateRunning }}
 }
 
 // offer queues the entry e makes, if it makes one, without waiting.
@@ -288,6 +293,16 @@ func (h *historian) offer(e Event) {
 	}
 	if h.closed {
 		h.dropped.Add(uint64(len(items)))
+		return
+	}
+	if !h.started && h.running != nil && !h.running() {
+		// No Start, so maybe no Shutdown: no goroutine of ours may be
+		// left behind. Append inline, once each, without the lock.
+		h.mu.Unlock()
+		defer h.mu.Lock()
+		for _, it := range items {
+			h.appendOnce(context.Background(), it)
+		}
 		return
 	}
 	if !h.started {

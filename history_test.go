@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -356,4 +357,25 @@ func TestShutdownWaitsForOneFailedSendNotTheBacklog(t *testing.T) {
 		assert.Equal(t, 2, s.attempts)
 		s.mu.Unlock()
 	})
+}
+
+// A Worker used without Start (RecoverNow from an operator tool) may never
+// be shut down: its history entries are appended inline, and no goroutine
+// of the historian is left behind.
+func TestHistoryOfAWorkerWithoutStartLeavesNoGoroutine(t *testing.T) {
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("H")
+	plantDeadPeer(t, rdb, prefix, "dead", "1", "2")
+	w, err := New(rdb, &fakeResetter{}, WithKeyPrefix(prefix), WithLogger(discardLogger))
+	require.NoError(t, err)
+
+	rep, err := w.RecoverNow(context.Background())
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+
+	buf := make([]byte, 1<<20)
+	assert.NotContains(t, string(buf[:runtime.Stack(buf, true)]), "recovery.(*historian).run", "no goroutine without Start")
+	h, err := ReadHistory(context.Background(), rdb, prefix, HistoryQuery{})
+	require.NoError(t, err)
+	assert.NotEmpty(t, h, "the entries were appended inline")
 }
