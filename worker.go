@@ -152,8 +152,15 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // WithInstanceID) is waited out until its key expires, at most its
 // remaining TTL, and the rows it left tracked are then recovered, under
 // its incarnation, before this worker's first heartbeat: they are not
-// this worker's. ctx bounds the wait; a Start that gives up has written
-// nothing and can be retried (by a restarted process too).
+// this worker's. In owner mode (with WithInstanceID, or the backstop sweep)
+// the rows PostgreSQL still names this ID the owner of are recovered the
+// same way, under the claim on the ID, even when Redis remembers nothing of
+// the predecessor. ctx bounds the wait; a Start that gives up has written
+// nothing but that recovery's claim and can be retried (by a restarted
+// process too).
+//
+// A Worker whose lost lease comes back holds it for a claim TTL before
+// CheckLease reports nil (see CheckLease).
 //
 // ctx bounds only Start itself. The loops run until Shutdown, whatever
 // happens to ctx: a worker that stops refreshing its heartbeat while it
