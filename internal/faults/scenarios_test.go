@@ -527,7 +527,13 @@ func TestScenario10aGarbageInRedis(t *testing.T) {
 // more than the 250 ms operation timeout the suite's heartbeat interval
 // implies, so the operation timeout (and with it the heartbeat interval it
 // may not exceed, and the TTL) is raised.
-var hugeTimings = []string{"-heartbeat-ttl", "6s", "-heartbeat-interval", "2s", "-op-timeout", "2s", "-rows-ttl", "20s"}
+//
+// Everything a recoverer does under its claim (every SSCAN page, the
+// reset) must end within the claim TTL, reset timeout + 3 × operation
+// timeout: the reset timeout is raised to 10s too (the suite's 2s would
+// give the claim too little time for a million members).
+var hugeTimings = []string{"-heartbeat-ttl", "6s", "-heartbeat-interval", "2s", "-op-timeout", "2s", "-rows-ttl", "20s",
+	"-reset-timeout", "10s"}
 
 // Scenario 10b: a dead peer's rows set holds 1,000,000 IDs (rows 11-20
 // and IDs of rows that do not exist). With an operation timeout long enough
@@ -573,7 +579,9 @@ func TestScenario10bMillionIDRowsSetWithTheStandardOperationTimeout(t *testing.T
 	const huge = "s10-huge-peer"
 	e.plantHugePeer(huge)
 	startedAt := time.Now()
-	e.start([]string{"kb-w1", "kb-w2", "kb-w3"})
+	// The standard timings but the reset timeout: reading a million
+	// members in 250ms pages takes longer than the suite's 2.75s claim.
+	e.start([]string{"kb-w1", "kb-w2", "kb-w3"}, "-reset-timeout", "10s")
 	e.res.Detection = e.waitReset(huge, ids(11, 20), startedAt, 10*time.Second)
 	e.res.Bound = 10 * time.Second
 	e.finish(true)
