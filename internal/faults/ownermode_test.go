@@ -32,29 +32,6 @@ func (e *env) noRowsSets(ids ...string) {
 	}
 }
 
-// Scenario O1: scenario 1 in owner mode. SIGKILL one of three mid-block:
-// its rows are reset by owner within the detection bound, and no worker
-// ever wrote a rows set.
-func TestScenarioO1OwnerModeSigkillOneOfThreeMidBlock(t *testing.T) {
-	e := newEnv(t, "O1 owner mode: SIGKILL one of three mid-block", envConfig{rows: 300, ownerMode: true})
-	ids := []string{"o1-w1", "o1-w2", "o1-w3"}
-	ws := e.start(ids)
-	victim := ws[0]
-	e.waitMidBlock(victim)
-	e.noRowsSets(ids...)
-	killedAt := time.Now()
-	victim.kill(t)
-	stranded := e.inprogOf(victim.id)
-	require.NotEmpty(t, stranded, "killed mid-block")
-
-	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
-	e.res.Bound = detectionBound
-	e.res.note("stranded=%d", len(stranded))
-	e.waitGone(victim.id, 2*time.Second)
-	e.noRowsSets(ids...)
-	e.finish(true)
-}
-
 // Scenario O3: a worker is SIGKILLed and redis-server restarts empty right
 // after, before anyone recovered it: the registry, its heartbeat and every
 // key are gone, so no scan can ever find it. In rows-set mode its rows

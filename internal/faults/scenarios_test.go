@@ -24,22 +24,40 @@ import (
 
 // Scenario 1: SIGKILL one of three workers in the middle of a block. Its
 // rows come back within the detection bound, its keys are cleaned up, the
-// two others finish the batch, nothing is done twice.
+// two others finish the batch, nothing is done twice. It runs with rows
+// sets and in owner mode (O1), where no worker ever writes a rows set.
 func TestScenario01SigkillOneOfThreeMidBlock(t *testing.T) {
-	e := newEnv(t, "1 SIGKILL one of three mid-block", envConfig{rows: 300})
-	ws := e.start([]string{"s1-w1", "s1-w2", "s1-w3"})
-	victim := ws[0]
-	e.waitMidBlock(victim)
-	killedAt := time.Now()
-	victim.kill(t)
-	stranded := e.inprogOf(victim.id)
-	require.NotEmpty(t, stranded, "killed mid-block")
+	for _, v := range []struct {
+		name      string
+		ownerMode bool
+	}{
+		{"1 SIGKILL one of three mid-block", false},
+		{"O1 owner mode: SIGKILL one of three mid-block", true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			e := newEnv(t, v.name, envConfig{rows: 300, ownerMode: v.ownerMode})
+			ids := []string{"s1-w1", "s1-w2", "s1-w3"}
+			ws := e.start(ids)
+			victim := ws[0]
+			e.waitMidBlock(victim)
+			if v.ownerMode {
+				e.noRowsSets(ids...)
+			}
+			killedAt := time.Now()
+			victim.kill(t)
+			stranded := e.inprogOf(victim.id)
+			require.NotEmpty(t, stranded, "killed mid-block")
 
-	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
-	e.res.Bound = detectionBound
-	e.res.note("stranded=%d", len(stranded))
-	e.waitGone(victim.id, 2*time.Second)
-	e.finish(true)
+			e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
+			e.res.Bound = detectionBound
+			e.res.note("stranded=%d", len(stranded))
+			e.waitGone(victim.id, 2*time.Second)
+			if v.ownerMode {
+				e.noRowsSets(ids...)
+			}
+			e.finish(true)
+		})
+	}
 }
 
 // Scenario 2: SIGKILL every worker mid-block, then start new ones: every
