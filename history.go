@@ -286,24 +286,30 @@ func (h *historian) offer(e Event) {
 	if kind == HistoryRowsRecovered && e.RowsQuarantined > 0 {
 		items = append(items, historyItem{HistoryRowsQuarantined, e})
 	}
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	if h.repeat(kind, e) {
-		return
-	}
-	if h.closed {
-		h.dropped.Add(uint64(len(items)))
-		return
-	}
-	if !h.started && h.running != nil && !h.running() {
+	if inline := h.queue(kind, e, items); inline {
 		// No Start, so maybe no Shutdown: no goroutine of ours may be
-		// left behind. Append inline, once each, without the lock.
-		h.mu.Unlock()
-		defer h.mu.Lock()
+		// left behind. Append here, once each, without the lock.
 		for _, it := range items {
 			h.appendOnce(context.Background(), it)
 		}
-		return
+	}
+}
+
+// queue hands items to the historian's goroutine, starting it, or drops
+// them; it reports whether the caller must append them itself instead
+// (a Worker used without Start).
+func (h *historian) queue(kind string, e Event, items []historyItem) (inline bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.repeat(kind, e) {
+		return false
+	}
+	if h.closed {
+		h.dropped.Add(uint64(len(items)))
+		return false
+	}
+	if !h.started && h.running != nil && !h.running() {
+		return true
 	}
 	if !h.started {
 		h.start()
@@ -315,6 +321,7 @@ func (h *historian) offer(e Event) {
 			h.dropped.Add(1)
 		}
 	}
+	return false
 }
 
 // maxFailing bounds the peers whose failures repeat remembers.

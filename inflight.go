@@ -67,19 +67,6 @@ func (s *inflight) add(ids []int64) (retaken bool) {
 	return retaken
 }
 
-// tracked returns which of ids are tracked now.
-func (s *inflight) tracked(ids []int64) map[int64]bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make(map[int64]bool, len(ids))
-	for _, id := range ids {
-		if _, ok := s.ids[id]; ok {
-			out[id] = true
-		}
-	}
-	return out
-}
-
 // generations returns the generation of each of ids that is tracked.
 func (s *inflight) generations(ids []int64) map[int64]uint64 {
 	s.mu.Lock()

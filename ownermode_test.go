@@ -101,10 +101,7 @@ func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
 	take(t, db, "C", 5) // another worker's row is never touched
 
 	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
-	require.Eventually(t, func() bool { // A's heartbeat expires (TTL 2s)
-		n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, "A").Heartbeat).Result()
-		return n == 0
-	}, 5*time.Second, 20*time.Millisecond)
+	waitHeartbeatGone(t, rdb, prefix, "A") // its TTL, 2s
 	rep, err := b.RecoverNow(ctx)
 
 	require.NoError(t, err)
@@ -197,13 +194,6 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	prefix := testutil.Name("O")
 	r := fencedResetter(t, db)
 	ctx := context.Background()
-	dead := func(id string) func() bool {
-		return func() bool {
-			n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, id).Heartbeat).Result()
-			return n == 0
-		}
-	}
-
 	// An old-style worker (rows set + owner fencing) dies; an owner-mode
 	// worker recovers it by owner and deletes its set.
 	old, _ := startWorker(t, rdb, r, "old", WithKeyPrefix(prefix), WithRowsSets())
@@ -211,7 +201,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	require.NoError(t, old.Track(ctx, 1, 2))
 	old.crash()
 	owner, _ := newWorker(t, rdb, r, "new", WithKeyPrefix(prefix))
-	require.Eventually(t, dead("old"), 5*time.Second, 20*time.Millisecond)
+	waitHeartbeatGone(t, rdb, prefix, "old")
 	rep, err := owner.RecoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -227,7 +217,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	require.NoError(t, gone.Track(ctx, 3, 4))
 	gone.crash()
 	oldRec, _ := newWorker(t, rdb, r, "old2", WithKeyPrefix(prefix), WithRowsSets())
-	require.Eventually(t, dead("gone"), 5*time.Second, 20*time.Millisecond)
+	waitHeartbeatGone(t, rdb, prefix, "gone")
 	_, err = oldRec.RecoverNow(ctx)
 	require.NoError(t, err)
 	s, _ := rowState(t, db, 3)
@@ -335,10 +325,7 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 	take(t, db, "C", 3)
 
 	planner, _ := newWorker(t, rdb, r, "planner", WithKeyPrefix(prefix))
-	require.Eventually(t, func() bool {
-		n, _ := rdb.Exists(ctx, store.InstanceKeys(prefix, "A").Heartbeat).Result()
-		return n == 0
-	}, 5*time.Second, 20*time.Millisecond)
+	waitHeartbeatGone(t, rdb, prefix, "A") // its TTL, 2s
 	plan, err := planner.PlanRecovery(ctx)
 
 	require.NoError(t, err)
@@ -359,4 +346,14 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset, "the plan said what the recovery did")
 	assert.Equal(t, []int64{2}, rep.Recovered[0].Quarantined)
+}
+
+// waitHeartbeatGone waits until the heartbeat of id under prefix has
+// expired (the fast timings' 2s TTL).
+func waitHeartbeatGone(t *testing.T, rdb redis.UniversalClient, prefix, id string) {
+	t.Helper()
+	require.Eventually(t, func() bool {
+		n, err := rdb.Exists(context.Background(), store.InstanceKeys(prefix, id).Heartbeat).Result()
+		return err == nil && n == 0
+	}, 5*time.Second, 20*time.Millisecond, "heartbeat of %s expired", id)
 }

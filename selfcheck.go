@@ -101,12 +101,12 @@ func (c *selfChecker) check(ctx context.Context, before, suspect map[int64]bool)
 		return before, suspect, false // try again with the same rows
 	}
 	c.checks.Add(1)
-	still := w.rows.tracked(candidates) // rows untracked during the read are out
+	still := w.rows.generations(candidates) // rows untracked during the read are out
 	notInProgress = make(map[int64]bool)
 	var first *RowState
 	for i := range states {
 		s := states[i]
-		if !still[s.ID] {
+		if _, ok := still[s.ID]; !ok {
 			continue
 		}
 		if reader.InProgress(s, w.opts.instanceID) {
