@@ -267,6 +267,11 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 	slices.SortFunc(block, func(a, b row) int { return cmp.Compare(a.id, b.id) })
 	ids := idsOf(block)
 
+	// From here on SIGTERM does not interrupt: the server may commit before
+	// its reply is read, and a commit cut off by the signal would give the
+	// block back instead of finishing it.
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
 	if err := h.w.Track(ctx, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) || errors.Is(err, recovery.ErrNotStarted) {
 			// Nothing was tracked; the rollback leaves the rows queued.
