@@ -227,3 +227,43 @@ func TestDeadPeersJudgesAsBeforeWhenTheServerHidesINFO(t *testing.T) {
 	}
 	assert.Equal(t, 1, logs.Count("cannot read the Redis server's uptime"), "logged once")
 }
+
+// Simulation seed 1359: while verdicts are held after a restart or a
+// failover, the rows set of a peer that died just before goes on counting
+// down its TTL. Held long enough (two TTLs and a scan's wait after its
+// last heartbeat, against a rows TTL of three TTLs), it expired before
+// the first claim and the peer's rows stayed in progress for ever without
+// the sweep. A held verdict now renews the set as a claim would.
+func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	ctx := context.Background()
+	prefix := testutil.Name("R")
+	const ttl = 2 * time.Second
+	k := store.InstanceKeys(prefix, "dead")
+	plantDeadPeer(t, rdb, prefix, "dead", "7")
+	require.NoError(t, rdb.Set(ctx, k.Incarnation, "inc-1", 0).Err())
+	// What the dead peer's last heartbeat left: a set that lives less
+	// than the hold the restart below starts.
+	require.NoError(t, rdb.PExpire(ctx, k.Rows, 1200*time.Millisecond).Err())
+	require.NoError(t, rdb.PExpire(ctx, k.Incarnation, 1200*time.Millisecond).Err())
+	require.NoError(t, rdb.Save(ctx).Err())
+	restarted := time.Now()
+	srv.RestartKeepingData()
+
+	r := &fakeResetter{}
+	w, logs := newWorker(t, srv.Client(t), r, "scanner", WithKeyPrefix(prefix), WithHeartbeatTTL(ttl),
+		WithRowsTTL(20*time.Second))
+	rep, err := w.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Empty(t, rep.Dead, "held: the server restarted with data less than a TTL ago")
+	require.Equal(t, 1, logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago"))
+	assert.Greater(t, rdb.PTTL(ctx, k.Rows).Val(), 10*time.Second, "the held peer's set renewed to the rows TTL")
+	assert.Greater(t, rdb.PTTL(ctx, k.Incarnation).Val(), 10*time.Second, "and its incarnation")
+
+	time.Sleep(time.Until(restarted.Add(ttl + 200*time.Millisecond))) // the hold is over; the set's old TTL too
+	rep, err = w.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1, "%+v", rep)
+	assert.Equal(t, []int64{7}, r.resetOf("dead"), "the row comes back")
+}

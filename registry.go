@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/alya/recovery/internal/store"
@@ -82,7 +83,34 @@ func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]
 	if len(dead) == 0 || mutantNoNodeAgeHold {
 		return dead, nil
 	}
-	return w.youngNodeHolds(ctx, dead, sent, strict), nil
+	judged := w.youngNodeHolds(ctx, dead, sent, strict)
+	if len(judged) < len(dead) {
+		w.keepHeld(ctx, dead, judged)
+	}
+	return judged, nil
+}
+
+// keepHeld renews the rows sets of the peers of dead whose verdict is held
+// (those not in judged) as a claim would. Held after a failover, the first
+// death is judged about two TTLs after its last heartbeat, plus the scan's
+// wait: later than its rows set lives (3 × TTL) with the default recovery
+// interval, and without the backstop sweep its rows were lost (simulation
+// seed 1359, docs/reliability.md). Renewing a live worker's set is
+// harmless: its own heartbeat does the same. A failure is retried by the
+// next scan that holds the peer.
+func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
+	held := make([]string, 0, len(dead)-len(judged))
+	for _, p := range dead {
+		if !slices.Contains(judged, p) {
+			held = append(held, p)
+		}
+	}
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	if err := w.store.KeepRows(opCtx, held, w.opts.rowsTTL); err != nil {
+		w.log.Debug("renewing the rows sets of peers not judged yet failed; the next scan retries",
+			slog.Int("peers_held", len(held)), slog.Any("error", err))
+	}
 }
 
 // deregister removes a dead peer from the registry (store.Deregister puts

@@ -434,6 +434,21 @@ func (s *simStore) ClaimDead(ctx context.Context, peer, token string, claimTTL, 
 	return res, nil
 }
 
+// KeepRows is the PEXPIRE pipeline.
+func (s *simStore) KeepRows(ctx context.Context, peers []string, rowsTTL time.Duration) error {
+	if s.c.world.mut.noKeep {
+		return nil
+	}
+	err := s.c.roundTrip(ctx, "keep", func(r *simRedis) {
+		for _, p := range peers {
+			r.pexpire(s.Keys(p).Rows, rowsTTL)
+			r.pexpire(s.Keys(p).Incarnation, rowsTTL)
+		}
+	})
+	s.c.trace("keep %v: %v", peers, err)
+	return err
+}
+
 // ReadRows is a GET and one SSCAN page (the sets here are far smaller
 // than a page): two round trips.
 func (s *simStore) ReadRows(ctx context.Context, peer string) (string, []string, error) {

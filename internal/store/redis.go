@@ -247,6 +247,26 @@ func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, row
 	return ClaimResult(res), nil
 }
 
+// KeepRows sends a PEXPIRE of each peer's rows set and incarnation, in one
+// pipeline (one round trip per node on Cluster). A PEXPIRE of an absent
+// key does nothing, and a retry sets the same TTL again.
+func (s *Redis) KeepRows(ctx context.Context, peers []string, rowsTTL time.Duration) (err error) {
+	defer s.failed(&err)
+	if len(peers) == 0 {
+		return nil
+	}
+	pipe := s.rdb.Pipeline()
+	for _, p := range peers {
+		k := s.Keys(p)
+		pipe.PExpire(ctx, k.Rows, rowsTTL)
+		pipe.PExpire(ctx, k.Incarnation, rowsTTL)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("renew the rows sets of %d peers: %w", len(peers), err)
+	}
+	return nil
+}
+
 // readRowsBatch is how many members one SSCAN asks for. Small sets (up to
 // 512 integers) come back whole in one call; a huge one is read in pieces,
 // each under the operation timeout, so a dead peer with a million rows is

@@ -62,6 +62,11 @@ type Store interface {
 	// recovery claim with token, renewing the TTL of peer's rows set and
 	// incarnation to rowsTTL.
 	ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (ClaimResult, error)
+	// KeepRows renews the TTL of the rows set and incarnation of each of
+	// peers to rowsTTL, where they exist, as ClaimDead does: peers whose
+	// death cannot be judged yet (verdicts held after a restart or a
+	// failover) keep their record until it can.
+	KeepRows(ctx context.Context, peers []string, rowsTTL time.Duration) error
 	// ReadRows returns the incarnation of peer's rows set ("" if none) and
 	// the set's members without repeats, read with SSCAN in pages and
 	// checked whole against SCARD.
