@@ -4,7 +4,9 @@ import (
 	"context"
 	"crypto/rand"
 	"encoding/hex"
+	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"time"
@@ -155,13 +157,11 @@ type peerRecovery struct {
 // deregistering needs no claim, and runs on ctx.
 func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	w := r.w
-	claimCtx, cancel := context.WithTimeout(ctx, w.opts.claimTTL())
-	defer cancel()
-
-	res, err := r.claim(claimCtx)
+	claimCtx, cancel, res, err := r.takeClaim(ctx)
 	if err != nil {
 		return false, err
 	}
+	defer cancel()
 	if !res.Taken() {
 		return false, nil
 	}
@@ -195,8 +195,41 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	return true, r.finish(claimCtx, ctx)
 }
 
-// claim is step 1: re-check that the heartbeat is absent and take the
-// claim, renewing the rows set's TTL.
+// claimTries is how many times takeClaim sends the claim while its reply
+// times out.
+const claimTries = 3
+
+// takeClaim is step 1, sent again with the same token while its reply
+// times out: the claim may have run and only its reply come late, and
+// go-redis does not retry after a deadline. Without this the recovery
+// failed, and every later try (with a new token) found the claim held
+// until its TTL ran out (simulation seed 619). A claim sent again with its
+// token answers as the first call did, and renews the claim. The
+// returned context bounds what is done under the claim: it started before
+// the send that answered, so it ends no later than the claim.
+func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.CancelFunc, store.ClaimResult, error) {
+	for try := 1; ; try++ {
+		claimCtx, cancel := context.WithTimeout(ctx, r.w.opts.claimTTL())
+		res, err := r.claim(claimCtx)
+		if err == nil {
+			return claimCtx, cancel, res, nil
+		}
+		cancel()
+		if try == claimTries || !isTimeout(err) || ctx.Err() != nil {
+			return nil, nil, res, err
+		}
+	}
+}
+
+// isTimeout reports whether err is a deadline that ran out: the request
+// may have been executed.
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.Is(err, context.DeadlineExceeded) || (errors.As(err, &ne) && ne.Timeout())
+}
+
+// claim sends the claim: re-check that the heartbeat is absent and take
+// the claim, renewing the rows set's TTL.
 func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
 	w := r.w
 	opCtx, cancel := w.opContext(ctx)

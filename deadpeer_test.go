@@ -430,6 +430,41 @@ func TestSafetyAClaimWhoseReplyWasLostIsStillTaken(t *testing.T) {
 	assert.False(t, registered(t, direct, "ALYA", "dead"))
 }
 
+// Simulation seed 619: a claim whose reply came after the operation
+// timeout had run all the same, and go-redis does not retry after a
+// deadline. The recovery failed, and every later try (a new token) found
+// the claim held by the one that timed out: the peer waited out the
+// claim TTL. The claim is now sent again with its token, which answers as
+// the first call did.
+func TestAClaimWhoseReplyTimedOutIsTakenInTheSameScan(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	direct := srv.Client(t)
+	proxy, err := netfault.NewProxy(srv.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	plantDeadPeer(t, direct, "ALYA", "dead", "1", "2")
+	claim := store.Script("claim")
+	require.NoError(t, claim.Load(ctx, direct).Err(), "loaded, so the worker sends EVALSHA with the script's hash")
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "recoverer", WithOperationTimeout(200*time.Millisecond))
+
+	held := proxy.DelayReplyTo([]byte(claim.Hash()), 500*time.Millisecond)
+	rep, err := w.RecoverNow(ctx)
+	select {
+	case <-held: // the late reply goes to a connection go-redis gave up on
+	case <-time.After(5 * time.Second):
+		t.Fatal("the claim's reply was never held back")
+	}
+	require.NoError(t, err)
+	assert.Empty(t, rep.Skipped, "the claim sent again finds its own token")
+	require.Len(t, rep.Recovered, 1, "%+v", rep)
+	assert.Equal(t, []int64{1, 2}, r.resetOf("dead"))
+	assert.False(t, registered(t, direct, "ALYA", "dead"))
+}
+
 // F4: a retried finish used to find the claim gone and report it lost.
 func TestSafetyAFinishWhoseReplyWasLostReportsItsFirstResult(t *testing.T) {
 	rep, err, r, direct := lostReply(t, store.Script("finish"))

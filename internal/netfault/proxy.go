@@ -1,7 +1,7 @@
 // Package netfault injects network faults between a test's clients and
 // the real servers they talk to: a TCP proxy on loopback that can be cut
-// (a partition) or made to lose the reply to one chosen request after the
-// server executed it.
+// (a partition) or made to lose, or to hold back, the reply to one chosen
+// request after the server executed it.
 package netfault
 
 import (
@@ -42,9 +42,10 @@ type pair struct {
 	dropNext       *dropArm // the server's next reply is lost
 }
 
-// dropArm is one armed DropReplyTo.
+// dropArm is one armed DropReplyTo, or DelayReplyTo when delay is set.
 type dropArm struct {
 	marker []byte
+	delay  time.Duration
 	done   chan struct{}
 }
 
@@ -173,7 +174,10 @@ func (p *Proxy) copyReplies(pr *pair) {
 			arm := pr.dropNext
 			pr.dropNext = nil
 			p.mu.Unlock()
-			if arm != nil {
+			if arm != nil && arm.delay > 0 {
+				time.Sleep(arm.delay) // the reply is late, not lost
+				close(arm.done)
+			} else if arm != nil {
 				pr.client.Close()
 				pr.server.Close()
 				close(arm.done)
@@ -197,6 +201,19 @@ func (p *Proxy) copyReplies(pr *pair) {
 // channel is closed once the reply was dropped.
 func (p *Proxy) DropReplyTo(marker []byte) <-chan struct{} {
 	arm := &dropArm{marker: bytes.Clone(marker), done: make(chan struct{})}
+	p.mu.Lock()
+	p.drop = arm
+	p.mu.Unlock()
+	return arm.done
+}
+
+// DelayReplyTo arms the proxy once, as DropReplyTo, but the server's reply
+// to the request is held for d and then forwarded: a client whose deadline
+// is shorter than d gives up on a request the server executed (go-redis
+// does not retry after a deadline). The returned channel is closed once
+// the reply was held for d.
+func (p *Proxy) DelayReplyTo(marker []byte, d time.Duration) <-chan struct{} {
+	arm := &dropArm{marker: bytes.Clone(marker), delay: d, done: make(chan struct{})}
 	p.mu.Lock()
 	p.drop = arm
 	p.mu.Unlock()

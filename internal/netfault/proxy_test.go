@@ -134,3 +134,34 @@ func TestDropReplyToLosesOneReplyAfterTheServerGotTheRequest(t *testing.T) {
 	require.NoError(t, err, "armed once: the next request with the marker is answered")
 	assert.Equal(t, "two\n", got)
 }
+
+func TestDelayReplyToHoldsOneReplyBack(t *testing.T) {
+	ignore := goleak.IgnoreCurrent()
+	t.Cleanup(func() { goleak.VerifyNone(t, ignore) }) // last: after the echo server's clean-up
+	p, err := NewProxy(echoServer(t))
+	require.NoError(t, err)
+	defer p.Close()
+
+	held := p.DelayReplyTo([]byte("two"), 300*time.Millisecond)
+	c, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	defer c.Close()
+	got, err := roundTrip(c, "one", time.Second)
+	require.NoError(t, err)
+	assert.Equal(t, "one\n", got, "a request without the marker is answered at once")
+
+	_, err = roundTrip(c, "two", 100*time.Millisecond)
+	var ne net.Error
+	require.True(t, errors.As(err, &ne) && ne.Timeout(), "a deadline shorter than the delay times out: %v", err)
+	<-held
+	_ = c.SetDeadline(time.Now().Add(time.Second))
+	got, err = bufio.NewReader(c).ReadString('\n')
+	require.NoError(t, err, "the reply comes after the delay, on the same connection")
+	assert.Equal(t, "two\n", got)
+
+	start := time.Now()
+	got, err = roundTrip(c, "two", time.Second)
+	require.NoError(t, err, "armed once")
+	assert.Equal(t, "two\n", got)
+	assert.Less(t, time.Since(start), 250*time.Millisecond)
+}
