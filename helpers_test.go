@@ -440,18 +440,18 @@ func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowRese
 	return v
 }
 
-// hookResetter is a PgxResetter that runs after once, right after a reset
-// of the rows of a dead peer committed. It is not a fakeResetter with an
-// inner resetter: the Worker must see everything the PgxResetter is
-// (ResetIncarnation with its ledger, owner fencing), and the hook sits in
-// ResetIncarnation, which a fake does not have.
+// hookResetter is a PgxResetter or SQLResetter that runs after once, right
+// after a reset of the rows of a dead peer committed. It is not a
+// fakeResetter with an inner resetter: the Worker must see everything the
+// resetter is (ResetIncarnation with its ledger, owner fencing), and the
+// hook sits in ResetIncarnation, which a fake does not have.
 type hookResetter struct {
-	*PgxResetter
+	pgResetterAPI
 	after func()
 }
 
 func (h *hookResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	res, err := h.PgxResetter.ResetIncarnation(ctx, req)
+	res, err := h.pgResetterAPI.ResetIncarnation(ctx, req)
 	if err == nil && h.after != nil {
 		h.after()
 		h.after = nil

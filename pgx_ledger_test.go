@@ -14,84 +14,97 @@ import (
 
 // F2, crash: the recoverer's reset commits and the recoverer dies before
 // Redis hears of it. The rows are taken again by a live worker; without
-// owner fencing the next recoverer used to reset them under it.
+// owner fencing the next recoverer used to reset them under it. For each
+// resetter: the ledger is written by each implementation's own code.
 func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t *testing.T) {
-	ctx := context.Background()
-	rdb, db, prefix := onRealServers(t, 10, "F2")
-	pg, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))
-	require.NoError(t, err)
-	require.True(t, pg.UsesLedger())
-	timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
-	victim(t, rdb, db, pg, "victim", timing, 1, 2, 3, 4, 5)
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		ctx := context.Background()
+		rdb, db, prefix := onRealServers(t, 10, "F2")
+		pg := impl.mustResetter(t, db, WithRecoveryCountColumn("recoveries"))
+		require.True(t, pg.UsesLedger())
+		timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
+		victim(t, rdb, db, pg, "victim", timing, 1, 2, 3, 4, 5)
 
-	// R1's Redis client dies right after the COMMIT: no finish, no
-	// release; its claim stays until it expires, as after SIGKILL.
-	r1client := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, ContextTimeoutEnabled: true})
-	killer := &hookResetter{PgxResetter: pg, after: func() { r1client.Close() }}
-	r1, _ := newWorker(t, r1client, killer, "r1", timing...)
-	_, err = r1.RecoverNow(ctx)
-	require.Error(t, err, "R1 cannot finish")
-	got := statuses(t, db)
-	for id := int64(1); id <= 5; id++ {
-		require.Equal(t, "queued", got[id], "R1's reset committed")
+		// R1's Redis client dies right after the COMMIT: no finish, no
+		// release; its claim stays until it expires, as after SIGKILL.
+		r1client := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, ContextTimeoutEnabled: true})
+		killer := &hookResetter{pgResetterAPI: pg, after: func() { r1client.Close() }}
+		r1, _ := newWorker(t, r1client, killer, "r1", timing...)
+		_, err := r1.RecoverNow(ctx)
+		require.Error(t, err, "R1 cannot finish")
+		got := statuses(t, db)
+		for id := int64(1); id <= 5; id++ {
+			require.Equal(t, "queued", got[id], "R1's reset committed")
+		}
+
+		setStatus(t, db, "inprog", 1, 2, 3, 4, 5) // a live worker takes them again
+
+		r2, _ := newWorker(t, rdb, pg, "r2", timing...)
+		require.Eventually(t, func() bool {
+			rep, err := r2.RecoverNow(ctx)
+			return err == nil && len(rep.Recovered) == 1
+		}, 10*time.Second, 100*time.Millisecond, "R2 recovers the victim once R1's claim expired")
+		got = statuses(t, db)
+		counts := recoveries(t, db)
+		for id := int64(1); id <= 5; id++ {
+			assert.Equal(t, "inprog", got[id], "row %d stays with the live worker that took it", id)
+			assert.Equal(t, 1, counts[id], "row %d counted as recovered once", id)
+		}
+		assert.False(t, registered(t, rdb, prefix, "victim"))
+		assert.Empty(t, rowsOf(t, rdb, prefix, "victim"))
+	})
+}
+
+// commitMarker is how each implementation's COMMIT looks on the wire:
+// pgx (and database/sql over pgx's stdlib) sends "commit", lib/pq
+// "COMMIT".
+func commitMarker(impl resetterImpl) []byte {
+	if impl.name == "libpq" {
+		return []byte("COMMIT")
 	}
-
-	setStatus(t, db, "inprog", 1, 2, 3, 4, 5) // a live worker takes them again
-
-	r2, _ := newWorker(t, rdb, pg, "r2", timing...)
-	require.Eventually(t, func() bool {
-		rep, err := r2.RecoverNow(ctx)
-		return err == nil && len(rep.Recovered) == 1
-	}, 10*time.Second, 100*time.Millisecond, "R2 recovers the victim once R1's claim expired")
-	got = statuses(t, db)
-	counts := recoveries(t, db)
-	for id := int64(1); id <= 5; id++ {
-		assert.Equal(t, "inprog", got[id], "row %d stays with the live worker that took it", id)
-		assert.Equal(t, 1, counts[id], "row %d counted as recovered once", id)
-	}
-	assert.False(t, registered(t, rdb, prefix, "victim"))
-	assert.Empty(t, rowsOf(t, rdb, prefix, "victim"))
+	return []byte("commit")
 }
 
 // F2, lost acknowledgement: the connection drops after the COMMIT reached
 // PostgreSQL and before its reply came back; the recoverer sees an error
-// and cannot know the reset committed.
+// and cannot know the reset committed. For each resetter, whose driver
+// reports the lost reply in its own way.
 func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
-	ctx := context.Background()
-	rdb, db, prefix := onRealServers(t, 10, "F2")
-	proxy := pgProxy(t, db)
-	direct, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))
-	require.NoError(t, err)
-	timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
-	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3)
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		ctx := context.Background()
+		rdb, db, prefix := onRealServers(t, 10, "F2")
+		proxy := pgProxy(t, db)
+		direct := impl.mustResetter(t, db, WithRecoveryCountColumn("recoveries"))
+		timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
+		victim(t, rdb, db, direct, "victim", timing, 1, 2, 3)
 
-	viaProxy, err := NewPgxResetter(testutil.PoolVia(t, db, proxy.Addr), WithRecoveryCountColumn("recoveries"))
-	require.NoError(t, err)
-	r, _ := newWorker(t, rdb, viaProxy, "recoverer", timing...)
-	dropped := proxy.DropReplyTo([]byte("commit"))
-	_, err = r.RecoverNow(ctx)
-	select {
-	case <-dropped:
-	case <-time.After(5 * time.Second):
-		t.Fatalf("the COMMIT's reply was never dropped; recovery said %v", err)
-	}
-	require.Error(t, err, "the recoverer does not know whether its reset committed")
-	for id := int64(1); id <= 3; id++ {
-		require.Equal(t, "queued", statuses(t, db)[id], "it did")
-	}
-	assert.True(t, registered(t, rdb, prefix, "victim"), "kept for the next scan")
+		viaProxy := impl.mustResetter(t, testutil.PoolVia(t, db, proxy.Addr), WithRecoveryCountColumn("recoveries"))
+		r, _ := newWorker(t, rdb, viaProxy, "recoverer", timing...)
+		dropped := proxy.DropReplyTo(commitMarker(impl))
+		_, err := r.RecoverNow(ctx)
+		select {
+		case <-dropped:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("the COMMIT's reply was never dropped; recovery said %v", err)
+		}
+		require.Error(t, err, "the recoverer does not know whether its reset committed")
+		for id := int64(1); id <= 3; id++ {
+			require.Equal(t, "queued", statuses(t, db)[id], "it did")
+		}
+		assert.True(t, registered(t, rdb, prefix, "victim"), "kept for the next scan")
 
-	setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
-	rep, err := r.RecoverNow(ctx)
-	require.NoError(t, err)
-	require.Len(t, rep.Recovered, 1)
-	assert.Zero(t, rep.RowsReset, "nothing reset twice")
-	counts := recoveries(t, db)
-	for id := int64(1); id <= 3; id++ {
-		assert.Equal(t, "inprog", statuses(t, db)[id], "row %d stays with the live worker", id)
-		assert.Equal(t, 1, counts[id])
-	}
-	assert.False(t, registered(t, rdb, prefix, "victim"))
+		setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
+		rep, err := r.RecoverNow(ctx)
+		require.NoError(t, err)
+		require.Len(t, rep.Recovered, 1)
+		assert.Zero(t, rep.RowsReset, "nothing reset twice")
+		counts := recoveries(t, db)
+		for id := int64(1); id <= 3; id++ {
+			assert.Equal(t, "inprog", statuses(t, db)[id], "row %d stays with the live worker", id)
+			assert.Equal(t, 1, counts[id])
+		}
+		assert.False(t, registered(t, rdb, prefix, "victim"))
+	})
 }
 
 // R4 (fixed). The unknown incarnation "" makes the ledger skip a row for every

@@ -58,7 +58,7 @@ func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T)
 func TestSafetyReleaseRacingWithATrackOfTheSameRowLeavesItTracked(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "RV1")
-	h := &hookResetter{PgxResetter: fencedResetter(t, db)}
+	h := &hookResetter{pgResetterAPI: fencedResetter(t, db)}
 	w, _ := startWorker(t, rdb, h, "w", WithKeyPrefix(prefix), WithRowsSets()) // rows-set mode: the set is what is checked
 	take(t, db, "w", 1, 2)
 	require.NoError(t, w.Track(ctx, 1, 2))
