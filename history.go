@@ -139,14 +139,21 @@ const (
 	hfQuarantined = "rows_quarantined"
 	hfDurationMs  = "duration_ms"
 	hfError       = "error"
+	// hfUID is the entry's random ID. An XADD whose reply was lost is
+	// sent again (by go-redis, or by the historian's next attempt) and
+	// may append the entry twice: readers keep the first of each uid.
+	hfUID = "uid"
 )
+
+// newUID returns an entry's uid: 16 random hex digits.
+func newUID() string { return newToken()[:16] }
 
 // maxHistoryError bounds the error message an entry carries.
 const maxHistoryError = 1024
 
 // historyFields turns an event into an entry's field-value pairs.
-func historyFields(kind string, e Event) []string {
-	f := []string{hfKind, kind, hfTime, e.Time.UTC().Format(time.RFC3339Nano), hfInstance, e.InstanceID}
+func historyFields(kind, uid string, e Event) []string {
+	f := []string{hfKind, kind, hfTime, e.Time.UTC().Format(time.RFC3339Nano), hfInstance, e.InstanceID, hfUID, uid}
 	if e.PeerID != "" {
 		f = append(f, hfPeer, e.PeerID)
 	}
@@ -199,7 +206,8 @@ type HistoryQuery struct {
 }
 
 // ReadHistory reads the history of the fleet under prefix (WithKeyPrefix),
-// oldest first, changing nothing. It is bounded by ctx and
+// oldest first, changing nothing. An entry a retried append wrote twice
+// comes back once. It is bounded by ctx and
 // DefaultOperationTimeout. A fleet without history (every worker
 // WithHistory(0), or older than the history) has no entries.
 func ReadHistory(ctx context.Context, rdb redis.UniversalClient, prefix string, q HistoryQuery) ([]HistoryEntry, error) {
@@ -211,14 +219,26 @@ func ReadHistory(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 	}
 	ctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
 	defer cancel()
+	// Twice Last: room for the duplicates a retried append leaves, which
+	// are dropped below.
 	recs, err := store.NewRedis(rdb, prefix, DefaultOperationTimeout).ReadHistory(ctx,
-		store.HistoryQuery{Since: q.Since, Count: int64(q.Last), Newest: q.Last > 0})
+		store.HistoryQuery{Since: q.Since, Count: 2 * int64(q.Last), Newest: q.Last > 0})
 	if err != nil {
 		return nil, err
 	}
-	out := make([]HistoryEntry, len(recs))
-	for i, r := range recs {
-		out[i] = historyEntry(r)
+	out := make([]HistoryEntry, 0, len(recs))
+	seen := make(map[string]bool, len(recs))
+	for _, r := range recs {
+		if uid := r.Fields[hfUID]; uid != "" { // entries of older versions have none
+			if seen[uid] {
+				continue
+			}
+			seen[uid] = true
+		}
+		out = append(out, historyEntry(r))
+	}
+	if q.Last > 0 && len(out) > q.Last {
+		out = out[len(out)-q.Last:]
 	}
 	return out, nil
 }
@@ -261,6 +281,7 @@ type historian struct {
 
 type historyItem struct {
 	kind string
+	uid  string // the entry's own: every send of it carries the same
 	e    Event
 }
 
@@ -282,9 +303,9 @@ func (h *historian) offer(e Event) {
 	if !ok {
 		return
 	}
-	items := []historyItem{{kind, e}}
+	items := []historyItem{{kind, newUID(), e}}
 	if kind == HistoryRowsRecovered && e.RowsQuarantined > 0 {
-		items = append(items, historyItem{HistoryRowsQuarantined, e})
+		items = append(items, historyItem{HistoryRowsQuarantined, newUID(), e})
 	}
 	if inline := h.queue(kind, e, items); inline {
 		// No Start, so maybe no Shutdown: no goroutine of ours may be
@@ -453,7 +474,7 @@ func (h *historian) send(ctx context.Context, it historyItem) error {
 	}
 	opCtx, cancel := context.WithTimeout(ctx, h.opTimeout)
 	defer cancel()
-	return h.store.AppendHistory(opCtx, historyFields(it.kind, it.e), h.maxLen)
+	return h.store.AppendHistory(opCtx, historyFields(it.kind, it.uid, it.e), h.maxLen)
 }
 
 // close stops accepting entries and waits, within ctx, until the queued

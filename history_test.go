@@ -10,9 +10,11 @@ import (
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -278,12 +280,12 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	at := time.Date(2026, 11, 23, 3, 12, 7, 123456789, time.UTC)
 	e := Event{Kind: EventRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2", FoundBy: "expiry",
 		Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}
-	got := historyEntry(store.HistoryRecord{ID: "1-0", Fields: fieldMap(historyFields(HistoryRowsRecovered, e))})
+	got := historyEntry(store.HistoryRecord{ID: "1-0", Fields: fieldMap(historyFields(HistoryRowsRecovered, "u1", e))})
 	assert.Equal(t, HistoryEntry{ID: "1-0", Kind: HistoryRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2",
 		FoundBy: "expiry", Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}, got)
 
 	long := errors.New(string(make([]byte, 5000)))
-	f := fieldMap(historyFields(HistoryRecoveryFailed, Event{Kind: EventRecoveryFailed, Err: long}))
+	f := fieldMap(historyFields(HistoryRecoveryFailed, "u2", Event{Kind: EventRecoveryFailed, Err: long}))
 	assert.Len(t, f[hfError], maxHistoryError+3, "clipped")
 
 	odd := historyEntry(store.HistoryRecord{Fields: map[string]string{"kind": "from_the_future", "rows": "many", "extra": "x"}})
@@ -378,4 +380,42 @@ func TestHistoryOfAWorkerWithoutStartLeavesNoGoroutine(t *testing.T) {
 	h, err := ReadHistory(context.Background(), rdb, prefix, HistoryQuery{})
 	require.NoError(t, err)
 	assert.NotEmpty(t, h, "the entries were appended inline")
+}
+
+// An XADD whose reply is lost is sent again by go-redis, and Redis
+// appends the entry twice: readers see it once, by its uid.
+func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	direct := srv.Client(t)
+	proxy, err := netfault.NewProxy(srv.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	prefix := testutil.Name("HD")
+	plantDeadPeer(t, direct, prefix, "dead", "1")
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "rec", WithKeyPrefix(prefix)) // no Start: entries are appended inline
+
+	dropped := proxy.DropReplyTo([]byte("xadd"))
+	_, err = w.RecoverNow(ctx)
+	require.NoError(t, err)
+	select {
+	case <-dropped:
+	case <-time.After(5 * time.Second):
+		t.Fatal("no XADD reply was dropped")
+	}
+	require.Equal(t, int64(3), direct.XLen(ctx, store.HistoryKey(prefix)).Val(),
+		"peer_dead twice (the retry) and rows_recovered once")
+
+	h, err := ReadHistory(ctx, direct, prefix, HistoryQuery{})
+	require.NoError(t, err)
+	var kinds []string
+	for _, e := range h {
+		kinds = append(kinds, e.Kind)
+	}
+	assert.Equal(t, []string{HistoryPeerDead, HistoryRowsRecovered}, kinds)
+	last, err := ReadHistory(ctx, direct, prefix, HistoryQuery{Last: 2})
+	require.NoError(t, err)
+	assert.Equal(t, h, last, "Last counts entries, not their copies")
 }

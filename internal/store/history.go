@@ -42,7 +42,8 @@ type HistoryQuery struct {
 // AppendHistory adds one entry to the history stream with XADD, trimming
 // it to about maxLen entries (MAXLEN ~: Redis trims whole nodes, so the
 // stream may hold a few more). A retry after a lost reply may append the
-// entry twice; readers see a duplicate, nothing breaks.
+// entry twice; the caller's fields carry an ID of the entry's own, by
+// which readers drop the copy.
 func (s *Redis) AppendHistory(ctx context.Context, fields []string, maxLen int64) error {
 	values := make([]any, len(fields))
 	for i, f := range fields {
