@@ -204,9 +204,15 @@ const claimTries = 3
 // go-redis does not retry after a deadline. Without this the recovery
 // failed, and every later try (with a new token) found the claim held
 // until its TTL ran out (simulation seed 619). A claim sent again with its
-// token answers as the first call did, and renews the claim. The
-// returned context bounds what is done under the claim: it started before
-// the send that answered, so it ends no later than the claim.
+// token answers as the first call did, and renews the claim. The returned
+// context bounds what is done under the claim: it started before the send
+// that answered, so it ends no later than the claim.
+//
+// Before each retry the peer is judged again (deadPeers, with its
+// restart and failover hold): the timeout may have come with a failover
+// that lost the peer's return, and the claim script only checks the
+// heartbeat key. When it gives up, it drops whatever it may hold
+// (dropClaim), so the next recoverer need not wait out the claim.
 func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.CancelFunc, store.ClaimResult, error) {
 	for try := 1; ; try++ {
 		claimCtx, cancel := context.WithTimeout(ctx, r.w.opts.claimTTL())
@@ -216,8 +222,34 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 		}
 		cancel()
 		if try == claimTries || !isTimeout(err) || ctx.Err() != nil {
-			return nil, nil, res, err
+			if !store.IsReply(err) { // no answer: the claim may have run
+				r.dropClaim()
+			}
+			return ctx, func() {}, res, err
 		}
+		if r.foundBy == foundByRestart {
+			continue // this worker's own ID: Start judged it, and holds it
+		}
+		dead, jerr := r.w.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
+		if jerr != nil {
+			r.dropClaim()
+			return ctx, func() {}, res, err
+		}
+		if len(dead) == 0 {
+			r.dropClaim()
+			return ctx, func() {}, store.ClaimAlive, nil // alive, or not judged now: as if found so at the claim
+		}
+	}
+}
+
+// dropClaim gives up, on its own context, a claim this recovery could not
+// confirm it took; a failure note the claim took over goes back.
+func (r *peerRecovery) dropClaim() {
+	w := r.w
+	ctx, cancel := w.opContext(context.Background())
+	defer cancel()
+	if err := w.store.DropClaim(ctx, r.peer, r.token, w.failureNoteTTL()); err != nil {
+		w.rlog.claimNotReleased(r.peer, err)
 	}
 }
 
@@ -353,10 +385,15 @@ func (r *peerRecovery) release() {
 	w := r.w
 	ctx, cancel := w.opContext(context.Background())
 	defer cancel()
-	note := satAdd(w.opts.rowsTTL, w.opts.recoveryInterval)
-	if err := w.store.FailRecovery(ctx, r.peer, r.token, note); err != nil {
+	if err := w.store.FailRecovery(ctx, r.peer, r.token, w.failureNoteTTL()); err != nil {
 		w.rlog.claimNotReleased(r.peer, err)
 	}
+}
+
+// failureNoteTTL is how long a failed recovery's note lives: as long as a
+// rows set renewed now, and an interval more.
+func (w *Worker) failureNoteTTL() time.Duration {
+	return satAdd(w.opts.rowsTTL, w.opts.recoveryInterval)
 }
 
 // tombstoneTTL is how long a finished claim keeps its result for a retry

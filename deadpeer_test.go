@@ -13,6 +13,7 @@ import (
 	"errors"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -463,6 +464,106 @@ func TestAClaimWhoseReplyTimedOutIsTakenInTheSameScan(t *testing.T) {
 	require.Len(t, rep.Recovered, 1, "%+v", rep)
 	assert.Equal(t, []int64{1, 2}, r.resetOf("dead"))
 	assert.False(t, registered(t, direct, "ALYA", "dead"))
+}
+
+// lateClaimReplies is a go-redis hook: the claim script runs on the
+// server, and then the caller sees its deadline pass instead of the reply,
+// for the first n claims. Before the deadline is reported, between runs
+// it calls between (if set) once, after the first claim.
+type lateClaimReplies struct {
+	n       atomic.Int32
+	between func()
+	once    sync.Once
+}
+
+func (h *lateClaimReplies) DialHook(next redis.DialHook) redis.DialHook { return next }
+func (h *lateClaimReplies) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
+func (h *lateClaimReplies) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		err := next(ctx, cmd)
+		args := cmd.Args()
+		if cmd.Name() == "evalsha" && len(args) > 1 && args[1] == store.Script("claim").Hash() && h.n.Add(-1) >= 0 {
+			if h.between != nil {
+				h.once.Do(h.between)
+			}
+			cmd.SetErr(context.DeadlineExceeded)
+			return context.DeadlineExceeded
+		}
+		return err
+	}
+}
+
+// From the adversarial review of seed 619's fix: a retried claim went
+// straight to the claim script, which checks only the heartbeat key. The
+// first claim ran; the peer came back (its heartbeat cancels the claim);
+// Redis restarted from a snapshot taken before that, losing the return but
+// keeping the claim; the retry found no heartbeat and its own token, and
+// reset the rows of a live worker, without the hold a fresh judgement of a
+// restarted server applies. Before a retry the peer is now judged again.
+func TestARetriedClaimIsJudgedAgainFirst(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	direct := srv.Client(t)
+	prefix := testutil.Name("RJ")
+	k := store.InstanceKeys(prefix, "p")
+	plantDeadPeer(t, direct, prefix, "p", "1", "2")
+	require.NoError(t, direct.Set(ctx, k.Incarnation, "inc-1", 0).Err())
+	require.NoError(t, store.Script("claim").Load(ctx, direct).Err())
+
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	hook := &lateClaimReplies{between: func() {
+		require.NoError(t, direct.Save(ctx).Err()) // the snapshot: the claim, no heartbeat
+		// p comes back: its heartbeat, which cancels the claim ...
+		require.NoError(t, direct.Set(ctx, k.Heartbeat, "alive:p", 2*time.Second).Err())
+		require.NoError(t, direct.Del(ctx, k.Claim).Err())
+		srv.RestartKeepingData() // ... lost with the restart
+		require.NoError(t, store.Script("claim").Load(ctx, direct).Err())
+	}}
+	hook.n.Store(1)
+	rdb.AddHook(hook)
+
+	r := &fakeResetter{}
+	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
+		WithOperationTimeout(300*time.Millisecond))
+	rep, err := w.RecoverNow(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, r.resetOf("p"), "not judged: the server restarted with data less than a TTL ago")
+	assert.Empty(t, rep.Recovered)
+	assert.Equal(t, 1, logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago"))
+	assert.Zero(t, direct.Exists(ctx, k.Claim).Val(), "the claim it may hold is dropped")
+	assert.True(t, registered(t, direct, prefix, "p"), "p is judged again later")
+}
+
+// A claim whose every send timed out may have run: giving up, the
+// recoverer drops it, so the next recoverer (a new token) need not wait
+// out the claim TTL.
+func TestAClaimGivenUpAfterThreeTimeoutsIsDropped(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	direct := srv.Client(t)
+	prefix := testutil.Name("RD")
+	plantDeadPeer(t, direct, prefix, "p", "1", "2")
+	require.NoError(t, store.Script("claim").Load(ctx, direct).Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	hook := &lateClaimReplies{}
+	hook.n.Store(claimTries)
+	rdb.AddHook(hook)
+
+	r := &fakeResetter{}
+	w, _ := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix))
+	_, err := w.RecoverNow(ctx)
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, int32(0), hook.n.Load(), "sent %d times", claimTries)
+	assert.Zero(t, direct.Exists(ctx, store.InstanceKeys(prefix, "p").Claim).Val(), "the claim it took is dropped")
+
+	rep, err := w.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1, "the next try claims at once")
+	assert.Equal(t, []int64{1, 2}, r.resetOf("p"))
 }
 
 // F4: a retried finish used to find the claim gone and report it lost.

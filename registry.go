@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
-	"slices"
 	"time"
 
 	"github.com/alya/recovery/internal/store"
@@ -95,20 +94,25 @@ func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]
 // death is judged about two TTLs after its last heartbeat, plus the scan's
 // wait: later than its rows set lives (3 × TTL) with the default recovery
 // interval, and without the backstop sweep its rows were lost (simulation
-// seed 1359, docs/reliability.md). Renewing a live worker's set is
-// harmless: its own heartbeat does the same. A failure is retried by the
+// seed 1359, docs/reliability.md). The TTLs are only ever lengthened
+// (store.KeepRows), and renewing a live worker's set is harmless: its own
+// heartbeat does the same. A failure is retried by the
 // next scan that holds the peer.
 func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
+	isJudged := make(map[string]bool, len(judged))
+	for _, p := range judged {
+		isJudged[p] = true
+	}
 	held := make([]string, 0, len(dead)-len(judged))
 	for _, p := range dead {
-		if !slices.Contains(judged, p) {
+		if !isJudged[p] {
 			held = append(held, p)
 		}
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
 	if err := w.store.KeepRows(opCtx, held, w.opts.rowsTTL); err != nil {
-		w.log.Debug("renewing the rows sets of peers not judged yet failed; the next scan retries",
+		w.log.Warn("renewing the rows sets of peers whose death is not judged yet failed; the next scan that holds them retries",
 			slog.Int("peers_held", len(held)), slog.Any("error", err))
 	}
 }

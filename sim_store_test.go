@@ -434,15 +434,18 @@ func (s *simStore) ClaimDead(ctx context.Context, peer, token string, claimTTL, 
 	return res, nil
 }
 
-// KeepRows is the PEXPIRE pipeline.
+// KeepRows is keepScript for each peer, in one pipeline.
 func (s *simStore) KeepRows(ctx context.Context, peers []string, rowsTTL time.Duration) error {
 	if s.c.world.mut.noKeep {
 		return nil
 	}
 	err := s.c.roundTrip(ctx, "keep", func(r *simRedis) {
 		for _, p := range peers {
-			r.pexpire(s.Keys(p).Rows, rowsTTL)
-			r.pexpire(s.Keys(p).Incarnation, rowsTTL)
+			for _, k := range []string{s.Keys(p).Rows, s.Keys(p).Incarnation} {
+				if e := r.get(k); e != nil && !e.expire.IsZero() && time.Until(e.expire) < rowsTTL {
+					e.expire = time.Now().Add(rowsTTL)
+				}
+			}
 		}
 	})
 	s.c.trace("keep %v: %v", peers, err)
@@ -519,6 +522,21 @@ func (s *simStore) FailRecovery(ctx context.Context, peer, token string, noteTTL
 		}
 	})
 	s.c.trace("fail recovery of %s: %v", peer, err)
+	return err
+}
+
+// DropClaim is dropScript.
+func (s *simStore) DropClaim(ctx context.Context, peer, token string, noteTTL time.Duration) error {
+	k := s.Keys(peer)
+	err := s.c.roundTrip(ctx, "drop", func(r *simRedis) {
+		switch held, _ := r.getStr(k.Claim); held {
+		case token:
+			r.del(k.Claim)
+		case "lost:" + token:
+			r.set(k.Claim, store.FailedClaim, noteTTL)
+		}
+	})
+	s.c.trace("drop claim on %s: %v", peer, err)
 	return err
 }
 

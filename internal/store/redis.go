@@ -247,9 +247,9 @@ func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, row
 	return ClaimResult(res), nil
 }
 
-// KeepRows sends a PEXPIRE of each peer's rows set and incarnation, in one
-// pipeline (one round trip per node on Cluster). A PEXPIRE of an absent
-// key does nothing, and a retry sets the same TTL again.
+// KeepRows runs keepScript for each peer, in one pipeline (one round trip
+// per node on Cluster; the script's body goes with each call, as a
+// pipeline cannot load it on NOSCRIPT). A retry sets the same TTL again.
 func (s *Redis) KeepRows(ctx context.Context, peers []string, rowsTTL time.Duration) (err error) {
 	defer s.failed(&err)
 	if len(peers) == 0 {
@@ -258,8 +258,7 @@ func (s *Redis) KeepRows(ctx context.Context, peers []string, rowsTTL time.Durat
 	pipe := s.rdb.Pipeline()
 	for _, p := range peers {
 		k := s.Keys(p)
-		pipe.PExpire(ctx, k.Rows, rowsTTL)
-		pipe.PExpire(ctx, k.Incarnation, rowsTTL)
+		keepScript.Eval(ctx, pipe, []string{k.Rows, k.Incarnation}, rowsTTL.Milliseconds())
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("renew the rows sets of %d peers: %w", len(peers), err)
@@ -358,6 +357,15 @@ func (s *Redis) FinishRecovery(ctx context.Context, peer, token string, tombston
 func (s *Redis) FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) (err error) {
 	defer s.failed(&err)
 	return failScript.Run(ctx, s.rdb, []string{s.Keys(peer).Claim}, token, noteTTL.Milliseconds()).Err()
+}
+
+// DropClaim runs dropScript.
+func (s *Redis) DropClaim(ctx context.Context, peer, token string, noteTTL time.Duration) (err error) {
+	defer s.failed(&err)
+	if err := dropScript.Run(ctx, s.rdb, []string{s.Keys(peer).Claim}, token, noteTTL.Milliseconds()).Err(); err != nil {
+		return fmt.Errorf("drop claim: %w", err)
+	}
+	return nil
 }
 
 // TakeScanTurn runs turnScript on the scan turn's key.
@@ -615,6 +623,14 @@ func (s *Redis) Describe(ctx context.Context, ids []string) (_ []Instance, err e
 func IsWrongType(err error) bool {
 	var rerr redis.Error
 	return errors.As(err, &rerr) && strings.HasPrefix(rerr.Error(), "WRONGTYPE")
+}
+
+// IsReply reports whether err is an error reply from Redis: the command
+// was answered, so its outcome is known, unlike a timeout or a connection
+// lost.
+func IsReply(err error) bool {
+	var rerr redis.Error
+	return errors.As(err, &rerr)
 }
 
 // failedOnlyOnWrongType reports whether reg, the registry command of a

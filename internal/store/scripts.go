@@ -131,6 +131,47 @@ end
 return 0
 `)
 
+// dropScript gives up a claim whose taking the caller could not confirm
+// (every send of the claim timed out, or the peer was no longer judged
+// dead before a retry), so the next recoverer need not wait out its TTL.
+// It deletes the caller's token; a "lost:<token>" (the claim had taken a
+// failure note over, with the peer's record gone) goes back to the note,
+// so the next recoverer still learns that rows were lost. Anything else is
+// left: the claim was never ours, or is another's now. A retry finds
+// nothing of the caller's and does nothing.
+//
+//	KEYS[1] claim key
+//	ARGV[1] claim token, ARGV[2] TTL of the note in ms
+var dropScript = redis.NewScript(`
+local held = redis.call('GET', KEYS[1])
+if held == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+if held == 'lost:' .. ARGV[1] then
+  redis.call('SET', KEYS[1], '` + FailedClaim + `', 'PX', ARGV[2])
+  return 1
+end
+return 0
+`)
+
+// keepScript renews the TTL of a held peer's rows set and incarnation to
+// ARGV[1] ms, only ever lengthening it: a key without a TTL, or with a
+// longer one, is left alone, and an absent key is not created.
+//
+//	KEYS[1] rows set, KEYS[2] incarnation
+//	ARGV[1] TTL ms
+var keepScript = redis.NewScript(`
+local ttl = tonumber(ARGV[1])
+for i = 1, #KEYS do
+  local left = redis.call('PTTL', KEYS[i])
+  if left >= 0 and left < ttl then
+    redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+return 0
+`)
+
 // turnScript takes a fleet-wide turn (the scan or the sweep turn), or extends it if the caller holds it
 // already: the holder keeps the lease for as long as it renews it, and a
 // retry after a lost reply finds the caller holding it.
@@ -233,7 +274,7 @@ return 0
 // recognise one on the wire by its hash.
 func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
-		"claim": claimScript, "finish": finishScript, "fail": failScript,
+		"claim": claimScript, "finish": finishScript, "fail": failScript, "drop": dropScript, "keep": keepScript,
 		"turn": turnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
 	}[name]
 }

@@ -94,3 +94,53 @@ func TestFinishFreesTheRowsSetOffTheMainThread(t *testing.T) {
 	assert.Contains(t, stats, "cmdstat_unlink:calls=1,", "the rows set went with one UNLINK")
 	assert.NotContains(t, stats, "cmdstat_del:", "and no DEL")
 }
+
+// DropClaim deletes the caller's claim, puts back the failure note a
+// "lost:" claim had taken over, and leaves anything else; a retry does
+// nothing.
+func TestDropClaimGivesUpOnlyTheCallersClaim(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("SC"), time.Second)
+	ctx := context.Background()
+	k := s.Keys("w")
+
+	require.NoError(t, rdb.Set(ctx, k.Claim, "tok", time.Minute).Err())
+	require.NoError(t, s.DropClaim(ctx, "w", "tok", time.Minute))
+	assert.Zero(t, rdb.Exists(ctx, k.Claim).Val(), "the caller's claim is gone")
+	require.NoError(t, s.DropClaim(ctx, "w", "tok", time.Minute), "a retry")
+	assert.Zero(t, rdb.Exists(ctx, k.Claim).Val())
+
+	require.NoError(t, rdb.Set(ctx, k.Claim, "lost:tok", time.Minute).Err())
+	require.NoError(t, s.DropClaim(ctx, "w", "tok", 30*time.Second))
+	assert.Equal(t, FailedClaim, rdb.Get(ctx, k.Claim).Val(), "the failure note is back: rows were lost")
+	assert.InDelta(t, 30*time.Second, rdb.PTTL(ctx, k.Claim).Val(), float64(time.Second))
+
+	for _, other := range []string{"other", "lost:other", FailedClaim, "done:1:tok"} {
+		require.NoError(t, rdb.Set(ctx, k.Claim, other, time.Minute).Err())
+		require.NoError(t, s.DropClaim(ctx, "w", "tok", time.Minute))
+		assert.Equal(t, other, rdb.Get(ctx, k.Claim).Val(), "not the caller's: left alone")
+	}
+}
+
+// KeepRows only lengthens TTLs: a shorter one is raised, a longer one or
+// none is kept, an absent key is not created; on every peer asked.
+func TestKeepRowsOnlyLengthensTTLs(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("SC"), time.Second)
+	ctx := context.Background()
+	short, long, forever, gone := s.Keys("short"), s.Keys("long"), s.Keys("forever"), s.Keys("gone")
+	require.NoError(t, rdb.SAdd(ctx, short.Rows, 1).Err())
+	require.NoError(t, rdb.PExpire(ctx, short.Rows, time.Second).Err())
+	require.NoError(t, rdb.Set(ctx, short.Incarnation, "i", time.Second).Err())
+	require.NoError(t, rdb.SAdd(ctx, long.Rows, 1).Err())
+	require.NoError(t, rdb.PExpire(ctx, long.Rows, time.Hour).Err())
+	require.NoError(t, rdb.SAdd(ctx, forever.Rows, 1).Err())
+
+	require.NoError(t, s.KeepRows(ctx, []string{"short", "long", "forever", "gone"}, time.Minute))
+	assert.InDelta(t, time.Minute, rdb.PTTL(ctx, short.Rows).Val(), float64(time.Second))
+	assert.InDelta(t, time.Minute, rdb.PTTL(ctx, short.Incarnation).Val(), float64(time.Second))
+	assert.Greater(t, rdb.PTTL(ctx, long.Rows).Val(), 59*time.Minute, "a longer TTL is kept")
+	assert.Equal(t, time.Duration(-1), rdb.PTTL(ctx, forever.Rows).Val(), "no TTL stays none")
+	assert.Zero(t, rdb.Exists(ctx, gone.Rows, gone.Incarnation).Val(), "nothing created")
+	require.NoError(t, s.KeepRows(ctx, nil, time.Minute))
+}

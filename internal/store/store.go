@@ -62,9 +62,9 @@ type Store interface {
 	// recovery claim with token, renewing the TTL of peer's rows set and
 	// incarnation to rowsTTL.
 	ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (ClaimResult, error)
-	// KeepRows renews the TTL of the rows set and incarnation of each of
-	// peers to rowsTTL, where they exist, as ClaimDead does: peers whose
-	// death cannot be judged yet (verdicts held after a restart or a
+	// KeepRows lengthens the TTL of the rows set and incarnation of each
+	// of peers to rowsTTL, where they exist and have a shorter one: peers
+	// whose death cannot be judged yet (verdicts held after a restart or a
 	// failover) keep their record until it can.
 	KeepRows(ctx context.Context, peers []string, rowsTTL time.Duration) error
 	// ReadRows returns the incarnation of peer's rows set ("" if none) and
@@ -75,6 +75,10 @@ type Store interface {
 	// incarnation are deleted if the peer is still dead; a tombstone with
 	// the result lives tombstoneTTL.
 	FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (FinishResult, error)
+	// DropClaim gives up a claim that may or may not have been taken
+	// under token (dropScript); a failure note it had taken over goes
+	// back, living noteTTL.
+	DropClaim(ctx context.Context, peer, token string, noteTTL time.Duration) error
 	// FailRecovery gives up a claim held under token, leaving a note that
 	// lives noteTTL (failScript).
 	FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) error
