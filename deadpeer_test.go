@@ -391,19 +391,28 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	assert.Zero(t, n)
 }
 
+// behindProxy starts a redis-server of the test's own and returns a
+// client straight to it, a fault proxy in front of it, and a client
+// through the proxy (with context deadlines, as the library's callers
+// should have).
+func behindProxy(t *testing.T) (direct *redis.Client, proxy *netfault.Proxy, rdb *redis.Client) {
+	t.Helper()
+	srv := testutil.StartRedis(t)
+	proxy, err := netfault.NewProxy(srv.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { proxy.Close() })
+	rdb = redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	return srv.Client(t), proxy, rdb
+}
+
 // lostReply runs one RecoverNow of dead peer "dead" (rows 1 and 2) by a
 // worker whose connection to Redis loses the reply to the given script
 // once, after the server ran it; go-redis retries it.
 func lostReply(t *testing.T, script *redis.Script) (RecoveryReport, error, *fakeResetter, *redis.Client) {
 	t.Helper()
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	direct := srv.Client(t)
-	proxy, err := netfault.NewProxy(srv.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	direct, proxy, rdb := behindProxy(t)
 	plantDeadPeer(t, direct, "ALYA", "dead", "1", "2")
 	require.NoError(t, script.Load(ctx, direct).Err(), "loaded, so the worker sends EVALSHA with the script's hash")
 	r := &fakeResetter{}
@@ -439,13 +448,7 @@ func TestSafetyAClaimWhoseReplyWasLostIsStillTaken(t *testing.T) {
 // the first call did.
 func TestAClaimWhoseReplyTimedOutIsTakenInTheSameScan(t *testing.T) {
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	direct := srv.Client(t)
-	proxy, err := netfault.NewProxy(srv.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	direct, proxy, rdb := behindProxy(t)
 	plantDeadPeer(t, direct, "ALYA", "dead", "1", "2")
 	claim := store.Script("claim")
 	require.NoError(t, claim.Load(ctx, direct).Err(), "loaded, so the worker sends EVALSHA with the script's hash")

@@ -10,11 +10,9 @@ import (
 	"testing/synctest"
 	"time"
 
-	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -386,19 +384,13 @@ func TestHistoryOfAWorkerWithoutStartLeavesNoGoroutine(t *testing.T) {
 // appends the entry twice: readers see it once, by its uid.
 func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	direct := srv.Client(t)
-	proxy, err := netfault.NewProxy(srv.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	rdb := redis.NewClient(&redis.Options{Addr: proxy.Addr, ContextTimeoutEnabled: true})
-	t.Cleanup(func() { rdb.Close() })
+	direct, proxy, rdb := behindProxy(t)
 	prefix := testutil.Name("HD")
 	plantDeadPeer(t, direct, prefix, "dead", "1")
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "rec", WithKeyPrefix(prefix)) // no Start: entries are appended inline
 
 	dropped := proxy.DropReplyTo([]byte("xadd"))
-	_, err = w.RecoverNow(ctx)
+	_, err := w.RecoverNow(ctx)
 	require.NoError(t, err)
 	select {
 	case <-dropped:
