@@ -153,3 +153,27 @@ func TestClusterStoreReloadsTheSlotMapAtMostOnceASecond(t *testing.T) {
 	assert.GreaterOrEqual(t, reloads, int64(2), "the slot map reloaded while commands failed")
 	assert.LessOrEqual(t, reloads, int64(3), "at most one reload a second (2.5 s: 3)")
 }
+
+// KeepRows on Cluster: the peers' keys live on several masters; one
+// pipeline reaches each, and each script touches one instance's slot.
+func TestKeepRowsReachesPeersOnEveryMaster(t *testing.T) {
+	c := testutil.StartCluster(t, 3)
+	s, cc := clusterStore(t, c)
+	ctx := context.Background()
+	var peers []string
+	masters := map[string]bool{}
+	for i := 0; len(masters) < 3 && i < 100; i++ {
+		id := fmt.Sprintf("peer-%d", i)
+		require.NoError(t, s.TrackRows(ctx, id, []int64{1}, time.Second))
+		node, err := s.NodeOf(ctx, id)
+		require.NoError(t, err)
+		masters[node] = true
+		peers = append(peers, id)
+	}
+	require.Len(t, masters, 3, "peers on every master")
+
+	require.NoError(t, s.KeepRows(ctx, peers, time.Minute))
+	for _, id := range peers {
+		assert.Greater(t, cc.PTTL(ctx, s.Keys(id).Rows).Val(), 50*time.Second, id)
+	}
+}
