@@ -26,7 +26,8 @@ package recovery
 //     bound;
 //   - a worker killed once the faults stopped has its rows queued again
 //     within the documented bound: TTL + 1.1 × recovery interval + the scan
-//     turn, from its last heartbeat, + one scan;
+//     turn, from its last heartbeat, + one scan (+ 2 TTLs after a
+//     failover: the hold, by up to two workers in turn);
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -124,8 +125,7 @@ type simWorld struct {
 	nextID     int
 	clients    []*redis.Client
 	// known counts, by cause, what the invariants tolerate by name: holes
-	// docs/safety.md documents as not covered, and holes this simulator
-	// found that are reported and not fixed yet (sim_test.go's header).
+	// docs/safety.md documents as not covered.
 	known map[string]int
 }
 
