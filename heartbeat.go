@@ -128,7 +128,9 @@ func (h *heartbeater) restored() {
 		w.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: h.failures})
 	}
 	if w.lease.lost.Swap(false) {
-		w.lease.hold(w.opts.claimTTL())
+		if !mutantNoRegainHold {
+			w.lease.hold(w.opts.claimTTL())
+		}
 		w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
 			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.opts.claimTTL()))
 		w.emit(Event{Kind: EventLeaseRegained})

@@ -13,4 +13,7 @@ const (
 	// mutantNoNodeAgeHold: issue 10's F7 reverted: absent heartbeats are
 	// verdicts whatever the age of the node that answered (deadPeers).
 	mutantNoNodeAgeHold = false
+	// mutantNoRegainHold: model hole H1's fix reverted: a lost lease that
+	// comes back is not held for a claim TTL (heartbeater.restored).
+	mutantNoRegainHold = false
 )

@@ -7,4 +7,5 @@ package recovery
 var (
 	mutantNoStickyLease bool
 	mutantNoNodeAgeHold bool
+	mutantNoRegainHold  bool
 )
