@@ -113,7 +113,9 @@ type Event struct {
 	// PeerID is the peer the event concerns, if any.
 	PeerID string
 	// FoundBy says which mechanism found a dead peer: "registry" (a scan),
-	// "expiry" (a keyspace notification) or "sweep" (the backstop sweep).
+	// "expiry" (a keyspace notification), "sweep" (the backstop sweep) or
+	// "restart" (Start recovering what a previous process left under its
+	// instance ID).
 	FoundBy string
 	// Rows is how many row IDs were involved (found in the rows set, or
 	// released).

@@ -107,11 +107,7 @@ func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset)
-	for _, id := range []int64{1, 2, 3} {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "queued", s, "row %d", id)
-		assert.Nil(t, o)
-	}
+	assertRequeued(t, db, 1, 2, 3)
 	s, _ := rowState(t, db, 4)
 	assert.Equal(t, "done", s, "a finished row stays finished")
 	s, o := rowState(t, db, 5)
@@ -179,11 +175,7 @@ func TestOwnerModeStartResetsRowsAPredecessorLeftUnderItsID(t *testing.T) {
 
 	w, logs := startWorker(t, rdb, fencedResetter(t, db), "pod-0", WithKeyPrefix(prefix))
 
-	for _, id := range []int64{1, 2} {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "queued", s, "row %d: nobody else would ever recover it while pod-0 heartbeats", id)
-		assert.Nil(t, o)
-	}
+	assertRequeued(t, db, 1, 2) // nobody else would ever recover them while pod-0 heartbeats
 	assert.Equal(t, 1, logs.Count(`recovered rows a previous process left under this instance ID`))
 	assert.Equal(t, uint64(2), w.Stats().RowsRecovered)
 }
@@ -238,11 +230,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	}, 10*time.Second, 200*time.Millisecond)
 	require.Len(t, recovered, 1)
 	assert.Equal(t, "gone", recovered[0].InstanceID)
-	for _, id := range []int64{3, 4} {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "queued", s, "row %d", id)
-		assert.Nil(t, o)
-	}
+	assertRequeued(t, db, 3, 4)
 }
 
 func TestOwnerModeShutdownWithRowsStillHeldStaysRegisteredWithoutARowsSet(t *testing.T) {

@@ -8,6 +8,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
@@ -57,6 +58,17 @@ func rowState(t *testing.T, db *pgxpool.Pool, id int64) (status string, owner *s
 	require.NoError(t, db.QueryRow(context.Background(),
 		`SELECT status, owner FROM batchrows WHERE rowid = $1`, id).Scan(&status, &owner))
 	return status, owner
+}
+
+// assertRequeued asserts that each of ids is queued again with no owner,
+// as a reset by an owner-fenced resetter leaves it.
+func assertRequeued(t *testing.T, db *pgxpool.Pool, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+		assert.Nil(t, o, "row %d: owner cleared on reset", id)
+	}
 }
 
 func fencedResetter(t *testing.T, db *pgxpool.Pool, opts ...ResetterOption) *PgxResetter {

@@ -294,11 +294,7 @@ func TestSafetyOwnerFencingNeverResetsARowAnotherWorkerTook(t *testing.T) {
 
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), n)
-		for _, id := range []int64{1, 2, 3} {
-			s, o := rowState(t, db, id)
-			assert.Equal(t, "queued", s)
-			assert.Nil(t, o, "owner cleared on reset")
-		}
+		assertRequeued(t, db, 1, 2, 3)
 		for _, id := range []int64{4, 5} {
 			s, o := rowState(t, db, id)
 			assert.Equal(t, "inprog", s)

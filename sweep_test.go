@@ -62,11 +62,7 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	require.Len(t, rep.recovered, 2)
 	assert.Equal(t, uint64(3), w.Stats().RowsRecovered, "the sweep's rows are counted")
 	assert.Equal(t, uint64(2), w.Stats().PeersRecovered)
-	for _, id := range []int64{1, 2, 3} {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "queued", s, "row %d", id)
-		assert.Nil(t, o)
-	}
+	assertRequeued(t, db, 1, 2, 3)
 	s, o := rowState(t, db, 5)
 	assert.Equal(t, "inprog", s, "a live owner's row is never swept")
 	assert.Equal(t, "live", *o)
