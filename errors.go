@@ -62,4 +62,12 @@ var (
 	// is not a label of the status column's enum, a missing privilege.
 	// Start returns it, before writing anything to Redis.
 	ErrSchema = errors.New("recovery: table does not match the configuration")
+
+	// ErrEvictionPolicy is wrapped by the error Start returns when a Redis
+	// master can evict the library's keys (maxmemory with a volatile-* or
+	// allkeys-* maxmemory-policy) and WithEvictionAccepted was not given,
+	// or when its policy cannot be read (INFO memory refused): an evicted
+	// heartbeat would make a live worker look dead. The message names the
+	// node, its policy and the fix (maxmemory-policy noeviction).
+	ErrEvictionPolicy = errors.New("recovery: redis may evict the recovery keys")
 )

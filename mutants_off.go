@@ -16,4 +16,7 @@ const (
 	// mutantNoRegainHold: model hole H1's fix reverted: a lost lease that
 	// comes back is not held for a claim TTL (heartbeater.restored).
 	mutantNoRegainHold = false
+	// mutantNoEvictionHold: issue 20's item 4 reverted: absent heartbeats
+	// are verdicts while the server evicts keys (nodeAges.evictionHold).
+	mutantNoEvictionHold = false
 )

@@ -57,13 +57,15 @@ type nodeFacts struct {
 	// shifted: second_repl_offset is set: the node was promoted, or
 	// restarted from a file, since its start.
 	shifted bool
+	// evicted is evicted_keys (INFO stats); -1 when not reported.
+	evicted int64
 }
 
 // parseNodeFacts reads the INFO server, replication and persistence
 // sections. run_id, uptime_in_seconds and role are required.
 func parseNodeFacts(info string) (nodeFacts, error) {
 	var (
-		f                         nodeFacts
+		f                         = nodeFacts{evicted: -1}
 		haveRun, haveUp, haveRole bool
 		loaded                    = "" // rdb_last_load_keys_loaded; absent before Redis 7
 		aof                       bool
@@ -92,6 +94,10 @@ func parseNodeFacts(info string) (nodeFacts, error) {
 			loaded = v
 		case "aof_enabled":
 			aof = v == "1"
+		case "evicted_keys":
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+				f.evicted = n
+			}
 		}
 	}
 	if !haveRun || !haveUp || !haveRole {
@@ -106,6 +112,11 @@ type nodeSeen struct {
 	runID, replID string
 	since         time.Time // zero: nothing to hold back for
 	warned        bool      // the hold was logged
+	// What eviction.go remembers: evicted_keys at the last look, the
+	// last look that saw it move, and whether this episode was logged.
+	evicted                  int64
+	evictedAt                time.Time
+	evictLooked, evictWarned bool
 }
 
 // nodeAges is the worker's memory of the nodes it asked.
@@ -149,6 +160,7 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 		a.nodes[addr] = ns
 		s = ns
 	}
+	s.sawEvictions(f.evicted, recv)
 	if s.since.IsZero() || !recv.Before(s.since.Add(ttl)) {
 		return time.Time{}, false
 	}
@@ -215,6 +227,9 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		recv := time.Now()
 		if err != nil {
 			w.infoUnavailable(err)
+			if w.holdForEvictions(addr, f, err, sent, recv, len(peers)) {
+				continue
+			}
 			for _, i := range peers {
 				kept[i] = true
 			}
@@ -222,6 +237,9 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		}
 		w.infoAvailable()
 		until, first := w.nodes.observe(addr, f, recv, w.opts.heartbeatTTL, false)
+		if w.holdForEvictions(addr, f, nil, sent, recv, len(peers)) {
+			continue
+		}
 		if up := max(f.uptime-time.Second, 0); strict && up < w.opts.heartbeatTTL {
 			if u := recv.Add(w.opts.heartbeatTTL - up); u.After(until) {
 				until, first = u, true

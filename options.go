@@ -45,6 +45,7 @@ type options struct {
 	rowsSets          bool // WithRowsSets: no owner mode
 	instanceIDSet     bool // WithInstanceID: the ID may have had a predecessor
 	historyLen        int  // WithHistory; 0: off
+	evictionAccepted  bool // WithEvictionAccepted
 }
 
 func defaultOptions() options {

@@ -613,7 +613,9 @@ func (s *simStore) ReadHistory(context.Context, store.HistoryQuery) ([]store.His
 	return nil, errors.New("sim: the history is not modelled")
 }
 
-func (s *simStore) EvictionPolicy(context.Context) (string, error) { return "noeviction", nil }
+func (s *simStore) MemoryInfos(context.Context) (map[string]string, error) {
+	return map[string]string{"": "maxmemory:0\nmaxmemory_policy:noeviction\n"}, nil
+}
 
 func (s *simStore) Describe(context.Context, []string) ([]store.Instance, error) {
 	return nil, errors.New("sim: Describe is not modelled")

@@ -177,7 +177,11 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.checkSchema(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	if err := w.claimInstanceID(ctx); err != nil {
+	err := w.checkEviction(ctx)
+	if err == nil {
+		err = w.claimInstanceID(ctx)
+	}
+	if err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.firstHeartbeatError(ctx, err)
 		}
@@ -189,7 +193,6 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.firstHeartbeatError(ctx, err))
 	}
-	w.warnIfEvicting(ctx)
 	w.observeNodes(ctx)
 	var expiry *expiryWatcher
 	if w.opts.expiry {

@@ -23,6 +23,7 @@ import (
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
 )
 
 // proc is one worker process and what the demo knows about it. Only the
@@ -141,7 +142,8 @@ func (d *demo) setup(ctx context.Context) error {
 		d.ui.say("Redis: REDIS_URL, keys under prefix %s (deleted at the end)", d.prefix)
 	} else {
 		d.mr = miniredis.NewMiniRedis()
-		d.mr.ClockTTL(true) // keys expire with the wall clock, like a real Redis
+		d.mr.ClockTTL(true)       // keys expire with the wall clock, like a real Redis
+		testutil.NoEviction(d.mr) // miniredis never evicts; it says so as Redis would (INFO memory)
 		if err := d.mr.StartAddr("127.0.0.1:0"); err != nil {
 			return fmt.Errorf("start miniredis: %w", err)
 		}

@@ -1,0 +1,250 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// managedRedis starts a redis-server set up as managed offerings often
+// are: a memory limit, the given eviction policy, CONFIG renamed away, and
+// evicted-key events on (the tests' signal that a heartbeat was evicted).
+func managedRedis(t *testing.T, maxmemory, policy string) *testutil.RedisServer {
+	t.Helper()
+	return testutil.StartRedis(t, "--maxmemory", maxmemory, "--maxmemory-policy", policy,
+		"--rename-command", "CONFIG", "", "--notify-keyspace-events", "Ke")
+}
+
+func TestStartRefusesARedisThatCanEvictItsKeys(t *testing.T) {
+	for _, policy := range []string{"volatile-lru", "allkeys-lru", "volatile-ttl"} {
+		t.Run(policy, func(t *testing.T) {
+			srv := managedRedis(t, "64mb", policy)
+			rdb := srv.Client(t)
+			require.Error(t, rdb.ConfigGet(context.Background(), "maxmemory-policy").Err(), "CONFIG is renamed away")
+			w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
+
+			err := w.Start(context.Background())
+
+			require.ErrorIs(t, err, ErrEvictionPolicy)
+			assert.Contains(t, err.Error(), "maxmemory-policy "+policy)
+			assert.Contains(t, err.Error(), "set maxmemory-policy noeviction")
+			assert.Contains(t, err.Error(), "WithEvictionAccepted")
+			n, derr := rdb.DBSize(context.Background()).Result()
+			require.NoError(t, derr)
+			assert.Zero(t, n, "nothing written to Redis")
+		})
+	}
+}
+
+func TestStartAcceptsEvictionWhenTold(t *testing.T) {
+	srv := managedRedis(t, "64mb", "volatile-lru")
+	w, logs := newWorker(t, srv.Client(t), &fakeResetter{}, "w1", WithEvictionAccepted())
+
+	require.NoError(t, w.Start(context.Background()))
+
+	assert.Equal(t, 1, logs.Count("accepted (WithEvictionAccepted)"))
+}
+
+func TestStartPassesARedisThatCannotEvict(t *testing.T) {
+	for _, c := range []struct{ maxmemory, policy string }{
+		{"64mb", "noeviction"},
+		{"0", "volatile-lru"}, // no limit: nothing is ever evicted
+	} {
+		t.Run(c.policy+"-"+c.maxmemory, func(t *testing.T) {
+			srv := managedRedis(t, c.maxmemory, c.policy)
+			w, _ := newWorker(t, srv.Client(t), &fakeResetter{}, "w1")
+
+			require.NoError(t, w.Start(context.Background()))
+		})
+	}
+}
+
+// A server that refuses INFO (an ACL without +info) is not trusted: the
+// worker could not read its policy, nor see its evictions.
+func TestStartRefusesARedisThatHidesItsPolicy(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	ctx := context.Background()
+	admin := srv.Client(t)
+	require.NoError(t, admin.Do(ctx, "ACL", "SETUSER", "worker", "on", ">pw", "~*", "&*", "+@all", "-info").Err())
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Username: "worker", Password: "pw"})
+	t.Cleanup(func() { rdb.Close() })
+
+	for _, opts := range [][]Option{nil, {WithEvictionAccepted()}} {
+		w, _ := newWorker(t, rdb, &fakeResetter{}, "w1", opts...)
+		err := w.Start(ctx)
+		require.ErrorIs(t, err, ErrEvictionPolicy)
+		assert.Contains(t, err.Error(), "ACL +info")
+		assert.Contains(t, err.Error(), "NOPERM")
+	}
+}
+
+// ballast fills the server with another application's keys without a TTL
+// (data it keeps) until less than headroom bytes are left below maxmemory:
+// what is left for keys with a TTL is then small, and each lives a short
+// while before volatile-lru evicts it.
+func ballast(t *testing.T, rdb *redis.Client, headroom int64) {
+	t.Helper()
+	ctx := context.Background()
+	limit := memoryField(t, rdb, "maxmemory")
+	val := strings.Repeat("b", 64<<10)
+	for i := 0; memoryField(t, rdb, "used_memory") < limit-headroom; i++ {
+		require.NoError(t, rdb.Set(ctx, fmt.Sprintf("otherapp:data:%d", i), val, 0).Err())
+	}
+}
+
+// memoryField reads one number of INFO memory.
+func memoryField(t *testing.T, rdb *redis.Client, name string) int64 {
+	t.Helper()
+	info, err := rdb.Info(context.Background(), "memory").Result()
+	require.NoError(t, err)
+	for line := range strings.SplitSeq(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
+			n, err := strconv.ParseInt(v, 10, 64)
+			require.NoError(t, err)
+			return n
+		}
+	}
+	t.Fatalf("INFO memory has no %s", name)
+	return 0
+}
+
+// pressure writes another application's keys, each with a TTL, into rdb
+// until ctx ends, about 2 MB a second, so that the server keeps evicting.
+// It returns how many keys it wrote.
+func pressure(ctx context.Context, rdb *redis.Client) int {
+	val := strings.Repeat("x", 4096)
+	n := 0
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
+	for ctx.Err() == nil {
+		pipe := rdb.Pipeline()
+		for range 5 {
+			n++
+			pipe.Set(ctx, fmt.Sprintf("otherapp:cache:%d", n), val, 10*time.Minute)
+		}
+		_, _ = pipe.Exec(ctx)
+		select {
+		case <-ctx.Done():
+		case <-tick.C:
+		}
+	}
+	return n
+}
+
+// evictedKeys reads INFO stats evicted_keys.
+func evictedKeys(t *testing.T, rdb *redis.Client) int64 {
+	t.Helper()
+	f, err := parseNodeFacts(rdb.Info(context.Background(), "server", "replication", "stats").Val())
+	require.NoError(t, err)
+	return f.evicted
+}
+
+// awaitEvicted waits for the evicted-key event of key (the server was
+// started with notify-keyspace-events Ke), or fails the test after limit.
+func awaitEvicted(t *testing.T, sub *redis.PubSub, key string, limit time.Duration) {
+	t.Helper()
+	timer := time.NewTimer(limit)
+	defer timer.Stop()
+	for {
+		select {
+		case m := <-sub.Channel():
+			if m.Payload == "evicted" && strings.HasSuffix(m.Channel, ":"+key) {
+				return
+			}
+		case <-timer.C:
+			t.Fatalf("no eviction of %s within %v", key, limit)
+		}
+	}
+}
+
+// The issue's reproduction (issue 20, item 4): volatile-lru evicts the
+// live worker's heartbeat under another application's memory pressure.
+// With evictions accepted, no verdict is taken while the server evicts:
+// the live worker's rows stay in progress. Once the pressure stops, a
+// worker that really died is recovered, a heartbeat TTL later.
+func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
+	srv := managedRedis(t, "16mb", "volatile-lru")
+	rdb := srv.Client(t)
+	// The heartbeat written every 1.5 s is then older than the short-lived
+	// cache keys, and volatile-lru picks it (its clock counts seconds).
+	timing := []Option{WithEvictionAccepted(), WithHeartbeatTTL(4 * time.Second),
+		WithHeartbeatInterval(1500 * time.Millisecond), WithRowsTTL(8 * time.Second)}
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 20)
+	ctx := context.Background()
+	r := fencedResetter(t, db) // owner mode: what the docs advise for an evicting server
+
+	live, _ := startWorker(t, rdb, r, "live", timing...)
+	take(t, db, "live", 1, 2, 3, 4, 5)
+	require.NoError(t, live.Track(ctx, 1, 2, 3, 4, 5))
+	// Only the live heartbeat's channel: a subscriber to every evicted key
+	// fills its output buffer, which eviction cannot free (OOM).
+	sub := rdb.Subscribe(ctx, "__keyspace@0__:"+keysOf("live").Heartbeat)
+	t.Cleanup(func() { sub.Close() })
+	_, err := sub.Receive(ctx)
+	require.NoError(t, err)
+
+	_, logs := startWorker(t, rdb, r, "rec", timing...)
+	ballast(t, rdb, 1<<20)
+	pctx, stopPressure := context.WithCancel(ctx)
+	pressed := make(chan int, 1)
+	go func() { pressed <- pressure(pctx, srv.Client(t)) }()
+
+	start := time.Now()
+	awaitEvicted(t, sub, keysOf("live").Heartbeat, 20*time.Second)
+	evictedSeen := time.Since(start)
+	// dead: a worker that died holding rows 11..15 while the server
+	// evicts (registered; its heartbeat gone).
+	plantDeadPeer(t, rdb, DefaultKeyPrefix, "dead")
+	take(t, db, "dead", 11, 12, 13, 14, 15)
+	// Keep the server evicting for three TTLs: every scan meanwhile finds
+	// the heartbeat absent at some point, or the evictions moving.
+	deadline := time.Now().Add(3 * live.opts.heartbeatTTL)
+	for time.Now().Before(deadline) {
+		st := statuses(t, db)
+		for _, id := range []int64{1, 2, 3, 4, 5} {
+			require.Equal(t, "inprog", st[id], "row %d of the live worker reset %v after the pressure began (heartbeat evicted after %v)",
+				id, time.Since(start).Round(time.Millisecond), evictedSeen.Round(time.Millisecond))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	stopPressure()
+	written := <-pressed
+	t.Logf("pressure: %d keys written, %d evicted; live heartbeat first evicted after %v", written, evictedKeys(t, rdb), evictedSeen)
+	assert.Positive(t, logs.Count("the Redis server evicted keys less than a heartbeat TTL ago"), "the hold was taken and logged")
+	assert.Equal(t, 1, logs.Count("the Redis server evicted keys less than a heartbeat TTL ago"), "once per episode")
+
+	// The other application deletes its data: evictions stop. The dead
+	// worker's rows come back within the hold (a TTL from the last look
+	// that saw evictions) and a scan.
+	var cursor uint64
+	for {
+		keys, next, err := rdb.Scan(ctx, cursor, "otherapp:*", 1000).Result()
+		require.NoError(t, err)
+		if len(keys) > 0 {
+			require.NoError(t, rdb.Unlink(ctx, keys...).Err())
+		}
+		if cursor = next; cursor == 0 {
+			break
+		}
+	}
+	stopped := time.Now()
+	bound := live.opts.heartbeatTTL + 2*live.opts.recoveryInterval + time.Second
+	require.Eventually(t, func() bool {
+		st := statuses(t, db)
+		return st[11] == "queued" && st[15] == "queued"
+	}, bound, 20*time.Millisecond, "the dead worker's rows are recovered once evictions stop")
+	t.Logf("dead worker's rows recovered %v after the pressure stopped", time.Since(stopped).Round(time.Millisecond))
+	for _, id := range []int64{1, 2, 3, 4, 5} {
+		assert.Equal(t, "inprog", statuses(t, db)[id], "row %d of the live worker", id)
+	}
+}
