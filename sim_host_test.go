@@ -190,6 +190,7 @@ func (c *simConn) roundTrip(ctx context.Context, op string, effect func(*simRedi
 		if err := c.arrive(func() bool { return time.Now().Before(w.redis.downTill) }, errSimConn); err != nil {
 			return err
 		}
+		w.redis.evict()
 		effect(w.redis)
 		if lost {
 			w.tracef("%s redis %s: reply lost (attempt %d)", c.proc, op, attempt+1)

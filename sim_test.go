@@ -92,6 +92,10 @@ type simConfig struct {
 	lostReply float64
 	lostAck   float64
 	redisLoss bool // Redis may forget (restart empty, old snapshot, failover): only with the backstop sweep
+	// evicting: Redis may evict keys with a TTL (maxmemory, volatile-lru,
+	// evictions accepted): only with the backstop sweep, which recovers a
+	// dead worker whose rows set was evicted (docs/operations.md).
+	evicting bool
 }
 
 func (c simConfig) fenced() bool { return c.mode != "rows" }
@@ -117,6 +121,7 @@ type simWorld struct {
 	lostTill   time.Time // lost replies and acknowledgements strike until then
 	redisUp    time.Time // when Redis last came back with data it may lack (a restart, a failover)
 	failedOver bool      // a replica was promoted during the run
+	evicted    bool      // Redis evicted keys during the run
 	promoted   []time.Time
 	// unrecorded are the instances a claim found without a rows set.
 	unrecorded map[string]bool
@@ -260,6 +265,10 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	}
 	cfg.deferred = cfg.mode != "owner" && rng.IntN(3) == 0
 	cfg.redisLoss = cfg.sweep()
+	// Drawn from the seed, not the driver's stream, so that the seeds
+	// without evictions replay as before: none of the seeds
+	// docs/reliability.md names is one with evictions.
+	cfg.evicting = cfg.sweep() && seed%7 == 5
 	ledger := !cfg.fenced() && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
@@ -428,6 +437,9 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 	if w.cfg.redisLoss {
 		kinds = append(kinds, "restart-empty", "restart-snapshot", "failover")
 	}
+	if w.cfg.evicting {
+		kinds = append(kinds, "evict", "evict")
+	}
 	kind := kinds[r.IntN(len(kinds))]
 	live := w.live()
 	switch kind {
@@ -471,6 +483,13 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 		w.pgSlowTill = time.Now().Add(d)
 		w.pgSlowMax = time.Duration(r.Int64N(int64(1500*time.Millisecond))) + time.Millisecond
 		w.tracef("FAULT PostgreSQL slow (up to %v more per transaction) for %v", w.pgSlowMax, d)
+		w.mu.Unlock()
+	case "evict":
+		d := capped(time.Duration(r.Int64N(int64(3*time.Second))) + time.Millisecond)
+		w.mu.Lock()
+		w.redis.evictTill = time.Now().Add(d)
+		w.evicted = true
+		w.tracef("FAULT Redis evicts a key with a TTL at every command for %v", d)
 		w.mu.Unlock()
 	case "redisdown":
 		d := capped(time.Duration(r.Int64N(int64(time.Second))) + time.Millisecond)
@@ -540,6 +559,7 @@ func simBound(w *Worker) time.Duration {
 func (w *simWorld) run(t *testing.T) {
 	w.start = time.Now()
 	w.redis = newSimRedis(w.start)
+	w.redis.evictRng = rand.New(rand.NewPCG(w.seed, 0xe71c7))
 	w.lostTill = w.start.Add(simFaultEnd + 6*time.Second)
 	w.tracef("seed %d: %+v %+v", w.seed, w.cfg, w.mut)
 	stopSnaps := make(chan struct{})
@@ -653,6 +673,12 @@ func (w *simWorld) checkBound(t *testing.T) {
 		// scan turn passes meanwhile to a worker that had not looked at
 		// the new master yet (seed 1653). The rows sets of the peers held
 		// are renewed meanwhile (keepHeld), so the wait loses nothing.
+		bound += 2 * simTTL
+	}
+	if w.evicted {
+		// The same after evictions: a look after the faults may be the
+		// first to see the count moved, or a worker's first look, which
+		// cannot tell when it moved (eviction.go); either holds a TTL.
 		bound += 2 * simTTL
 	}
 	w.mu.Unlock()
