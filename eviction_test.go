@@ -2,9 +2,6 @@ package recovery
 
 import (
 	"context"
-	"fmt"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
@@ -87,102 +84,6 @@ func TestStartRefusesARedisThatHidesItsPolicy(t *testing.T) {
 	}
 }
 
-// ballast fills the server with another application's keys without a TTL
-// (data it keeps) until less than headroom bytes are left below maxmemory:
-// what is left for keys with a TTL is then small, and each lives a short
-// while before volatile-lru evicts it.
-func ballast(t *testing.T, rdb *redis.Client, headroom int64) {
-	t.Helper()
-	ctx := context.Background()
-	limit := memoryField(t, rdb, "maxmemory")
-	val := strings.Repeat("b", 64<<10)
-	for i := 0; memoryField(t, rdb, "used_memory") < limit-headroom; i++ {
-		require.NoError(t, rdb.Set(ctx, fmt.Sprintf("otherapp:data:%d", i), val, 0).Err())
-	}
-}
-
-// dropOtherApp deletes the other application's keys: evictions stop.
-func dropOtherApp(t *testing.T, rdb *redis.Client) {
-	t.Helper()
-	ctx := context.Background()
-	var cursor uint64
-	for {
-		keys, next, err := rdb.Scan(ctx, cursor, "otherapp:*", 1000).Result()
-		require.NoError(t, err)
-		if len(keys) > 0 {
-			require.NoError(t, rdb.Unlink(ctx, keys...).Err())
-		}
-		if cursor = next; cursor == 0 {
-			return
-		}
-	}
-}
-
-// memoryField reads one number of INFO memory.
-func memoryField(t *testing.T, rdb *redis.Client, name string) int64 {
-	t.Helper()
-	info, err := rdb.Info(context.Background(), "memory").Result()
-	require.NoError(t, err)
-	for line := range strings.SplitSeq(info, "\n") {
-		if v, ok := strings.CutPrefix(strings.TrimSpace(line), name+":"); ok {
-			n, err := strconv.ParseInt(v, 10, 64)
-			require.NoError(t, err)
-			return n
-		}
-	}
-	t.Fatalf("INFO memory has no %s", name)
-	return 0
-}
-
-// pressure writes another application's keys, each with a TTL, into rdb
-// until ctx ends, about 2 MB a second, so that the server keeps evicting.
-// It returns how many keys it wrote.
-func pressure(ctx context.Context, rdb *redis.Client) int {
-	val := strings.Repeat("x", 4096)
-	n := 0
-	tick := time.NewTicker(10 * time.Millisecond)
-	defer tick.Stop()
-	for ctx.Err() == nil {
-		pipe := rdb.Pipeline()
-		for range 5 {
-			n++
-			pipe.Set(ctx, fmt.Sprintf("otherapp:cache:%d", n), val, 10*time.Minute)
-		}
-		_, _ = pipe.Exec(ctx)
-		select {
-		case <-ctx.Done():
-		case <-tick.C:
-		}
-	}
-	return n
-}
-
-// evictedKeys reads INFO stats evicted_keys.
-func evictedKeys(t *testing.T, rdb *redis.Client) int64 {
-	t.Helper()
-	f, err := parseNodeFacts(rdb.Info(context.Background(), "server", "replication", "stats").Val())
-	require.NoError(t, err)
-	return f.evicted
-}
-
-// awaitEvicted waits for the evicted-key event of key (the server was
-// started with notify-keyspace-events Ke), or fails the test after limit.
-func awaitEvicted(t *testing.T, sub *redis.PubSub, key string, limit time.Duration) {
-	t.Helper()
-	timer := time.NewTimer(limit)
-	defer timer.Stop()
-	for {
-		select {
-		case m := <-sub.Channel():
-			if m.Payload == "evicted" && strings.HasSuffix(m.Channel, ":"+key) {
-				return
-			}
-		case <-timer.C:
-			t.Fatalf("no eviction of %s within %v", key, limit)
-		}
-	}
-}
-
 // The issue's reproduction (issue 20, item 4): volatile-lru evicts the
 // live worker's heartbeat under another application's memory pressure.
 // With evictions accepted, no verdict is taken while the server evicts:
@@ -211,13 +112,13 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 	require.NoError(t, err)
 
 	_, logs := startWorker(t, rdb, r, "rec", timing...)
-	ballast(t, rdb, 1<<20)
+	testutil.Ballast(t, rdb, "otherapp", 1<<20)
 	pctx, stopPressure := context.WithCancel(ctx)
 	pressed := make(chan int, 1)
-	go func() { pressed <- pressure(pctx, srv.Client(t)) }()
+	go func() { pressed <- testutil.Pressure(pctx, srv.Client(t), "otherapp") }()
 
 	start := time.Now()
-	awaitEvicted(t, sub, keysOf("live").Heartbeat, 20*time.Second)
+	testutil.AwaitEvicted(t, sub, 20*time.Second, keysOf("live").Heartbeat)
 	evictedSeen := time.Since(start)
 	// dead: a worker that died holding rows 11..15 while the server
 	// evicts (registered; its heartbeat gone).
@@ -240,14 +141,14 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 	}
 	stopPressure()
 	written := <-pressed
-	t.Logf("pressure: %d keys written, %d evicted; live heartbeat first evicted after %v", written, evictedKeys(t, rdb), evictedSeen)
+	t.Logf("pressure: %d keys written, %d evicted; live heartbeat first evicted after %v", written, testutil.InfoField(t, rdb, "stats", "evicted_keys"), evictedSeen)
 	assert.Positive(t, logs.Count("the Redis server evicted keys less than a heartbeat TTL ago"), "the hold was taken and logged")
 	assert.Equal(t, 1, logs.Count("the Redis server evicted keys less than a heartbeat TTL ago"), "once per episode")
 
 	// The other application deletes its data: evictions stop. The dead
 	// worker's rows come back within the hold (a TTL from the last look
 	// that saw evictions) and a scan.
-	dropOtherApp(t, rdb)
+	testutil.DropPressure(t, rdb, "otherapp")
 	stopped := time.Now()
 	bound := live.opts.heartbeatTTL + 2*live.opts.recoveryInterval + time.Second
 	require.Eventually(t, func() bool {
@@ -267,12 +168,12 @@ func TestStartDoesNotRecoverATwinWhoseHeartbeatWasEvicted(t *testing.T) {
 	srv := managedRedis(t, "16mb", "volatile-lru")
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	ballast(t, rdb, 1<<20)
+	testutil.Ballast(t, rdb, "otherapp", 1<<20)
 	pctx, stop := context.WithCancel(ctx)
-	go pressure(pctx, srv.Client(t))
-	require.Eventually(t, func() bool { return evictedKeys(t, rdb) > 0 }, 10*time.Second, 10*time.Millisecond)
+	go testutil.Pressure(pctx, srv.Client(t), "otherapp")
+	require.Eventually(t, func() bool { return testutil.InfoField(t, rdb, "stats", "evicted_keys") > 0 }, 10*time.Second, 10*time.Millisecond)
 	stop()
-	dropOtherApp(t, rdb)
+	testutil.DropPressure(t, rdb, "otherapp")
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
 	r := fencedResetter(t, db)
