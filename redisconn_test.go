@@ -104,14 +104,3 @@ func TestRedisLoggerSendsGoRedisLinesToTheLogger(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond, "go-redis's dial failure reaches the logger: %s", buf)
 	assert.Contains(t, buf.String(), `"level":"WARN"`)
 }
-
-func TestSafetyWarnsOnceWhenRedisMayEvictKeys(t *testing.T) {
-	evicting := testutil.StartRedis(t, "--maxmemory-policy", "allkeys-lru")
-	_, logs := startWorker(t, evicting.Client(t), &fakeResetter{}, "w1")
-	assert.Equal(t, 1, logs.Count("redis may evict keys"))
-	assert.Contains(t, logs.String(), `"maxmemory_policy":"allkeys-lru"`)
-
-	safe := testutil.StartRedis(t)
-	_, logs = startWorker(t, safe.Client(t), &fakeResetter{}, "w2")
-	assert.Zero(t, logs.Count("redis may evict keys"))
-}
