@@ -27,7 +27,7 @@ package recovery
 //   - a worker killed once the faults stopped has its rows queued again
 //     within the documented bound: TTL + 1.1 × recovery interval + the scan
 //     turn, from its last heartbeat, + one scan (+ 2 TTLs after a
-//     failover: the hold, by up to two workers in turn);
+//     failover or evictions: the hold, by up to two workers in turn);
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
