@@ -224,3 +224,71 @@ func TestAcceptedEvictionsHoldVerdictsWhileINFOCannotBeRead(t *testing.T) {
 	require.Len(t, rep.Recovered, 1)
 	assert.Len(t, r.resetOf("gone"), 2)
 }
+
+// On Cluster every master is checked: one evicting master is enough for
+// the heartbeats whose slots it serves to be evicted.
+func TestStartChecksEveryClusterMaster(t *testing.T) {
+	cluster := testutil.StartCluster(t, 3)
+	ctx := context.Background()
+	odd := cluster.Addrs[2]
+	node := redis.NewClient(&redis.Options{Addr: odd})
+	t.Cleanup(func() { node.Close() })
+	require.NoError(t, node.ConfigSet(ctx, "maxmemory", "64mb").Err())
+	require.NoError(t, node.ConfigSet(ctx, "maxmemory-policy", "allkeys-lfu").Err())
+	w, _ := newWorker(t, cluster.Client(t), &fakeResetter{}, "w1")
+
+	err := w.Start(ctx)
+
+	require.ErrorIs(t, err, ErrEvictionPolicy)
+	assert.Contains(t, err.Error(), "redis node "+odd+" has maxmemory-policy allkeys-lfu")
+}
+
+// The hold's arithmetic: a TTL from the look that saw evicted_keys move,
+// for EXISTS sent before its end; a first look at a node that has evicted
+// counts as a move; a look without a move ends the episode once the TTL
+// is over, and the next move is a new episode, logged again.
+func TestEvictionHoldLastsATTLFromTheLookThatSawTheCountMove(t *testing.T) {
+	const ttl = 10 * time.Second
+	t0 := time.Now()
+	at := func(d time.Duration) time.Time { return t0.Add(d) }
+	facts := func(evicted int64) nodeFacts {
+		return nodeFacts{runID: "r1", replID: "x1", master: true, uptime: time.Hour, evicted: evicted}
+	}
+	var a nodeAges
+	look := func(evicted int64, recv time.Time) {
+		a.observe("", facts(evicted), recv, ttl, false)
+	}
+
+	look(0, at(0)) // never evicted: nothing held
+	until, _ := a.evictionHold("", at(0), at(0), ttl, false, false)
+	assert.True(t, until.IsZero())
+
+	look(5, at(3*time.Second)) // moved
+	until, first := a.evictionHold("", at(2*time.Second), at(3*time.Second), ttl, false, false)
+	assert.Equal(t, at(13*time.Second), until, "a TTL from the look that saw the move")
+	assert.True(t, first)
+	look(5, at(8*time.Second)) // no move since, but within the TTL
+	until, first = a.evictionHold("", at(8*time.Second), at(8*time.Second), ttl, false, false)
+	assert.Equal(t, at(13*time.Second), until)
+	assert.False(t, first, "logged once per episode")
+	look(5, at(13*time.Second))
+	until, _ = a.evictionHold("", at(13*time.Second), at(13*time.Second), ttl, false, false)
+	assert.True(t, until.IsZero(), "an EXISTS sent a TTL after the move counts")
+
+	look(6, at(20*time.Second)) // a new episode
+	until, first = a.evictionHold("", at(20*time.Second), at(20*time.Second), ttl, false, false)
+	assert.Equal(t, at(30*time.Second), until)
+	assert.True(t, first, "a new episode is logged again")
+
+	var b nodeAges
+	b.observe("", facts(1000), at(0), ttl, false) // first look at a node that evicted once
+	until, _ = b.evictionHold("", at(0), at(0), ttl, false, false)
+	assert.Equal(t, at(ttl), until, "when it moved is unknown: as if just now")
+
+	var c nodeAges
+	c.observe("", facts(-1), at(0), ttl, false) // evicted_keys not reported
+	until, _ = c.evictionHold("", at(0), at(0), ttl, true, false)
+	assert.True(t, until.IsZero(), "not accepted: judged as before")
+	until, _ = c.evictionHold("", at(0), at(0), ttl, true, true)
+	assert.Equal(t, at(ttl), until, "accepted: the node may be evicting")
+}
