@@ -142,11 +142,11 @@ func (d *demo) setup(ctx context.Context) error {
 		d.ui.say("Redis: REDIS_URL, keys under prefix %s (deleted at the end)", d.prefix)
 	} else {
 		d.mr = miniredis.NewMiniRedis()
-		d.mr.ClockTTL(true)       // keys expire with the wall clock, like a real Redis
-		testutil.NoEviction(d.mr) // miniredis never evicts; it says so as Redis would (INFO memory)
+		d.mr.ClockTTL(true) // keys expire with the wall clock, like a real Redis
 		if err := d.mr.StartAddr("127.0.0.1:0"); err != nil {
 			return fmt.Errorf("start miniredis: %w", err)
 		}
+		testutil.NoEviction(d.mr) // miniredis never evicts; it says so as Redis would (INFO memory)
 		d.redisURL = "redis://" + d.mr.Addr()
 		d.ui.say("Redis: embedded miniredis on %s", d.mr.Addr())
 	}
