@@ -143,6 +143,10 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // the table, column or status at fault; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
 // error names the address and the cause); Start may then be called again.
+// It also refuses, with an error wrapping ErrEvictionPolicy and before
+// writing anything, a Redis master whose maxmemory-policy can evict the
+// library's keys (unless WithEvictionAccepted) or that will not say
+// (INFO memory refused).
 //
 // If the heartbeat key already holds another process's value, Start
 // watches it: a process that refreshes it within a heartbeat interval +
