@@ -198,9 +198,10 @@ func (w *Worker) observeNodes(ctx context.Context) {
 
 // youngNodeHolds returns the peers of absent whose death may be judged: it
 // drops those whose heartbeat key lives on a node that has not been up for
-// a heartbeat TTL (see above) since sent, when their EXISTS was sent. If a
-// node's INFO cannot be read (a server that forbids INFO) the peers are
-// judged as before, and that is logged once.
+// a heartbeat TTL (see above) since sent, when their EXISTS was sent, or
+// that evicted keys less than a TTL before (eviction.go). If a node's INFO
+// cannot be read (a server that forbids INFO) the peers are judged as
+// before, and that is logged once, unless evictions are accepted.
 //
 // With strict (the backstop sweep, whose candidates come from PostgreSQL,
 // not from the registry), a node that started empty less than a TTL ago
@@ -226,10 +227,10 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		f, err := w.nodeInfo(ctx, addr)
 		recv := time.Now()
 		if err != nil {
-			w.infoUnavailable(err)
 			if w.holdForEvictions(addr, f, err, sent, recv, len(peers)) {
 				continue
 			}
+			w.infoUnavailable(err)
 			for _, i := range peers {
 				kept[i] = true
 			}
