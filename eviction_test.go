@@ -292,3 +292,20 @@ func TestEvictionHoldLastsATTLFromTheLookThatSawTheCountMove(t *testing.T) {
 	until, _ = c.evictionHold("", at(0), at(0), ttl, true, true)
 	assert.Equal(t, at(ttl), until, "accepted: the node may be evicting")
 }
+
+// Behind Sentinel the master the client follows is checked.
+func TestStartChecksTheSentinelMaster(t *testing.T) {
+	s := testutil.StartSentinel(t, 0, 1, 5*time.Second)
+	ctx := context.Background()
+	master := s.Data[0].Client(t)
+	require.NoError(t, master.ConfigSet(ctx, "maxmemory", "64mb").Err())
+	require.NoError(t, master.ConfigSet(ctx, "maxmemory-policy", "volatile-random").Err())
+	rdb := redis.NewFailoverClient(&redis.FailoverOptions{MasterName: s.MasterName, SentinelAddrs: s.SentinelAddrs})
+	t.Cleanup(func() { rdb.Close() })
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
+
+	err := w.Start(ctx)
+
+	require.ErrorIs(t, err, ErrEvictionPolicy)
+	assert.Contains(t, err.Error(), "maxmemory-policy volatile-random")
+}
