@@ -69,6 +69,10 @@ type PeerRecovery struct {
 	// recovery: its rows set was left as the peer keeps it, and it stays
 	// registered.
 	PeerCameBack bool
+	// RowsStuck is how long the reset rows had been stuck in progress:
+	// from the peer's last heartbeat to the commit of their reset, as
+	// Event.RowsStuck estimates it. Zero when no row was reset.
+	RowsStuck time.Duration
 	// NoRecord is set when Redis held neither a rows set nor an
 	// incarnation for the peer: it died without rows, or its keys expired
 	// or were lost before anyone recovered it. It was deregistered and is
@@ -121,15 +125,32 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 	case claimed:
 		if !pr.NoRecord {
 			w.stats.peersRecovered.Add(1)
+			w.stats.noteRowsStuck(pr.RowsStuck)
 			w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-				Duration: time.Since(noticed)})
+				Duration: time.Since(noticed), RowsStuck: pr.RowsStuck})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
 			w.rlog.recovered(pr, foundBy)
 		}
 	}
 	return pr, claimed, err
+}
+
+// rowsStuck estimates how long a dead peer's rows were stuck, at the
+// commit of their reset, sinceNoticed after its death was noticed. Nothing
+// records a peer's last heartbeat, but its key was absent when the death
+// was noticed, and every heartbeat sets the key's TTL to the full
+// heartbeat TTL (the fleet's, which is this worker's): so the last
+// heartbeat was at least a TTL before the death was noticed, and the rows
+// were stuck at least TTL + sinceNoticed. The estimate is that lower
+// bound. It is within milliseconds of the truth when an expiry
+// notification found the peer; a scan or sweep notices up to 1.1 ×
+// recovery interval + the scan lease after the expiry, which the estimate
+// leaves out. A peer that shut down holding rows deleted its key rather
+// than let it expire: then its rows were stuck for less, by up to a TTL.
+func (w *Worker) rowsStuck(sinceNoticed time.Duration) time.Duration {
+	return satAdd(w.opts.heartbeatTTL, sinceNoticed)
 }
 
 // countRows counts the rows a recovery reset and quarantined.
@@ -190,8 +211,13 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if r.byOwner && res != store.ClaimTaken && r.rep.RowsFound == 0 {
 		r.rep.NoRecord = true // nothing in Redis, nothing owned: it died idle
 	}
+	sinceNoticed := time.Since(r.noticed)
+	if r.rep.RowsReset > 0 {
+		r.rep.RowsStuck = w.rowsStuck(sinceNoticed)
+	}
 	w.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
-		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: time.Since(r.noticed)})
+		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
+		RowsStuck: r.rep.RowsStuck})
 	return true, r.finish(claimCtx, ctx)
 }
 

@@ -131,6 +131,9 @@ func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
 		slog.Int64("rows_reset", pr.RowsReset),
 		slog.Int("rows_quarantined", len(pr.Quarantined)),
 	}
+	if pr.RowsStuck > 0 {
+		attrs = append(attrs, slog.Duration("rows_stuck", pr.RowsStuck))
+	}
 	if len(pr.InvalidMembers) > 0 {
 		attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),
 			slog.String("first_invalid_member", clip(pr.InvalidMembers[0])))
