@@ -134,7 +134,7 @@ type Observer struct {
 
 	mu      sync.Mutex
 	workers map[string]*recovery.Worker
-	final   []recovery.Stats // the watched workers' last Stats, taken by Close; nil before
+	final   []recovery.Stats     // the watched workers' last Stats, taken by Close; nil before
 	dead    map[peerKey]deadPeer // peers found dead whose recovery has not ended
 }
 
