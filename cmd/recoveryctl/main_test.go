@@ -113,11 +113,11 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	lines := strings.Split(out, "\n")
 	require.GreaterOrEqual(t, len(lines), 4, out)
-	assert.Regexp(t, `^INSTANCE\s+STATE\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
-	assert.Regexp(t, `^alive-1\s+alive\s+\S+\s+2\s+`, lines[1])
+	assert.Regexp(t, `^INSTANCE\s+STATE\s+LAST BEAT\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
+	assert.Regexp(t, `^alive-1\s+alive\s+\S+ ago\s+\S+\s+2\s+`, lines[1])
 	// The live worker's scan failed to reset them (refuser): the claim
 	// renewed the rows set's TTL (WithRowsTTL 3h) and left its note.
-	assert.Regexp(t, `^dead-1\s+dead, last recovery failed\s+-\s+3\s+3h0m0s`, lines[2])
+	assert.Regexp(t, `^dead-1\s+dead, last recovery failed\s+over 1m0s ago\s+-\s+3\s+3h0m0s`, lines[2])
 	assert.Contains(t, out, "2 registered in "+prefix+"_WORKER_REGISTRY: 1 alive, 1 dead")
 	assert.Contains(t, out, `"not valid"`)
 
@@ -202,7 +202,7 @@ func TestRowsListsTheRowIDsOfAnInstance(t *testing.T) {
 
 	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "rows", "dead-1")
 	require.Equal(t, exitOK, code, errOut)
-	assert.Contains(t, out, "instance dead-1: dead, heartbeat TTL -, 4 rows tracked")
+	assert.Contains(t, out, "instance dead-1: dead, last beat over 1m0s ago, heartbeat TTL -, 4 rows tracked")
 	assert.Contains(t, out, "4\n30\n200\n", "numeric order")
 	assert.Contains(t, out, `"junk"`)
 
@@ -386,9 +386,17 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, "dead-1").Rows, "3").Err())
 	misspelt[slices.Index(misspelt, "items")] = "textitems"
 	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
+	// The dry run says so, and exits 1 as the real run will.
 	out, errOut, code := ctl(t, env, append(append(base, "--dry-run"), misspelt...)...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, exitFail, code, errOut)
 	assert.Contains(t, out, `would keep dead-1: 2 of 3 tracked rows can be neither reset nor shown finished (row 1 status "running", row 2 status "running"); 0 would be reset (none)`)
+	assert.Contains(t, errOut, "recoveryctl recover: recovery: rows neither reset nor settled: a scan would keep 2 rows of 1 dead instances")
+	assert.Contains(t, errOut, "and recover would exit 1")
+	out, errOut, code = ctl(t, env, append(append(base, "--dry-run", "--json"), misspelt...)...)
+	require.Equal(t, exitFail, code, errOut)
+	var plan recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
+	assert.Equal(t, 2, plan.RowsNotReset)
 
 	out, errOut, code = ctl(t, env, append(base, misspelt...)...)
 	assert.Equal(t, exitFail, code, errOut)
