@@ -32,11 +32,11 @@ type instanceJSON struct {
 	// left (see lastBeat); null when the key is absent or the TTL left
 	// does not fit --heartbeat-ttl. Late is set while an alive instance's
 	// heartbeat is overdue.
-	LastBeatMs     *int64 `json:"last_beat_ms"`
-	Late           bool   `json:"late"`
-	Rows           int64  `json:"rows"`
-	RowsTTLMs      *int64 `json:"rows_ttl_ms"`
-	Incarnation    string `json:"incarnation,omitempty"`
+	LastBeatMs  *int64 `json:"last_beat_ms"`
+	Late        bool   `json:"late"`
+	Rows        int64  `json:"rows"`
+	RowsTTLMs   *int64 `json:"rows_ttl_ms"`
+	Incarnation string `json:"incarnation,omitempty"`
 	// Claim is the recovery claim: none, held (being recovered), failed
 	// (the last recovery failed) or finished.
 	Claim          string `json:"claim"`
