@@ -351,8 +351,12 @@ func (o *resetterOptions) validate() error {
 		case o.maxRecoveries < 1:
 			return fmt.Errorf("%w: max recoveries %d must be at least 1", ErrInvalidConfig, o.maxRecoveries)
 		case o.countColumn == "":
-			return fmt.Errorf("%w: max recoveries %d (%s) needs a recovery count column (WithRecoveryCountColumn or %s)", ErrInvalidConfig,
-				o.maxRecoveries, o.named(EnvMaxRecoveries, "WithMaxRecoveries", strconv.Itoa(o.maxRecoveries)), EnvRecoveryCountColumn)
+			count := "WithRecoveryCountColumn"
+			if len(o.fromEnv) > 0 {
+				count += " or " + EnvRecoveryCountColumn
+			}
+			return fmt.Errorf("%w: max recoveries %d (%s) needs a recovery count column (%s)", ErrInvalidConfig,
+				o.maxRecoveries, o.named(EnvMaxRecoveries, "WithMaxRecoveries", strconv.Itoa(o.maxRecoveries)), count)
 		case o.terminal == o.inprog || o.terminal == o.queued:
 			return fmt.Errorf("%w: terminal status %q must differ from the in-progress and queued statuses", ErrInvalidConfig, o.terminal)
 		}

@@ -97,11 +97,24 @@ func (o *options) lastBeatText(i recovery.InstanceState) string {
 	b := o.lastBeat(i)
 	switch {
 	case b.known:
-		return ttlText(true, b.age) + " ago"
+		return durText(b.age) + " ago"
 	case !i.HeartbeatPresent:
-		return "over " + ttlText(true, o.heartbeatTTL) + " ago"
+		return "over " + durText(o.heartbeatTTL) + " ago"
 	default:
 		return "?"
+	}
+}
+
+// durText shows a duration for people: to the millisecond under a second,
+// to 100ms under a minute, else to the second.
+func durText(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
 	}
 }
 
@@ -109,7 +122,7 @@ func (o *options) lastBeatText(i recovery.InstanceState) string {
 // instances' last beat cannot be known with --heartbeat-ttl.
 func (o *options) beatLegend(insts []recovery.InstanceState) []string {
 	lines := []string{fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
-		ttlText(true, o.heartbeatTTL), ttlText(true, o.lateAfter()), ttlText(true, o.heartbeatInterval))}
+		durText(o.heartbeatTTL), durText(o.lateAfter()), durText(o.heartbeatInterval))}
 	var odd []string
 	for _, i := range insts {
 		if i.HeartbeatPresent && !o.lastBeat(i).known {
@@ -299,6 +312,11 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 	if err != nil {
 		return err
 	}
+	return printRows(stdout, o, inst, tracked)
+}
+
+// printRows shows an instance and the rows it tracks.
+func printRows(stdout io.Writer, o *options, inst recovery.InstanceState, tracked recovery.TrackedRows) error {
 	ids, invalid := tracked.RowIDs, tracked.InvalidMembers
 	if o.json {
 		out := struct {
@@ -310,7 +328,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 		return writeJSON(stdout, out)
 	}
 	fmt.Fprintf(stdout, "instance %s: %s, last beat %s, heartbeat TTL %s, %d rows tracked (set TTL %s)\n",
-		id, o.stateText(inst), o.lastBeatText(inst), ttlText(inst.HeartbeatPresent, inst.HeartbeatTTL),
+		inst.InstanceID, o.stateText(inst), o.lastBeatText(inst), ttlText(inst.HeartbeatPresent, inst.HeartbeatTTL),
 		len(ids)+len(invalid), ttlText(inst.RowsPresent, inst.RowsTTL))
 	for _, n := range ids {
 		fmt.Fprintln(stdout, n)
@@ -463,7 +481,10 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	p, err := w.PlanRecovery(ctx)
 	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
 	out.RowsReset = int64(p.RowsToReset)
-	kept := 0
+	var (
+		kept int
+		lost []string
+	)
 	for _, pp := range p.Peers {
 		pj := peerJSON{
 			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
@@ -472,17 +493,28 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 		}
 		out.RowsNotReset += len(pp.NotReset)
 		out.Peers = append(out.Peers, pj)
-		if pp.Action == recovery.PlanKeep {
+		switch pp.Action {
+		case recovery.PlanKeep:
 			kept++
+		case recovery.PlanLost:
+			lost = append(lost, pp.InstanceID)
 		}
 	}
-	if err == nil && kept > 0 {
-		// What the real run would do is fail: say so in the exit status.
-		err = fmt.Errorf("%w: a scan would keep %d rows of %d dead instances, neither reset nor finished, with their rows sets and registry entries, and recover would exit 1. "+
-			"Check --status-column, --inprog-status, --queued-status, --done-statuses and --owner-column against the fleet's configuration",
-			recovery.ErrRowsNotReset, out.RowsNotReset, kept)
+	if err != nil {
+		return out, err
 	}
-	return out, err
+	// Where the real run would fail, the dry run fails too.
+	var errs []error
+	if kept > 0 {
+		errs = append(errs, fmt.Errorf("%w: a scan would keep %d rows of %d dead instances, neither reset nor finished, with their rows sets and registry entries, and recover would exit 1. "+
+			"Check --status-column, --inprog-status, --queued-status, --done-statuses and --owner-column against the fleet's configuration",
+			recovery.ErrRowsNotReset, out.RowsNotReset, kept))
+	}
+	if len(lost) > 0 {
+		errs = append(errs, fmt.Errorf("%w: %s: a scan would deregister them, and recover would exit 1; rows they held may stay in progress: look for them in PostgreSQL",
+			recovery.ErrRowsSetLost, strings.Join(lost, ", ")))
+	}
+	return out, errors.Join(errs...)
 }
 
 // recoverNow runs one scan through the library (Worker.RecoverNow). A peer
