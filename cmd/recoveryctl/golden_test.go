@@ -120,7 +120,7 @@ func TestGoldenRecover(t *testing.T) {
 		{InstanceID: "dead-5", Action: "skipped"},
 		{InstanceID: "dead-2", Action: "failed", RowsFound: 3, RowsReset: new(int64),
 			RowsNotReset: []rowJSON{{RowID: 5, Status: "runing"}, {RowID: 6, Status: "runing"}},
-			Error: "recovery: rows neither reset nor settled: 2 of 3 rows of dead-2 (first: row 5 has status \"runing\")"},
+			Error:        "recovery: rows neither reset nor settled: 2 of 3 rows of dead-2 (first: row 5 has status \"runing\")"},
 	}}
 	out.Reset()
 	printRecover(&out, done)
