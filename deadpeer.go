@@ -69,10 +69,6 @@ type PeerRecovery struct {
 	// recovery: its rows set was left as the peer keeps it, and it stays
 	// registered.
 	PeerCameBack bool
-	// RowsStuck is how long the reset rows had been stuck in progress:
-	// from the peer's last heartbeat to the commit of their reset, as
-	// Event.RowsStuck estimates it. Zero when no row was reset.
-	RowsStuck time.Duration
 	// NoRecord is set when Redis held neither a rows set nor an
 	// incarnation for the peer: it died without rows, or its keys expired
 	// or were lost before anyone recovered it. It was deregistered and is
@@ -125,13 +121,13 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 	case claimed:
 		if !pr.NoRecord {
 			w.stats.peersRecovered.Add(1)
-			w.stats.noteRowsStuck(pr.RowsStuck)
+			w.stats.noteRowsStuck(r.rowsStuck)
 			w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-				Duration: time.Since(noticed), RowsStuck: pr.RowsStuck})
+				Duration: time.Since(noticed), RowsStuck: r.rowsStuck})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
-			w.rlog.recovered(pr, foundBy)
+			w.rlog.recovered(pr, foundBy, r.rowsStuck)
 		}
 	}
 	return pr, claimed, err
@@ -171,6 +167,9 @@ type peerRecovery struct {
 	// back is set when the peer came back between the claim and the read
 	// of its rows set: nothing was reset.
 	back bool
+	// rowsStuck is how long the reset rows had been stuck (rowsStuck);
+	// zero when none was reset.
+	rowsStuck time.Duration
 }
 
 // run takes the claim and, if it got it, resets, finishes and deregisters.
@@ -213,11 +212,11 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	}
 	sinceNoticed := time.Since(r.noticed)
 	if r.rep.RowsReset > 0 {
-		r.rep.RowsStuck = w.rowsStuck(sinceNoticed)
+		r.rowsStuck = w.rowsStuck(sinceNoticed)
 	}
 	w.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
 		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
-		RowsStuck: r.rep.RowsStuck})
+		RowsStuck: r.rowsStuck})
 	return true, r.finish(claimCtx, ctx)
 }
 
