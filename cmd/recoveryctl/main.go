@@ -237,7 +237,7 @@ func optionName(flag string) string {
 const usageText = `recoveryctl inspects and repairs the Redis state of a recovery fleet.
 
 Usage:
-  recoveryctl [flags] workers              every registered instance: alive or dead, heartbeat TTL, rows
+  recoveryctl [flags] workers              every registered instance: alive, late or dead, last beat, TTL, rows
   recoveryctl [flags] rows <instance>      the row IDs an instance is tracking
   recoveryctl [flags] history [--since 1h] the fleet's history: deaths, recoveries, failures, lease losses
   recoveryctl [flags] watch                the fleet live: workers, turns, the last recoveries
