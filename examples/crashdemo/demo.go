@@ -591,7 +591,7 @@ func (d *demo) cleanup() {
 		}
 	}
 	if d.rdb != nil {
-		if d.mr == nil { // someone else's Redis: remove our keys
+		if d.mr == nil && d.rs == nil { // someone else's Redis: remove our keys
 			ks := store.FleetKeys(d.prefix)
 			for _, p := range d.procs {
 				k := store.InstanceKeys(d.prefix, p.name)
