@@ -16,12 +16,7 @@ import (
 // one is Info, not a warning.
 func TestACorrectSetupLogsNoWarning(t *testing.T) {
 	f := setup(t, 120)
-	victim, victimOut := startProcess(t, f, f.args("bw-victim", 100*time.Millisecond)...)
-	require.Eventually(t, func() bool {
-		return f.count(t, `status = 'done' AND owner = 'bw-victim'`) >= 3
-	}, 15*time.Second, 10*time.Millisecond)
-	require.NoError(t, victim.Process.Kill())
-	_ = victim.Wait()
+	_, victimOut := killMidBlock(t, f, "bw-victim", 100*time.Millisecond)
 
 	type proc struct {
 		name string

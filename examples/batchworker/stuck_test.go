@@ -40,13 +40,7 @@ func TestRowsStuckForAKilledWorkerIsAtLeastTheTTLAndCloseToTheKill(t *testing.T)
 	require.NoError(t, peer.Start(context.Background()))
 	defer func() { require.NoError(t, peer.Shutdown(context.Background())) }()
 
-	cmd, _ := startProcess(t, f, f.args("bw-victim", 200*time.Millisecond)...)
-	require.Eventually(t, func() bool {
-		return f.count(t, `status = 'done' AND owner = 'bw-victim'`) >= 3
-	}, 15*time.Second, 10*time.Millisecond)
-	killedAt := time.Now()
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
+	killedAt, _ := killMidBlock(t, f, "bw-victim", 200*time.Millisecond)
 
 	var e recovery.Event
 	select {
