@@ -74,7 +74,7 @@ type beat struct {
 // fleet's heartbeat TTL (--heartbeat-ttl, the fleet's WithHeartbeatTTL), so
 // what has run off since is the time since that heartbeat. PTTL answers
 // to the millisecond on every Redis version and changes nothing. (OBJECT
-// IDLETIME is not used: any read of the key resets it, it counts whole
+// IDLETIME is not used: a read of the key such as GET resets it, it counts whole
 // seconds, and Redis refuses it under an LFU maxmemory policy.) The age is
 // unknown when the key is absent (dead: the last heartbeat was over a TTL
 // ago), has no expiry, or has more TTL left than --heartbeat-ttl: then the

@@ -29,8 +29,9 @@
 // heartbeat, its heartbeat key's TTL left, and its rows. Every heartbeat
 // sets the key's TTL back to the fleet's heartbeat TTL, so LAST BEAT is
 // --heartbeat-ttl minus the TTL left, to the millisecond (PTTL; OBJECT
-// IDLETIME is not used: any read of the key resets it, it counts whole
-// seconds, and Redis refuses it under an LFU maxmemory policy). A dead
+// IDLETIME is not used: a read of the key such as GET resets it, it
+// counts whole seconds, and Redis refuses it under an LFU maxmemory
+// policy). A dead
 // instance's last heartbeat was over a TTL ago; one whose key has more TTL
 // left than --heartbeat-ttl shows "?": pass the fleet's TTL. An instance
 // is late when no heartbeat came for 1.5 × --heartbeat-interval (past the
