@@ -63,6 +63,14 @@ var (
 	// Start returns it, before writing anything to Redis.
 	ErrSchema = errors.New("recovery: table does not match the configuration")
 
+	// ErrRedisAuth is wrapped by the error Start returns when Redis
+	// refuses the client before anything is written: a password is
+	// required and none was given (NOAUTH), the user or password is wrong
+	// (WRONGPASS), or the user may not run the commands recovery needs
+	// (NOPERM). The message names the address and Redis's reply, never
+	// the password.
+	ErrRedisAuth = errors.New("recovery: redis refused this client")
+
 	// ErrEvictionPolicy is wrapped by the error Start returns when a Redis
 	// master can evict the library's keys (maxmemory with a volatile-* or
 	// allkeys-* maxmemory-policy) and WithEvictionAccepted was not given,

@@ -645,6 +645,8 @@ func (s *simStore) MemoryInfos(context.Context) (map[string]string, error) {
 	return map[string]string{"": "maxmemory:0\nmaxmemory_policy:noeviction\n"}, nil
 }
 
+func (s *simStore) Ping(context.Context) error { return nil }
+
 func (s *simStore) Describe(context.Context, []string) ([]store.Instance, error) {
 	return nil, errors.New("sim: Describe is not modelled")
 }

@@ -142,7 +142,9 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // and starts nothing, if the check fails (an error wrapping ErrSchema names
 // the table, column or status at fault; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
-// error names the address and the cause); Start may then be called again.
+// error names the address and the cause), or Redis refuses the client (a
+// missing or wrong password: an error wrapping ErrRedisAuth, after one
+// PING, before anything else is sent); Start may then be called again.
 // It also refuses, with an error wrapping ErrEvictionPolicy and before
 // writing anything, a Redis master whose maxmemory-policy can evict the
 // library's keys (unless WithEvictionAccepted) or that will not say
@@ -179,6 +181,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return ErrAlreadyStarted
 	}
 	if err := w.checkSchema(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.ping(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	err := w.checkEviction(ctx)

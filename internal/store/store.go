@@ -115,6 +115,10 @@ type Store interface {
 	// master, by node name as MasterInfos names them. It returns what it
 	// could read, and the first error.
 	MemoryInfos(ctx context.Context) (map[string]string, error)
+	// Ping sends one PING, alone: the first command of Start, so that a
+	// server that refuses the client (see IsAuthError) says so before any
+	// pipeline or transaction is sent.
+	Ping(ctx context.Context) error
 
 	// Describe reads the keys of each of ids in one round trip per node.
 	Describe(ctx context.Context, ids []string) ([]Instance, error)
