@@ -1,6 +1,10 @@
 package recovery
 
-import "sync"
+import (
+	"cmp"
+	"slices"
+	"sync"
+)
 
 // inflight is the worker's own record of the rows it is processing. Redis
 // holds the copy peers read; this one survives Redis forgetting (a restart
@@ -185,18 +189,52 @@ func (s *inflight) snapshot() (tracked, unremoved []int64, incarnation string) {
 	return members(s.ids), members(s.unremoved), s.incarnation
 }
 
-// sampleSettled returns up to n tracked rows that are not stale.
-func (s *inflight) sampleSettled(n int) map[int64]bool {
+// settledGeneration returns the generation of id if it is tracked and not
+// stale.
+func (s *inflight) settledGeneration(id int64) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[int64]bool)
-	for id := range s.ids {
-		if len(out) >= n {
-			break
+	g, ok := s.ids[id]
+	if _, stale := s.stale[id]; stale {
+		return 0, false
+	}
+	return g, ok
+}
+
+// isStale reports whether id was tracked when the lease was lost.
+func (s *inflight) isStale(id int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	_, stale := s.stale[id]
+	return stale
+}
+
+// newestSettled returns up to n tracked rows that are not stale and not in
+// skip, those of the latest Tracks first.
+func (s *inflight) newestSettled(n int, skip map[int64]sighting) []int64 {
+	if n <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	type row struct {
+		id  int64
+		gen uint64
+	}
+	rows := make([]row, 0, min(len(s.ids), 4*n))
+	for id, g := range s.ids {
+		if _, stale := s.stale[id]; stale {
+			continue
 		}
-		if _, stale := s.stale[id]; !stale {
-			out[id] = true
+		if _, ok := skip[id]; ok {
+			continue
 		}
+		rows = append(rows, row{id, g})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.gen, a.gen) })
+	out := make([]int64, 0, min(n, len(rows)))
+	for _, r := range rows[:min(n, len(rows))] {
+		out = append(out, r.id)
 	}
 	return out
 }

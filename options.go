@@ -42,9 +42,10 @@ type options struct {
 	observer          Observer
 	observerSet       bool
 	noSchemaCheck     bool
-	rowsSets          bool // WithRowsSets: no owner mode
-	instanceIDSet     bool // WithInstanceID: the ID may have had a predecessor
-	historyLen        int  // WithHistory; 0: off
+	rowsSets          bool          // WithRowsSets: no owner mode
+	instanceIDSet     bool          // WithInstanceID: the ID may have had a predecessor
+	historyLen        int           // WithHistory; 0: off
+	selfCheckWindow   time.Duration // 0: defaultSelfCheckWindow; tests shorten it
 }
 
 func defaultOptions() options {
