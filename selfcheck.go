@@ -81,17 +81,22 @@ type sighting struct {
 
 // selfChecker is the self-check loop.
 type selfChecker struct {
-	w       *Worker
-	reader  RowStateReader
-	alarm   atomic.Pointer[error] // set once a mismatch is confirmed
-	checks  atomic.Uint64         // row-state reads made
-	verdict atomic.Int32          // 0 pending, 1 verified, 2 alarm
+	w      *Worker
+	reader RowStateReader
+	alarm  atomic.Pointer[error] // set once a mismatch is confirmed
+	checks atomic.Uint64         // row-state reads made
+	// sightings counts rows seen tracked and not in progress.
+	sightings atomic.Uint64
+	verdict   atomic.Int32 // 0 pending, 1 verified, 2 alarm
 	// fresh is signalled by Track while fast looks are on (fast).
 	fresh chan struct{}
 	fast  atomic.Bool
 	// Only the loop touches the rest.
 	fastLeft int
 	seen     map[int64]sighting
+	// skipped is set when the last look could not read a tracked row: a
+	// transaction (its fetch, not committed yet) was writing it.
+	skipped bool
 }
 
 func newSelfChecker(w *Worker, reader RowStateReader) *selfChecker {
@@ -154,7 +159,13 @@ func (c *selfChecker) run(ctx context.Context) {
 		if c.runOnce(ctx) {
 			return
 		}
-		if at, ok := c.confirmAt(); ok && c.fastLeft > 0 {
+		if c.fastLeft <= 0 {
+			continue
+		}
+		if c.skipped {
+			arm(time.Now().Add(max(c.window()/10, time.Millisecond))) // their fetch will have committed
+		}
+		if at, ok := c.confirmAt(); ok {
 			arm(at)
 		}
 	}
@@ -183,6 +194,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 		}
 	}
 	ids = append(ids, w.rows.newestSettled(selfCheckSample-len(ids), c.seen)...)
+	c.skipped = false
 	if len(ids) == 0 {
 		return false
 	}
@@ -204,6 +216,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	end := time.Now()
 	c.checks.Add(1)
 	after := w.rows.generations(ids)
+	c.skipped = len(states) < len(after)
 	for _, s := range states {
 		g, ok := before[s.ID]
 		if !ok || after[s.ID] != g || w.rows.isStale(s.ID) {
@@ -219,6 +232,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 		prev, seen := c.seen[s.ID]
 		if !seen || prev.gen != g {
 			c.seen[s.ID] = sighting{gen: g, at: end, state: s}
+			c.sightings.Add(1)
 			continue
 		}
 		if start.Sub(prev.at) >= c.window() {
