@@ -31,12 +31,12 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	if !fencesByOwner(w.resetter) {
+	if !releaseSafeAfterLoss(w.resetter) {
 		switch {
 		case w.state.Load() == stateShutdown:
-			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
+			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
 		case w.state.Load() == stateRunning && w.lease.check(w.rows.staleRows()) != nil:
-			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	}
 	// The host may take a row again as soon as the reset commits, and

@@ -198,6 +198,11 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	if len(ids) == 0 {
 		return false
 	}
+	if !w.lease.valid() {
+		w.noteLeaseLoss(nil) // a paused process may look before its heartbeat loop notes it
+		return false
+	}
+	loss := w.rows.lossGeneration()
 	before := w.rows.generations(ids)
 	start := time.Now()
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
@@ -215,11 +220,14 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	}
 	end := time.Now()
 	c.checks.Add(1)
+	if !w.lease.valid() || w.rows.lossGeneration() != loss {
+		return false // a recoverer may have reset them while the read ran
+	}
 	after := w.rows.generations(ids)
 	c.skipped = len(states) < len(after)
 	for _, s := range states {
 		g, ok := before[s.ID]
-		if !ok || after[s.ID] != g || w.rows.isStale(s.ID) {
+		if !ok || after[s.ID] != g {
 			delete(c.seen, s.ID) // untracked or taken again during the read
 			continue
 		}
