@@ -2,6 +2,8 @@ package recovery
 
 import (
 	"context"
+	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,7 +25,8 @@ import (
 //     calls hang) past its TTL.
 //  2. Peer p recovers w: rows 2-4 go back to the queue.
 //  3. w resumes. Its lease stays lost (sticky: rows 2-4 were held at the
-//     loss), and its self-check does not judge rows 2-4.
+//     loss), and its self-check, which had not verified the configuration
+//     yet, does not judge rows 2-4 (tracked and queued).
 //  4. p takes rows 2 and 3; w's host, told by CheckLease, releases the
 //     rest of its block (2-4): nothing is reset, rows 2 and 3 stay p's.
 //  5. w's next fetch gets rows 4 and 5 (not 2 or 3), its self-check
@@ -33,7 +36,11 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 		t.Run(impl.name, func(t *testing.T) {
 			rdb, db, prefix := onRealServers(t, 10, "PZ")
 			ctx := context.Background()
-			r := impl.mustResetter(t, db) // no owner column: rows sets and the reset ledger
+			// No owner column: rows sets and the reset ledger. The self-check
+			// reads nothing until w has resumed: its first block is not
+			// verified yet when it is paused.
+			r := &blindResetter{pgResetterAPI: impl.mustResetter(t, db)}
+			r.blind.Store(true)
 			require.True(t, r.UsesLedger())
 			wc := redis.NewClient(rdb.Options())
 			t.Cleanup(func() { _ = wc.Close() })
@@ -70,6 +77,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 
 			fr.thaw() // resumed
 			require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
+			r.blind.Store(false)
 			beats := w.Stats().Heartbeats
 			require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+4 }, 5*time.Second, 10*time.Millisecond,
 				"a second, five self-check windows, with rows 2-4 tracked and queued")
@@ -102,6 +110,19 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			assert.False(t, w.Stats().Misconfigured)
 		})
 	}
+}
+
+// blindResetter is a resetter whose RowStates fail while blind.
+type blindResetter struct {
+	pgResetterAPI
+	blind atomic.Bool
+}
+
+func (b *blindResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	if b.blind.Load() {
+		return nil, errors.New("blind")
+	}
+	return b.pgResetterAPI.RowStates(ctx, ids)
 }
 
 // statusesOf returns rowid -> status of ids.
