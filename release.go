@@ -44,6 +44,9 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	// not tracked again by then, are untracked below.
 	gens := w.rows.generations(rowIDs)
 	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
+	if mutantReleaseUnrecorded {
+		req.Incarnation = ""
+	}
 	fenced := fencesByOwner(w.resetter)
 	if !fenced {
 		// The reset is recorded under this incarnation: a row taken again,

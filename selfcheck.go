@@ -274,10 +274,12 @@ func (c *selfChecker) raise(s RowState, apart time.Duration, read int) {
 	c.verdict.Store(2)
 	c.fast.Store(false)
 	w.stats.misconfigured.Add(1)
-	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck",
-		slog.Int64("row_id", s.ID), slog.String("status", clip(s.Status)), slog.String("owner", clip(s.Owner)),
-		slog.String("expected", strings.TrimSpace(expect)), slog.Int("rows_checked", read),
-		slog.Int("rows_not_in_progress", len(c.seen)))
+	attrs := []any{slog.Int64("row_id", s.ID), slog.String("status", clip(s.Status)), slog.String("owner", clip(s.Owner))}
+	if expect != "" {
+		attrs = append(attrs, slog.String("expected", strings.Trim(expect, " ()")))
+	}
+	attrs = append(attrs, slog.Int("rows_checked", read), slog.Int("rows_not_in_progress", len(c.seen)))
+	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck", attrs...)
 	w.emit(Event{Kind: EventMisconfigured, Rows: len(c.seen), Err: err})
 }
 

@@ -102,6 +102,10 @@ func (r *simResetter) table() *simTable { return r.p.world.table }
 
 func (r *simResetter) FencesByOwner() bool { return r.p.world.table.fenced }
 
+// UsesLedger reports whether resets are recorded in the reset ledger: then
+// Release is safe after a lost lease without fencing too (releaseSafeAfterLoss).
+func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger }
+
 func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
 	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
 	return res.Reset, err
