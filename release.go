@@ -16,11 +16,15 @@ import (
 // With owner fencing (a resetter whose FencesByOwner reports true, such as
 // a PgxResetter WithOwnerColumn) a row another worker holds now is left
 // alone, so Release is safe in any state, also with the lease lost and
-// after Shutdown. Without it the status guard alone cannot tell this
-// worker's rows from a peer's that were recovered and fetched again, so
-// Release refuses with ErrLeaseLost while the lease is lost and with
-// ErrShutdown after Shutdown: in those states peers may already have
-// recovered the rows.
+// after Shutdown. So it is with the reset ledger (a PgxResetter or
+// SQLResetter without an owner column, unless WithoutResetLedger): the
+// release is a reset under this worker's instance ID and incarnation, like
+// a recovery of it, and skips the rows a recovery already reset, whoever
+// holds them now (docs/safety.md §3). With neither, the status guard alone
+// cannot tell this worker's rows from a peer's that were recovered and
+// fetched again, so Release refuses with ErrLeaseLost while the lease is
+// lost and with ErrShutdown after Shutdown: in those states peers may
+// already have recovered the rows.
 //
 // The error says the rows could not be returned to the queue; they are
 // then still tracked, for a peer to recover should this worker die. Once
