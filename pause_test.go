@@ -89,7 +89,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			require.NoError(t, w.Release(ctx, 2, 3, 4), "the documented way on")
 			assert.Equal(t, map[int64]string{2: "inprog", 3: "inprog", 4: "queued"}, statusesOf(t, db, 2, 3, 4),
 				"p's rows 2 and 3 are left alone")
-			assert.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1}, ledgerCounts(t, db, "w"), "each row of w reset once, by p's recovery")
+			assert.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1}, byRow[int](t, db, `SELECT row_id, count(*) FROM recovery_ledger WHERE instance_id = 'w' GROUP BY row_id`), "each row of w reset once, by p's recovery")
 			assert.Zero(t, w.Stats().TrackedRows)
 
 			require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond,
@@ -146,22 +146,5 @@ func queuedAmong(t *testing.T, db *pgxpool.Pool, ids ...int64) []int64 {
 			out = append(out, id)
 		}
 	}
-	return out
-}
-
-// ledgerCounts returns rowid -> how many resets the ledger holds for
-// instance id.
-func ledgerCounts(t *testing.T, db *pgxpool.Pool, id string) map[int64]int {
-	t.Helper()
-	rows, err := db.Query(context.Background(), `SELECT row_id, count(*) FROM recovery_ledger WHERE instance_id = $1 GROUP BY row_id`, id)
-	require.NoError(t, err)
-	out := map[int64]int{}
-	for rows.Next() {
-		var row int64
-		var n int
-		require.NoError(t, rows.Scan(&row, &n))
-		out[row] = n
-	}
-	require.NoError(t, rows.Err())
 	return out
 }
