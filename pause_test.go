@@ -49,7 +49,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
 				WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour),
 				WithResetTimeout(500 * time.Millisecond), // the hold after the regain: a claim TTL, 875ms
-				withSelfCheckWindow(200 * time.Millisecond)}
+				WithSelfCheckWindow(200 * time.Millisecond)}
 			w, logs := startWorker(t, wc, r, "w", timing...)
 			p, _ := startWorker(t, rdb, r, "p", timing...)
 			processed := map[int64][]string{}

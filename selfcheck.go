@@ -19,7 +19,7 @@ import (
 // path, the state of rows it tracks, until it has seen one row as the
 // resetter expects: status in progress (and, with an owner column, owned
 // by this worker). A row that fails that at two looks at least the
-// self-check window apart (WithSelfCheckWindow is not public: 500 ms),
+// self-check window apart (WithSelfCheckWindow, 500 ms by default),
 // tracked all along under the same Track, is an alarm.
 //
 // When it looks. A Track while the configuration is still unverified asks
@@ -63,9 +63,6 @@ type committedStateReader interface {
 const (
 	// selfCheckSample bounds how many rows one look reads.
 	selfCheckSample = 64
-	// defaultSelfCheckWindow is how long a tracked row may stay not in
-	// progress before the self-check takes it for a misconfiguration.
-	defaultSelfCheckWindow = 500 * time.Millisecond
 	// selfCheckFastLooks bounds the looks a worker makes besides the
 	// heartbeat interval's, while its configuration is unverified.
 	selfCheckFastLooks = 64
@@ -117,13 +114,8 @@ func (c *selfChecker) tracked() {
 	}
 }
 
-// window is the self-check window of the worker's options.
-func (c *selfChecker) window() time.Duration {
-	if d := c.w.opts.selfCheckWindow; d > 0 {
-		return d
-	}
-	return defaultSelfCheckWindow
-}
+// window is the self-check window (WithSelfCheckWindow).
+func (c *selfChecker) window() time.Duration { return c.w.opts.selfCheckWindow }
 
 // run looks at the worker's own rows when a Track or a sighting asks for
 // it and once a heartbeat interval, until the configuration is verified or

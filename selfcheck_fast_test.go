@@ -38,11 +38,6 @@ func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, que
 	return r
 }
 
-// withSelfCheckWindow sets the self-check window (not a public option).
-func withSelfCheckWindow(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.selfCheckWindow = d })
-}
-
 // slowBeats makes the heartbeat's own look (the check of the first
 // version) come every 2 s: too seldom for blocks of a second.
 func slowBeats(prefix string) []Option {
@@ -177,7 +172,7 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 				r := jobsResetter(t, impl, db, "running", "pending")
 				obs, alarms := misconfiguredSignal()
 				window := 500 * time.Millisecond
-				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SN")), obs, withSelfCheckWindow(window))...)
+				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SN")), obs, WithSelfCheckWindow(window))...)
 
 				outcomes := []string{"finished", "error", "pending"}
 				for block := range 30 {
