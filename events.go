@@ -55,7 +55,7 @@ const (
 	EventRegistryWrongType
 	// EventMisconfigured: the self-check found Rows of this worker's own
 	// tracked rows not in progress by it, as the resetter sees them, at
-	// two checks a heartbeat interval apart (Err says which and why).
+	// two reads a self-check window apart (Err says which and why).
 	// Emitted once; Healthy fails from then on.
 	EventMisconfigured
 	// EventInstanceIDTaken: this worker's heartbeat found its key holding

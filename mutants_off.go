@@ -16,4 +16,9 @@ const (
 	// mutantNoRegainHold: model hole H1's fix reverted: a lost lease that
 	// comes back is not held for a claim TTL (heartbeater.restored).
 	mutantNoRegainHold = false
+	// mutantReleaseUnrecorded: Release resets under an unknown incarnation,
+	// so the reset ledger neither skips the rows a recovery of this worker
+	// already reset nor records its own (issue 21's Release after a lost
+	// lease without fencing).
+	mutantReleaseUnrecorded = false
 )

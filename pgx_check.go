@@ -309,12 +309,16 @@ func (r *pgResetter) checkLedger(ctx context.Context, tx pgTx, _ *pgTable) error
 // WithOwnerColumn) of each of ids that exists. It implements
 // RowStateReader, for the worker's self-check.
 func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, "")
+}
+
+func (r *pgResetter) rowStates(ctx context.Context, ids []int64, locking string) ([]RowState, error) {
 	owner := "NULL::text"
 	if r.o.ownerColumn != "" {
 		owner = ident(r.o.ownerColumn) + "::text"
 	}
-	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1",
-		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn))
+	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1%s",
+		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn), locking)
 	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Owner)
@@ -325,6 +329,17 @@ func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, er
 	}
 	return out, nil
 }
+
+// committedRowStates is RowStates without the rows an open transaction
+// is writing or has locked (a fetch not committed yet, a completion under
+// way): FOR SHARE SKIP LOCKED never waits and returns only committed
+// states no one is changing. Each share lock lasts the statement.
+func (r *pgResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, " FOR SHARE SKIP LOCKED")
+}
+
+// configuredStatuses returns the in-progress and queued statuses configured.
+func (r *pgResetter) configuredStatuses() (inprog, queued string) { return r.o.inprog, r.o.queued }
 
 // InProgress reports whether a row in state s is one this resetter would
 // reset as in progress for instance owner: the in-progress status and,

@@ -42,6 +42,8 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "mutation: the reset has no status guard", sim: simMutations{noStatusGuard: true}},
 		{name: "mutation: a lost lease neither sticky with owner fencing nor held", set: []*bool{&mutantNoStickyLease, &mutantNoRegainHold}},
 		{name: "mutation: the heartbeat does not write tracked rows back", sim: simMutations{noRewrite: true}},
+		{name: "mutation: Release after a lost lease, without fencing, bypasses the reset ledger", set: []*bool{&mutantReleaseUnrecorded}},
+		{name: "mutation: the self-check reads rows a fetch has not committed", sim: simMutations{readLocked: true}},
 	}
 	var report []string
 	for _, m := range mutants {

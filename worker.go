@@ -126,7 +126,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		w.sweeper = newSweeper(w, sw)
 	}
 	if reader, ok := resetter.(RowStateReader); ok {
-		w.checker = &selfChecker{w: w, reader: reader}
+		w.checker = newSelfChecker(w, reader)
 	}
 	return w, nil
 }
