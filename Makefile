@@ -26,9 +26,11 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 
 # go test vets every package it builds; -vet=all runs go vet's full set
 # there, so the packages are not type-checked a second time by make lint.
+# -parallel 4: the root package's slow tests that call t.Parallel mostly
+# wait on TTLs (helpers_test.go), so four at a time on two cores.
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
-	$(GO) test -race -vet=all -count=1 $(PKGS)
+	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS)
 	for m in $(NESTED); do (cd $$m && $(GO) test -race -vet=all -count=1 ./...) || exit 1; done
 	cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...
 

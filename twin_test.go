@@ -332,6 +332,7 @@ var _ redis.UniversalClient = (*redis.Client)(nil)
 // meant to name "the life of the rows set"; a new life should start a new
 // set (or hand the old members to recovery) instead of adopting it.
 func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecovered(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "RV2")
 	life1, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))
