@@ -8,6 +8,9 @@ PKGS      ?= ./...
 # tests' Docker fallback, is outside the workspace so that nothing else ever
 # downloads Docker's client.
 NESTED    ?= prom otel
+# The nested modules' packages, for one go test over the whole workspace
+# (their tests then overlap the root package's instead of following them).
+NESTED_PKGS = $(foreach m,$(NESTED),./$(m)/...)
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
@@ -30,8 +33,7 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 # wait on TTLs (helpers_test.go), so four at a time on two cores.
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
-	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS)
-	for m in $(NESTED); do (cd $$m && $(GO) test -race -vet=all -count=1 ./...) || exit 1; done
+	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS) $(NESTED_PKGS)
 	cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...
 
 test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold
