@@ -3,7 +3,6 @@ package main
 import (
 	"context"
 	"database/sql"
-	"fmt"
 	"net/url"
 	"os"
 	"os/exec"
@@ -15,7 +14,6 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-	"go.uber.org/goleak"
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
@@ -30,14 +28,7 @@ func TestMain(m *testing.M) {
 		main()
 		os.Exit(0)
 	}
-	code := testutil.Main(m)
-	if code == 0 {
-		if err := goleak.Find(); err != nil {
-			fmt.Fprintln(os.Stderr, "goroutines outlived the tests:", err)
-			code = 1
-		}
-	}
-	os.Exit(code)
+	os.Exit(testutil.MainCheckingLeaks(m))
 }
 
 // fixture is a database of the test's own (the program's schema name,
