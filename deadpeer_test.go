@@ -346,6 +346,7 @@ func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
 // heartbeat, whatever happened to its recovery; a PostgreSQL outage longer
 // than that lost its rows for good.
 func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "F1")
 	proxy := pgProxy(t, db)

@@ -116,6 +116,7 @@ func TestHistoryOffAppendsNothing(t *testing.T) {
 // lease because Redis is gone; the entries wait and reach the stream once
 // Redis is back, in order.
 func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t)
 	rdb := srv.Client(t)
 	prefix := testutil.Name("H")

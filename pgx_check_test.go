@@ -35,6 +35,7 @@ func userEnumOptions(s string, extra ...ResetterOption) []ResetterOption {
 }
 
 func TestCheckSchemaNamesEachMistake(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		ddl    string

@@ -145,6 +145,7 @@ func totalCommands(t testing.TB, rdb *redis.Client) int64 {
 // fleet sends per default minute on a real server, with and without the
 // scan lease. docs/performance.md has the figures.
 func TestFleetLoadGrowsLinearlyWithTheScanLease(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("fleet simulation")
 	}

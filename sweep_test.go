@@ -71,6 +71,7 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 }
 
 func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
