@@ -248,7 +248,7 @@ func TestResetterRowStatesReadsStatusAndOwner(t *testing.T) {
 
 		got, err := r.RowStates(ctx, []int64{3, 1, 2, 4, 99})
 		require.NoError(t, err)
-		assert.Equal(t, []RowState{{1, "inprog", "A"}, {2, "done", ""}, {3, "queued", ""}, {4, "inprog", "B"}}, got)
+		assert.Equal(t, []RowState{{ID: 1, Status: "inprog", Owner: "A"}, {ID: 2, Status: "done"}, {ID: 3, Status: "queued"}, {ID: 4, Status: "inprog", Owner: "B"}}, got)
 		assert.True(t, r.InProgress(got[0], "A"))
 		assert.False(t, r.InProgress(got[0], "B"), "fenced: another owner's row")
 		owners, err := r.InProgressOwners(ctx)

@@ -90,6 +90,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		kind = "lost"
+	case errors.Is(err, ErrRowsLocked):
+		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
 	}
@@ -100,6 +102,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress; the backstop sweep (owner column) recovers them",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrRowsLocked):
+		l.w.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
