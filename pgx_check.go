@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // CheckSchema compares the resetter's options with the PostgreSQL catalogue
@@ -326,4 +327,44 @@ func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, er
 // with WithOwnerColumn, owned by owner. It implements RowStateReader.
 func (r *pgResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == r.o.inprog && (r.o.ownerColumn == "" || s.Owner == owner)
+}
+
+// checkSession reads, in a transaction begun as a reset begins one (and
+// rolled back), whether it can write, and the session's
+// idle_in_transaction_session_timeout. A standby (pg_is_in_recovery) or a
+// transaction that is read-only (default_transaction_read_only, set for the
+// role, the database or the server: a replica or a read endpoint) cannot
+// reset a row: an error wrapping ErrReadOnly names the cause. (lib/pq
+// begins every transaction READ WRITE, which overrides the default; pgx
+// does not.) Only settings are read, which needs no privilege.
+func (r *pgResetter) checkSession(ctx context.Context) (info sessionInfo, err error) {
+	var (
+		readOnly, standby bool
+		source            string
+		idleMillis        int64
+	)
+	tx, err := r.conn.begin(ctx)
+	if err != nil {
+		return sessionInfo{}, fmt.Errorf("begin: %w", err)
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = tx.rollback(rbCtx) // read only: nothing to keep
+		cancel()
+	}()
+	err = queryRow(ctx, tx, `SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery(),
+	coalesce((SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'), ''),
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'), 0)`,
+		nil, &readOnly, &standby, &source, &idleMillis)
+	if err != nil {
+		return sessionInfo{}, fmt.Errorf("read session settings: %w", err)
+	}
+	switch {
+	case standby:
+		return sessionInfo{}, fmt.Errorf("%w: the server is a standby in recovery (pg_is_in_recovery() is true): give the %s a connection to the primary", ErrReadOnly, r.kind)
+	case readOnly:
+		return sessionInfo{}, fmt.Errorf("%w: transaction_read_only is on (default_transaction_read_only set by the %s: a replica or read endpoint, or ALTER ROLE or ALTER DATABASE ... SET default_transaction_read_only): give the %s a session that can write",
+			ErrReadOnly, source, r.kind)
+	}
+	return sessionInfo{idleInTxTimeout: time.Duration(idleMillis) * time.Millisecond}, nil
 }

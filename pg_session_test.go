@@ -1,0 +1,117 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// poolAsReadOnlyRole returns a pool on db's schema for a new role that may
+// read and write the batch tables but whose transactions are read-only by
+// default (ALTER ROLE ... SET default_transaction_read_only = on: what a
+// replica or a read endpoint gives its users). The role is dropped when
+// the test ends.
+func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	ctx := context.Background()
+	s := currentSchema(t, db)
+	role := testutil.Name("ro_")
+	_, err := db.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
+		_, _ = db.Exec(ctx, `DROP ROLE `+role)
+	})
+	_, err = db.Exec(ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role+`;
+		GRANT SELECT, UPDATE ON batchrows TO `+role+`;
+		GRANT SELECT, INSERT, DELETE ON recovery_ledger TO `+role+`;
+		ALTER ROLE `+role+` SET default_transaction_read_only = on`)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	cfg.ConnConfig.RuntimeParams["search_path"] = s
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close) // before the role is dropped
+	return pool
+}
+
+// Start refuses a session that cannot write (issue 20, item 7): with
+// default_transaction_read_only on for the role, Start returns ErrReadOnly
+// naming the setting and where it comes from, and writes nothing to Redis;
+// a reset on such a session fails with ErrReadOnly too.
+func TestStartRefusesAReadOnlySession(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		rdb := testutil.Redis(t)
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 2)
+		take(t, db, "dead", 1, 2)
+		ro := poolAsReadOnlyRole(t, db)
+		r := impl.mustResetter(t, ro, WithOwnerColumn("owner"))
+		prefix := testutil.Name("RO")
+		w, _ := newWorker(t, rdb, r, "ro-worker", WithKeyPrefix(prefix))
+
+		err := w.Start(context.Background())
+		if impl.name == "libpq" {
+			// lib/pq begins every transaction READ WRITE, overriding the
+			// role's default: its resets can write, and Start says so.
+			require.NoError(t, err)
+			res, err := r.ResetOwnerRows(context.Background(), "dead")
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), res.Reset)
+			return
+		}
+		require.ErrorIs(t, err, ErrReadOnly)
+		assert.Contains(t, err.Error(), "default_transaction_read_only set by the user")
+		assert.False(t, registered(t, rdb, prefix, "ro-worker"), "nothing written to Redis")
+
+		_, err = r.ResetOwnerRows(context.Background(), "dead")
+		require.ErrorIs(t, err, ErrReadOnly, "a reset refused as read-only says so")
+		assert.Equal(t, "inprog", statuses(t, db)[1])
+
+		// The same role writing: Start succeeds.
+		_, err = db.Exec(context.Background(), `ALTER ROLE `+ro.Config().ConnConfig.User+` RESET default_transaction_read_only`)
+		require.NoError(t, err)
+		ro.Reset() // new sessions read the role's settings again
+		w2, _ := newWorker(t, rdb, r, "ro-worker-2", WithKeyPrefix(prefix))
+		require.NoError(t, w2.Start(context.Background()))
+	})
+}
+
+// Start warns once when the session has no
+// idle_in_transaction_session_timeout (issue 20, item 5), and not when it
+// has one.
+func TestStartWarnsWithoutIdleInTransactionSessionTimeout(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	ctx := context.Background()
+	const warning = "the database session has no idle_in_transaction_session_timeout"
+
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "0"
+	none, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(none.Close)
+	_, logs := startWorker(t, rdb, fencedResetter(t, none), "idle-0", WithKeyPrefix(testutil.Name("I")))
+	assert.Equal(t, 1, logs.Count(warning), logs.String())
+	assert.Contains(t, logs.String(), `"level":"WARN","msg":"`+warning)
+
+	cfg = db.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
+	set, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(set.Close)
+	_, logs = startWorker(t, rdb, fencedResetter(t, set), "idle-60", WithKeyPrefix(testutil.Name("I")))
+	assert.Zero(t, logs.Count(warning), logs.String())
+}
