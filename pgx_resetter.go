@@ -223,7 +223,9 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 		r.byOwner = o.resetQuery(true, false)
 		r.byOwnerAfter = o.resetQueryAfter(true, false, true)
 		r.ownedRest = o.ownedRestQuery()
-		r.owners = fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s = $1 AND %s IS NOT NULL",
+		// As text: a char(n) owner comes back without its blank padding,
+		// which an instance ID never has, so the sweep can use it.
+		r.owners = fmt.Sprintf("SELECT DISTINCT %s::text FROM %s WHERE %s = $1 AND %s IS NOT NULL",
 			ident(o.ownerColumn), o.tableIdent(), ident(o.statusColumn), ident(o.ownerColumn))
 	}
 	return nil

@@ -177,6 +177,13 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
 }
 
+// invalidOwner logs an owner of rows in progress that the sweep cannot use
+// as an instance ID: its rows are never recovered by the sweep.
+func (l *recoveryLog) invalidOwner(owner string, why error) {
+	l.w.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what InstanceID() returns?)",
+		slog.String("owner", clip(owner)), slog.String("reason", why.Error()))
+}
+
 // claimNotReleased logs a claim whose release failed; it expires by
 // itself.
 func (l *recoveryLog) claimNotReleased(peer string, err error) {
