@@ -2,7 +2,8 @@
 # Installs what `make test` and `make model` need beyond Go: redis-server
 # and redis-cli, PostgreSQL's server binaries (initdb, postgres), tmux (the
 # terminal recoveryctl watch is tested in), promtool (Debian package
-# prometheus) for the alert-rule tests of prom/, and the Spin model checker
+# prometheus) for the alert-rule tests of prom/, pgbouncer for the tests
+# through a pooler in transaction mode, and the Spin model checker
 # (package spin; it compiles its verifiers with gcc) for `make model`.
 # Nothing is started
 # here: the tests start throwaway servers on free loopback ports themselves,
@@ -38,6 +39,14 @@ if ! command -v promtool >/dev/null 2>&1; then
 	missing+=(prometheus)
 	installs_prometheus=1
 fi
+# pgbouncer (Debian installs it in /usr/sbin) stands in front of the test
+# PostgreSQL in transaction pooling mode for the PgBouncer tests
+# (pg_bouncer_test.go); they start their own on a free loopback port.
+installs_pgbouncer=0
+if ! command -v pgbouncer >/dev/null 2>&1 && [ ! -x /usr/sbin/pgbouncer ]; then
+	missing+=(pgbouncer)
+	installs_pgbouncer=1
+fi
 # spin checks model/recovery.pml (scripts/model.sh); it needs gcc.
 command -v spin >/dev/null 2>&1 || missing+=(spin)
 command -v gcc >/dev/null 2>&1 || missing+=(gcc)
@@ -66,4 +75,9 @@ $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 if [ "$installs_prometheus" -eq 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	$sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
+# pgbouncer's package enables its service (port 6432) the same way; only
+# the binary is wanted.
+if [ "$installs_pgbouncer" -eq 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	$sudo systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
 fi

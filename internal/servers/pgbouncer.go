@@ -52,7 +52,8 @@ var pgbouncerVersion = regexp.MustCompile(`(?i)pgbouncer (\d+)\.(\d+)(\.\d+)?`)
 // StartPgBouncer runs pgbouncer in transaction pooling mode in front of the
 // PostgreSQL server at serverHost:serverPort, for user (who must exist on
 // the server and be trusted on loopback). Server connections are handed
-// out round robin from a small pool, and server-side named prepared
+// out round robin from a pool of three kept open (min_pool_size), so
+// consecutive transactions of one client run on different ones, and server-side named prepared
 // statements are not tracked (max_prepared_statements = 0 on versions that
 // know it), so a client that relies on a named prepared statement across
 // transactions fails as it does in production. It runs as the postgres
@@ -103,6 +104,7 @@ auth_type = trust
 auth_file = %s
 pool_mode = transaction
 default_pool_size = 3
+min_pool_size = 3
 server_round_robin = 1
 max_client_conn = 200
 ignore_startup_parameters = extra_float_digits,search_path

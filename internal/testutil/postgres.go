@@ -191,5 +191,24 @@ func PgBouncer(t testing.TB, pool *pgxpool.Pool) *servers.PgBouncer {
 		t.Fatalf("start pgbouncer: %v", err)
 	}
 	t.Cleanup(b.Stop)
+	// Open its three server connections now, three transactions at once,
+	// so round robin hands consecutive transactions different ones from
+	// the first.
+	via := PoolVia(t, pool, b.Addr)
+	var txs []pgx.Tx
+	for range 3 {
+		tx, err := via.Begin(ctx)
+		if err == nil {
+			_, err = tx.Exec(ctx, "SELECT 1")
+		}
+		if err != nil {
+			t.Fatalf("open pgbouncer's server connections: %v", err)
+		}
+		txs = append(txs, tx)
+	}
+	for _, tx := range txs {
+		_ = tx.Rollback(ctx)
+	}
+	via.Close()
 	return b
 }
