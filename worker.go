@@ -140,7 +140,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // registers the worker, then starts the heartbeat loop and
 // the recovery loop, whose first scan runs at once. It returns an error,
 // and starts nothing, if the check fails (an error wrapping ErrSchema names
-// the table, column or status at fault; nothing has been written to Redis)
+// the table, column or status at fault, one wrapping ErrReadOnly a
+// database session that cannot write; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
 // error names the address and the cause); Start may then be called again.
 //
