@@ -32,8 +32,8 @@ type Proxy struct {
 	cut      bool
 	vanished bool // Vanish: a client that ends leaves its server connection open
 	closed   bool
-	pairs  map[*pair]struct{}
-	drop   *dropArm // armed by DropReplyTo
+	pairs    map[*pair]struct{}
+	drop     *dropArm // armed by DropReplyTo
 }
 
 // pair is one client connection and, while forwarded, its upstream.
