@@ -327,7 +327,9 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids})
 	cancel()
 	if err != nil {
-		return err // the resetter's error names the peer and the reset
+		// The peer is named by PeerError, and PgxResetter's error names
+		// it too: one more "of <peer>" would repeat it.
+		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Reset, res.Quarantined, res.NotReset
 	// Forgetting the set now would lose rows not reset for good: keep it
@@ -376,7 +378,7 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	res, err := sw.ResetOwnerRows(resetCtx, r.peer)
 	cancel()
 	if err != nil {
-		return err // the resetter's error names the owner and the reset
+		return fmt.Errorf("reset by owner: %w", err) // PeerError names the peer
 	}
 	r.rep.RowsReset += res.Reset
 	r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)

@@ -16,21 +16,20 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// holdRowLock opens a transaction on a connection of its own that locks
-// the given rows (as a completion transaction left open on a host that
-// vanished does) and returns the function that ends it. The test's end
-// ends it too.
-func holdRowLock(t *testing.T, db *pgxpool.Pool, ids ...int64) (release func()) {
+// otherSession runs sql in a transaction of a session of its own on db's
+// database, and leaves the transaction open, holding the locks sql took,
+// until the returned function or the test's end rolls it back.
+func otherSession(t *testing.T, db *pgxpool.Pool, sql string, args ...any) (end func()) {
 	t.Helper()
 	ctx := context.Background()
 	conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
 	require.NoError(t, err)
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
-	_, err = tx.Exec(ctx, `SELECT rowid FROM batchrows WHERE rowid = ANY($1) FOR UPDATE`, ids)
+	_, err = tx.Exec(ctx, sql, args...)
 	require.NoError(t, err)
 	done := false
-	release = func() {
+	end = func() {
 		if done {
 			return
 		}
@@ -38,8 +37,16 @@ func holdRowLock(t *testing.T, db *pgxpool.Pool, ids ...int64) (release func()) 
 		_ = tx.Rollback(ctx)
 		_ = conn.Close(ctx)
 	}
-	t.Cleanup(release)
-	return release
+	t.Cleanup(end)
+	return end
+}
+
+// holdRowLock locks the given rows in a transaction of another session,
+// as a completion transaction left open on a host that vanished does, and
+// returns the function that ends it.
+func holdRowLock(t *testing.T, db *pgxpool.Pool, ids ...int64) (release func()) {
+	t.Helper()
+	return otherSession(t, db, `SELECT rowid FROM batchrows WHERE rowid = ANY($1) FOR UPDATE`, ids)
 }
 
 // lockTestTimeout bounds each reset of the lock tests: a reset that
@@ -111,20 +118,12 @@ func TestResetWaitingOnATableLockSaysSo(t *testing.T) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 2)
 		take(t, db, "dead", 1, 2)
-		ctx := context.Background()
-		conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
-		require.NoError(t, err)
-		defer conn.Close(ctx)
-		tx, err := conn.Begin(ctx)
-		require.NoError(t, err)
-		defer func() { _ = tx.Rollback(ctx) }()
-		_, err = tx.Exec(ctx, `LOCK TABLE batchrows IN SHARE MODE`)
-		require.NoError(t, err)
+		otherSession(t, db, `LOCK TABLE batchrows IN SHARE MODE`)
 
 		r := impl.mustResetter(t, db, WithOwnerColumn("owner"))
-		rctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err = r.ResetOwnerRows(rctx, "dead")
+		_, err := r.ResetOwnerRows(rctx, "dead")
 		require.Error(t, err)
 		assert.ErrorIs(t, err, ErrRowsLocked)
 		assert.Contains(t, err.Error(), "lock_timeout")
@@ -141,14 +140,7 @@ func TestResetWithTheLedgerDoesNotWaitForAnotherSessionsIncarnationLock(t *testi
 	testutil.CreateBatch(t, db, 2)
 	take(t, db, "dead", 1, 2)
 	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
-	require.NoError(t, err)
-	defer conn.Close(ctx)
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	defer func() { _ = tx.Rollback(ctx) }()
-	_, err = tx.Exec(ctx, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`, "dead/i1")
-	require.NoError(t, err)
+	end := otherSession(t, db, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`, "dead/i1")
 
 	r, err := NewPgxResetter(db)
 	require.NoError(t, err)
@@ -160,7 +152,7 @@ func TestResetWithTheLedgerDoesNotWaitForAnotherSessionsIncarnationLock(t *testi
 	require.ErrorIs(t, err, ErrRowsLocked)
 	assert.Contains(t, err.Error(), "advisory lock")
 
-	require.NoError(t, tx.Rollback(ctx))
+	end()
 	res, err := r.ResetIncarnation(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), res.Reset)

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -12,17 +13,20 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// poolAsReadOnlyRole returns a pool on db's schema for a new role that may
-// read and write the batch tables but whose transactions are read-only by
-// default (ALTER ROLE ... SET default_transaction_read_only = on: what a
-// replica or a read endpoint gives its users). The role is dropped when
-// the test ends.
-func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
+// poolAsNewRole creates a login role with password (none when empty),
+// runs grants on db with the role's name for %[1]s and db's schema for
+// %[2]s, and returns a pool on db's schema connecting as the role. The role
+// is dropped when the test ends.
+func poolAsNewRole(t *testing.T, db *pgxpool.Pool, password, grants string) (*pgxpool.Pool, string) {
 	t.Helper()
 	ctx := context.Background()
 	s := currentSchema(t, db)
-	role := testutil.Name("ro_")
-	_, err := db.Exec(ctx, `CREATE ROLE `+role+` LOGIN`)
+	role := testutil.Name("r_")
+	create := `CREATE ROLE ` + role + ` LOGIN`
+	if password != "" {
+		create += ` PASSWORD '` + password + `'`
+	}
+	_, err := db.Exec(ctx, create)
 	require.NoError(t, err)
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -30,19 +34,29 @@ func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
 		_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
 		_, _ = db.Exec(ctx, `DROP ROLE `+role)
 	})
-	_, err = db.Exec(ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role+`;
-		GRANT SELECT, UPDATE ON batchrows TO `+role+`;
-		GRANT SELECT, INSERT, DELETE ON recovery_ledger TO `+role+`;
-		ALTER ROLE `+role+` SET default_transaction_read_only = on`)
+	_, err = db.Exec(ctx, fmt.Sprintf(grants, role, s))
 	require.NoError(t, err)
 	cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
 	require.NoError(t, err)
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, ""
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
 	cfg.ConnConfig.RuntimeParams["search_path"] = s
 	cfg.MaxConns = 2
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)
 	t.Cleanup(pool.Close) // before the role is dropped
+	return pool, role
+}
+
+// poolAsReadOnlyRole returns a pool on db's schema for a new role that may
+// read and write the batch tables but whose transactions are read-only by
+// default (ALTER ROLE ... SET default_transaction_read_only = on: what a
+// replica or a read endpoint gives its users).
+func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	pool, _ := poolAsNewRole(t, db, "", `GRANT USAGE ON SCHEMA %[2]s TO %[1]s;
+		GRANT SELECT, UPDATE ON batchrows TO %[1]s;
+		GRANT SELECT, INSERT, DELETE ON recovery_ledger TO %[1]s;
+		ALTER ROLE %[1]s SET default_transaction_read_only = on`)
 	return pool
 }
 

@@ -159,15 +159,7 @@ func waitListening(ctx context.Context, addr string) error {
 func (b *PgBouncer) Stop() {
 	b.once.Do(func() {
 		if b.cmd != nil {
-			_ = b.cmd.Process.Signal(syscall.SIGTERM) // immediate shutdown
-			done := make(chan struct{})
-			go func() { _ = b.cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(5 * time.Second):
-				_ = b.cmd.Process.Kill()
-				<-done
-			}
+			stopChild(b.cmd, syscall.SIGTERM, 5*time.Second) // immediate shutdown
 		}
 		if b.Dir != "" {
 			os.RemoveAll(b.Dir)

@@ -148,15 +148,7 @@ func (p *Postgres) Pid() int {
 func (p *Postgres) Stop() {
 	p.once.Do(func() {
 		if p.cmd != nil {
-			_ = p.cmd.Process.Signal(syscall.SIGINT) // fast shutdown
-			done := make(chan struct{})
-			go func() { _ = p.cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = p.cmd.Process.Kill()
-				<-done
-			}
+			stopChild(p.cmd, syscall.SIGINT, 10*time.Second) // fast shutdown
 		}
 		if p.logf != nil {
 			p.logf.Close()
@@ -165,6 +157,20 @@ func (p *Postgres) Stop() {
 			os.RemoveAll(p.Dir)
 		}
 	})
+}
+
+// stopChild sends cmd's process sig, waits for it to exit, and kills it
+// if it is still there after grace.
+func stopChild(cmd *exec.Cmd, sig syscall.Signal, grace time.Duration) {
+	_ = cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // PostgresBinDir finds the folder with initdb and postgres: PATH first,
