@@ -259,3 +259,40 @@ func TestRecoveryErrorNamesTheResetOnce(t *testing.T) {
 		})
 	}
 }
+
+// A pod restarted under its fixed ID after its node vanished: the old
+// process's session still holds one of its rows locked. Start must reset
+// every row PostgreSQL names this ID the owner of before it heartbeats, so
+// it waits (Warn once) within its context for the lock, instead of failing
+// or heartbeating over a row it never took; an ended context says why.
+func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	take(t, db, "pod-0", 1, 2, 3)
+	release := holdRowLock(t, db, 2)
+	r := fencedResetter(t, db)
+	prefix := testutil.Name("O")
+
+	w, _ := newWorker(t, rdb, r, "pod-0", WithKeyPrefix(prefix))
+	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	defer cancel()
+	err := w.Start(ctx)
+	require.ErrorIs(t, err, ErrRowsLocked, "the context ended first")
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+
+	w2, logs := newWorker(t, rdb, r, "pod-0", WithKeyPrefix(prefix))
+	started := make(chan error, 1)
+	go func() { started <- w2.Start(context.Background()) }()
+	const waiting = "Start waits for rows a previous process left under this instance ID"
+	require.Eventually(t, func() bool { return logs.Count(waiting) > 0 }, 10*time.Second, 10*time.Millisecond)
+	select {
+	case err := <-started:
+		t.Fatalf("Start returned while row 2 was locked: %v", err)
+	default:
+	}
+	release()
+	require.NoError(t, <-started)
+	assertRequeued(t, db, 1, 2, 3)
+	assert.Equal(t, 1, logs.Count(waiting), "said once")
+}
