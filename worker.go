@@ -156,7 +156,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // this worker's. In owner mode (with WithInstanceID, or the backstop sweep)
 // the rows PostgreSQL still names this ID the owner of are recovered the
 // same way, under the claim on the ID, even when Redis remembers nothing of
-// the predecessor. ctx bounds the wait; a Start that gives up has written
+// the predecessor; rows of it that another session still holds locked (its
+// host vanished mid-transaction) are waited for. ctx bounds the wait; a Start that gives up has written
 // nothing but that recovery's claim and can be retried (by a restarted
 // process too).
 //
