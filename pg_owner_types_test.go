@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -91,4 +92,33 @@ func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
 	assert.Equal(t, 2, logs.Count(msg), logs.String())
 	assert.Equal(t, 1, logs.Count(`"owner":"batch job 7"`), logs.String())
 	assert.Equal(t, "inprog", statuses(t, db)[1], "left alone")
+}
+
+// An owner column too narrow for the worker's instance ID (char(n) or
+// varchar(n), or a domain over one) is refused at Start with ErrSchema
+// naming both lengths: the host's fetch could not write the ID, and a
+// shorter owner would never match it.
+func TestStartRefusesAnOwnerColumnNarrowerThanTheInstanceID(t *testing.T) {
+	for _, ddl := range []string{
+		`ALTER TABLE batchrows ALTER COLUMN owner TYPE char(8)`,
+		`ALTER TABLE batchrows ALTER COLUMN owner TYPE varchar(8)`,
+		`CREATE DOMAIN short_owner AS varchar(8); ALTER TABLE batchrows ALTER COLUMN owner TYPE short_owner`,
+	} {
+		t.Run(ddl[strings.LastIndex(ddl, " ")+1:], func(t *testing.T) {
+			rdb := testutil.Redis(t)
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 1)
+			_, err := db.Exec(context.Background(), ddl)
+			require.NoError(t, err)
+			prefix := testutil.Name("O")
+			w, _ := newWorker(t, rdb, fencedResetter(t, db), "a-worker-id-of-21-chr", WithKeyPrefix(prefix))
+			err = w.Start(context.Background())
+			require.ErrorIs(t, err, ErrSchema)
+			assert.Contains(t, err.Error(), "holds at most 8 characters and this worker's instance ID \"a-worker-id-of-21-chr\" has 21")
+			assert.False(t, registered(t, rdb, prefix, "a-worker-id-of-21-chr"))
+
+			ok, _ := newWorker(t, rdb, fencedResetter(t, db), "w-8chars", WithKeyPrefix(prefix))
+			require.NoError(t, ok.Start(context.Background()), "an ID that fits")
+		})
+	}
 }

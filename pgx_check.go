@@ -366,5 +366,19 @@ func (r *pgResetter) checkSession(ctx context.Context) (info sessionInfo, err er
 		return sessionInfo{}, fmt.Errorf("%w: transaction_read_only is on (default_transaction_read_only set by the %s: a replica or read endpoint, or ALTER ROLE or ALTER DATABASE ... SET default_transaction_read_only): give the %s a session that can write",
 			ErrReadOnly, source, r.kind)
 	}
-	return sessionInfo{idleInTxTimeout: time.Duration(idleMillis) * time.Millisecond}, nil
+	info = sessionInfo{idleInTxTimeout: time.Duration(idleMillis) * time.Millisecond}
+	if r.o.ownerColumn != "" {
+		// The owner column's declared length (char(n), varchar(n), or a
+		// domain over one): an instance ID longer than it cannot be
+		// written. A missing table or column is CheckSchema's to report.
+		var width int
+		err := queryRow(ctx, tx, `SELECT coalesce(nullif(a.atttypmod, -1), d.typtypmod) - 4
+FROM pg_attribute a JOIN pg_type d ON d.oid = a.atttypid
+WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
+			[]any{r.o.tableIdent(), r.o.ownerColumn}, &width)
+		if err == nil && width > 0 {
+			info.ownerWidth = width
+		}
+	}
+	return info, nil
 }

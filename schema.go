@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"time"
+	"unicode/utf8"
 )
 
 // A SchemaChecker is a RowResetter that can compare its configuration with
@@ -49,6 +50,10 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("check database session: %w", err)
 		}
+		if n := utf8.RuneCountInString(w.opts.instanceID); s.ownerWidth > 0 && n > s.ownerWidth {
+			return fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's instance ID %q has %d: widen the column (text) or use a shorter WithInstanceID",
+				ErrSchema, s.ownerWidth, clip(w.opts.instanceID), n)
+		}
 		if s.idleInTxTimeout == 0 {
 			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")
 		}
@@ -71,4 +76,7 @@ type sessionChecker interface {
 type sessionInfo struct {
 	// idleInTxTimeout is idle_in_transaction_session_timeout; 0 is none.
 	idleInTxTimeout time.Duration
+	// ownerWidth is how many characters the owner column holds; 0 is no
+	// limit (text, or no owner column).
+	ownerWidth int
 }
