@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -130,4 +131,41 @@ func TestStartWarnsWithoutIdleInTransactionSessionTimeout(t *testing.T) {
 	t.Cleanup(set.Close)
 	_, logs = startWorker(t, rdb, fencedResetter(t, set), "idle-60", WithKeyPrefix(testutil.Name("I")))
 	assert.Zero(t, logs.Count(warning), logs.String())
+}
+
+// Start refuses a hot standby (issue 20, item 7): the resetter's session
+// is read-only because the server is in recovery, and the error says so.
+// The standby streams from a primary of its own, started for this test.
+func TestStartRefusesAStandby(t *testing.T) {
+	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	primary, err := servers.StartPostgres(ctx)
+	if err != nil {
+		testutil.Unavailable(t, "start a primary: %v", err)
+	}
+	t.Cleanup(primary.Stop)
+	pdb, err := pgxpool.New(ctx, primary.URL)
+	require.NoError(t, err)
+	t.Cleanup(pdb.Close)
+	_, err = pdb.Exec(ctx, testutil.BatchSchema)
+	require.NoError(t, err)
+	standby, err := servers.StartStandby(ctx, primary)
+	require.NoError(t, err)
+	t.Cleanup(standby.Stop)
+	sdb, err := pgxpool.New(ctx, standby.URL)
+	require.NoError(t, err)
+	t.Cleanup(sdb.Close)
+	var inRecovery bool
+	require.NoError(t, sdb.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery))
+	require.True(t, inRecovery, "a standby")
+
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		r := impl.mustResetter(t, sdb, WithOwnerColumn("owner"))
+		prefix := testutil.Name("SB")
+		w, _ := newWorker(t, testutil.Redis(t), r, "on-standby", WithKeyPrefix(prefix), WithRowsSets())
+		err := w.Start(ctx)
+		require.ErrorIs(t, err, ErrReadOnly)
+		assert.Contains(t, err.Error(), "the server is a standby in recovery", "lib/pq's BEGIN READ WRITE is refused with this; the others read pg_is_in_recovery()")
+	})
 }

@@ -345,7 +345,7 @@ func (r *pgResetter) checkSession(ctx context.Context) (info sessionInfo, err er
 	)
 	tx, err := r.conn.begin(ctx)
 	if err != nil {
-		return sessionInfo{}, fmt.Errorf("begin: %w", err)
+		return sessionInfo{}, fmt.Errorf("begin: %w", r.explainResetError(err))
 	}
 	defer func() {
 		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)

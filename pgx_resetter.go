@@ -652,8 +652,9 @@ func setLockTimeout(ctx context.Context, tx pgTx) error {
 
 // explainResetError names what a reset that failed waited for or was
 // refused by: a lock (lock_timeout, 55P03: ErrRowsLocked), the
-// statement_timeout (57014), or a session that cannot write (25006:
-// ErrReadOnly). Other errors are returned as they are.
+// statement_timeout (57014), or a session that cannot write (25006, or a
+// standby refusing lib/pq's BEGIN READ WRITE: ErrReadOnly). Other errors
+// are returned as they are.
 func (r *pgResetter) explainResetError(err error) error {
 	switch sqlState(err) {
 	case "55P03":
@@ -665,6 +666,11 @@ func (r *pgResetter) explainResetError(err error) error {
 		}
 	case "25006":
 		return fmt.Errorf("%w: %w", ErrReadOnly, err)
+	case "0A000":
+		// lib/pq begins READ WRITE, which a standby refuses.
+		if strings.Contains(serverMessage(err), "during recovery") {
+			return fmt.Errorf("%w: the server is a standby in recovery: %w", ErrReadOnly, err)
+		}
 	}
 	return err
 }
