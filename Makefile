@@ -23,7 +23,7 @@ help: ## list the targets
 deps: ## install what every target needs when missing (apt-get): servers, tmux, promtool, iproute2, spin, gcc
 	@scripts/install-deps.sh all
 
-demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200"); installs PostgreSQL if missing
+demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200"); installs redis-server and PostgreSQL if missing
 	@scripts/install-deps.sh demo
 	$(GO) run ./examples/crashdemo $(DEMO_FLAGS)
 

@@ -29,6 +29,25 @@ var (
 	// set is kept and recovery tries again at every scan.
 	ErrRowsNotReset = errors.New("recovery: rows neither reset nor settled")
 
+	// ErrRowsLocked is wrapped, with ErrRowsNotReset, by the error of a
+	// recovery or a reset that left rows in progress because another
+	// session held them locked (RowState.Locked): a transaction left open,
+	// perhaps on a host that vanished without closing its connection. The
+	// reset never waits for such a lock; the rows are kept and retried at
+	// every scan until the session ends (idle_in_transaction_session_timeout
+	// ends it, see docs/operations.md). A reset whose statement waited out
+	// lock_timeout on a table lock, or found another session resetting the
+	// same rows set, wraps it too.
+	ErrRowsLocked = errors.New("recovery: rows locked by another session")
+
+	// ErrReadOnly is wrapped by the error Start returns when the resetter's
+	// database session cannot write: the server is a standby
+	// (pg_is_in_recovery), or transactions are read-only
+	// (default_transaction_read_only, set for the role, the database or the
+	// server: a replica or a read endpoint). A reset refused for the same
+	// reason wraps it too.
+	ErrReadOnly = errors.New("recovery: database session is read-only")
+
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
 	// failed: the rows it held may stay in progress. The backstop sweep

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // CheckSchema compares the resetter's options with the PostgreSQL catalogue
@@ -346,4 +347,58 @@ func (r *pgResetter) configuredStatuses() (inprog, queued string) { return r.o.i
 // with WithOwnerColumn, owned by owner. It implements RowStateReader.
 func (r *pgResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == r.o.inprog && (r.o.ownerColumn == "" || s.Owner == owner)
+}
+
+// checkSession reads, in a transaction begun as a reset begins one (and
+// rolled back), whether it can write, and the session's
+// idle_in_transaction_session_timeout. A standby (pg_is_in_recovery) or a
+// transaction that is read-only (default_transaction_read_only, set for the
+// role, the database or the server: a replica or a read endpoint) cannot
+// reset a row: an error wrapping ErrReadOnly names the cause. (lib/pq
+// begins every transaction READ WRITE, which overrides the default; pgx
+// does not.) Only settings are read, which needs no privilege.
+func (r *pgResetter) checkSession(ctx context.Context) (info sessionInfo, err error) {
+	var (
+		readOnly, standby bool
+		source            string
+		idleMillis        int64
+	)
+	tx, err := r.conn.begin(ctx)
+	if err != nil {
+		return sessionInfo{}, fmt.Errorf("begin: %w", r.explainResetError(err))
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = tx.rollback(rbCtx) // read only: nothing to keep
+		cancel()
+	}()
+	err = queryRow(ctx, tx, `SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery(),
+	coalesce((SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'), ''),
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'), 0)`,
+		nil, &readOnly, &standby, &source, &idleMillis)
+	if err != nil {
+		return sessionInfo{}, fmt.Errorf("read session settings: %w", err)
+	}
+	switch {
+	case standby:
+		return sessionInfo{}, fmt.Errorf("%w: the server is a standby in recovery (pg_is_in_recovery() is true): give the %s a connection to the primary", ErrReadOnly, r.kind)
+	case readOnly:
+		return sessionInfo{}, fmt.Errorf("%w: transaction_read_only is on (default_transaction_read_only set by the %s: a replica or read endpoint, or ALTER ROLE or ALTER DATABASE ... SET default_transaction_read_only): give the %s a session that can write",
+			ErrReadOnly, source, r.kind)
+	}
+	info = sessionInfo{idleInTxTimeout: time.Duration(idleMillis) * time.Millisecond}
+	if r.o.ownerColumn != "" {
+		// The owner column's declared length (char(n), varchar(n), or a
+		// domain over one): an instance ID longer than it cannot be
+		// written. A missing table or column is CheckSchema's to report.
+		var width int
+		err := queryRow(ctx, tx, `SELECT coalesce(nullif(a.atttypmod, -1), d.typtypmod) - 4
+FROM pg_attribute a JOIN pg_type d ON d.oid = a.atttypid
+WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
+			[]any{r.o.tableIdent(), r.o.ownerColumn}, &width)
+		if err == nil && width > 0 {
+			info.ownerWidth = width
+		}
+	}
+	return info, nil
 }

@@ -91,6 +91,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		kind = "lost"
+	case errors.Is(err, ErrRowsLocked):
+		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
 	}
@@ -101,6 +103,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress; the backstop sweep (owner column) recovers them",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrRowsLocked):
+		l.w.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
@@ -174,6 +179,13 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 	l.sweepFailing = false
 	l.w.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
+}
+
+// invalidOwner logs an owner of rows in progress that the sweep cannot use
+// as an instance ID: its rows are never recovered by the sweep.
+func (l *recoveryLog) invalidOwner(owner string, why error) {
+	l.w.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what InstanceID() returns?)",
+		slog.String("owner", clip(owner)), slog.String("reason", why.Error()))
 }
 
 // claimNotReleased logs a claim whose release failed; it expires by

@@ -27,7 +27,9 @@ import (
 // already have recovered the rows.
 //
 // The error says the rows could not be returned to the queue; they are
-// then still tracked, for a peer to recover should this worker die. Once
+// then still tracked, for a peer to recover should this worker die. Rows
+// another session holds locked are skipped (the reset does not wait for
+// them): the others are released, and the error wraps ErrRowsLocked. Once
 // they are back in the queue Release succeeds even if Redis cannot be
 // reached to untrack them (a worker that lost its lease often cannot): the
 // next heartbeat removes them from the rows set.
@@ -65,6 +67,23 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		}
 		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
+	// A row another session holds locked was skipped: it stays tracked,
+	// for a peer to recover should this worker die, and the error says so.
+	var lockedErr error
+	if n := lockedRows(res.NotReset); n > 0 {
+		var locked []int64
+		for _, s := range res.NotReset {
+			if s.Locked {
+				delete(gens, s.ID)
+				locked = append(locked, s.ID)
+			}
+		}
+		if !fenced {
+			w.rows.unmarkReleased(locked)
+		}
+		lockedErr = fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
+			len(rowIDs), w.opts.instanceID, ErrRowsLocked, n, res.NotReset[0].ID)
+	}
 	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
 	if err := w.untrackUnchanged(gens); err != nil {
@@ -73,5 +92,5 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	w.log.Info("released rows", attrs...)
 	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
 	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
-	return nil
+	return lockedErr
 }

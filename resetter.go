@@ -23,7 +23,8 @@ type ResetResult struct {
 	// NotReset lists the rows that were neither reset nor shown to be
 	// settled: not queued, not done (WithDoneStatuses), not quarantined,
 	// not held by another owner and not reset before under the same
-	// incarnation. A misspelled status is the usual cause. Recovery keeps
+	// incarnation. A misspelled status is the usual cause; a row another
+	// session held locked is one too (RowState.Locked). Recovery keeps
 	// the rows set of a peer with such rows, and tries again, instead of
 	// forgetting rows it could not reset.
 	NotReset []RowState
@@ -38,6 +39,12 @@ type RowState struct {
 	// Owner is the row's owner, when the resetter knows owners (and the
 	// row has one).
 	Owner string
+	// Locked is set on a row a reset left in progress because another
+	// session held it locked: a transaction still open, perhaps on a host
+	// that vanished. The reset does not wait for it (PgxResetter and
+	// SQLResetter lock with SKIP LOCKED); recovery tries it again at the
+	// next scan.
+	Locked bool
 }
 
 // A ResetRequest asks for the rows of one instance to be returned to the

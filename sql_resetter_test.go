@@ -95,6 +95,12 @@ func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
 // ends.
 func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
 	t.Helper()
+	return libpqDBWith(t, db, nil)
+}
+
+// libpqDBWith is libpqDB with extra connection parameters.
+func libpqDBWith(t *testing.T, db *pgxpool.Pool, extra url.Values) *sql.DB {
+	t.Helper()
 	cc := db.Config().ConnConfig
 	u := url.URL{Scheme: "postgres", Path: "/" + cc.Database, User: url.User(cc.User)}
 	if cc.Password != "" {
@@ -103,6 +109,9 @@ func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
 	q := url.Values{"search_path": {cc.RuntimeParams["search_path"]}, "sslmode": {"require"}}
 	if cc.TLSConfig == nil {
 		q.Set("sslmode", "disable")
+	}
+	for k, v := range extra {
+		q[k] = v
 	}
 	if strings.HasPrefix(cc.Host, "/") { // a Unix socket's directory
 		q.Set("host", cc.Host)

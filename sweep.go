@@ -50,10 +50,19 @@ type sweeper struct {
 	// absentSince is when each owner was first seen without a heartbeat
 	// by this holder of the turn. Only runOnce touches it.
 	absentSince map[string]time.Time
+	// warned lists the owners that are no instance ID already logged, so
+	// each is logged once (up to maxWarnedOwners of them). Only runOnce
+	// touches it.
+	warned map[string]bool
 }
 
+// maxWarnedOwners bounds the owners that are no instance ID the sweeper
+// remembers having logged: a table full of them logs this many, not one
+// line per row every sweep.
+const maxWarnedOwners = 1000
+
 func newSweeper(w *Worker, sw OwnerSweeper) *sweeper {
-	return &sweeper{w: w, sw: sw, token: newToken(), absentSince: make(map[string]time.Time)}
+	return &sweeper{w: w, sw: sw, token: newToken(), absentSince: make(map[string]time.Time), warned: make(map[string]bool)}
 }
 
 // run sweeps at once and then every recovery interval (±10%), until ctx is
@@ -107,6 +116,10 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		case o == w.opts.instanceID:
 		case store.ValidateName(o) != nil:
 			rep.invalidOwners = append(rep.invalidOwners, o)
+			if !s.warned[o] && len(s.warned) < maxWarnedOwners {
+				s.warned[o] = true
+				w.rlog.invalidOwner(o, store.ValidateName(o))
+			}
 		default:
 			candidates = append(candidates, o)
 		}

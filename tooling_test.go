@@ -45,19 +45,19 @@ func installDeps(t *testing.T, set string, env ...string) []string {
 }
 
 // TestEachTargetInstallsOnlyWhatItNeeds: make test installs the servers,
-// tmux and promtool, never spin or gcc; make demo nothing but PostgreSQL
-// (its Redis is embedded); make model only spin and gcc; and each target's
+// tmux, promtool and pgbouncer, never spin or gcc; make demo nothing but
+// the servers; make model only spin and gcc; and each target's
 // recipe asks for its own set.
 func TestEachTargetInstallsOnlyWhatItNeeds(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs scripts/install-deps.sh")
 	}
-	assert.Equal(t, []string{"redis-server", "redis-tools", "tmux", "prometheus"}, installDeps(t, "test"))
-	assert.Equal(t, []string{"tmux", "prometheus"}, installDeps(t, "test", "REDIS_URL=redis://x", "DATABASE_URL=postgres://x"))
-	assert.Empty(t, installDeps(t, "demo"))
+	assert.Equal(t, []string{"redis-server", "redis-tools", "tmux", "prometheus", "pgbouncer"}, installDeps(t, "test"))
+	assert.Equal(t, []string{"tmux", "prometheus", "pgbouncer"}, installDeps(t, "test", "REDIS_URL=redis://x", "DATABASE_URL=postgres://x"))
+	assert.Equal(t, []string{"redis-server"}, installDeps(t, "demo"))
 	assert.Equal(t, []string{"spin", "gcc"}, installDeps(t, "model"))
 	assert.Equal(t, []string{"redis-server", "redis-tools", "iproute2"}, installDeps(t, "faults"))
-	assert.Equal(t, []string{"redis-server", "redis-tools", "iproute2", "tmux", "prometheus", "spin", "gcc"}, installDeps(t, "all"))
+	assert.Equal(t, []string{"redis-server", "redis-tools", "iproute2", "tmux", "prometheus", "pgbouncer", "spin", "gcc"}, installDeps(t, "all"))
 
 	makefile, err := os.ReadFile("Makefile")
 	require.NoError(t, err)

@@ -140,7 +140,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // registers the worker, then starts the heartbeat loop and
 // the recovery loop, whose first scan runs at once. It returns an error,
 // and starts nothing, if the check fails (an error wrapping ErrSchema names
-// the table, column or status at fault; nothing has been written to Redis)
+// the table, column or status at fault, one wrapping ErrReadOnly a
+// database session that cannot write; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
 // error names the address and the cause), or Redis refuses the client (a
 // missing or wrong password: an error wrapping ErrRedisAuth, after one
@@ -157,7 +158,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // this worker's. In owner mode (with WithInstanceID, or the backstop sweep)
 // the rows PostgreSQL still names this ID the owner of are recovered the
 // same way, under the claim on the ID, even when Redis remembers nothing of
-// the predecessor. ctx bounds the wait; a Start that gives up has written
+// the predecessor; rows of it that another session still holds locked (its
+// host vanished mid-transaction) are waited for. ctx bounds the wait; a Start that gives up has written
 // nothing but that recovery's claim and can be retried (by a restarted
 // process too).
 //

@@ -6,11 +6,12 @@
 #                                   (initdb, postgres), tmux (the terminal
 #                                   recoveryctl watch is tested in) and promtool
 #                                   (Debian package prometheus) for prom/'s
-#                                   alert-rule tests
+#                                   alert-rule tests, and pgbouncer for the
+#                                   tests through a pooler in transaction mode
 #   scripts/install-deps.sh faults  make test-faults: the servers, and ip(8)
 #                                   (iproute2) for the network namespaces
-#   scripts/install-deps.sh demo    make demo: PostgreSQL's binaries only (its
-#                                   Redis is an embedded miniredis)
+#   scripts/install-deps.sh demo    make demo: redis-server and PostgreSQL's
+#                                   server binaries
 #   scripts/install-deps.sh model   make model: the Spin model checker, and gcc
 #                                   to compile its verifiers
 #   scripts/install-deps.sh all     all of the above (make deps)
@@ -47,6 +48,12 @@ if wants faults || { wants test && { [ -z "${REDIS_URL:-}" ] || [ -z "${DATABASE
 	command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
 	command -v redis-cli >/dev/null 2>&1 || missing+=(redis-tools)
 fi
+# The demo starts a throwaway redis-server when one is installed (an
+# embedded miniredis otherwise, which cannot report its uptime and makes the
+# worker warn about it).
+if wants demo && ! wants test faults; then
+	command -v redis-server >/dev/null 2>&1 || missing+=(redis-server)
+fi
 if wants test faults demo && [ -z "${DATABASE_URL:-}" ] && ! have_pg; then
 	missing+=(postgresql)
 fi
@@ -67,6 +74,14 @@ if wants test; then
 		missing+=(prometheus)
 		installs_prometheus=1
 	fi
+fi
+# pgbouncer (in /usr/sbin: on root's PATH) stands in front of the test
+# PostgreSQL in transaction pooling mode for the PgBouncer tests
+# (pg_bouncer_test.go); they start their own on a free loopback port.
+installs_pgbouncer=0
+if wants test && ! command -v pgbouncer >/dev/null 2>&1; then
+	missing+=(pgbouncer)
+	installs_pgbouncer=1
 fi
 # spin checks model/recovery.pml (scripts/model.sh); it needs gcc.
 if wants model; then
@@ -98,4 +113,9 @@ $sudo apt-get update -qq
 $sudo apt-get install -y -qq --no-install-recommends "${missing[@]}"
 if [ "$installs_prometheus" -eq 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
 	$sudo systemctl disable --now prometheus.service >/dev/null 2>&1 || true
+fi
+# pgbouncer's package enables its service (port 6432) the same way; only
+# the binary is wanted.
+if [ "$installs_pgbouncer" -eq 1 ] && [ -d /run/systemd/system ] && command -v systemctl >/dev/null 2>&1; then
+	$sudo systemctl disable --now pgbouncer.service >/dev/null 2>&1 || true
 fi

@@ -343,6 +343,8 @@ func printRows(stdout io.Writer, o *options, inst recovery.InstanceState, tracke
 type rowJSON struct {
 	RowID  int64  `json:"row_id"`
 	Status string `json:"status"`
+	// Locked: another session held the row locked (recovery.RowState.Locked).
+	Locked bool `json:"locked,omitempty"`
 }
 
 // peerJSON is one dead instance in the output of recover.
@@ -570,7 +572,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 func rowsJSON(rs []recovery.RowState) []rowJSON {
 	var out []rowJSON
 	for _, r := range rs {
-		out = append(out, rowJSON{RowID: r.ID, Status: r.Status})
+		out = append(out, rowJSON{RowID: r.ID, Status: r.Status, Locked: r.Locked})
 	}
 	return out
 }
@@ -642,7 +644,11 @@ func rowList(rs []rowJSON) string {
 			parts = append(parts, fmt.Sprintf("... %d more", len(rs)-max))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("row %d status %s", r.RowID, strconv.Quote(r.Status)))
+		part := fmt.Sprintf("row %d status %s", r.RowID, strconv.Quote(r.Status))
+		if r.Locked {
+			part += " (locked by another session)"
+		}
+		parts = append(parts, part)
 	}
 	return strings.Join(parts, ", ")
 }

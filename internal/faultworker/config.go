@@ -71,6 +71,10 @@ type config struct {
 	dieAfterResetOf string        // SIGKILL this process right after the first reset of this peer's rows that changed rows committed
 	delayFinishOf   string        // after the first reset of this peer's rows that changed rows, wait finishDelay before the finish script
 	finishDelay     time.Duration // see delayFinishOf
+	// stallCompletion holds the first completion transaction open this
+	// long once its UPDATE has locked the row (fault L1: the host
+	// vanishes mid-completion, its session keeping the lock).
+	stallCompletion time.Duration
 
 	logLevel slog.Level
 }
@@ -104,6 +108,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.dieAfterResetOf, "die-after-reset-of", "", "SIGKILL this process right after its first reset of this peer's rows that changed rows has committed, before the finish script (fault F2)")
 	fs.StringVar(&c.delayFinishOf, "delay-finish-of", "", "after the first reset of this peer's rows that changed rows, wait -finish-delay before the finish script (fault F8)")
 	fs.DurationVar(&c.finishDelay, "finish-delay", 0, "see -delay-finish-of")
+	fs.DurationVar(&c.stallCompletion, "stall-completion", 0, "hold the first completion transaction open this long after its UPDATE locked the row (fault L1)")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return c, err

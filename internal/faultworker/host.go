@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +29,8 @@ type host struct {
 
 	// Counters for the last log line; used by the loop's goroutine only.
 	done, discarded, released, abandoned int
+
+	stallOnce sync.Once // -stall-completion fires once
 }
 
 func newHost(cfg config, pool *pgxpool.Pool, w *recovery.Worker, log *slog.Logger) *host {
@@ -233,6 +236,13 @@ func (h *host) complete(id int64) (owned bool, err error) {
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil
+	}
+	if h.cfg.stallCompletion > 0 {
+		h.stallOnce.Do(func() {
+			h.log.Warn("fault: stalling in the completion transaction, holding the row's lock",
+				"row_id", id, "stall", h.cfg.stallCompletion)
+			time.Sleep(h.cfg.stallCompletion) // the test kills the process meanwhile
+		})
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger (rowid, instance, outcome) VALUES ($1, $2, 'done')`, id, h.me); err != nil {
 		return false, fmt.Errorf("ledger row %d: %w", id, err)
