@@ -74,6 +74,13 @@ const (
 	// HistoryLeaseRegained: InstanceID's heartbeat succeeded again after
 	// its lease was lost.
 	HistoryLeaseRegained = "lease_regained"
+	// HistoryStrayRowsReset: InstanceID's backstop sweep (no owner column)
+	// reset RowsReset of Rows rows in progress that no rows set had held
+	// for Duration; PeerID is empty.
+	HistoryStrayRowsReset = "stray_rows_reset"
+	// HistoryUntrackedRows: InstanceID's backstop sweep found Rows rows
+	// committed in progress that no worker had tracked (Error).
+	HistoryUntrackedRows = "untracked_rows"
 )
 
 // historyKind returns the kind of history entry an event makes, and false
@@ -92,6 +99,10 @@ func historyKind(e Event) (string, bool) {
 		return HistoryLeaseLost, true
 	case EventLeaseRegained:
 		return HistoryLeaseRegained, true
+	case EventStrayRowsReset:
+		return HistoryStrayRowsReset, true
+	case EventUntrackedRows:
+		return HistoryUntrackedRows, true
 	}
 	return "", false
 }
@@ -161,7 +172,7 @@ func historyFields(kind, uid string, e Event) []string {
 		f = append(f, hfFoundBy, e.FoundBy)
 	}
 	switch kind {
-	case HistoryRowsRecovered:
+	case HistoryRowsRecovered, HistoryStrayRowsReset:
 		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
 			hfQuarantined, strconv.Itoa(e.RowsQuarantined))
 	case HistoryRowsQuarantined:
