@@ -111,10 +111,15 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	var due []RowVersion
 	for _, r := range rows {
 		now[r.ID] = r.Version
+		st, seen := m.stray[r.ID]
 		if held[r.ID] {
+			if seen && st.fresh && st.version == r.Version {
+				// Tracked after the COMMIT: in no set at the last look,
+				// unchanged since.
+				rep.untracked = append(rep.untracked, r.ID)
+			}
 			continue
 		}
-		st, seen := m.stray[r.ID]
 		if !seen || st.version != r.Version {
 			prevVersion, wasThere := m.prev[r.ID]
 			stray[r.ID] = strayRow{version: r.Version, absentAt: setsDone,
