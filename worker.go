@@ -266,7 +266,7 @@ func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 	}
 	sw, ok := r.(OwnerSweeper)
 	if !ok {
-		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper or RowsSweeper", ErrInvalidConfig)
 	}
 	return sw, nil
 }
