@@ -3,10 +3,12 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -238,4 +240,52 @@ func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *
 		return true
 	}, 10*time.Second, 20*time.Millisecond)
 	t.Logf("9 rows back in the queue %v after the fleet came back (rows TTL 1s, recovery interval 100ms)", time.Since(start).Round(10*time.Millisecond))
+}
+
+// TestBackstopSweepCostPerLook prints what one look costs with 10, 1,000
+// and 100,000 rows in progress, half of them tracked by a live worker and
+// half held by no set (the worst case: every row is read from PostgreSQL,
+// every tracked one from Redis, every stray one remembered). Not run with
+// -short.
+func TestBackstopSweepCostPerLook(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a measurement")
+	}
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	for _, n := range []int{10, 1000, 100000} {
+		schema, ropts := jobsTable(t, db, false, n)
+		r, err := NewPgxResetter(db, ropts...)
+		require.NoError(t, err)
+		prefix := testutil.Name("C")
+		opts := []Option{WithKeyPrefix(prefix), WithoutBackstopSweep(), WithRowsTTL(time.Hour)}
+		live, _ := startWorker(t, rdb, r, "live", opts...)
+		tracked := make([]int64, 0, n/2)
+		for id := int64(1); id <= int64(n/2); id++ {
+			tracked = append(tracked, id)
+		}
+		for chunk := range slices.Chunk(tracked, 5000) {
+			require.NoError(t, live.Track(ctx, chunk...))
+		}
+		_, err = db.Exec(ctx, fmt.Sprintf("UPDATE %s.jobs SET state = 'running'", schema))
+		require.NoError(t, err)
+		counter := &commandCounter{}
+		c := redis.NewClient(rdb.Options())
+		c.AddHook(counter)
+		t.Cleanup(func() { c.Close() })
+		w, _ := newWorker(t, c, r, "sweeper", WithKeyPrefix(prefix), WithRowsTTL(time.Hour))
+		for look := 1; look <= 2; look++ {
+			counter.reset()
+			start := time.Now()
+			rep, err := w.sweeper.runOnce(ctx)
+			require.NoError(t, err)
+			took := time.Since(start)
+			trips, cmds := counter.snapshot()
+			t.Logf("rows in progress %d (tracked %d), look %d: %d Redis round trips, %d commands, 1 SQL statement reading %d rows, %d rows unheld, %v",
+				n, len(tracked), look, trips, len(cmds), rep.rowsInProgress, rep.strayWaiting, took.Round(time.Millisecond))
+		}
+		require.NoError(t, live.Shutdown(ctx))
+	}
 }
