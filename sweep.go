@@ -33,6 +33,10 @@ func WithBackstopSweep() Option {
 	return optionFunc(func(o *options) { o.sweep = true })
 }
 
+// sweepsByOwner reports whether the worker runs the backstop sweep by
+// owner (an owner column), which finds rows by owner in PostgreSQL.
+func (w *Worker) sweepsByOwner() bool { return w.sweeper != nil && w.sweeper.sw != nil }
+
 // sweepReport says what one backstop sweep found and did.
 type sweepReport struct {
 	// turnHeld is false when another worker holds the sweep turn; then
