@@ -16,4 +16,14 @@ const (
 	// mutantNoRegainHold: model hole H1's fix reverted: a lost lease that
 	// comes back is not held for a claim TTL (heartbeater.restored).
 	mutantNoRegainHold = false
+	// mutantSweepOneLook: the backstop sweep without an owner column
+	// resets a row at the first look that finds no rows set holding it
+	// (rowsweep.go), not at two looks a rows TTL apart.
+	mutantSweepOneLook = false
+	// mutantSweepAnyNode: that sweep trusts a Redis master whatever its
+	// age (mastersTrusted).
+	mutantSweepAnyNode = false
+	// mutantSweepIgnoresSets: that sweep takes no row for held by a rows
+	// set (heldRows).
+	mutantSweepIgnoresSets = false
 )

@@ -8,4 +8,8 @@ var (
 	mutantNoStickyLease bool
 	mutantNoNodeAgeHold bool
 	mutantNoRegainHold  bool
+
+	mutantSweepOneLook     bool
+	mutantSweepAnyNode     bool
+	mutantSweepIgnoresSets bool
 )

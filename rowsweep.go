@@ -89,8 +89,11 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return err
 	}
 	setsDone := time.Now()
+	if mutantSweepIgnoresSets {
+		held = map[int64]bool{}
+	}
 	rep.rowsInProgress = len(rows)
-	if !w.mastersTrusted(ctx, setsAt) {
+	if !w.mastersTrusted(ctx, setsAt) && !mutantSweepAnyNode {
 		rep.nodeHeld = true
 		s.mem.clear()
 		return nil
@@ -118,6 +121,10 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 				// unchanged since.
 				rep.untracked = append(rep.untracked, r.ID)
 			}
+			continue
+		}
+		if mutantSweepOneLook && (!seen || st.version != r.Version) {
+			due = append(due, r)
 			continue
 		}
 		if !seen || st.version != r.Version {
