@@ -53,6 +53,19 @@ func jobStates(t *testing.T, db *pgxpool.Pool, schema string) map[int64]string {
 	return byRow[string](t, db, fmt.Sprintf("SELECT id, state::text FROM %s.jobs", schema))
 }
 
+// backstopWorld is a Redis old enough for the sweep to trust and a jobs
+// table of n pending rows (text states) with its PgxResetter.
+func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *PgxResetter) {
+	t.Helper()
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	schema, ropts := jobsTable(t, db, false, n)
+	r, err := NewPgxResetter(db, ropts...)
+	require.NoError(t, err)
+	return rdb, db, schema, r
+}
+
 // rowsSweepTimings: a rows TTL of a second, so two looks a gap apart take
 // about a second.
 func rowsSweepTimings(extra ...Option) []Option {
@@ -120,13 +133,8 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 }
 
 func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.T) {
-	rdb := testutil.Redis(t)
-	waitUptime(t, rdb, 2*time.Second)
-	db := testutil.Postgres(t)
+	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
-	schema, ropts := jobsTable(t, db, false, 6)
-	r, err := NewPgxResetter(db, ropts...)
-	require.NoError(t, err)
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("U")))
 	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
 	w, logs := newWorker(t, rdb, r, "sweeper", opts...)
@@ -213,13 +221,8 @@ func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t
 // is the whole fleet killed together, down past the rows TTL, then one
 // worker started again with the defaults of its mode: the sweep is on.
 func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *testing.T) {
-	rdb := testutil.Redis(t)
-	waitUptime(t, rdb, 2*time.Second)
-	db := testutil.Postgres(t)
+	rdb, db, schema, r := backstopWorld(t, 30)
 	ctx := context.Background()
-	schema, ropts := jobsTable(t, db, false, 30)
-	r, err := NewPgxResetter(db, ropts...)
-	require.NoError(t, err)
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("F")))
 	for i := range 3 {
 		w, _ := startWorker(t, rdb, r, fmt.Sprintf("w%d", i), opts...)
