@@ -161,7 +161,11 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		if errors.As(e, &pe) {
 			continue
 		}
-		if !l.sweepFailing {
+		switch {
+		case l.sweepFailing:
+		case errors.Is(e, ErrMisconfigured):
+			l.w.log.Error("backstop sweep held: the resetter's statuses do not match the rows the workers track; fix them, and the rows stuck meanwhile come back", slog.Any("error", e))
+		default:
 			l.w.log.Warn("backstop sweep failed; will retry", slog.Any("error", e))
 		}
 		l.sweepFailing = true
