@@ -32,7 +32,7 @@ var (
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
 	// failed: the rows it held may stay in progress. The backstop sweep
-	// (with an owner column) recovers them.
+	// recovers them (unless WithoutBackstopSweep).
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
 
 	// ErrUntrackedRows is wrapped by Healthy's error, and by the error

@@ -99,7 +99,7 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	l.failing[peer] = kind
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
-		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress; the backstop sweep (owner column) recovers them",
+		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress until the backstop sweep recovers them",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
