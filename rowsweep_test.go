@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -291,4 +292,38 @@ func TestBackstopSweepCostPerLook(t *testing.T) {
 		}
 		require.NoError(t, live.Shutdown(ctx))
 	}
+}
+
+// A rolling upgrade: a worker of the first protocol version (rows set,
+// heartbeat and registry entry written by hand as it wrote them, no
+// incarnation) keeps its rows; the new workers' sweep reads the same keys.
+// Every version writes its tracked rows back at each heartbeat, and none
+// before this one takes the sweep turn without an owner column.
+func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 4)
+	ctx := context.Background()
+	prefix := testutil.Name("O")
+	k := store.InstanceKeys(prefix, "old-1")
+	setJobs(t, db, schema, "running", 1, 2)
+	beat := func() {
+		require.NoError(t, rdb.Set(ctx, k.Heartbeat, "alive", 2*time.Second).Err())
+		require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "old-1").Err())
+		require.NoError(t, rdb.SAdd(ctx, k.Rows, "1").Err())
+		require.NoError(t, rdb.PExpire(ctx, k.Rows, 3*time.Second).Err())
+	}
+	beat()
+	w, _ := newWorker(t, rdb, r, "new-1", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	first := time.Now()
+	var rep sweepReport
+	require.Eventually(t, func() bool {
+		beat()
+		var err error
+		rep, err = w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		return rep.strayReset > 0
+	}, 10*time.Second, 50*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(first), 3*time.Second, "the gap is the longest TTL seen on a fleet member's keys")
+	st := jobStates(t, db, schema)
+	assert.Equal(t, "running", st[1], "the old worker's row")
+	assert.Equal(t, "pending", st[2], "a row no set holds")
 }
