@@ -104,7 +104,7 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweeper != nil),
+		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweepsByOwner()),
 		token:   newToken()}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)

@@ -30,7 +30,7 @@
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
 //	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
-//	ALYA_SWEEP_LEASE      the backstop sweeper (WithBackstopSweep; always in owner mode)
+//	ALYA_SWEEP_LEASE      the backstop sweeper (owner mode; rows-set mode without an owner column unless WithoutBackstopSweep; WithBackstopSweep with one)
 //	ALYA_HISTORY          stream of the fleet's recoveries and lease losses (WithHistory)
 //
 // The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no

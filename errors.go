@@ -51,8 +51,17 @@ var (
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
 	// failed: the rows it held may stay in progress. The backstop sweep
-	// (with an owner column) recovers them.
+	// recovers them (unless WithoutBackstopSweep).
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
+
+	// ErrUntrackedRows is wrapped by Healthy's error, and by the error
+	// logged, for a rows TTL after this worker's backstop sweep (rows-set
+	// mode without an owner column) found rows committed in progress that
+	// no worker's rows set held: some host of the fleet does not call
+	// Track, or calls it after its COMMIT. The sweep resets such rows
+	// after a rows TTL, as if their worker had died, while that host may
+	// still process them (docs/safety.md §5).
+	ErrUntrackedRows = errors.New("recovery: rows in progress that no worker tracked")
 
 	// ErrRegistryWrongType is wrapped by the error of a recovery scan that
 	// could not read the fleet's registry because its key holds something

@@ -73,6 +73,15 @@ const (
 	// EventRowsRecovered or EventRecoveryFailed. Duration runs from the
 	// death being noticed to the commit.
 	EventRowsReset
+	// EventStrayRowsReset: the backstop sweep without an owner column
+	// reset RowsReset of Rows rows in progress that no rows set had held
+	// for Duration (RowsQuarantined quarantined); the others had changed
+	// meanwhile. PeerID is empty: no record says whose they were.
+	EventStrayRowsReset
+	// EventUntrackedRows: the backstop sweep found Rows rows committed in
+	// progress by a worker that had not tracked them (Err wraps
+	// ErrUntrackedRows).
+	EventUntrackedRows
 )
 
 var eventNames = map[EventKind]string{
@@ -92,6 +101,8 @@ var eventNames = map[EventKind]string{
 	EventInstanceIDTaken:   "instance_id_taken",
 	EventPeerClaimed:       "peer_claimed",
 	EventRowsReset:         "rows_reset",
+	EventStrayRowsReset:    "stray_rows_reset",
+	EventUntrackedRows:     "untracked_rows",
 }
 
 // String returns the event's snake_case name.

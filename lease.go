@@ -122,10 +122,15 @@ func (w *Worker) CheckLease() error {
 // cannot reach Redis and its rows are being recovered by peers. It also
 // fails, with an error wrapping ErrMisconfigured, once the self-check found
 // that the rows this worker tracks would not be recovered should it crash
-// (statuses or owner column misconfigured).
+// (statuses or owner column misconfigured), and with an error wrapping
+// ErrUntrackedRows for a rows TTL after its backstop sweep found rows
+// committed in progress that no worker had tracked.
 func (w *Worker) Healthy() error {
 	if err := w.CheckLease(); err != nil {
 		return err
 	}
-	return w.misconfigured()
+	if err := w.misconfigured(); err != nil {
+		return err
+	}
+	return w.untracked()
 }

@@ -21,4 +21,14 @@ const (
 	// already reset nor records its own (issue 21's Release after a lost
 	// lease without fencing).
 	mutantReleaseUnrecorded = false
+	// mutantSweepOneLook: the backstop sweep without an owner column
+	// resets a row at the first look that finds no rows set holding it
+	// (rowsweep.go), not at two looks a rows TTL apart.
+	mutantSweepOneLook = false
+	// mutantSweepAnyNode: that sweep trusts a Redis master whatever its
+	// age (mastersTrusted).
+	mutantSweepAnyNode = false
+	// mutantSweepIgnoresSets: that sweep takes no row for held by a rows
+	// set (heldRows).
+	mutantSweepIgnoresSets = false
 )

@@ -9,4 +9,8 @@ var (
 	mutantNoNodeAgeHold     bool
 	mutantNoRegainHold      bool
 	mutantReleaseUnrecorded bool
+
+	mutantSweepOneLook     bool
+	mutantSweepAnyNode     bool
+	mutantSweepIgnoresSets bool
 )

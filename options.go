@@ -34,6 +34,7 @@ type options struct {
 	logger            *slog.Logger
 	loggerSet         bool
 	sweep             bool
+	noSweep           bool // WithoutBackstopSweep
 	scanLease         bool
 	expiry            bool
 	untrackLinger     time.Duration

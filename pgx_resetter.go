@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -72,6 +73,8 @@ type pgResetter struct {
 	byOwnerAfter query  // the next chunks, above the last ID of the previous one
 	ownedRest    query  // the rows of one owner a reset by owner left (ownedRestQuery)
 	owners       string // list the owners of rows in progress
+	byVersion    query  // reset rows still at the version the sweep saw (no owner column)
+	inProgress   string // list the rows in progress with their versions
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
 }
@@ -243,6 +246,9 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 	r.byIDs, r.rest = o.resetQuery(false, false), o.restQuery()
 	if o.usesLedger() {
 		r.logged = o.resetQuery(false, true)
+	}
+	if o.ownerColumn == "" {
+		r.byVersion, r.inProgress = o.versionsQuery(), o.inProgressQuery()
 	}
 	if o.ownerColumn != "" {
 		r.byOwner = o.resetQuery(true, false)
@@ -545,6 +551,61 @@ func (r *pgResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 		return nil, fmt.Errorf("list owners of rows in progress: %w", err)
 	}
 	return owners, nil
+}
+
+// InProgressRows returns every row in progress with its version, the
+// row's xmin: it changes whenever the row is written. It needs a resetter
+// without WithOwnerColumn (with one, the backstop sweep goes by owner).
+func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
+	if r.inProgress == "" {
+		return nil, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
+	}
+	rows, err := collect(ctx, r.conn, r.inProgress, []any{r.o.inprog}, func(row pgRows) (RowVersion, error) {
+		var v RowVersion
+		err := row.Scan(&v.ID, &v.Version)
+		return v, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list rows in progress: %w", err)
+	}
+	return rows, nil
+}
+
+// ResetRowVersions returns the rows of rows that are still in progress at
+// the version given to the queue (or quarantine), in one transaction,
+// WithChunkSize rows per statement in ID order. A row written since its
+// version was read is left alone and not reported: it is not stuck. The
+// ledger is not used: the version guard alone makes a second reset of the
+// same row version impossible.
+func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
+	if r.inProgress == "" {
+		return ResetResult{}, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
+	}
+	if len(rows) == 0 {
+		return ResetResult{}, nil
+	}
+	sorted := slices.Clone(rows)
+	slices.SortFunc(sorted, func(a, b RowVersion) int { return cmp.Compare(a.ID, b.ID) })
+	res, err := r.withRetry(ctx, func(tx pgTx) (ResetResult, error) {
+		var total ResetResult
+		for chunk := range slices.Chunk(sorted, r.o.chunkSize) {
+			v := resetValues{ids: make([]int64, len(chunk)), versions: make([]string, len(chunk))}
+			for i, rv := range chunk {
+				v.ids[i], v.versions[i] = rv.ID, rv.Version
+			}
+			res, err := r.run(ctx, tx, r.byVersion, v)
+			if err != nil {
+				return ResetResult{}, err
+			}
+			total.Reset += res.Reset
+			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		}
+		return total, nil
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
+	}
+	return res, nil
 }
 
 // ResetOwnerRows returns every row still in progress and owned by owner to

@@ -30,6 +30,7 @@ type resetValues struct {
 	owner       string // the instance whose rows these are
 	incarnation string
 	after       int64 // by owner: the last ID of the previous chunk
+	versions    []string
 }
 
 // bind returns the arguments of q.
@@ -53,6 +54,8 @@ func (r *pgResetter) bind(q query, v resetValues) []any {
 			args[i] = r.o.chunkSize
 		case "after":
 			args[i] = v.after
+		case "versions":
+			args[i] = v.versions
 		case "terminal":
 			args[i] = r.o.terminal
 		case "settled":
@@ -97,6 +100,35 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 // resetQueryAfter is resetQuery; with keyset, a reset by owner takes only
 // the rows above $after (every chunk but the first).
 func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
+	return o.resetStatement(byOwner, ledger, keyset, false)
+}
+
+// versionsQuery builds the backstop sweep's reset (ResetRowVersions): the
+// rows among $ids still in progress at the version the sweep saw, each
+// row's version being its xmin (changed by every UPDATE of the row, not by
+// a lock), compared in the statement that locks the rows:
+//
+//	... WHERE id = ANY($ids) AND status = $inprog
+//	    AND (id, xmin::text) IN (SELECT * FROM unnest($ids, $versions))
+//
+// A row written since the sweep looked (fetched again, finished, reset by
+// a peer or by a previous sweep) has another xmin and is left alone, so a
+// double reset cannot happen and a retried reset changes nothing. A row a
+// concurrent transaction holds is waited for and its new version checked
+// again (READ COMMITTED re-reads a locked row that changed).
+func (o *resetterOptions) versionsQuery() query {
+	return o.resetStatement(false, false, false, true)
+}
+
+// inProgressQuery lists the rows in progress with their version (xmin).
+func (o *resetterOptions) inProgressQuery() string {
+	return fmt.Sprintf("SELECT %s, xmin::text FROM %s WHERE %s = $1",
+		ident(o.idColumn), o.tableIdent(), ident(o.statusColumn))
+}
+
+// resetStatement is resetQueryAfter; versioned adds the version guard of
+// versionsQuery.
+func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
 	fenced := o.ownerColumn != ""
@@ -107,6 +139,10 @@ func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
 	}
 	inprog := q.param("inprog")
 	match = append(match, fmt.Sprintf("%s = %s", status, inprog))
+	if versioned {
+		match = append(match, fmt.Sprintf("(%s, xmin::text) IN (SELECT * FROM unnest(%s::bigint[], %s::text[]))",
+			id, q.param("ids"), q.param("versions")))
+	}
 	if fenced {
 		match = append(match, fmt.Sprintf("%s = %s::text", ident(o.ownerColumn), q.param("owner")))
 	}

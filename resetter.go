@@ -93,6 +93,32 @@ type OwnerSweeper interface {
 	ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error)
 }
 
+// A RowsSweeper is a RowResetter that can list the rows in progress, each
+// with a version that changes whenever the row is written, and reset rows
+// only while they are still in progress at the version given. It powers
+// the backstop sweep in rows-set mode without an owner column: rows in
+// progress that no rows set in Redis holds, seen unchanged at two looks a
+// rows TTL apart, go back to the queue (docs/design.md, "The backstop
+// sweep"). PgxResetter and SQLResetter implement it without
+// WithOwnerColumn, the version being the row's xmin.
+type RowsSweeper interface {
+	RowResetter
+	// InProgressRows returns every row in progress with its version.
+	InProgressRows(ctx context.Context) ([]RowVersion, error)
+	// ResetRowVersions returns the rows still in progress at the version
+	// given to the queue; it leaves the others alone and does not report
+	// them. Resetting the same versions again changes nothing.
+	ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error)
+}
+
+// RowVersion is a row in progress as a RowsSweeper saw it.
+type RowVersion struct {
+	// ID is the row's ID.
+	ID int64
+	// Version changes whenever the row is written (PostgreSQL: xmin).
+	Version string
+}
+
 // resetRows calls the resetter, preferring the richest interface it has.
 func resetRows(ctx context.Context, r RowResetter, req ResetRequest) (ResetResult, error) {
 	switch rr := r.(type) {

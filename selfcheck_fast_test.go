@@ -14,10 +14,10 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// jobsTable is the user's table of issue 21: its own names, statuses
+// publicJobsTable is the user's table of issue 21 in the pool's own schema: its own names, statuses
 // 'pending'/'running'/'finished'/'error', no owner column; type is the
 // status column's type (text, or the enum job_state).
-func jobsTable(t *testing.T, db *pgxpool.Pool, enum bool) {
+func publicJobsTable(t *testing.T, db *pgxpool.Pool, enum bool) {
 	t.Helper()
 	ddl := `CREATE TABLE jobs (id bigint PRIMARY KEY, state text NOT NULL DEFAULT 'pending');`
 	if enum {
@@ -28,7 +28,7 @@ func jobsTable(t *testing.T, db *pgxpool.Pool, enum bool) {
 	require.NoError(t, err)
 }
 
-// jobsResetter is a resetter of impl for jobsTable with statuses inprog
+// jobsResetter is a resetter of impl for publicJobsTable with statuses inprog
 // and queued, its reset ledger created.
 func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, queued string) pgResetterAPI {
 	t.Helper()
@@ -119,7 +119,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
 				rdb := testutil.Redis(t)
 				db := testutil.Postgres(t)
-				jobsTable(t, db, c.enum)
+				publicJobsTable(t, db, c.enum)
 				r := jobsResetter(t, impl, db, c.inprog, c.queued)
 				obs, alarms := misconfiguredSignal()
 				w, logs := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SF")), obs)...)
@@ -168,7 +168,7 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
 				rdb := testutil.Redis(t)
 				db := testutil.Postgres(t)
-				jobsTable(t, db, enum)
+				publicJobsTable(t, db, enum)
 				r := jobsResetter(t, impl, db, "running", "pending")
 				obs, alarms := misconfiguredSignal()
 				window := 500 * time.Millisecond

@@ -197,6 +197,10 @@ func (r *simRedis) restart(keys map[string]*simKey, down time.Duration) {
 	r.downTill = now.Add(down)
 }
 
+// flush is FLUSHALL: every key gone, the server up all along (same run
+// ID): what node age cannot see.
+func (r *simRedis) flush() { r.keys = map[string]*simKey{} }
+
 // failover promotes a replica that has keys (the master's state some
 // moments ago): it was up all along, its run ID and replication ID are
 // new and second_repl_offset is set.
@@ -617,6 +621,19 @@ func (s *simStore) EvictionPolicy(context.Context) (string, error) { return "noe
 
 func (s *simStore) Ping(context.Context) error { return nil }
 
-func (s *simStore) Describe(context.Context, []string) ([]store.Instance, error) {
-	return nil, errors.New("sim: Describe is not modelled")
+// Describe models the TTLs the backstop sweep reads (rowsweep.go); the
+// rest of an Instance is not modelled.
+func (s *simStore) Describe(ctx context.Context, ids []string) ([]store.Instance, error) {
+	var out []store.Instance
+	err := s.c.roundTrip(ctx, "describe", func(r *simRedis) {
+		out = out[:0]
+		for _, id := range ids {
+			k := s.Keys(id)
+			out = append(out, store.Instance{ID: id, HeartbeatTTL: r.pttl(k.Heartbeat), RowsTTL: r.pttl(k.Rows)})
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("describe %d instances: %w", len(ids), err)
+	}
+	return out, nil
 }

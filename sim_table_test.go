@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -36,6 +37,7 @@ type simRow struct {
 	status string
 	owner  string // "" is NULL
 	count  int    // recovery count
+	xmin   int    // the row's version: changed by every write (PostgreSQL's xmin)
 	// Bookkeeping of the simulation, not columns.
 	takes       int      // committed fetches
 	taker       *simProc // the process of the last committed fetch
@@ -96,6 +98,7 @@ var (
 	_ OwnerFencer         = (*simResetter)(nil)
 	_ OwnerSweeper        = (*simResetter)(nil)
 	_ RowStateReader      = (*simResetter)(nil)
+	_ RowsSweeper         = (*simResetter)(nil)
 )
 
 func (r *simResetter) table() *simTable { return r.p.world.table }
@@ -208,6 +211,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 		w.violate("row %d reset %d times for %d takes: a reset applied twice", id, row.resets, row.takes)
 	}
 	row.status = stQueued
+	row.xmin++
 	if t.maxRec > 0 && row.count >= t.maxRec {
 		row.status = stFailed
 		res.Quarantined = append(res.Quarantined, id)
@@ -238,6 +242,54 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 	})
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
+	}
+	return res, nil
+}
+
+// InProgressRows is PgxResetter.InProgressRows: the rows in progress and
+// their xmin.
+func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
+	if r.table().fenced {
+		return nil, fmt.Errorf("%w: a resetter WithOwnerColumn sweeps by owner", ErrInvalidConfig)
+	}
+	var out []RowVersion
+	err := r.p.conn.pg(ctx, "inprogress", false, func(t *simTable) {
+		out = out[:0]
+		for _, id := range t.ids() {
+			if row := t.rows[id]; row.status == stInprog {
+				out = append(out, RowVersion{ID: id, Version: strconv.Itoa(row.xmin)})
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list rows in progress: %w", err)
+	}
+	return out, nil
+}
+
+// ResetRowVersions is PgxResetter.ResetRowVersions: the rows still in
+// progress at the version given, in one transaction. The mutation
+// noVersionGuard drops the version from the WHERE clause.
+func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
+	var res ResetResult
+	err := r.p.conn.pg(ctx, "resetversions", true, func(t *simTable) {
+		res = ResetResult{}
+		var changed []int64
+		for _, rv := range rows {
+			row := t.rows[rv.ID]
+			if row == nil || !r.matches(t, row, "") {
+				continue
+			}
+			if !r.p.world.mut.noVersionGuard && strconv.Itoa(row.xmin) != rv.Version {
+				continue
+			}
+			r.apply(t, rv.ID, row, "", false, &res)
+			changed = append(changed, rv.ID)
+		}
+		r.p.world.tracef("%s reset stray rows: %v", r.p, changed)
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
 	}
 	return res, nil
 }
@@ -325,6 +377,7 @@ func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
 			row := t.rows[id]
 			row.lockedBy = nil
 			row.status = stInprog
+			row.xmin++
 			if t.fenced {
 				row.owner = p.id
 			}
@@ -365,6 +418,7 @@ func (p *simProc) complete(ctx context.Context, id int64) (bool, error) {
 			return
 		}
 		row.status = stDone
+		row.xmin++
 		row.completions++
 		row.doneBy = p
 		if row.completions > 1 {

@@ -377,16 +377,20 @@ func TestSQLResetterReadsItsSQLStateFromEitherDriversError(t *testing.T) {
 	assert.Empty(t, sqlState(errors.New("no code")))
 }
 
-func TestSQLResetterBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
+func TestSQLResetterBackstopSweepGoesByOwnerOrByRowVersion(t *testing.T) {
 	plain, err := NewSQLResetter(&sql.DB{})
 	require.NoError(t, err)
-	_, err = New(idleClient(t), plain, WithBackstopSweep())
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "backstop sweep needs a SQLResetter WithOwnerColumn")
+	w, err := New(idleClient(t), plain, WithBackstopSweep())
+	require.NoError(t, err)
+	require.NotNil(t, w.sweeper)
+	assert.NotNil(t, w.sweeper.rows, "without an owner column the sweep goes by row version")
+	w, err = New(idleClient(t), plain, WithoutBackstopSweep())
+	require.NoError(t, err)
+	assert.Nil(t, w.sweeper)
 
 	fenced, err := NewSQLResetter(&sql.DB{}, WithOwnerColumn("owner"))
 	require.NoError(t, err)
-	w, err := New(idleClient(t), fenced, WithBackstopSweep())
+	w, err = New(idleClient(t), fenced, WithBackstopSweep())
 	require.NoError(t, err)
 	assert.True(t, w.OwnerMode())
 }

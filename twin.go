@@ -101,7 +101,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || ((w.ownerMode || w.sweeper != nil) && w.opts.instanceIDSet && !recovered):
+		case k.Record || ((w.ownerMode || w.sweepsByOwner()) && w.opts.instanceIDSet && !recovered):
 			if recovered, err = w.recoverPredecessor(ctx, &warnedLocked); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.

@@ -47,6 +47,9 @@ type Worker struct {
 	stats  counters   // stats.go
 	events dispatcher // events.go
 	rlog   *recoveryLog
+	// untrackedAt is when the backstop sweep last found untracked rows
+	// (unix nanoseconds; rowsweep.go).
+	untrackedAt atomic.Int64
 
 	loops // what Start runs
 }
@@ -67,7 +70,7 @@ type loops struct {
 	heart   *heartbeater    // heartbeat.go
 	recov   *recoverer      // recovery.go
 	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
-	sweeper *sweeper        // sweep.go; nil without WithBackstopSweep
+	sweeper *sweeper        // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker    // selfcheck.go; nil unless the resetter is a RowStateReader
 }
 
@@ -103,6 +106,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if err != nil {
 		return nil, err
 	}
+	rs := rowsSweeperOf(resetter, o, ownerMode, sw)
 	w := &Worker{
 		opts:      o,
 		log:       o.logger.With(slog.String("instance_id", o.instanceID)),
@@ -122,8 +126,8 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
 	}
-	if sw != nil {
-		w.sweeper = newSweeper(w, sw)
+	if sw != nil || rs != nil {
+		w.sweeper = newSweeper(w, sw, rs)
 	}
 	if reader, ok := resetter.(RowStateReader); ok {
 		w.checker = newSelfChecker(w, reader)
@@ -249,11 +253,18 @@ func isNil(v any) bool {
 	return false
 }
 
-// sweeperOf returns what backs the backstop sweep when it is on: r, which
-// must be an OwnerSweeper that knows owners.
+// sweeperOf returns what backs the backstop sweep by owner when it is on:
+// r, which must be an OwnerSweeper that knows owners. A resetter without an
+// owner column that is a RowsSweeper sweeps by row version instead
+// (rowsSweeperOf).
 func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 	if !on {
 		return nil, nil
+	}
+	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok && p.needOwnerColumn("") != nil {
+		if _, ok := r.(RowsSweeper); ok {
+			return nil, nil
+		}
 	}
 	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok {
 		if err := p.needOwnerColumn("backstop sweep"); err != nil {
@@ -262,9 +273,20 @@ func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 	}
 	sw, ok := r.(OwnerSweeper)
 	if !ok {
-		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper or RowsSweeper", ErrInvalidConfig)
 	}
 	return sw, nil
+}
+
+// rowsSweeperOf returns what backs the backstop sweep without an owner
+// column: r when it is a RowsSweeper, the worker is in rows-set mode, no
+// sweep by owner runs and WithoutBackstopSweep is not set.
+func rowsSweeperOf(r RowResetter, o options, ownerMode bool, byOwner OwnerSweeper) RowsSweeper {
+	if ownerMode || byOwner != nil || o.noSweep || fencesByOwner(r) {
+		return nil
+	}
+	rs, _ := r.(RowsSweeper)
+	return rs
 }
 
 // ownKeys returns the key names of this worker's instance.

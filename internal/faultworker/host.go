@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -137,6 +139,9 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, nil
 	}
 	slices.Sort(ids)
+	if h.cfg.track != "before" {
+		return h.commitThenTrack(ctx, tx, ids)
+	}
 	if err := h.w.Track(ctx, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) || errors.Is(err, recovery.ErrNotStarted) {
 			return nil, fmt.Errorf("track block: %w", err) // rolled back: still queued
@@ -152,6 +157,26 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, fmt.Errorf("commit block: %w", err)
 	}
 	h.log.Debug("fetched a block", "rows", len(ids), "first_row", ids[0], "last_row", ids[len(ids)-1])
+	return ids, nil
+}
+
+// commitThenTrack is the fetch of a host that breaks the design's rule:
+// it commits first and tracks after (-track after), or never (-track
+// never). With -die-after-commit the process dies between the two.
+func (h *host) commitThenTrack(ctx context.Context, tx pgx.Tx, ids []int64) ([]int64, error) {
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit block: %w", err)
+	}
+	if h.cfg.dieAfterCommit {
+		h.log.Info("dying between the fetch's COMMIT and its Track", "rows", len(ids))
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	if h.cfg.track == "after" {
+		if err := h.w.Track(ctx, ids...); err != nil {
+			h.log.Warn("tracking the block failed", "rows", len(ids), "error", err)
+		}
+	}
 	return ids, nil
 }
 
