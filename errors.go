@@ -62,4 +62,12 @@ var (
 	// is not a label of the status column's enum, a missing privilege.
 	// Start returns it, before writing anything to Redis.
 	ErrSchema = errors.New("recovery: table does not match the configuration")
+
+	// ErrFleetMismatch is wrapped by the error Start returns when the key
+	// prefix already serves another fleet: the fleet record under it names
+	// another database, schema or table than this worker's resetter. Two
+	// applications under one prefix would recover each other's dead
+	// workers into the wrong table. The error names both; give each
+	// application its own prefix (WithKeyPrefix).
+	ErrFleetMismatch = errors.New("recovery: key prefix serves another fleet")
 )

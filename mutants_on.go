@@ -5,7 +5,9 @@ package recovery
 // The simulation's mutants (see mutants_off.go): variables here, which
 // sim_mutants_test.go turns on one at a time.
 var (
-	mutantNoStickyLease bool
-	mutantNoNodeAgeHold bool
-	mutantNoRegainHold  bool
+	mutantNoStickyLease  bool
+	mutantNoNodeAgeHold  bool
+	mutantNoRegainHold   bool
+	mutantNoFleetCheck   bool
+	mutantOwnTimingsOnly bool
 )

@@ -41,11 +41,12 @@ type Worker struct {
 	lifecycle // Start, Shutdown
 
 	// Shared state.
-	rows   inflight   // the rows tracked now (inflight.go)
-	lease  lease      // lease.go
-	nodes  nodeAges   // nodeage.go
-	stats  counters   // stats.go
-	events dispatcher // events.go
+	rows   inflight    // the rows tracked now (inflight.go)
+	lease  lease       // lease.go
+	nodes  nodeAges    // nodeage.go
+	fleet  fleetMemory // fleet.go
+	stats  counters    // stats.go
+	events dispatcher  // events.go
 	rlog   *recoveryLog
 
 	loops // what Start runs
@@ -175,6 +176,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return ErrAlreadyStarted
 	}
 	if err := w.checkSchema(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.checkFleet(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.claimInstanceID(ctx); err != nil {

@@ -44,7 +44,9 @@ const (
 // the recovery claim. Taking it also renews the TTL of the peer's rows set
 // and incarnation: a dead peer's rows must stay known for as long as
 // recoverers keep trying (a PostgreSQL outage of hours, recoverers dying
-// mid-way), so the TTL only ever removes sets nobody tries to recover. A
+// mid-way), so the TTL only ever removes sets nobody tries to recover. It
+// only ever lengthens them: a recoverer with shorter timings than the dead
+// peer's (a rolling change of timings) must not cut its set short. A
 // retry by the same caller (same token) finds its own claim and answers as
 // the first call did. The note a failed recovery left (FailedClaim) is
 // taken over; if the peer's record is gone despite it, the answer says so.
@@ -66,8 +68,13 @@ elseif held then
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
-  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  local ttl = tonumber(ARGV[3])
+  for i = 3, 4 do
+    local left = redis.call('PTTL', KEYS[i])
+    if left >= 0 and left < ttl then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+  end
   return 1
 end
 if failed or held == 'lost:' .. ARGV[1] then
@@ -276,5 +283,6 @@ func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "fail": failScript, "drop": dropScript, "keep": keepScript,
 		"turn": turnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
+		"fleet": fleetBeatScript, "record-fleet": recordFleetScript,
 	}[name]
 }
