@@ -59,8 +59,10 @@ SELECT current_database()::text,
 
 // checkFleet finds what this worker serves and records it under the
 // prefix, or returns an error wrapping ErrFleetMismatch when the prefix
-// serves something else. A resetter that cannot tell is not checked. Start
-// calls it before it writes anything else.
+// serves something else. A resetter that cannot tell is not checked; nor,
+// with WithoutSchemaCheck (which lets a worker start while PostgreSQL is
+// down), is a worker whose resetter could not ask the database: that is
+// logged at Warn. Start calls it before it writes anything else.
 func (w *Worker) checkFleet(ctx context.Context) error {
 	fi, ok := w.resetter.(fleetIdentifier)
 	if !ok || mutantNoFleetCheck {
@@ -69,6 +71,11 @@ func (w *Worker) checkFleet(ctx context.Context) error {
 	idCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	serves, err := fi.fleetIdentity(idCtx)
 	cancel()
+	if err != nil && w.opts.noSchemaCheck {
+		w.log.Warn("cannot tell what this worker serves; the key prefix is not checked against the fleet's record",
+			slog.Any("error", err))
+		return nil
+	}
 	if err != nil {
 		return err
 	}
@@ -203,10 +210,15 @@ func (w *Worker) fleetClaimTTL() time.Duration {
 }
 
 // rowsTTL is how long this worker's rows set lives after a write: the
-// option, or longer when a member's scan may come later (its recovery
-// interval and scan turn longer than ours): our heartbeat TTL + the
-// longest wait for a scan + a TTL, as deriveTimings has it for one worker.
+// option, lengthened by as much as a member's wait for a scan after a
+// death (its recovery interval and scan turn) exceeds ours, so the set
+// outlives the slowest scanner's first look by the margin the option
+// keeps over our own.
 func (w *Worker) rowsTTL() time.Duration {
 	_, _, wait := w.fleet.longest()
-	return min(max(w.opts.rowsTTL, satAdd(satAdd(w.opts.heartbeatTTL, wait), w.opts.heartbeatTTL)), maxAnnounced)
+	own := w.opts.detectionWindow() - w.opts.heartbeatTTL
+	if wait <= own {
+		return w.opts.rowsTTL
+	}
+	return min(satAdd(w.opts.rowsTTL, wait-own), maxAnnounced)
 }
