@@ -151,7 +151,7 @@ func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.
 		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.OwnerMode())
-	require.Eventually(t, func() bool { return short.fleetTTL() == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
 		"the short worker learns the long one's TTL from its heartbeat")
 
 	drain(beats)
