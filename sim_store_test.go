@@ -414,7 +414,7 @@ func (s *simStore) ClaimDead(ctx context.Context, peer, token string, claimTTL, 
 				s.c.claimAt[peer] = time.Now()
 				if !m.f1 {
 					for _, key := range []string{k.Rows, k.Incarnation} {
-						if e := r.get(key); e != nil && !e.expire.IsZero() && time.Until(e.expire) < rowsTTL {
+						if e := r.get(key); e != nil && (e.expire.IsZero() || time.Until(e.expire) < rowsTTL) {
 							e.expire = time.Now().Add(rowsTTL)
 						}
 					}

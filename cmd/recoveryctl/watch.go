@@ -117,6 +117,12 @@ func watchFrame(ctx context.Context, rdb redis.UniversalClient, o *options, name
 	if len(fleet.InvalidMembers) > 0 {
 		fmt.Fprintf(&buf, "ignored %d registry members that are not valid instance IDs\n", len(fleet.InvalidMembers))
 	}
+	if fleet.Serves != "" {
+		fmt.Fprintf(&buf, "serves %s\n", fleet.Serves)
+	}
+	if ttls := announcedTTLs(fleet.Instances); ttls != "" {
+		fmt.Fprintf(&buf, "heartbeat TTLs announced: %s\n", ttls)
+	}
 	buf.WriteString("\n")
 
 	entries, err := recovery.ReadHistory(ctx, rdb, o.prefix, recovery.HistoryQuery{Last: o.last})

@@ -45,8 +45,9 @@ const (
 // and incarnation: a dead peer's rows must stay known for as long as
 // recoverers keep trying (a PostgreSQL outage of hours, recoverers dying
 // mid-way), so the TTL only ever removes sets nobody tries to recover. It
-// only ever lengthens them: a recoverer with shorter timings than the dead
-// peer's (a rolling change of timings) must not cut its set short. A
+// only ever lengthens a TTL: a recoverer with shorter timings than the
+// dead peer's (a rolling change of timings) must not cut its set short. (A
+// key without one, which no worker writes, gets the claim's.) A
 // retry by the same caller (same token) finds its own claim and answers as
 // the first call did. The note a failed recovery left (FailedClaim) is
 // taken over; if the peer's record is gone despite it, the answer says so.
@@ -70,8 +71,7 @@ if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
   local ttl = tonumber(ARGV[3])
   for i = 3, 4 do
-    local left = redis.call('PTTL', KEYS[i])
-    if left >= 0 and left < ttl then
+    if redis.call('PTTL', KEYS[i]) < ttl then
       redis.call('PEXPIRE', KEYS[i], ttl)
     end
   end
