@@ -638,7 +638,9 @@ func (r *simRedis) fleetHash(key string) map[string]string {
 	return e.hash
 }
 
-// fleetBeat is fleetBeatScript.
+// fleetBeat is fleetBeatScript: the longest timings kept in one field,
+// raised by a longer announcement, worked out afresh from the live
+// announcements once due.
 func (r *simRedis) fleetBeat(key, id string, b store.Heartbeat) store.FleetView {
 	h := r.fleetHash(key)
 	now := time.Now()
@@ -648,17 +650,24 @@ func (r *simRedis) fleetBeat(key, id string, b store.Heartbeat) store.FleetView 
 	a := b.Announce
 	h["m:"+id] = fmt.Sprintf("%d %d %d %s %d", a.TTL.Milliseconds(), a.Claim.Milliseconds(), a.Wait.Milliseconds(),
 		a.Mode, now.Add(3*a.TTL).UnixMilli())
-	f := store.ParseFleet(h)
-	v := store.FleetView{Serves: f.Serves}
-	for _, m := range f.Members {
-		if m.Expires.Before(now) {
-			delete(h, "m:"+m.ID)
-			continue
+	v := store.FleetView{Serves: h["serves"]}
+	var ttl, claim, wait, due int64
+	if n, _ := fmt.Sscanf(h["longest"], "%d %d %d %d", &ttl, &claim, &wait, &due); n == 4 && now.UnixMilli() < due {
+		ttl, claim, wait = max(ttl, a.TTL.Milliseconds()), max(claim, a.Claim.Milliseconds()), max(wait, a.Wait.Milliseconds())
+		h["longest"] = fmt.Sprintf("%d %d %d %d", ttl, claim, wait, due)
+	} else {
+		ttl, claim, wait = 0, 0, 0
+		for _, m := range store.ParseFleet(h).Members {
+			if m.Expires.Before(now) {
+				delete(h, "m:"+m.ID)
+				continue
+			}
+			ttl, claim, wait = max(ttl, m.TTL.Milliseconds()), max(claim, m.Claim.Milliseconds()), max(wait, m.Wait.Milliseconds())
 		}
-		v.Longest.TTL = max(v.Longest.TTL, m.TTL)
-		v.Longest.Claim = max(v.Longest.Claim, m.Claim)
-		v.Longest.Wait = max(v.Longest.Wait, m.Wait)
+		h["longest"] = fmt.Sprintf("%d %d %d %d", ttl, claim, wait, now.UnixMilli()+ttl)
 	}
+	v.Longest = store.Announcement{TTL: time.Duration(ttl) * time.Millisecond,
+		Claim: time.Duration(claim) * time.Millisecond, Wait: time.Duration(wait) * time.Millisecond}
 	return v
 }
 

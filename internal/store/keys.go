@@ -15,7 +15,8 @@
 //	                                   (third protocol version: earlier workers ignore it)
 //	<prefix>_FLEET                     hash, no TTL (fourth protocol version: earlier workers ignore it):
 //	                                   "serves" what the fleet serves (database, schema, table), set once;
-//	                                   "m:<instanceID>" a member's timings, "<ttl ms> <claim ms> <wait ms> <mode> <expires ms>"
+//	                                   "m:<instanceID>" a member's timings, "<ttl ms> <claim ms> <wait ms> <mode> <expires ms>";
+//	                                   "longest" the longest of them, "<ttl ms> <claim ms> <wait ms> <due ms>"
 //
 // The braces are a Redis Cluster hash tag: every key of one instance hashes
 // to the same slot, so a script or transaction over them runs on Cluster.
