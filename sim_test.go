@@ -67,6 +67,9 @@ const (
 	simRows     = 250
 	simFaultEnd = 12 * time.Second // faults strike before this
 	simLiveness = 20 * time.Second // after the faults, every row ends within this
+	// simLong multiplies every timing of a long-timed member (the
+	// timings fault class).
+	simLong = 4
 )
 
 // simMutations are the deliberate breakages of the simulated Redis and
@@ -92,6 +95,11 @@ type simConfig struct {
 	lostReply float64
 	lostAck   float64
 	redisLoss bool // Redis may forget (restart empty, old snapshot, failover): only with the backstop sweep
+	// timings: members with different timings (a rolling change of every
+	// timing option): every second process uses simLong's, four times
+	// the others'. Only with redisLoss, where a verdict on another's
+	// behalf depends on the fleet's longest TTL (issue 20, item 3).
+	timings bool
 }
 
 func (c simConfig) fenced() bool { return c.mode != "rows" }
@@ -144,7 +152,7 @@ const (
 // holds w.mu.
 func (w *simWorld) freshAfterPromotion(p *simProc) bool {
 	for _, at := range w.promoted {
-		if !p.started.Before(at) && p.started.Sub(at) < simTTL {
+		if !p.started.Before(at) && p.started.Sub(at) < w.longestTTL() {
 			return true
 		}
 	}
@@ -260,17 +268,26 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	}
 	cfg.deferred = cfg.mode != "owner" && rng.IntN(3) == 0
 	cfg.redisLoss = cfg.sweep()
+	// The fault classes added later draw from a stream of their own, so
+	// that every earlier seed replays the run it always did.
+	later := rand.New(rand.NewPCG(seed, 0x1a7e))
+	cfg.timings = cfg.redisLoss && later.IntN(2) == 0
 	ledger := !cfg.fenced() && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
 }
 
-// options are the Worker options of every process of the run.
-func (w *simWorld) options(id string) []Option {
+// options are the Worker options of a process of the run; long gives it
+// simLong times the timings.
+func (w *simWorld) options(id string, long bool) []Option {
+	k := time.Duration(1)
+	if long {
+		k = simLong
+	}
 	opts := []Option{
 		WithInstanceID(id), WithLogger(discardLogger),
-		WithHeartbeatTTL(simTTL), WithHeartbeatInterval(simInterval),
-		WithRecoveryInterval(simRecovery), WithResetTimeout(simReset),
+		WithHeartbeatTTL(k * simTTL), WithHeartbeatInterval(k * simInterval),
+		WithRecoveryInterval(k * simRecovery), WithResetTimeout(k * simReset),
 		WithHistory(0), // the fleet history is not part of the protocol modelled
 	}
 	if w.cfg.mode != "owner" {
@@ -302,7 +319,8 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 		claimAt: map[string]time.Time{}, readAt: map[string]time.Time{}}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
-	wk, err := New(rdb, &simResetter{p: p}, w.options(id)...)
+	long := w.cfg.timings && p.n%2 == 0
+	wk, err := New(rdb, &simResetter{p: p}, w.options(id, long)...)
 	if err != nil {
 		w.mu.Unlock()
 		t.Fatalf("New: %v", err)
@@ -311,7 +329,7 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.procs = append(w.procs, p)
-	w.tracef("%s spawned (owner mode %v)", p, wk.OwnerMode())
+	w.tracef("%s spawned (owner mode %v, TTL %v)", p, wk.OwnerMode(), wk.opts.heartbeatTTL)
 	w.mu.Unlock()
 
 	hostCtx, cancel := context.WithCancel(context.Background())
@@ -528,12 +546,28 @@ func (w *simWorld) snapshotter(stop <-chan struct{}) {
 	}
 }
 
+// longestTTL is the longest heartbeat TTL of the run's members: verdicts
+// held after a restart or a failover wait for it (fleet.go).
+func (w *simWorld) longestTTL() time.Duration {
+	if w.cfg.timings {
+		return simLong * simTTL
+	}
+	return simTTL
+}
+
 // simBound is the documented recovery bound from a worker's last heartbeat
 // (TTL + 1.1 × recovery interval + the scan turn), plus one scan: the
 // heartbeat's own latency and the scan's round trips and reset, each under
-// the operation timeout.
-func simBound(w *Worker) time.Duration {
-	return w.opts.detectionWindow() + 2*w.opts.opTimeout
+// the operation timeout. In a fleet of mixed timings the wait for the scan
+// is the slowest member's (README, Timings): the victim's TTL + the
+// longest wait + the longest operation timeouts. The caller holds w.mu.
+func (w *simWorld) simBound(victim *Worker) time.Duration {
+	wait, op := victim.opts.detectionWindow()-victim.opts.heartbeatTTL, victim.opts.opTimeout
+	for _, p := range w.procs {
+		o := p.w.opts
+		wait, op = max(wait, o.detectionWindow()-o.heartbeatTTL), max(op, o.opTimeout)
+	}
+	return victim.opts.heartbeatTTL + wait + 2*op
 }
 
 // run is one seed, inside a bubble. It returns the violations.
@@ -575,7 +609,7 @@ func (w *simWorld) run(t *testing.T) {
 	// a TTL after the workers see it (nodeage.go): the bound counts from
 	// the end of that.
 	w.mu.Lock()
-	quiet := w.redisUp.Add(simTTL + simInterval)
+	quiet := w.redisUp.Add(w.longestTTL() + w.longestTTL()/4)
 	w.mu.Unlock()
 	time.Sleep(time.Until(quiet))
 	w.checkBound(t)
@@ -643,8 +677,8 @@ func (w *simWorld) checkBound(t *testing.T) {
 	lastBeat := lease.epoch.Add(time.Duration(lease.until.Load()) - lease.length)
 	w.crash(victim)
 	w.spawn(t, "")
-	bound := simBound(victim.w)
 	w.mu.Lock()
+	bound := w.simBound(victim.w)
 	if w.failedOver {
 		// A worker learns of a promotion at its first INFO, which it
 		// sends when it first finds a heartbeat absent, and holds its
@@ -653,7 +687,7 @@ func (w *simWorld) checkBound(t *testing.T) {
 		// scan turn passes meanwhile to a worker that had not looked at
 		// the new master yet (seed 1653). The rows sets of the peers held
 		// are renewed meanwhile (keepHeld), so the wait loses nothing.
-		bound += 2 * simTTL
+		bound += 2 * w.longestTTL()
 	}
 	w.mu.Unlock()
 	deadline := lastBeat.Add(bound)
