@@ -79,6 +79,9 @@ func (w *Worker) checkFleet(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	if serves == "" {
+		return nil // the resetter cannot tell
+	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
 	recorded, err := w.store.RecordFleet(opCtx, serves)
@@ -93,7 +96,7 @@ func (w *Worker) checkFleet(ctx context.Context) error {
 }
 
 func (w *Worker) fleetMismatch(recorded, serves string) error {
-	return fmt.Errorf("%w: key prefix %q serves %s, this worker %s; give each application its own prefix (WithKeyPrefix)",
+	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix)",
 		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves)
 }
 

@@ -27,7 +27,14 @@ package recovery
 //   - a worker killed once the faults stopped has its rows queued again
 //     within the documented bound: TTL + 1.1 × recovery interval + the scan
 //     turn, from its last heartbeat, + one scan (+ 2 TTLs after a
-//     failover: the hold, by up to two workers in turn);
+//     failover: the hold, by up to two workers in turn); in a fleet of
+//     mixed timings, its TTL + the slowest member's wait for a scan, and
+//     the fleet's longest TTLs for the hold;
+//
+// Fault classes added later (issue 20) draw from a stream of their own, so
+// earlier seeds replay as they did: members with different timings (a
+// rolling change of every timing option, with Redis restarts), and a
+// second fleet (another table) starting a worker under the prefix.
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -100,6 +107,10 @@ type simConfig struct {
 	// the others'. Only with redisLoss, where a verdict on another's
 	// behalf depends on the fleet's longest TTL (issue 20, item 3).
 	timings bool
+	// foreign: a second fleet (another table) starts a worker under the
+	// prefix during the faults, tracks row IDs of its own table that our
+	// live workers hold in ours, and dies (issue 20, item 2).
+	foreign bool
 }
 
 func (c simConfig) fenced() bool { return c.mode != "rows" }
@@ -108,7 +119,8 @@ func (c simConfig) sweep() bool  { return c.mode == "owner" || c.mode == "rows+f
 // simWorld is one run.
 type simWorld struct {
 	seed uint64
-	rng  *rand.Rand // the driver's
+	rng   *rand.Rand // the driver's
+	later *rand.Rand // the driver's, for the fault classes added later
 	cfg  simConfig
 	mut  simMutations
 
@@ -143,6 +155,7 @@ const (
 	knownFresh      = "a worker started less than a TTL after a promotion reset a live row (safety.md §8)"
 	knownRolledBack = "no fencing: a fetch rolled back after Track, its row reset under its next taker (safety.md §2)"
 	knownTwoTakes   = "one instance ID, two takes: a row taken after the recoverer's claim or read (issue 10's note)"
+	knownForeign    = "a second fleet started right after Redis restarted empty, before our heartbeats recorded the fleet again (safety.md §13, A2)"
 )
 
 // freshAfterPromotion reports whether p started less than a TTL after a
@@ -272,8 +285,9 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	// that every earlier seed replays the run it always did.
 	later := rand.New(rand.NewPCG(seed, 0x1a7e))
 	cfg.timings = cfg.redisLoss && later.IntN(2) == 0
+	cfg.foreign = later.IntN(2) == 0
 	ledger := !cfg.fenced() && !mut.noLedger
-	return &simWorld{seed: seed, rng: rng, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
+	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
 }
 
@@ -528,6 +542,88 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 	}
 }
 
+// Identities of the two fleets' tables, in the foreign fault class.
+const (
+	simServes        = "database=sim schema=public table=batchrows"
+	simForeignServes = "database=sim schema=public table=other"
+)
+
+// simForeignResetter is the second fleet's resetter: its table is not
+// modelled; a reset there changes nothing of ours.
+type simForeignResetter struct{}
+
+func (simForeignResetter) ResetRows(_ context.Context, _ string, ids []int64) (int64, error) {
+	return int64(len(ids)), nil
+}
+
+func (simForeignResetter) fleetIdentity(context.Context) (string, error) { return simForeignServes, nil }
+
+// foreignStrike starts a worker of a second fleet under the prefix. Start
+// must refuse it (ErrFleetMismatch). If it starts, it tracks the row IDs
+// our live workers hold (the same numbers in its own table) and dies: a
+// recovery of it by our fleet would reset them in ours. One that started
+// because it recorded its table first, Redis having restarted empty just
+// before and no heartbeat of ours having recorded ours again, is the
+// documented limit (knownForeign): it shuts down cleanly.
+func (w *simWorld) foreignStrike() {
+	w.mu.Lock()
+	w.nextProc++
+	p := &simProc{world: w, n: w.nextProc, id: "other-app", held: map[int64]bool{}, rolledBack: map[int64]bool{},
+		deadCh: make(chan struct{}), hostDone: make(chan struct{})}
+	p.conn = &simConn{world: w, proc: p, streams: map[string]*rand.Rand{},
+		claimAt: map[string]time.Time{}, readAt: map[string]time.Time{}}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	w.clients = append(w.clients, rdb)
+	wk, err := New(rdb, simForeignResetter{}, WithInstanceID(p.id), WithLogger(discardLogger),
+		WithHeartbeatTTL(simTTL), WithHeartbeatInterval(simInterval), WithRecoveryInterval(simRecovery),
+		WithResetTimeout(simReset), WithHistory(0), WithRowsSets())
+	if err != nil {
+		w.violate("New of the second fleet's worker: %v", err)
+		w.mu.Unlock()
+		return
+	}
+	wk.store = &simStore{c: p.conn, prefix: DefaultKeyPrefix}
+	p.w = wk
+	p.conn.opTimeout = wk.opts.opTimeout
+	w.tracef("SECOND FLEET %s starts under the prefix", p)
+	w.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*simTTL)
+	err = wk.Start(ctx)
+	cancel()
+	w.mu.Lock()
+	if err != nil {
+		w.tracef("SECOND FLEET %s Start: %v", p, err)
+		w.mu.Unlock()
+		return
+	}
+	recorded := ""
+	if e := w.redis.get(store.FleetKey(DefaultKeyPrefix)); e != nil {
+		recorded = e.hash["serves"]
+	}
+	if recorded == simForeignServes {
+		w.known[knownForeign]++
+		w.tracef("KNOWN second fleet %s recorded its table first (Redis restarted empty just before)", p)
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = wk.Shutdown(ctx)
+		cancel()
+		return
+	}
+	var ids []int64
+	for _, q := range w.procs {
+		if !q.dead {
+			ids = append(ids, slices.Sorted(mapKeys(q.held))...)
+		}
+	}
+	w.tracef("SECOND FLEET %s started (record %q); tracks %v of its own table and dies", p, recorded, ids)
+	w.mu.Unlock()
+	if len(ids) > 0 {
+		_ = wk.Track(context.Background(), ids...)
+	}
+	wk.crash()
+}
+
 // snapshotter keeps the last ten seconds of Redis snapshots, every 250ms
 // or so, for restarts from an old RDB file and failovers.
 func (w *simWorld) snapshotter(stop <-chan struct{}) {
@@ -585,6 +681,18 @@ func (w *simWorld) run(t *testing.T) {
 		time.Sleep(time.Duration(w.rng.Int64N(int64(3 * time.Millisecond))))
 	}
 
+	foreignDone := make(chan struct{})
+	if w.cfg.foreign {
+		at := time.Second + time.Duration(w.later.Int64N(int64(8*time.Second)))
+		go func() {
+			defer close(foreignDone)
+			time.Sleep(at)
+			w.foreignStrike()
+		}()
+	} else {
+		close(foreignDone)
+	}
+
 	// Faults, at drawn instants, until simFaultEnd.
 	faultEnd := w.start.Add(simFaultEnd)
 	var at []time.Duration
@@ -597,6 +705,7 @@ func (w *simWorld) run(t *testing.T) {
 		w.fault(t, faultEnd)
 	}
 	time.Sleep(time.Until(faultEnd))
+	<-foreignDone
 	for len(w.live()) < 2 {
 		w.spawn(t, "")
 	}
