@@ -118,11 +118,11 @@ func (c simConfig) sweep() bool  { return c.mode == "owner" || c.mode == "rows+f
 
 // simWorld is one run.
 type simWorld struct {
-	seed uint64
+	seed  uint64
 	rng   *rand.Rand // the driver's
 	later *rand.Rand // the driver's, for the fault classes added later
-	cfg  simConfig
-	mut  simMutations
+	cfg   simConfig
+	mut   simMutations
 
 	mu         sync.Mutex // guards everything below, and every simProc's state
 	redis      *simRedis
@@ -556,7 +556,9 @@ func (simForeignResetter) ResetRows(_ context.Context, _ string, ids []int64) (i
 	return int64(len(ids)), nil
 }
 
-func (simForeignResetter) fleetIdentity(context.Context) (string, error) { return simForeignServes, nil }
+func (simForeignResetter) fleetIdentity(context.Context) (string, error) {
+	return simForeignServes, nil
+}
 
 // foreignStrike starts a worker of a second fleet under the prefix. Start
 // must refuse it (ErrFleetMismatch). If it starts, it tracks the row IDs
