@@ -210,3 +210,61 @@ func TestFleetMemoryKeepsTheLongestTimingUntilItLapses(t *testing.T) {
 	ttl, _, _ = m.longest()
 	assert.Equal(t, maxAnnounced, ttl, "a garbage announcement is capped")
 }
+
+// Issue 20, item 3, the claim TTL and the recovery interval: a worker
+// whose lease comes back holds it for the longest claim TTL any member
+// announced (a recoverer with a longer reset timeout may still be
+// resetting its rows), and its rows set lives long enough for the slowest
+// member's first scan after its death.
+func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	prefix := testutil.Name("T3c")
+	slow, _ := startWorker(t, srv.Client(t), &fakeResetter{}, "slow", WithKeyPrefix(prefix),
+		WithResetTimeout(3*time.Second), WithRecoveryInterval(6*time.Second), WithRowsTTL(30*time.Second))
+	longClaim := slow.opts.claimTTL()
+	f := &freezer{}
+	c := srv.Client(t)
+	c.AddHook(f)
+	w, logs := startWorker(t, c, &fakeResetter{}, "w", WithKeyPrefix(prefix),
+		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond))
+	require.Less(t, w.opts.claimTTL(), longClaim/2)
+	require.Eventually(t, func() bool { _, claim, _ := w.fleet.longest(); return claim == longClaim },
+		5*time.Second, 10*time.Millisecond, "w learns the slow member's claim TTL")
+
+	// Rows TTL: w's own is 4 s; the slow member's wait for a scan is
+	// longer than w's by as much as its recovery interval and scan turn.
+	require.NoError(t, w.Track(ctx, 1))
+	extra := (slow.opts.detectionWindow() - slow.opts.heartbeatTTL) - (w.opts.detectionWindow() - w.opts.heartbeatTTL)
+	require.Positive(t, extra)
+	left := c.PTTL(ctx, store.InstanceKeys(prefix, "w").Rows).Val()
+	assert.Greater(t, left, w.opts.rowsTTL+extra-time.Second, "w's rows set outlives the slow member's first scan")
+
+	f.freeze()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 5*time.Second, 5*time.Millisecond)
+	f.thaw()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	regained := time.Now()
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 10*time.Second, 5*time.Millisecond)
+	held := time.Since(regained)
+	assert.GreaterOrEqual(t, held, longClaim-100*time.Millisecond,
+		"held for the slow member's claim TTL (%v), not w's own (%v)", longClaim, w.opts.claimTTL())
+}
+
+// A heartbeat that finds the prefix's record naming another table (a
+// second application recorded it first after Redis restarted empty) says
+// so at Error, once.
+func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 5, "F2h")
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", "database=x schema=y table=z").Err())
+	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		5*time.Second, 10*time.Millisecond)
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1, logs.Count("the key prefix serves another fleet"), "once")
+	assert.Contains(t, logs.String(), `"recorded":"database=x schema=y table=z"`)
+}
