@@ -136,7 +136,10 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
 // Start checks the resetter's configuration against the database (when it
-// is a SchemaChecker, unless WithoutSchemaCheck), makes sure no other live
+// is a SchemaChecker, unless WithoutSchemaCheck), records what the fleet
+// under the key prefix serves (database, schema, table: PgxResetter and
+// SQLResetter tell) or, when another is recorded, returns an error
+// wrapping ErrFleetMismatch that names both, makes sure no other live
 // process heartbeats its instance ID, writes the first heartbeat and
 // registers the worker, then starts the heartbeat loop and
 // the recovery loop, whose first scan runs at once. It returns an error,
