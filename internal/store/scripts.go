@@ -277,7 +277,8 @@ return 0
 `)
 
 // Script returns a protocol script by name ("claim", "finish", "fail",
-// "turn", "beat", "leave" or "deregister"; nil for another), for tests that must
+// "drop", "keep", "turn", "beat", "leave", "deregister", "fleet" or
+// "record-fleet"; nil for another), for tests that must
 // recognise one on the wire by its hash.
 func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
