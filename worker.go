@@ -151,7 +151,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // If the heartbeat key already holds another process's value, Start
 // watches it: a process that refreshes it within a heartbeat interval +
 // operation timeout (+ a tenth of the interval) is alive, and Start
-// returns an error wrapping ErrInstanceIDInUse, having written nothing. A
+// returns an error wrapping ErrInstanceIDInUse, having written nothing
+// but the fleet record (what its fleet serves, if none was recorded). A
 // process that stopped refreshing it (a crashed predecessor under a fixed
 // WithInstanceID) is waited out until its key expires, at most its
 // remaining TTL, and the rows it left tracked are then recovered, under
