@@ -268,3 +268,29 @@ func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
 	assert.Equal(t, 1, logs.Count("the key prefix serves another fleet"), "once")
 	assert.Contains(t, logs.String(), `"recorded":"database=x schema=y table=z"`)
 }
+
+// Every resetter implementation, through every Go database API, tells the
+// same identity: the database, the table's schema as the server resolves
+// it (search_path or WithSchema), and the table; a missing table is named
+// as configured.
+func TestResettersTellWhatTheyServe(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	var dbName, schema string
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT current_database(), current_schema()`).Scan(&dbName, &schema))
+	want := "database=" + dbName + " schema=" + schema + " table=batchrows"
+	for _, impl := range resetterImpls {
+		t.Run(impl.name, func(t *testing.T) {
+			ctx := context.Background()
+			got, err := impl.mustResetter(t, db).(fleetIdentifier).fleetIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+			got, err = impl.mustResetter(t, db, WithSchema(schema)).(fleetIdentifier).fleetIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+			got, err = impl.mustResetter(t, db, WithTable("nope")).(fleetIdentifier).fleetIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "database="+dbName+" schema= table=nope", got)
+		})
+	}
+}
