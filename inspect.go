@@ -152,6 +152,9 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (Fle
 	opCtx, cancel := w.opContext(ctx)
 	rec, err := w.store.ReadFleet(opCtx)
 	cancel()
+	if store.IsWrongType(err) {
+		err = nil // a key that is not a hash records nothing; the workers report it
+	}
 	fs.Serves = rec.Serves
 	announced := make(map[string]store.Member, len(rec.Members))
 	for _, m := range rec.Members {
