@@ -115,8 +115,16 @@ func (w *Worker) announcement() store.Announcement {
 // noteFleet takes in what a heartbeat learnt of the fleet record.
 func (w *Worker) noteFleet(v store.FleetView, err error) {
 	if err != nil {
-		return // the memory keeps what it had; the next heartbeat tries again
+		// The memory keeps what it had; the next heartbeat tries again. A
+		// reply (a key of the wrong type) is logged once per outage; a
+		// timeout is the heartbeat's to report.
+		if store.IsReply(err) && w.fleet.brokenOnce(true) {
+			w.log.Warn("cannot write the fleet record: this worker's timings are not announced to its peers; delete the key if it is not a hash",
+				slog.Any("error", err))
+		}
+		return
 	}
+	w.fleet.brokenOnce(false)
 	w.fleet.learn(v.Longest, time.Now())
 	serves := w.fleet.served()
 	if serves == "" || v.Serves == "" || v.Serves == serves {
@@ -135,6 +143,7 @@ type fleetMemory struct {
 	mu            sync.Mutex
 	serves        string
 	warned        bool
+	broken        bool // the record's last update got an error reply
 	ttl, claim, w remembered
 }
 
@@ -186,6 +195,16 @@ func (m *fleetMemory) served() string {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.serves
+}
+
+// brokenOnce records whether the record's update failed, and reports a
+// failure that starts an outage.
+func (m *fleetMemory) brokenOnce(failed bool) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	first := failed && !m.broken
+	m.broken = failed
+	return first
 }
 
 func (m *fleetMemory) warnOnce() bool {

@@ -294,3 +294,21 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 		})
 	}
 }
+
+// A fleet key that is not a hash stops no heartbeat; the worker says once
+// that its timings are not announced.
+func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("F2w")
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(prefix))
+	require.NoError(t, rdb.Del(ctx, store.FleetKey(prefix)).Err())
+	require.NoError(t, rdb.Set(ctx, store.FleetKey(prefix), "x", 0).Err())
+	const msg = "cannot write the fleet record"
+	require.Eventually(t, func() bool { return logs.Count(msg) == 1 }, 5*time.Second, 10*time.Millisecond)
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond,
+		"heartbeats go on")
+	assert.Equal(t, 1, logs.Count(msg), "once per outage")
+	assert.NoError(t, w.CheckLease())
+}

@@ -153,7 +153,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (Fle
 	rec, err := w.store.ReadFleet(opCtx)
 	cancel()
 	if store.IsWrongType(err) {
-		err = nil // a key that is not a hash records nothing; the workers report it
+		err = nil // a key that is not a hash records nothing; the workers log it (Warn)
 	}
 	fs.Serves = rec.Serves
 	announced := make(map[string]store.Member, len(rec.Members))
