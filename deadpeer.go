@@ -121,15 +121,32 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 	case claimed:
 		if !pr.NoRecord {
 			w.stats.peersRecovered.Add(1)
+			w.stats.noteRowsStuck(r.rowsStuck)
 			w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-				Duration: time.Since(noticed)})
+				Duration: time.Since(noticed), RowsStuck: r.rowsStuck})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
-			w.rlog.recovered(pr, foundBy)
+			w.rlog.recovered(pr, foundBy, r.rowsStuck)
 		}
 	}
 	return pr, claimed, err
+}
+
+// rowsStuck estimates how long a dead peer's rows were stuck, at the
+// commit of their reset, sinceNoticed after its death was noticed. Nothing
+// records a peer's last heartbeat, but its key was absent when the death
+// was noticed, and every heartbeat sets the key's TTL to the full
+// heartbeat TTL (the fleet's, which is this worker's): so the last
+// heartbeat was at least a TTL before the death was noticed, and the rows
+// were stuck at least TTL + sinceNoticed. The estimate is that lower
+// bound. It is within milliseconds of the truth when an expiry
+// notification found the peer; a scan or sweep notices up to 1.1 ×
+// recovery interval + the scan lease after the expiry, which the estimate
+// leaves out. A peer that shut down holding rows deleted its key rather
+// than let it expire: then its rows were stuck for less, by up to a TTL.
+func (w *Worker) rowsStuck(sinceNoticed time.Duration) time.Duration {
+	return satAdd(w.opts.heartbeatTTL, sinceNoticed)
 }
 
 // countRows counts the rows a recovery reset and quarantined.
@@ -150,6 +167,9 @@ type peerRecovery struct {
 	// back is set when the peer came back between the claim and the read
 	// of its rows set: nothing was reset.
 	back bool
+	// rowsStuck is how long the reset rows had been stuck (rowsStuck);
+	// zero when none was reset.
+	rowsStuck time.Duration
 }
 
 // run takes the claim and, if it got it, resets, finishes and deregisters.
@@ -190,8 +210,13 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if r.byOwner && res != store.ClaimTaken && r.rep.RowsFound == 0 {
 		r.rep.NoRecord = true // nothing in Redis, nothing owned: it died idle
 	}
+	sinceNoticed := time.Since(r.noticed)
+	if r.rep.RowsReset > 0 {
+		r.rowsStuck = w.rowsStuck(sinceNoticed)
+	}
 	w.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
-		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: time.Since(r.noticed)})
+		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
+		RowsStuck: r.rowsStuck})
 	return true, r.finish(claimCtx, ctx)
 }
 

@@ -63,6 +63,14 @@ var (
 	// Start returns it, before writing anything to Redis.
 	ErrSchema = errors.New("recovery: table does not match the configuration")
 
+	// ErrRedisAuth is wrapped by the error Start returns when Redis
+	// refuses the client before anything is written: a password is
+	// required and none was given (NOAUTH), the user or password is wrong
+	// (WRONGPASS), or the user may not run the commands recovery needs
+	// (NOPERM). The message names the address and Redis's reply, never
+	// the password.
+	ErrRedisAuth = errors.New("recovery: redis refused this client")
+
 	// ErrFleetMismatch is wrapped by the error Start returns when the key
 	// prefix already serves another fleet: the fleet record under it names
 	// another database, schema or table than this worker's resetter. Two

@@ -55,7 +55,7 @@ const (
 	EventRegistryWrongType
 	// EventMisconfigured: the self-check found Rows of this worker's own
 	// tracked rows not in progress by it, as the resetter sees them, at
-	// two checks a heartbeat interval apart (Err says which and why).
+	// two reads a self-check window apart (Err says which and why).
 	// Emitted once; Healthy fails from then on.
 	EventMisconfigured
 	// EventInstanceIDTaken: this worker's heartbeat found its key holding
@@ -132,6 +132,18 @@ type Event struct {
 	Attempt int
 	// Duration is the event's length; see each Kind.
 	Duration time.Duration
+	// RowsStuck, on EventRowsReset and EventRowsRecovered when rows were
+	// reset, is how long they had been stuck in progress: from the dead
+	// peer's last heartbeat to the commit of their reset. Nothing records
+	// the last heartbeat, so it is estimated from below as heartbeat TTL +
+	// Duration: the peer's key had expired when its death was noticed, so
+	// its last heartbeat was at least a TTL earlier. Exact to milliseconds
+	// when an expiry notification found the peer; a scan or sweep may
+	// notice up to 1.1 × recovery interval + the scan lease after the
+	// expiry, which the figure leaves out. A peer that shut down holding
+	// rows deleted its key instead: its rows were stuck for up to a TTL
+	// less.
+	RowsStuck time.Duration
 	// Err is the failure, for failed events.
 	Err error
 }

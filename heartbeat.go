@@ -172,12 +172,12 @@ func (w *Worker) noteLeaseLoss(cause error) {
 		return
 	}
 	since := w.lease.sinceRefresh()
-	if fencesByOwner(w.resetter) && !mutantNoStickyLease {
-		// Only an owner-fenced host can do something safe with rows peers
-		// may have taken (Release them); without fencing the loss is not
-		// sticky, or such a host could never work again.
-		w.rows.markStale()
-	}
+	// Only a host whose Release is safe now (owner fencing, or the reset
+	// ledger) can do something with rows peers may have taken; for any
+	// other the loss is not sticky, or it could never work again. The
+	// self-check stops judging those rows either way: a recoverer may have
+	// reset them.
+	w.rows.markLoss(releaseSafeAfterLoss(w.resetter) && !mutantNoStickyLease)
 	w.stats.leaseLosses.Add(1)
 	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

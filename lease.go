@@ -94,13 +94,13 @@ func (l *lease) check(staleRows int) error {
 // host should stop taking new rows and release the ones it has not
 // finished), ErrNotStarted before Start and ErrShutdown after Shutdown.
 //
-// With owner fencing (see Release), a lost lease stays lost after the
-// heartbeat is back for as long as the rows tracked when it was lost are
-// tracked: peers may have recovered them meanwhile (a worker resuming from
-// a long pause sees its heartbeat succeed within milliseconds). Untrack or
-// Release them and the lease is valid again. Without owner fencing nothing
-// safe can be done with those rows, and the lease is valid again with the
-// next heartbeat.
+// With owner fencing or the reset ledger (see Release), a lost lease stays
+// lost after the heartbeat is back for as long as the rows tracked when it
+// was lost are tracked: peers may have recovered them meanwhile (a worker
+// resuming from a long pause sees its heartbeat succeed within
+// milliseconds). Untrack or Release them and the lease is valid again.
+// With neither nothing safe can be done with those rows, and the lease is
+// valid again with the next heartbeat.
 //
 // A lost lease that comes back is held for one recovery claim TTL (reset
 // timeout + 3 × operation timeout) before CheckLease reports nil again: a

@@ -23,4 +23,9 @@ const (
 	// verdicts and leases for its own timings only, not the fleet's
 	// longest (fleetMemory.learn).
 	mutantOwnTimingsOnly = false
+	// mutantReleaseUnrecorded: Release resets under an unknown incarnation,
+	// so the reset ledger neither skips the rows a recovery of this worker
+	// already reset nor records its own (issue 21's Release after a lost
+	// lease without fencing).
+	mutantReleaseUnrecorded = false
 )

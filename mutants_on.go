@@ -5,9 +5,10 @@ package recovery
 // The simulation's mutants (see mutants_off.go): variables here, which
 // sim_mutants_test.go turns on one at a time.
 var (
-	mutantNoStickyLease  bool
-	mutantNoNodeAgeHold  bool
-	mutantNoRegainHold   bool
-	mutantNoFleetCheck   bool
-	mutantOwnTimingsOnly bool
+	mutantNoStickyLease     bool
+	mutantNoNodeAgeHold     bool
+	mutantNoRegainHold      bool
+	mutantReleaseUnrecorded bool
+	mutantNoFleetCheck      bool
+	mutantOwnTimingsOnly    bool
 )

@@ -223,8 +223,13 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		w.infoAvailable()
 		ttl := w.fleetTTL() // the longest any live member uses (fleet.go)
 		until, first := w.nodes.observe(addr, f, recv, ttl, false)
+		// youngOnly: nothing changed on the node, it only started less
+		// than a TTL ago (a new deployment, a test's server): the sweep
+		// waits, and that is no incident to warn of.
+		youngOnly := false
 		if up := max(f.uptime-time.Second, 0); strict && up < ttl {
 			if u := recv.Add(ttl - up); u.After(until) {
+				youngOnly = until.IsZero()
 				until, first = u, true
 			}
 		}
@@ -234,7 +239,12 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 			}
 			continue
 		}
-		if first {
+		switch {
+		case first && youngOnly:
+			w.log.Debug("backstop sweep: owners without a heartbeat not judged yet: the Redis server has been up for less than a heartbeat TTL, so live workers may not have written their heartbeat to it yet",
+				slog.String("redis_node", addr), slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(peers)),
+				slog.Duration("held_for", until.Sub(recv)))
+		case first:
 			w.log.Warn("dead peers not judged yet: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their heartbeat again",
 				slog.String("redis_node", addr), slog.String("run_id", f.runID),
 				slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(peers)),

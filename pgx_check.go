@@ -116,7 +116,7 @@ WHERE c.oid = to_regclass($1)`, []any{r.o.tableIdent()}, &t.name, &kind, &t.role
 	switch kind {
 	case "r", "p", "v", "f": // table, partitioned table, view, foreign table
 	default:
-		return nil, fmt.Errorf("%w: %s (WithTable) is not a table", ErrSchema, t.name)
+		return nil, fmt.Errorf("%w: %s (%s) is not a table", ErrSchema, t.name, r.o.named(EnvTable, "WithTable", r.o.table))
 	}
 	rows, err := tx.query(ctx, `
 SELECT a.attname, format_type(a.atttypid, a.atttypmod), b.typname, b.typtype = 'e',
@@ -159,16 +159,20 @@ func (r *pgResetter) missingTable(ctx context.Context, tx pgTx) error {
 			return fmt.Errorf("look up schema %s: %w", r.o.schema, err)
 		}
 		if !exists {
-			return fmt.Errorf("%w: schema %s (WithSchema) does not exist", ErrSchema, r.o.schema)
+			return fmt.Errorf("%w: schema %s (%s) does not exist", ErrSchema, r.o.schema, r.o.named(EnvSchema, "WithSchema", r.o.schema))
 		}
-		return fmt.Errorf("%w: table %s.%s (WithTable) does not exist", ErrSchema, r.o.schema, r.o.table)
+		return fmt.Errorf("%w: table %s.%s (%s) does not exist", ErrSchema, r.o.schema, r.o.table, r.o.named(EnvTable, "WithTable", r.o.table))
 	}
 	var path string
 	if err := queryRow(ctx, tx, `SELECT current_setting('search_path')`, nil, &path); err != nil {
 		return fmt.Errorf("read search_path: %w", err)
 	}
-	return fmt.Errorf("%w: table %s (WithTable) does not exist in any schema of the search_path (%s); set WithSchema",
-		ErrSchema, r.o.table, path)
+	setSchema := "WithSchema"
+	if len(r.o.fromEnv) > 0 {
+		setSchema = EnvSchema
+	}
+	return fmt.Errorf("%w: table %s (%s) does not exist in any schema of the search_path (%s); set %s",
+		ErrSchema, r.o.table, r.o.named(EnvTable, "WithTable", r.o.table), path, setSchema)
 }
 
 // columns returns the names of the configured columns.
@@ -201,11 +205,11 @@ func checkColumn(t *pgTable, role, option, col string, want []string, enumOK boo
 }
 
 func (r *pgResetter) checkIDColumn(_ context.Context, _ pgTx, t *pgTable) error {
-	return checkColumn(t, "ID column", "WithIDColumn", r.o.idColumn, integerTypes, false, "bigint, integer or smallint")
+	return checkColumn(t, "ID column", r.o.named(EnvIDColumn, "WithIDColumn", r.o.idColumn), r.o.idColumn, integerTypes, false, "bigint, integer or smallint")
 }
 
 func (r *pgResetter) checkStatusColumn(_ context.Context, _ pgTx, t *pgTable) error {
-	return checkColumn(t, "status column", "WithStatusColumn", r.o.statusColumn, textTypes, true, "text, varchar, char or an enum")
+	return checkColumn(t, "status column", r.o.named(EnvStatusColumn, "WithStatusColumn", r.o.statusColumn), r.o.statusColumn, textTypes, true, "text, varchar, char or an enum")
 }
 
 // checkStatusLabels checks that every status the reset writes or matches is
@@ -217,9 +221,10 @@ func (r *pgResetter) checkStatusLabels(_ context.Context, _ pgTx, t *pgTable) er
 		return nil
 	}
 	type status struct{ role, v, option string }
-	statuses := []status{{"in-progress status", r.o.inprog, "WithStatuses"}, {"queued status", r.o.queued, "WithStatuses"}}
+	statuses := []status{{"in-progress status", r.o.inprog, r.o.named(EnvInProgressStatus, "WithStatuses", r.o.inprog)},
+		{"queued status", r.o.queued, r.o.named(EnvQueuedStatus, "WithStatuses", r.o.queued)}}
 	if r.o.maxRecoveries > 0 {
-		statuses = append(statuses, status{"terminal status", r.o.terminal, "WithMaxRecoveries"})
+		statuses = append(statuses, status{"terminal status", r.o.terminal, r.o.named(EnvTerminalStatus, "WithMaxRecoveries", r.o.terminal)})
 	}
 	var errs []error
 	for _, s := range statuses {
@@ -235,14 +240,14 @@ func (r *pgResetter) checkOwnerColumn(_ context.Context, _ pgTx, t *pgTable) err
 	if r.o.ownerColumn == "" {
 		return nil
 	}
-	return checkColumn(t, "owner column", "WithOwnerColumn", r.o.ownerColumn, textTypes, false, "text, varchar or char")
+	return checkColumn(t, "owner column", r.o.named(EnvOwnerColumn, "WithOwnerColumn", r.o.ownerColumn), r.o.ownerColumn, textTypes, false, "text, varchar or char")
 }
 
 func (r *pgResetter) checkCountColumn(_ context.Context, _ pgTx, t *pgTable) error {
 	if r.o.countColumn == "" {
 		return nil
 	}
-	return checkColumn(t, "recovery count column", "WithRecoveryCountColumn", r.o.countColumn, integerTypes, false, "bigint, integer or smallint")
+	return checkColumn(t, "recovery count column", r.o.named(EnvRecoveryCountColumn, "WithRecoveryCountColumn", r.o.countColumn), r.o.countColumn, integerTypes, false, "bigint, integer or smallint")
 }
 
 // checkPrivileges checks that the role may read every column the reset
@@ -290,8 +295,8 @@ func (r *pgResetter) checkLedger(ctx context.Context, tx pgTx, _ *pgTable) error
 		return fmt.Errorf("look up reset ledger %s: %w", r.o.ledgerIdent(), err)
 	}
 	if !exists {
-		return fmt.Errorf("%w: reset ledger table %s (WithResetLedger) does not exist: without an owner column every reset is recorded there; create it with CreateLedger or the migration in docs/integration.md, or use WithOwnerColumn",
-			ErrSchema, r.o.ledgerIdent())
+		return fmt.Errorf("%w: reset ledger table %s (%s) does not exist: without an owner column every reset is recorded there; create it with CreateLedger or the migration in docs/integration.md, or use WithOwnerColumn",
+			ErrSchema, r.o.ledgerIdent(), r.o.named(EnvResetLedger, "WithResetLedger", r.o.ledgerTable))
 	}
 	if !canSelect || !canInsert || !canDelete {
 		return fmt.Errorf("%w: the role may not SELECT, INSERT and DELETE in reset ledger %s (GRANT SELECT, INSERT, DELETE ON %s TO ...)",
@@ -304,12 +309,16 @@ func (r *pgResetter) checkLedger(ctx context.Context, tx pgTx, _ *pgTable) error
 // WithOwnerColumn) of each of ids that exists. It implements
 // RowStateReader, for the worker's self-check.
 func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, "")
+}
+
+func (r *pgResetter) rowStates(ctx context.Context, ids []int64, locking string) ([]RowState, error) {
 	owner := "NULL::text"
 	if r.o.ownerColumn != "" {
 		owner = ident(r.o.ownerColumn) + "::text"
 	}
-	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1",
-		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn))
+	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1%s",
+		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn), locking)
 	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Owner)
@@ -320,6 +329,17 @@ func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, er
 	}
 	return out, nil
 }
+
+// committedRowStates is RowStates without the rows an open transaction
+// is writing or has locked (a fetch not committed yet, a completion under
+// way): FOR SHARE SKIP LOCKED never waits and returns only committed
+// states no one is changing. Each share lock lasts the statement.
+func (r *pgResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, " FOR SHARE SKIP LOCKED")
+}
+
+// configuredStatuses returns the in-progress and queued statuses configured.
+func (r *pgResetter) configuredStatuses() (inprog, queued string) { return r.o.inprog, r.o.queued }
 
 // InProgress reports whether a row in state s is one this resetter would
 // reset as in progress for instance owner: the in-progress status and,

@@ -119,6 +119,31 @@ func (c PgxConfig) Options() []ResetterOption {
 	return opts
 }
 
+// OptionsNamingEnv returns Options, and makes the resetter's errors name
+// the RECOVERY_* variable of a setting, not its option, where the
+// variable (read through getenv, as PgxConfigFromEnv reads it) holds the
+// value c has: "schema work (RECOVERY_SCHEMA) does not exist". Use it
+// when c came from PgxConfigFromEnv, so an operator reads the name of what
+// they set. A setting changed since (by a flag) is named by its option.
+func (c PgxConfig) OptionsNamingEnv(getenv func(string) string) []ResetterOption {
+	opts := c.Options()
+	fromEnv := map[string]string{}
+	for name, v := range map[string]string{
+		EnvSchema: c.Schema, EnvTable: c.Table, EnvIDColumn: c.IDColumn, EnvStatusColumn: c.StatusColumn,
+		EnvInProgressStatus: c.InProgressStatus, EnvQueuedStatus: c.QueuedStatus, EnvOwnerColumn: c.OwnerColumn,
+		EnvRecoveryCountColumn: c.RecoveryCountColumn, EnvTerminalStatus: c.TerminalStatus, EnvResetLedger: c.ResetLedger,
+		EnvMaxRecoveries: strconv.Itoa(c.MaxRecoveries),
+	} {
+		if v != "" && getenv(name) == v {
+			fromEnv[name] = v
+		}
+	}
+	if len(fromEnv) > 0 {
+		opts = append(opts, withEnv(fromEnv))
+	}
+	return opts
+}
+
 // splitList splits a comma-separated list, trimming spaces and dropping
 // empty parts; "" gives nil.
 func splitList(s string) []string {

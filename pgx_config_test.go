@@ -46,3 +46,36 @@ func TestPgxConfigOptionsSetEveryResetterOption(t *testing.T) {
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Contains(t, err.Error(), `RECOVERY_NO_RESET_LEDGER="perhaps"`)
 }
+
+// TestOptionsNamingEnvNamesTheVariableOfASettingFromTheEnvironment: an
+// error about a value the environment gave names the variable; the same
+// value set by its option, or a variable overridden since, names the
+// option.
+func TestOptionsNamingEnvNamesTheVariableOfASettingFromTheEnvironment(t *testing.T) {
+	db := struct{ PgxExecer }{}
+	env := map[string]string{EnvMaxRecoveries: "3", EnvTerminalStatus: "dead"}
+	getenv := func(k string) string { return env[k] }
+	c, err := PgxConfigFromEnv(getenv)
+	require.NoError(t, err)
+	_, err = NewPgxResetter(db, c.OptionsNamingEnv(getenv)...)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "max recoveries 3 (RECOVERY_MAX_RECOVERIES) needs a recovery count column (WithRecoveryCountColumn or RECOVERY_RECOVERY_COUNT_COLUMN)")
+
+	_, err = NewPgxResetter(db, c.Options()...)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "max recoveries 3 (WithMaxRecoveries) needs a recovery count column (WithRecoveryCountColumn)")
+
+	c.MaxRecoveries = 4 // a flag changed it
+	_, err = NewPgxResetter(db, c.OptionsNamingEnv(getenv)...)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "max recoveries 4 (WithMaxRecoveries)")
+
+	env = map[string]string{EnvSchema: "work", EnvStatusColumn: "state"}
+	c, err = PgxConfigFromEnv(getenv)
+	require.NoError(t, err)
+	r, err := NewPgxResetter(db, c.OptionsNamingEnv(getenv)...)
+	require.NoError(t, err)
+	assert.Equal(t, "RECOVERY_SCHEMA", r.o.named(EnvSchema, "WithSchema", r.o.schema))
+	assert.Equal(t, "RECOVERY_STATUS_COLUMN", r.o.named(EnvStatusColumn, "WithStatusColumn", r.o.statusColumn))
+	assert.Equal(t, "WithTable", r.o.named(EnvTable, "WithTable", r.o.table), "the default table came from no variable")
+}

@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"time"
@@ -78,6 +80,30 @@ type resetterOptions struct {
 	ledgerTable                           string
 	noLedger                              bool
 	ledgerRetention                       time.Duration
+	// fromEnv holds the values PgxConfig.Options took from the
+	// environment, by variable: an error about such a value names the
+	// variable, which is what the operator set, not the option.
+	fromEnv map[string]string
+}
+
+// named is how errors name the setting of value: the environment variable
+// env when the value came from it (PgxConfigFromEnv), else option.
+func (o *resetterOptions) named(env, option, value string) string {
+	if v, ok := o.fromEnv[env]; ok && v == value {
+		return env
+	}
+	return option
+}
+
+// withEnv records that the values in vars (variable → value) came from
+// the environment, for named.
+func withEnv(vars map[string]string) ResetterOption {
+	return resetterOptionFunc(func(o *resetterOptions) {
+		if o.fromEnv == nil {
+			o.fromEnv = map[string]string{}
+		}
+		maps.Copy(o.fromEnv, vars)
+	})
 }
 
 // A ResetterOption configures a PgxResetter.
@@ -325,7 +351,12 @@ func (o *resetterOptions) validate() error {
 		case o.maxRecoveries < 1:
 			return fmt.Errorf("%w: max recoveries %d must be at least 1", ErrInvalidConfig, o.maxRecoveries)
 		case o.countColumn == "":
-			return fmt.Errorf("%w: max recoveries needs a recovery count column (WithRecoveryCountColumn)", ErrInvalidConfig)
+			count := "WithRecoveryCountColumn"
+			if len(o.fromEnv) > 0 {
+				count += " or " + EnvRecoveryCountColumn
+			}
+			return fmt.Errorf("%w: max recoveries %d (%s) needs a recovery count column (%s)", ErrInvalidConfig,
+				o.maxRecoveries, o.named(EnvMaxRecoveries, "WithMaxRecoveries", strconv.Itoa(o.maxRecoveries)), count)
 		case o.terminal == o.inprog || o.terminal == o.queued:
 			return fmt.Errorf("%w: terminal status %q must differ from the in-progress and queued statuses", ErrInvalidConfig, o.terminal)
 		}

@@ -343,7 +343,7 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 		assert.Equal(t, 3, count)
 		_ = logs // RecoverNow returns the report; the loop logs it:
 		l := recoveryLog{w: rec}
-		l.recovered(PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry")
+		l.recovered(PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry", 0)
 		assert.Contains(t, logs.String(), `"row_id":1`)
 	})
 }

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"log/slog"
 	"sync"
+	"time"
 )
 
 // recoveryLog logs what recovery does, once per outage: a scan that keeps
@@ -113,7 +114,7 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 // recovered logs the recovery of one dead peer this worker claimed: the
 // rows reset, each row quarantined, and the end of a run of failures;
 // source says which mechanism found the peer.
-func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
+func (l *recoveryLog) recovered(pr PeerRecovery, source string, stuck time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, failed := l.failing[pr.InstanceID]; failed {
@@ -130,6 +131,9 @@ func (l *recoveryLog) recovered(pr PeerRecovery, source string) {
 		slog.Int("rows_found", pr.RowsFound),
 		slog.Int64("rows_reset", pr.RowsReset),
 		slog.Int("rows_quarantined", len(pr.Quarantined)),
+	}
+	if stuck > 0 {
+		attrs = append(attrs, slog.Duration("rows_stuck", stuck))
 	}
 	if len(pr.InvalidMembers) > 0 {
 		attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),

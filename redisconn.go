@@ -15,6 +15,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/internal/store"
 )
 
 // What the worker says about its Redis connection: the addresses and the
@@ -77,13 +78,40 @@ func (w *Worker) firstHeartbeatError(ctx context.Context, err error) error {
 		(errors.As(err, &ne) && ne.Timeout())) {
 		cause = " (" + w.diagnose(ctx, t) + ")"
 	}
-	err = fmt.Errorf("first heartbeat to %s: %w%s", where, err, cause)
-	if t.password == "" {
+	return w.redact(fmt.Errorf("first heartbeat to %s: %w%s", where, err, cause))
+}
+
+// redact masks the client's password in err.
+func (w *Worker) redact(err error) error {
+	if w.target.password == "" {
 		return err
 	}
 	// As a connection string, so every encoding of the password is masked.
-	conn := (&url.URL{Scheme: "redis", User: url.UserPassword("u", t.password), Host: "h"}).String()
+	conn := (&url.URL{Scheme: "redis", User: url.UserPassword("u", w.target.password), Host: "h"}).String()
 	return redact.Error(err, conn)
+}
+
+// ping is Start's first Redis command, sent alone (store.Ping): a server
+// that refuses the client is reported as such, wrapping ErrRedisAuth,
+// before the pipelines that follow could leave replies unread; any other
+// failure is reported as the first heartbeat's.
+func (w *Worker) ping(ctx context.Context) error {
+	opCtx, cancel := w.opContext(ctx)
+	err := w.store.Ping(opCtx)
+	cancel()
+	switch {
+	case err == nil:
+		return nil
+	case store.IsAuthError(err):
+		where := "redis"
+		if len(w.target.addrs) > 0 {
+			where = "redis at " + strings.Join(w.target.addrs, ", ")
+		}
+		return w.redact(fmt.Errorf("%w: %s answered PING with %q: give the client the server's user and password "+
+			"(redis.Options Username and Password, or redis://user:password@host:port)", ErrRedisAuth, where, err.Error()))
+	default:
+		return w.firstHeartbeatError(ctx, err)
+	}
 }
 
 // diagnose dials each address (up to maxDiagnosed, at the same time) under

@@ -115,3 +115,49 @@ func TestSafetyWarnsOnceWhenRedisMayEvictKeys(t *testing.T) {
 	_, logs = startWorker(t, safe.Client(t), &fakeResetter{}, "w2")
 	assert.Zero(t, logs.Count("redis may evict keys"))
 }
+
+// TestStartWithoutThePasswordSaysSoAndGoRedisPrintsNothing: a client
+// without the password of a Redis that requires one gets a clear error
+// from Start, before anything is pipelined, and go-redis has nothing to
+// complain about (it logged "Conn has unread data" when the first command
+// was a MULTI/EXEC pipeline the server refused). With the password the
+// same worker starts. Changes go-redis's process-wide logger: not parallel.
+func TestStartWithoutThePasswordSaysSoAndGoRedisPrintsNothing(t *testing.T) {
+	log, buf := testutil.Logger(t)
+	redis.SetLogger(RedisLogger(log))
+	t.Cleanup(logging.Enable)
+	srv := testutil.StartRedis(t, "--requirepass", "s3cretP")
+
+	for _, opt := range []*redis.Options{
+		{Addr: srv.Addr, ContextTimeoutEnabled: true},
+		{Addr: srv.Addr, Password: "wrong-s3cret", ContextTimeoutEnabled: true},
+	} {
+		rdb := redis.NewClient(opt)
+		w, _ := newWorker(t, rdb, &fakeResetter{}, "w-1")
+		err := w.Start(context.Background())
+		require.Error(t, err)
+		t.Log(err)
+		assert.ErrorIs(t, err, ErrRedisAuth)
+		assert.Contains(t, err.Error(), "start w-1: recovery: redis refused this client: redis at "+srv.Addr+" answered PING with ")
+		assert.NotContains(t, err.Error(), "s3cret")
+		require.NoError(t, rdb.Close())
+	}
+	// Other tests' clients may still be dialing in the background: only
+	// this server's lines count.
+	ours := func() (lines []string) {
+		for _, l := range strings.Split(buf.String(), "\n") {
+			if strings.Contains(l, `"msg":"go-redis"`) && (strings.Contains(l, srv.Addr) || strings.Contains(l, "unread data")) {
+				lines = append(lines, l)
+			}
+		}
+		return lines
+	}
+	assert.Empty(t, ours(), "go-redis printed nothing about this server")
+
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr, Password: "s3cretP"})
+	t.Cleanup(func() { rdb.Close() })
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "w-1")
+	require.NoError(t, w.Start(context.Background()))
+	require.NoError(t, w.Shutdown(context.Background()))
+	assert.Empty(t, ours())
+}

@@ -110,3 +110,18 @@ func fencesByOwner(r RowResetter) bool {
 	f, ok := r.(OwnerFencer)
 	return ok && f.FencesByOwner()
 }
+
+// recordsResets reports whether r records every reset under the instance
+// and incarnation of the rows set and skips rows already recorded for the
+// pair (the reset ledger of PgxResetter and SQLResetter).
+func recordsResets(r RowResetter) bool {
+	_, inc := r.(IncarnationResetter)
+	l, ok := r.(interface{ UsesLedger() bool })
+	return inc && ok && l.UsesLedger()
+}
+
+// releaseSafeAfterLoss reports whether Release can give rows back after
+// the lease was lost: a row a peer recovered and someone took since is
+// then left alone, by its owner (owner fencing) or because the ledger
+// holds its reset under this worker's incarnation (the reset ledger).
+func releaseSafeAfterLoss(r RowResetter) bool { return fencesByOwner(r) || recordsResets(r) }

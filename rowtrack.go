@@ -40,6 +40,9 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 		return nil
 	}
 	retaken := w.rows.add(rowIDs)
+	if w.checker != nil {
+		w.checker.tracked()
+	}
 	if w.ownerMode {
 		return nil // the owner column says it all
 	}

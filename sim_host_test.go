@@ -297,7 +297,7 @@ func (p *simProc) host(ctx context.Context) {
 			if errors.Is(lerr, ErrShutdown) {
 				return
 			}
-			if len(held) > 0 && p.world.table.fenced {
+			if len(held) > 0 && (p.world.table.fenced || p.world.table.ledger) {
 				if err := p.w.Release(ctx, held...); err == nil {
 					p.logf("host: lease lost (%v), released %v", lerr, held)
 					p.drop(held...)

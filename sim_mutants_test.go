@@ -42,6 +42,8 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "mutation: the reset has no status guard", sim: simMutations{noStatusGuard: true}},
 		{name: "mutation: a lost lease neither sticky with owner fencing nor held", set: []*bool{&mutantNoStickyLease, &mutantNoRegainHold}},
 		{name: "mutation: the heartbeat does not write tracked rows back", sim: simMutations{noRewrite: true}},
+		{name: "mutation: Release after a lost lease, without fencing, bypasses the reset ledger", set: []*bool{&mutantReleaseUnrecorded}},
+		{name: "mutation: the self-check reads rows a fetch has not committed", sim: simMutations{readLocked: true}},
 		{name: "issue 20 item 2 reverted: Start neither records nor checks what the fleet serves", set: []*bool{&mutantNoFleetCheck}},
 		{name: "issue 20 item 3 reverted: verdicts and holds use the worker's own timings", set: []*bool{&mutantOwnTimingsOnly}},
 	}

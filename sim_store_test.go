@@ -624,6 +624,8 @@ func (s *simStore) ReadHistory(context.Context, store.HistoryQuery) ([]store.His
 
 func (s *simStore) EvictionPolicy(context.Context) (string, error) { return "noeviction", nil }
 
+func (s *simStore) Ping(context.Context) error { return nil }
+
 func (s *simStore) Describe(context.Context, []string) ([]store.Instance, error) {
 	return nil, errors.New("sim: Describe is not modelled")
 }

@@ -112,6 +112,10 @@ func (r *simResetter) fleetIdentity(context.Context) (string, error) {
 
 func (r *simResetter) FencesByOwner() bool { return r.p.world.table.fenced }
 
+// UsesLedger reports whether resets are recorded in the reset ledger: then
+// Release is safe after a lost lease without fencing too (releaseSafeAfterLoss).
+func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger }
+
 func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
 	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
 	return res.Reset, err
@@ -269,11 +273,21 @@ func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 }
 
 func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, false)
+}
+
+// committedRowStates is RowStates without the rows an open fetch holds, as
+// FOR SHARE SKIP LOCKED reads them (the self-check's reads).
+func (r *simResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, !r.p.world.mut.readLocked)
+}
+
+func (r *simResetter) rowStates(ctx context.Context, ids []int64, skipLocked bool) ([]RowState, error) {
 	var out []RowState
 	err := r.p.conn.pg(ctx, "rowstates", false, func(t *simTable) {
 		out = nil
 		for _, id := range slices.Sorted(slices.Values(ids)) {
-			if row := t.rows[id]; row != nil {
+			if row := t.rows[id]; row != nil && !(skipLocked && row.lockedBy != nil) {
 				out = append(out, RowState{ID: id, Status: row.status, Owner: row.owner})
 			}
 		}
@@ -283,6 +297,8 @@ func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, e
 	}
 	return out, nil
 }
+
+func (r *simResetter) configuredStatuses() (inprog, queued string) { return stInprog, stQueued }
 
 func (r *simResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == stInprog && (!r.table().fenced || s.Owner == owner)

@@ -91,6 +91,7 @@ type simMutations struct {
 	noRewrite      bool // the heartbeat does not write tracked rows back
 	noLedger       bool // no reset ledger without an owner column (F2)
 	noKeep         bool // verdicts held after a failover do not renew the rows sets (seed 1359)
+	readLocked     bool // the self-check reads rows an open fetch holds (no SKIP LOCKED)
 }
 
 // simConfig is what the seed chose for a run.
@@ -745,6 +746,15 @@ func (w *simWorld) run(t *testing.T) {
 		}
 	}
 	w.tracef("all settled")
+	// Every worker is configured right: the self-check, which runs on
+	// every Worker of the simulation (simResetter reads row states), must
+	// never take the rows of a paused, recovered or crashed one for a
+	// misconfiguration.
+	for _, p := range w.procs {
+		if err := p.w.misconfigured(); err != nil {
+			w.violate("%s: false alarm of the self-check: %v", p, err)
+		}
+	}
 	w.mu.Unlock()
 
 	// Shutdown: no goroutine left.

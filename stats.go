@@ -34,6 +34,12 @@ type Stats struct {
 	RowsRecovered uint64
 	// RowsQuarantined counts rows set to the terminal status.
 	RowsQuarantined uint64
+	// LastRowsStuck is how long the rows of the last peer this worker
+	// recovered had been stuck in progress, from the peer's last heartbeat
+	// to their reset (Event.RowsStuck says how it is estimated);
+	// MaxRowsStuck is the longest since the Worker was created. Zero
+	// before the first recovery that reset rows.
+	LastRowsStuck, MaxRowsStuck time.Duration
 	// RowsReleased counts rows handed back by Release.
 	RowsReleased uint64
 	// RowsNotReset counts rows recovery found but could neither reset nor
@@ -70,6 +76,22 @@ type counters struct {
 	registryWrongType                          atomic.Uint64
 	registryBroken                             atomic.Bool
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
+	lastRowsStuck, maxRowsStuck                atomic.Int64 // nanoseconds
+}
+
+// noteRowsStuck records how long a recovered peer's rows were stuck
+// (zero: none were reset).
+func (c *counters) noteRowsStuck(d time.Duration) {
+	if d <= 0 {
+		return
+	}
+	c.lastRowsStuck.Store(int64(d))
+	for {
+		m := c.maxRowsStuck.Load()
+		if int64(d) <= m || c.maxRowsStuck.CompareAndSwap(m, int64(d)) {
+			return
+		}
+	}
 }
 
 // Stats returns a snapshot of the worker's state and counters. It is cheap
@@ -87,6 +109,8 @@ func (w *Worker) Stats() Stats {
 		PeersRecovered:    w.stats.peersRecovered.Load(),
 		RowsRecovered:     w.stats.rowsRecovered.Load(),
 		RowsQuarantined:   w.stats.rowsQuarantined.Load(),
+		LastRowsStuck:     time.Duration(w.stats.lastRowsStuck.Load()),
+		MaxRowsStuck:      time.Duration(w.stats.maxRowsStuck.Load()),
 		RowsReleased:      w.stats.rowsReleased.Load(),
 		RowsNotReset:      w.stats.rowsNotReset.Load(),
 		Misconfigured:     w.misconfigured() != nil,

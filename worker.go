@@ -127,7 +127,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		w.sweeper = newSweeper(w, sw)
 	}
 	if reader, ok := resetter.(RowStateReader); ok {
-		w.checker = &selfChecker{w: w, reader: reader}
+		w.checker = newSelfChecker(w, reader)
 	}
 	return w, nil
 }
@@ -146,7 +146,9 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // and starts nothing, if the check fails (an error wrapping ErrSchema names
 // the table, column or status at fault; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
-// error names the address and the cause); Start may then be called again.
+// error names the address and the cause), or Redis refuses the client (a
+// missing or wrong password: an error wrapping ErrRedisAuth, after one
+// PING, before anything else is sent); Start may then be called again.
 //
 // If the heartbeat key already holds another process's value, Start
 // watches it: a process that refreshes it within a heartbeat interval +
@@ -180,6 +182,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return ErrAlreadyStarted
 	}
 	if err := w.checkSchema(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.ping(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.checkFleet(ctx); err != nil {

@@ -3,10 +3,17 @@
 // lives in a module of its own, beside the Prometheus one, so that the
 // recovery module never depends on OpenTelemetry.
 //
-//	o, err := recoveryotel.New() // the global MeterProvider and TracerProvider
+//	mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(reader))
+//	defer mp.Shutdown(ctx) // runs last: its final export has every count
+//	o, err := recoveryotel.New(recoveryotel.WithMeterProvider(mp))
+//	defer o.Close() // keeps the final counts for that export
 //	w, err := recovery.New(rdb, resetter, recovery.WithObserver(o))
 //	o.Watch(w)
-//	defer o.Close()
+//	defer w.Shutdown(ctx)
+//
+// Without WithMeterProvider and WithTracerProvider the global providers
+// are used. Close may run before or after the provider's Shutdown: after
+// Close the Observer reports the watched workers' final Stats.
 //
 // The Observer is also the recovery.Observer that feeds its two
 // histograms and its spans; a host with an observer of its own passes
@@ -35,6 +42,12 @@
 //	recovery.registry.broken        1            1 while the registry key is not a set (gauge)
 //	recovery.scan.duration          s            histogram of scan durations
 //	recovery.peer.recovery.duration s            histogram: dead peer found → reset committed
+//	recovery.rows.stuck.duration    s            histogram: dead peer's last heartbeat → its rows queued again
+//
+// recovery.rows.stuck.duration is the time users wait: per recovered peer
+// whose rows were reset, from its last heartbeat to the commit of the
+// reset (recovery.Event.RowsStuck: heartbeat TTL + time from the death
+// being noticed to the commit, a lower bound).
 //
 // Every data point carries recovery.instance.id, the reporting worker,
 // unless the Observer is built WithoutInstanceID. Peer IDs are never
@@ -83,6 +96,14 @@ var ScanDurationBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, 
 // PostgreSQL). The same as the Prometheus module's recovery_latency_seconds.
 var RecoveryDurationBuckets = []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
+// RowsStuckBuckets are the bucket boundaries of
+// recovery.rows.stuck.duration, in seconds, from 1 s to 2 hours: the
+// figure is at least the heartbeat TTL (60 s by default) and, with the
+// default timings, at most about 174 s when recovery works; what lies
+// beyond is an outage. The same as the Prometheus module's
+// recovery_rows_stuck_seconds.
+var RowsStuckBuckets = []float64{1, 5, 10, 30, 60, 90, 120, 180, 240, 300, 600, 1800, 3600, 7200}
+
 // Attribute keys of the data points and spans.
 const (
 	InstanceIDKey      = attribute.Key("recovery.instance.id")
@@ -107,12 +128,13 @@ type Observer struct {
 
 	tracer                         trace.Tracer
 	scanDuration, recoveryDuration metric.Float64Histogram
-	registration                   metric.Registration
+	rowsStuck                      metric.Float64Histogram
 	counters                       []statCounter
 	tracked, broken                metric.Int64Observable
 
 	mu      sync.Mutex
 	workers map[string]*recovery.Worker
+	final   []recovery.Stats     // the watched workers' last Stats, taken by Close; nil before
 	dead    map[peerKey]deadPeer // peers found dead whose recovery has not ended
 }
 
@@ -202,6 +224,12 @@ func (o *Observer) instruments(m metric.Meter) error {
 		metric.WithExplicitBucketBoundaries(RecoveryDurationBuckets...)); err != nil {
 		return err
 	}
+	if o.rowsStuck, err = m.Float64Histogram("recovery.rows.stuck.duration", metric.WithUnit("s"),
+		metric.WithDescription("Time a dead peer's rows were stuck in progress, from its last heartbeat "+
+			"(estimated from below as the heartbeat TTL before its death was noticed) to the commit of their reset, per peer recovered."),
+		metric.WithExplicitBucketBoundaries(RowsStuckBuckets...)); err != nil {
+		return err
+	}
 	for _, c := range []struct {
 		name, unit, desc string
 		value            func(recovery.Stats) uint64
@@ -254,7 +282,9 @@ func (o *Observer) instruments(m metric.Meter) error {
 	for _, c := range o.counters {
 		observables = append(observables, c.inst)
 	}
-	o.registration, err = m.RegisterCallback(o.observeStats, observables...)
+	// The callback stays registered for the provider's life: after Close
+	// it reports the final Stats (see Close).
+	_, err = m.RegisterCallback(o.observeStats, observables...)
 	return err
 }
 
@@ -266,17 +296,38 @@ func (o *Observer) Watch(w *recovery.Worker) {
 	o.workers[w.InstanceID()] = w
 }
 
-// Close unregisters the asynchronous instruments' callback: the watched
-// workers' Stats are no longer reported. It does not shut down the
-// providers, which the caller owns.
-func (o *Observer) Close() error { return o.registration.Unregister() }
-
-// observeStats reports the watched workers' Stats.
-func (o *Observer) observeStats(_ context.Context, obs metric.Observer) error {
+// Close takes the final Stats of the watched workers and stops reading
+// them: every later collection reports those final values, so the last
+// export of a MeterProvider shut down after Close (a deferred Shutdown
+// registered before a deferred Close, as in the package example) still
+// carries every count, and none is lost whichever of the two comes first.
+// Workers watched after Close are not reported. Close never shuts down
+// the providers, which the caller owns; it is safe to call twice.
+func (o *Observer) Close() error {
 	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.final == nil {
+		o.final = o.readStats()
+	}
+	return nil
+}
+
+// readStats reads the Stats of the watched workers; o.mu is held.
+func (o *Observer) readStats() []recovery.Stats {
 	stats := make([]recovery.Stats, 0, len(o.workers))
 	for _, w := range o.workers {
 		stats = append(stats, w.Stats())
+	}
+	return stats
+}
+
+// observeStats reports the watched workers' Stats, or after Close their
+// final Stats.
+func (o *Observer) observeStats(_ context.Context, obs metric.Observer) error {
+	o.mu.Lock()
+	stats := o.final
+	if stats == nil {
+		stats = o.readStats()
 	}
 	o.mu.Unlock()
 	// report reports one data point per instrument for a group of
@@ -345,6 +396,9 @@ func (o *Observer) Observe(e recovery.Event) {
 		o.mu.Unlock()
 	case recovery.EventRowsRecovered:
 		o.recoveryDuration.Record(ctx, e.Duration.Seconds(), opts...)
+		if e.RowsStuck > 0 {
+			o.rowsStuck.Record(ctx, e.RowsStuck.Seconds(), opts...)
+		}
 		o.mu.Lock()
 		d := o.dead[key]
 		delete(o.dead, key)

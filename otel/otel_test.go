@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"sync"
 	"testing"
 	"time"
 
@@ -164,6 +165,12 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	assert.Greater(t, latency.Sum, 0.0)
 	assert.Less(t, latency.Sum, time.Since(began).Seconds())
 	assert.Positive(t, histogram(t, metrics["recovery.scan.duration"]).Count)
+	stuck := histogram(t, metrics["recovery.rows.stuck.duration"])
+	assert.Equal(t, uint64(1), stuck.Count)
+	assert.Equal(t, recoveryotel.RowsStuckBuckets, stuck.Bounds)
+	assert.Equal(t, w.Stats().LastRowsStuck.Seconds(), stuck.Sum)
+	assert.GreaterOrEqual(t, stuck.Sum, 2.0, "the dead peer's key had expired: stuck at least the 2s TTL")
+	assert.Equal(t, "s", metrics["recovery.rows.stuck.duration"].Unit)
 
 	spans := s.spans.Ended()
 	require.Len(t, spans, 1, "one span: the one recovery")
@@ -297,11 +304,78 @@ func TestWithoutInstanceIDSumsTheWatchedWorkers(t *testing.T) {
 	assert.GreaterOrEqual(t, point(t, metrics["recovery.heartbeats"], none), int64(2), "one first heartbeat each at least")
 	assert.Equal(t, int64(0), point(t, metrics["recovery.registry.broken"], none))
 
+	// After Close the final counts stay: the workers are no longer read.
 	require.NoError(t, s.obs.Close())
+	require.NoError(t, s.obs.Close(), "twice")
 	after := s.collect(t)
-	for _, name := range []string{"recovery.rows.tracked", "recovery.heartbeats", "recovery.registry.broken"} {
-		assert.NotContains(t, after, name, "not reported after Close")
+	assert.Equal(t, int64(5), point(t, after["recovery.rows.tracked"], none))
+}
+
+// memExporter keeps the Int64 sums of the last export, by name.
+type memExporter struct {
+	mu      sync.Mutex
+	exports int
+	last    map[string]int64
+}
+
+func (e *memExporter) Temporality(k sdkmetric.InstrumentKind) metricdata.Temporality {
+	return sdkmetric.DefaultTemporalitySelector(k)
+}
+
+func (e *memExporter) Aggregation(k sdkmetric.InstrumentKind) sdkmetric.Aggregation {
+	return sdkmetric.DefaultAggregationSelector(k)
+}
+
+func (e *memExporter) Export(_ context.Context, rm *metricdata.ResourceMetrics) error {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	e.exports++
+	e.last = map[string]int64{}
+	for _, sm := range rm.ScopeMetrics {
+		for _, m := range sm.Metrics {
+			if sum, ok := m.Data.(metricdata.Sum[int64]); ok {
+				for _, p := range sum.DataPoints {
+					e.last[m.Name] += p.Value
+				}
+			}
+		}
 	}
+	return nil
+}
+
+func (e *memExporter) ForceFlush(context.Context) error { return nil }
+func (e *memExporter) Shutdown(context.Context) error   { return nil }
+
+// TestTheDocumentedDeferOrderExportsTheFinalCounts runs the package
+// example's order, defer mp.Shutdown then defer o.Close, with a periodic
+// reader that exports only at the provider's shutdown: Close runs first,
+// and the final export still carries the worker's final counts.
+func TestTheDocumentedDeferOrderExportsTheFinalCounts(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	exp := &memExporter{}
+	var final recovery.Stats
+	func() {
+		mp := sdkmetric.NewMeterProvider(sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp, sdkmetric.WithInterval(time.Hour))))
+		defer func() { require.NoError(t, mp.Shutdown(ctx)) }()
+		o, err := recoveryotel.New(recoveryotel.WithMeterProvider(mp))
+		require.NoError(t, err)
+		defer func() { require.NoError(t, o.Close()) }()
+		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(o), recovery.WithKeyPrefix(testutil.Name("P")),
+			recovery.WithHeartbeatTTL(2*time.Second), recovery.WithHeartbeatInterval(50*time.Millisecond),
+			recovery.WithRecoveryInterval(time.Second), recovery.WithRowsTTL(4*time.Second))
+		require.NoError(t, err)
+		o.Watch(w)
+		require.NoError(t, w.Start(ctx))
+		require.Eventually(t, func() bool { return w.Stats().Heartbeats >= 3 }, 5*time.Second, 10*time.Millisecond)
+		require.NoError(t, w.Shutdown(ctx))
+		final = w.Stats()
+	}()
+	exp.mu.Lock()
+	defer exp.mu.Unlock()
+	require.Equal(t, 1, exp.exports, "one export, at the provider's shutdown")
+	assert.Equal(t, int64(final.Heartbeats), exp.last["recovery.heartbeats"], "the final heartbeat count")
+	assert.Equal(t, int64(final.Scans), exp.last["recovery.scans"], "the final scan count")
 }
 
 // noReset is a RowResetter that never recovers anything.

@@ -7,8 +7,8 @@
 //	c.Watch(w)
 //	prometheus.MustRegister(c)
 //
-// The Collector is also the Observer that feeds its two histograms (scan
-// durations and recovery latency); a host with an observer of its own
+// The Collector is also the Observer that feeds its three histograms (scan
+// durations, recovery latency and how long rows were stuck); a host with an observer of its own
 // passes both through one recovery.ObserverFunc (see ExampleCollector_Observe).
 //
 // By default every metric carries an instance_id label naming the
@@ -38,6 +38,12 @@ var ScanDurationBuckets = []float64{.001, .0025, .005, .01, .025, .05, .1, .25, 
 // retried on a slow PostgreSQL).
 var RecoveryLatencyBuckets = []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300, 600}
 
+// RowsStuckBuckets are the buckets of recovery_rows_stuck_seconds, from
+// 1 s to 2 hours: the figure is at least the heartbeat TTL (60 s by
+// default) and, with the default timings, at most about 174 s when
+// recovery works; what lies beyond is an outage.
+var RowsStuckBuckets = []float64{1, 5, 10, 30, 60, 90, 120, 180, 240, 300, 600, 1800, 3600, 7200}
+
 // Collector is a prometheus.Collector over the Stats of watched Workers,
 // and a recovery.Observer that records scan durations and recovery
 // latencies.
@@ -48,6 +54,7 @@ type Collector struct {
 	instanceLabel bool
 
 	scanDuration, recoveryLatency *prometheus.HistogramVec
+	rowsStuck                     *prometheus.HistogramVec
 
 	heartbeats, heartbeatFailures, leaseLost *prometheus.Desc
 	scans, peersDead, peersRecovered         *prometheus.Desc
@@ -99,6 +106,12 @@ func NewCollector(opts ...Option) *Collector {
 			"to the commit of its rows' reset, per peer recovered.",
 		Buckets: RecoveryLatencyBuckets,
 	}, label)
+	c.rowsStuck = prometheus.NewHistogramVec(prometheus.HistogramOpts{
+		Name: "recovery_rows_stuck_seconds",
+		Help: "Time a dead peer's rows were stuck in progress, from its last heartbeat (estimated from below " +
+			"as the heartbeat TTL before its death was noticed) to the commit of their reset, per peer recovered.",
+		Buckets: RowsStuckBuckets,
+	}, label)
 	c.heartbeats = desc("recovery_heartbeats_total", "Successful heartbeat refreshes.")
 	c.heartbeatFailures = desc("recovery_heartbeat_failures_total", "Failed heartbeat refresh attempts.")
 	c.leaseLost = desc("recovery_lease_lost_total", "Times the worker's heartbeat lease was lost.")
@@ -130,13 +143,17 @@ func (c *Collector) Watch(w *recovery.Worker) {
 }
 
 // Observe implements recovery.Observer: it records scan durations
-// (EventScanFinished) and recovery latencies (EventRowsRecovered).
+// (EventScanFinished), recovery latencies and how long the recovered rows
+// were stuck (EventRowsRecovered).
 func (c *Collector) Observe(e recovery.Event) {
 	switch e.Kind {
 	case recovery.EventScanFinished:
 		c.scanDuration.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.Duration.Seconds())
 	case recovery.EventRowsRecovered:
 		c.recoveryLatency.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.Duration.Seconds())
+		if e.RowsStuck > 0 {
+			c.rowsStuck.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.RowsStuck.Seconds())
+		}
 	}
 }
 
@@ -161,6 +178,7 @@ func (c *Collector) Describe(ch chan<- *prometheus.Desc) {
 	}
 	c.scanDuration.Describe(ch)
 	c.recoveryLatency.Describe(ch)
+	c.rowsStuck.Describe(ch)
 }
 
 // Collect implements prometheus.Collector.
@@ -180,6 +198,7 @@ func (c *Collector) Collect(ch chan<- prometheus.Metric) {
 	}
 	c.scanDuration.Collect(ch)
 	c.recoveryLatency.Collect(ch)
+	c.rowsStuck.Collect(ch)
 }
 
 // collect sends the metrics of one Stats.

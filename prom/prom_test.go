@@ -76,9 +76,17 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 		`recovery_events_dropped_total{instance_id="rec-1"} 0`,
 		`recovery_history_dropped_total{instance_id="rec-1"} 0`,
 		`recovery_latency_seconds_count{instance_id="rec-1"} 1`,
+		`recovery_rows_stuck_seconds_count{instance_id="rec-1"} 1`,
+		`recovery_rows_stuck_seconds_bucket{instance_id="rec-1",le="1"} 0`, // at least the 2s TTL
 	} {
 		assert.Contains(t, text, line)
 	}
+	stuck := regexp.MustCompile(`recovery_rows_stuck_seconds_sum\{instance_id="rec-1"\} (\S+)`).FindStringSubmatch(text)
+	require.Len(t, stuck, 2, text)
+	secs, err := strconv.ParseFloat(stuck[1], 64)
+	require.NoError(t, err)
+	assert.Equal(t, w.Stats().LastRowsStuck.Seconds(), secs)
+	assert.GreaterOrEqual(t, secs, 2.0, "the dead peer's key had expired: at least the TTL")
 	assert.Regexp(t, regexp.MustCompile(`recovery_heartbeats_total\{instance_id="rec-1"\} [1-9]`), text)
 	assert.Regexp(t, regexp.MustCompile(`recovery_scan_duration_seconds_count\{instance_id="rec-1"\} [1-9]`), text)
 	assert.Regexp(t, regexp.MustCompile(`recovery_scans_total\{instance_id="rec-1"\} [1-9]`), text)
@@ -102,7 +110,8 @@ func TestDescribeListsEveryMetric(t *testing.T) {
 		"recovery_rows_quarantined_total", "recovery_errors_total", "recovery_tracked_rows",
 		"recovery_scan_duration_seconds", "recovery_registry_broken", "recovery_registry_wrong_type_total",
 		"recovery_rows_not_reset_total", "recovery_peers_recovered_total", "recovery_scans_total",
-		"recovery_events_dropped_total", "recovery_history_dropped_total", "recovery_latency_seconds"} {
+		"recovery_events_dropped_total", "recovery_history_dropped_total", "recovery_latency_seconds",
+		"recovery_rows_stuck_seconds"} {
 		assert.Contains(t, all, `"`+n+`"`)
 	}
 }
@@ -165,8 +174,9 @@ func TestScrapeShowsARegistryOfTheWrongType(t *testing.T) {
 func TestLatencyHistogramRecordsEachRecoveredPeersDuration(t *testing.T) {
 	c := recoveryprom.NewCollector()
 	for _, e := range []recovery.Event{
-		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 1500 * time.Millisecond},
-		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 40 * time.Second},
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 1500 * time.Millisecond, RowsStuck: 61500 * time.Millisecond},
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 40 * time.Second, RowsStuck: 100 * time.Second},
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: time.Second}, // no rows reset: nothing stuck
 		{Kind: recovery.EventRowsNotReset, InstanceID: "w-1", Duration: time.Hour},
 		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", Duration: time.Hour},
 		{Kind: recovery.EventScanFinished, InstanceID: "w-1", Duration: 2 * time.Millisecond},
@@ -175,13 +185,18 @@ func TestLatencyHistogramRecordsEachRecoveredPeersDuration(t *testing.T) {
 	}
 	text := scrape(t, c)
 	for _, line := range []string{
-		`recovery_latency_seconds_count{instance_id="w-1"} 2`,
-		`recovery_latency_seconds_sum{instance_id="w-1"} 41.5`,
-		`recovery_latency_seconds_bucket{instance_id="w-1",le="1"} 0`,
-		`recovery_latency_seconds_bucket{instance_id="w-1",le="2.5"} 1`,
-		`recovery_latency_seconds_bucket{instance_id="w-1",le="30"} 1`,
-		`recovery_latency_seconds_bucket{instance_id="w-1",le="60"} 2`,
-		`recovery_latency_seconds_bucket{instance_id="w-1",le="600"} 2`,
+		`recovery_latency_seconds_count{instance_id="w-1"} 3`,
+		`recovery_latency_seconds_sum{instance_id="w-1"} 42.5`,
+		`recovery_rows_stuck_seconds_count{instance_id="w-1"} 2`,
+		`recovery_rows_stuck_seconds_sum{instance_id="w-1"} 161.5`,
+		`recovery_rows_stuck_seconds_bucket{instance_id="w-1",le="60"} 0`,
+		`recovery_rows_stuck_seconds_bucket{instance_id="w-1",le="90"} 1`,
+		`recovery_rows_stuck_seconds_bucket{instance_id="w-1",le="120"} 2`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="0.5"} 0`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="2.5"} 2`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="30"} 2`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="60"} 3`,
+		`recovery_latency_seconds_bucket{instance_id="w-1",le="600"} 3`,
 		`recovery_scan_duration_seconds_count{instance_id="w-1"} 1`,
 	} {
 		assert.Contains(t, text, line)

@@ -28,9 +28,15 @@ type instanceJSON struct {
 	Registered     bool   `json:"registered"`
 	Alive          bool   `json:"alive"`
 	HeartbeatTTLMs *int64 `json:"heartbeat_ttl_ms"`
-	Rows           int64  `json:"rows"`
-	RowsTTLMs      *int64 `json:"rows_ttl_ms"`
-	Incarnation    string `json:"incarnation,omitempty"`
+	// LastBeatMs is the time since the last heartbeat, from the key's TTL
+	// left (see lastBeat); null when the key is absent or the TTL left
+	// does not fit --heartbeat-ttl. Late is set while an alive instance's
+	// heartbeat is overdue.
+	LastBeatMs  *int64 `json:"last_beat_ms"`
+	Late        bool   `json:"late"`
+	Rows        int64  `json:"rows"`
+	RowsTTLMs   *int64 `json:"rows_ttl_ms"`
+	Incarnation string `json:"incarnation,omitempty"`
 	// Claim is the recovery claim: none, held (being recovered), failed
 	// (the last recovery failed) or finished.
 	Claim          string `json:"claim"`
@@ -41,8 +47,8 @@ type instanceJSON struct {
 	Mode           string `json:"mode,omitempty"`
 }
 
-func toJSON(i recovery.InstanceState) instanceJSON {
-	return instanceJSON{
+func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
+	j := instanceJSON{
 		InstanceID:     i.InstanceID,
 		Registered:     i.Registered,
 		Alive:          i.Alive(),
@@ -55,6 +61,120 @@ func toJSON(i recovery.InstanceState) instanceJSON {
 		AnnouncedTTLMs: i.AnnouncedTTL.Milliseconds(),
 		Mode:           i.Mode,
 	}
+	if b := o.lastBeat(i); b.known {
+		ms := b.age.Milliseconds()
+		j.LastBeatMs, j.Late = &ms, b.late
+	}
+	return j
+}
+
+// beat is what an instance's heartbeat key says of its last heartbeat.
+type beat struct {
+	age   time.Duration // since the last heartbeat, when known
+	known bool
+	late  bool // alive, but the heartbeat is overdue
+}
+
+// lastBeat reads the time since an instance's last heartbeat from its
+// heartbeat key's TTL left: every heartbeat sets the key's TTL back to the
+// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's WithHeartbeatTTL), so
+// what has run off since is the time since that heartbeat. PTTL answers
+// to the millisecond on every Redis version and changes nothing. (OBJECT
+// IDLETIME is not used: a read of the key such as GET resets it, it counts whole
+// seconds, and Redis refuses it under an LFU maxmemory policy.) The age is
+// unknown when the key is absent (dead: the last heartbeat was over a TTL
+// ago), has no expiry, or has more TTL left than --heartbeat-ttl: then the
+// flag is not the fleet's TTL. An instance is late when no heartbeat came
+// for 1.5 heartbeat intervals (--heartbeat-interval): past the ±20% jitter
+// of the heartbeat loop, and its key expires at the TTL unless one comes.
+func (o *options) lastBeat(i recovery.InstanceState) beat {
+	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > o.heartbeatTTL {
+		return beat{}
+	}
+	age := o.heartbeatTTL - i.HeartbeatTTL
+	return beat{age: age, known: true, late: age > o.lateAfter()}
+}
+
+// lateAfter is how long without a heartbeat makes a live instance late.
+func (o *options) lateAfter() time.Duration { return o.heartbeatInterval * 3 / 2 }
+
+// lastBeatText shows lastBeat for people.
+func (o *options) lastBeatText(i recovery.InstanceState) string {
+	b := o.lastBeat(i)
+	switch {
+	case b.known:
+		return durText(b.age) + " ago"
+	case !i.HeartbeatPresent:
+		return "over " + durText(o.heartbeatTTL) + " ago"
+	default:
+		return "?"
+	}
+}
+
+// durText shows a duration for people: to the millisecond under a second,
+// to 100ms under a minute, else to the second.
+func durText(d time.Duration) string {
+	switch {
+	case d < time.Second:
+		return d.Round(time.Millisecond).String()
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond).String()
+	default:
+		return d.Round(time.Second).String()
+	}
+}
+
+// beatLegend says how LAST BEAT and "late" are worked out, and which
+// instances' last beat cannot be known with --heartbeat-ttl.
+func (o *options) beatLegend(insts []recovery.InstanceState) []string {
+	lines := []string{fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
+		durText(o.heartbeatTTL), durText(o.lateAfter()), durText(o.heartbeatInterval))}
+	var odd []string
+	for _, i := range insts {
+		if i.HeartbeatPresent && !o.lastBeat(i).known {
+			odd = append(odd, i.InstanceID)
+		}
+	}
+	if len(odd) > 0 {
+		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's WithHeartbeatTTL",
+			strings.Join(odd, ", ")))
+	}
+	return lines
+}
+
+// fleetCounts counts the alive instances, the late among them, and the dead.
+func (o *options) fleetCounts(insts []recovery.InstanceState) (alive, late, dead int) {
+	for _, i := range insts {
+		switch {
+		case !i.Alive():
+			dead++
+		case o.lastBeat(i).late:
+			alive++
+			late++
+		default:
+			alive++
+		}
+	}
+	return alive, late, dead
+}
+
+// countsText shows fleetCounts.
+func countsText(alive, late, dead int) string {
+	if late > 0 {
+		return fmt.Sprintf("%d alive (%d of them late), %d dead", alive, late, dead)
+	}
+	return fmt.Sprintf("%d alive, %d dead", alive, dead)
+}
+
+// writeWorkers writes the table of instances.
+func (o *options) writeWorkers(w io.Writer, insts []recovery.InstanceState) {
+	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "INSTANCE\tSTATE\tLAST BEAT\tHEARTBEAT TTL\tROWS\tROWS TTL")
+	for _, i := range insts {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.InstanceID, o.stateText(i), o.lastBeatText(i),
+			ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL))
+	}
+	tw.Flush()
 }
 
 func ttlMs(present bool, ttl time.Duration) *int64 {
@@ -82,9 +202,13 @@ func ttlText(present bool, ttl time.Duration) string {
 	}
 }
 
-func stateText(i recovery.InstanceState) string {
+func (o *options) stateText(i recovery.InstanceState) string {
 	s := "dead"
-	if i.Alive() {
+	switch {
+	case !i.Alive():
+	case o.lastBeat(i).late:
+		s = "late"
+	default:
 		s = "alive"
 	}
 	switch i.Claim {
@@ -120,6 +244,14 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	if err != nil {
 		return usageIfConfig(err)
 	}
+	return printWorkers(stdout, stderr, o, fleet)
+}
+
+// printWorkers shows what Inspect read of the fleet: as JSON with --json,
+// else as a table with a legend and the counts. An empty registry is said
+// on stderr, with the prefix: a wrong --prefix looks exactly like an idle
+// fleet otherwise.
+func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetState) error {
 	insts, invalid := fleet.Instances, fleet.InvalidMembers
 	if len(insts) == 0 && len(invalid) == 0 {
 		fmt.Fprintf(stderr, "no worker registered under prefix %q: %s is empty or absent; is --prefix the fleet's WithKeyPrefix?\n",
@@ -134,26 +266,21 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 			InvalidMembers []string       `json:"invalid_members"`
 		}{Prefix: o.prefix, Registry: fleet.Registry, Serves: fleet.Serves, Workers: []instanceJSON{}, InvalidMembers: []string{}}
 		for _, i := range insts {
-			out.Workers = append(out.Workers, toJSON(i))
+			out.Workers = append(out.Workers, o.toJSON(i))
 		}
 		out.InvalidMembers = append(out.InvalidMembers, invalid...)
 		return writeJSON(stdout, out)
 	}
-	alive := 0
-	tw := tabwriter.NewWriter(stdout, 0, 4, 2, ' ', 0)
 	if len(insts) > 0 {
-		fmt.Fprintln(tw, "INSTANCE\tSTATE\tHEARTBEAT TTL\tROWS\tROWS TTL")
+		o.writeWorkers(stdout, insts)
 	}
-	for _, i := range insts {
-		if i.Alive() {
-			alive++
+	alive, late, dead := o.fleetCounts(insts)
+	fmt.Fprintf(stdout, "%d registered in %s: %s\n", len(insts), fleet.Registry, countsText(alive, late, dead))
+	if len(insts) > 0 {
+		for _, l := range o.beatLegend(insts) {
+			fmt.Fprintln(stdout, l)
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", i.InstanceID, stateText(i),
-			ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL))
 	}
-	tw.Flush()
-	fmt.Fprintf(stdout, "%d registered in %s: %d alive, %d dead\n",
-		len(insts), fleet.Registry, alive, len(insts)-alive)
 	if fleet.Serves != "" {
 		fmt.Fprintf(stdout, "the fleet serves %s (%s)\n", fleet.Serves, store.FleetKey(o.prefix))
 	}
@@ -198,18 +325,23 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 	if err != nil {
 		return err
 	}
+	return printRows(stdout, o, inst, tracked)
+}
+
+// printRows shows an instance and the rows it tracks.
+func printRows(stdout io.Writer, o *options, inst recovery.InstanceState, tracked recovery.TrackedRows) error {
 	ids, invalid := tracked.RowIDs, tracked.InvalidMembers
 	if o.json {
 		out := struct {
 			instanceJSON
 			RowIDs         []int64  `json:"row_ids"`
 			InvalidMembers []string `json:"invalid_members"`
-		}{toJSON(inst), append([]int64{}, ids...), append([]string{}, invalid...)}
+		}{o.toJSON(inst), append([]int64{}, ids...), append([]string{}, invalid...)}
 		out.Rows = int64(len(ids) + len(invalid))
 		return writeJSON(stdout, out)
 	}
-	fmt.Fprintf(stdout, "instance %s: %s, heartbeat TTL %s, %d rows tracked (set TTL %s)\n",
-		id, stateText(inst), ttlText(inst.HeartbeatPresent, inst.HeartbeatTTL),
+	fmt.Fprintf(stdout, "instance %s: %s, last beat %s, heartbeat TTL %s, %d rows tracked (set TTL %s)\n",
+		inst.InstanceID, o.stateText(inst), o.lastBeatText(inst), ttlText(inst.HeartbeatPresent, inst.HeartbeatTTL),
 		len(ids)+len(invalid), ttlText(inst.RowsPresent, inst.RowsTTL))
 	for _, n := range ids {
 		fmt.Fprintln(stdout, n)
@@ -269,7 +401,7 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return &usageError{"recover needs --database-url or DATABASE_URL " + what}
 	}
 	// A bad flag is a usage error, found before any connection.
-	if _, err := recovery.NewPgxResetter(noDB{}, o.pgx.Options()...); err != nil {
+	if _, err := recovery.NewPgxResetter(noDB{}, o.pgx.OptionsNamingEnv(o.getenv)...); err != nil {
 		return &usageError{err.Error()}
 	}
 	rdb, _, err := connectRedis(ctx, o)
@@ -330,7 +462,7 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 		pool.Close()
 		return nil, nil, fmt.Errorf("PostgreSQL at %s unreachable: %w", redact.URL(o.databaseURL), err)
 	}
-	resetter, err := recovery.NewPgxResetter(pool, o.pgx.Options()...)
+	resetter, err := recovery.NewPgxResetter(pool, o.pgx.OptionsNamingEnv(o.getenv)...)
 	if err != nil {
 		pool.Close()
 		return nil, nil, &usageError{err.Error()}
@@ -362,6 +494,10 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	p, err := w.PlanRecovery(ctx)
 	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
 	out.RowsReset = int64(p.RowsToReset)
+	var (
+		kept int
+		lost []string
+	)
 	for _, pp := range p.Peers {
 		pj := peerJSON{
 			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
@@ -370,8 +506,28 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 		}
 		out.RowsNotReset += len(pp.NotReset)
 		out.Peers = append(out.Peers, pj)
+		switch pp.Action {
+		case recovery.PlanKeep:
+			kept++
+		case recovery.PlanLost:
+			lost = append(lost, pp.InstanceID)
+		}
 	}
-	return out, err
+	if err != nil {
+		return out, err
+	}
+	// Where the real run would fail, the dry run fails too.
+	var errs []error
+	if kept > 0 {
+		errs = append(errs, fmt.Errorf("%w: a scan would keep %d rows of %d dead instances, neither reset nor finished, with their rows sets and registry entries, and recover would exit 1. "+
+			"Check --status-column, --inprog-status, --queued-status, --done-statuses and --owner-column against the fleet's configuration",
+			recovery.ErrRowsNotReset, out.RowsNotReset, kept))
+	}
+	if len(lost) > 0 {
+		errs = append(errs, fmt.Errorf("%w: %s: a scan would deregister them, and recover would exit 1; rows they held may stay in progress: look for them in PostgreSQL",
+			recovery.ErrRowsSetLost, strings.Join(lost, ", ")))
+	}
+	return out, errors.Join(errs...)
 }
 
 // recoverNow runs one scan through the library (Worker.RecoverNow). A peer

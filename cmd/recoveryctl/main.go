@@ -20,6 +20,23 @@
 //	                  (default $RECOVERY_KEY_PREFIX, else ALYA)
 //	--json            print JSON instead of text
 //	--timeout 30s     bound for the whole command (for watch: for each frame)
+//	--heartbeat-ttl 60s, --heartbeat-interval 30s
+//	                  the fleet's WithHeartbeatTTL and WithHeartbeatInterval
+//	                  (default: the library's defaults), for LAST BEAT
+//
+// workers lists every registered instance: its state (alive, late or
+// dead, and its recovery claim), LAST BEAT, the time since its last
+// heartbeat, its heartbeat key's TTL left, and its rows. Every heartbeat
+// sets the key's TTL back to the fleet's heartbeat TTL, so LAST BEAT is
+// --heartbeat-ttl minus the TTL left, to the millisecond (PTTL; OBJECT
+// IDLETIME is not used: a read of the key such as GET resets it, it
+// counts whole seconds, and Redis refuses it under an LFU maxmemory
+// policy). A dead
+// instance's last heartbeat was over a TTL ago; one whose key has more TTL
+// left than --heartbeat-ttl shows "?": pass the fleet's TTL. An instance
+// is late when no heartbeat came for 1.5 × --heartbeat-interval (past the
+// heartbeat loop's ±20% jitter): right after a kill -9 its key lives on
+// until the TTL runs out, and late is the first sign.
 //
 // history prints the fleet's history stream (<prefix>_HISTORY, see
 // recovery.WithHistory): which peer died, who recovered it, how many rows
@@ -121,9 +138,15 @@ type options struct {
 	interval      time.Duration // watch
 	count         int           // watch
 	plain         bool          // watch
+	// heartbeatTTL and heartbeatInterval are the fleet's, for the time
+	// since each instance's last heartbeat (workers, rows, watch).
+	heartbeatTTL, heartbeatInterval time.Duration
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
 	// environment variables the host reads too, then the flags.
 	pgx recovery.PgxConfig
+	// getenv is the environment the configuration came from: errors name
+	// the RECOVERY_* variable of a setting it gave (PgxConfig.OptionsNamingEnv).
+	getenv func(string) string
 }
 
 // registerCommon defines the flags every command accepts, with the current
@@ -134,6 +157,10 @@ func (o *options) registerCommon(fs *flag.FlagSet) {
 	fs.StringVar(&o.prefix, "prefix", o.prefix, "key prefix of the fleet (recovery.WithKeyPrefix; default $"+recovery.EnvKeyPrefix+", else "+recovery.DefaultKeyPrefix+")")
 	fs.BoolVar(&o.json, "json", o.json, "print JSON")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound for the whole command")
+	fs.DurationVar(&o.heartbeatTTL, "heartbeat-ttl", o.heartbeatTTL,
+		"the fleet's heartbeat TTL (recovery.WithHeartbeatTTL), for LAST BEAT: this TTL minus the TTL left")
+	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", o.heartbeatInterval,
+		"the fleet's heartbeat interval (recovery.WithHeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
 }
 
 // registerRecover defines the flags of recover: one for every PgxResetter
@@ -179,6 +206,8 @@ func (o *options) registerWatch(fs *flag.FlagSet) {
 	fs.IntVar(&o.last, "last", 10, "how many of the newest history entries to show")
 	fs.IntVar(&o.count, "count", 0, "stop after N frames (default: until interrupted)")
 	fs.BoolVar(&o.plain, "plain", false, "plain lines, one block per frame, even on a terminal")
+	fs.StringVar(&o.pgx.OwnerColumn, "owner-column", o.pgx.OwnerColumn, fmt.Sprintf(
+		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", recovery.EnvOwnerColumn))
 }
 
 // optionName names the library option behind a recover flag.
@@ -209,7 +238,7 @@ func optionName(flag string) string {
 const usageText = `recoveryctl inspects and repairs the Redis state of a recovery fleet.
 
 Usage:
-  recoveryctl [flags] workers              every registered instance: alive or dead, heartbeat TTL, rows
+  recoveryctl [flags] workers              every registered instance: alive, late or dead, last beat, TTL, rows
   recoveryctl [flags] rows <instance>      the row IDs an instance is tracking
   recoveryctl [flags] history [--since 1h] the fleet's history: deaths, recoveries, failures, lease losses
   recoveryctl [flags] watch                the fleet live: workers, turns, the last recoveries
@@ -265,7 +294,8 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // parseArgs reads the command line and the environment. code is -1 when
 // the command should run, else the exit status to return at once.
 func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd string, pos []string, o *options, code int) {
-	o = &options{prefix: recovery.DefaultKeyPrefix, timeout: 30 * time.Second}
+	o = &options{prefix: recovery.DefaultKeyPrefix, timeout: 30 * time.Second, getenv: getenv,
+		heartbeatTTL: recovery.DefaultHeartbeatTTL, heartbeatInterval: recovery.DefaultHeartbeatInterval}
 	if p := getenv(recovery.EnvKeyPrefix); p != "" {
 		o.prefix = p
 	}
@@ -346,6 +376,11 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 	}
 	if o.timeout <= 0 {
 		fmt.Fprintf(stderr, "recoveryctl: --timeout %v must be positive\n", o.timeout)
+		return "", nil, nil, exitUsage
+	}
+	if o.heartbeatTTL <= 0 || o.heartbeatInterval <= 0 || o.heartbeatInterval >= o.heartbeatTTL {
+		fmt.Fprintf(stderr, "recoveryctl: --heartbeat-interval %v and --heartbeat-ttl %v must be positive, the interval shorter\n",
+			o.heartbeatInterval, o.heartbeatTTL)
 		return "", nil, nil, exitUsage
 	}
 	if cmd == "watch" && o.json {

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -8,10 +9,12 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"os/exec"
 	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -29,7 +32,38 @@ import (
 // These tests run recoveryctl's run function against a real redis-server
 // (standalone and Cluster) and, for recover, a real PostgreSQL.
 
-func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
+func TestMain(m *testing.M) {
+	if os.Getenv(victimEnv) != "" {
+		os.Exit(runVictim())
+	}
+	os.Exit(testutil.MainCheckingLeaks(m))
+}
+
+// victimEnv makes the test binary a worker of the library that a test
+// kills with SIGKILL: REDIS_URL and RECOVERY_KEY_PREFIX say where, the
+// variable's value is its instance ID. It heartbeats every 100ms with a
+// TTL of 3s, says "started" on stdout, and runs until killed.
+const victimEnv = "RECOVERYCTL_TEST_VICTIM"
+
+func runVictim() int {
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(recovery.EnvKeyPrefix)),
+		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithHeartbeatTTL(3*time.Second),
+		recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Hour))
+	if err == nil {
+		err = w.Start(context.Background())
+	}
+	if err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("started")
+	select {}
+}
 
 // ctl runs recoveryctl with args and the environment env.
 func ctl(t *testing.T, env map[string]string, args ...string) (stdout, stderr string, code int) {
@@ -113,11 +147,11 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	lines := strings.Split(out, "\n")
 	require.GreaterOrEqual(t, len(lines), 4, out)
-	assert.Regexp(t, `^INSTANCE\s+STATE\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
-	assert.Regexp(t, `^alive-1\s+alive\s+\S+\s+2\s+`, lines[1])
+	assert.Regexp(t, `^INSTANCE\s+STATE\s+LAST BEAT\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
+	assert.Regexp(t, `^alive-1\s+alive\s+\S+ ago\s+\S+\s+2\s+`, lines[1])
 	// The live worker's scan failed to reset them (refuser): the claim
 	// renewed the rows set's TTL (WithRowsTTL 3h) and left its note.
-	assert.Regexp(t, `^dead-1\s+dead, last recovery failed\s+-\s+3\s+3h0m0s`, lines[2])
+	assert.Regexp(t, `^dead-1\s+dead, last recovery failed\s+over 1m0s ago\s+-\s+3\s+3h0m0s`, lines[2])
 	assert.Contains(t, out, "2 registered in "+prefix+"_WORKER_REGISTRY: 1 alive, 1 dead")
 	assert.Contains(t, out, `"not valid"`)
 
@@ -202,7 +236,7 @@ func TestRowsListsTheRowIDsOfAnInstance(t *testing.T) {
 
 	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "rows", "dead-1")
 	require.Equal(t, exitOK, code, errOut)
-	assert.Contains(t, out, "instance dead-1: dead, heartbeat TTL -, 4 rows tracked")
+	assert.Contains(t, out, "instance dead-1: dead, last beat over 1m0s ago, heartbeat TTL -, 4 rows tracked")
 	assert.Contains(t, out, "4\n30\n200\n", "numeric order")
 	assert.Contains(t, out, `"junk"`)
 
@@ -386,9 +420,17 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, "dead-1").Rows, "3").Err())
 	misspelt[slices.Index(misspelt, "items")] = "textitems"
 	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
+	// The dry run says so, and exits 1 as the real run will.
 	out, errOut, code := ctl(t, env, append(append(base, "--dry-run"), misspelt...)...)
-	require.Equal(t, exitOK, code, errOut)
+	require.Equal(t, exitFail, code, errOut)
 	assert.Contains(t, out, `would keep dead-1: 2 of 3 tracked rows can be neither reset nor shown finished (row 1 status "running", row 2 status "running"); 0 would be reset (none)`)
+	assert.Contains(t, errOut, "recoveryctl recover: recovery: rows neither reset nor settled: a scan would keep 2 rows of 1 dead instances")
+	assert.Contains(t, errOut, "and recover would exit 1")
+	out, errOut, code = ctl(t, env, append(append(base, "--dry-run", "--json"), misspelt...)...)
+	require.Equal(t, exitFail, code, errOut)
+	var plan recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
+	assert.Equal(t, 2, plan.RowsNotReset)
 
 	out, errOut, code = ctl(t, env, append(base, misspelt...)...)
 	assert.Equal(t, exitFail, code, errOut)
@@ -689,4 +731,104 @@ func TestWorkersShowsTheFleetRecord(t *testing.T) {
 	require.Len(t, got.Workers, 2)
 	assert.Equal(t, int64(20000), got.Workers[1].AnnouncedTTLMs)
 	assert.Equal(t, "rows-set", got.Workers[1].Mode)
+}
+
+// TestErrorsNameTheVariableASettingCameFrom: a schema that does not exist
+// is named by RECOVERY_SCHEMA when the environment gave it, and by its
+// option when a flag did.
+func TestErrorsNameTheVariableASettingCameFrom(t *testing.T) {
+	url := testutil.RedisURL(t)
+	testutil.Postgres(t)
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t), recovery.EnvSchema: "no_such_schema",
+		recovery.EnvMaxRecoveries: "3", recovery.EnvTerminalStatus: "dead"}
+	base := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "recover"}
+
+	_, errOut, code := ctl(t, env, append(base, "--recovery-count-column", "n")...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "schema no_such_schema (RECOVERY_SCHEMA) does not exist")
+	assert.NotContains(t, errOut, "WithSchema")
+
+	_, errOut, code = ctl(t, env, append(base, "--recovery-count-column", "n", "--schema", "other_schema")...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "schema other_schema (WithSchema) does not exist", "the flag's value is not the variable's")
+
+	// Refused before any connection, naming the variable too.
+	_, errOut, code = ctl(t, env, base...)
+	assert.Equal(t, exitUsage, code, errOut)
+	assert.Contains(t, errOut, "max recoveries 3 (RECOVERY_MAX_RECOVERIES) needs a recovery count column (WithRecoveryCountColumn or RECOVERY_RECOVERY_COUNT_COLUMN)")
+}
+
+// TestWorkersShowsAKilledWorkerLateThenDead kills a real worker process
+// with SIGKILL: its heartbeat key lives on for the TTL, but at once LAST
+// BEAT grows from the kill and, past 1.5 heartbeat intervals, workers says
+// "late"; once the key has expired, "dead".
+func TestWorkersShowsAKilledWorkerLateThenDead(t *testing.T) {
+	url := testutil.RedisURL(t)
+	prefix := testutil.Name("CTL")
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), victimEnv+"=victim-1", "REDIS_URL="+url, recovery.EnvKeyPrefix+"="+prefix)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "started\n", line)
+
+	args := []string{"--redis-url", url, "--prefix", prefix, "--heartbeat-ttl", "3s", "--heartbeat-interval", "100ms", "workers"}
+	out, errOut, code := ctl(t, nil, args...)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Regexp(t, `(?m)^victim-1\s+alive\s+\d+ms ago\s+`, out, "heartbeating")
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	_ = cmd.Wait()
+	var late workersOut
+	require.Eventually(t, func() bool {
+		out, errOut, code := ctl(t, nil, append(args, "--json")...)
+		require.Equal(t, exitOK, code, errOut)
+		require.NoError(t, json.Unmarshal([]byte(out), &late))
+		return late.Workers[0].Late
+	}, 2*time.Second, 20*time.Millisecond, "late well before the key expires")
+	since := time.Since(killed)
+	w := late.Workers[0]
+	assert.True(t, w.Alive, "the key lives on")
+	require.NotNil(t, w.LastBeatMs)
+	assert.Greater(t, *w.LastBeatMs, int64(150), "past 1.5 intervals")
+	assert.LessOrEqual(t, time.Duration(*w.LastBeatMs)*time.Millisecond, since+150*time.Millisecond,
+		"LAST BEAT is the time since the last heartbeat, at most an interval before the kill")
+	out, _, _ = ctl(t, nil, args...)
+	assert.Regexp(t, `(?m)^victim-1\s+late\s+\S+ ago\s+`, out)
+	assert.Contains(t, out, "1 registered in "+prefix+"_WORKER_REGISTRY: 1 alive (1 of them late), 0 dead")
+
+	require.Eventually(t, func() bool {
+		out, _, _ = ctl(t, nil, args...)
+		return strings.Contains(out, "0 alive, 1 dead")
+	}, 5*time.Second, 50*time.Millisecond)
+	assert.Regexp(t, `(?m)^victim-1\s+dead\s+over 3s ago\s+-\s+`, out)
+}
+
+// TestRecoverDryRunFailsWhereTheRunWould: a dead instance whose rows set
+// vanished after a failed recovery is deregistered by a scan, which fails
+// the run (recovery.ErrRowsSetLost); the dry run, which changes nothing,
+// exits 1 too, naming it.
+func TestRecoverDryRunFailsWhereTheRunWould(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	testutil.Postgres(t)
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
+	prefix := testutil.Name("CTL")
+	plantDead(t, rdb, prefix, "dead-lost")
+	require.NoError(t, rdb.Set(context.Background(), store.InstanceKeys(prefix, "dead-lost").Claim, "failed", time.Minute).Err())
+	base := []string{"--redis-url", url, "--prefix", prefix, "recover", "--no-schema-check"}
+
+	out, errOut, code := ctl(t, env, append(base, "--dry-run")...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, out, "would deregister dead-lost: its rows set vanished after a failed recovery")
+	assert.Contains(t, errOut, "rows set of a dead peer lost before its rows were reset: dead-lost: a scan would deregister them, and recover would exit 1")
+
+	_, errOut, code = ctl(t, env, base...)
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "1 of 1 dead instances could not be recovered")
 }

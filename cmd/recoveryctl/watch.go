@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"strings"
-	"text/tabwriter"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -81,59 +80,71 @@ func cmdWatch(ctx context.Context, o *options, stdout io.Writer) error {
 func watchFrame(ctx context.Context, rdb redis.UniversalClient, o *options, name string) []string {
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
-	lines := []string{fmt.Sprintf("recovery fleet %s on %s, %s", o.prefix, name,
-		time.Now().UTC().Format("2006-01-02 15:04:05 UTC"))}
+	f := frame{now: time.Now()}
+	f.fleet, f.fleetErr = recovery.Inspect(ctx, rdb, o.prefix)
+	if f.fleetErr == nil {
+		f.scan, f.sweep, f.turnsErr = store.NewRedis(rdb, o.prefix, o.timeout).Turns(ctx)
+		f.history, f.historyErr = recovery.ReadHistory(ctx, rdb, o.prefix, recovery.HistoryQuery{Last: o.last})
+	}
+	return f.lines(o, name)
+}
 
-	fleet, err := recovery.Inspect(ctx, rdb, o.prefix)
-	if err != nil {
-		return append(lines, "", "cannot read the fleet: "+clean(err.Error()))
+// frame is what one frame of watch read.
+type frame struct {
+	now                            time.Time
+	fleet                          recovery.FleetState
+	fleetErr, turnsErr, historyErr error
+	scan, sweep                    store.Turn
+	history                        []recovery.HistoryEntry
+}
+
+// lines shows a frame. The sweep turn shows only for a fleet that can
+// sweep (an owner column: --owner-column or RECOVERY_OWNER_COLUMN), or
+// when someone holds it.
+func (f frame) lines(o *options, name string) []string {
+	lines := []string{fmt.Sprintf("recovery fleet %s on %s, %s", o.prefix, name,
+		f.now.UTC().Format("2006-01-02 15:04:05 UTC"))}
+	if f.fleetErr != nil {
+		return append(lines, "", "cannot read the fleet: "+clean(f.fleetErr.Error()))
 	}
-	scan, sweep, err := store.NewRedis(rdb, o.prefix, o.timeout).Turns(ctx)
-	turns := fmt.Sprintf("scan turn: %s, sweep turn: %s", turnText(scan, true), turnText(sweep, false))
-	if err != nil {
-		turns = "turns unknown: " + clean(err.Error())
+	turns := "scan turn: " + turnText(f.scan, true)
+	if o.pgx.OwnerColumn != "" || f.sweep.Holder != "" {
+		turns += ", sweep turn: " + turnText(f.sweep, false)
 	}
-	alive := 0
-	for _, i := range fleet.Instances {
-		if i.Alive() {
-			alive++
-		}
+	if f.turnsErr != nil {
+		turns = "turns unknown: " + clean(f.turnsErr.Error())
 	}
-	lines = append(lines, fmt.Sprintf("%d workers: %d alive, %d dead; %s", len(fleet.Instances), alive,
-		len(fleet.Instances)-alive, turns), "")
+	alive, late, dead := o.fleetCounts(f.fleet.Instances)
+	lines = append(lines, fmt.Sprintf("%d workers: %s; %s", len(f.fleet.Instances), countsText(alive, late, dead), turns), "")
 
 	var buf bytes.Buffer
-	if len(fleet.Instances) > 0 {
-		tw := tabwriter.NewWriter(&buf, 0, 4, 2, ' ', 0)
-		fmt.Fprintln(tw, "INSTANCE\tSTATE\tHEARTBEAT TTL\tROWS\tROWS TTL")
-		for _, i := range fleet.Instances {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%d\t%s\n", i.InstanceID, stateText(i),
-				ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL))
+	if len(f.fleet.Instances) > 0 {
+		o.writeWorkers(&buf, f.fleet.Instances)
+		for _, l := range o.beatLegend(f.fleet.Instances) {
+			fmt.Fprintln(&buf, l)
 		}
-		tw.Flush()
 	} else {
-		fmt.Fprintf(&buf, "no worker registered in %s\n", fleet.Registry)
+		fmt.Fprintf(&buf, "no worker registered in %s\n", f.fleet.Registry)
 	}
-	if len(fleet.InvalidMembers) > 0 {
-		fmt.Fprintf(&buf, "ignored %d registry members that are not valid instance IDs\n", len(fleet.InvalidMembers))
+	if len(f.fleet.InvalidMembers) > 0 {
+		fmt.Fprintf(&buf, "ignored %d registry members that are not valid instance IDs\n", len(f.fleet.InvalidMembers))
 	}
-	if fleet.Serves != "" {
-		fmt.Fprintf(&buf, "serves %s\n", fleet.Serves)
+	if f.fleet.Serves != "" {
+		fmt.Fprintf(&buf, "serves %s\n", f.fleet.Serves)
 	}
-	if ttls := announcedTTLs(fleet.Instances); ttls != "" {
+	if ttls := announcedTTLs(f.fleet.Instances); ttls != "" {
 		fmt.Fprintf(&buf, "heartbeat TTLs announced: %s\n", ttls)
 	}
 	buf.WriteString("\n")
 
-	entries, err := recovery.ReadHistory(ctx, rdb, o.prefix, recovery.HistoryQuery{Last: o.last})
 	switch {
-	case err != nil:
-		fmt.Fprintf(&buf, "cannot read the history: %s\n", clean(err.Error()))
-	case len(entries) == 0:
+	case f.historyErr != nil:
+		fmt.Fprintf(&buf, "cannot read the history: %s\n", clean(f.historyErr.Error()))
+	case len(f.history) == 0:
 		fmt.Fprintf(&buf, "no history yet in %s\n", store.HistoryKey(o.prefix))
 	default:
-		fmt.Fprintf(&buf, "last %d of the history (%s):\n", len(entries), store.HistoryKey(o.prefix))
-		writeHistory(&buf, entries, "2006-01-02 15:04:05.000")
+		fmt.Fprintf(&buf, "last %d of the history (%s):\n", len(f.history), store.HistoryKey(o.prefix))
+		writeHistory(&buf, f.history, "2006-01-02 15:04:05.000")
 	}
 	return append(lines, strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")...)
 }

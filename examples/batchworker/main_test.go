@@ -165,6 +165,21 @@ func startProcess(t *testing.T, f fixture, args ...string) (*exec.Cmd, *syncBuff
 	return cmd, out
 }
 
+// killMidBlock starts the program as instance id, with work per row, and
+// kills it with SIGKILL in the middle of its first block: 3 rows done,
+// the rest in progress. It returns when, and what the process printed.
+func killMidBlock(t *testing.T, f fixture, id string, work time.Duration) (time.Time, *syncBuffer) {
+	t.Helper()
+	cmd, out := startProcess(t, f, f.args(id, work)...)
+	require.Eventually(t, func() bool {
+		return f.count(t, `status = 'done' AND owner = $1`, id) >= 3
+	}, 15*time.Second, 10*time.Millisecond)
+	killedAt := time.Now()
+	require.NoError(t, cmd.Process.Kill())
+	_ = cmd.Wait()
+	return killedAt, out
+}
+
 type syncBuffer struct {
 	mu sync.Mutex
 	b  bytes.Buffer
@@ -256,14 +271,7 @@ func TestSIGTERMFinishesTheBlockThenShutsDown(t *testing.T) {
 
 func TestRowsOfAKilledWorkerAreFinishedByAPeer(t *testing.T) {
 	f := setup(t, 60)
-	cmd, _ := startProcess(t, f, f.args("bw-victim", 200*time.Millisecond)...)
-	// Kill it in the middle of its first block: some rows done, some not.
-	require.Eventually(t, func() bool {
-		return f.count(t, `status = 'done' AND owner = 'bw-victim'`) >= 3
-	}, 15*time.Second, 10*time.Millisecond)
-	require.NoError(t, cmd.Process.Kill())
-	_ = cmd.Wait()
-	killedAt := time.Now()
+	killedAt, _ := killMidBlock(t, f, "bw-victim", 200*time.Millisecond)
 	// A COMMIT the process sent just before it died may still be applied.
 	time.Sleep(200 * time.Millisecond)
 	stranded := f.count(t, `status = 'inprog' AND owner = 'bw-victim'`)

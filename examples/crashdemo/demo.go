@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -65,6 +66,7 @@ type demo struct {
 
 	// What it started or uses; cleanup undoes it.
 	mr       *miniredis.Miniredis
+	rs       *servers.Redis // the redis-server started, when there is one
 	pg       *servers.Postgres
 	rdb      *redis.Client
 	pool     *pgxpool.Pool
@@ -139,14 +141,24 @@ func (d *demo) setup(ctx context.Context) error {
 	if d.cfg.redisURL != "" {
 		d.redisURL = d.cfg.redisURL
 		d.ui.say("Redis: REDIS_URL, keys under prefix %s (deleted at the end)", d.prefix)
+	} else if rs, err := servers.StartRedis(ctx); err == nil {
+		// A real server when one is installed: miniredis lacks what the
+		// workers read of a real one (INFO's uptime, for the restart
+		// check), and they would say so.
+		d.rs = rs
+		d.redisURL = "redis://" + rs.Addr
+		d.ui.say("Redis: throwaway redis-server on %s", rs.Addr)
 	} else {
+		if !errors.Is(err, servers.ErrNoRedisServer) {
+			return err
+		}
 		d.mr = miniredis.NewMiniRedis()
 		d.mr.ClockTTL(true) // keys expire with the wall clock, like a real Redis
 		if err := d.mr.StartAddr("127.0.0.1:0"); err != nil {
 			return fmt.Errorf("start miniredis: %w", err)
 		}
 		d.redisURL = "redis://" + d.mr.Addr()
-		d.ui.say("Redis: embedded miniredis on %s", d.mr.Addr())
+		d.ui.say("Redis: embedded miniredis on %s (no redis-server on PATH; the workers will say that it cannot tell its uptime)", d.mr.Addr())
 	}
 	opt, err := redis.ParseURL(d.redisURL)
 	if err != nil {
@@ -579,7 +591,7 @@ func (d *demo) cleanup() {
 		}
 	}
 	if d.rdb != nil {
-		if d.mr == nil { // someone else's Redis: remove our keys
+		if d.mr == nil && d.rs == nil { // someone else's Redis: remove our keys
 			ks := store.FleetKeys(d.prefix)
 			for _, p := range d.procs {
 				k := store.InstanceKeys(d.prefix, p.name)
@@ -589,6 +601,10 @@ func (d *demo) cleanup() {
 			d.cleaned = append(d.cleaned, "keys "+d.prefix+"_*")
 		}
 		d.rdb.Close()
+	}
+	if d.rs != nil {
+		d.rs.Stop()
+		d.cleaned = append(d.cleaned, "redis-server")
 	}
 	if d.mr != nil {
 		d.mr.Close()

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
 	"regexp"
 	"strconv"
 	"strings"
@@ -87,6 +88,16 @@ func assertProcessesGone(t *testing.T, out string) {
 	}
 }
 
+// assertQuiet checks that a demo on a correct setup shows no warning and
+// no error: every WARN or ERROR a worker logs is a line "wN warn: ..." or
+// "wN error: ...".
+func assertQuiet(t *testing.T, out string) {
+	t.Helper()
+	for _, l := range strings.Split(out, "\n") {
+		assert.NotRegexp(t, `\bw\d+ (warn|error): `, l, "a correct setup warns of nothing")
+	}
+}
+
 // assertPortClosed checks that nothing listens on addr any more.
 func assertPortClosed(t *testing.T, addr string) {
 	t.Helper()
@@ -113,9 +124,13 @@ func TestDemoWithItsOwnServersKeepsEveryPromise(t *testing.T) {
 	assert.Regexp(t, `w[13] reset \d+ rows? of w2 to queued, [0-9.]+m?s after the kill`, s)
 	assert.Regexp(t, `w[13] took rows [0-9, -]+: \d+ rows? of them back from recovery`, s)
 	assert.NotContains(t, s, "\x1b[", "no escape codes when stdout is not a terminal")
+	if _, err := exec.LookPath("redis-server"); err == nil {
+		assert.Contains(t, s, "Redis: throwaway redis-server on ", "a real server when one is installed")
+		assertQuiet(t, s)
+	}
 
 	assertProcessesGone(t, s)
-	m := regexp.MustCompile(`Redis: embedded miniredis on (\S+)`).FindStringSubmatch(s)
+	m := regexp.MustCompile(`Redis: (?:throwaway redis-server|embedded miniredis) on (\S+)`).FindStringSubmatch(s)
 	require.NotNil(t, m)
 	assertPortClosed(t, m[1])
 	m = regexp.MustCompile(`PostgreSQL: throwaway cluster on (\S+),`).FindStringSubmatch(s)
@@ -132,6 +147,7 @@ func TestDemoOnGivenServersRemovesWhatItCreated(t *testing.T) {
 	require.Equal(t, exitPass, code, "%s\n%s", s, errOut.String())
 	assert.Contains(t, s, "verdict: PASS")
 	assert.Contains(t, s, "Redis: REDIS_URL, keys under prefix CRASHDEMO-")
+	assertQuiet(t, s)
 	assert.NotContains(t, s, redisURL, "connection strings are never printed")
 	assert.NotContains(t, s, dbURL)
 	assertProcessesGone(t, s)
@@ -175,7 +191,7 @@ func TestInterruptStopsEverythingTheDemoStarted(t *testing.T) {
 		t.Fatal("the demo did not stop after the interrupt")
 	}
 	s := out.String()
-	assert.Contains(t, s, "interrupted; stopped 3 worker processes, PostgreSQL, miniredis")
+	assert.Regexp(t, "interrupted; stopped 3 worker processes, PostgreSQL, (redis-server|miniredis)", s)
 	assert.NotContains(t, s, "verdict")
 	assertProcessesGone(t, s)
 	require.NotNil(t, d.pg)

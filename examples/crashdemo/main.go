@@ -7,9 +7,12 @@
 // the time from the kill to the recovery against the promised bound. It
 // exits 1 if a promise was broken.
 //
-// With no configuration it needs nothing running: Redis is an embedded
-// miniredis on a loopback port, and PostgreSQL a throwaway cluster started
-// from the installed binaries (as the postgres user when run as root).
+// With no configuration it needs nothing running: Redis is a throwaway
+// redis-server on a loopback port when one is installed (else an embedded
+// miniredis, which cannot tell its uptime: the workers then warn that they
+// judge dead peers without the restart check), and PostgreSQL a throwaway
+// cluster started from the installed binaries (as the postgres user when
+// run as root).
 // REDIS_URL and DATABASE_URL, when set, are used instead (under a key
 // prefix and a schema of its own, removed at the end). Everything it
 // started is stopped when it ends, also on Ctrl-C.
@@ -68,7 +71,7 @@ type config struct {
 	timeout   time.Duration
 	plain     bool
 
-	redisURL    string // REDIS_URL; empty: embedded miniredis
+	redisURL    string // REDIS_URL; empty: a redis-server of its own, else miniredis
 	databaseURL string // DATABASE_URL; empty: throwaway PostgreSQL
 }
 

@@ -579,6 +579,32 @@ func (p *pubsub) Next(ctx context.Context) (string, bool) {
 
 func (p *pubsub) Close() error { return p.ps.Close() }
 
+// Ping sends PING. A refused AUTH fails a pipeline or MULTI/EXEC with
+// the replies of its queued commands left unread on the connection, which
+// go-redis then logs ("Conn has unread data") before dropping it; a lone
+// PING gets one reply, the refusal.
+func (s *Redis) Ping(ctx context.Context) (err error) {
+	defer s.failed(&err)
+	return s.rdb.Ping(ctx).Err()
+}
+
+// IsAuthError reports whether err is Redis refusing the client: a
+// password is required (NOAUTH), the user or password is wrong
+// (WRONGPASS), or the user may not run the command (NOPERM).
+func IsAuthError(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	msg := re.Error()
+	for _, p := range []string{"NOAUTH", "WRONGPASS", "NOPERM"} {
+		if strings.HasPrefix(msg, p) {
+			return true
+		}
+	}
+	return false
+}
+
 // EvictionPolicy sends CONFIG GET maxmemory-policy.
 func (s *Redis) EvictionPolicy(ctx context.Context) (_ string, err error) {
 	defer s.failed(&err)

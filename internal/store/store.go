@@ -118,6 +118,10 @@ type Store interface {
 	SubscribeExpired(ctx context.Context, node string) (Subscription, error)
 	// EvictionPolicy returns the server's maxmemory-policy.
 	EvictionPolicy(ctx context.Context) (string, error)
+	// Ping sends one PING, alone: the first command of Start, so that a
+	// server that refuses the client (see IsAuthError) says so before any
+	// pipeline or transaction is sent.
+	Ping(ctx context.Context) error
 
 	// Describe reads the keys of each of ids in one round trip per node.
 	Describe(ctx context.Context, ids []string) ([]Instance, error)

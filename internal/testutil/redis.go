@@ -144,7 +144,7 @@ func (s *RedisServer) start() error {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil {
+		if err == nil || strings.HasPrefix(err.Error(), "NOAUTH") { // answers: --requirepass
 			return nil
 		}
 		if time.Now().After(deadline) {
