@@ -298,7 +298,7 @@ func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
 	w := r.w
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.opts.rowsTTL)
+	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.rowsTTL())
 }
 
 // reset is steps 2 and 3. A rows set, when the peer has one, is read and
@@ -454,7 +454,7 @@ func (r *peerRecovery) release() {
 // failureNoteTTL is how long a failed recovery's note lives: as long as a
 // rows set renewed now, and an interval more.
 func (w *Worker) failureNoteTTL() time.Duration {
-	return satAdd(w.opts.rowsTTL, w.opts.recoveryInterval)
+	return satAdd(w.rowsTTL(), w.opts.recoveryInterval)
 }
 
 // tombstoneTTL is how long a finished claim keeps its result for a retry

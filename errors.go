@@ -98,4 +98,12 @@ var (
 	// (NOPERM). The message names the address and Redis's reply, never
 	// the password.
 	ErrRedisAuth = errors.New("recovery: redis refused this client")
+
+	// ErrFleetMismatch is wrapped by the error Start returns when the key
+	// prefix already serves another fleet: the fleet record under it names
+	// another database, schema or table than this worker's resetter. Two
+	// applications under one prefix would recover each other's dead
+	// workers into the wrong table. The error names both; give each
+	// application its own prefix (WithKeyPrefix).
+	ErrFleetMismatch = errors.New("recovery: key prefix serves another fleet")
 )

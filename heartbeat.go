@@ -53,8 +53,10 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	res, err := w.store.Beat(ctx, w.opts.instanceID, store.Heartbeat{
 		Value: w.beatValue, TTL: w.opts.heartbeatTTL,
 		Incarnation: incarnation, IncarnationTTL: w.incarnationTTL(),
-		Remove: unremoved, Add: tracked, RowsTTL: w.opts.rowsTTL,
+		Remove: unremoved, Add: tracked, RowsTTL: w.rowsTTL(),
+		Serves: w.fleet.served(), Announce: w.announcement(),
 	})
+	w.noteFleet(res.Fleet, res.FleetErr)
 	if res.Foreign {
 		// Nothing of ours was written; the registry entry is the ID's
 		// whoever holds it.
@@ -129,10 +131,10 @@ func (h *heartbeater) restored() {
 	}
 	if w.lease.lost.Swap(false) {
 		if !mutantNoRegainHold {
-			w.lease.hold(w.opts.claimTTL())
+			w.lease.hold(w.fleetClaimTTL())
 		}
 		w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
-			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.opts.claimTTL()))
+			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.fleetClaimTTL()))
 		w.emit(Event{Kind: EventLeaseRegained})
 	}
 	h.failures = 0

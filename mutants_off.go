@@ -16,6 +16,13 @@ const (
 	// mutantNoRegainHold: model hole H1's fix reverted: a lost lease that
 	// comes back is not held for a claim TTL (heartbeater.restored).
 	mutantNoRegainHold = false
+	// mutantNoFleetCheck: issue 20 item 2 reverted: Start neither records
+	// nor checks what the fleet under the prefix serves (checkFleet).
+	mutantNoFleetCheck = false
+	// mutantOwnTimingsOnly: issue 20 item 3 reverted: a worker holds
+	// verdicts and leases for its own timings only, not the fleet's
+	// longest (fleetMemory.learn).
+	mutantOwnTimingsOnly = false
 	// mutantReleaseUnrecorded: Release resets under an unknown incarnation,
 	// so the reset ledger neither skips the rows a recovery of this worker
 	// already reset nor records its own (issue 21's Release after a lost

@@ -9,6 +9,8 @@ var (
 	mutantNoNodeAgeHold     bool
 	mutantNoRegainHold      bool
 	mutantReleaseUnrecorded bool
+	mutantNoFleetCheck      bool
+	mutantOwnTimingsOnly    bool
 
 	mutantSweepOneLook     bool
 	mutantSweepAnyNode     bool

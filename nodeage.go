@@ -179,7 +179,7 @@ func (w *Worker) observeNodes(ctx context.Context) {
 	infos, _ := w.store.MasterInfos(opCtx)
 	for node, info := range infos {
 		if f, err := parseNodeFacts(info); err == nil {
-			w.nodes.observe(node, f, now, w.opts.heartbeatTTL, true)
+			w.nodes.observe(node, f, now, w.fleetTTL(), true)
 		}
 	}
 }
@@ -256,9 +256,10 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 // less than a TTL ago (a new deployment, a test's server), which is no
 // incident to warn of.
 func (w *Worker) nodeHold(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool) {
-	until, first = w.nodes.observe(addr, f, recv, w.opts.heartbeatTTL, false)
-	if up := max(f.uptime-time.Second, 0); strict && up < w.opts.heartbeatTTL {
-		if u := recv.Add(w.opts.heartbeatTTL - up); u.After(until) {
+	ttl := w.fleetTTL() // the longest any live member uses (fleet.go)
+	until, first = w.nodes.observe(addr, f, recv, ttl, false)
+	if up := max(f.uptime-time.Second, 0); strict && up < ttl {
+		if u := recv.Add(ttl - up); u.After(until) {
 			youngOnly = until.IsZero()
 			until, first = u, true
 		}

@@ -54,6 +54,8 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		// Their unit tests catch each (docs/safety.md §5b).
 		{name: "sweep by row version: one look, not two a rows TTL apart", set: []*bool{&mutantSweepOneLook}},
 		{name: "sweep by row version: rows sets of live workers ignored", set: []*bool{&mutantSweepIgnoresSets}},
+		{name: "issue 20 item 2 reverted: Start neither records nor checks what the fleet serves", set: []*bool{&mutantNoFleetCheck}},
+		{name: "issue 20 item 3 reverted: verdicts and holds use the worker's own timings", set: []*bool{&mutantOwnTimingsOnly}},
 	}
 	var report []string
 	for _, m := range mutants {

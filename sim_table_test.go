@@ -103,6 +103,16 @@ var (
 
 func (r *simResetter) table() *simTable { return r.p.world.table }
 
+// fleetIdentity tells what the fleet serves only in the foreign fault
+// class: elsewhere Start records nothing, so the runs of earlier seeds are
+// unchanged.
+func (r *simResetter) fleetIdentity(context.Context) (string, error) {
+	if r.p.world.cfg.foreign {
+		return simServes, nil
+	}
+	return "", nil
+}
+
 func (r *simResetter) FencesByOwner() bool { return r.p.world.table.fenced }
 
 // UsesLedger reports whether resets are recorded in the reset ledger: then

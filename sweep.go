@@ -182,7 +182,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		if !seen {
 			s.absentSince[o] = checkedAt
 		}
-		if !seen || checkedAt.Sub(since) < w.opts.heartbeatTTL {
+		if !seen || checkedAt.Sub(since) < w.fleetTTL() {
 			rep.absent = append(rep.absent, o)
 			continue
 		}

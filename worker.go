@@ -41,11 +41,12 @@ type Worker struct {
 	lifecycle // Start, Shutdown
 
 	// Shared state.
-	rows   inflight   // the rows tracked now (inflight.go)
-	lease  lease      // lease.go
-	nodes  nodeAges   // nodeage.go
-	stats  counters   // stats.go
-	events dispatcher // events.go
+	rows   inflight    // the rows tracked now (inflight.go)
+	lease  lease       // lease.go
+	nodes  nodeAges    // nodeage.go
+	fleet  fleetMemory // fleet.go
+	stats  counters    // stats.go
+	events dispatcher  // events.go
 	rlog   *recoveryLog
 	// untrackedAt is when the backstop sweep last found untracked rows
 	// (unix nanoseconds; rowsweep.go).
@@ -139,7 +140,10 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
 // Start checks the resetter's configuration against the database (when it
-// is a SchemaChecker, unless WithoutSchemaCheck), makes sure no other live
+// is a SchemaChecker, unless WithoutSchemaCheck), records what the fleet
+// under the key prefix serves (database, schema, table: PgxResetter and
+// SQLResetter tell) or, when another is recorded, returns an error
+// wrapping ErrFleetMismatch that names both, makes sure no other live
 // process heartbeats its instance ID, writes the first heartbeat and
 // registers the worker, then starts the heartbeat loop and
 // the recovery loop, whose first scan runs at once. It returns an error,
@@ -154,7 +158,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // If the heartbeat key already holds another process's value, Start
 // watches it: a process that refreshes it within a heartbeat interval +
 // operation timeout (+ a tenth of the interval) is alive, and Start
-// returns an error wrapping ErrInstanceIDInUse, having written nothing. A
+// returns an error wrapping ErrInstanceIDInUse, having written nothing
+// but the fleet record (what its fleet serves, if none was recorded). A
 // process that stopped refreshing it (a crashed predecessor under a fixed
 // WithInstanceID) is waited out until its key expires, at most its
 // remaining TTL, and the rows it left tracked are then recovered, under
@@ -186,6 +191,9 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.ping(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.checkFleet(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.claimInstanceID(ctx); err != nil {
