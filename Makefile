@@ -1,44 +1,66 @@
 # Targets describe themselves: `make help`.
 GO        ?= go
 PKGS      ?= ./...
-# The nested modules (go.work puts them in one workspace with the root;
-# docs/releasing.md): prom and otel are published, internal/modcheck is the test that
-# builds a user's module against all of them through a file proxy, and
-# internal/containers the tests' Docker fallback (vetted only).
-NESTED    ?= prom otel internal/modcheck
+# The published nested modules (go.work puts them in one workspace with the
+# root; docs/releasing.md). The test-only modules have targets of their own:
+# internal/modcheck (make test-modules) builds a user's module against all of
+# them through a file proxy; internal/containers (make test-containers), the
+# tests' Docker fallback, is outside the workspace so that nothing else ever
+# downloads Docker's client.
+NESTED    ?= prom otel
+# The nested modules' packages, for one go test over the whole workspace
+# (their tests then overlap the root package's instead of following them).
+NESTED_PKGS = $(foreach m,$(NESTED),./$(m)/...)
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps test test-unit test-integration test-faults model sim sim-mutants bench fuzz lint tidy demo
+.PHONY: help deps fmt test test-unit test-integration test-modules test-containers test-faults model sim sim-mutants bench fuzz lint tidy demo
 SEEDS     ?= 2000
 
 help: ## list the targets
 	@awk 'BEGIN {FS = ":.*## "} /^[a-zA-Z_-]+:.*## / {printf "  %-18s %s\n", $$1, $$2}' $(MAKEFILE_LIST)
 
-deps: ## install redis-server, PostgreSQL binaries, promtool and spin when missing (apt-get)
-	@scripts/install-deps.sh
+deps: ## install what every target needs when missing (apt-get): servers, tmux, promtool, iproute2, spin, gcc
+	@scripts/install-deps.sh all
 
-demo: deps ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200")
+demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-workers 4 -rows 200"); installs redis-server and PostgreSQL if missing
+	@scripts/install-deps.sh demo
 	$(GO) run ./examples/crashdemo $(DEMO_FLAGS)
 
-test: deps lint ## everything CI runs: vet, gofmt, unit and integration tests with -race (every module)
-	$(GO) test -race -count=1 $(PKGS)
-	for m in $(NESTED); do (cd $$m && $(GO) test -race -count=1 ./...) || exit 1; done
+# go test vets every package it builds; -vet=all runs go vet's full set
+# there, so the packages are not type-checked a second time by make lint.
+# -parallel 4: the root package's slow tests that call t.Parallel mostly
+# wait on TTLs (helpers_test.go), so four at a time on two cores.
+test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
+	@scripts/install-deps.sh test
+	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS) $(NESTED_PKGS)
+	cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...
+
+test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold
+	cd internal/modcheck && $(GO) test -race -vet=all -count=1 ./...
+
+test-containers: ## vet the Docker fallback module (internal/containers; downloads Docker's client) and ask it for a container
+	cd internal/containers && GOWORK=off $(GO) vet ./...
+	$(GO) vet -tags containers ./internal/testutil/
+	$(GO) test -race -tags containers -count=1 -run 'TestContainerHelperAnswersOverItsPipe' ./internal/testutil/
 
 test-unit: ## fast unit tests only (miniredis; no servers needed)
 	$(GO) test -race -short -count=1 $(PKGS)
-	for m in $(NESTED); do (cd $$m && $(GO) test -race -short -count=1 ./...) || exit 1; done
+	for m in $(NESTED) internal/modcheck; do (cd $$m && $(GO) test -race -short -count=1 ./...) || exit 1; done
 
-test-integration: deps ## integration tests only, failing (not skipping) without servers
+test-integration: ## integration tests only, failing (not skipping) without servers
+	@scripts/install-deps.sh test
 	RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Integration|Pgx|Resetter|SQL|Schema|Safety|Stress|Scrape' $(PKGS)
 	cd prom && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'Scrape|AlertRules|WithoutInstanceID' ./...
 	cd otel && RECOVERY_REQUIRE_INTEGRATION=1 $(GO) test -race -count=1 -run 'RealRecovery|WithoutInstanceID' ./...
 
-test-faults: deps ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; Sentinel failover, AOF, network namespaces; ~8 min
+test-faults: ## fault-injection suite (docs/reliability.md): real worker processes killed, stopped, cut off; Sentinel failover, AOF, network namespaces; ~8 min
+	@scripts/install-deps.sh faults
 	$(GO) vet -tags faults ./internal/faults/
 	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
 
-model: deps ## model-check the recovery protocol with Spin (docs/model.md): fixes pass, holes and broken variants fail; ~1 min
+model: ## model-check the recovery protocol with Spin (docs/model.md): fixes pass, holes and broken variants fail; ~1 min
+	@scripts/install-deps.sh model
 	scripts/model.sh
 
 sim: ## deterministic simulation of the real Worker under faults (SEEDS=2000; replay one: SEED=n)
@@ -51,7 +73,8 @@ sim-mutants: ## the simulation catches each reverted fix and mutation within the
 	$(GO) vet -tags simmutants .
 	$(GO) test -tags simmutants -count=1 -timeout 60m -run 'TestSimulationCatchesMutants' -seeds $(SEEDS) -v .
 
-bench: deps ## benchmarks, benchstat-friendly (BENCHTIME=1s)
+bench: ## benchmarks, benchstat-friendly (BENCHTIME=1s)
+	@scripts/install-deps.sh test
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime $(BENCHTIME) -count 6 $(PKGS)
 
 fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
@@ -59,10 +82,12 @@ fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 	$(GO) test -run '^$$' -fuzz FuzzSanitize -fuzztime $${FUZZTIME:-5s} ./internal/store/
 	$(GO) test -run '^$$' -fuzz FuzzNewAcceptsExactlyTheDocumentedConfigurations -fuzztime $${FUZZTIME:-5s} .
 
-lint: ## gofmt and go vet
+fmt: ## fail if a file needs gofmt
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
+
+lint: fmt ## gofmt and go vet, without running tests (make test vets too); internal/containers: make test-containers
 	$(GO) vet $(PKGS)
-	for m in $(NESTED) internal/containers; do (cd $$m && $(GO) vet ./...) || exit 1; done
+	for m in $(NESTED) internal/modcheck; do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 tidy: ## go mod tidy in every module, the nested ones through a file proxy of the working tree
 	scripts/tidy.sh

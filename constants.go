@@ -39,6 +39,14 @@ const (
 	// operation timeouts, so a reset that hangs is cancelled before another
 	// worker may take over the peer.
 	DefaultResetTimeout = 30 * time.Second
+
+	// DefaultSelfCheckWindow is how long a row the worker tracks may stay
+	// not in progress (finished, failed or queued again, before the host's
+	// Untrack) before the self-check takes it for a misconfiguration. Long
+	// enough for a host to untrack a row it just completed, short enough
+	// that the first block of about a second is judged (0.55 s after its
+	// COMMIT).
+	DefaultSelfCheckWindow = 500 * time.Millisecond
 )
 
 // Bounds of every timing option (heartbeat TTL and interval, recovery

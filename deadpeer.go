@@ -49,7 +49,8 @@ type PeerRecovery struct {
 	// InstanceID is the dead peer's ID.
 	InstanceID string
 	// RowsFound is how many row IDs its rows set held (for the backstop
-	// sweep, which resets by owner: how many rows it reset or quarantined).
+	// sweep, which resets by owner: how many rows it reset or quarantined,
+	// or found locked).
 	RowsFound int
 	// RowsReset is how many rows the RowResetter returned to the queue
 	// (rows that had already finished are not counted).
@@ -63,7 +64,10 @@ type PeerRecovery struct {
 	// NotReset lists rows that were neither reset nor shown to be settled
 	// (see ResetResult.NotReset). The peer's rows set and registry entry
 	// were kept, and the recovery returned an error wrapping
-	// ErrRowsNotReset, so it is tried again by the next scan.
+	// ErrRowsNotReset (and ErrRowsLocked when every one was locked by
+	// another session), so it is tried again by the next scan. Locked rows
+	// are not counted in Stats.RowsNotReset nor in the rows_not_reset
+	// event: they are no misconfiguration.
 	NotReset []RowState
 	// PeerCameBack is set when the peer's heartbeat reappeared during the
 	// recovery: its rows set was left as the peer keeps it, and it stays
@@ -100,16 +104,19 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweeper != nil),
+		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweepsByOwner()),
 		token:   newToken()}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
 	pr := r.rep
 	w.countRows(pr) // rows reset before a failure are reset all the same
-	if len(pr.NotReset) > 0 {
-		w.stats.rowsNotReset.Add(uint64(len(pr.NotReset)))
+	// Rows left because another session held them locked are not a
+	// misconfiguration: the failed recovery (an error wrapping
+	// ErrRowsLocked) reports them, and the next scan retries them.
+	if n := len(pr.NotReset) - lockedRows(pr.NotReset); n > 0 {
+		w.stats.rowsNotReset.Add(uint64(n))
 		w.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
-			RowsReset: pr.RowsReset, RowsNotReset: len(pr.NotReset), Err: err})
+			RowsReset: pr.RowsReset, RowsNotReset: n, Err: err})
 	}
 	switch {
 	case err != nil:
@@ -291,7 +298,7 @@ func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
 	w := r.w
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.opts.rowsTTL)
+	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.rowsTTL())
 }
 
 // reset is steps 2 and 3. A rows set, when the peer has one, is read and
@@ -345,17 +352,43 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids})
 	cancel()
 	if err != nil {
-		return fmt.Errorf("reset %d rows of %s: %w", len(ids), r.peer, err)
+		// The peer is named by PeerError, and PgxResetter's error names
+		// it too: one more "of <peer>" would repeat it.
+		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Reset, res.Quarantined, res.NotReset
-	if len(res.NotReset) > 0 {
-		// Forgetting the set now would lose these rows for good: keep it
-		// and the registry entry, and try again at the next scan.
-		first := res.NotReset[0]
-		return fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)",
-			ErrRowsNotReset, len(res.NotReset), len(ids), r.peer, first.ID, clip(first.Status))
+	// Forgetting the set now would lose rows not reset for good: keep it
+	// and the registry entry, and try again at the next scan.
+	return notResetError(r.peer, len(ids), res.NotReset)
+}
+
+// notResetError returns nil when no row is left not reset, else an error
+// wrapping ErrRowsNotReset that names the first such row, and also
+// ErrRowsLocked when every one was left because another session held it
+// locked (found is how many rows the reset looked at).
+func notResetError(peer string, found int, notReset []RowState) error {
+	if len(notReset) == 0 {
+		return nil
 	}
-	return nil
+	if locked := lockedRows(notReset); locked == len(notReset) {
+		return fmt.Errorf("%w: %w: %d of %d rows of %s (first: row %d) are held by a transaction still open (retried at every scan; idle_in_transaction_session_timeout ends such a session)",
+			ErrRowsNotReset, ErrRowsLocked, locked, found, peer, notReset[0].ID)
+	}
+	first := notReset[slices.IndexFunc(notReset, func(s RowState) bool { return !s.Locked })]
+	return fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)",
+		ErrRowsNotReset, len(notReset), found, peer, first.ID, clip(first.Status))
+}
+
+// lockedRows counts the rows among notReset left because another session
+// held them locked.
+func lockedRows(notReset []RowState) int {
+	n := 0
+	for _, s := range notReset {
+		if s.Locked {
+			n++
+		}
+	}
+	return n
 }
 
 // resetOwned resets every row in progress the peer owns in PostgreSQL,
@@ -370,12 +403,15 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	res, err := sw.ResetOwnerRows(resetCtx, r.peer)
 	cancel()
 	if err != nil {
-		return fmt.Errorf("reset rows owned by %s: %w", r.peer, err)
+		return fmt.Errorf("reset by owner: %w", err) // PeerError names the peer
 	}
 	r.rep.RowsReset += res.Reset
 	r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)
-	r.rep.RowsFound += int(res.Reset) // quarantined rows included
-	return nil
+	r.rep.RowsFound += int(res.Reset) + len(res.NotReset) // quarantined rows included
+	r.rep.NotReset = append(r.rep.NotReset, res.NotReset...)
+	// Rows left in progress (another session holds them locked) keep the
+	// peer registered, with the failure note, for the next scan.
+	return notResetError(r.peer, int(res.Reset)+len(res.NotReset), res.NotReset)
 }
 
 // finish is steps 4 and 5: the finish script and, if the peer is still
@@ -418,7 +454,7 @@ func (r *peerRecovery) release() {
 // failureNoteTTL is how long a failed recovery's note lives: as long as a
 // rows set renewed now, and an interval more.
 func (w *Worker) failureNoteTTL() time.Duration {
-	return satAdd(w.opts.rowsTTL, w.opts.recoveryInterval)
+	return satAdd(w.rowsTTL(), w.opts.recoveryInterval)
 }
 
 // tombstoneTTL is how long a finished claim keeps its result for a retry

@@ -82,7 +82,7 @@ func TestFailedRecoveryOfOnePeerKeepsItForTheNextScan(t *testing.T) {
 	var pe *PeerError
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, "p1", pe.InstanceID)
-	assert.Contains(t, err.Error(), "recover p1: reset 2 rows of p1: connection refused")
+	assert.Contains(t, err.Error(), "recover p1: reset 2 rows: connection refused")
 	assert.Equal(t, []int64{3}, r.resetOf("p2"), "the other peer is still recovered")
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, "p2", rep.Recovered[0].InstanceID)
@@ -346,6 +346,7 @@ func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
 // heartbeat, whatever happened to its recovery; a PostgreSQL outage longer
 // than that lost its rows for good.
 func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "F1")
 	proxy := pgProxy(t, db)

@@ -30,8 +30,9 @@
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
 //	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
-//	ALYA_SWEEP_LEASE      the backstop sweeper (WithBackstopSweep; always in owner mode)
+//	ALYA_SWEEP_LEASE      the backstop sweeper (owner mode; rows-set mode without an owner column unless WithoutBackstopSweep; WithBackstopSweep with one)
 //	ALYA_HISTORY          stream of the fleet's recoveries and lease losses (WithHistory)
+//	ALYA_FLEET            what the fleet serves, and the timings each member announces
 //
 // The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no
 // script or transaction spans two slots, so the same code runs on a single
@@ -60,8 +61,9 @@
 // (SchemaChecker: a missing table or column, a status that is not a label
 // of an enum status column; WithoutSchemaCheck skips it), so a wrong
 // configuration stops the process at start instead of surfacing when a
-// peer dies. It refuses (ErrInstanceIDInUse) an instance ID another live
-// process heartbeats, and recovers the rows a dead predecessor left under
+// peer dies. It refuses (ErrFleetMismatch) a worker whose resetter serves
+// another table than the fleet already under the key prefix, and
+// (ErrInstanceIDInUse) an instance ID another live process heartbeats, and recovers the rows a dead predecessor left under
 // the ID before taking it. It writes the first heartbeat before it returns and then runs the
 // heartbeat loop and the recovery loop (plus one subscriber per master with
 // WithExpiryNotifications, a flusher with WithDeferredUntrack, the sweeper

@@ -29,11 +29,39 @@ var (
 	// set is kept and recovery tries again at every scan.
 	ErrRowsNotReset = errors.New("recovery: rows neither reset nor settled")
 
+	// ErrRowsLocked is wrapped, with ErrRowsNotReset, by the error of a
+	// recovery or a reset that left rows in progress because another
+	// session held them locked (RowState.Locked): a transaction left open,
+	// perhaps on a host that vanished without closing its connection. The
+	// reset never waits for such a lock; the rows are kept and retried at
+	// every scan until the session ends (idle_in_transaction_session_timeout
+	// ends it, see docs/operations.md). A reset whose statement waited out
+	// lock_timeout on a table lock, or found another session resetting the
+	// same rows set, wraps it too.
+	ErrRowsLocked = errors.New("recovery: rows locked by another session")
+
+	// ErrReadOnly is wrapped by the error Start returns when the resetter's
+	// database session cannot write: the server is a standby
+	// (pg_is_in_recovery), or transactions are read-only
+	// (default_transaction_read_only, set for the role, the database or the
+	// server: a replica or a read endpoint). A reset refused for the same
+	// reason wraps it too.
+	ErrReadOnly = errors.New("recovery: database session is read-only")
+
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
 	// failed: the rows it held may stay in progress. The backstop sweep
-	// (with an owner column) recovers them.
+	// recovers them (unless WithoutBackstopSweep).
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
+
+	// ErrUntrackedRows is wrapped by Healthy's error, and by the error
+	// logged, for a rows TTL after this worker's backstop sweep (rows-set
+	// mode without an owner column) found rows committed in progress that
+	// no worker's rows set held: some host of the fleet does not call
+	// Track, or calls it after its COMMIT. The sweep resets such rows
+	// after a rows TTL, as if their worker had died, while that host may
+	// still process them (docs/safety.md §5).
+	ErrUntrackedRows = errors.New("recovery: rows in progress that no worker tracked")
 
 	// ErrRegistryWrongType is wrapped by the error of a recovery scan that
 	// could not read the fleet's registry because its key holds something
@@ -70,6 +98,14 @@ var (
 	// (NOPERM). The message names the address and Redis's reply, never
 	// the password.
 	ErrRedisAuth = errors.New("recovery: redis refused this client")
+
+	// ErrFleetMismatch is wrapped by the error Start returns when the key
+	// prefix already serves another fleet: the fleet record under it names
+	// another database, schema or table than this worker's resetter. Two
+	// applications under one prefix would recover each other's dead
+	// workers into the wrong table. The error names both; give each
+	// application its own prefix (WithKeyPrefix).
+	ErrFleetMismatch = errors.New("recovery: key prefix serves another fleet")
 
 	// ErrEvictionPolicy is wrapped by the error Start returns when a Redis
 	// master can evict the library's keys (maxmemory with a volatile-* or

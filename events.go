@@ -55,7 +55,7 @@ const (
 	EventRegistryWrongType
 	// EventMisconfigured: the self-check found Rows of this worker's own
 	// tracked rows not in progress by it, as the resetter sees them, at
-	// two checks a heartbeat interval apart (Err says which and why).
+	// two reads a self-check window apart (Err says which and why).
 	// Emitted once; Healthy fails from then on.
 	EventMisconfigured
 	// EventInstanceIDTaken: this worker's heartbeat found its key holding
@@ -73,6 +73,15 @@ const (
 	// EventRowsRecovered or EventRecoveryFailed. Duration runs from the
 	// death being noticed to the commit.
 	EventRowsReset
+	// EventStrayRowsReset: the backstop sweep without an owner column
+	// reset RowsReset of Rows rows in progress that no rows set had held
+	// for Duration (RowsQuarantined quarantined); the others had changed
+	// meanwhile. PeerID is empty: no record says whose they were.
+	EventStrayRowsReset
+	// EventUntrackedRows: the backstop sweep found Rows rows committed in
+	// progress by a worker that had not tracked them (Err wraps
+	// ErrUntrackedRows).
+	EventUntrackedRows
 )
 
 var eventNames = map[EventKind]string{
@@ -92,6 +101,8 @@ var eventNames = map[EventKind]string{
 	EventInstanceIDTaken:   "instance_id_taken",
 	EventPeerClaimed:       "peer_claimed",
 	EventRowsReset:         "rows_reset",
+	EventStrayRowsReset:    "stray_rows_reset",
+	EventUntrackedRows:     "untracked_rows",
 }
 
 // String returns the event's snake_case name.

@@ -201,7 +201,7 @@ func (e *expiryWatcher) observe(ctx context.Context, node string) {
 	if err != nil {
 		return // a scan or an event asks again when it needs a verdict
 	}
-	w.nodes.observe(node, f, time.Now(), w.opts.heartbeatTTL, false)
+	w.nodes.observe(node, f, time.Now(), w.fleetTTL(), false)
 }
 
 // startWatches starts a goroutine for each subscription without one.

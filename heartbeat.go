@@ -53,8 +53,10 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	res, err := w.store.Beat(ctx, w.opts.instanceID, store.Heartbeat{
 		Value: w.beatValue, TTL: w.opts.heartbeatTTL,
 		Incarnation: incarnation, IncarnationTTL: w.incarnationTTL(),
-		Remove: unremoved, Add: tracked, RowsTTL: w.opts.rowsTTL,
+		Remove: unremoved, Add: tracked, RowsTTL: w.rowsTTL(),
+		Serves: w.fleet.served(), Announce: w.announcement(),
 	})
+	w.noteFleet(res.Fleet, res.FleetErr)
 	if res.Foreign {
 		// Nothing of ours was written; the registry entry is the ID's
 		// whoever holds it.
@@ -129,10 +131,10 @@ func (h *heartbeater) restored() {
 	}
 	if w.lease.lost.Swap(false) {
 		if !mutantNoRegainHold {
-			w.lease.hold(w.opts.claimTTL())
+			w.lease.hold(w.fleetClaimTTL())
 		}
 		w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
-			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.opts.claimTTL()))
+			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.fleetClaimTTL()))
 		w.emit(Event{Kind: EventLeaseRegained})
 	}
 	h.failures = 0
@@ -170,12 +172,12 @@ func (w *Worker) noteLeaseLoss(cause error) {
 		return
 	}
 	since := w.lease.sinceRefresh()
-	if fencesByOwner(w.resetter) && !mutantNoStickyLease {
-		// Only an owner-fenced host can do something safe with rows peers
-		// may have taken (Release them); without fencing the loss is not
-		// sticky, or such a host could never work again.
-		w.rows.markStale()
-	}
+	// Only a host whose Release is safe now (owner fencing, or the reset
+	// ledger) can do something with rows peers may have taken; for any
+	// other the loss is not sticky, or it could never work again. The
+	// self-check stops judging those rows either way: a recoverer may have
+	// reset them.
+	w.rows.markLoss(releaseSafeAfterLoss(w.resetter) && !mutantNoStickyLease)
 	w.stats.leaseLosses.Add(1)
 	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

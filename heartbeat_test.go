@@ -29,6 +29,7 @@ func TestHeartbeatExpiresWhenNotRefreshed(t *testing.T) {
 }
 
 func TestHeartbeatRefreshesKeyRegistryAndRowsTTLEveryInterval(t *testing.T) {
+	t.Parallel()
 	mr, rdb := newMini(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1")
@@ -144,6 +145,7 @@ func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
 }
 
 func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t)
 	rdb := srv.Client(t)
 	db := testutil.Postgres(t)

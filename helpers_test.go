@@ -23,6 +23,12 @@ import (
 
 // TestMain stops the shared servers and then proves that no goroutine of
 // any Worker outlived its Shutdown.
+// The slow integration tests (a second or more of waiting on TTLs and
+// recoveries) call t.Parallel when each has servers or a key prefix and
+// schema of its own and none of its assertions is a bound on elapsed time;
+// tests that assert such a bound stay sequential, so other tests' load
+// cannot push them over it. Parallel tests start after the sequential
+// ones have finished.
 func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
 
 // newMini returns a miniredis and a client for it, both closed when the

@@ -74,6 +74,19 @@ const (
 	// HistoryLeaseRegained: InstanceID's heartbeat succeeded again after
 	// its lease was lost.
 	HistoryLeaseRegained = "lease_regained"
+	// HistoryRowsNotReset: InstanceID's recovery of PeerID found
+	// RowsNotReset of its Rows rows neither reset nor settled (RowsReset
+	// were reset), usually a status misconfigured; the recovery_failed
+	// entry that follows says why. Written once while the recovery keeps
+	// failing, like peer_dead.
+	HistoryRowsNotReset = "rows_not_reset"
+	// HistoryStrayRowsReset: InstanceID's backstop sweep (no owner column)
+	// reset RowsReset of Rows rows in progress that no rows set had held
+	// for Duration; PeerID is empty.
+	HistoryStrayRowsReset = "stray_rows_reset"
+	// HistoryUntrackedRows: InstanceID's backstop sweep found Rows rows
+	// committed in progress that no worker had tracked (Error).
+	HistoryUntrackedRows = "untracked_rows"
 )
 
 // historyKind returns the kind of history entry an event makes, and false
@@ -92,6 +105,12 @@ func historyKind(e Event) (string, bool) {
 		return HistoryLeaseLost, true
 	case EventLeaseRegained:
 		return HistoryLeaseRegained, true
+	case EventRowsNotReset:
+		return HistoryRowsNotReset, true
+	case EventStrayRowsReset:
+		return HistoryStrayRowsReset, true
+	case EventUntrackedRows:
+		return HistoryUntrackedRows, true
 	}
 	return "", false
 }
@@ -121,6 +140,9 @@ type HistoryEntry struct {
 	Rows            int
 	RowsReset       int64
 	RowsQuarantined int
+	// RowsNotReset counts the rows a recovery could neither reset nor
+	// show settled (HistoryRowsNotReset).
+	RowsNotReset int
 	// Duration is the entry's length; see each kind.
 	Duration time.Duration
 	// Error is the failure's message.
@@ -137,6 +159,7 @@ const (
 	hfRows        = "rows"
 	hfRowsReset   = "rows_reset"
 	hfQuarantined = "rows_quarantined"
+	hfNotReset    = "rows_not_reset"
 	hfDurationMs  = "duration_ms"
 	hfError       = "error"
 	// hfUID is the entry's random ID. An XADD whose reply was lost is
@@ -161,11 +184,14 @@ func historyFields(kind, uid string, e Event) []string {
 		f = append(f, hfFoundBy, e.FoundBy)
 	}
 	switch kind {
-	case HistoryRowsRecovered:
+	case HistoryRowsRecovered, HistoryStrayRowsReset:
 		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
 			hfQuarantined, strconv.Itoa(e.RowsQuarantined))
 	case HistoryRowsQuarantined:
 		f = append(f, hfQuarantined, strconv.Itoa(e.RowsQuarantined))
+	case HistoryRowsNotReset:
+		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
+			hfNotReset, strconv.Itoa(e.RowsNotReset))
 	}
 	if e.Duration > 0 {
 		f = append(f, hfDurationMs, strconv.FormatFloat(float64(e.Duration)/float64(time.Millisecond), 'f', -1, 64))
@@ -190,6 +216,7 @@ func historyEntry(r store.HistoryRecord) HistoryEntry {
 	e.Rows, _ = strconv.Atoi(f[hfRows])
 	e.RowsReset, _ = strconv.ParseInt(f[hfRowsReset], 10, 64)
 	e.RowsQuarantined, _ = strconv.Atoi(f[hfQuarantined])
+	e.RowsNotReset, _ = strconv.Atoi(f[hfNotReset])
 	if ms, err := strconv.ParseFloat(f[hfDurationMs], 64); err == nil {
 		e.Duration = time.Duration(ms * float64(time.Millisecond))
 	}
@@ -355,7 +382,7 @@ const maxFailing = 1024
 func (h *historian) repeat(kind string, e Event) bool {
 	cause, failed := h.failing[e.PeerID]
 	switch kind {
-	case HistoryPeerDead:
+	case HistoryPeerDead, HistoryRowsNotReset:
 		return failed
 	case HistoryRecoveryFailed:
 		msg := ""

@@ -116,6 +116,7 @@ func TestHistoryOffAppendsNothing(t *testing.T) {
 // lease because Redis is gone; the entries wait and reach the stream once
 // Redis is back, in order.
 func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t)
 	rdb := srv.Client(t)
 	prefix := testutil.Name("H")
@@ -410,4 +411,41 @@ func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
 	last, err := ReadHistory(ctx, direct, prefix, HistoryQuery{Last: 2})
 	require.NoError(t, err)
 	assert.Equal(t, h, last, "Last counts entries, not their copies")
+}
+
+// Issue 21: rows a recovery found in a dead peer's set and could not reset
+// are in the history with their counts, once while the recovery keeps
+// failing for that cause, beside the recovery_failed entry.
+func TestHistoryRecordsRowsNotResetOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 10, "HN")
+	right, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix), WithoutBackstopSweep())
+	setStatus(t, db, "inprog", 1, 2, 3)
+	require.NoError(t, v.Track(ctx, 1, 2, 3))
+	v.crash()
+	require.NoError(t, rdb.Del(ctx, v.ownKeys().Heartbeat).Err())
+
+	misspelled, err := NewPgxResetter(db, WithStatuses("in_progress", "queued"))
+	require.NoError(t, err)
+	r, _ := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix))
+	for range 2 {
+		_, err := r.RecoverNow(ctx)
+		require.ErrorIs(t, err, ErrRowsNotReset)
+	}
+	entries, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{})
+	require.NoError(t, err)
+	var notReset []HistoryEntry
+	for _, e := range entries {
+		if e.Kind == HistoryRowsNotReset {
+			notReset = append(notReset, e)
+		}
+	}
+	require.Len(t, notReset, 1, "once while the cause lasts: %+v", entries)
+	assert.Equal(t, "victim", notReset[0].PeerID)
+	assert.Equal(t, 3, notReset[0].Rows)
+	assert.Zero(t, notReset[0].RowsReset)
+	assert.Equal(t, 3, notReset[0].RowsNotReset)
+	assert.Equal(t, uint64(6), r.Stats().RowsNotReset, "counted at each attempt")
 }

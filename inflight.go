@@ -1,6 +1,10 @@
 package recovery
 
-import "sync"
+import (
+	"cmp"
+	"slices"
+	"sync"
+)
 
 // inflight is the worker's own record of the rows it is processing. Redis
 // holds the copy peers read; this one survives Redis forgetting (a restart
@@ -21,6 +25,10 @@ type inflight struct {
 	// may have recovered them. Until the host has untracked or released
 	// every one, the lease counts as lost (lease.check).
 	stale map[int64]struct{}
+	// lossGen is the generation of the last Track before the lease was
+	// last lost: rows tracked no later may have been reset by a recoverer,
+	// and the self-check does not judge them.
+	lossGen uint64
 	// incarnation names the life of the rows set (keys.Keys.Incarnation).
 	// Resets without owner fencing are recorded under it, and a recorded
 	// row is never reset again for it.
@@ -118,10 +126,15 @@ func (s *inflight) remove(ids []int64) {
 	s.mu.Unlock()
 }
 
-// markStale records the rows tracked now as stale (the lease was lost).
-func (s *inflight) markStale() int {
+// markLoss records that the lease was lost: no row tracked now is judged
+// by the self-check any more, and with stale they are marked stale too.
+func (s *inflight) markLoss(stale bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.lossGen = s.gen
+	if !stale {
+		return 0
+	}
 	for id := range s.ids {
 		s.stale[id] = struct{}{}
 	}
@@ -185,18 +198,49 @@ func (s *inflight) snapshot() (tracked, unremoved []int64, incarnation string) {
 	return members(s.ids), members(s.unremoved), s.incarnation
 }
 
-// sampleSettled returns up to n tracked rows that are not stale.
-func (s *inflight) sampleSettled(n int) map[int64]bool {
+// settledGeneration returns the generation of id if it is tracked since
+// the last loss of the lease.
+func (s *inflight) settledGeneration(id int64) (uint64, bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	out := make(map[int64]bool)
-	for id := range s.ids {
-		if len(out) >= n {
-			break
+	g, ok := s.ids[id]
+	return g, ok && g > s.lossGen
+}
+
+// lossGeneration returns the generation of the last Track before the
+// lease was last lost.
+func (s *inflight) lossGeneration() uint64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.lossGen
+}
+
+// newestSettled returns up to n rows tracked since the last loss of the
+// lease and not in skip, those of the latest Tracks first.
+func (s *inflight) newestSettled(n int, skip map[int64]sighting) []int64 {
+	if n <= 0 {
+		return nil
+	}
+	s.mu.Lock()
+	type row struct {
+		id  int64
+		gen uint64
+	}
+	rows := make([]row, 0, min(len(s.ids), 4*n))
+	for id, g := range s.ids {
+		if g <= s.lossGen {
+			continue
 		}
-		if _, stale := s.stale[id]; !stale {
-			out[id] = true
+		if _, ok := skip[id]; ok {
+			continue
 		}
+		rows = append(rows, row{id, g})
+	}
+	s.mu.Unlock()
+	slices.SortFunc(rows, func(a, b row) int { return cmp.Compare(b.gen, a.gen) })
+	out := make([]int64, 0, min(n, len(rows)))
+	for _, r := range rows[:min(n, len(rows))] {
+		out = append(out, r.id)
 	}
 	return out
 }

@@ -70,6 +70,12 @@ type InstanceState struct {
 	Incarnation string
 	// Claim is the state of the recovery claim.
 	Claim ClaimState
+	// AnnouncedTTL is the heartbeat TTL the instance announced in the
+	// fleet record, and Mode its mode ("owner" or "rows-set"); zero and
+	// "" when it announced none (a worker of an older version). Inspect
+	// fills them in.
+	AnnouncedTTL time.Duration
+	Mode         string
 }
 
 // Alive reports whether the instance's heartbeat key exists.
@@ -89,6 +95,9 @@ type FleetState struct {
 	// InvalidMembers lists registry members that are not valid instance
 	// IDs, sorted; recovery ignores them.
 	InvalidMembers []string
+	// Serves is what the fleet record says the fleet serves
+	// ("database=... schema=... table=..."), "" when none is recorded.
+	Serves string
 }
 
 // TrackedRows are the members of an instance's rows set, read with SSCAN
@@ -137,8 +146,24 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (Fle
 	slices.Sort(invalid)
 	fs.InvalidMembers = invalid
 	fs.Instances, err = w.describe(ctx, ids)
+	if err != nil {
+		return fs, err
+	}
+	opCtx, cancel := w.opContext(ctx)
+	rec, err := w.store.ReadFleet(opCtx)
+	cancel()
+	if store.IsWrongType(err) {
+		err = nil // a key that is not a hash records nothing; the workers log it (Warn)
+	}
+	fs.Serves = rec.Serves
+	announced := make(map[string]store.Member, len(rec.Members))
+	for _, m := range rec.Members {
+		announced[m.ID] = m
+	}
 	for i := range fs.Instances {
 		fs.Instances[i].Registered = true
+		m := announced[fs.Instances[i].InstanceID]
+		fs.Instances[i].AnnouncedTTL, fs.Instances[i].Mode = m.TTL, m.Mode
 	}
 	return fs, err
 }

@@ -17,11 +17,13 @@ import (
 // a real PostgreSQL; see internal/testutil for how they are found or started.
 
 func TestIntegrationKilledWorkerRowsAreQueuedAgainStandalone(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	testKilledWorkerRowsAreQueuedAgain(t, rdb)
 }
 
 func TestIntegrationKilledWorkerRowsAreQueuedAgainCluster(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
 	testKilledWorkerRowsAreQueuedAgain(t, rdb)
@@ -86,6 +88,7 @@ func testKilledWorkerRowsAreQueuedAgain(t *testing.T, rdb redis.UniversalClient)
 }
 
 func TestIntegrationClusterKeysOfOneWorkerShareASlot(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
 	ctx := context.Background()

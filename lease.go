@@ -94,13 +94,13 @@ func (l *lease) check(staleRows int) error {
 // host should stop taking new rows and release the ones it has not
 // finished), ErrNotStarted before Start and ErrShutdown after Shutdown.
 //
-// With owner fencing (see Release), a lost lease stays lost after the
-// heartbeat is back for as long as the rows tracked when it was lost are
-// tracked: peers may have recovered them meanwhile (a worker resuming from
-// a long pause sees its heartbeat succeed within milliseconds). Untrack or
-// Release them and the lease is valid again. Without owner fencing nothing
-// safe can be done with those rows, and the lease is valid again with the
-// next heartbeat.
+// With owner fencing or the reset ledger (see Release), a lost lease stays
+// lost after the heartbeat is back for as long as the rows tracked when it
+// was lost are tracked: peers may have recovered them meanwhile (a worker
+// resuming from a long pause sees its heartbeat succeed within
+// milliseconds). Untrack or Release them and the lease is valid again.
+// With neither nothing safe can be done with those rows, and the lease is
+// valid again with the next heartbeat.
 //
 // A lost lease that comes back is held for one recovery claim TTL (reset
 // timeout + 3 × operation timeout) before CheckLease reports nil again: a
@@ -122,10 +122,15 @@ func (w *Worker) CheckLease() error {
 // cannot reach Redis and its rows are being recovered by peers. It also
 // fails, with an error wrapping ErrMisconfigured, once the self-check found
 // that the rows this worker tracks would not be recovered should it crash
-// (statuses or owner column misconfigured).
+// (statuses or owner column misconfigured), and with an error wrapping
+// ErrUntrackedRows for a rows TTL after its backstop sweep found rows
+// committed in progress that no worker had tracked.
 func (w *Worker) Healthy() error {
 	if err := w.CheckLease(); err != nil {
 		return err
 	}
-	return w.misconfigured()
+	if err := w.misconfigured(); err != nil {
+		return err
+	}
+	return w.untracked()
 }

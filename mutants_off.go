@@ -16,6 +16,28 @@ const (
 	// mutantNoRegainHold: model hole H1's fix reverted: a lost lease that
 	// comes back is not held for a claim TTL (heartbeater.restored).
 	mutantNoRegainHold = false
+	// mutantNoFleetCheck: issue 20 item 2 reverted: Start neither records
+	// nor checks what the fleet under the prefix serves (checkFleet).
+	mutantNoFleetCheck = false
+	// mutantOwnTimingsOnly: issue 20 item 3 reverted: a worker holds
+	// verdicts and leases for its own timings only, not the fleet's
+	// longest (fleetMemory.learn).
+	mutantOwnTimingsOnly = false
+	// mutantReleaseUnrecorded: Release resets under an unknown incarnation,
+	// so the reset ledger neither skips the rows a recovery of this worker
+	// already reset nor records its own (issue 21's Release after a lost
+	// lease without fencing).
+	mutantReleaseUnrecorded = false
+	// mutantSweepOneLook: the backstop sweep without an owner column
+	// resets a row at the first look that finds no rows set holding it
+	// (rowsweep.go), not at two looks a rows TTL apart.
+	mutantSweepOneLook = false
+	// mutantSweepAnyNode: that sweep trusts a Redis master whatever its
+	// age (mastersTrusted).
+	mutantSweepAnyNode = false
+	// mutantSweepIgnoresSets: that sweep takes no row for held by a rows
+	// set (heldRows).
+	mutantSweepIgnoresSets = false
 	// mutantNoEvictionHold: issue 20's item 4 reverted: absent heartbeats
 	// are verdicts while the server evicts keys (nodeAges.evictionHold).
 	mutantNoEvictionHold = false

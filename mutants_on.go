@@ -5,8 +5,15 @@ package recovery
 // The simulation's mutants (see mutants_off.go): variables here, which
 // sim_mutants_test.go turns on one at a time.
 var (
-	mutantNoStickyLease  bool
-	mutantNoNodeAgeHold  bool
-	mutantNoRegainHold   bool
-	mutantNoEvictionHold bool
+	mutantNoStickyLease     bool
+	mutantNoNodeAgeHold     bool
+	mutantNoRegainHold      bool
+	mutantReleaseUnrecorded bool
+	mutantNoFleetCheck      bool
+	mutantOwnTimingsOnly    bool
+	mutantNoEvictionHold    bool
+
+	mutantSweepOneLook     bool
+	mutantSweepAnyNode     bool
+	mutantSweepIgnoresSets bool
 )

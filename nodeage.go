@@ -191,7 +191,7 @@ func (w *Worker) observeNodes(ctx context.Context) {
 	infos, _ := w.store.MasterInfos(opCtx)
 	for node, info := range infos {
 		if f, err := parseNodeFacts(info); err == nil {
-			w.nodes.observe(node, f, now, w.opts.heartbeatTTL, true)
+			w.nodes.observe(node, f, now, w.fleetTTL(), true)
 		}
 	}
 }
@@ -237,19 +237,9 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 			continue
 		}
 		w.infoAvailable()
-		until, first := w.nodes.observe(addr, f, recv, w.opts.heartbeatTTL, false)
+		until, first, youngOnly := w.nodeHold(addr, f, recv, strict)
 		if w.holdForEvictions(addr, f, nil, sent, recv, len(peers)) {
 			continue
-		}
-		// youngOnly: nothing changed on the node, it only started less
-		// than a TTL ago (a new deployment, a test's server): the sweep
-		// waits, and that is no incident to warn of.
-		youngOnly := false
-		if up := max(f.uptime-time.Second, 0); strict && up < w.opts.heartbeatTTL {
-			if u := recv.Add(w.opts.heartbeatTTL - up); u.After(until) {
-				youngOnly = until.IsZero()
-				until, first = u, true
-			}
 		}
 		if until.IsZero() || !sent.Before(until) {
 			for _, i := range peers {
@@ -276,6 +266,24 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		}
 	}
 	return out
+}
+
+// nodeHold returns the moment verdicts from the node at addr, whose INFO
+// answered f at recv, may count again (zero: now), and whether that hold
+// is new. strict holds a node that started empty too (see youngNodeHolds);
+// youngOnly says nothing changed on the node but its youth: it only started
+// less than a TTL ago (a new deployment, a test's server), which is no
+// incident to warn of.
+func (w *Worker) nodeHold(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool) {
+	ttl := w.fleetTTL() // the longest any live member uses (fleet.go)
+	until, first = w.nodes.observe(addr, f, recv, ttl, false)
+	if up := max(f.uptime-time.Second, 0); strict && up < ttl {
+		if u := recv.Add(ttl - up); u.After(until) {
+			youngOnly = until.IsZero()
+			until, first = u, true
+		}
+	}
+	return until, first, youngOnly
 }
 
 func (w *Worker) infoUnavailable(err error) {

@@ -19,6 +19,7 @@ import (
 // dead. No verdict may come from a server up for less than a TTL; a worker
 // that really died before the snapshot is still recovered after that.
 func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 30)
@@ -239,6 +240,7 @@ func TestDeadPeersJudgesAsBeforeWhenTheServerHidesINFO(t *testing.T) {
 // the first claim and the peer's rows stayed in progress for ever without
 // the sweep. A held verdict now renews the set as a claim would.
 func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t)
 	rdb := srv.Client(t)
 	ctx := context.Background()

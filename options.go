@@ -34,6 +34,7 @@ type options struct {
 	logger            *slog.Logger
 	loggerSet         bool
 	sweep             bool
+	noSweep           bool // WithoutBackstopSweep
 	scanLease         bool
 	expiry            bool
 	untrackLinger     time.Duration
@@ -45,6 +46,7 @@ type options struct {
 	rowsSets          bool // WithRowsSets: no owner mode
 	instanceIDSet     bool // WithInstanceID: the ID may have had a predecessor
 	historyLen        int  // WithHistory; 0: off
+	selfCheckWindow   time.Duration
 	evictionAccepted  bool // WithEvictionAccepted
 }
 
@@ -57,6 +59,7 @@ func defaultOptions() options {
 		resetTimeout:     DefaultResetTimeout,
 		scanLease:        true,
 		historyLen:       DefaultHistoryLength,
+		selfCheckWindow:  DefaultSelfCheckWindow,
 	}
 }
 
@@ -184,6 +187,21 @@ func WithDeferredUntrack(linger time.Duration) Option {
 	return optionFunc(func(o *options) { o.untrackLinger = linger; o.untrackSet = true })
 }
 
+// WithSelfCheckWindow sets how long a row the worker tracks may stay not
+// in progress before the self-check raises ErrMisconfigured: until it has
+// seen one of its rows in progress, the worker reads the committed state
+// of its newest tracked rows shortly after each Track (a tenth of the
+// window), and a row not in progress at two reads at least the window
+// apart, tracked all along, is the alarm. Raise it if your host may take
+// longer than that from the COMMIT that finishes a row (done, failed or
+// queued again) to its Untrack; lower it to judge shorter blocks (a block
+// whose rows leave the in-progress status sooner than about 1.1 windows
+// after their COMMIT is not judged). It must be between MinDuration and
+// MaxDuration. Default: DefaultSelfCheckWindow (500 ms).
+func WithSelfCheckWindow(d time.Duration) Option {
+	return optionFunc(func(o *options) { o.selfCheckWindow = d })
+}
+
 // WithLogger sets the logger; it must not be nil. Default: slog.Default(),
 // read when New is called.
 func WithLogger(l *slog.Logger) Option {
@@ -210,6 +228,9 @@ func (o *options) validate() error {
 	}
 	if o.observerSet && isNil(o.observer) {
 		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
+	}
+	if err := checkBounds("self-check window", o.selfCheckWindow); err != nil {
+		return err
 	}
 	if o.historyLen < 0 {
 		return fmt.Errorf("%w: history length %d is negative (0 turns the history off)", ErrInvalidConfig, o.historyLen)

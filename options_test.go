@@ -30,6 +30,7 @@ func TestDefaultsMatchTheDesign(t *testing.T) {
 	assert.Equal(t, DefaultRecoveryInterval, w.opts.recoveryInterval)
 	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
 	assert.Equal(t, DefaultOperationTimeout, w.opts.opTimeout)
+	assert.Equal(t, DefaultSelfCheckWindow, w.opts.selfCheckWindow)
 	assert.Equal(t, registryKey, w.store.Registry())
 }
 
@@ -120,6 +121,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"zero recovery interval", rdb, r, []Option{WithRecoveryInterval(0)}, "recovery interval 0s must be positive"},
 		{"negative rows TTL", rdb, r, []Option{WithRowsTTL(-1)}, "rows TTL -1ns must be positive"},
 		{"zero reset timeout", rdb, r, []Option{WithResetTimeout(0)}, "reset timeout 0s must be positive"},
+		{"zero self-check window", rdb, r, []Option{WithSelfCheckWindow(0)}, "self-check window 0s must be positive"},
 		{"sub-millisecond TTL", rdb, r, []Option{WithHeartbeatTTL(time.Microsecond), WithHeartbeatInterval(time.Nanosecond),
 			WithRecoveryInterval(time.Nanosecond), WithRowsTTL(time.Second)}, "must be at least 1ms"},
 		{"negative operation timeout", rdb, r, []Option{WithOperationTimeout(-time.Second)}, "operation timeout -1s must be positive"},

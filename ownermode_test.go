@@ -85,6 +85,7 @@ func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
 }
 
 func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 6)
@@ -181,6 +182,7 @@ func TestOwnerModeStartResetsRowsAPredecessorLeftUnderItsID(t *testing.T) {
 }
 
 func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 8)
@@ -299,6 +301,7 @@ func TestOwnerModeConcurrentRecoverersResetEachRowOnce(t *testing.T) {
 var _ redis.Hook = (*commandCounter)(nil)
 
 func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 4)

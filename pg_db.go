@@ -30,6 +30,9 @@ type pgTx interface {
 	pgQuerier
 	exec(ctx context.Context, sql string, args ...any) error
 	commit(ctx context.Context) error
+	// nested reports whether this is a savepoint of the caller's
+	// transaction rather than a transaction of the resetter's own.
+	nested() bool
 	// rollback undoes the transaction; the caller bounds ctx, which may
 	// outlive the transaction's own.
 	rollback(ctx context.Context) error

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"strings"
+	"time"
 )
 
 // CheckSchema compares the resetter's options with the PostgreSQL catalogue
@@ -309,12 +310,16 @@ func (r *pgResetter) checkLedger(ctx context.Context, tx pgTx, _ *pgTable) error
 // WithOwnerColumn) of each of ids that exists. It implements
 // RowStateReader, for the worker's self-check.
 func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, "")
+}
+
+func (r *pgResetter) rowStates(ctx context.Context, ids []int64, locking string) ([]RowState, error) {
 	owner := "NULL::text"
 	if r.o.ownerColumn != "" {
 		owner = ident(r.o.ownerColumn) + "::text"
 	}
-	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1",
-		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn))
+	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1%s",
+		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn), locking)
 	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Owner)
@@ -326,9 +331,74 @@ func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, er
 	return out, nil
 }
 
+// committedRowStates is RowStates without the rows an open transaction
+// is writing or has locked (a fetch not committed yet, a completion under
+// way): FOR SHARE SKIP LOCKED never waits and returns only committed
+// states no one is changing. Each share lock lasts the statement.
+func (r *pgResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, " FOR SHARE SKIP LOCKED")
+}
+
+// configuredStatuses returns the in-progress and queued statuses configured.
+func (r *pgResetter) configuredStatuses() (inprog, queued string) { return r.o.inprog, r.o.queued }
+
 // InProgress reports whether a row in state s is one this resetter would
 // reset as in progress for instance owner: the in-progress status and,
 // with WithOwnerColumn, owned by owner. It implements RowStateReader.
 func (r *pgResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == r.o.inprog && (r.o.ownerColumn == "" || s.Owner == owner)
+}
+
+// checkSession reads, in a transaction begun as a reset begins one (and
+// rolled back), whether it can write, and the session's
+// idle_in_transaction_session_timeout. A standby (pg_is_in_recovery) or a
+// transaction that is read-only (default_transaction_read_only, set for the
+// role, the database or the server: a replica or a read endpoint) cannot
+// reset a row: an error wrapping ErrReadOnly names the cause. (lib/pq
+// begins every transaction READ WRITE, which overrides the default; pgx
+// does not.) Only settings are read, which needs no privilege.
+func (r *pgResetter) checkSession(ctx context.Context) (info sessionInfo, err error) {
+	var (
+		readOnly, standby bool
+		source            string
+		idleMillis        int64
+	)
+	tx, err := r.conn.begin(ctx)
+	if err != nil {
+		return sessionInfo{}, fmt.Errorf("begin: %w", r.explainResetError(err))
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		_ = tx.rollback(rbCtx) // read only: nothing to keep
+		cancel()
+	}()
+	err = queryRow(ctx, tx, `SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery(),
+	coalesce((SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'), ''),
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'), 0)`,
+		nil, &readOnly, &standby, &source, &idleMillis)
+	if err != nil {
+		return sessionInfo{}, fmt.Errorf("read session settings: %w", err)
+	}
+	switch {
+	case standby:
+		return sessionInfo{}, fmt.Errorf("%w: the server is a standby in recovery (pg_is_in_recovery() is true): give the %s a connection to the primary", ErrReadOnly, r.kind)
+	case readOnly:
+		return sessionInfo{}, fmt.Errorf("%w: transaction_read_only is on (default_transaction_read_only set by the %s: a replica or read endpoint, or ALTER ROLE or ALTER DATABASE ... SET default_transaction_read_only): give the %s a session that can write",
+			ErrReadOnly, source, r.kind)
+	}
+	info = sessionInfo{idleInTxTimeout: time.Duration(idleMillis) * time.Millisecond}
+	if r.o.ownerColumn != "" {
+		// The owner column's declared length (char(n), varchar(n), or a
+		// domain over one): an instance ID longer than it cannot be
+		// written. A missing table or column is CheckSchema's to report.
+		var width int
+		err := queryRow(ctx, tx, `SELECT coalesce(nullif(a.atttypmod, -1), d.typtypmod) - 4
+FROM pg_attribute a JOIN pg_type d ON d.oid = a.atttypid
+WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
+			[]any{r.o.tableIdent(), r.o.ownerColumn}, &width)
+		if err == nil && width > 0 {
+			info.ownerWidth = width
+		}
+	}
+	return info, nil
 }

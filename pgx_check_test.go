@@ -5,7 +5,6 @@ import (
 	"errors"
 	"strings"
 	"testing"
-	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
@@ -35,6 +34,7 @@ func userEnumOptions(s string, extra ...ResetterOption) []ResetterOption {
 }
 
 func TestCheckSchemaNamesEachMistake(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name   string
 		ddl    string
@@ -185,27 +185,8 @@ func TestCheckSchemaNeedsUpdatePrivilege(t *testing.T) {
 		s := currentSchema(t, db)
 		testutil.CreateBatch(t, db, 1)
 		ctx := context.Background()
-		role := testutil.Name("r_")
 		const secret = "pw-s3cretRole"
-		_, err := db.Exec(ctx, `CREATE ROLE `+role+` LOGIN PASSWORD '`+secret+`'`)
-		require.NoError(t, err)
-		t.Cleanup(func() {
-			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-			defer cancel()
-			_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
-			_, _ = db.Exec(ctx, `DROP ROLE `+role)
-		})
-		_, err = db.Exec(ctx, `GRANT USAGE ON SCHEMA `+s+` TO `+role+`; GRANT SELECT ON batchrows TO `+role)
-		require.NoError(t, err)
-
-		cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
-		require.NoError(t, err)
-		cfg.ConnConfig.User, cfg.ConnConfig.Password = role, secret
-		cfg.ConnConfig.RuntimeParams["search_path"] = s
-		cfg.MaxConns = 2
-		asRole, err := pgxpool.NewWithConfig(ctx, cfg)
-		require.NoError(t, err)
-		t.Cleanup(asRole.Close) // before the role is dropped
+		asRole, role := poolAsNewRole(t, db, secret, `GRANT USAGE ON SCHEMA %[2]s TO %[1]s; GRANT SELECT ON batchrows TO %[1]s`)
 
 		r, err := impl.newResetter(t, asRole, WithOwnerColumn("owner"))
 		require.NoError(t, err)
@@ -248,7 +229,7 @@ func TestResetterRowStatesReadsStatusAndOwner(t *testing.T) {
 
 		got, err := r.RowStates(ctx, []int64{3, 1, 2, 4, 99})
 		require.NoError(t, err)
-		assert.Equal(t, []RowState{{1, "inprog", "A"}, {2, "done", ""}, {3, "queued", ""}, {4, "inprog", "B"}}, got)
+		assert.Equal(t, []RowState{{ID: 1, Status: "inprog", Owner: "A"}, {ID: 2, Status: "done"}, {ID: 3, Status: "queued"}, {ID: 4, Status: "inprog", Owner: "B"}}, got)
 		assert.True(t, r.InProgress(got[0], "A"))
 		assert.False(t, r.InProgress(got[0], "B"), "fenced: another owner's row")
 		owners, err := r.InProgressOwners(ctx)

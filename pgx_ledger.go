@@ -96,9 +96,22 @@ func (r *pgResetter) CreateLedger(ctx context.Context) error {
 // lockIncarnation serializes the resets of one incarnation: a recoverer
 // whose claim expired while its reset was still running (its COMMIT may
 // land late) and the recoverer that took over never interleave, so the
-// second always sees what the first recorded.
+// second always sees what the first recorded. It does not wait: the
+// session holding the lock may be one whose host vanished with the
+// transaction open, which the server ends only hours later. Another
+// session holding it fails the reset with ErrRowsLocked, and recovery
+// tries again at the next scan.
 func (r *pgResetter) lockIncarnation(ctx context.Context, tx pgTx, owner, incarnation string) error {
-	return tx.exec(ctx, "SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))", owner+"/"+incarnation)
+	var got bool
+	if err := queryRow(ctx, tx, "SELECT pg_try_advisory_xact_lock(hashtextextended($1::text, 0))",
+		[]any{owner + "/" + incarnation}, &got); err != nil {
+		return err
+	}
+	if !got {
+		return fmt.Errorf("%w: another session is resetting the rows of incarnation %s (it holds the incarnation's advisory lock)",
+			ErrRowsLocked, incarnation)
+	}
+	return nil
 }
 
 // cleanLedger deletes expired ledger entries, at most once per

@@ -17,6 +17,7 @@ import (
 // owner fencing the next recoverer used to reset them under it. For each
 // resetter: the ledger is written by each implementation's own code.
 func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "F2")
@@ -122,6 +123,7 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 //	R: row 1 is in the ledger under (old-0, "") -> settled, skipped;
 //	   old-0 deregistered as recovered; row 1 in progress for ever
 func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "RV4")

@@ -111,7 +111,9 @@ type OwnerPlanner interface {
 
 // PlanOwnerReset runs the statements ResetOwnerRows runs for owner in a
 // transaction that is always rolled back, and returns the rows they would
-// change (in ascending order) and quarantine. It implements OwnerPlanner.
+// change (in ascending order) and quarantine, and those they would skip
+// because another session holds them locked (NotReset). It implements
+// OwnerPlanner.
 func (r *pgResetter) PlanOwnerReset(ctx context.Context, owner string) (plan ResetPlan, err error) {
 	if err := r.needOwnerColumn("planning a reset by owner"); err != nil {
 		return ResetPlan{}, err
@@ -141,10 +143,16 @@ func (r *pgResetter) PlanOwnerReset(ctx context.Context, owner string) (plan Res
 	if err != nil {
 		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %w", owner, err)
 	}
+	locked := make(map[int64]bool, len(res.NotReset))
+	for _, s := range res.NotReset {
+		locked[s.ID] = true
+	}
+	ids = slices.DeleteFunc(ids, func(id int64) bool { return locked[id] })
 	if int64(len(ids)) != res.Reset {
-		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %d rows in progress, the reset reports %d changed", owner, len(ids), res.Reset)
+		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %d rows in progress and not locked, the reset reports %d changed", owner, len(ids), res.Reset)
 	}
 	plan.Reset = ids
 	plan.Quarantined = slices.Sorted(slices.Values(res.Quarantined))
+	plan.NotReset = res.NotReset
 	return plan, nil
 }

@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
@@ -38,11 +39,16 @@ type PgxExecer interface {
 //	UPDATE <table> SET <status> = $queued
 //	WHERE <id> = ANY($1::bigint[]) AND <status> = $inprog
 //
-// The rows are locked first in ascending ID order, so two resets (or a
-// reset and a sweep) never deadlock each other. Rows are reset in chunks
-// inside one transaction: a failure resets none of them, and the next
-// attempt starts clean. The parent batch is never touched. Identifiers
-// come from options and are quoted; values are parameters.
+// The rows are locked first in ascending ID order with SKIP LOCKED: a reset
+// never waits for a row another session holds locked (a transaction left
+// open on a host that vanished holds its locks until the server notices,
+// hours later), it reports the row as not reset (RowState.Locked) and the
+// next attempt tries it again. Rows are reset in chunks inside one
+// transaction: a failure resets none of them, and the next attempt starts
+// clean. The parent batch is never touched. Identifiers come from options
+// and are quoted; values are parameters. Statements are sent without named
+// prepared statements (pgx.QueryExecModeExec), so the resetter works
+// through PgBouncer in transaction pooling mode.
 //
 // With WithOwnerColumn the reset also requires <owner> = the dead instance
 // and clears it; with WithRecoveryCountColumn and WithMaxRecoveries it
@@ -65,7 +71,10 @@ type pgResetter struct {
 	rest         query  // the rows among $ids not settled after a reset (restQuery)
 	byOwner      query  // reset the first chunk of rows of one owner (owner mode, sweep)
 	byOwnerAfter query  // the next chunks, above the last ID of the previous one
+	ownedRest    query  // the rows of one owner a reset by owner left (ownedRestQuery)
 	owners       string // list the owners of rows in progress
+	byVersion    query  // reset rows still at the version the sweep saw (no owner column)
+	inProgress   string // list the rows in progress with their versions
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
 }
@@ -238,10 +247,16 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 	if o.usesLedger() {
 		r.logged = o.resetQuery(false, true)
 	}
+	if o.ownerColumn == "" {
+		r.byVersion, r.inProgress = o.versionsQuery(), o.inProgressQuery()
+	}
 	if o.ownerColumn != "" {
 		r.byOwner = o.resetQuery(true, false)
 		r.byOwnerAfter = o.resetQueryAfter(true, false, true)
-		r.owners = fmt.Sprintf("SELECT DISTINCT %s FROM %s WHERE %s = $1 AND %s IS NOT NULL",
+		r.ownedRest = o.ownedRestQuery()
+		// As text: a char(n) owner comes back without its blank padding,
+		// which an instance ID never has, so the sweep can use it.
+		r.owners = fmt.Sprintf("SELECT DISTINCT %s::text FROM %s WHERE %s = $1 AND %s IS NOT NULL",
 			ident(o.ownerColumn), o.tableIdent(), ident(o.statusColumn), ident(o.ownerColumn))
 	}
 	return nil
@@ -255,7 +270,8 @@ func (d pgxDB) begin(ctx context.Context) (pgTx, error) {
 	if err != nil {
 		return nil, err
 	}
-	return pgxTx{tx}, nil
+	_, nested := d.db.(pgx.Tx)
+	return pgxTx{tx: tx, inTx: nested}, nil
 }
 
 func (d pgxDB) query(ctx context.Context, sql string, args ...any) (pgRows, error) {
@@ -263,19 +279,24 @@ func (d pgxDB) query(ctx context.Context, sql string, args ...any) (pgRows, erro
 }
 
 func (d pgxDB) exec(ctx context.Context, sql string, args ...any) error {
-	_, err := d.db.Exec(ctx, sql, args...)
+	_, err := d.db.Exec(ctx, sql, execMode(args)...)
 	return err
 }
 
 // pgxTx is pgTx over a pgx.Tx (a savepoint when the handle was a pgx.Tx).
-type pgxTx struct{ tx pgx.Tx }
+type pgxTx struct {
+	tx   pgx.Tx
+	inTx bool // a savepoint of the caller's transaction
+}
+
+func (t pgxTx) nested() bool { return t.inTx }
 
 func (t pgxTx) query(ctx context.Context, sql string, args ...any) (pgRows, error) {
 	return pgxQuery(ctx, t.tx, sql, args)
 }
 
 func (t pgxTx) exec(ctx context.Context, sql string, args ...any) error {
-	_, err := t.tx.Exec(ctx, sql, args...)
+	_, err := t.tx.Exec(ctx, sql, execMode(args)...)
 	return err
 }
 
@@ -285,11 +306,23 @@ func (t pgxTx) rollback(ctx context.Context) error { return t.tx.Rollback(ctx) }
 func pgxQuery(ctx context.Context, q interface {
 	Query(context.Context, string, ...any) (pgx.Rows, error)
 }, sql string, args []any) (pgRows, error) {
-	rows, err := q.Query(ctx, sql, args...)
+	rows, err := q.Query(ctx, sql, execMode(args)...)
 	if err != nil {
 		return nil, err
 	}
 	return rows, nil
+}
+
+// execMode returns args behind pgx.QueryExecModeExec, which pgx reads as
+// the mode of this one call: the statement goes out unnamed, parsed and
+// run in one round trip, whatever the pool's DefaultQueryExecMode. pgx's
+// default mode prepares named statements and caches them per connection,
+// which PgBouncer in transaction pooling mode breaks: the next
+// transaction may run on another server connection, where the statement
+// does not exist. A statement without arguments goes out in the simple
+// protocol either way.
+func execMode(args []any) []any {
+	return append([]any{pgx.QueryExecModeExec}, args...)
 }
 
 // maxIdentifierLen is PostgreSQL's NAMEDATALEN-1: longer names are silently
@@ -417,7 +450,7 @@ func (r *pgResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (Re
 		return r.resetInTx(ctx, tx, req, ids, true)
 	})
 	if err != nil {
-		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, r.explainLedgerError(err))
+		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, r.explainResetError(r.explainLedgerError(err)))
 	}
 	return res, nil
 }
@@ -495,11 +528,14 @@ func (r *pgResetter) withoutRecorded(ctx context.Context, tx pgTx, req ResetRequ
 	return out, nil
 }
 
-// unsettled runs q (restQuery) in tx.
+// unsettled runs q (restQuery or ownedRestQuery) in tx.
 func (r *pgResetter) unsettled(ctx context.Context, tx pgTx, q query, v resetValues) ([]RowState, error) {
 	return collect(ctx, tx, q.sql, r.bind(q, v), func(row pgRows) (RowState, error) {
 		var s RowState
-		err := row.Scan(&s.ID, &s.Status)
+		err := row.Scan(&s.ID, &s.Status, &s.Locked)
+		if s.Locked && r.o.ownerColumn != "" {
+			s.Owner = v.owner // the reset matched it: the dead instance's, or unknown
+		}
 		return s, err
 	})
 }
@@ -517,9 +553,66 @@ func (r *pgResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 	return owners, nil
 }
 
+// InProgressRows returns every row in progress with its version, the
+// row's xmin: it changes whenever the row is written. It needs a resetter
+// without WithOwnerColumn (with one, the backstop sweep goes by owner).
+func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
+	if r.inProgress == "" {
+		return nil, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
+	}
+	rows, err := collect(ctx, r.conn, r.inProgress, []any{r.o.inprog}, func(row pgRows) (RowVersion, error) {
+		var v RowVersion
+		err := row.Scan(&v.ID, &v.Version)
+		return v, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list rows in progress: %w", err)
+	}
+	return rows, nil
+}
+
+// ResetRowVersions returns the rows of rows that are still in progress at
+// the version given to the queue (or quarantine), in one transaction,
+// WithChunkSize rows per statement in ID order. A row written since its
+// version was read is left alone and not reported: it is not stuck. The
+// ledger is not used: the version guard alone makes a second reset of the
+// same row version impossible.
+func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
+	if r.inProgress == "" {
+		return ResetResult{}, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
+	}
+	if len(rows) == 0 {
+		return ResetResult{}, nil
+	}
+	sorted := slices.Clone(rows)
+	slices.SortFunc(sorted, func(a, b RowVersion) int { return cmp.Compare(a.ID, b.ID) })
+	res, err := r.withRetry(ctx, func(tx pgTx) (ResetResult, error) {
+		var total ResetResult
+		for chunk := range slices.Chunk(sorted, r.o.chunkSize) {
+			v := resetValues{ids: make([]int64, len(chunk)), versions: make([]string, len(chunk))}
+			for i, rv := range chunk {
+				v.ids[i], v.versions[i] = rv.ID, rv.Version
+			}
+			res, err := r.run(ctx, tx, r.byVersion, v)
+			if err != nil {
+				return ResetResult{}, err
+			}
+			total.Reset += res.Reset
+			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		}
+		return total, nil
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
+	}
+	return res, nil
+}
+
 // ResetOwnerRows returns every row still in progress and owned by owner to
 // the queue (or quarantine), in one transaction, WithChunkSize rows per
-// statement in ID order. It needs WithOwnerColumn. On a large table give
+// statement in ID order, and lists in NotReset (Locked) the rows it
+// skipped because another session held them locked. It needs
+// WithOwnerColumn. On a large table give
 // it the partial index the migration in docs/integration.md creates,
 // (owner, id) WHERE status = in progress: each statement then seeks to the
 // rows it changes.
@@ -531,7 +624,7 @@ func (r *pgResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRes
 		return r.resetOwnedInTx(ctx, tx, owner)
 	})
 	if err != nil {
-		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
+		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, r.explainResetError(err))
 	}
 	return res, nil
 }
@@ -556,9 +649,17 @@ func (r *pgResetter) resetOwnedInTx(ctx context.Context, tx pgTx, owner string) 
 		all.Reset += res.Reset
 		all.Quarantined = append(all.Quarantined, res.Quarantined...)
 		if locked < r.o.chunkSize {
-			return all, nil
+			break
 		}
 	}
+	// SKIP LOCKED passed over the rows another session holds: a short
+	// chunk means no unlocked row is left, not that no row is.
+	skipped, err := r.unsettled(ctx, tx, r.ownedRest, resetValues{owner: owner})
+	if err != nil {
+		return ResetResult{}, err
+	}
+	all.NotReset = skipped
+	return all, nil
 }
 
 func (r *pgResetter) run(ctx context.Context, tx pgTx, q query, v resetValues) (ResetResult, error) {
@@ -604,6 +705,9 @@ func (r *pgResetter) inTx(ctx context.Context, f func(pgTx) (ResetResult, error)
 			cancel()
 		}
 	}()
+	if err = setLockTimeout(ctx, tx); err != nil {
+		return ResetResult{}, err
+	}
 	if res, err = f(tx); err != nil {
 		return ResetResult{}, err
 	}
@@ -611,6 +715,55 @@ func (r *pgResetter) inTx(ctx context.Context, f func(pgTx) (ResetResult, error)
 		return ResetResult{}, fmt.Errorf("commit: %w", err)
 	}
 	return res, nil
+}
+
+// lockTimeoutShare is the share of the time left to a reset that its
+// statements may wait for a lock (lock_timeout): the server then cancels
+// the wait and says so, before the context's deadline cuts the connection
+// with nothing more than "context deadline exceeded".
+const lockTimeoutShare = 0.8
+
+// setLockTimeout sets lock_timeout for the rest of tx to lockTimeoutShare
+// of the time ctx leaves, when ctx has a deadline and tx is a transaction
+// of the resetter's own (in a savepoint of the caller's transaction the
+// setting would outlive the savepoint). Row locks are skipped (SKIP
+// LOCKED); what a reset may still wait for is a table lock (an ALTER TABLE
+// or LOCK TABLE in an open transaction).
+func setLockTimeout(ctx context.Context, tx pgTx) error {
+	deadline, ok := ctx.Deadline()
+	if !ok || tx.nested() {
+		return nil
+	}
+	ms := max(int64(float64(time.Until(deadline).Milliseconds())*lockTimeoutShare), 1)
+	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(ms, 10)); err != nil {
+		return fmt.Errorf("set lock_timeout: %w", err)
+	}
+	return nil
+}
+
+// explainResetError names what a reset that failed waited for or was
+// refused by: a lock (lock_timeout, 55P03: ErrRowsLocked), the
+// statement_timeout (57014), or a session that cannot write (25006, or a
+// standby refusing lib/pq's BEGIN READ WRITE: ErrReadOnly). Other errors
+// are returned as they are.
+func (r *pgResetter) explainResetError(err error) error {
+	switch sqlState(err) {
+	case "55P03":
+		return fmt.Errorf("%w: waited for a lock another session holds on %s until lock_timeout (a transaction left open, an ALTER TABLE or LOCK TABLE): %w",
+			ErrRowsLocked, r.o.tableIdent(), err)
+	case "57014":
+		if strings.Contains(serverMessage(err), "statement timeout") {
+			return fmt.Errorf("a statement ran past the session's statement_timeout (waiting for a lock, or too slow): %w", err)
+		}
+	case "25006":
+		return fmt.Errorf("%w: %w", ErrReadOnly, err)
+	case "0A000":
+		// lib/pq begins READ WRITE, which a standby refuses.
+		if strings.Contains(serverMessage(err), "during recovery") {
+			return fmt.Errorf("%w: the server is a standby in recovery: %w", ErrReadOnly, err)
+		}
+	}
+	return err
 }
 
 // retryable reports whether err is a PostgreSQL deadlock (40P01) or

@@ -30,6 +30,7 @@ type resetValues struct {
 	owner       string // the instance whose rows these are
 	incarnation string
 	after       int64 // by owner: the last ID of the previous chunk
+	versions    []string
 }
 
 // bind returns the arguments of q.
@@ -53,6 +54,8 @@ func (r *pgResetter) bind(q query, v resetValues) []any {
 			args[i] = r.o.chunkSize
 		case "after":
 			args[i] = v.after
+		case "versions":
+			args[i] = v.versions
 		case "terminal":
 			args[i] = r.o.terminal
 		case "settled":
@@ -73,12 +76,15 @@ func (o *resetterOptions) settled() []string {
 }
 
 // resetQuery builds the reset statement. It locks the matching rows in ID
-// order, updates them with the status guard (and the owner guard when
+// order, skipping rows another session holds locked (SKIP LOCKED: a
+// transaction left open on a host that vanished holds its locks until the
+// server notices, hours with TCP keepalive's defaults; the reset never
+// waits for it, and the caller reports the rows it skipped), updates them with the status guard (and the owner guard when
 // fencing), records them in the ledger (with ledger: the caller has left
 // out of $ids the rows the ledger already holds), and returns the number
 // changed and the IDs quarantined:
 //
-//	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE),
+//	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE SKIP LOCKED),
 //	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...),
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
 //	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
@@ -94,6 +100,35 @@ func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
 // resetQueryAfter is resetQuery; with keyset, a reset by owner takes only
 // the rows above $after (every chunk but the first).
 func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
+	return o.resetStatement(byOwner, ledger, keyset, false)
+}
+
+// versionsQuery builds the backstop sweep's reset (ResetRowVersions): the
+// rows among $ids still in progress at the version the sweep saw, each
+// row's version being its xmin (changed by every UPDATE of the row, not by
+// a lock), compared in the statement that locks the rows:
+//
+//	... WHERE id = ANY($ids) AND status = $inprog
+//	    AND (id, xmin::text) IN (SELECT * FROM unnest($ids, $versions))
+//
+// A row written since the sweep looked (fetched again, finished, reset by
+// a peer or by a previous sweep) has another xmin and is left alone, so a
+// double reset cannot happen and a retried reset changes nothing. A row a
+// concurrent transaction holds is waited for and its new version checked
+// again (READ COMMITTED re-reads a locked row that changed).
+func (o *resetterOptions) versionsQuery() query {
+	return o.resetStatement(false, false, false, true)
+}
+
+// inProgressQuery lists the rows in progress with their version (xmin).
+func (o *resetterOptions) inProgressQuery() string {
+	return fmt.Sprintf("SELECT %s, xmin::text FROM %s WHERE %s = $1",
+		ident(o.idColumn), o.tableIdent(), ident(o.statusColumn))
+}
+
+// resetStatement is resetQueryAfter; versioned adds the version guard of
+// versionsQuery.
+func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
 	fenced := o.ownerColumn != ""
@@ -104,6 +139,10 @@ func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
 	}
 	inprog := q.param("inprog")
 	match = append(match, fmt.Sprintf("%s = %s", status, inprog))
+	if versioned {
+		match = append(match, fmt.Sprintf("(%s, xmin::text) IN (SELECT * FROM unnest(%s::bigint[], %s::text[]))",
+			id, q.param("ids"), q.param("versions")))
+	}
 	if fenced {
 		match = append(match, fmt.Sprintf("%s = %s::text", ident(o.ownerColumn), q.param("owner")))
 	}
@@ -148,7 +187,7 @@ func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
 		limit = " LIMIT " + q.param("chunk")
 	}
 	fmt.Fprintf(&sql, `WITH locked AS (
-	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s%[7]s FOR UPDATE
+	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s%[7]s FOR UPDATE SKIP LOCKED
 ), changed AS (
 	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
 	RETURNING r.%[1]s AS id, r.%[6]s AS st
@@ -171,19 +210,36 @@ func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
 // restQuery reads, after the reset and in its transaction, the rows among
 // $ids that are not settled: not queued, done or quarantined, and not
 // owned by another worker (fencing); rows the ledger holds are left out of
-// $ids beforehand (resetInTx). A statement of
-// its own, so it sees what the reset changed and what transactions the
-// reset waited for committed; inside the reset's statement it would see
-// the snapshot taken before the wait.
+// $ids beforehand (resetInTx). A statement of its own, so it sees what
+// the reset changed and what transactions committed since it ran. Its
+// third column says whether the row still matches the reset (in progress,
+// and owned by the dead instance when fencing): the reset skipped it
+// because another session held it locked (SKIP LOCKED), or that session
+// committed it back in progress since.
 func (o *resetterOptions) restQuery() query {
 	var q query
 	id, status := ident(o.idColumn), ident(o.statusColumn)
 	settled := []string{fmt.Sprintf("t.%s::text = ANY(%s::text[])", status, q.param("settled"))}
+	matches := []string{fmt.Sprintf("t.%s::text = %s::text", status, q.param("inprog"))}
 	if o.ownerColumn != "" {
-		settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), q.param("owner")))
+		owner := q.param("owner")
+		settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), owner))
+		matches = append(matches, fmt.Sprintf("t.%s = %s::text", ident(o.ownerColumn), owner))
 	}
-	q.sql = fmt.Sprintf(`SELECT t.%[1]s, coalesce(t.%[2]s::text, '') FROM %[3]s AS t
+	q.sql = fmt.Sprintf(`SELECT t.%[1]s, coalesce(t.%[2]s::text, ''), (%[6]s) IS TRUE FROM %[3]s AS t
 WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND (%[5]s) IS NOT TRUE ORDER BY t.%[1]s`,
-		id, status, o.tableIdent(), q.param("ids"), strings.Join(settled, " OR "))
+		id, status, o.tableIdent(), q.param("ids"), strings.Join(settled, " OR "), strings.Join(matches, " AND "))
+	return q
+}
+
+// ownedRestQuery reads, after a reset by owner and in its transaction, the
+// rows still in progress and owned by $owner: the reset skipped them
+// because another session held them locked (SKIP LOCKED).
+func (o *resetterOptions) ownedRestQuery() query {
+	var q query
+	id, status := ident(o.idColumn), ident(o.statusColumn)
+	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true FROM %[3]s
+WHERE %[2]s = %[4]s AND %[5]s = %[6]s::text ORDER BY %[1]s`,
+		id, status, o.tableIdent(), q.param("inprog"), ident(o.ownerColumn), q.param("owner"))
 	return q
 }

@@ -91,6 +91,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		kind = "lost"
+	case errors.Is(err, ErrRowsLocked):
+		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
 	}
@@ -100,7 +102,10 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	l.failing[peer] = kind
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
-		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress; the backstop sweep (owner column) recovers them",
+		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress until the backstop sweep recovers them",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrRowsLocked):
+		l.w.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
@@ -165,15 +170,34 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		if errors.As(e, &pe) {
 			continue
 		}
-		if !l.sweepFailing {
+		switch {
+		case l.sweepFailing:
+		case errors.Is(e, ErrMisconfigured):
+			l.w.log.Error("backstop sweep held: the resetter's statuses do not match the rows the workers track; fix them, and the rows stuck meanwhile come back", slog.Any("error", e))
+		default:
 			l.w.log.Warn("backstop sweep failed; will retry", slog.Any("error", e))
 		}
 		l.sweepFailing = true
 		return
 	}
 	l.sweepFailing = false
+	if rep.strayFound > 0 {
+		l.w.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
+			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
+			slog.Int("rows_quarantined", rep.strayQuarantined),
+			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)))
+	}
 	l.w.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
+		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),
+		slog.Bool("redis_too_young", rep.nodeHeld),
 		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
+}
+
+// invalidOwner logs an owner of rows in progress that the sweep cannot use
+// as an instance ID: its rows are never recovered by the sweep.
+func (l *recoveryLog) invalidOwner(owner string, why error) {
+	l.w.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what InstanceID() returns?)",
+		slog.String("owner", clip(owner)), slog.String("reason", why.Error()))
 }
 
 // claimNotReleased logs a claim whose release failed; it expires by

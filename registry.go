@@ -111,7 +111,7 @@ func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	if err := w.store.KeepRows(opCtx, held, w.opts.rowsTTL); err != nil {
+	if err := w.store.KeepRows(opCtx, held, w.rowsTTL()); err != nil {
 		w.log.Warn("renewing the rows sets of peers whose death is not judged yet failed; the next scan that holds them retries",
 			slog.Int("peers_held", len(held)), slog.Any("error", err))
 	}

@@ -21,6 +21,7 @@ import (
 // once (not per scan), emitted once and shown in Stats, heartbeats, Start
 // and Shutdown keep working, and it ends when the key is deleted.
 func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t, "--notify-keyspace-events", "Ex")
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -16,14 +16,20 @@ import (
 // With owner fencing (a resetter whose FencesByOwner reports true, such as
 // a PgxResetter WithOwnerColumn) a row another worker holds now is left
 // alone, so Release is safe in any state, also with the lease lost and
-// after Shutdown. Without it the status guard alone cannot tell this
-// worker's rows from a peer's that were recovered and fetched again, so
-// Release refuses with ErrLeaseLost while the lease is lost and with
-// ErrShutdown after Shutdown: in those states peers may already have
-// recovered the rows.
+// after Shutdown. So it is with the reset ledger (a PgxResetter or
+// SQLResetter without an owner column, unless WithoutResetLedger): the
+// release is a reset under this worker's instance ID and incarnation, like
+// a recovery of it, and skips the rows a recovery already reset, whoever
+// holds them now (docs/safety.md §3). With neither, the status guard alone
+// cannot tell this worker's rows from a peer's that were recovered and
+// fetched again, so Release refuses with ErrLeaseLost while the lease is
+// lost and with ErrShutdown after Shutdown: in those states peers may
+// already have recovered the rows.
 //
 // The error says the rows could not be returned to the queue; they are
-// then still tracked, for a peer to recover should this worker die. Once
+// then still tracked, for a peer to recover should this worker die. Rows
+// another session holds locked are skipped (the reset does not wait for
+// them): the others are released, and the error wraps ErrRowsLocked. Once
 // they are back in the queue Release succeeds even if Redis cannot be
 // reached to untrack them (a worker that lost its lease often cannot): the
 // next heartbeat removes them from the rows set.
@@ -31,12 +37,12 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	if !fencesByOwner(w.resetter) {
+	if !releaseSafeAfterLoss(w.resetter) {
 		switch {
 		case w.state.Load() == stateShutdown:
-			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
+			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
 		case w.state.Load() == stateRunning && w.lease.check(w.rows.staleRows()) != nil:
-			return fmt.Errorf("release %d rows of %s without owner fencing: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	}
 	// The host may take a row again as soon as the reset commits, and
@@ -44,6 +50,9 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	// not tracked again by then, are untracked below.
 	gens := w.rows.generations(rowIDs)
 	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
+	if mutantReleaseUnrecorded {
+		req.Incarnation = ""
+	}
 	fenced := fencesByOwner(w.resetter)
 	if !fenced {
 		// The reset is recorded under this incarnation: a row taken again,
@@ -58,6 +67,23 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		}
 		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
+	// A row another session holds locked was skipped: it stays tracked,
+	// for a peer to recover should this worker die, and the error says so.
+	var lockedErr error
+	if n := lockedRows(res.NotReset); n > 0 {
+		var locked []int64
+		for _, s := range res.NotReset {
+			if s.Locked {
+				delete(gens, s.ID)
+				locked = append(locked, s.ID)
+			}
+		}
+		if !fenced {
+			w.rows.unmarkReleased(locked)
+		}
+		lockedErr = fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
+			len(rowIDs), w.opts.instanceID, ErrRowsLocked, n, res.NotReset[0].ID)
+	}
 	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
 	if err := w.untrackUnchanged(gens); err != nil {
@@ -66,5 +92,5 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	w.log.Info("released rows", attrs...)
 	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
 	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
-	return nil
+	return lockedErr
 }

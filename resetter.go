@@ -23,7 +23,8 @@ type ResetResult struct {
 	// NotReset lists the rows that were neither reset nor shown to be
 	// settled: not queued, not done (WithDoneStatuses), not quarantined,
 	// not held by another owner and not reset before under the same
-	// incarnation. A misspelled status is the usual cause. Recovery keeps
+	// incarnation. A misspelled status is the usual cause; a row another
+	// session held locked is one too (RowState.Locked). Recovery keeps
 	// the rows set of a peer with such rows, and tries again, instead of
 	// forgetting rows it could not reset.
 	NotReset []RowState
@@ -38,6 +39,12 @@ type RowState struct {
 	// Owner is the row's owner, when the resetter knows owners (and the
 	// row has one).
 	Owner string
+	// Locked is set on a row a reset left in progress because another
+	// session held it locked: a transaction still open, perhaps on a host
+	// that vanished. The reset does not wait for it (PgxResetter and
+	// SQLResetter lock with SKIP LOCKED); recovery tries it again at the
+	// next scan.
+	Locked bool
 }
 
 // A ResetRequest asks for the rows of one instance to be returned to the
@@ -86,6 +93,32 @@ type OwnerSweeper interface {
 	ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error)
 }
 
+// A RowsSweeper is a RowResetter that can list the rows in progress, each
+// with a version that changes whenever the row is written, and reset rows
+// only while they are still in progress at the version given. It powers
+// the backstop sweep in rows-set mode without an owner column: rows in
+// progress that no rows set in Redis holds, seen unchanged at two looks a
+// rows TTL apart, go back to the queue (docs/design.md, "The backstop
+// sweep"). PgxResetter and SQLResetter implement it without
+// WithOwnerColumn, the version being the row's xmin.
+type RowsSweeper interface {
+	RowResetter
+	// InProgressRows returns every row in progress with its version.
+	InProgressRows(ctx context.Context) ([]RowVersion, error)
+	// ResetRowVersions returns the rows still in progress at the version
+	// given to the queue; it leaves the others alone and does not report
+	// them. Resetting the same versions again changes nothing.
+	ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error)
+}
+
+// RowVersion is a row in progress as a RowsSweeper saw it.
+type RowVersion struct {
+	// ID is the row's ID.
+	ID int64
+	// Version changes whenever the row is written (PostgreSQL: xmin).
+	Version string
+}
+
 // resetRows calls the resetter, preferring the richest interface it has.
 func resetRows(ctx context.Context, r RowResetter, req ResetRequest) (ResetResult, error) {
 	switch rr := r.(type) {
@@ -110,3 +143,18 @@ func fencesByOwner(r RowResetter) bool {
 	f, ok := r.(OwnerFencer)
 	return ok && f.FencesByOwner()
 }
+
+// recordsResets reports whether r records every reset under the instance
+// and incarnation of the rows set and skips rows already recorded for the
+// pair (the reset ledger of PgxResetter and SQLResetter).
+func recordsResets(r RowResetter) bool {
+	_, inc := r.(IncarnationResetter)
+	l, ok := r.(interface{ UsesLedger() bool })
+	return inc && ok && l.UsesLedger()
+}
+
+// releaseSafeAfterLoss reports whether Release can give rows back after
+// the lease was lost: a row a peer recovered and someone took since is
+// then left alone, by its owner (owner fencing) or because the ledger
+// holds its reset under this worker's incarnation (the reset ledger).
+func releaseSafeAfterLoss(r RowResetter) bool { return fencesByOwner(r) || recordsResets(r) }

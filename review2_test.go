@@ -144,6 +144,7 @@ func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 // follows the protocol, has the rows it fetched after its lease came back
 // reset by a recovery that claimed it while it was away.
 func TestReview2OwnerModeRecoveryInFlightResetsRowsTheResumedWorkerTookAfterItsLeaseCameBack(t *testing.T) {
+	t.Parallel()
 	reviewPausedOwnerComesBack(t)
 }
 
@@ -153,6 +154,7 @@ func TestReview2OwnerModeRecoveryInFlightResetsRowsTheResumedWorkerTookAfterItsL
 // the owner-mode recoverer then resets by owner, which reaches the rows the
 // worker took after it came back.
 func TestReview2MixedFleetOwnerModeRecovererResetsRowsARowsSetWorkerTookAfterItCameBack(t *testing.T) {
+	t.Parallel()
 	reviewPausedOwnerComesBack(t, WithRowsSets())
 }
 
@@ -165,6 +167,7 @@ func TestReview2MixedFleetOwnerModeRecovererResetsRowsARowsSetWorkerTookAfterItC
 // claim) and returns; the host fetches rows 1, 2, 3. The sweeper resumes
 // and resets them under the live pod.
 func TestReview2OwnerModeSweepClaimedBeforeAFixedIDRestartResetsTheNewProcesssRows(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 5)
@@ -202,6 +205,7 @@ func TestReview2OwnerModeSweepClaimedBeforeAFixedIDRestartResetsTheNewProcesssRo
 // then runs and resets A's live rows; only after that does B's first
 // heartbeat find A's value and refuse B.
 func TestReview2OwnerModeTwinStartingTogetherResetsTheRowsOfTheTwinThatWon(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 5)
@@ -267,6 +271,7 @@ func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testi
 // default, while sweeps come every 60 s), resets L's rows while L's lease
 // is valid.
 func TestReview2OwnerModeSweepAfterTwoEmptyRedisRestartsResetsALiveWorkersRows(t *testing.T) {
+	t.Parallel()
 	f := newFreezableFleet(t, 3)
 	srv, lClient, fr, rdb, db, prefix := f.srv, f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()

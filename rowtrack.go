@@ -40,6 +40,9 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 		return nil
 	}
 	retaken := w.rows.add(rowIDs)
+	if w.checker != nil {
+		w.checker.tracked()
+	}
 	if w.ownerMode {
 		return nil // the owner column says it all
 	}
@@ -48,7 +51,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
 		}
 	}
-	if err := w.store.TrackRows(ctx, w.opts.instanceID, rowIDs, w.opts.rowsTTL); err != nil {
+	if err := w.store.TrackRows(ctx, w.opts.instanceID, rowIDs, w.rowsTTL()); err != nil {
 		return fmt.Errorf("track %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
 	return nil
@@ -157,7 +160,7 @@ func (w *Worker) rotateLocked(ctx context.Context) error {
 // incarnationTTL outlives the rows set by a heartbeat interval: the
 // heartbeat writes both, Track renews only the set.
 func (w *Worker) incarnationTTL() time.Duration {
-	return satAdd(w.opts.rowsTTL, w.opts.heartbeatInterval)
+	return satAdd(w.rowsTTL(), w.opts.heartbeatInterval)
 }
 
 // retrack writes back the rows among removed that are tracked again: a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"strings"
 	"sync/atomic"
 	"time"
 )
@@ -15,16 +16,29 @@ import (
 // not look like its rows in progress to the resetter, and recovery would
 // leave them alone (swapped: they look queued; foreign owner: they look
 // taken) or keep failing on them. The worker itself reads, off the hot
-// path, the state of rows it has tracked for a while, once a heartbeat
-// interval, until it has seen one row as the resetter expects: status in
-// progress (and, with an owner column, owned by this worker). A row that
-// fails that at two checks in a row, tracked all along, is an alarm.
+// path, the state of rows it tracks, until it has seen one row as the
+// resetter expects: status in progress (and, with an owner column, owned
+// by this worker). A row that fails that at two looks at least the
+// self-check window apart (WithSelfCheckWindow, 500 ms by default),
+// tracked all along under the same Track, is an alarm.
 //
-// Why two checks: a host marks a row done and then calls Untrack; between
-// the two, the row is tracked and no longer in progress. A row tracked
-// across two checks, an interval apart, and still not in progress at both
-// would need a host that takes longer than a heartbeat interval from its
-// completion COMMIT to its Untrack.
+// When it looks. A Track while the configuration is still unverified asks
+// for a look shortly after (a tenth of the window: the fetch's COMMIT
+// follows its Track), a row seen not in progress asks for another a window
+// later, and, besides, a look runs once a heartbeat interval. So the first
+// block is judged about a window after its COMMIT (0.55 s by default)
+// provided its rows stay tracked that long; the fast looks are limited to
+// selfCheckFastLooks per worker, then only the heartbeat's remain.
+//
+// Why two looks: a host marks a row done (or failed, or queued again) and
+// then calls Untrack; between the two, the row is tracked and not in
+// progress. A row tracked across two looks a window apart, and not in
+// progress at both, would need a host that takes longer than the window
+// from its completion COMMIT to its Untrack, on rows none of which was
+// ever seen in progress. Rows tracked when the lease was lost are never
+// judged (a recoverer may have reset them), nor are rows a transaction is
+// writing: the PostgreSQL resetters read with FOR SHARE SKIP LOCKED, so an
+// uncommitted fetch shows nothing rather than its rows' queued state.
 
 // A RowStateReader is a RowResetter that can read the state of rows, for
 // the worker's self-check. PgxResetter implements it.
@@ -38,100 +52,227 @@ type RowStateReader interface {
 	InProgress(s RowState, owner string) bool
 }
 
-// selfCheckSample bounds how many rows one self-check reads.
-const selfCheckSample = 64
+// committedStateReader is a RowStateReader that can leave out the rows an
+// open transaction is writing (the PostgreSQL resetters).
+type committedStateReader interface {
+	committedRowStates(ctx context.Context, ids []int64) ([]RowState, error)
+	// configuredStatuses returns the in-progress and queued statuses.
+	configuredStatuses() (inprog, queued string)
+}
+
+const (
+	// selfCheckSample bounds how many rows one look reads.
+	selfCheckSample = 64
+	// selfCheckFastLooks bounds the looks a worker makes besides the
+	// heartbeat interval's, while its configuration is unverified.
+	selfCheckFastLooks = 64
+)
+
+// sighting is a row seen not in progress: under which Track, when the
+// look that saw it ended, and what it held.
+type sighting struct {
+	gen   uint64
+	at    time.Time
+	state RowState
+}
 
 // selfChecker is the self-check loop.
 type selfChecker struct {
-	w       *Worker
-	reader  RowStateReader
-	alarm   atomic.Pointer[error] // set once a mismatch is confirmed
-	checks  atomic.Uint64         // row-state reads made
-	verdict atomic.Int32          // 0 pending, 1 verified, 2 alarm
-	// before are the rows tracked at the previous check, suspect those of
-	// them found not in progress. Only runOnce touches them.
-	before, suspect map[int64]bool
+	w      *Worker
+	reader RowStateReader
+	alarm  atomic.Pointer[error] // set once a mismatch is confirmed
+	checks atomic.Uint64         // row-state reads made
+	// sightings counts rows seen tracked and not in progress.
+	sightings atomic.Uint64
+	verdict   atomic.Int32 // 0 pending, 1 verified, 2 alarm
+	// fresh is signalled by Track while fast looks are on (fast).
+	fresh chan struct{}
+	fast  atomic.Bool
+	// Only the loop touches the rest.
+	fastLeft int
+	seen     map[int64]sighting
+	// skipped is set when the last look could not read a tracked row: a
+	// transaction (its fetch, not committed yet) was writing it.
+	skipped bool
 }
 
-// run checks the worker's own rows every heartbeat interval until the
-// configuration is verified or found wrong, or ctx ends.
+func newSelfChecker(w *Worker, reader RowStateReader) *selfChecker {
+	c := &selfChecker{w: w, reader: reader, fresh: make(chan struct{}, 1), fastLeft: selfCheckFastLooks,
+		seen: make(map[int64]sighting)}
+	c.fast.Store(true)
+	return c
+}
+
+// tracked tells the loop that rows were just tracked; it never blocks.
+func (c *selfChecker) tracked() {
+	if !c.fast.Load() {
+		return
+	}
+	select {
+	case c.fresh <- struct{}{}:
+	default: // a look is asked for already
+	}
+}
+
+// window is the self-check window (WithSelfCheckWindow).
+func (c *selfChecker) window() time.Duration { return c.w.opts.selfCheckWindow }
+
+// run looks at the worker's own rows when a Track or a sighting asks for
+// it and once a heartbeat interval, until the configuration is verified or
+// found wrong, or ctx ends.
 func (c *selfChecker) run(ctx context.Context) {
-	t := time.NewTicker(c.w.opts.heartbeatInterval)
-	defer t.Stop()
+	slow := time.NewTicker(c.w.opts.heartbeatInterval)
+	defer slow.Stop()
+	soon := time.NewTimer(time.Hour)
+	soon.Stop()
+	defer soon.Stop()
+	var due time.Time // when soon fires; zero when it is not set
+	arm := func(at time.Time) {
+		if !due.IsZero() && !at.Before(due) {
+			return
+		}
+		due = at
+		soon.Reset(time.Until(at))
+	}
 	for {
 		select {
 		case <-ctx.Done():
 			return
-		case <-t.C:
+		case <-c.fresh:
+			arm(time.Now().Add(max(c.window()/10, time.Millisecond)))
+			continue
+		case <-soon.C:
+			due = time.Time{}
+			if c.fastLeft--; c.fastLeft <= 0 {
+				c.fast.Store(false)
+			}
+		case <-slow.C:
 		}
 		if c.runOnce(ctx) {
 			return
 		}
-	}
-}
-
-// runOnce is one check; it reports whether the check is over.
-func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
-	var tracked, notInProgress map[int64]bool
-	tracked, notInProgress, done = c.check(ctx, c.before, c.suspect)
-	c.before, c.suspect = tracked, notInProgress
-	return done
-}
-
-// check compares the rows tracked at the previous check with their state
-// now. It returns the rows tracked now and the rows found not in progress,
-// for the next, and whether the check is over.
-func (c *selfChecker) check(ctx context.Context, before, suspect map[int64]bool) (tracked, notInProgress map[int64]bool, done bool) {
-	w, reader := c.w, c.reader
-	tracked = w.rows.sampleSettled(selfCheckSample)
-	var candidates []int64
-	for id := range tracked {
-		if before[id] {
-			candidates = append(candidates, id) // tracked for an interval at least
+		if c.fastLeft <= 0 {
+			continue
+		}
+		if c.skipped {
+			arm(time.Now().Add(max(c.window()/10, time.Millisecond))) // their fetch will have committed
+		}
+		if at, ok := c.confirmAt(); ok {
+			arm(at)
 		}
 	}
-	if len(candidates) == 0 {
-		return tracked, nil, false
+}
+
+// confirmAt is when the earliest sighting can be confirmed.
+func (c *selfChecker) confirmAt() (time.Time, bool) {
+	var first time.Time
+	for _, s := range c.seen {
+		if first.IsZero() || s.at.Before(first) {
+			first = s.at
+		}
 	}
+	return first.Add(c.window()), !first.IsZero()
+}
+
+// runOnce is one look; it reports whether the self-check is over.
+func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
+	w, reader := c.w, c.reader
+	ids := make([]int64, 0, selfCheckSample)
+	for id, s := range c.seen {
+		if g, ok := w.rows.settledGeneration(id); ok && g == s.gen {
+			ids = append(ids, id)
+		} else {
+			delete(c.seen, id) // untracked, or taken again: it proved nothing
+		}
+	}
+	ids = append(ids, w.rows.newestSettled(selfCheckSample-len(ids), c.seen)...)
+	c.skipped = false
+	if len(ids) == 0 {
+		return false
+	}
+	if !w.lease.valid() {
+		w.noteLeaseLoss(nil) // a paused process may look before its heartbeat loop notes it
+		return false
+	}
+	loss := w.rows.lossGeneration()
+	before := w.rows.generations(ids)
+	start := time.Now()
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	states, err := reader.RowStates(dbCtx, candidates)
+	var states []RowState
+	var err error
+	if cr, ok := reader.(committedStateReader); ok {
+		states, err = cr.committedRowStates(dbCtx, ids)
+	} else {
+		states, err = reader.RowStates(dbCtx, ids)
+	}
 	cancel()
 	if err != nil {
 		w.log.Debug("self-check: cannot read the state of tracked rows", slog.Any("error", err))
-		return before, suspect, false // try again with the same rows
+		return false // the sightings stand; the next look reads them again
 	}
+	end := time.Now()
 	c.checks.Add(1)
-	still := w.rows.generations(candidates) // rows untracked during the read are out
-	notInProgress = make(map[int64]bool)
-	var first *RowState
-	for i := range states {
-		s := states[i]
-		if _, ok := still[s.ID]; !ok {
+	if !w.lease.valid() || w.rows.lossGeneration() != loss {
+		return false // a recoverer may have reset them while the read ran
+	}
+	after := w.rows.generations(ids)
+	c.skipped = len(states) < len(after)
+	for _, s := range states {
+		g, ok := before[s.ID]
+		if !ok || after[s.ID] != g {
+			delete(c.seen, s.ID) // untracked or taken again during the read
 			continue
 		}
 		if reader.InProgress(s, w.opts.instanceID) {
 			c.verdict.Store(1)
+			c.fast.Store(false)
 			w.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
-			return tracked, nil, true
+			return true
 		}
-		notInProgress[s.ID] = true
-		if suspect[s.ID] && first == nil {
-			first = &states[i]
+		prev, seen := c.seen[s.ID]
+		if !seen || prev.gen != g {
+			c.seen[s.ID] = sighting{gen: g, at: end, state: s}
+			c.sightings.Add(1)
+			continue
+		}
+		if start.Sub(prev.at) >= c.window() {
+			c.raise(s, start.Sub(prev.at), len(states))
+			return true
 		}
 	}
-	if first == nil {
-		return tracked, notInProgress, false
+	return false
+}
+
+// raise records the alarm about row s, not in progress at two looks apart
+// apart; read rows were read.
+func (c *selfChecker) raise(s RowState, apart time.Duration, read int) {
+	w := c.w
+	expect := ""
+	if cr, ok := c.reader.(committedStateReader); ok {
+		inprog, queued := cr.configuredStatuses()
+		expect = fmt.Sprintf(" (the resetter takes status %q for in progress", inprog)
+		switch s.Status {
+		case queued:
+			expect += fmt.Sprintf(", and %q for queued: statuses swapped?)", queued)
+		case inprog:
+			expect += ": the owner differs)"
+		default:
+			expect += ": misspelt?)"
+		}
 	}
-	err = fmt.Errorf("%w: row %d, tracked by %s for two heartbeat intervals, has status %q and owner %q, which the resetter does not take for a row in progress by this worker: check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
-		ErrMisconfigured, first.ID, w.opts.instanceID, clip(first.Status), clip(first.Owner))
+	err := fmt.Errorf("%w: row %d, tracked by %s, was not in progress at two looks %v apart: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
+		ErrMisconfigured, s.ID, w.opts.instanceID, apart.Round(time.Millisecond), clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)
+	c.fast.Store(false)
 	w.stats.misconfigured.Add(1)
-	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck",
-		slog.Int64("row_id", first.ID), slog.String("status", clip(first.Status)), slog.String("owner", clip(first.Owner)),
-		slog.Int("rows_checked", len(states)), slog.Int("rows_not_in_progress", len(notInProgress)))
-	w.emit(Event{Kind: EventMisconfigured, Rows: len(notInProgress), Err: err})
-	return tracked, notInProgress, true
+	attrs := []any{slog.Int64("row_id", s.ID), slog.String("status", clip(s.Status)), slog.String("owner", clip(s.Owner))}
+	if expect != "" {
+		attrs = append(attrs, slog.String("expected", strings.Trim(expect, " ()")))
+	}
+	attrs = append(attrs, slog.Int("rows_checked", read), slog.Int("rows_not_in_progress", len(c.seen)))
+	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck", attrs...)
+	w.emit(Event{Kind: EventMisconfigured, Rows: len(c.seen), Err: err})
 }
 
 // misconfigured returns the self-check's alarm, or nil.

@@ -70,6 +70,7 @@ func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *tes
 }
 
 func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
@@ -92,6 +93,7 @@ func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
 // the host takes longer than a heartbeat interval to untrack it and a
 // check reads it in that state.
 func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 200)

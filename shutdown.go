@@ -70,7 +70,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	// ever look for them.
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
-	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.opts.rowsTTL}
+	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.rowsTTL()}
 	if w.ownerMode {
 		d.Tracked, d.Unremoved = nil, nil // the owner column says it all
 	}

@@ -43,6 +43,20 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "mutation: the reset has no status guard", sim: simMutations{noStatusGuard: true}},
 		{name: "mutation: a lost lease neither sticky with owner fencing nor held", set: []*bool{&mutantNoStickyLease, &mutantNoRegainHold}},
 		{name: "mutation: the heartbeat does not write tracked rows back", sim: simMutations{noRewrite: true}},
+		{name: "mutation: Release after a lost lease, without fencing, bypasses the reset ledger", set: []*bool{&mutantReleaseUnrecorded}},
+		{name: "mutation: the self-check reads rows a fetch has not committed", sim: simMutations{readLocked: true}},
+		// The backstop sweep without an owner column (issue 21). Two more
+		// of its rules have mutants that no seed of the first 200 catches
+		// (mutantSweepAnyNode: a Redis node trusted whatever its age;
+		// simMutations.noVersionGuard: the reset ignores the row's xmin):
+		// in the simulated faults the rows-TTL gap between two looks
+		// covers them, as a heartbeat rewrites a lost set within an
+		// interval and nothing but the sweep resets a row no set holds.
+		// Their unit tests catch each (docs/safety.md §5b).
+		{name: "sweep by row version: one look, not two a rows TTL apart", set: []*bool{&mutantSweepOneLook}},
+		{name: "sweep by row version: rows sets of live workers ignored", set: []*bool{&mutantSweepIgnoresSets}},
+		{name: "issue 20 item 2 reverted: Start neither records nor checks what the fleet serves", set: []*bool{&mutantNoFleetCheck}},
+		{name: "issue 20 item 3 reverted: verdicts and holds use the worker's own timings", set: []*bool{&mutantOwnTimingsOnly}},
 	}
 	var report []string
 	for _, m := range mutants {

@@ -36,6 +36,7 @@ type simKey struct {
 	str    string
 	set    map[string]struct{}
 	isSet  bool
+	hash   map[string]string // the fleet record, the one hash
 	expire time.Time
 }
 
@@ -44,6 +45,7 @@ func (k *simKey) clone() *simKey {
 	if k.isSet {
 		c.set = maps.Clone(k.set)
 	}
+	c.hash = maps.Clone(k.hash)
 	return &c
 }
 
@@ -205,6 +207,10 @@ func (r *simRedis) restart(keys map[string]*simKey, down time.Duration) {
 	r.downTill = now.Add(down)
 }
 
+// flush is FLUSHALL: every key gone, the server up all along (same run
+// ID): what node age cannot see.
+func (r *simRedis) flush() { r.keys = map[string]*simKey{} }
+
 // failover promotes a replica that has keys (the master's state some
 // moments ago): it was up all along, its run ID and replication ID are
 // new and second_repl_offset is set.
@@ -297,6 +303,7 @@ func (s *simStore) Beat(ctx context.Context, id string, b store.Heartbeat) (stor
 			res.Wrote = true
 		}
 		r.sadd(s.Registry(), id)
+		res.Fleet = r.fleetBeat(store.FleetKey(s.prefix), id, b)
 	})
 	if err != nil {
 		s.c.trace("heartbeat failed: %v", err)
@@ -355,6 +362,9 @@ func (s *simStore) Leave(ctx context.Context, id string, d store.Departure) (sto
 		}
 		if !d.Stay {
 			r.srem(s.Registry(), id)
+			if e := r.get(store.FleetKey(s.prefix)); e != nil {
+				delete(e.hash, "m:"+id)
+			}
 		}
 		if len(d.Tracked) > 0 {
 			r.sadd(k.Rows, idStrings(d.Tracked)...)
@@ -435,8 +445,11 @@ func (s *simStore) ClaimDead(ctx context.Context, peer, token string, claimTTL, 
 				r.set(k.Claim, token, claimTTL)
 				s.c.claimAt[peer] = time.Now()
 				if !m.f1 {
-					r.pexpire(k.Rows, rowsTTL)
-					r.pexpire(k.Incarnation, rowsTTL)
+					for _, key := range []string{k.Rows, k.Incarnation} {
+						if e := r.get(key); e != nil && (e.expire.IsZero() || time.Until(e.expire) < rowsTTL) {
+							e.expire = time.Now().Add(rowsTTL)
+						}
+					}
 				}
 				return store.ClaimTaken
 			}
@@ -647,6 +660,89 @@ func (s *simStore) MemoryInfos(context.Context) (map[string]string, error) {
 
 func (s *simStore) Ping(context.Context) error { return nil }
 
-func (s *simStore) Describe(context.Context, []string) ([]store.Instance, error) {
-	return nil, errors.New("sim: Describe is not modelled")
+// Describe models the TTLs the backstop sweep reads (rowsweep.go); the
+// rest of an Instance is not modelled.
+func (s *simStore) Describe(ctx context.Context, ids []string) ([]store.Instance, error) {
+	var out []store.Instance
+	err := s.c.roundTrip(ctx, "describe", func(r *simRedis) {
+		out = out[:0]
+		for _, id := range ids {
+			k := s.Keys(id)
+			out = append(out, store.Instance{ID: id, HeartbeatTTL: r.pttl(k.Heartbeat), RowsTTL: r.pttl(k.Rows)})
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("describe %d instances: %w", len(ids), err)
+	}
+	return out, nil
+}
+
+// fleetHash returns the fleet record's fields, creating the key.
+func (r *simRedis) fleetHash(key string) map[string]string {
+	e := r.get(key)
+	if e == nil {
+		e = &simKey{hash: map[string]string{}}
+		r.keys[key] = e
+	}
+	return e.hash
+}
+
+// fleetBeat is fleetBeatScript: the longest timings kept in one field,
+// raised by a longer announcement, worked out afresh from the live
+// announcements once due.
+func (r *simRedis) fleetBeat(key, id string, b store.Heartbeat) store.FleetView {
+	h := r.fleetHash(key)
+	now := time.Now()
+	if _, ok := h["serves"]; !ok && b.Serves != "" {
+		h["serves"] = b.Serves
+	}
+	a := b.Announce
+	h["m:"+id] = fmt.Sprintf("%d %d %d %s %d", a.TTL.Milliseconds(), a.Claim.Milliseconds(), a.Wait.Milliseconds(),
+		a.Mode, now.Add(3*a.TTL).UnixMilli())
+	v := store.FleetView{Serves: h["serves"]}
+	var ttl, claim, wait, due int64
+	if n, _ := fmt.Sscanf(h["longest"], "%d %d %d %d", &ttl, &claim, &wait, &due); n == 4 && now.UnixMilli() < due {
+		ttl, claim, wait = max(ttl, a.TTL.Milliseconds()), max(claim, a.Claim.Milliseconds()), max(wait, a.Wait.Milliseconds())
+		h["longest"] = fmt.Sprintf("%d %d %d %d", ttl, claim, wait, due)
+	} else {
+		ttl, claim, wait = 0, 0, 0
+		for _, m := range store.ParseFleet(h).Members {
+			if m.Expires.Before(now) {
+				delete(h, "m:"+m.ID)
+				continue
+			}
+			ttl, claim, wait = max(ttl, m.TTL.Milliseconds()), max(claim, m.Claim.Milliseconds()), max(wait, m.Wait.Milliseconds())
+		}
+		h["longest"] = fmt.Sprintf("%d %d %d %d", ttl, claim, wait, now.UnixMilli()+ttl)
+	}
+	v.Longest = store.Announcement{TTL: time.Duration(ttl) * time.Millisecond,
+		Claim: time.Duration(claim) * time.Millisecond, Wait: time.Duration(wait) * time.Millisecond}
+	return v
+}
+
+// RecordFleet is recordFleetScript.
+func (s *simStore) RecordFleet(ctx context.Context, serves string) (string, error) {
+	var got string
+	err := s.c.roundTrip(ctx, "record-fleet", func(r *simRedis) {
+		h := r.fleetHash(store.FleetKey(s.prefix))
+		if _, ok := h["serves"]; !ok {
+			h["serves"] = serves
+		}
+		got = h["serves"]
+	})
+	if err != nil {
+		return "", fmt.Errorf("record fleet: %w", err)
+	}
+	return got, nil
+}
+
+// ReadFleet is HGETALL of the fleet record.
+func (s *simStore) ReadFleet(ctx context.Context) (store.Fleet, error) {
+	var f store.Fleet
+	err := s.c.roundTrip(ctx, "read-fleet", func(r *simRedis) {
+		if e := r.get(store.FleetKey(s.prefix)); e != nil {
+			f = store.ParseFleet(e.hash)
+		}
+	})
+	return f, err
 }

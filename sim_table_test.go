@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strconv"
 	"time"
 )
 
@@ -36,6 +37,7 @@ type simRow struct {
 	status string
 	owner  string // "" is NULL
 	count  int    // recovery count
+	xmin   int    // the row's version: changed by every write (PostgreSQL's xmin)
 	// Bookkeeping of the simulation, not columns.
 	takes       int      // committed fetches
 	taker       *simProc // the process of the last committed fetch
@@ -96,11 +98,26 @@ var (
 	_ OwnerFencer         = (*simResetter)(nil)
 	_ OwnerSweeper        = (*simResetter)(nil)
 	_ RowStateReader      = (*simResetter)(nil)
+	_ RowsSweeper         = (*simResetter)(nil)
 )
 
 func (r *simResetter) table() *simTable { return r.p.world.table }
 
+// fleetIdentity tells what the fleet serves only in the foreign fault
+// class: elsewhere Start records nothing, so the runs of earlier seeds are
+// unchanged.
+func (r *simResetter) fleetIdentity(context.Context) (string, error) {
+	if r.p.world.cfg.foreign {
+		return simServes, nil
+	}
+	return "", nil
+}
+
 func (r *simResetter) FencesByOwner() bool { return r.p.world.table.fenced }
+
+// UsesLedger reports whether resets are recorded in the reset ledger: then
+// Release is safe after a lost lease without fencing too (releaseSafeAfterLoss).
+func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger }
 
 func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
 	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
@@ -204,6 +221,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 		w.violate("row %d reset %d times for %d takes: a reset applied twice", id, row.resets, row.takes)
 	}
 	row.status = stQueued
+	row.xmin++
 	if t.maxRec > 0 && row.count >= t.maxRec {
 		row.status = stFailed
 		res.Quarantined = append(res.Quarantined, id)
@@ -238,6 +256,54 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 	return res, nil
 }
 
+// InProgressRows is PgxResetter.InProgressRows: the rows in progress and
+// their xmin.
+func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
+	if r.table().fenced {
+		return nil, fmt.Errorf("%w: a resetter WithOwnerColumn sweeps by owner", ErrInvalidConfig)
+	}
+	var out []RowVersion
+	err := r.p.conn.pg(ctx, "inprogress", false, func(t *simTable) {
+		out = out[:0]
+		for _, id := range t.ids() {
+			if row := t.rows[id]; row.status == stInprog {
+				out = append(out, RowVersion{ID: id, Version: strconv.Itoa(row.xmin)})
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("list rows in progress: %w", err)
+	}
+	return out, nil
+}
+
+// ResetRowVersions is PgxResetter.ResetRowVersions: the rows still in
+// progress at the version given, in one transaction. The mutation
+// noVersionGuard drops the version from the WHERE clause.
+func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
+	var res ResetResult
+	err := r.p.conn.pg(ctx, "resetversions", true, func(t *simTable) {
+		res = ResetResult{}
+		var changed []int64
+		for _, rv := range rows {
+			row := t.rows[rv.ID]
+			if row == nil || !r.matches(t, row, "") {
+				continue
+			}
+			if !r.p.world.mut.noVersionGuard && strconv.Itoa(row.xmin) != rv.Version {
+				continue
+			}
+			r.apply(t, rv.ID, row, "", false, &res)
+			changed = append(changed, rv.ID)
+		}
+		r.p.world.tracef("%s reset stray rows: %v", r.p, changed)
+	})
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
+	}
+	return res, nil
+}
+
 func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 	if !r.table().fenced {
 		return nil, fmt.Errorf("%w: in-progress owners need WithOwnerColumn", ErrInvalidConfig)
@@ -259,11 +325,21 @@ func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 }
 
 func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, false)
+}
+
+// committedRowStates is RowStates without the rows an open fetch holds, as
+// FOR SHARE SKIP LOCKED reads them (the self-check's reads).
+func (r *simResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	return r.rowStates(ctx, ids, !r.p.world.mut.readLocked)
+}
+
+func (r *simResetter) rowStates(ctx context.Context, ids []int64, skipLocked bool) ([]RowState, error) {
 	var out []RowState
 	err := r.p.conn.pg(ctx, "rowstates", false, func(t *simTable) {
 		out = nil
 		for _, id := range slices.Sorted(slices.Values(ids)) {
-			if row := t.rows[id]; row != nil {
+			if row := t.rows[id]; row != nil && !(skipLocked && row.lockedBy != nil) {
 				out = append(out, RowState{ID: id, Status: row.status, Owner: row.owner})
 			}
 		}
@@ -273,6 +349,8 @@ func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, e
 	}
 	return out, nil
 }
+
+func (r *simResetter) configuredStatuses() (inprog, queued string) { return stInprog, stQueued }
 
 func (r *simResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == stInprog && (!r.table().fenced || s.Owner == owner)
@@ -309,6 +387,7 @@ func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
 			row := t.rows[id]
 			row.lockedBy = nil
 			row.status = stInprog
+			row.xmin++
 			if t.fenced {
 				row.owner = p.id
 			}
@@ -349,6 +428,7 @@ func (p *simProc) complete(ctx context.Context, id int64) (bool, error) {
 			return
 		}
 		row.status = stDone
+		row.xmin++
 		row.completions++
 		row.doneBy = p
 		if row.completions > 1 {

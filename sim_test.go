@@ -27,7 +27,15 @@ package recovery
 //   - a worker killed once the faults stopped has its rows queued again
 //     within the documented bound: TTL + 1.1 × recovery interval + the scan
 //     turn, from its last heartbeat, + one scan (+ 2 TTLs after a
-//     failover or evictions: the hold, by up to two workers in turn);
+//     failover or evictions: the hold, by up to two workers in turn); in a fleet of
+//     mixed timings, its TTL + the slowest member's wait for a scan, and
+//     the fleet's longest TTLs for the hold;
+//
+// Fault classes added later (issue 20) draw from a stream of their own, so
+// earlier seeds replay as they did: members with different timings (a
+// rolling change of every timing option, with Redis restarts), a
+// second fleet (another table) starting a worker under the prefix, and
+// keys with a TTL evicted (seeds with the sweep whose number is 5 mod 7).
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -67,6 +75,9 @@ const (
 	simRows     = 250
 	simFaultEnd = 12 * time.Second // faults strike before this
 	simLiveness = 20 * time.Second // after the faults, every row ends within this
+	// simLong multiplies every timing of a long-timed member (the
+	// timings fault class).
+	simLong = 4
 )
 
 // simMutations are the deliberate breakages of the simulated Redis and
@@ -79,34 +90,48 @@ type simMutations struct {
 	claimNoRecheck bool // the claim does not re-check the heartbeat
 	noStatusGuard  bool // the reset changes any row not queued
 	noRewrite      bool // the heartbeat does not write tracked rows back
+	noVersionGuard bool // the backstop sweep's reset ignores the row's version (xmin)
 	noLedger       bool // no reset ledger without an owner column (F2)
 	noKeep         bool // verdicts held after a failover do not renew the rows sets (seed 1359)
+	readLocked     bool // the self-check reads rows an open fetch holds (no SKIP LOCKED)
 }
 
 // simConfig is what the seed chose for a run.
 type simConfig struct {
-	mode      string // owner, rows+fenced+sweep, rows+fenced, rows
+	mode      string // owner, rows+fenced+sweep, rows+fenced, rows, rows+sweep (no owner column: the sweep by row version)
 	procs     int
 	maxRec    int
 	deferred  bool
 	lostReply float64
 	lostAck   float64
 	redisLoss bool // Redis may forget (restart empty, old snapshot, failover): only with the backstop sweep
+	// timings: members with different timings (a rolling change of every
+	// timing option): every second process uses simLong's, four times
+	// the others'. Only with redisLoss, where a verdict on another's
+	// behalf depends on the fleet's longest TTL (issue 20, item 3).
+	timings bool
+	// foreign: a second fleet (another table) starts a worker under the
+	// prefix during the faults, tracks row IDs of its own table that our
+	// live workers hold in ours, and dies (issue 20, item 2).
+	foreign bool
 	// evicting: Redis may evict keys with a TTL (maxmemory, volatile-lru,
 	// evictions accepted): only with the backstop sweep, which recovers a
 	// dead worker whose rows set was evicted (docs/operations.md).
 	evicting bool
 }
 
-func (c simConfig) fenced() bool { return c.mode != "rows" }
-func (c simConfig) sweep() bool  { return c.mode == "owner" || c.mode == "rows+fenced+sweep" }
+func (c simConfig) fenced() bool { return c.mode != "rows" && c.mode != "rows+sweep" }
+func (c simConfig) sweep() bool {
+	return c.mode == "owner" || c.mode == "rows+fenced+sweep" || c.mode == "rows+sweep"
+}
 
 // simWorld is one run.
 type simWorld struct {
-	seed uint64
-	rng  *rand.Rand // the driver's
-	cfg  simConfig
-	mut  simMutations
+	seed  uint64
+	rng   *rand.Rand // the driver's
+	later *rand.Rand // the driver's, for the fault classes added later
+	cfg   simConfig
+	mut   simMutations
 
 	mu         sync.Mutex // guards everything below, and every simProc's state
 	redis      *simRedis
@@ -122,6 +147,7 @@ type simWorld struct {
 	redisUp    time.Time // when Redis last came back with data it may lack (a restart, a failover)
 	failedOver bool      // a replica was promoted during the run
 	evicted    bool      // Redis evicted keys during the run
+	flushedAt  time.Time // the last FLUSHALL (rows+sweep only)
 	promoted   []time.Time
 	// unrecorded are the instances a claim found without a rows set.
 	unrecorded map[string]bool
@@ -140,6 +166,7 @@ const (
 	knownFresh      = "a worker started less than a TTL after a promotion reset a live row (safety.md §8)"
 	knownRolledBack = "no fencing: a fetch rolled back after Track, its row reset under its next taker (safety.md §2)"
 	knownTwoTakes   = "one instance ID, two takes: a row taken after the recoverer's claim or read (issue 10's note)"
+	knownForeign    = "a second fleet started right after Redis restarted empty, before our heartbeats recorded the fleet again (safety.md §13, A2)"
 )
 
 // freshAfterPromotion reports whether p started less than a TTL after a
@@ -149,7 +176,7 @@ const (
 // holds w.mu.
 func (w *simWorld) freshAfterPromotion(p *simProc) bool {
 	for _, at := range w.promoted {
-		if !p.started.Before(at) && p.started.Sub(at) < simTTL {
+		if !p.started.Before(at) && p.started.Sub(at) < w.longestTTL() {
 			return true
 		}
 	}
@@ -263,23 +290,38 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	if rng.IntN(2) == 0 {
 		cfg.maxRec = 3 + rng.IntN(3)
 	}
+	// A third of the seeds that chose rows sets without an owner column
+	// run the backstop sweep by row version (issue 21); the choice is not
+	// drawn from rng, so every other seed replays as before.
+	if cfg.mode == "rows" && seed%3 == 1 {
+		cfg.mode = "rows+sweep"
+	}
 	cfg.deferred = cfg.mode != "owner" && rng.IntN(3) == 0
 	cfg.redisLoss = cfg.sweep()
+	// The fault classes added later draw from a stream of their own, so
+	// that every earlier seed replays the run it always did.
+	later := rand.New(rand.NewPCG(seed, 0x1a7e))
+	cfg.timings = cfg.redisLoss && later.IntN(2) == 0
+	cfg.foreign = later.IntN(2) == 0
 	// Drawn from the seed, not the driver's stream, so that the seeds
-	// without evictions replay as before: none of the seeds
-	// docs/reliability.md names is one with evictions.
+	// without evictions replay as before.
 	cfg.evicting = cfg.sweep() && seed%7 == 5
 	ledger := !cfg.fenced() && !mut.noLedger
-	return &simWorld{seed: seed, rng: rng, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
+	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
 }
 
-// options are the Worker options of every process of the run.
-func (w *simWorld) options(id string) []Option {
+// options are the Worker options of a process of the run; long gives it
+// simLong times the timings.
+func (w *simWorld) options(id string, long bool) []Option {
+	k := time.Duration(1)
+	if long {
+		k = simLong
+	}
 	opts := []Option{
 		WithInstanceID(id), WithLogger(discardLogger),
-		WithHeartbeatTTL(simTTL), WithHeartbeatInterval(simInterval),
-		WithRecoveryInterval(simRecovery), WithResetTimeout(simReset),
+		WithHeartbeatTTL(k * simTTL), WithHeartbeatInterval(k * simInterval),
+		WithRecoveryInterval(k * simRecovery), WithResetTimeout(k * simReset),
 		WithHistory(0), // the fleet history is not part of the protocol modelled
 	}
 	if w.cfg.mode != "owner" {
@@ -287,6 +329,9 @@ func (w *simWorld) options(id string) []Option {
 	}
 	if w.cfg.mode == "rows+fenced+sweep" {
 		opts = append(opts, WithBackstopSweep())
+	}
+	if w.cfg.mode == "rows" {
+		opts = append(opts, WithoutBackstopSweep())
 	}
 	if w.cfg.deferred {
 		opts = append(opts, WithDeferredUntrack(100*time.Millisecond))
@@ -311,7 +356,8 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 		claimAt: map[string]time.Time{}, readAt: map[string]time.Time{}}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
-	wk, err := New(rdb, &simResetter{p: p}, w.options(id)...)
+	long := w.cfg.timings && p.n%2 == 0
+	wk, err := New(rdb, &simResetter{p: p}, w.options(id, long)...)
 	if err != nil {
 		w.mu.Unlock()
 		t.Fatalf("New: %v", err)
@@ -320,7 +366,7 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.procs = append(w.procs, p)
-	w.tracef("%s spawned (owner mode %v)", p, wk.OwnerMode())
+	w.tracef("%s spawned (owner mode %v, TTL %v)", p, wk.OwnerMode(), wk.opts.heartbeatTTL)
 	w.mu.Unlock()
 
 	hostCtx, cancel := context.WithCancel(context.Background())
@@ -440,6 +486,9 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 	if w.cfg.evicting {
 		kinds = append(kinds, "evict", "evict")
 	}
+	if w.cfg.mode == "rows+sweep" {
+		kinds = append(kinds, "flush") // FLUSHALL: node age cannot see it
+	}
 	kind := kinds[r.IntN(len(kinds))]
 	live := w.live()
 	switch kind {
@@ -504,6 +553,12 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 		w.redisUp = time.Now().Add(d)
 		w.tracef("FAULT Redis restarted empty (down %v)", d)
 		w.mu.Unlock()
+	case "flush":
+		w.mu.Lock()
+		w.redis.flush()
+		w.flushedAt = time.Now()
+		w.tracef("FAULT Redis flushed (FLUSHALL)")
+		w.mu.Unlock()
 	case "restart-snapshot", "failover":
 		d := capped(time.Duration(r.Int64N(int64(300*time.Millisecond))) + time.Millisecond)
 		w.mu.Lock()
@@ -529,6 +584,90 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 	}
 }
 
+// Identities of the two fleets' tables, in the foreign fault class.
+const (
+	simServes        = "database=sim schema=public table=batchrows"
+	simForeignServes = "database=sim schema=public table=other"
+)
+
+// simForeignResetter is the second fleet's resetter: its table is not
+// modelled; a reset there changes nothing of ours.
+type simForeignResetter struct{}
+
+func (simForeignResetter) ResetRows(_ context.Context, _ string, ids []int64) (int64, error) {
+	return int64(len(ids)), nil
+}
+
+func (simForeignResetter) fleetIdentity(context.Context) (string, error) {
+	return simForeignServes, nil
+}
+
+// foreignStrike starts a worker of a second fleet under the prefix. Start
+// must refuse it (ErrFleetMismatch). If it starts, it tracks the row IDs
+// our live workers hold (the same numbers in its own table) and dies: a
+// recovery of it by our fleet would reset them in ours. One that started
+// because it recorded its table first, Redis having restarted empty just
+// before and no heartbeat of ours having recorded ours again, is the
+// documented limit (knownForeign): it shuts down cleanly.
+func (w *simWorld) foreignStrike() {
+	w.mu.Lock()
+	w.nextProc++
+	p := &simProc{world: w, n: w.nextProc, id: "other-app", held: map[int64]bool{}, rolledBack: map[int64]bool{},
+		deadCh: make(chan struct{}), hostDone: make(chan struct{})}
+	p.conn = &simConn{world: w, proc: p, streams: map[string]*rand.Rand{},
+		claimAt: map[string]time.Time{}, readAt: map[string]time.Time{}}
+	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
+	w.clients = append(w.clients, rdb)
+	wk, err := New(rdb, simForeignResetter{}, WithInstanceID(p.id), WithLogger(discardLogger),
+		WithHeartbeatTTL(simTTL), WithHeartbeatInterval(simInterval), WithRecoveryInterval(simRecovery),
+		WithResetTimeout(simReset), WithHistory(0), WithRowsSets())
+	if err != nil {
+		w.violate("New of the second fleet's worker: %v", err)
+		w.mu.Unlock()
+		return
+	}
+	wk.store = &simStore{c: p.conn, prefix: DefaultKeyPrefix}
+	p.w = wk
+	p.conn.opTimeout = wk.opts.opTimeout
+	w.tracef("SECOND FLEET %s starts under the prefix", p)
+	w.mu.Unlock()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 3*simTTL)
+	err = wk.Start(ctx)
+	cancel()
+	w.mu.Lock()
+	if err != nil {
+		w.tracef("SECOND FLEET %s Start: %v", p, err)
+		w.mu.Unlock()
+		return
+	}
+	recorded := ""
+	if e := w.redis.get(store.FleetKey(DefaultKeyPrefix)); e != nil {
+		recorded = e.hash["serves"]
+	}
+	if recorded == simForeignServes {
+		w.known[knownForeign]++
+		w.tracef("KNOWN second fleet %s recorded its table first (Redis restarted empty just before)", p)
+		w.mu.Unlock()
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_ = wk.Shutdown(ctx)
+		cancel()
+		return
+	}
+	var ids []int64
+	for _, q := range w.procs {
+		if !q.dead {
+			ids = append(ids, slices.Sorted(mapKeys(q.held))...)
+		}
+	}
+	w.tracef("SECOND FLEET %s started (record %q); tracks %v of its own table and dies", p, recorded, ids)
+	w.mu.Unlock()
+	if len(ids) > 0 {
+		_ = wk.Track(context.Background(), ids...)
+	}
+	wk.crash()
+}
+
 // snapshotter keeps the last ten seconds of Redis snapshots, every 250ms
 // or so, for restarts from an old RDB file and failovers.
 func (w *simWorld) snapshotter(stop <-chan struct{}) {
@@ -547,12 +686,28 @@ func (w *simWorld) snapshotter(stop <-chan struct{}) {
 	}
 }
 
+// longestTTL is the longest heartbeat TTL of the run's members: verdicts
+// held after a restart or a failover wait for it (fleet.go).
+func (w *simWorld) longestTTL() time.Duration {
+	if w.cfg.timings {
+		return simLong * simTTL
+	}
+	return simTTL
+}
+
 // simBound is the documented recovery bound from a worker's last heartbeat
 // (TTL + 1.1 × recovery interval + the scan turn), plus one scan: the
 // heartbeat's own latency and the scan's round trips and reset, each under
-// the operation timeout.
-func simBound(w *Worker) time.Duration {
-	return w.opts.detectionWindow() + 2*w.opts.opTimeout
+// the operation timeout. In a fleet of mixed timings the wait for the scan
+// is the slowest member's (README, Timings): the victim's TTL + the
+// longest wait + the longest operation timeouts. The caller holds w.mu.
+func (w *simWorld) simBound(victim *Worker) time.Duration {
+	wait, op := victim.opts.detectionWindow()-victim.opts.heartbeatTTL, victim.opts.opTimeout
+	for _, p := range w.procs {
+		o := p.w.opts
+		wait, op = max(wait, o.detectionWindow()-o.heartbeatTTL), max(op, o.opTimeout)
+	}
+	return victim.opts.heartbeatTTL + wait + 2*op
 }
 
 // run is one seed, inside a bubble. It returns the violations.
@@ -571,6 +726,18 @@ func (w *simWorld) run(t *testing.T) {
 		time.Sleep(time.Duration(w.rng.Int64N(int64(3 * time.Millisecond))))
 	}
 
+	foreignDone := make(chan struct{})
+	if w.cfg.foreign {
+		at := time.Second + time.Duration(w.later.Int64N(int64(8*time.Second)))
+		go func() {
+			defer close(foreignDone)
+			time.Sleep(at)
+			w.foreignStrike()
+		}()
+	} else {
+		close(foreignDone)
+	}
+
 	// Faults, at drawn instants, until simFaultEnd.
 	faultEnd := w.start.Add(simFaultEnd)
 	var at []time.Duration
@@ -583,6 +750,7 @@ func (w *simWorld) run(t *testing.T) {
 		w.fault(t, faultEnd)
 	}
 	time.Sleep(time.Until(faultEnd))
+	<-foreignDone
 	for len(w.live()) < 2 {
 		w.spawn(t, "")
 	}
@@ -595,7 +763,7 @@ func (w *simWorld) run(t *testing.T) {
 	// a TTL after the workers see it (nodeage.go): the bound counts from
 	// the end of that.
 	w.mu.Lock()
-	quiet := w.redisUp.Add(simTTL + simInterval)
+	quiet := w.redisUp.Add(w.longestTTL() + w.longestTTL()/4)
 	w.mu.Unlock()
 	time.Sleep(time.Until(quiet))
 	w.checkBound(t)
@@ -620,6 +788,15 @@ func (w *simWorld) run(t *testing.T) {
 		}
 	}
 	w.tracef("all settled")
+	// Every worker is configured right: the self-check, which runs on
+	// every Worker of the simulation (simResetter reads row states), must
+	// never take the rows of a paused, recovered or crashed one for a
+	// misconfiguration.
+	for _, p := range w.procs {
+		if err := p.w.misconfigured(); err != nil {
+			w.violate("%s: false alarm of the self-check: %v", p, err)
+		}
+	}
 	w.mu.Unlock()
 
 	// Shutdown: no goroutine left.
@@ -663,8 +840,8 @@ func (w *simWorld) checkBound(t *testing.T) {
 	lastBeat := lease.epoch.Add(time.Duration(lease.until.Load()) - lease.length)
 	w.crash(victim)
 	w.spawn(t, "")
-	bound := simBound(victim.w)
 	w.mu.Lock()
+	bound := w.simBound(victim.w)
 	if w.failedOver {
 		// A worker learns of a promotion at its first INFO, which it
 		// sends when it first finds a heartbeat absent, and holds its
@@ -673,16 +850,24 @@ func (w *simWorld) checkBound(t *testing.T) {
 		// scan turn passes meanwhile to a worker that had not looked at
 		// the new master yet (seed 1653). The rows sets of the peers held
 		// are renewed meanwhile (keepHeld), so the wait loses nothing.
-		bound += 2 * simTTL
-	}
-	if w.evicted {
+		bound += 2 * w.longestTTL()
+	} else if w.evicted {
 		// The same after evictions: a look after the faults may be the
 		// first to see the count moved, or a worker's first look, which
 		// cannot tell when it moved (eviction.go); either holds a TTL.
-		bound += 2 * simTTL
+		bound += 2 * w.longestTTL()
+	}
+	deadline := lastBeat.Add(bound)
+	if w.flushedAt.After(lastBeat) {
+		// The victim (paused) wrote nothing after a FLUSHALL: only the
+		// backstop sweep finds its rows, two looks a rows TTL apart after
+		// the flush, by a holder of the sweep turn (which the victim may
+		// have held) (docs/safety.md §5b).
+		o := victim.w.opts
+		backstop := o.rowsTTL + 2*o.recoveryInterval*11/10 + o.sweepTurnTTL() + o.recoveryInterval
+		deadline = latest(deadline, w.flushedAt.Add(backstop))
 	}
 	w.mu.Unlock()
-	deadline := lastBeat.Add(bound)
 	w.mu.Lock()
 	w.tracef("BOUND %s killed holding %v; its last heartbeat went at %.6fs: queued again by %.6fs",
 		victim, rows, lastBeat.Sub(w.start).Seconds(), deadline.Sub(w.start).Seconds())
@@ -701,6 +886,13 @@ func (w *simWorld) checkBound(t *testing.T) {
 				id, victim, time.Since(lastBeat), bound)
 		}
 	}
+}
+
+func latest(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
 }
 
 // onlyKnownLeft reports whether every row not settled yet is one the

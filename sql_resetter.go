@@ -107,6 +107,8 @@ func (t sqlTx) exec(ctx context.Context, sql string, args ...any) error {
 	return err
 }
 
+func (t sqlTx) nested() bool { return t.tx == nil }
+
 func (t sqlTx) commit(ctx context.Context) error {
 	if t.tx != nil {
 		return t.tx.Commit()

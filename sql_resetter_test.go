@@ -95,6 +95,12 @@ func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
 // ends.
 func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
 	t.Helper()
+	return libpqDBWith(t, db, nil)
+}
+
+// libpqDBWith is libpqDB with extra connection parameters.
+func libpqDBWith(t *testing.T, db *pgxpool.Pool, extra url.Values) *sql.DB {
+	t.Helper()
 	cc := db.Config().ConnConfig
 	u := url.URL{Scheme: "postgres", Path: "/" + cc.Database, User: url.User(cc.User)}
 	if cc.Password != "" {
@@ -103,6 +109,9 @@ func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
 	q := url.Values{"search_path": {cc.RuntimeParams["search_path"]}, "sslmode": {"require"}}
 	if cc.TLSConfig == nil {
 		q.Set("sslmode", "disable")
+	}
+	for k, v := range extra {
+		q[k] = v
 	}
 	if strings.HasPrefix(cc.Host, "/") { // a Unix socket's directory
 		q.Set("host", cc.Host)
@@ -368,16 +377,20 @@ func TestSQLResetterReadsItsSQLStateFromEitherDriversError(t *testing.T) {
 	assert.Empty(t, sqlState(errors.New("no code")))
 }
 
-func TestSQLResetterBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
+func TestSQLResetterBackstopSweepGoesByOwnerOrByRowVersion(t *testing.T) {
 	plain, err := NewSQLResetter(&sql.DB{})
 	require.NoError(t, err)
-	_, err = New(idleClient(t), plain, WithBackstopSweep())
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "backstop sweep needs a SQLResetter WithOwnerColumn")
+	w, err := New(idleClient(t), plain, WithBackstopSweep())
+	require.NoError(t, err)
+	require.NotNil(t, w.sweeper)
+	assert.NotNil(t, w.sweeper.rows, "without an owner column the sweep goes by row version")
+	w, err = New(idleClient(t), plain, WithoutBackstopSweep())
+	require.NoError(t, err)
+	assert.Nil(t, w.sweeper)
 
 	fenced, err := NewSQLResetter(&sql.DB{}, WithOwnerColumn("owner"))
 	require.NoError(t, err)
-	w, err := New(idleClient(t), fenced, WithBackstopSweep())
+	w, err = New(idleClient(t), fenced, WithBackstopSweep())
 	require.NoError(t, err)
 	assert.True(t, w.OwnerMode())
 }

@@ -45,6 +45,13 @@ type Stats struct {
 	// RowsNotReset counts rows recovery found but could neither reset nor
 	// show to be settled, once per attempt (see ResetResult.NotReset).
 	RowsNotReset uint64
+	// StrayRowsReset counts rows the backstop sweep without an owner
+	// column reset: in progress, held by no rows set at two looks a rows
+	// TTL apart (also counted in RowsRecovered).
+	StrayRowsReset uint64
+	// UntrackedRows counts rows that sweep found committed in progress by
+	// a worker that had not tracked them (see ErrUntrackedRows).
+	UntrackedRows uint64
 	// Misconfigured is set once the self-check found that the rows this
 	// worker tracks do not look in progress by it to the resetter (see
 	// ErrMisconfigured); Healthy then fails.
@@ -73,6 +80,7 @@ type counters struct {
 	rowsRecovered, rowsQuarantined             atomic.Uint64
 	rowsReleased, rowsNotReset, errors         atomic.Uint64
 	misconfigured                              atomic.Uint64
+	strayRowsReset, untrackedRows              atomic.Uint64
 	registryWrongType                          atomic.Uint64
 	registryBroken                             atomic.Bool
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
@@ -113,6 +121,8 @@ func (w *Worker) Stats() Stats {
 		MaxRowsStuck:      time.Duration(w.stats.maxRowsStuck.Load()),
 		RowsReleased:      w.stats.rowsReleased.Load(),
 		RowsNotReset:      w.stats.rowsNotReset.Load(),
+		StrayRowsReset:    w.stats.strayRowsReset.Load(),
+		UntrackedRows:     w.stats.untrackedRows.Load(),
 		Misconfigured:     w.misconfigured() != nil,
 		Errors:            w.stats.errors.Load(),
 		RegistryBroken:    w.stats.registryBroken.Load(),

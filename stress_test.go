@@ -29,6 +29,7 @@ import (
 // seen) and in owner mode (the resetter is an owner-fencing PgxResetter, so
 // the workers reset by owner and keep no rows sets).
 func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("stress test")
 	}

@@ -18,12 +18,24 @@ import (
 // its rows by owner. One worker of the fleet sweeps at a time: the holder
 // of the sweep turn, which it renews every recovery interval.
 
-// WithBackstopSweep turns on the backstop sweep, run every recovery
-// interval by the one worker holding the sweep turn. The resetter must be
-// an OwnerSweeper: a PgxResetter WithOwnerColumn. Default: off.
+// Without an owner column (rows-set mode, a RowsSweeper) the same turn runs
+// the look of rowsweep.go instead: the rows in progress that no rows set
+// holds, seen unchanged at two looks a rows TTL apart.
+
+// WithBackstopSweep turns on the backstop sweep by owner in rows-set mode
+// (WithRowsSets) with a resetter WithOwnerColumn, run every recovery
+// interval by the one worker holding the sweep turn: the resetter must be
+// an OwnerSweeper. In owner mode the sweep is always on; without an owner
+// column it is on by default (see WithoutBackstopSweep) and this option
+// only makes New refuse a resetter that is not a RowsSweeper. Default: off
+// with an owner column in rows-set mode.
 func WithBackstopSweep() Option {
 	return optionFunc(func(o *options) { o.sweep = true })
 }
+
+// sweepsByOwner reports whether the worker runs the backstop sweep by
+// owner (an owner column), which finds rows by owner in PostgreSQL.
+func (w *Worker) sweepsByOwner() bool { return w.sweeper != nil && w.sweeper.sw != nil }
 
 // sweepReport says what one backstop sweep found and did.
 type sweepReport struct {
@@ -40,20 +52,46 @@ type sweepReport struct {
 	// invalidOwners lists owners that are not valid instance IDs (rows a
 	// host marked by other means); they are left alone.
 	invalidOwners []string
+
+	// Without an owner column (rowsweep.go):
+	// rowsInProgress is how many rows the database had in progress;
+	// nodeHeld is set when a Redis master was too young to trust.
+	rowsInProgress int
+	nodeHeld       bool
+	// strayWaiting is how many rows no rows set held, not yet for a gap.
+	strayWaiting int
+	// strayFound rows were due for a reset; strayReset of them were reset
+	// (strayQuarantined quarantined), the others had changed meanwhile.
+	strayFound, strayQuarantined int
+	strayReset                   int64
+	// untracked lists rows committed in progress by a worker that had not
+	// tracked them.
+	untracked []int64
 }
 
 // sweeper is the backstop sweep's loop.
 type sweeper struct {
 	w     *Worker
-	sw    OwnerSweeper
-	token string // holds the sweep turn
+	sw    OwnerSweeper // by owner; nil without an owner column
+	rows  RowsSweeper  // without an owner column; nil with one
+	token string       // holds the sweep turn
 	// absentSince is when each owner was first seen without a heartbeat
 	// by this holder of the turn. Only runOnce touches it.
 	absentSince map[string]time.Time
+	// warned lists the owners that are no instance ID already logged, so
+	// each is logged once (up to maxWarnedOwners of them). Only runOnce
+	// touches it.
+	warned map[string]bool
+	mem    rowsMemory // what absentSince is, without an owner column
 }
 
-func newSweeper(w *Worker, sw OwnerSweeper) *sweeper {
-	return &sweeper{w: w, sw: sw, token: newToken(), absentSince: make(map[string]time.Time)}
+// maxWarnedOwners bounds the owners that are no instance ID the sweeper
+// remembers having logged: a table full of them logs this many, not one
+// line per row every sweep.
+const maxWarnedOwners = 1000
+
+func newSweeper(w *Worker, sw OwnerSweeper, rows RowsSweeper) *sweeper {
+	return &sweeper{w: w, sw: sw, rows: rows, token: newToken(), absentSince: make(map[string]time.Time), warned: make(map[string]bool)}
 }
 
 // run sweeps at once and then every recovery interval (±10%), until ctx is
@@ -89,9 +127,17 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	}
 	if !held {
 		clear(s.absentSince) // observations must be our own and recent
+		s.mem.clear()
 		return rep, nil
 	}
 	rep.turnHeld = true
+	if s.rows != nil {
+		if err := s.rowsLook(ctx, &rep); err != nil {
+			w.stats.errors.Add(1)
+			return rep, err
+		}
+		return rep, nil
+	}
 
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	owners, err := s.sw.InProgressOwners(dbCtx)
@@ -107,6 +153,10 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		case o == w.opts.instanceID:
 		case store.ValidateName(o) != nil:
 			rep.invalidOwners = append(rep.invalidOwners, o)
+			if !s.warned[o] && len(s.warned) < maxWarnedOwners {
+				s.warned[o] = true
+				w.rlog.invalidOwner(o, store.ValidateName(o))
+			}
 		default:
 			candidates = append(candidates, o)
 		}
@@ -132,7 +182,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		if !seen {
 			s.absentSince[o] = checkedAt
 		}
-		if !seen || checkedAt.Sub(since) < w.opts.heartbeatTTL {
+		if !seen || checkedAt.Sub(since) < w.fleetTTL() {
 			rep.absent = append(rep.absent, o)
 			continue
 		}

@@ -71,6 +71,7 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 }
 
 func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
@@ -84,13 +85,19 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 	assert.Equal(t, "queued", s)
 }
 
-func TestSafetyBackstopSweepNeedsAnOwnerColumn(t *testing.T) {
+func TestSafetyBackstopSweepNeedsASweeper(t *testing.T) {
 	db := testutil.Postgres(t)
 	plain, err := NewPgxResetter(db)
 	require.NoError(t, err)
-	_, err = New(idleClient(t), plain, WithBackstopSweep())
-	require.ErrorIs(t, err, ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "backstop sweep needs a PgxResetter WithOwnerColumn")
+	w, err := New(idleClient(t), plain)
+	require.NoError(t, err)
+	require.NotNil(t, w.sweeper, "on by default without an owner column")
+	assert.NotNil(t, w.sweeper.rows)
+	assert.Nil(t, w.sweeper.sw)
 	_, err = New(idleClient(t), &fakeResetter{}, WithBackstopSweep())
-	assert.Contains(t, err.Error(), "backstop sweep needs a resetter that implements OwnerSweeper")
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "backstop sweep needs a resetter that implements OwnerSweeper or RowsSweeper")
+	w, err = New(idleClient(t), &fakeResetter{})
+	require.NoError(t, err)
+	assert.Nil(t, w.sweeper, "a resetter that cannot sweep: no sweep")
 }

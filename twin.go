@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -66,6 +67,10 @@ func (w *Worker) twinWatch() time.Duration {
 }
 
 // twinPoll is how often Start looks at a foreign heartbeat.
+// lockedRowsPoll is how often Start tries again to reset rows its
+// predecessor left locked by another session.
+const lockedRowsPoll = 250 * time.Millisecond
+
 func (w *Worker) twinPoll() time.Duration {
 	return min(max(w.opts.heartbeatInterval/20, time.Millisecond), 500*time.Millisecond)
 }
@@ -83,7 +88,7 @@ func (w *Worker) twinPoll() time.Duration {
 // claim like every recovery, so a peer's sweep recovering the same ID at
 // that moment is waited for, not raced.
 func (w *Worker) claimInstanceID(ctx context.Context) error {
-	recovered := false
+	recovered, warnedLocked := false, false
 	for {
 		sent := time.Now()
 		k, err := w.readOwn(ctx)
@@ -97,7 +102,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || ((w.ownerMode || w.sweeper != nil) && w.opts.instanceIDSet && !recovered):
+		case k.Record || ((w.ownerMode || w.sweepsByOwner()) && w.opts.instanceIDSet && !recovered):
 			if w.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.
@@ -108,7 +113,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 				}
 				continue
 			}
-			if recovered, err = w.recoverPredecessor(ctx); err != nil {
+			if recovered, err = w.recoverPredecessor(ctx, &warnedLocked); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.
 				if k, rerr := w.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != w.beatValue {
@@ -169,8 +174,28 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
 // recoverPredecessor recovers the rows set a previous process left under
 // this instance ID, through the recovery every peer runs. While another
 // worker holds the claim it waits and tries again.
-func (w *Worker) recoverPredecessor(ctx context.Context) (done bool, err error) {
+//
+// Rows of the predecessor another session holds locked (its host vanished
+// with a transaction open, and its session lives on until the server ends
+// it) are waited for, within ctx, trying again every lockedRowsPoll: the
+// rows PostgreSQL names this ID the owner of must be reset before this
+// process heartbeats under it. warnedLocked says whether that wait was
+// logged already.
+func (w *Worker) recoverPredecessor(ctx context.Context, warnedLocked *bool) (done bool, err error) {
 	pr, claimed, err := w.recoverDead(ctx, w.opts.instanceID, foundByRestart, time.Now())
+	if err != nil && errors.Is(err, ErrRowsLocked) && ctx.Err() == nil {
+		if !*warnedLocked {
+			*warnedLocked = true
+			w.log.Warn("Start waits for rows a previous process left under this instance ID: another session holds them locked (its host vanished with a transaction open?); they are reset once that session ends (idle_in_transaction_session_timeout)",
+				slog.Any("error", err))
+		}
+		select {
+		case <-ctx.Done():
+			return false, fmt.Errorf("recover the rows a previous process left under this instance ID: %w (%w)", err, ctx.Err())
+		case <-time.After(lockedRowsPoll):
+		}
+		return false, nil
+	}
 	if err != nil {
 		return false, fmt.Errorf("recover the rows a previous process left under this instance ID: %w", err)
 	}

@@ -131,14 +131,17 @@ func TestShutdownLeavesAHeartbeatAnotherProcessWrote(t *testing.T) {
 	assert.Equal(t, "alive:other", rdb.Get(ctx, hb).Val())
 }
 
-// buildTwinWorker builds internal/twinworker once per test binary.
+// twinWorkerBin builds internal/twinworker once per test binary, with the
+// test binary's own build flags (-race), so that its dependencies come
+// from the build cache.
 var twinWorkerBin = sync.OnceValues(func() (string, error) {
 	dir, err := os.MkdirTemp("", "twinworker")
 	if err != nil {
 		return "", err
 	}
 	bin := filepath.Join(dir, "twinworker")
-	out, err := exec.Command("go", "build", "-o", bin, "./internal/twinworker").CombinedOutput()
+	args := append(append([]string{"build"}, testutil.GoBuildFlags()...), "-o", bin, "./internal/twinworker")
+	out, err := exec.Command("go", args...).CombinedOutput()
 	if err != nil {
 		return "", errors.New(string(out))
 	}
@@ -332,6 +335,7 @@ var _ redis.UniversalClient = (*redis.Client)(nil)
 // meant to name "the life of the rows set"; a new life should start a new
 // set (or hand the old members to recovery) instead of adopting it.
 func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecovered(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "RV2")
 	life1, _ := startWorker(t, rdb, fencedResetter(t, db), "w-0", WithKeyPrefix(prefix))

@@ -15,6 +15,7 @@ import (
 // A worker killed within the linger of a deferred Untrack leaves a finished
 // row in its set; the reset's guards leave it finished.
 func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 2)
@@ -46,6 +47,7 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 // application re-queued and another worker took again is left to its new
 // holder by an owner-fenced reset (docs/safety.md, section 7).
 func TestSafetyDeferredUntrackWithOwnerFencingLeavesARequeuedRowToItsNewHolder(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 2)

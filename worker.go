@@ -41,12 +41,16 @@ type Worker struct {
 	lifecycle // Start, Shutdown
 
 	// Shared state.
-	rows   inflight   // the rows tracked now (inflight.go)
-	lease  lease      // lease.go
-	nodes  nodeAges   // nodeage.go
-	stats  counters   // stats.go
-	events dispatcher // events.go
+	rows   inflight    // the rows tracked now (inflight.go)
+	lease  lease       // lease.go
+	nodes  nodeAges    // nodeage.go
+	fleet  fleetMemory // fleet.go
+	stats  counters    // stats.go
+	events dispatcher  // events.go
 	rlog   *recoveryLog
+	// untrackedAt is when the backstop sweep last found untracked rows
+	// (unix nanoseconds; rowsweep.go).
+	untrackedAt atomic.Int64
 
 	loops // what Start runs
 }
@@ -67,7 +71,7 @@ type loops struct {
 	heart   *heartbeater    // heartbeat.go
 	recov   *recoverer      // recovery.go
 	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
-	sweeper *sweeper        // sweep.go; nil without WithBackstopSweep
+	sweeper *sweeper        // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker    // selfcheck.go; nil unless the resetter is a RowStateReader
 }
 
@@ -103,6 +107,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if err != nil {
 		return nil, err
 	}
+	rs := rowsSweeperOf(resetter, o, ownerMode, sw)
 	w := &Worker{
 		opts:      o,
 		log:       o.logger.With(slog.String("instance_id", o.instanceID)),
@@ -122,11 +127,11 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
 	}
-	if sw != nil {
-		w.sweeper = newSweeper(w, sw)
+	if sw != nil || rs != nil {
+		w.sweeper = newSweeper(w, sw, rs)
 	}
 	if reader, ok := resetter.(RowStateReader); ok {
-		w.checker = &selfChecker{w: w, reader: reader}
+		w.checker = newSelfChecker(w, reader)
 	}
 	return w, nil
 }
@@ -135,12 +140,16 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
 // Start checks the resetter's configuration against the database (when it
-// is a SchemaChecker, unless WithoutSchemaCheck), makes sure no other live
+// is a SchemaChecker, unless WithoutSchemaCheck), records what the fleet
+// under the key prefix serves (database, schema, table: PgxResetter and
+// SQLResetter tell) or, when another is recorded, returns an error
+// wrapping ErrFleetMismatch that names both, makes sure no other live
 // process heartbeats its instance ID, writes the first heartbeat and
 // registers the worker, then starts the heartbeat loop and
 // the recovery loop, whose first scan runs at once. It returns an error,
 // and starts nothing, if the check fails (an error wrapping ErrSchema names
-// the table, column or status at fault; nothing has been written to Redis)
+// the table, column or status at fault, one wrapping ErrReadOnly a
+// database session that cannot write; nothing has been written to Redis)
 // or Redis cannot be reached within ctx and the operation timeout (the
 // error names the address and the cause), or Redis refuses the client (a
 // missing or wrong password: an error wrapping ErrRedisAuth, after one
@@ -153,7 +162,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // If the heartbeat key already holds another process's value, Start
 // watches it: a process that refreshes it within a heartbeat interval +
 // operation timeout (+ a tenth of the interval) is alive, and Start
-// returns an error wrapping ErrInstanceIDInUse, having written nothing. A
+// returns an error wrapping ErrInstanceIDInUse, having written nothing
+// but the fleet record (what its fleet serves, if none was recorded). A
 // process that stopped refreshing it (a crashed predecessor under a fixed
 // WithInstanceID) is waited out until its key expires, at most its
 // remaining TTL, and the rows it left tracked are then recovered, under
@@ -161,7 +171,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // this worker's. In owner mode (with WithInstanceID, or the backstop sweep)
 // the rows PostgreSQL still names this ID the owner of are recovered the
 // same way, under the claim on the ID, even when Redis remembers nothing of
-// the predecessor. ctx bounds the wait; a Start that gives up has written
+// the predecessor; rows of it that another session still holds locked (its
+// host vanished mid-transaction) are waited for. ctx bounds the wait; a Start that gives up has written
 // nothing but that recovery's claim and can be retried (by a restarted
 // process too).
 //
@@ -186,11 +197,16 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.ping(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	err := w.checkEviction(ctx)
-	if err == nil {
-		err = w.claimInstanceID(ctx)
+	if err := w.checkEviction(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.firstHeartbeatError(ctx, err)
+		}
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	if err != nil {
+	if err := w.checkFleet(ctx); err != nil {
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.firstHeartbeatError(ctx, err)
 		}
@@ -254,11 +270,18 @@ func isNil(v any) bool {
 	return false
 }
 
-// sweeperOf returns what backs the backstop sweep when it is on: r, which
-// must be an OwnerSweeper that knows owners.
+// sweeperOf returns what backs the backstop sweep by owner when it is on:
+// r, which must be an OwnerSweeper that knows owners. A resetter without an
+// owner column that is a RowsSweeper sweeps by row version instead
+// (rowsSweeperOf).
 func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 	if !on {
 		return nil, nil
+	}
+	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok && p.needOwnerColumn("") != nil {
+		if _, ok := r.(RowsSweeper); ok {
+			return nil, nil
+		}
 	}
 	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok {
 		if err := p.needOwnerColumn("backstop sweep"); err != nil {
@@ -267,9 +290,20 @@ func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 	}
 	sw, ok := r.(OwnerSweeper)
 	if !ok {
-		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper", ErrInvalidConfig)
+		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper or RowsSweeper", ErrInvalidConfig)
 	}
 	return sw, nil
+}
+
+// rowsSweeperOf returns what backs the backstop sweep without an owner
+// column: r when it is a RowsSweeper, the worker is in rows-set mode, no
+// sweep by owner runs and WithoutBackstopSweep is not set.
+func rowsSweeperOf(r RowResetter, o options, ownerMode bool, byOwner OwnerSweeper) RowsSweeper {
+	if ownerMode || byOwner != nil || o.noSweep || fencesByOwner(r) {
+		return nil
+	}
+	rs, _ := r.(RowsSweeper)
+	return rs
 }
 
 // ownKeys returns the key names of this worker's instance.

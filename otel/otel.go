@@ -34,6 +34,8 @@
 //	recovery.rows.recovered         {row}        rows of dead peers reset or quarantined
 //	recovery.rows.quarantined       {row}        rows set to the terminal status
 //	recovery.rows.not_reset         {row}        rows a recovery could neither reset nor show finished
+//	recovery.rows.stray_reset       {row}        rows no rows set held for a rows TTL, reset by the sweep
+//	recovery.rows.untracked         {row}        rows committed in progress that no worker had tracked
 //	recovery.errors                 {error}      failed scans, peer recoveries and sweeps
 //	recovery.registry.wrong_type    {reply}      registry commands refused with WRONGTYPE
 //	recovery.events.dropped         {event}      events the observer did not receive
@@ -253,6 +255,12 @@ func (o *Observer) instruments(m metric.Meter) error {
 		{"recovery.rows.not_reset", "{row}",
 			"Rows of dead peers a recovery found but could neither reset nor show finished, once per attempt.",
 			func(s recovery.Stats) uint64 { return s.RowsNotReset }},
+		{"recovery.rows.stray_reset", "{row}",
+			"Rows in progress that no rows set held for a rows TTL, reset by the backstop sweep without an owner column.",
+			func(s recovery.Stats) uint64 { return s.StrayRowsReset }},
+		{"recovery.rows.untracked", "{row}",
+			"Rows the backstop sweep found committed in progress by a worker that had not tracked them.",
+			func(s recovery.Stats) uint64 { return s.UntrackedRows }},
 		{"recovery.errors", "{error}", "Failed recovery scans, peer recoveries and sweeps.",
 			func(s recovery.Stats) uint64 { return s.Errors }},
 		{"recovery.registry.wrong_type", "{reply}", "Registry commands Redis refused with WRONGTYPE.",

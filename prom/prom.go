@@ -60,6 +60,7 @@ type Collector struct {
 	scans, peersDead, peersRecovered         *prometheus.Desc
 	rowsRecovered, rowsQuarantined           *prometheus.Desc
 	rowsNotReset, errors, trackedRows        *prometheus.Desc
+	strayRowsReset, untrackedRows            *prometheus.Desc
 	registryBroken, registryWrongType        *prometheus.Desc
 	eventsDropped, historyDropped            *prometheus.Desc
 }
@@ -122,6 +123,10 @@ func NewCollector(opts ...Option) *Collector {
 	c.rowsQuarantined = desc("recovery_rows_quarantined_total", "Rows set to the terminal status after too many recoveries.")
 	c.rowsNotReset = desc("recovery_rows_not_reset_total",
 		"Rows of dead peers a recovery found but could neither reset nor show finished, once per attempt.")
+	c.strayRowsReset = desc("recovery_stray_rows_reset_total",
+		"Rows in progress that no rows set held for a rows TTL, reset by the backstop sweep without an owner column.")
+	c.untrackedRows = desc("recovery_untracked_rows_total",
+		"Rows the backstop sweep found committed in progress by a worker that had not tracked them (ErrUntrackedRows).")
 	c.errors = desc("recovery_errors_total", "Failed recovery scans, peer recoveries and sweeps.")
 	c.trackedRows = desc("recovery_tracked_rows", "Rows the worker is processing now.")
 	c.registryBroken = desc("recovery_registry_broken",
@@ -168,6 +173,7 @@ func (c *Collector) labels(id string) []string {
 func (c *Collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.heartbeats, c.heartbeatFailures, c.leaseLost, c.scans,
 		c.peersDead, c.peersRecovered, c.rowsRecovered, c.rowsQuarantined, c.rowsNotReset,
+		c.strayRowsReset, c.untrackedRows,
 		c.errors, c.trackedRows, c.registryBroken, c.registryWrongType, c.eventsDropped, c.historyDropped}
 }
 
@@ -215,6 +221,8 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, s recovery.Stats, label
 	counter(c.rowsRecovered, s.RowsRecovered)
 	counter(c.rowsQuarantined, s.RowsQuarantined)
 	counter(c.rowsNotReset, s.RowsNotReset)
+	counter(c.strayRowsReset, s.StrayRowsReset)
+	counter(c.untrackedRows, s.UntrackedRows)
 	counter(c.errors, s.Errors)
 	counter(c.registryWrongType, s.RegistryWrongType)
 	counter(c.eventsDropped, s.EventsDropped)
@@ -241,6 +249,8 @@ func sum(stats []recovery.Stats) recovery.Stats {
 		t.RowsRecovered += s.RowsRecovered
 		t.RowsQuarantined += s.RowsQuarantined
 		t.RowsNotReset += s.RowsNotReset
+		t.StrayRowsReset += s.StrayRowsReset
+		t.UntrackedRows += s.UntrackedRows
 		t.Errors += s.Errors
 		t.RegistryWrongType += s.RegistryWrongType
 		t.EventsDropped += s.EventsDropped

@@ -41,6 +41,10 @@ type instanceJSON struct {
 	// (the last recovery failed) or finished.
 	Claim          string `json:"claim"`
 	BeingRecovered bool   `json:"being_recovered"`
+	// AnnouncedTTLMs and Mode are what the instance announced in the
+	// fleet record; absent for a worker that announces nothing.
+	AnnouncedTTLMs int64  `json:"announced_ttl_ms,omitempty"`
+	Mode           string `json:"mode,omitempty"`
 }
 
 func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
@@ -54,6 +58,8 @@ func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
 		Incarnation:    i.Incarnation,
 		Claim:          string(i.Claim),
 		BeingRecovered: i.Claim == recovery.ClaimHeld,
+		AnnouncedTTLMs: i.AnnouncedTTL.Milliseconds(),
+		Mode:           i.Mode,
 	}
 	if b := o.lastBeat(i); b.known {
 		ms := b.age.Milliseconds()
@@ -255,9 +261,10 @@ func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetStat
 		out := struct {
 			Prefix         string         `json:"prefix"`
 			Registry       string         `json:"registry"`
+			Serves         string         `json:"serves"`
 			Workers        []instanceJSON `json:"workers"`
 			InvalidMembers []string       `json:"invalid_members"`
-		}{Prefix: o.prefix, Registry: fleet.Registry, Workers: []instanceJSON{}, InvalidMembers: []string{}}
+		}{Prefix: o.prefix, Registry: fleet.Registry, Serves: fleet.Serves, Workers: []instanceJSON{}, InvalidMembers: []string{}}
 		for _, i := range insts {
 			out.Workers = append(out.Workers, o.toJSON(i))
 		}
@@ -273,6 +280,12 @@ func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetStat
 		for _, l := range o.beatLegend(insts) {
 			fmt.Fprintln(stdout, l)
 		}
+	}
+	if fleet.Serves != "" {
+		fmt.Fprintf(stdout, "the fleet serves %s (%s)\n", fleet.Serves, store.FleetKey(o.prefix))
+	}
+	if ttls := announcedTTLs(insts); ttls != "" {
+		fmt.Fprintf(stdout, "heartbeat TTLs announced: %s\n", ttls)
 	}
 	if len(invalid) > 0 {
 		fmt.Fprintf(stdout, "ignored %d registry members that are not valid instance IDs: %s\n",
@@ -343,6 +356,8 @@ func printRows(stdout io.Writer, o *options, inst recovery.InstanceState, tracke
 type rowJSON struct {
 	RowID  int64  `json:"row_id"`
 	Status string `json:"status"`
+	// Locked: another session held the row locked (recovery.RowState.Locked).
+	Locked bool `json:"locked,omitempty"`
 }
 
 // peerJSON is one dead instance in the output of recover.
@@ -570,7 +585,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 func rowsJSON(rs []recovery.RowState) []rowJSON {
 	var out []rowJSON
 	for _, r := range rs {
-		out = append(out, rowJSON{RowID: r.ID, Status: r.Status})
+		out = append(out, rowJSON{RowID: r.ID, Status: r.Status, Locked: r.Locked})
 	}
 	return out
 }
@@ -642,7 +657,11 @@ func rowList(rs []rowJSON) string {
 			parts = append(parts, fmt.Sprintf("... %d more", len(rs)-max))
 			break
 		}
-		parts = append(parts, fmt.Sprintf("row %d status %s", r.RowID, strconv.Quote(r.Status)))
+		part := fmt.Sprintf("row %d status %s", r.RowID, strconv.Quote(r.Status))
+		if r.Locked {
+			part += " (locked by another session)"
+		}
+		parts = append(parts, part)
 	}
 	return strings.Join(parts, ", ")
 }
@@ -682,4 +701,29 @@ func unjoin(err error) []error {
 		return j.Unwrap()
 	}
 	return []error{err}
+}
+
+// announcedTTLs lists the distinct heartbeat TTLs the instances announced,
+// with their instances, when they differ: a rolling change of timings,
+// during which verdicts wait for the longest (docs/safety.md).
+func announcedTTLs(insts []recovery.InstanceState) string {
+	by := map[time.Duration][]string{}
+	var order []time.Duration
+	for _, i := range insts {
+		if i.AnnouncedTTL <= 0 {
+			continue
+		}
+		if _, ok := by[i.AnnouncedTTL]; !ok {
+			order = append(order, i.AnnouncedTTL)
+		}
+		by[i.AnnouncedTTL] = append(by[i.AnnouncedTTL], i.InstanceID)
+	}
+	if len(order) < 2 {
+		return ""
+	}
+	parts := make([]string, len(order))
+	for n, d := range order {
+		parts[n] = fmt.Sprintf("%v (%s)", d, strings.Join(by[d], ", "))
+	}
+	return strings.Join(parts, "; ")
 }

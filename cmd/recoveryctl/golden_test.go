@@ -41,23 +41,27 @@ func golden(t *testing.T, name, got string) {
 // goldenFleet is a fleet with one instance in every state: heartbeating,
 // late (its key's TTL has run down 50s of 60s), killed and being
 // recovered, dead after a failed recovery, and one whose TTL left does
-// not fit --heartbeat-ttl.
+// not fit --heartbeat-ttl. Two announced different heartbeat TTLs in the
+// fleet record (a rolling change of timings).
 func goldenFleet() recovery.FleetState {
 	return recovery.FleetState{
 		Registry: "ALYA_WORKER_REGISTRY",
 		Instances: []recovery.InstanceState{
 			{InstanceID: "alive-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 55200 * time.Millisecond,
-				RowsPresent: true, Rows: 2, RowsTTL: 179 * time.Second, Incarnation: "i1", Claim: recovery.ClaimNone},
+				RowsPresent: true, Rows: 2, RowsTTL: 179 * time.Second, Incarnation: "i1", Claim: recovery.ClaimNone,
+				AnnouncedTTL: time.Minute, Mode: "owner"},
 			{InstanceID: "dead-1", Registered: true, RowsPresent: true, Rows: 3, RowsTTL: 3 * time.Hour,
 				Incarnation: "i2", Claim: recovery.ClaimFailed},
 			{InstanceID: "held-1", Registered: true, RowsPresent: true, Rows: 1, RowsTTL: 170 * time.Second,
 				Incarnation: "i3", Claim: recovery.ClaimHeld},
 			{InstanceID: "late-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 9800 * time.Millisecond,
-				RowsPresent: true, Rows: 10, RowsTTL: 130 * time.Second, Incarnation: "i4", Claim: recovery.ClaimNone},
+				RowsPresent: true, Rows: 10, RowsTTL: 130 * time.Second, Incarnation: "i4", Claim: recovery.ClaimNone,
+				AnnouncedTTL: 20 * time.Second, Mode: "rows-set"},
 			{InstanceID: "odd-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 90 * time.Second,
 				Claim: recovery.ClaimNone},
 		},
 		InvalidMembers: []string{"not valid"},
+		Serves:         "database=app schema=public table=batchrows",
 	}
 }
 

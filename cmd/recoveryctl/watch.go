@@ -129,6 +129,12 @@ func (f frame) lines(o *options, name string) []string {
 	if len(f.fleet.InvalidMembers) > 0 {
 		fmt.Fprintf(&buf, "ignored %d registry members that are not valid instance IDs\n", len(f.fleet.InvalidMembers))
 	}
+	if f.fleet.Serves != "" {
+		fmt.Fprintf(&buf, "serves %s\n", f.fleet.Serves)
+	}
+	if ttls := announcedTTLs(f.fleet.Instances); ttls != "" {
+		fmt.Fprintf(&buf, "heartbeat TTLs announced: %s\n", ttls)
+	}
 	buf.WriteString("\n")
 
 	switch {

@@ -60,7 +60,10 @@ func TestWatchInATerminal(t *testing.T) {
 
 	dir := t.TempDir()
 	bin := filepath.Join(dir, "recoveryctl")
-	build := exec.Command("go", "build", "-o", bin, ".")
+	// The test binary's own flags (-race under make test): recoveryctl's
+	// dependencies then come from the build cache, not a second compile.
+	args := append(append([]string{"build"}, testutil.GoBuildFlags()...), "-o", bin, ".")
+	build := exec.Command("go", args...)
 	if out, err := build.CombinedOutput(); err != nil {
 		t.Fatalf("build recoveryctl: %v\n%s", err, out)
 	}

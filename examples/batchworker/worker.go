@@ -128,6 +128,12 @@ func openPostgres(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
 	if cfg.schema != "" {
 		pc.ConnConfig.RuntimeParams["search_path"] = cfg.schema
 	}
+	// A host that vanishes inside a transaction keeps its row locks until
+	// the server ends its session: bound that (docs/operations.md), unless
+	// the URL sets its own value.
+	if _, set := pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "15s"
+	}
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {
 		return nil, hideSecrets(fmt.Errorf("open PostgreSQL pool: %w", err), cfg.databaseURL)

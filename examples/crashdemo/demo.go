@@ -207,6 +207,12 @@ func (d *demo) createBatch(ctx context.Context) error {
 		return fmt.Errorf("database URL: %w", err)
 	}
 	pc.ConnConfig.RuntimeParams["search_path"] = d.schema
+	// A host that vanishes inside a transaction keeps its row locks until
+	// the server ends its session: bound that (docs/operations.md), unless
+	// the URL sets its own value.
+	if _, set := pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "15s"
+	}
 	pc.MaxConns = 4
 	if d.pool, err = pgxpool.NewWithConfig(ctx, pc); err != nil {
 		return fmt.Errorf("open PostgreSQL pool: %w", err)

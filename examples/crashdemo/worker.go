@@ -110,6 +110,12 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 		return fmt.Errorf("database URL: %w", err)
 	}
 	pc.ConnConfig.RuntimeParams["search_path"] = c.schema
+	// A host that vanishes inside a transaction keeps its row locks until
+	// the server ends its session: bound that (docs/operations.md), unless
+	// the URL sets its own value.
+	if _, set := pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"]; !set {
+		pc.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "15s"
+	}
 	pc.MaxConns = 4
 	pool, err := pgxpool.NewWithConfig(ctx, pc)
 	if err != nil {

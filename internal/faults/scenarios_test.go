@@ -182,6 +182,15 @@ func TestScenario04SigstopPastTheTTLThenSigcont(t *testing.T) {
 				// row it was in is worked on twice (and discarded).
 				assert.LessOrEqual(t, victimDiscarded, 1, "rows worked on after the lease was lost")
 			}
+			// With owner fencing, or without an owner column through the
+			// reset ledger (issue 21), the resumed worker can give the rest
+			// of its block back, and its self-check does not take the rows
+			// peers recovered for a misconfiguration.
+			released := victim.lines("released rows")
+			assert.NotEmpty(t, released, "the resumed worker released the rest of its block")
+			assert.Zero(t, rowsReset(released), "peers recovered those rows and took them again: none is reset under them")
+			assert.Empty(t, victim.lines("giving up handing rows back; they stay tracked"))
+			assert.Empty(t, victim.lines("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck"))
 		})
 	}
 }

@@ -72,6 +72,21 @@ type config struct {
 	dieAfterResetOf string        // SIGKILL this process right after the first reset of this peer's rows that changed rows committed
 	delayFinishOf   string        // after the first reset of this peer's rows that changed rows, wait finishDelay before the finish script
 	finishDelay     time.Duration // see delayFinishOf
+	// stallCompletion holds the first completion transaction open this
+	// long once its UPDATE has locked the row (fault L1: the host
+	// vanishes mid-completion, its session keeping the lock).
+	stallCompletion time.Duration
+
+	// Host mistakes the backstop sweep must survive (issue 21), off by
+	// default: track is "before" (the design: Track before the fetch's
+	// COMMIT), "after" (after it) or "never"; dieAfterCommit SIGKILLs the
+	// process right after its first fetch commits, before a Track that
+	// comes after it; resetterInprog is the in-progress status the
+	// resetter is told ("" : 'inprog', as the host writes it).
+	track          string
+	dieAfterCommit bool
+	resetterInprog string
+	noBackstop     bool // WithoutBackstopSweep: the sweep's "before" figures
 
 	logLevel slog.Level
 }
@@ -106,6 +121,11 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.dieAfterResetOf, "die-after-reset-of", "", "SIGKILL this process right after its first reset of this peer's rows that changed rows has committed, before the finish script (fault F2)")
 	fs.StringVar(&c.delayFinishOf, "delay-finish-of", "", "after the first reset of this peer's rows that changed rows, wait -finish-delay before the finish script (fault F8)")
 	fs.DurationVar(&c.finishDelay, "finish-delay", 0, "see -delay-finish-of")
+	fs.DurationVar(&c.stallCompletion, "stall-completion", 0, "hold the first completion transaction open this long after its UPDATE locked the row (fault L1)")
+	fs.StringVar(&c.track, "track", "before", "when the host calls Track: before the fetch's COMMIT (the design), after it, or never")
+	fs.BoolVar(&c.dieAfterCommit, "die-after-commit", false, "SIGKILL this process right after its first fetch commits, before a Track that comes after it (with -track after)")
+	fs.StringVar(&c.resetterInprog, "resetter-inprog", "", "the in-progress status the resetter is told (default 'inprog'; a misspelt one for issue 21)")
+	fs.BoolVar(&c.noBackstop, "no-backstop", false, "WithoutBackstopSweep: no sweep without an owner column")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -141,6 +161,11 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	case guardOwner, guardStatus, guardNone:
 	default:
 		problems = append(problems, fmt.Sprintf("-guard %q must be owner, status or none", c.guard))
+	}
+	switch c.track {
+	case "before", "after", "never":
+	default:
+		problems = append(problems, fmt.Sprintf("-track %q must be before, after or never", c.track))
 	}
 	if c.block < 1 {
 		problems = append(problems, fmt.Sprintf("-block %d must be at least 1", c.block))
@@ -200,6 +225,9 @@ func (c config) options(log *slog.Logger) []recovery.Option {
 	if c.rowsSets {
 		opts = append(opts, recovery.WithRowsSets())
 	}
+	if c.noBackstop {
+		opts = append(opts, recovery.WithoutBackstopSweep())
+	}
 	if c.acceptEviction {
 		opts = append(opts, recovery.WithEvictionAccepted())
 	}
@@ -219,6 +247,9 @@ func (c config) resetterOptions() []recovery.ResetterOption {
 	}
 	if c.guard == guardOwner {
 		opts = append(opts, recovery.WithOwnerColumn("owner"))
+	}
+	if c.resetterInprog != "" {
+		opts = append(opts, recovery.WithStatuses(c.resetterInprog, "queued"))
 	}
 	return opts
 }

@@ -5,7 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"slices"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/jackc/pgx/v5"
@@ -28,6 +31,8 @@ type host struct {
 
 	// Counters for the last log line; used by the loop's goroutine only.
 	done, discarded, released, abandoned int
+
+	stallOnce sync.Once // -stall-completion fires once
 }
 
 func newHost(cfg config, pool *pgxpool.Pool, w *recovery.Worker, log *slog.Logger) *host {
@@ -134,6 +139,9 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, nil
 	}
 	slices.Sort(ids)
+	if h.cfg.track != "before" {
+		return h.commitThenTrack(ctx, tx, ids)
+	}
 	if err := h.w.Track(ctx, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) || errors.Is(err, recovery.ErrNotStarted) {
 			return nil, fmt.Errorf("track block: %w", err) // rolled back: still queued
@@ -149,6 +157,26 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, fmt.Errorf("commit block: %w", err)
 	}
 	h.log.Debug("fetched a block", "rows", len(ids), "first_row", ids[0], "last_row", ids[len(ids)-1])
+	return ids, nil
+}
+
+// commitThenTrack is the fetch of a host that breaks the design's rule:
+// it commits first and tracks after (-track after), or never (-track
+// never). With -die-after-commit the process dies between the two.
+func (h *host) commitThenTrack(ctx context.Context, tx pgx.Tx, ids []int64) ([]int64, error) {
+	if err := tx.Commit(ctx); err != nil {
+		return nil, fmt.Errorf("commit block: %w", err)
+	}
+	if h.cfg.dieAfterCommit {
+		h.log.Info("dying between the fetch's COMMIT and its Track", "rows", len(ids))
+		_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
+		select {}
+	}
+	if h.cfg.track == "after" {
+		if err := h.w.Track(ctx, ids...); err != nil {
+			h.log.Warn("tracking the block failed", "rows", len(ids), "error", err)
+		}
+	}
 	return ids, nil
 }
 
@@ -233,6 +261,13 @@ func (h *host) complete(id int64) (owned bool, err error) {
 	}
 	if tag.RowsAffected() == 0 {
 		return false, nil
+	}
+	if h.cfg.stallCompletion > 0 {
+		h.stallOnce.Do(func() {
+			h.log.Warn("fault: stalling in the completion transaction, holding the row's lock",
+				"row_id", id, "stall", h.cfg.stallCompletion)
+			time.Sleep(h.cfg.stallCompletion) // the test kills the process meanwhile
+		})
 	}
 	if _, err := tx.Exec(ctx, `INSERT INTO ledger (rowid, instance, outcome) VALUES ($1, $2, 'done')`, id, h.me); err != nil {
 		return false, fmt.Errorf("ledger row %d: %w", id, err)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	"golang.org/x/mod/modfile"
+
 	"github.com/alya/recovery/internal/modcheck"
 )
 
@@ -225,6 +227,46 @@ func main() {
 	for _, line := range sum {
 		if l := strings.ToLower(line); strings.Contains(l, "docker") || strings.Contains(l, "testcontainers") {
 			t.Errorf("go.sum carries %s", line)
+		}
+	}
+}
+
+// TestTheTestCommandBuildsNothingOfDocker: make test (and make lint) work in
+// the workspace, so go.work leaves out internal/containers, whose
+// requirements are Docker's client and testcontainers-go (44 modules,
+// 213 MB), and no package make test builds depends on a module of theirs.
+// Before internal/containers left the workspace, make lint downloaded and
+// vetted them all.
+func TestTheTestCommandBuildsNothingOfDocker(t *testing.T) {
+	root := repoRoot(t)
+	data, err := os.ReadFile(filepath.Join(root, "go.work"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	work, err := modfile.ParseWork("go.work", data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, u := range work.Use {
+		if filepath.Clean(u.Path) == filepath.Join("internal", "containers") {
+			t.Errorf("go.work uses %s: every workspace command then needs Docker's modules", u.Path)
+		}
+	}
+	cmd := exec.Command("go", "list", "-deps", "-test", "-f", "{{with .Module}}{{.Path}}{{end}}",
+		"./...", "./prom/...", "./otel/...", "./internal/modcheck/...")
+	cmd.Dir = root
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	modules := map[string]bool{}
+	for _, m := range strings.Fields(string(out)) {
+		modules[m] = true
+	}
+	t.Logf("make test builds packages of %d modules", len(modules))
+	for m := range modules {
+		if l := strings.ToLower(m); strings.Contains(l, "docker") || strings.Contains(l, "testcontainers") || strings.Contains(l, "moby") {
+			t.Errorf("make test builds a package of %s", m)
 		}
 	}
 }

@@ -28,11 +28,12 @@ type Proxy struct {
 	ln     net.Listener
 	wg     sync.WaitGroup
 
-	mu     sync.Mutex
-	cut    bool
-	closed bool
-	pairs  map[*pair]struct{}
-	drop   *dropArm // armed by DropReplyTo
+	mu       sync.Mutex
+	cut      bool
+	vanished bool // Vanish: a client that ends leaves its server connection open
+	closed   bool
+	pairs    map[*pair]struct{}
+	drop     *dropArm // armed by DropReplyTo
 }
 
 // pair is one client connection and, while forwarded, its upstream.
@@ -153,7 +154,10 @@ func (p *Proxy) serve(client net.Conn) {
 		}
 	}
 	client.Close()
-	if pr.server != nil {
+	p.mu.Lock()
+	keep := p.vanished
+	p.mu.Unlock()
+	if pr.server != nil && !keep {
 		pr.server.Close()
 	}
 	down.Wait()
@@ -231,6 +235,19 @@ func (p *Proxy) Cut() {
 			pr.server.Close() // nothing reaches the client any more; it is not told
 		}
 	}
+}
+
+// Vanish makes the hosts behind the clients vanish, as a power loss or a
+// partition does: from now on a client connection that ends (its process
+// killed) leaves its server connection open, without telling the server,
+// the way a server keeps the socket of a host that sent no FIN until TCP
+// keepalive gives up (about 2 h 11 min with Linux's defaults). The server
+// ends such a connection itself (a PostgreSQL session by
+// idle_in_transaction_session_timeout), or Close does.
+func (p *Proxy) Vanish() {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.vanished = true
 }
 
 // Restore ends the black hole: the connections held during the cut are

@@ -165,3 +165,51 @@ func TestDelayReplyToHoldsOneReplyBack(t *testing.T) {
 	assert.Equal(t, "two\n", got)
 	assert.Less(t, time.Since(start), 250*time.Millisecond)
 }
+
+// A vanished client leaves its server connection open: the server sees no
+// end of it while the proxy runs (here: a connection it can still write
+// to after the client is gone), and Close ends it. Without Vanish the
+// client's end is passed on at once.
+func TestProxyVanishKeepsTheServerConnectionOfAClientThatEnded(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	require.NoError(t, err)
+	defer ln.Close()
+	accepted := make(chan net.Conn, 2)
+	go func() {
+		for {
+			c, err := ln.Accept()
+			if err != nil {
+				return
+			}
+			accepted <- c
+		}
+	}()
+	p, err := NewProxy(ln.Addr().String())
+	require.NoError(t, err)
+	defer p.Close()
+
+	// serverSeesEnd reports whether the server's side of a connection
+	// reads the end of it (EOF) within d.
+	serverSeesEnd := func(s net.Conn, d time.Duration) bool {
+		_ = s.SetReadDeadline(time.Now().Add(d))
+		_, err := s.Read(make([]byte, 1))
+		return errors.Is(err, io.EOF)
+	}
+
+	c, err := net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	s := <-accepted
+	defer s.Close()
+	require.NoError(t, c.Close())
+	assert.True(t, serverSeesEnd(s, 5*time.Second), "without Vanish the client's end reaches the server")
+
+	p.Vanish()
+	c, err = net.Dial("tcp", p.Addr)
+	require.NoError(t, err)
+	s = <-accepted
+	defer s.Close()
+	require.NoError(t, c.Close())
+	assert.False(t, serverSeesEnd(s, 300*time.Millisecond), "vanished: the server is not told")
+	require.NoError(t, p.Close())
+	assert.True(t, serverSeesEnd(s, 5*time.Second), "Close ends it")
+}

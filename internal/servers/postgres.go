@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/url"
 	"os"
 	"os/exec"
 	"os/user"
@@ -51,7 +52,52 @@ type Postgres struct {
 // The server runs in its own process group, so a Ctrl-C in the terminal
 // does not reach it, and on Linux it is killed if this process dies without
 // calling Stop.
-func StartPostgres(ctx context.Context) (_ *Postgres, err error) {
+func StartPostgres(ctx context.Context) (*Postgres, error) {
+	return startCluster(ctx, func(ctx context.Context, bindir, data string, attr *syscall.SysProcAttr) error {
+		initdb := exec.CommandContext(ctx, filepath.Join(bindir, "initdb"), "-D", data, "-U", "postgres",
+			"--auth=trust", "-E", "UTF8", "--no-sync", "--locale=C")
+		initdb.SysProcAttr = attr
+		initdb.Dir = filepath.Dir(data)
+		if out, err := initdb.CombinedOutput(); err != nil {
+			return fmt.Errorf("initdb: %v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// StartStandby starts a hot standby of primary (a cluster StartPostgres
+// started): pg_basebackup -R of it into a temporary folder, then postgres
+// on a free loopback port, streaming from the primary. It accepts
+// read-only connections (pg_is_in_recovery() is true). Stop it with Stop.
+func StartStandby(ctx context.Context, primary *Postgres) (*Postgres, error) {
+	host, port, err := primary.hostPort()
+	if err != nil {
+		return nil, err
+	}
+	return startCluster(ctx, func(ctx context.Context, bindir, data string, attr *syscall.SysProcAttr) error {
+		backup := exec.CommandContext(ctx, filepath.Join(bindir, "pg_basebackup"), "-h", host, "-p", port,
+			"-U", "postgres", "-D", data, "-R", "-X", "stream", "--no-sync")
+		backup.SysProcAttr = attr
+		backup.Dir = filepath.Dir(data)
+		if out, err := backup.CombinedOutput(); err != nil {
+			return fmt.Errorf("pg_basebackup: %v: %s", err, out)
+		}
+		return nil
+	})
+}
+
+// hostPort returns the host and port of p's URL.
+func (p *Postgres) hostPort() (host, port string, err error) {
+	u, err := url.Parse(p.URL)
+	if err != nil {
+		return "", "", fmt.Errorf("server URL: %w", err)
+	}
+	return u.Hostname(), u.Port(), nil
+}
+
+// startCluster makes a data folder with create (initdb, or a base backup)
+// in a temporary folder and runs postgres on it, as StartPostgres says.
+func startCluster(ctx context.Context, create func(ctx context.Context, bindir, data string, attr *syscall.SysProcAttr) error) (_ *Postgres, err error) {
 	if _, ok := ctx.Deadline(); !ok {
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, DefaultStartTimeout)
@@ -81,12 +127,8 @@ func StartPostgres(ctx context.Context) (_ *Postgres, err error) {
 		}
 	}
 	data := filepath.Join(dir, "data")
-	initdb := exec.CommandContext(ctx, filepath.Join(bindir, "initdb"), "-D", data, "-U", "postgres",
-		"--auth=trust", "-E", "UTF8", "--no-sync", "--locale=C")
-	initdb.SysProcAttr = ChildAttr(cred, true)
-	initdb.Dir = dir
-	if out, err := initdb.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("initdb: %v: %s", err, out)
+	if err := create(ctx, bindir, data, ChildAttr(cred, true)); err != nil {
+		return nil, err
 	}
 	port, err := FreePort(false)
 	if err != nil {
@@ -148,15 +190,7 @@ func (p *Postgres) Pid() int {
 func (p *Postgres) Stop() {
 	p.once.Do(func() {
 		if p.cmd != nil {
-			_ = p.cmd.Process.Signal(syscall.SIGINT) // fast shutdown
-			done := make(chan struct{})
-			go func() { _ = p.cmd.Wait(); close(done) }()
-			select {
-			case <-done:
-			case <-time.After(10 * time.Second):
-				_ = p.cmd.Process.Kill()
-				<-done
-			}
+			stopChild(p.cmd, syscall.SIGINT, 10*time.Second) // fast shutdown
 		}
 		if p.logf != nil {
 			p.logf.Close()
@@ -165,6 +199,20 @@ func (p *Postgres) Stop() {
 			os.RemoveAll(p.Dir)
 		}
 	})
+}
+
+// stopChild sends cmd's process sig, waits for it to exit, and kills it
+// if it is still there after grace.
+func stopChild(cmd *exec.Cmd, sig syscall.Signal, grace time.Duration) {
+	_ = cmd.Process.Signal(sig)
+	done := make(chan struct{})
+	go func() { _ = cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(grace):
+		_ = cmd.Process.Kill()
+		<-done
+	}
 }
 
 // PostgresBinDir finds the folder with initdb and postgres: PATH first,

@@ -13,6 +13,10 @@
 //	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
 //	<prefix>_HISTORY                   stream of the fleet's recoveries and lease losses, XADD MAXLEN ~
 //	                                   (third protocol version: earlier workers ignore it)
+//	<prefix>_FLEET                     hash, no TTL (fourth protocol version: earlier workers ignore it):
+//	                                   "serves" what the fleet serves (database, schema, table), set once;
+//	                                   "m:<instanceID>" a member's timings, "<ttl ms> <claim ms> <wait ms> <mode> <expires ms>";
+//	                                   "longest" the longest of them, "<ttl ms> <claim ms> <wait ms> <due ms>"
 //
 // The braces are a Redis Cluster hash tag: every key of one instance hashes
 // to the same slot, so a script or transaction over them runs on Cluster.
@@ -76,6 +80,11 @@ func InstanceKeys(prefix, id string) Keys {
 
 // RegistryKey returns the name of the registry set under prefix.
 func RegistryKey(prefix string) string { return prefix + registrySuffix }
+
+// FleetKey returns the name of the fleet record under prefix: what the
+// fleet serves and the timings its members announce (fleet.go). It is one
+// key with no hash tag, so every script over it runs on Cluster.
+func FleetKey(prefix string) string { return prefix + "_FLEET" }
 
 // Errors returned by ValidateName; callers wrap them with the name's role.
 var (
@@ -149,8 +158,9 @@ func InstanceOfHeartbeat(prefix, key string) (string, bool) {
 }
 
 // FleetKeys returns the names of the keys the fleet under prefix shares:
-// the registry, the scan and sweep turns and the history. A tool that
-// removes a fleet deletes these and every registered instance's Keys.
+// the registry, the scan and sweep turns, the history and the fleet
+// record. A tool that removes a fleet deletes these and every registered
+// instance's Keys.
 func FleetKeys(prefix string) []string {
-	return []string{RegistryKey(prefix), ScanTurnKey(prefix), SweepTurnKey(prefix), HistoryKey(prefix)}
+	return []string{RegistryKey(prefix), ScanTurnKey(prefix), SweepTurnKey(prefix), HistoryKey(prefix), FleetKey(prefix)}
 }

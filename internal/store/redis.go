@@ -61,13 +61,18 @@ func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (_ BeatResult,
 	pipe := s.rdb.Pipeline()
 	script := beatScript.Eval(ctx, pipe, []string{k.Heartbeat, k.Incarnation, k.Rows, k.Claim}, args...)
 	reg := pipe.SAdd(ctx, s.registry, id)
+	fleet := s.fleetBeat(ctx, pipe, id, b)
 	cmds, err := pipe.Exec(ctx)
 	wrote, scriptErr := script.Int()
 	res := BeatResult{RegistryErr: reg.Err()}
 	if scriptErr == nil {
 		res.Foreign, res.Wrote = wrote == 0, wrote == 1
 	}
-	if err != nil && failedOnlyOnWrongType(cmds, reg) {
+	res.Fleet, res.FleetErr = fleetView(fleet)
+	if res.FleetErr != nil {
+		res.FleetErr = fmt.Errorf("fleet record %s: %w", FleetKey(s.prefix), res.FleetErr)
+	}
+	if err != nil && failedOnlyOn(cmds, reg, fleet) {
 		// A registry key of the wrong type is the fleet's outage; this
 		// instance's heartbeat and rows are written.
 		err = nil
@@ -138,6 +143,7 @@ func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResul
 	var reg redis.Cmder
 	if !d.Stay {
 		reg = pipe.SRem(ctx, s.registry, id)
+		pipe.HDel(ctx, FleetKey(s.prefix), fleetMemberField+id)
 	}
 	if len(d.Tracked) > 0 {
 		pipe.SAdd(ctx, k.Rows, appendIDs(nil, d.Tracked)...)
@@ -689,6 +695,25 @@ func failedOnlyOnWrongType(cmds []redis.Cmder, reg redis.Cmder) bool {
 		}
 	}
 	return true
+}
+
+// failedOnlyOn reports whether the failures of a heartbeat pipeline are
+// only its side commands': the registry SADD (reg) refused with WRONGTYPE,
+// the fleet record's script (fleet) answered with an error. The
+// instance's own heartbeat is written then. (A pipeline that failed as a
+// whole leaves no command's error set: that is not this case.)
+func failedOnlyOn(cmds []redis.Cmder, reg, fleet redis.Cmder) bool {
+	side := false
+	for _, c := range cmds {
+		switch {
+		case c.Err() == nil:
+		case c == reg && IsWrongType(c.Err()), c == fleet && IsReply(c.Err()):
+			side = true
+		default:
+			return false
+		}
+	}
+	return side
 }
 
 // appendIDs appends row IDs as decimal strings, the rows set's members.

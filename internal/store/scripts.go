@@ -44,7 +44,10 @@ const (
 // the recovery claim. Taking it also renews the TTL of the peer's rows set
 // and incarnation: a dead peer's rows must stay known for as long as
 // recoverers keep trying (a PostgreSQL outage of hours, recoverers dying
-// mid-way), so the TTL only ever removes sets nobody tries to recover. A
+// mid-way), so the TTL only ever removes sets nobody tries to recover. It
+// only ever lengthens a TTL: a recoverer with shorter timings than the
+// dead peer's (a rolling change of timings) must not cut its set short. (A
+// key without one, which no worker writes, gets the claim's.) A
 // retry by the same caller (same token) finds its own claim and answers as
 // the first call did. The note a failed recovery left (FailedClaim) is
 // taken over; if the peer's record is gone despite it, the answer says so.
@@ -66,8 +69,12 @@ elseif held then
 end
 if redis.call('EXISTS', KEYS[3]) == 1 then
   redis.call('SET', KEYS[2], ARGV[1], 'PX', ARGV[2])
-  redis.call('PEXPIRE', KEYS[3], ARGV[3])
-  redis.call('PEXPIRE', KEYS[4], ARGV[3])
+  local ttl = tonumber(ARGV[3])
+  for i = 3, 4 do
+    if redis.call('PTTL', KEYS[i]) < ttl then
+      redis.call('PEXPIRE', KEYS[i], ttl)
+    end
+  end
   return 1
 end
 if failed or held == 'lost:' .. ARGV[1] then
@@ -270,11 +277,13 @@ return 0
 `)
 
 // Script returns a protocol script by name ("claim", "finish", "fail",
-// "turn", "beat", "leave" or "deregister"; nil for another), for tests that must
+// "drop", "keep", "turn", "beat", "leave", "deregister", "fleet" or
+// "record-fleet"; nil for another), for tests that must
 // recognise one on the wire by its hash.
 func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "fail": failScript, "drop": dropScript, "keep": keepScript,
 		"turn": turnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
+		"fleet": fleetBeatScript, "record-fleet": recordFleetScript,
 	}[name]
 }

@@ -144,3 +144,65 @@ func TestKeepRowsOnlyLengthensTTLs(t *testing.T) {
 	assert.Zero(t, rdb.Exists(ctx, gone.Rows, gone.Incarnation).Val(), "nothing created")
 	require.NoError(t, s.KeepRows(ctx, nil, time.Minute))
 }
+
+// Issue 20, item 3: a recoverer with a shorter rows TTL than the dead
+// peer's (a rolling change of timings) must not cut the peer's set short.
+func TestClaimOnlyLengthensTheRowsSetsTTL(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("SC"), time.Second)
+	ctx := context.Background()
+	long, short := s.Keys("long"), s.Keys("short")
+	require.NoError(t, rdb.SAdd(ctx, long.Rows, 1).Err())
+	require.NoError(t, rdb.PExpire(ctx, long.Rows, time.Hour).Err())
+	require.NoError(t, rdb.Set(ctx, long.Incarnation, "i", time.Hour).Err())
+	require.NoError(t, rdb.SAdd(ctx, short.Rows, 1).Err())
+	require.NoError(t, rdb.PExpire(ctx, short.Rows, time.Second).Err())
+
+	res, err := s.ClaimDead(ctx, "long", "tok", time.Second, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ClaimTaken, res)
+	assert.Greater(t, rdb.PTTL(ctx, long.Rows).Val(), 59*time.Minute, "a longer TTL is kept")
+	assert.Greater(t, rdb.PTTL(ctx, long.Incarnation).Val(), 59*time.Minute)
+	res, err = s.ClaimDead(ctx, "short", "tok", time.Second, time.Minute)
+	require.NoError(t, err)
+	require.Equal(t, ClaimTaken, res)
+	assert.InDelta(t, time.Minute, rdb.PTTL(ctx, short.Rows).Val(), float64(time.Second), "a shorter one is renewed")
+}
+
+// The fleet part of a heartbeat records what the fleet serves once,
+// announces the member's timings, drops lapsed announcements and returns
+// the longest of the live ones; a retry answers the same.
+func TestFleetBeatAnnouncesTimingsAndReturnsTheLongest(t *testing.T) {
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("SCF")
+	s := NewRedis(rdb, prefix, time.Second)
+	ctx := context.Background()
+	require.NoError(t, rdb.HSet(ctx, FleetKey(prefix), "m:gone", "99000 99000 99000 owner 1", "m:junk", "x").Err())
+	b := Heartbeat{Value: HeartbeatOf("t"), TTL: time.Second, IncarnationTTL: time.Second, RowsTTL: time.Second,
+		Serves: "database=a schema=b table=c", Announce: Announcement{TTL: 20 * time.Second, Claim: 35 * time.Second, Wait: 19 * time.Second, Mode: "owner"}}
+	for range 2 {
+		res, err := s.Beat(ctx, "w1", b)
+		require.NoError(t, err)
+		require.NoError(t, res.FleetErr)
+		assert.Equal(t, "database=a schema=b table=c", res.Fleet.Serves)
+		assert.Equal(t, b.Announce.TTL, res.Fleet.Longest.TTL, "the lapsed announcement is not counted")
+		assert.Equal(t, b.Announce.Claim, res.Fleet.Longest.Claim)
+		assert.Equal(t, b.Announce.Wait, res.Fleet.Longest.Wait)
+	}
+	b.Serves, b.Announce = "database=x schema=y table=z", Announcement{TTL: time.Second, Claim: time.Second, Wait: time.Second, Mode: "rows-set"}
+	res, err := s.Beat(ctx, "w2", b)
+	require.NoError(t, err)
+	assert.Equal(t, "database=a schema=b table=c", res.Fleet.Serves, "recorded once")
+	assert.Equal(t, 20*time.Second, res.Fleet.Longest.TTL, "w1's is the longest")
+	f, err := s.ReadFleet(ctx)
+	require.NoError(t, err)
+	require.Len(t, f.Members, 2, "lapsed and unreadable announcements dropped")
+	assert.Equal(t, "rows-set", f.Members[1].Mode)
+	got, err := s.RecordFleet(ctx, "database=x schema=y table=z")
+	require.NoError(t, err)
+	assert.Equal(t, "database=a schema=b table=c", got, "RecordFleet returns what is recorded")
+	_, err = s.Leave(ctx, "w1", Departure{Value: HeartbeatOf("t")})
+	require.NoError(t, err)
+	f, _ = s.ReadFleet(ctx)
+	assert.Len(t, f.Members, 1, "Leave withdraws the announcement")
+}

@@ -44,6 +44,11 @@ type Store interface {
 	// ReadOwn reads what Start needs of its own instance's keys, in one
 	// transaction.
 	ReadOwn(ctx context.Context, id string) (Own, error)
+	// RecordFleet records serves as what the fleet serves unless another
+	// value is recorded, and returns the value recorded.
+	RecordFleet(ctx context.Context, serves string) (string, error)
+	// ReadFleet reads the fleet record.
+	ReadFleet(ctx context.Context) (Fleet, error)
 	// Leave is Shutdown's clean-up of instance id (see Departure).
 	Leave(ctx context.Context, id string, d Departure) (LeaveResult, error)
 
@@ -144,6 +149,10 @@ type Heartbeat struct {
 	// tracked now. The rows set then lives RowsTTL.
 	Remove, Add []int64
 	RowsTTL     time.Duration
+	// Serves is what the worker serves ("" if it cannot tell), recorded
+	// in the fleet record if none is; Announce its timings there.
+	Serves   string
+	Announce Announcement
 }
 
 // BeatResult is what a heartbeat found.
@@ -156,6 +165,10 @@ type BeatResult struct {
 	Wrote bool
 	// RegistryErr is the outcome of the registry SADD.
 	RegistryErr error
+	// Fleet is what the fleet record holds now; FleetErr the outcome of
+	// its update (Fleet is empty when it failed).
+	Fleet    FleetView
+	FleetErr error
 }
 
 // Own is what Start reads of its own instance's keys.

@@ -1,3 +1,5 @@
+//go:build containers
+
 package testutil
 
 import (
@@ -13,11 +15,10 @@ import (
 // module as the fallback does and asks it for a Redis container: with a
 // Docker engine, a Redis that answers PING, stopped on request; without
 // one, the helper's reason. Either way the helper rejects an unknown
-// request and exits when its input closes.
+// request and exits when its input closes. Building the helper downloads
+// Docker's client and testcontainers-go, so the test has a build tag of its
+// own and runs in make test-containers, not in make test.
 func TestContainerHelperAnswersOverItsPipe(t *testing.T) {
-	if testing.Short() {
-		t.Skip("builds the containers module: skipped in -short mode")
-	}
 	h, err := startContainerHelper()
 	if err != nil {
 		t.Fatalf("start the helper: %v", err)

@@ -168,3 +168,47 @@ func PoolVia(t testing.TB, pool *pgxpool.Pool, addr string) *pgxpool.Pool {
 const EnumItemsSchema = `
 CREATE TYPE job_state AS ENUM ('pending', 'running', 'done');
 CREATE TABLE items (item_id bigint PRIMARY KEY, state job_state NOT NULL DEFAULT 'pending', worker text, retries int NOT NULL DEFAULT 0);`
+
+// PgBouncer starts a PgBouncer in transaction pooling mode in front of the
+// PostgreSQL behind pool (servers.StartPgBouncer), stopped when the test
+// ends. Without a pgbouncer binary the test is skipped, saying so (failed
+// under RECOVERY_REQUIRE_INTEGRATION=1). Connect with PoolVia(t, pool,
+// b.Addr); search_path does not pass through a pooler in transaction
+// mode, so name the schema in the statements (WithSchema).
+func PgBouncer(t testing.TB, pool *pgxpool.Pool) *servers.PgBouncer {
+	t.Helper()
+	if _, err := servers.PgBouncerBinary(); err != nil {
+		Unavailable(t, "PgBouncer: %v", err)
+	}
+	c := pool.Config().ConnConfig
+	if c.Host == "" || c.Host[0] == '/' {
+		Unavailable(t, "PgBouncer: the test PostgreSQL listens on a Unix socket (%s), not TCP", c.Host)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, err := servers.StartPgBouncer(ctx, c.Host, int(c.Port), c.User)
+	if err != nil {
+		t.Fatalf("start pgbouncer: %v", err)
+	}
+	t.Cleanup(b.Stop)
+	// Open its three server connections now, three transactions at once,
+	// so round robin hands consecutive transactions different ones from
+	// the first.
+	via := PoolVia(t, pool, b.Addr)
+	var txs []pgx.Tx
+	for range 3 {
+		tx, err := via.Begin(ctx)
+		if err == nil {
+			_, err = tx.Exec(ctx, "SELECT 1")
+		}
+		if err != nil {
+			t.Fatalf("open pgbouncer's server connections: %v", err)
+		}
+		txs = append(txs, tx)
+	}
+	for _, tx := range txs {
+		_ = tx.Rollback(ctx)
+	}
+	via.Close()
+	return b
+}

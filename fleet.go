@@ -1,0 +1,246 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/alya/recovery/internal/store"
+)
+
+// The fleet record (store.FleetKey): one key prefix serves one fleet.
+//
+// What the fleet serves (database, schema, table) is recorded under the
+// prefix by the first worker that can tell (Start, or any heartbeat after
+// a Redis restart or a rolling upgrade from workers that do not record
+// it), and Start refuses a worker whose resetter serves something else
+// (ErrFleetMismatch): two applications under one prefix would each take
+// the other's dead workers for their own and reset the wrong table's rows.
+// The mode (owner or rows set) is not part of it: a rolling owner-column
+// rollout runs both modes in one fleet on purpose.
+//
+// Every heartbeat also announces the worker's timings there (heartbeat TTL,
+// claim TTL, the longest wait for a scan after a death) and learns the
+// longest of the fleet's live announcements. Those hold verdicts a worker
+// takes on behalf of the whole fleet: after a Redis restart or failover,
+// no death is judged until the longest TTL any live member uses has passed
+// (nodeage.go), not the judge's own; a lease that comes back holds for the
+// longest claim TTL; rows sets live long enough for the slowest scanner.
+// The worker remembers what it learnt in its own memory (fleetMemory), so
+// a Redis restarted empty, which has forgotten every announcement, does
+// not shorten them. Workers of older versions announce nothing: a fleet
+// mixing them gets their timings only from workers that share them.
+
+// fleetIdentifier is a resetter that can tell what it serves. PgxResetter
+// and SQLResetter are.
+type fleetIdentifier interface {
+	fleetIdentity(ctx context.Context) (string, error)
+}
+
+// fleetIdentity returns "database=<db> schema=<schema> table=<table>" for
+// the configured table, as the server resolves it (the schema from the
+// search_path when WithSchema is not set), or as configured when the
+// table cannot be found (the schema check reports that).
+func (r *pgResetter) fleetIdentity(ctx context.Context) (string, error) {
+	var db, schema, table string
+	err := queryRow(ctx, r.conn, `
+SELECT current_database()::text,
+       COALESCE((SELECT n.nspname::text FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace
+                 WHERE c.oid = to_regclass($1)), $2::text),
+       COALESCE((SELECT c.relname::text FROM pg_class c WHERE c.oid = to_regclass($1)), $3::text)`,
+		[]any{r.o.tableIdent(), r.o.schema, r.o.table}, &db, &schema, &table)
+	if err != nil {
+		return "", fmt.Errorf("read the database and table served: %w", err)
+	}
+	return fmt.Sprintf("database=%s schema=%s table=%s", db, schema, table), nil
+}
+
+// checkFleet finds what this worker serves and records it under the
+// prefix, or returns an error wrapping ErrFleetMismatch when the prefix
+// serves something else. A resetter that cannot tell is not checked; nor,
+// with WithoutSchemaCheck (which lets a worker start while PostgreSQL is
+// down), is a worker whose resetter could not ask the database: that is
+// logged at Warn. Start calls it before it writes anything else.
+func (w *Worker) checkFleet(ctx context.Context) error {
+	fi, ok := w.resetter.(fleetIdentifier)
+	if !ok || mutantNoFleetCheck {
+		return nil
+	}
+	idCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	serves, err := fi.fleetIdentity(idCtx)
+	cancel()
+	if err != nil && w.opts.noSchemaCheck {
+		w.log.Warn("cannot tell what this worker serves; the key prefix is not checked against the fleet's record",
+			slog.Any("error", err))
+		return nil
+	}
+	if err != nil {
+		return err
+	}
+	if serves == "" {
+		return nil // the resetter cannot tell
+	}
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	recorded, err := w.store.RecordFleet(opCtx, serves)
+	if err != nil {
+		return err
+	}
+	if recorded != serves {
+		return w.fleetMismatch(recorded, serves)
+	}
+	w.fleet.setServes(serves)
+	return nil
+}
+
+func (w *Worker) fleetMismatch(recorded, serves string) error {
+	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix)",
+		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves)
+}
+
+// announcement is what this worker's heartbeats announce.
+func (w *Worker) announcement() store.Announcement {
+	mode := "rows-set"
+	if w.ownerMode {
+		mode = "owner"
+	}
+	return store.Announcement{
+		TTL: w.opts.heartbeatTTL, Claim: w.opts.claimTTL(),
+		Wait: w.opts.detectionWindow() - w.opts.heartbeatTTL, Mode: mode,
+	}
+}
+
+// noteFleet takes in what a heartbeat learnt of the fleet record.
+func (w *Worker) noteFleet(v store.FleetView, err error) {
+	if err != nil {
+		// The memory keeps what it had; the next heartbeat tries again. A
+		// reply (a key of the wrong type) is logged once per outage; a
+		// timeout is the heartbeat's to report.
+		if store.IsReply(err) && w.fleet.brokenOnce(true) {
+			w.log.Warn("cannot write the fleet record: this worker's timings are not announced to its peers; delete the key if it is not a hash",
+				slog.Any("error", err))
+		}
+		return
+	}
+	w.fleet.brokenOnce(false)
+	w.fleet.learn(v.Longest, time.Now())
+	serves := w.fleet.served()
+	if serves == "" || v.Serves == "" || v.Serves == serves {
+		return
+	}
+	if w.fleet.warnOnce() {
+		w.log.Error("the key prefix serves another fleet: its workers would recover this fleet's dead workers in their table, and ours in ours; give each application its own prefix (WithKeyPrefix)",
+			slog.String("key_prefix", w.opts.keyPrefix), slog.String("recorded", v.Serves), slog.String("serves", serves))
+	}
+}
+
+// fleetMemory is what a worker remembers of the fleet's announcements:
+// the longest of each timing, kept until no announcement has repeated it
+// for three of it (a member that announced it is dead or changed by then).
+type fleetMemory struct {
+	mu            sync.Mutex
+	serves        string
+	warned        bool
+	broken        bool // the record's last update got an error reply
+	ttl, claim, w remembered
+}
+
+// remembered is one remembered timing and when it was last announced.
+type remembered struct {
+	d    time.Duration
+	seen time.Time
+}
+
+// learn takes in a timing announced at now: a longer one replaces the
+// memory at once, a shorter one only once the memory is three of itself
+// old.
+func (r *remembered) learn(d time.Duration, now time.Time) {
+	d = min(d, maxAnnounced)
+	if d >= r.d || now.Sub(r.seen) > satMul(r.d, 3) {
+		r.d, r.seen = d, now
+	}
+}
+
+// maxAnnounced caps an announced timing: a garbage value in Redis must not
+// hold verdicts back for years. The longest a valid worker announces is a
+// claim TTL, at most 4 × MaxDuration.
+const maxAnnounced = 4 * MaxDuration
+
+func (m *fleetMemory) learn(a store.Announcement, now time.Time) {
+	if mutantOwnTimingsOnly {
+		return
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.ttl.learn(a.TTL, now)
+	m.claim.learn(a.Claim, now)
+	m.w.learn(a.Wait, now)
+}
+
+func (m *fleetMemory) longest() (ttl, claim, wait time.Duration) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.ttl.d, m.claim.d, m.w.d
+}
+
+func (m *fleetMemory) setServes(s string) {
+	m.mu.Lock()
+	m.serves = s
+	m.mu.Unlock()
+}
+
+func (m *fleetMemory) served() string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.serves
+}
+
+// brokenOnce records whether the record's update failed, and reports a
+// failure that starts an outage.
+func (m *fleetMemory) brokenOnce(failed bool) bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	first := failed && !m.broken
+	m.broken = failed
+	return first
+}
+
+func (m *fleetMemory) warnOnce() bool {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	first := !m.warned
+	m.warned = true
+	return first
+}
+
+// fleetTTL is the longest heartbeat TTL of the fleet: this worker's, or a
+// longer one a member announced. Verdicts held after a restart or a
+// failover wait it out.
+func (w *Worker) fleetTTL() time.Duration {
+	ttl, _, _ := w.fleet.longest()
+	return max(w.opts.heartbeatTTL, ttl)
+}
+
+// fleetClaimTTL is the longest recovery claim TTL of the fleet: a lease
+// that comes back is held for it, so that a recovery any member claimed
+// meanwhile has ended.
+func (w *Worker) fleetClaimTTL() time.Duration {
+	_, claim, _ := w.fleet.longest()
+	return max(w.opts.claimTTL(), claim)
+}
+
+// rowsTTL is how long this worker's rows set lives after a write: the
+// option, lengthened by as much as a member's wait for a scan after a
+// death (its recovery interval and scan turn) exceeds ours, so the set
+// outlives the slowest scanner's first look by the margin the option
+// keeps over our own.
+func (w *Worker) rowsTTL() time.Duration {
+	_, _, wait := w.fleet.longest()
+	own := w.opts.detectionWindow() - w.opts.heartbeatTTL
+	if wait <= own {
+		return w.opts.rowsTTL
+	}
+	return min(satAdd(w.opts.rowsTTL, wait-own), maxAnnounced)
+}

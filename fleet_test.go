@@ -1,0 +1,314 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// Issue 20, item 2: two applications (two tables) on one Redis under one
+// prefix. Each would take the other's dead workers for its own: A's scan
+// reset B's row IDs in A's table, under A's live worker. Start refuses the
+// second application, naming both tables and the fix; with a prefix each,
+// a dead worker of B never touches A's rows.
+func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testing.T) {
+	ctx := context.Background()
+	rdb := testutil.Redis(t)
+	dbA, dbB := testutil.Postgres(t), testutil.Postgres(t)
+	testutil.CreateBatch(t, dbA, 10)
+	testutil.CreateBatch(t, dbB, 10)
+	shared := testutil.Name("F2")
+	rA, err := NewPgxResetter(dbA)
+	require.NoError(t, err)
+	rB, err := NewPgxResetter(dbB)
+	require.NoError(t, err)
+
+	a, _ := startWorker(t, rdb, rA, "liveA", WithKeyPrefix(shared))
+	take(t, dbA, "liveA", 1, 2, 3, 4, 5)
+	require.NoError(t, a.Track(ctx, 1, 2, 3, 4, 5))
+
+	b, _ := newWorker(t, rdb, rB, "deadB", WithKeyPrefix(shared))
+	err = b.Start(ctx)
+	if assert.ErrorIs(t, err, ErrFleetMismatch, "a second table under the prefix is refused") {
+		assert.Contains(t, err.Error(), "table=batchrows")
+		assert.Contains(t, err.Error(), "WithKeyPrefix")
+		fleet, ferr := store.NewRedis(rdb, shared, time.Second).ReadFleet(ctx)
+		require.NoError(t, ferr)
+		assert.Contains(t, err.Error(), fleet.Serves, "names what the prefix serves")
+		assert.False(t, registered(t, rdb, shared, "deadB"), "the refused worker wrote nothing")
+	} else {
+		// The fix reverted: show what it costs. B's worker dies with rows
+		// 1..5 of B's table; A's scan recovers it into A's table.
+		setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
+		require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
+		b.crash()
+		require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
+		rep, _ := a.RecoverNow(ctx)
+		reset := 0
+		for id := int64(1); id <= 5; id++ {
+			if s, _ := rowState(t, dbA, id); s == "queued" {
+				reset++
+			}
+		}
+		t.Errorf("second fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
+			rep.Dead, reset)
+		return
+	}
+
+	// With a prefix each, both run; B's dead worker is B's fleet's alone.
+	other := testutil.Name("F2b")
+	victim(t, rdb, dbB, rB, "deadB2", []Option{WithKeyPrefix(other)}, 1, 2, 3, 4, 5)
+	rb, _ := startWorker(t, rdb, rB, "liveB", WithKeyPrefix(other))
+	rep, err := a.RecoverNow(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Dead, "A's scan never sees B's workers")
+	repB, err := rb.RecoverNow(ctx)
+	require.NoError(t, err)
+	if len(repB.Recovered) == 0 { // the loop's first scan may have done it
+		require.Eventually(t, func() bool { return !registered(t, rdb, other, "deadB2") }, 5*time.Second, 20*time.Millisecond)
+	}
+	assertRequeued(t, dbB, 1, 2, 3, 4, 5)
+	for id := int64(1); id <= 5; id++ {
+		s, o := rowState(t, dbA, id)
+		assert.Equal(t, "inprog", s, "A's row %d untouched", id)
+		assert.Equal(t, "liveA", *o)
+	}
+}
+
+// A fleet of workers that predate the fleet record (rolling upgrade): they
+// write no record; the first worker of this version records it at Start,
+// and a heartbeat records it again after Redis lost it.
+func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 10, "F2u")
+	// An old worker: heartbeat, registry entry and rows set, no record.
+	old := store.InstanceKeys(prefix, "old")
+	require.NoError(t, rdb.Set(ctx, old.Heartbeat, store.HeartbeatValue, time.Minute).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "old").Err())
+	s := store.NewRedis(rdb, prefix, time.Second)
+	f, err := s.ReadFleet(ctx)
+	require.NoError(t, err)
+	require.Empty(t, f.Serves)
+
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	w, _ := startWorker(t, rdb, r, "new", WithKeyPrefix(prefix))
+	f, err = s.ReadFleet(ctx)
+	require.NoError(t, err)
+	assert.Regexp(t, `^database=\S+ schema=t_\S+ table=batchrows$`, f.Serves)
+	served := f.Serves
+	rep, err := w.RecoverNow(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, rep.Dead, "the old worker is alive")
+
+	require.NoError(t, rdb.Del(ctx, store.FleetKey(prefix)).Err()) // evicted, or Redis restarted empty
+	require.Eventually(t, func() bool {
+		f, err := s.ReadFleet(ctx)
+		return err == nil && f.Serves == served && len(f.Members) == 1 && f.Members[0].ID == "new"
+	}, 5*time.Second, 20*time.Millisecond, "the next heartbeat records the fleet and its announcement again")
+	f, _ = s.ReadFleet(ctx)
+	assert.Equal(t, 2*time.Second, f.Members[0].TTL)
+	assert.Equal(t, "rows-set", f.Members[0].Mode)
+}
+
+// Issue 20, item 3: a rolling change of timings. One worker uses a long
+// TTL (8 s, a heartbeat every 4 s), one a short TTL (1 s); Redis restarts
+// empty right after the long one's heartbeat. The short one's backstop
+// sweep finds the long one's rows in PostgreSQL and no heartbeat: judged
+// by its own TTL it reset them about 2 s after the restart, under the long
+// one's valid lease. The long one announced its TTL; the short one
+// remembers it across the restart and holds its verdicts for it.
+func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	prefix := testutil.Name("T3")
+
+	beats := make(chan struct{}, 16)
+	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
+		WithObserver(ObserverFunc(func(e Event) {
+			if e.Kind == EventHeartbeat {
+				select {
+				case beats <- struct{}{}:
+				default:
+				}
+			}
+		})))
+	require.True(t, long.OwnerMode())
+	take(t, db, "long", 1, 2, 3, 4, 5)
+	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
+
+	short, _ := newWorker(t, srv.Client(t), fencedResetter(t, db), "short", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond),
+		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
+	require.NoError(t, short.Start(ctx))
+	require.True(t, short.OwnerMode())
+	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
+		"the short worker learns the long one's TTL from its heartbeat")
+
+	drain(beats)
+	<-beats // the long worker just beat: its next heartbeat is 4 s away
+	restarted := time.Now()
+	srv.Restart()
+
+	// Both heartbeats back twice: the long one's second comes ~8 s after
+	// the restart, past the hold, so verdicts were taken meanwhile.
+	<-beats
+	<-beats
+	waitScans(t, short, 3)
+	reset := 0
+	for id := int64(1); id <= 5; id++ {
+		if s, o := rowState(t, db, id); s != "inprog" || o == nil || *o != "long" {
+			reset++
+		}
+	}
+	assert.Zero(t, reset, "rows of the live long-TTL worker reset after the restart (%v ago), of 5", time.Since(restarted).Round(100*time.Millisecond))
+	assert.Zero(t, short.Stats().RowsRecovered, "the short worker reset nothing")
+	assert.NoError(t, long.CheckLease())
+}
+
+// drain empties a buffered channel.
+func drain(c chan struct{}) {
+	for {
+		select {
+		case <-c:
+		default:
+			return
+		}
+	}
+}
+
+// waitScans waits for n more scans of w.
+func waitScans(t *testing.T, w *Worker, n uint64) {
+	t.Helper()
+	before := w.Stats().Scans
+	require.Eventually(t, func() bool { return w.Stats().Scans >= before+n }, 10*time.Second, 10*time.Millisecond)
+}
+
+// The fleet memory keeps the longest timing announced; a shorter one
+// replaces it only once the longer has gone unrepeated for three of it.
+func TestFleetMemoryKeepsTheLongestTimingUntilItLapses(t *testing.T) {
+	var m fleetMemory
+	t0 := time.Unix(1000, 0)
+	m.learn(store.Announcement{TTL: 8 * time.Second, Claim: 3 * time.Second, Wait: time.Second}, t0)
+	m.learn(store.Announcement{TTL: time.Second, Claim: time.Second, Wait: time.Second}, t0.Add(time.Second))
+	ttl, claim, _ := m.longest()
+	assert.Equal(t, 8*time.Second, ttl, "a restart's empty record does not shorten it")
+	assert.Equal(t, 3*time.Second, claim)
+	m.learn(store.Announcement{TTL: time.Second, Claim: time.Second}, t0.Add(25*time.Second))
+	ttl, _, _ = m.longest()
+	assert.Equal(t, time.Second, ttl, "lapsed after three of itself unrepeated")
+	m.learn(store.Announcement{TTL: 100 * MaxDuration}, t0)
+	ttl, _, _ = m.longest()
+	assert.Equal(t, maxAnnounced, ttl, "a garbage announcement is capped")
+}
+
+// Issue 20, item 3, the claim TTL and the recovery interval: a worker
+// whose lease comes back holds it for the longest claim TTL any member
+// announced (a recoverer with a longer reset timeout may still be
+// resetting its rows), and its rows set lives long enough for the slowest
+// member's first scan after its death.
+func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	prefix := testutil.Name("T3c")
+	slow, _ := startWorker(t, srv.Client(t), &fakeResetter{}, "slow", WithKeyPrefix(prefix),
+		WithResetTimeout(3*time.Second), WithRecoveryInterval(6*time.Second), WithRowsTTL(30*time.Second))
+	longClaim := slow.opts.claimTTL()
+	f := &freezer{}
+	c := srv.Client(t)
+	c.AddHook(f)
+	w, logs := startWorker(t, c, &fakeResetter{}, "w", WithKeyPrefix(prefix),
+		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond))
+	require.Less(t, w.opts.claimTTL(), longClaim/2)
+	require.Eventually(t, func() bool { _, claim, _ := w.fleet.longest(); return claim == longClaim },
+		5*time.Second, 10*time.Millisecond, "w learns the slow member's claim TTL")
+
+	// Rows TTL: w's own is 4 s; the slow member's wait for a scan is
+	// longer than w's by as much as its recovery interval and scan turn.
+	require.NoError(t, w.Track(ctx, 1))
+	extra := (slow.opts.detectionWindow() - slow.opts.heartbeatTTL) - (w.opts.detectionWindow() - w.opts.heartbeatTTL)
+	require.Positive(t, extra)
+	left := c.PTTL(ctx, store.InstanceKeys(prefix, "w").Rows).Val()
+	assert.Greater(t, left, w.opts.rowsTTL+extra-time.Second, "w's rows set outlives the slow member's first scan")
+
+	f.freeze()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 5*time.Second, 5*time.Millisecond)
+	f.thaw()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	regained := time.Now()
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 10*time.Second, 5*time.Millisecond)
+	held := time.Since(regained)
+	assert.GreaterOrEqual(t, held, longClaim-100*time.Millisecond,
+		"held for the slow member's claim TTL (%v), not w's own (%v)", longClaim, w.opts.claimTTL())
+}
+
+// A heartbeat that finds the prefix's record naming another table (a
+// second application recorded it first after Redis restarted empty) says
+// so at Error, once.
+func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 5, "F2h")
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", "database=x schema=y table=z").Err())
+	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		5*time.Second, 10*time.Millisecond)
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond)
+	assert.Equal(t, 1, logs.Count("the key prefix serves another fleet"), "once")
+	assert.Contains(t, logs.String(), `"recorded":"database=x schema=y table=z"`)
+}
+
+// Every resetter implementation, through every Go database API, tells the
+// same identity: the database, the table's schema as the server resolves
+// it (search_path or WithSchema), and the table; a missing table is named
+// as configured.
+func TestResettersTellWhatTheyServe(t *testing.T) {
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	var dbName, schema string
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT current_database(), current_schema()`).Scan(&dbName, &schema))
+	want := "database=" + dbName + " schema=" + schema + " table=batchrows"
+	for _, impl := range resetterImpls {
+		t.Run(impl.name, func(t *testing.T) {
+			ctx := context.Background()
+			got, err := impl.mustResetter(t, db).(fleetIdentifier).fleetIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+			got, err = impl.mustResetter(t, db, WithSchema(schema)).(fleetIdentifier).fleetIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, want, got)
+			got, err = impl.mustResetter(t, db, WithTable("nope")).(fleetIdentifier).fleetIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "database="+dbName+" schema= table=nope", got)
+		})
+	}
+}
+
+// A fleet key that is not a hash stops no heartbeat; the worker says once
+// that its timings are not announced.
+func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
+	ctx := context.Background()
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("F2w")
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(prefix))
+	require.NoError(t, rdb.Del(ctx, store.FleetKey(prefix)).Err())
+	require.NoError(t, rdb.Set(ctx, store.FleetKey(prefix), "x", 0).Err())
+	const msg = "cannot write the fleet record"
+	require.Eventually(t, func() bool { return logs.Count(msg) == 1 }, 5*time.Second, 10*time.Millisecond)
+	beats := w.Stats().Heartbeats
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond,
+		"heartbeats go on")
+	assert.Equal(t, 1, logs.Count(msg), "once per outage")
+	assert.NoError(t, w.CheckLease())
+}

@@ -1,0 +1,171 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/servers"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// poolAsNewRole creates a login role with password (none when empty),
+// runs grants on db with the role's name for %[1]s and db's schema for
+// %[2]s, and returns a pool on db's schema connecting as the role. The role
+// is dropped when the test ends.
+func poolAsNewRole(t *testing.T, db *pgxpool.Pool, password, grants string) (*pgxpool.Pool, string) {
+	t.Helper()
+	ctx := context.Background()
+	s := currentSchema(t, db)
+	role := testutil.Name("r_")
+	create := `CREATE ROLE ` + role + ` LOGIN`
+	if password != "" {
+		create += ` PASSWORD '` + password + `'`
+	}
+	_, err := db.Exec(ctx, create)
+	require.NoError(t, err)
+	t.Cleanup(func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
+		_, _ = db.Exec(ctx, `DROP ROLE `+role)
+	})
+	_, err = db.Exec(ctx, fmt.Sprintf(grants, role, s))
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
+	require.NoError(t, err)
+	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
+	cfg.ConnConfig.RuntimeParams["search_path"] = s
+	cfg.MaxConns = 2
+	pool, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close) // before the role is dropped
+	return pool, role
+}
+
+// poolAsReadOnlyRole returns a pool on db's schema for a new role that may
+// read and write the batch tables but whose transactions are read-only by
+// default (ALTER ROLE ... SET default_transaction_read_only = on: what a
+// replica or a read endpoint gives its users).
+func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
+	t.Helper()
+	pool, _ := poolAsNewRole(t, db, "", `GRANT USAGE ON SCHEMA %[2]s TO %[1]s;
+		GRANT SELECT, UPDATE ON batchrows TO %[1]s;
+		GRANT SELECT, INSERT, DELETE ON recovery_ledger TO %[1]s;
+		ALTER ROLE %[1]s SET default_transaction_read_only = on`)
+	return pool
+}
+
+// Start refuses a session that cannot write (issue 20, item 7): with
+// default_transaction_read_only on for the role, Start returns ErrReadOnly
+// naming the setting and where it comes from, and writes nothing to Redis;
+// a reset on such a session fails with ErrReadOnly too.
+func TestStartRefusesAReadOnlySession(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		rdb := testutil.Redis(t)
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 2)
+		take(t, db, "dead", 1, 2)
+		ro := poolAsReadOnlyRole(t, db)
+		r := impl.mustResetter(t, ro, WithOwnerColumn("owner"))
+		prefix := testutil.Name("RO")
+		// Rows sets: a Start in owner mode also resets rows a predecessor
+		// left under its ID, which would fail on its own.
+		w, _ := newWorker(t, rdb, r, "ro-worker", WithKeyPrefix(prefix), WithRowsSets())
+
+		err := w.Start(context.Background())
+		if impl.name == "libpq" {
+			// lib/pq begins every transaction READ WRITE, overriding the
+			// role's default: its resets can write, and Start says so.
+			require.NoError(t, err)
+			res, err := r.ResetOwnerRows(context.Background(), "dead")
+			require.NoError(t, err)
+			assert.Equal(t, int64(2), res.Reset)
+			return
+		}
+		require.ErrorIs(t, err, ErrReadOnly)
+		assert.Contains(t, err.Error(), "default_transaction_read_only set by the user")
+		assert.False(t, registered(t, rdb, prefix, "ro-worker"), "nothing written to Redis")
+
+		_, err = r.ResetOwnerRows(context.Background(), "dead")
+		require.ErrorIs(t, err, ErrReadOnly, "a reset refused as read-only says so")
+		assert.Equal(t, "inprog", statuses(t, db)[1])
+
+		// The same role writing: Start succeeds.
+		_, err = db.Exec(context.Background(), `ALTER ROLE `+ro.Config().ConnConfig.User+` RESET default_transaction_read_only`)
+		require.NoError(t, err)
+		ro.Reset() // new sessions read the role's settings again
+		w2, _ := newWorker(t, rdb, r, "ro-worker-2", WithKeyPrefix(prefix))
+		require.NoError(t, w2.Start(context.Background()))
+	})
+}
+
+// Start warns once when the session has no
+// idle_in_transaction_session_timeout (issue 20, item 5), and not when it
+// has one.
+func TestStartWarnsWithoutIdleInTransactionSessionTimeout(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	ctx := context.Background()
+	const warning = "the database session has no idle_in_transaction_session_timeout"
+
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "0"
+	none, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(none.Close)
+	_, logs := startWorker(t, rdb, fencedResetter(t, none), "idle-0", WithKeyPrefix(testutil.Name("I")))
+	assert.Equal(t, 1, logs.Count(warning), logs.String())
+	assert.Contains(t, logs.String(), `"level":"WARN","msg":"`+warning)
+
+	cfg = db.Config().Copy()
+	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
+	set, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(set.Close)
+	_, logs = startWorker(t, rdb, fencedResetter(t, set), "idle-60", WithKeyPrefix(testutil.Name("I")))
+	assert.Zero(t, logs.Count(warning), logs.String())
+}
+
+// Start refuses a hot standby (issue 20, item 7): the resetter's session
+// is read-only because the server is in recovery, and the error says so.
+// The standby streams from a primary of its own, started for this test.
+func TestStartRefusesAStandby(t *testing.T) {
+	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	primary, err := servers.StartPostgres(ctx)
+	if err != nil {
+		testutil.Unavailable(t, "start a primary: %v", err)
+	}
+	t.Cleanup(primary.Stop)
+	pdb, err := pgxpool.New(ctx, primary.URL)
+	require.NoError(t, err)
+	t.Cleanup(pdb.Close)
+	_, err = pdb.Exec(ctx, testutil.BatchSchema)
+	require.NoError(t, err)
+	standby, err := servers.StartStandby(ctx, primary)
+	require.NoError(t, err)
+	t.Cleanup(standby.Stop)
+	sdb, err := pgxpool.New(ctx, standby.URL)
+	require.NoError(t, err)
+	t.Cleanup(sdb.Close)
+	var inRecovery bool
+	require.NoError(t, sdb.QueryRow(ctx, `SELECT pg_is_in_recovery()`).Scan(&inRecovery))
+	require.True(t, inRecovery, "a standby")
+
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		r := impl.mustResetter(t, sdb, WithOwnerColumn("owner"))
+		prefix := testutil.Name("SB")
+		w, _ := newWorker(t, testutil.Redis(t), r, "on-standby", WithKeyPrefix(prefix), WithRowsSets())
+		err := w.Start(ctx)
+		require.ErrorIs(t, err, ErrReadOnly)
+		assert.Contains(t, err.Error(), "the server is a standby in recovery", "lib/pq's BEGIN READ WRITE is refused with this; the others read pg_is_in_recovery()")
+	})
+}

@@ -1,0 +1,289 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strconv"
+	"time"
+)
+
+// The backstop sweep without an owner column. In rows-set mode the rows
+// sets in Redis are the only record of who holds a row; when a set is gone
+// before a peer reset its rows (the whole fleet down longer than the rows
+// TTL, Redis flushed or restarted empty while its worker was dead, a
+// misspelt status fixed later), the database still shows the rows in
+// progress. Each look of the sweep, by the one worker holding the sweep
+// turn, reads:
+//
+//  1. the rows in progress with their version (RowsSweeper.InProgressRows;
+//     PostgreSQL: xmin), then
+//  2. every rows set of every registered instance, and the TTLs of their
+//     heartbeats and sets, then
+//  3. the age of every Redis master (INFO).
+//
+// A row in progress that no set held, at two looks whose set reads are at
+// least a gap apart, at the same version, both from masters up for a
+// heartbeat TTL (strict node age), is reset with its version in the
+// statement's WHERE clause. The gap is the longest rows TTL in the fleet:
+// this worker's, or the longest TTL left on any registered instance's
+// heartbeat or rows set, whichever is longer; every worker's heartbeat
+// interval is shorter than its heartbeat TTL, itself shorter than its rows
+// TTL, so a live worker has written every row it tracks back into its set
+// (heartbeat.go) at least once between the two set reads. docs/design.md
+// ("The backstop sweep") has the model, docs/safety.md §5 the guarantees.
+//
+// The same looks tell a host that does not Track (or Tracks after its
+// COMMIT): a row that was not in progress at that version at the previous
+// look, in no set at this one, and unchanged at the next, was committed in
+// progress by a worker that had not tracked it. Healthy fails with
+// ErrUntrackedRows, long before the row is reset.
+
+// WithoutBackstopSweep turns off the backstop sweep of rows-set mode
+// without an owner column, which is on by default whenever the resetter is
+// a RowsSweeper (PgxResetter and SQLResetter without WithOwnerColumn). With
+// it off, rows whose rows set is gone before a peer reset them stay in
+// progress until someone resets them by hand (docs/safety.md §5). Default:
+// the sweep is on.
+func WithoutBackstopSweep() Option {
+	return optionFunc(func(o *options) { o.noSweep = true })
+}
+
+// strayRow is a row in progress that no rows set held at a look.
+type strayRow struct {
+	version string
+	// absentAt is when the set read that first found it unheld, at this
+	// version, ended.
+	absentAt time.Time
+	// fresh: the row was not in progress at this version at the previous
+	// look, recent enough that a worker that tracked it before its COMMIT
+	// must still have it in its set.
+	fresh bool
+}
+
+// rowsMemory is what the holder of the sweep turn remembers between looks.
+// Only runOnce touches it; it is cleared whenever a look is not trusted.
+type rowsMemory struct {
+	stray  map[int64]strayRow
+	prev   map[int64]string // rows in progress at the previous look, by ID: version
+	prevAt time.Time        // when the previous look's database read began
+}
+
+func (m *rowsMemory) clear() { *m = rowsMemory{} }
+
+// rowsLook is one look of the sweep without an owner column.
+func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
+	w := s.w
+	dbAt := time.Now()
+	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	rows, err := s.rows.InProgressRows(dbCtx)
+	cancel()
+	if err != nil {
+		s.mem.clear()
+		return err
+	}
+	setsAt := time.Now()
+	held, gap, err := w.heldRows(ctx)
+	if err != nil {
+		s.mem.clear()
+		return err
+	}
+	setsDone := time.Now()
+	if mutantSweepIgnoresSets {
+		held = map[int64]bool{}
+	}
+	rep.rowsInProgress = len(rows)
+	if !w.mastersTrusted(ctx, setsAt) && !mutantSweepAnyNode {
+		rep.nodeHeld = true
+		s.mem.clear()
+		return nil
+	}
+	if err := w.misconfigured(); err != nil {
+		s.mem.clear()
+		return fmt.Errorf("backstop sweep held: %w", err)
+	}
+	if suspect(rows, held) {
+		s.mem.clear()
+		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
+	}
+
+	m := &s.mem
+	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= w.opts.rowsTTL-w.opts.heartbeatTTL
+	stray := make(map[int64]strayRow)
+	now := make(map[int64]string, len(rows))
+	var due []RowVersion
+	for _, r := range rows {
+		now[r.ID] = r.Version
+		st, seen := m.stray[r.ID]
+		if held[r.ID] {
+			if seen && st.fresh && st.version == r.Version {
+				// Tracked after the COMMIT: in no set at the last look,
+				// unchanged since.
+				rep.untracked = append(rep.untracked, r.ID)
+			}
+			continue
+		}
+		if mutantSweepOneLook && (!seen || st.version != r.Version) {
+			due = append(due, r)
+			continue
+		}
+		if !seen || st.version != r.Version {
+			prevVersion, wasThere := m.prev[r.ID]
+			stray[r.ID] = strayRow{version: r.Version, absentAt: setsDone,
+				fresh: freshOK && (!wasThere || prevVersion != r.Version)}
+			continue
+		}
+		if st.fresh {
+			// In progress at this version since before the set read that
+			// found it unheld, and committed after the look before it.
+			rep.untracked = append(rep.untracked, r.ID)
+			st.fresh = false
+		}
+		if setsAt.Sub(st.absentAt) >= gap {
+			due = append(due, r)
+			continue
+		}
+		stray[r.ID] = st
+	}
+	m.stray, m.prev, m.prevAt = stray, now, dbAt
+	rep.strayWaiting = len(stray)
+	if len(rep.untracked) > 0 {
+		w.untrackedFound(rep.untracked)
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	res, err := s.rows.ResetRowVersions(resetCtx, due)
+	cancel()
+	if err != nil {
+		return err
+	}
+	rep.strayFound, rep.strayReset, rep.strayQuarantined = len(due), res.Reset, len(res.Quarantined)
+	w.stats.rowsRecovered.Add(uint64(res.Reset))
+	w.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
+	w.stats.strayRowsReset.Add(uint64(res.Reset))
+	w.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Reset,
+		RowsQuarantined: len(res.Quarantined), Duration: gap})
+	return nil
+}
+
+// suspect reports a configuration the sweep must not act on: the rows sets
+// hold rows, and not one of them is in progress by the resetter's statuses
+// while other rows are (statuses swapped or misspelt: the sweep would
+// "reset" rows that are not in progress at all).
+func suspect(rows []RowVersion, held map[int64]bool) bool {
+	if len(held) == 0 || len(rows) == 0 {
+		return false
+	}
+	for _, r := range rows {
+		if held[r.ID] {
+			return false
+		}
+	}
+	return true
+}
+
+// heldRows reads every rows set of every registered instance (this
+// worker's included) and returns the rows they hold, and the gap two looks
+// need: the longest rows TTL in the fleet (see above).
+func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, error) {
+	opCtx, cancel := w.opContext(ctx)
+	ids, err := w.store.RegistryMembers(opCtx)
+	cancel()
+	if err != nil {
+		return nil, 0, err
+	}
+	gap := w.opts.rowsTTL
+	if len(ids) > 0 {
+		opCtx, cancel := w.opContext(ctx)
+		insts, err := w.store.Describe(opCtx, ids)
+		cancel()
+		if err != nil {
+			return nil, 0, err
+		}
+		for _, in := range insts {
+			gap = max(gap, in.HeartbeatTTL, in.RowsTTL)
+		}
+	}
+	held := make(map[int64]bool)
+	for _, id := range ids {
+		_, members, err := w.store.ReadRows(ctx, id)
+		if err != nil {
+			return nil, 0, fmt.Errorf("read rows set of %s: %w", id, err)
+		}
+		for _, m := range members {
+			if n, err := strconv.ParseInt(m, 10, 64); err == nil {
+				held[n] = true
+			}
+		}
+	}
+	return held, gap, nil
+}
+
+// mastersTrusted reports whether every Redis master has been up, with the
+// data it has now, for a heartbeat TTL before sent (strict node age: a
+// master that started empty is held too, as it has forgotten the rows sets
+// of live workers until their next heartbeat). A master whose INFO cannot
+// be read is judged as by the scans (infoUnavailable).
+func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
+	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
+	infos, err := w.store.MasterInfos(opCtx)
+	cancel()
+	recv := time.Now()
+	if err != nil && len(infos) == 0 {
+		w.infoUnavailable(err)
+		return true
+	}
+	trusted := true
+	for node, info := range infos {
+		f, err := parseNodeFacts(info)
+		if err != nil {
+			w.infoUnavailable(err)
+			continue
+		}
+		if !f.master {
+			trusted = false
+			continue
+		}
+		until, first, youngOnly := w.nodeHold(node, f, recv, true)
+		if until.IsZero() || !sent.Before(until) {
+			continue
+		}
+		trusted = false
+		switch {
+		case first && youngOnly:
+			w.log.Debug("backstop sweep: rows no set holds not judged yet: the Redis server has been up for less than a heartbeat TTL, so live workers may not have written their rows sets to it yet",
+				slog.String("redis_node", node), slog.Duration("uptime", f.uptime),
+				slog.Duration("held_for", until.Sub(recv)))
+		case first:
+			w.log.Warn("backstop sweep holds its verdicts: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their rows sets again",
+				slog.String("redis_node", node), slog.Duration("uptime", f.uptime),
+				slog.Duration("held_for", until.Sub(recv)))
+		}
+	}
+	return trusted
+}
+
+// untrackedFound raises the alarm for rows committed in progress by a
+// worker that had not tracked them: Healthy fails with ErrUntrackedRows for
+// a rows TTL after the last such finding.
+func (w *Worker) untrackedFound(ids []int64) {
+	w.stats.untrackedRows.Add(uint64(len(ids)))
+	w.untrackedAt.Store(time.Now().UnixNano())
+	err := fmt.Errorf("%w: %d rows in progress (first %d) that no rows set held after their COMMIT; they will be reset by the backstop sweep after a rows TTL, while the worker that took them may still process them",
+		ErrUntrackedRows, len(ids), ids[0])
+	w.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT",
+		slog.Int("rows", len(ids)), slog.Int64("first_row", ids[0]), slog.Any("error", err))
+	w.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
+}
+
+// untracked returns ErrUntrackedRows while the backstop sweep of this
+// worker found untracked rows less than a rows TTL ago.
+func (w *Worker) untracked() error {
+	at := w.untrackedAt.Load()
+	if at == 0 || time.Since(time.Unix(0, at)) >= w.opts.rowsTTL {
+		return nil
+	}
+	return fmt.Errorf("%w (found %s ago)", ErrUntrackedRows, time.Since(time.Unix(0, at)).Round(time.Second))
+}

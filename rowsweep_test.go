@@ -1,0 +1,329 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// jobsTable creates <schema>.jobs as the issue's new user had it: no owner
+// column, states 'pending', 'running', 'finished', 'error', as text or as
+// an enum, in a schema other than the pool's own. Rows 1..n are pending.
+func jobsTable(t *testing.T, db *pgxpool.Pool, enum bool, n int) (schema string, opts []ResetterOption) {
+	t.Helper()
+	ctx := context.Background()
+	schema = testutil.Name("batch_")
+	typ := "text"
+	stmts := []string{"CREATE SCHEMA " + schema}
+	if enum {
+		typ = schema + ".state"
+		stmts = append(stmts, fmt.Sprintf("CREATE TYPE %s AS ENUM ('pending', 'running', 'finished', 'error')", typ))
+	}
+	stmts = append(stmts,
+		fmt.Sprintf("CREATE TABLE %s.jobs (id bigint PRIMARY KEY, state %s NOT NULL DEFAULT 'pending')", schema, typ),
+		fmt.Sprintf("INSERT INTO %s.jobs (id) SELECT g FROM generate_series(1, %d) g", schema, n))
+	for _, s := range stmts {
+		_, err := db.Exec(ctx, s)
+		require.NoError(t, err, s)
+	}
+	t.Cleanup(func() { _, _ = db.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
+	return schema, []ResetterOption{WithSchema(schema), WithTable("jobs"), WithIDColumn("id"),
+		WithStatusColumn("state"), WithStatuses("running", "pending"), WithDoneStatuses("finished", "error"),
+		WithoutResetLedger()}
+}
+
+// setJobs sets the state of rows, as a fetch or a finish would commit it.
+func setJobs(t *testing.T, db *pgxpool.Pool, schema, state string, ids ...int64) {
+	t.Helper()
+	_, err := db.Exec(context.Background(), fmt.Sprintf("UPDATE %s.jobs SET state = $1 WHERE id = ANY($2)", schema), state, ids)
+	require.NoError(t, err)
+}
+
+func jobStates(t *testing.T, db *pgxpool.Pool, schema string) map[int64]string {
+	t.Helper()
+	return byRow[string](t, db, fmt.Sprintf("SELECT id, state::text FROM %s.jobs", schema))
+}
+
+// backstopWorld is a Redis old enough for the sweep to trust and a jobs
+// table of n pending rows (text states) with its PgxResetter.
+func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *PgxResetter) {
+	t.Helper()
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	schema, ropts := jobsTable(t, db, false, n)
+	r, err := NewPgxResetter(db, ropts...)
+	require.NoError(t, err)
+	return rdb, db, schema, r
+}
+
+// rowsSweepTimings: a rows TTL of a second, so two looks a gap apart take
+// about a second.
+func rowsSweepTimings(extra ...Option) []Option {
+	return append([]Option{WithHeartbeatTTL(300 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
+		WithRecoveryInterval(100 * time.Millisecond), WithRowsTTL(time.Second)}, extra...)
+}
+
+func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLApart(t *testing.T) {
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	for _, enum := range []bool{false, true} {
+		forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+			t.Run(fmt.Sprintf("enum=%v", enum), func(t *testing.T) {
+				ctx := context.Background()
+				schema, ropts := jobsTable(t, db, enum, 8)
+				r := impl.mustResetter(t, db, ropts...)
+				prefix := testutil.Name("B")
+				opts := rowsSweepTimings(WithKeyPrefix(prefix))
+				live, _ := startWorker(t, rdb, r, "live", append(opts, WithoutBackstopSweep())...)
+				require.NoError(t, live.Track(ctx, 3))
+				setJobs(t, db, schema, "running", 1, 2, 3, 4) // 1, 2: a fleet gone; 3: live's; 4: fetched again below
+				setJobs(t, db, schema, "finished", 5)
+				setJobs(t, db, schema, "error", 6)
+				w, logs := newWorker(t, rdb, r, "sweeper", opts...)
+				require.NotNil(t, w.sweeper, "on by default without an owner column")
+				require.NotNil(t, w.sweeper.rows)
+
+				first := time.Now()
+				rep, err := w.sweeper.runOnce(ctx)
+				require.NoError(t, err)
+				require.True(t, rep.turnHeld)
+				assert.Equal(t, 4, rep.rowsInProgress)
+				assert.Equal(t, 3, rep.strayWaiting, "1, 2 and 4: not reset at the first look")
+				time.Sleep(300 * time.Millisecond)
+				setJobs(t, db, schema, "running", 4) // a new version: its wait starts again, 300ms later
+
+				var swept time.Time
+				require.Eventually(t, func() bool {
+					rep, err = w.sweeper.runOnce(ctx)
+					require.NoError(t, err)
+					swept = time.Now()
+					return rep.strayReset > 0
+				}, 10*time.Second, 50*time.Millisecond)
+				assert.GreaterOrEqual(t, swept.Sub(first), time.Second, "not before a rows TTL")
+				assert.Equal(t, int64(2), rep.strayReset)
+				st := jobStates(t, db, schema)
+				assert.Equal(t, map[int64]string{1: "pending", 2: "pending", 3: "running", 4: "running",
+					5: "finished", 6: "error", 7: "pending", 8: "pending"}, st,
+					"a row a live worker tracks and a row written since the first look stay in progress")
+				assert.Equal(t, uint64(2), w.Stats().StrayRowsReset)
+				assert.Equal(t, uint64(2), w.Stats().RowsRecovered)
+				// Rows 1 and 2, of a fleet gone, are no host's mistake; row 4,
+				// committed in progress again by no tracking worker, is.
+				assert.Equal(t, uint64(1), w.Stats().UntrackedRows)
+				assert.Contains(t, logs.String(), `"first_row":4`)
+
+				// The same versions again change nothing: no double reset.
+				again, err := r.(RowsSweeper).ResetRowVersions(ctx, []RowVersion{{ID: 1, Version: "1"}, {ID: 4, Version: "1"}})
+				require.NoError(t, err)
+				assert.Zero(t, again.Reset)
+			})
+		})
+	}
+}
+
+func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 6)
+	ctx := context.Background()
+	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("U")))
+	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	w, logs := newWorker(t, rdb, r, "sweeper", opts...)
+	look := func() sweepReport {
+		t.Helper()
+		rep, err := w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		return rep
+	}
+	look() // the look before: nothing in progress
+
+	// A correct host: Track, then COMMIT.
+	require.NoError(t, host.Track(ctx, 1))
+	setJobs(t, db, schema, "running", 1)
+	// Track forgotten (row 2); Track after the COMMIT (row 3), the sweep
+	// looking in between.
+	setJobs(t, db, schema, "running", 2, 3)
+	rep := look()
+	assert.Equal(t, 2, rep.strayWaiting)
+	assert.Empty(t, rep.untracked, "one look is no proof: the row may have been finished and untracked meanwhile")
+	require.NoError(t, host.Track(ctx, 3))
+
+	rep = look()
+	assert.ElementsMatch(t, []int64{2, 3}, rep.untracked, "in progress at the same version across a look that found them in no set")
+	assert.ErrorIs(t, w.untracked(), ErrUntrackedRows)
+	assert.Equal(t, uint64(2), w.Stats().UntrackedRows)
+	assert.Contains(t, logs.String(), `"level":"ERROR"`)
+	assert.Contains(t, logs.String(), ErrUntrackedRows.Error())
+	assert.Equal(t, "running", jobStates(t, db, schema)[2], "told before its rows are reset")
+
+	// The forgotten row goes back to the queue after a rows TTL; the row
+	// tracked late, now held, stays with its host.
+	require.Eventually(t, func() bool { return look().strayReset > 0 }, 10*time.Second, 50*time.Millisecond)
+	st := jobStates(t, db, schema)
+	assert.Equal(t, "pending", st[2])
+	assert.Equal(t, "running", st[3])
+	assert.Equal(t, "running", st[1])
+	assert.Equal(t, uint64(2), w.Stats().UntrackedRows, "told once per row")
+}
+
+func TestBackstopSweepHoldsWhileTheRowsSetsHoldNoRowInProgress(t *testing.T) {
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	schema, ropts := jobsTable(t, db, false, 6)
+	// Statuses swapped: 'pending' is what this resetter calls in progress.
+	ropts = append(ropts, WithStatuses("pending", "running"), WithDoneStatuses("finished"))
+	r, err := NewPgxResetter(db, ropts...)
+	require.NoError(t, err)
+	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("W")))
+	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	require.NoError(t, host.Track(ctx, 1))
+	setJobs(t, db, schema, "running", 1)
+	w, _ := newWorker(t, rdb, r, "sweeper", opts...)
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for time.Now().Before(deadline) {
+		_, err := w.sweeper.runOnce(ctx)
+		require.ErrorIs(t, err, ErrMisconfigured)
+	}
+	assert.Equal(t, map[int64]string{1: "running", 2: "pending", 3: "pending", 4: "pending", 5: "pending", 6: "pending"},
+		jobStates(t, db, schema), "queued rows are never taken for stuck ones")
+}
+
+func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t *testing.T) {
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	schema, ropts := jobsTable(t, db, false, 3)
+	r, err := NewPgxResetter(db, ropts...)
+	require.NoError(t, err)
+	setJobs(t, db, schema, "running", 1)
+	w, _ := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("Y")),
+		WithHeartbeatTTL(3*time.Second), WithHeartbeatInterval(time.Second), WithRecoveryInterval(time.Second),
+		WithRowsTTL(5*time.Second))
+	rep, err := w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	assert.True(t, rep.nodeHeld, "a server up for less than a heartbeat TTL may have lost live rows sets")
+	assert.Zero(t, rep.strayWaiting)
+}
+
+// TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL
+// is the whole fleet killed together, down past the rows TTL, then one
+// worker started again with the defaults of its mode: the sweep is on.
+func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 30)
+	ctx := context.Background()
+	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("F")))
+	for i := range 3 {
+		w, _ := startWorker(t, rdb, r, fmt.Sprintf("w%d", i), opts...)
+		ids := []int64{int64(10*i + 1), int64(10*i + 2), int64(10*i + 3)}
+		require.NoError(t, w.Track(ctx, ids...))
+		setJobs(t, db, schema, "running", ids...)
+		w.crash()
+	}
+	time.Sleep(1200 * time.Millisecond) // down past the rows TTL: every rows set is gone
+	start := time.Now()
+	_, _ = startWorker(t, rdb, r, "back", opts...)
+	require.Eventually(t, func() bool {
+		for _, s := range jobStates(t, db, schema) {
+			if s == "running" {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 20*time.Millisecond)
+	t.Logf("9 rows back in the queue %v after the fleet came back (rows TTL 1s, recovery interval 100ms)", time.Since(start).Round(10*time.Millisecond))
+}
+
+// TestBackstopSweepCostPerLook prints what one look costs with 10, 1,000
+// and 100,000 rows in progress, half of them tracked by a live worker and
+// half held by no set (the worst case: every row is read from PostgreSQL,
+// every tracked one from Redis, every stray one remembered). Not run with
+// -short.
+func TestBackstopSweepCostPerLook(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a measurement")
+	}
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	for _, n := range []int{10, 1000, 100000} {
+		schema, ropts := jobsTable(t, db, false, n)
+		r, err := NewPgxResetter(db, ropts...)
+		require.NoError(t, err)
+		prefix := testutil.Name("C")
+		opts := []Option{WithKeyPrefix(prefix), WithoutBackstopSweep(), WithRowsTTL(time.Hour)}
+		live, _ := startWorker(t, rdb, r, "live", opts...)
+		tracked := make([]int64, 0, n/2)
+		for id := int64(1); id <= int64(n/2); id++ {
+			tracked = append(tracked, id)
+		}
+		for chunk := range slices.Chunk(tracked, 5000) {
+			require.NoError(t, live.Track(ctx, chunk...))
+		}
+		_, err = db.Exec(ctx, fmt.Sprintf("UPDATE %s.jobs SET state = 'running'", schema))
+		require.NoError(t, err)
+		counter := &commandCounter{}
+		c := redis.NewClient(rdb.Options())
+		c.AddHook(counter)
+		t.Cleanup(func() { c.Close() })
+		w, _ := newWorker(t, c, r, "sweeper", WithKeyPrefix(prefix), WithRowsTTL(time.Hour))
+		for look := 1; look <= 2; look++ {
+			counter.reset()
+			start := time.Now()
+			rep, err := w.sweeper.runOnce(ctx)
+			require.NoError(t, err)
+			took := time.Since(start)
+			trips, cmds := counter.snapshot()
+			t.Logf("rows in progress %d (tracked %d), look %d: %d Redis round trips, %d commands, 1 SQL statement reading %d rows, %d rows unheld, %v",
+				n, len(tracked), look, trips, len(cmds), rep.rowsInProgress, rep.strayWaiting, took.Round(time.Millisecond))
+		}
+		require.NoError(t, live.Shutdown(ctx))
+	}
+}
+
+// A rolling upgrade: a worker of the first protocol version (rows set,
+// heartbeat and registry entry written by hand as it wrote them, no
+// incarnation) keeps its rows; the new workers' sweep reads the same keys.
+// Every version writes its tracked rows back at each heartbeat, and none
+// before this one takes the sweep turn without an owner column.
+func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 4)
+	ctx := context.Background()
+	prefix := testutil.Name("O")
+	k := store.InstanceKeys(prefix, "old-1")
+	setJobs(t, db, schema, "running", 1, 2)
+	beat := func() {
+		require.NoError(t, rdb.Set(ctx, k.Heartbeat, "alive", 2*time.Second).Err())
+		require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "old-1").Err())
+		require.NoError(t, rdb.SAdd(ctx, k.Rows, "1").Err())
+		require.NoError(t, rdb.PExpire(ctx, k.Rows, 3*time.Second).Err())
+	}
+	beat()
+	w, _ := newWorker(t, rdb, r, "new-1", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	first := time.Now()
+	var rep sweepReport
+	require.Eventually(t, func() bool {
+		beat()
+		var err error
+		rep, err = w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		return rep.strayReset > 0
+	}, 10*time.Second, 50*time.Millisecond)
+	assert.GreaterOrEqual(t, time.Since(first), 3*time.Second, "the gap is the longest TTL seen on a fleet member's keys")
+	st := jobStates(t, db, schema)
+	assert.Equal(t, "running", st[1], "the old worker's row")
+	assert.Equal(t, "pending", st[2], "a row no set holds")
+}
