@@ -33,8 +33,8 @@ import (
 // INFO stats too, whose evicted_keys counts the keys the server evicted
 // since it started. A count that moved since the worker's last look (or a
 // first look at a node that has evicted anything) starts an episode: no
-// absent heartbeat seen by an EXISTS sent less than one heartbeat TTL
-// after that look counts as a death. The eviction happened before that
+// absent heartbeat seen by an EXISTS sent less than one heartbeat TTL (the
+// fleet's longest, fleetTTL) after that look counts as a death. The eviction happened before that
 // look, and a live worker writes its heartbeat again within one
 // heartbeat interval (< TTL) of losing it, so by then it is back. While
 // the server keeps evicting, verdicts stay held and the held peers' rows
