@@ -45,8 +45,10 @@ import (
 // lacks evicted_keys, holds its verdicts too (it may be evicting).
 //
 // Every death verdict goes through it: the scan, expiry events and the
-// backstop sweep (judgeDead), and Start's recovery of a predecessor under
-// its instance ID (predecessorHeld).
+// backstop sweep (judgeDead), the sweep by row version without an owner
+// column, whose verdict is "no rows set holds this row" (mastersTrusted: a
+// live worker's rows set has a TTL too), and Start's recovery of a
+// predecessor under its instance ID (predecessorHeld).
 
 // WithEvictionAccepted lets Start succeed on a Redis server whose
 // maxmemory-policy can evict the library's keys (any volatile-* or

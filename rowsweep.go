@@ -224,14 +224,19 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 // mastersTrusted reports whether every Redis master has been up, with the
 // data it has now, for a heartbeat TTL before sent (strict node age: a
 // master that started empty is held too, as it has forgotten the rows sets
-// of live workers until their next heartbeat). A master whose INFO cannot
-// be read is judged as by the scans (infoUnavailable).
+// of live workers until their next heartbeat), nor evicted keys less than
+// a TTL before (eviction.go: a live worker's rows set may have been
+// evicted). A master whose INFO cannot be read is judged as by the scans
+// (infoUnavailable, or held with evictions accepted).
 func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
 	infos, err := w.store.MasterInfos(opCtx)
 	cancel()
 	recv := time.Now()
 	if err != nil && len(infos) == 0 {
+		if w.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
+			return false // evictions accepted: the server may be evicting rows sets
+		}
 		w.infoUnavailable(err)
 		return true
 	}
@@ -247,6 +252,12 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 			continue
 		}
 		until, first, youngOnly := w.nodeHold(node, f, recv, true)
+		if w.holdForEvictions(node, f, nil, sent, recv, 0) {
+			// An evicted rows set of a live worker is back within a
+			// heartbeat interval, as its heartbeat is (eviction.go).
+			trusted = false
+			continue
+		}
 		if until.IsZero() || !sent.Before(until) {
 			continue
 		}
