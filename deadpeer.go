@@ -349,7 +349,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids})
+	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
 		// The peer is named by PeerError, and PgxResetter's error names

@@ -60,6 +60,16 @@ type ResetRequest struct {
 	Incarnation string
 	// RowIDs are the rows to reset.
 	RowIDs []int64
+	// FromRowsSet is set by recovery when RowIDs were read from the dead
+	// instance's rows set under a recovery claim; Release leaves it
+	// unset. A resetter that fences by owner then also resets the rows
+	// among them that are in progress with no owner: rows taken by a
+	// worker that does not set the owner column (a rows-set worker of a
+	// release from before the column was added), which a rows-set
+	// recovery would reset, under the guards it uses (the status, the
+	// claim, and the reset ledger for a known incarnation). Without it
+	// such rows are reported as not reset, never counted as settled.
+	FromRowsSet bool
 }
 
 // An IncarnationResetter is a RowResetter that takes the whole
