@@ -44,6 +44,7 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "mutation: the heartbeat does not write tracked rows back", sim: simMutations{noRewrite: true}},
 		{name: "mutation: Release after a lost lease, without fencing, bypasses the reset ledger", set: []*bool{&mutantReleaseUnrecorded}},
 		{name: "mutation: the self-check reads rows a fetch has not committed", sim: simMutations{readLocked: true}},
+		{name: "issue 20.1 reverted: an owner-fenced reset takes a row without an owner for another worker's", sim: simMutations{noUnowned: true}},
 	}
 	var report []string
 	for _, m := range mutants {
