@@ -51,6 +51,11 @@ func TestOwnerModeResetsRowsWithoutOwnerOfADeadRowsSetWorker(t *testing.T) {
 	rec, logs := newWorker(t, rdb, fencedResetter(t, db), "new", WithKeyPrefix(prefix))
 	require.True(t, rec.OwnerMode())
 	waitHeartbeatGone(t, rdb, prefix, "old")
+	plan, err := rec.PlanRecovery(ctx)
+	require.NoError(t, err)
+	require.Len(t, plan.Peers, 1)
+	assert.Equal(t, PlanReset, plan.Peers[0].Action, "the dry run says what the recovery does")
+	assert.Equal(t, []int64{1, 2, 3, 4, 5}, plan.Peers[0].Reset)
 	rep, err := rec.RecoverNow(ctx)
 
 	require.NoError(t, err)
