@@ -29,6 +29,7 @@ type pgResetterAPI interface {
 	OwnerSweeper
 	OwnerFencer
 	ResetPlanner
+	OwnerPlanner
 	RowStateReader
 	SchemaChecker
 	UsesLedger() bool
