@@ -168,6 +168,26 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	return nil
 }
 
+// ownerModePeers lists the members of the fleet record that announce owner
+// mode and have not lapsed. Members of releases before the fleet record
+// announce nothing and are not listed (docs/safety.md §5b).
+func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
+	opCtx, cancel := w.opContext(ctx)
+	f, err := w.store.ReadFleet(opCtx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("backstop sweep: read the fleet record: %w", err)
+	}
+	now := time.Now()
+	var out []string
+	for _, m := range f.Members {
+		if m.Mode == "owner" && m.ID != w.opts.instanceID && m.Expires.After(now) {
+			out = append(out, m.ID)
+		}
+	}
+	return out, nil
+}
+
 // suspect reports a configuration the sweep must not act on: the rows sets
 // hold rows, and not one of them is in progress by the resetter's statuses
 // while other rows are (statuses swapped or misspelt: the sweep would

@@ -327,3 +327,57 @@ func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
 	assert.Equal(t, "running", st[1], "the old worker's row")
 	assert.Equal(t, "pending", st[2], "a row no set holds")
 }
+
+// TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers: during an
+// owner-column rollout, a worker whose resetter has no owner column runs
+// beside owner-mode workers, whose rows are in no rows set. Its sweep by
+// row version must not take their rows for stray ones: while an owner-mode
+// member is alive it leaves the sweep turn alone, and it takes it again
+// once none is.
+func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) {
+	rdb := testutil.Redis(t)
+	waitUptime(t, rdb, 2*time.Second)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	schema, ropts := jobsTable(t, db, false, 4)
+	_, err := db.Exec(ctx, "ALTER TABLE "+schema+".jobs ADD COLUMN owner text")
+	require.NoError(t, err)
+	owned, err := NewPgxResetter(db, append(ropts, WithOwnerColumn("owner"))...)
+	require.NoError(t, err)
+	plain, err := NewPgxResetter(db, ropts...)
+	require.NoError(t, err)
+	prefix := testutil.Name("R")
+
+	// The worker without the column holds the turn first.
+	w, logs := newWorker(t, rdb, plain, "rows-1", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	require.NotNil(t, w.sweeper)
+	require.NotNil(t, w.sweeper.rows, "no owner column: the sweep by row version")
+	rep, err := w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, rep.turnHeld)
+
+	ow, _ := startWorker(t, rdb, owned, "owner-1", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	require.True(t, ow.OwnerMode())
+	_, err = db.Exec(ctx, "UPDATE "+schema+".jobs SET state = 'running', owner = $1 WHERE id IN (1, 2)", ow.InstanceID())
+	require.NoError(t, err)
+	deadline := time.Now().Add(3 * time.Second) // three rows TTLs
+	for time.Now().Before(deadline) {
+		rep, err := w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		w.rlog.swept(rep, err)
+		assert.False(t, rep.turnHeld, "the turn is left to the owner-mode worker")
+		assert.Equal(t, []string{"owner-1"}, rep.ownerPeers)
+		time.Sleep(100 * time.Millisecond)
+	}
+	st := jobStates(t, db, schema)
+	assert.Equal(t, "running", st[1], "the owner-mode worker's rows stay in progress")
+	assert.Equal(t, "running", st[2])
+	assert.Contains(t, logs.String(), "left to the fleet's owner-mode workers")
+
+	require.NoError(t, ow.Shutdown(ctx)) // its announcement goes with it
+	require.Eventually(t, func() bool {
+		rep, err := w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		return len(rep.ownerPeers) == 0 && rep.turnHeld
+	}, 5*time.Second, 50*time.Millisecond, "no owner-mode member left: the sweep takes its turn again")
+}

@@ -57,6 +57,7 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "sweep by row version: rows sets of live workers ignored", set: []*bool{&mutantSweepIgnoresSets}},
 		{name: "issue 20 item 2 reverted: Start neither records nor checks what the fleet serves", set: []*bool{&mutantNoFleetCheck}},
 		{name: "issue 20 item 3 reverted: verdicts and holds use the worker's own timings", set: []*bool{&mutantOwnTimingsOnly}},
+		{name: "issue 20.1 reverted: an owner-fenced reset takes a row without an owner for another worker's", sim: simMutations{noUnowned: true}},
 	}
 	var report []string
 	for _, m := range mutants {

@@ -84,7 +84,11 @@ type loops struct {
 // closes rdb.
 //
 // New returns an error wrapping ErrInvalidConfig that names the bad value
-// when an argument or option is invalid.
+// when an argument or option is invalid. A resetter that is not a
+// PgxResetter or SQLResetter and lacks some of the optional interfaces
+// the Worker looks for (IncarnationResetter, OwnerFencer, OwnerSweeper,
+// SchemaChecker, RowStateReader, ...: a host's wrapper that forwards only
+// ResetRows) gets one Warn naming each and what its absence costs.
 func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Worker, error) {
 	if isNil(rdb) {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
@@ -133,6 +137,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if reader, ok := resetter.(RowStateReader); ok {
 		w.checker = newSelfChecker(w, reader)
 	}
+	w.warnMissingCapabilities()
 	return w, nil
 }
 
