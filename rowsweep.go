@@ -102,7 +102,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		s.mem.clear()
 		return fmt.Errorf("backstop sweep held: %w", err)
 	}
-	if suspect(rows, held) {
+	if suspect(rows, held) && !w.heldRowsStale(ctx, held) {
 		s.mem.clear()
 		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
 	}
@@ -166,6 +166,51 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	w.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Reset,
 		RowsQuarantined: len(res.Quarantined), Duration: gap})
 	return nil
+}
+
+// queuedReader is a resetter that tells whether a status is the queued
+// one. PgxResetter and SQLResetter are.
+type queuedReader interface {
+	RowStateReader
+	isQueued(status string) bool
+}
+
+// maxStaleSample bounds the rows heldRowsStale reads.
+const maxStaleSample = 100
+
+// heldRowsStale tells stale entries from swapped statuses when suspect
+// trips: the rows sets hold rows, and none of them is in progress. With
+// swapped statuses the rows workers track show the status configured as
+// queued (it is the table's real in-progress one); entries an Untrack
+// whose reply was lost left in a set (docs/safety.md §7) show a finished
+// one. It reads the states of up to maxStaleSample held rows and reports
+// true when none of them is queued. A resetter that cannot tell, or a
+// failed read, keeps the hold.
+func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]bool) bool {
+	qr, ok := w.resetter.(queuedReader)
+	if !ok {
+		return false
+	}
+	ids := make([]int64, 0, min(len(held), maxStaleSample))
+	for id := range held {
+		if len(ids) == maxStaleSample {
+			break
+		}
+		ids = append(ids, id)
+	}
+	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	states, err := qr.RowStates(dbCtx, ids)
+	cancel()
+	if err != nil {
+		w.log.Debug("backstop sweep: cannot read the states of rows the sets hold", slog.Any("error", err))
+		return false
+	}
+	for _, st := range states {
+		if qr.isQueued(st.Status) {
+			return false
+		}
+	}
+	return true
 }
 
 // ownerModePeers lists the members of the fleet record that announce owner

@@ -381,3 +381,26 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 		return len(rep.ownerPeers) == 0 && rep.turnHeld
 	}, 5*time.Second, 50*time.Millisecond, "no owner-mode member left: the sweep takes its turn again")
 }
+
+// TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet: an Untrack whose
+// reply was lost leaves a finished row in a live worker's set (§7). Rows
+// sets that hold only such rows, while a stuck row is in progress in no
+// set, are no sign of swapped statuses: the stuck row comes back (found by
+// simulator seed 721, where the hold kept a dead worker's row in progress
+// for good).
+func TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 4)
+	ctx := context.Background()
+	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("S")))
+	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	require.NoError(t, host.Track(ctx, 1))
+	setJobs(t, db, schema, "finished", 1) // finished; its Untrack never arrived
+	setJobs(t, db, schema, "running", 2)  // a dead worker's, its set gone
+	w, _ := newWorker(t, rdb, r, "sweeper", opts...)
+	require.Eventually(t, func() bool {
+		rep, err := w.sweeper.runOnce(ctx)
+		require.NoError(t, err, "a finished row in a set is no misconfiguration")
+		return rep.strayReset == 1
+	}, 10*time.Second, 50*time.Millisecond)
+	assert.Equal(t, map[int64]string{1: "finished", 2: "pending", 3: "pending", 4: "pending"}, jobStates(t, db, schema))
+}

@@ -344,6 +344,8 @@ func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, e
 	return r.rowStates(ctx, ids, false)
 }
 
+func (r *simResetter) isQueued(status string) bool { return status == stQueued }
+
 // committedRowStates is RowStates without the rows an open fetch holds, as
 // FOR SHARE SKIP LOCKED reads them (the self-check's reads).
 func (r *simResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
