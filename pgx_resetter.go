@@ -729,13 +729,23 @@ const lockTimeoutShare = 0.8
 // setting would outlive the savepoint). Row locks are skipped (SKIP
 // LOCKED); what a reset may still wait for is a table lock (an ALTER TABLE
 // or LOCK TABLE in an open transaction).
+//
+// It also sets idle_in_transaction_session_timeout to the whole time ctx
+// leaves: a recoverer whose host vanishes mid-reset leaves its session
+// open on the server (until TCP keepalive gives up, hours later), and
+// with it the locks on every row it reset so far and the ledger's
+// advisory lock; every later reset would skip those rows. The server ends
+// such a session by itself once it has idled past the reset's deadline,
+// which the live client never lets happen.
 func setLockTimeout(ctx context.Context, tx pgTx) error {
 	deadline, ok := ctx.Deadline()
 	if !ok || tx.nested() {
 		return nil
 	}
-	ms := max(int64(float64(time.Until(deadline).Milliseconds())*lockTimeoutShare), 1)
-	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(ms, 10)); err != nil {
+	left := time.Until(deadline).Milliseconds()
+	lock := max(int64(float64(left)*lockTimeoutShare), 1)
+	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)",
+		strconv.FormatInt(lock, 10), strconv.FormatInt(max(left, 1), 10)); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
 	return nil

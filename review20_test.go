@@ -2,12 +2,17 @@ package recovery
 
 import (
 	"context"
+	"errors"
+	"net"
+	"strconv"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -72,4 +77,102 @@ func TestReview20AWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *
 		time.Since(restarted).Round(100*time.Millisecond))
 	assert.Zero(t, short.Stats().RowsRecovered, "the short worker reset nothing")
 	assert.NoError(t, long.CheckLease())
+}
+
+// vanishingConn is a PgxExecer over one connection whose host vanishes
+// right before COMMIT: the socket closes without a Terminate message, as
+// a host's power loss leaves it, after every statement of the reset ran.
+type vanishingConn struct{ *pgx.Conn }
+
+func (c vanishingConn) Begin(ctx context.Context) (pgx.Tx, error) {
+	tx, err := c.Conn.Begin(ctx)
+	return vanishingTx{Tx: tx, c: c.Conn}, err
+}
+
+type vanishingTx struct {
+	pgx.Tx
+	c *pgx.Conn
+}
+
+func (t vanishingTx) Commit(context.Context) error {
+	_ = t.c.PgConn().Conn().Close()
+	return errors.New("the host vanished before COMMIT")
+}
+
+// A5 assumes no session holds a row lock forever, and Start warns when the
+// database sets no idle_in_transaction_session_timeout. But the
+// resetter's own transaction is such a session: a recoverer whose host
+// vanishes mid-reset (the server keeps its socket until TCP keepalive
+// gives up, about 2 h 11 min) leaves every row it reset so far locked, and
+// with the reset ledger the incarnation's advisory lock too. Every later
+// recoverer skips those rows (or, with the ledger, the whole incarnation),
+// until the server ends the session.
+//
+// With the code before the fix: all 5 rows still locked, and reported so,
+// 5 s after the vanished recoverer's reset timeout (1 s) ran out. The fix
+// bounds the reset's own transaction (SET LOCAL
+// idle_in_transaction_session_timeout to the time its context leaves).
+func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
+	for _, mode := range []struct {
+		name   string
+		opts   []ResetterOption
+		verify func(ctx context.Context, r *PgxResetter) (ResetResult, error)
+	}{
+		{"by owner", []ResetterOption{WithOwnerColumn("owner")}, func(ctx context.Context, r *PgxResetter) (ResetResult, error) {
+			return r.ResetOwnerRows(ctx, "dead")
+		}},
+		{"ledger", nil, func(ctx context.Context, r *PgxResetter) (ResetResult, error) {
+			return r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+		}},
+	} {
+		t.Run(mode.name, func(t *testing.T) {
+			ctx := context.Background()
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 5)
+			take(t, db, "dead", 1, 2, 3, 4, 5)
+
+			cfg := db.Config().ConnConfig.Copy()
+			proxy, err := netfault.NewProxy(net.JoinHostPort(cfg.Host, strconv.Itoa(int(cfg.Port))))
+			require.NoError(t, err)
+			t.Cleanup(func() { _ = proxy.Close() })
+			proxy.Vanish()
+			host, port, _ := net.SplitHostPort(proxy.Addr)
+			p, _ := strconv.Atoi(port)
+			cfg.Host, cfg.Port = host, uint16(p)
+			cfg.Fallbacks = nil
+			app := testutil.Name("vanished")
+			cfg.RuntimeParams["application_name"] = app
+			conn, err := pgx.ConnectConfig(ctx, cfg)
+			require.NoError(t, err)
+
+			vanished, err := NewPgxResetter(vanishingConn{conn}, mode.opts...)
+			require.NoError(t, err)
+			rctx, cancel := context.WithTimeout(ctx, time.Second)
+			_, err = mode.verify(rctx, vanished)
+			cancel()
+			require.Error(t, err, "the vanished recoverer's COMMIT never came")
+			var open int
+			require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE state = 'idle in transaction' AND application_name = $1`, app).Scan(&open))
+			require.Equal(t, 1, open, "its session is still open, idle in its transaction")
+			vanishedAt := time.Now()
+
+			r, err := NewPgxResetter(db, mode.opts...)
+			require.NoError(t, err)
+			var last ResetResult
+			var lastErr error
+			var reset int64
+			for time.Since(vanishedAt) < 6*time.Second && reset < 5 {
+				rctx, cancel := context.WithTimeout(ctx, time.Second)
+				last, lastErr = mode.verify(rctx, r)
+				cancel()
+				reset += last.Reset
+				if reset < 5 {
+					time.Sleep(100 * time.Millisecond)
+				}
+			}
+			t.Logf("all 5 rows reset %v after the recoverer vanished", time.Since(vanishedAt).Round(100*time.Millisecond))
+			assert.Equal(t, int64(5), reset, "rows reset %v after the recoverer vanished (its reset timeout 1 s); last: %d locked, error %v",
+				time.Since(vanishedAt).Round(100*time.Millisecond), lockedRows(last.NotReset), lastErr)
+		})
+	}
 }
