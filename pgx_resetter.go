@@ -74,6 +74,7 @@ type pgResetter struct {
 	ownedRest    query  // the rows of one owner a reset by owner left (ownedRestQuery)
 	owners       string // list the owners of rows in progress
 	byVersion    query  // reset rows still at the version the sweep saw (no owner column)
+	versionRest  query  // the rows byVersion skipped, locked by another session (versionRestQuery)
 	inProgress   string // list the rows in progress with their versions
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
@@ -248,7 +249,7 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 		r.logged = o.resetQuery(false, true)
 	}
 	if o.ownerColumn == "" {
-		r.byVersion, r.inProgress = o.versionsQuery(), o.inProgressQuery()
+		r.byVersion, r.versionRest, r.inProgress = o.versionsQuery(), o.versionRestQuery(), o.inProgressQuery()
 	}
 	if o.ownerColumn != "" {
 		r.byOwner = o.resetQuery(true, false)
@@ -574,7 +575,9 @@ func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
 // ResetRowVersions returns the rows of rows that are still in progress at
 // the version given to the queue (or quarantine), in one transaction,
 // WithChunkSize rows per statement in ID order. A row written since its
-// version was read is left alone and not reported: it is not stuck. The
+// version was read is left alone and not reported: it is not stuck. A row
+// still at its version that another session held locked is skipped (SKIP
+// LOCKED) and listed in NotReset (Locked), for the sweep to try again. The
 // ledger is not used: the version guard alone makes a second reset of the
 // same row version impossible.
 func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
@@ -597,8 +600,13 @@ func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (R
 			if err != nil {
 				return ResetResult{}, err
 			}
+			locked, err := r.unsettled(ctx, tx, r.versionRest, v)
+			if err != nil {
+				return ResetResult{}, err
+			}
 			total.Reset += res.Reset
 			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+			total.NotReset = append(total.NotReset, locked...)
 		}
 		return total, nil
 	})

@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"strconv"
 	"testing"
@@ -175,4 +176,45 @@ func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *t
 				time.Since(vanishedAt).Round(100*time.Millisecond), lockedRows(last.NotReset), lastErr)
 		})
 	}
+}
+
+// The backstop sweep without an owner column (docs/safety.md §5b) resets
+// stray rows by row version with the same FOR UPDATE SKIP LOCKED as every
+// reset, but ResetRowVersions reports no skipped row: the sweep logs a
+// locked row as "rows_changed", forgets it, and finds it again at the next
+// look as a new stray row whose gap (a rows TTL, 180 s by default) starts
+// over. A5 promises locked rows are reported as not reset and retried at
+// every look.
+//
+// Before the fix: the locked row was logged as changed, and still in
+// progress at the first look after the lock ended (reset only a whole gap
+// later). Now it is reported locked and tried again at every look.
+func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 4)
+	ctx := context.Background()
+	setJobs(t, db, schema, "running", 1, 2) // a fleet gone: in no rows set
+	w, logs := newWorker(t, rdb, r, "sweeper", rowsSweepTimings(WithKeyPrefix(testutil.Name("R20v")))...)
+	rep, err := w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	require.Equal(t, 2, rep.strayWaiting)
+
+	end := otherSession(t, db, fmt.Sprintf("SELECT id FROM %s.jobs WHERE id = 1 FOR UPDATE", schema))
+	require.Eventually(t, func() bool {
+		rep, err = w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		return rep.strayFound > 0
+	}, 10*time.Second, 50*time.Millisecond)
+	assert.Equal(t, int64(1), rep.strayReset, "row 2 reset; row 1 skipped, locked")
+	assert.Equal(t, 1, rep.strayLocked, "row 1 reported locked")
+	w.rlog.swept(rep, nil)
+	assert.Contains(t, logs.String(), `"rows_locked":1,"rows_changed":0`)
+	rep, err = w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.strayLocked, "still locked: tried again at the next look")
+
+	end()
+	rep, err = w.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, map[int64]string{1: "pending", 2: "pending", 3: "pending", 4: "pending"}, jobStates(t, db, schema),
+		"the locked row is reset at the first look after the lock ended")
 }
