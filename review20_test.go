@@ -281,3 +281,56 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 	t.Errorf("a second server's fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
 		rep.Dead, reset)
 }
+
+// RecoverNow before Start (recoveryctl recover, an operator's tool) never
+// heartbeats, so it never learnt the fleet's timings: after a restart from
+// an RDB file it held verdicts for its own TTL only, although the record
+// it loaded names a member with a longer one. Here the fleet runs at TTL
+// 8 s; the tool at 1 s finds the long worker's heartbeat gone (expired
+// since the snapshot) two seconds after the restart, before that worker's
+// next heartbeat.
+//
+// Before the fix: 5 of 5 rows of the live worker reset. Now RecoverNow
+// before Start reads the record's announcements and holds for the longest.
+func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	prefix := testutil.Name("R20n")
+	beats := make(chan struct{}, 16)
+	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
+		WithObserver(ObserverFunc(func(e Event) {
+			if e.Kind == EventHeartbeat {
+				select {
+				case beats <- struct{}{}:
+				default:
+				}
+			}
+		})))
+	take(t, db, "long", 1, 2, 3, 4, 5)
+	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
+
+	drain(beats)
+	<-beats // its next heartbeat is 4 s away
+	c := srv.Client(t)
+	require.NoError(t, c.Save(ctx).Err())
+	srv.RestartKeepingData()
+	c = srv.Client(t)
+	require.NoError(t, c.Del(ctx, long.ownKeys().Heartbeat).Err()) // expired since the snapshot
+	waitUptime(t, c, 2*time.Second)
+
+	tool, _ := newWorker(t, c, fencedResetter(t, db), "tool", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond))
+	require.Zero(t, c.Exists(ctx, long.ownKeys().Heartbeat).Val(), "the long worker has not beaten since the restart")
+	rep, err := tool.RecoverNow(ctx)
+	require.NoError(t, err)
+	reset := 0
+	for id := int64(1); id <= 5; id++ {
+		if s, o := rowState(t, db, id); s != "inprog" || o == nil || *o != "long" {
+			reset++
+		}
+	}
+	assert.Zero(t, reset, "rows of the live long-TTL worker reset by RecoverNow before Start (found dead: %v), of 5", rep.Dead)
+}
