@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,6 +17,7 @@ import (
 
 	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/servers"
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -333,4 +335,64 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 		}
 	}
 	assert.Zero(t, reset, "rows of the live long-TTL worker reset by RecoverNow before Start (found dead: %v), of 5", rep.Dead)
+}
+
+// A worker that starts after Redis restarted from a snapshot older than
+// three of a member's TTLs finds that member's announcement lapsed: its
+// first heartbeat's recount drops it, and its memory held only its own
+// TTL. Start now learns the record's announcements, lapsed ones too,
+// before its first heartbeat. (The snapshot's age is played by moving the
+// announcement's expiry and the longest's due time into the past.)
+//
+// Before the fix: 5 of 5 rows of the live long-TTL worker reset.
+func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	prefix := testutil.Name("R20o")
+	beats := make(chan struct{}, 16)
+	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
+		WithObserver(ObserverFunc(func(e Event) {
+			if e.Kind == EventHeartbeat {
+				select {
+				case beats <- struct{}{}:
+				default:
+				}
+			}
+		})))
+	take(t, db, "long", 1, 2, 3, 4, 5)
+	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
+
+	drain(beats)
+	<-beats // its next heartbeat is 4 s away
+	c := srv.Client(t)
+	require.NoError(t, c.Save(ctx).Err())
+	srv.RestartKeepingData()
+	c = srv.Client(t)
+	key := store.FleetKey(prefix)
+	past := time.Now().Add(-time.Minute).UnixMilli()
+	v := c.HGet(ctx, key, "m:long").Val()
+	parts := strings.Fields(v)
+	require.Len(t, parts, 5, v)
+	parts[4] = strconv.FormatInt(past, 10)
+	require.NoError(t, c.HSet(ctx, key, "m:long", strings.Join(parts, " "),
+		"longest", fmt.Sprintf("8000 1 1 %d", past)).Err())
+	require.NoError(t, c.Del(ctx, long.ownKeys().Heartbeat).Err()) // expired since the snapshot
+
+	short, _ := newWorker(t, c, fencedResetter(t, db), "short", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond),
+		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
+	require.NoError(t, short.Start(ctx))
+	<-beats // the long worker's first heartbeat after the restart
+	waitScans(t, short, 3)
+	reset := 0
+	for id := int64(1); id <= 5; id++ {
+		if s, o := rowState(t, db, id); s != "inprog" || o == nil || *o != "long" {
+			reset++
+		}
+	}
+	assert.Zero(t, reset, "rows of the live long-TTL worker reset by a worker started after a restart from an old snapshot, of 5")
+	assert.NoError(t, long.CheckLease())
 }
