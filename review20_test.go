@@ -12,6 +12,7 @@ import (
 
 	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -39,25 +40,7 @@ import (
 func TestReview20AWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *testing.T) {
 	t.Skip("KNOWN HOLE (review2, issue 20 item 3): a worker started after an empty restart has no fleet memory; it judges a live long-TTL member by its own TTL and resets its rows (5 of 5)")
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("R20a")
-
-	beats := make(chan struct{}, 16)
-	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
-		WithObserver(ObserverFunc(func(e Event) {
-			if e.Kind == EventHeartbeat {
-				select {
-				case beats <- struct{}{}:
-				default:
-				}
-			}
-		})))
-	require.True(t, long.OwnerMode())
-	take(t, db, "long", 1, 2, 3, 4, 5)
-	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
+	srv, db, prefix, long, beats := longTTLWorld(t, "R20a")
 
 	drain(beats)
 	<-beats // the long worker just beat: its next heartbeat is 4 s away
@@ -72,12 +55,7 @@ func TestReview20AWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *
 
 	<-beats // the long worker's first heartbeat after the restart
 	waitScans(t, short, 3)
-	reset := 0
-	for id := int64(1); id <= 5; id++ {
-		if s, o := rowState(t, db, id); s != "inprog" || o == nil || *o != "long" {
-			reset++
-		}
-	}
+	reset := longRowsReset(t, db)
 	assert.Zero(t, reset, "rows of the live long-TTL worker reset by a worker started after the restart (%v ago), of 5",
 		time.Since(restarted).Round(100*time.Millisecond))
 	assert.Zero(t, short.Stats().RowsRecovered, "the short worker reset nothing")
@@ -296,30 +274,9 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 // before Start reads the record's announcements and holds for the longest.
 func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("R20n")
-	beats := make(chan struct{}, 16)
-	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
-		WithObserver(ObserverFunc(func(e Event) {
-			if e.Kind == EventHeartbeat {
-				select {
-				case beats <- struct{}{}:
-				default:
-				}
-			}
-		})))
-	take(t, db, "long", 1, 2, 3, 4, 5)
-	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
+	srv, db, prefix, long, beats := longTTLWorld(t, "R20n")
 
-	drain(beats)
-	<-beats // its next heartbeat is 4 s away
-	c := srv.Client(t)
-	require.NoError(t, c.Save(ctx).Err())
-	srv.RestartKeepingData()
-	c = srv.Client(t)
+	c := restartFromASnapshotRightAfterABeat(t, srv, beats)
 	require.NoError(t, c.Del(ctx, long.ownKeys().Heartbeat).Err()) // expired since the snapshot
 	waitUptime(t, c, 2*time.Second)
 
@@ -328,12 +285,7 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 	require.Zero(t, c.Exists(ctx, long.ownKeys().Heartbeat).Val(), "the long worker has not beaten since the restart")
 	rep, err := tool.RecoverNow(ctx)
 	require.NoError(t, err)
-	reset := 0
-	for id := int64(1); id <= 5; id++ {
-		if s, o := rowState(t, db, id); s != "inprog" || o == nil || *o != "long" {
-			reset++
-		}
-	}
+	reset := longRowsReset(t, db)
 	assert.Zero(t, reset, "rows of the live long-TTL worker reset by RecoverNow before Start (found dead: %v), of 5", rep.Dead)
 }
 
@@ -347,30 +299,9 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 // Before the fix: 5 of 5 rows of the live long-TTL worker reset.
 func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
 	ctx := context.Background()
-	srv := testutil.StartRedis(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 10)
-	prefix := testutil.Name("R20o")
-	beats := make(chan struct{}, 16)
-	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
-		WithObserver(ObserverFunc(func(e Event) {
-			if e.Kind == EventHeartbeat {
-				select {
-				case beats <- struct{}{}:
-				default:
-				}
-			}
-		})))
-	take(t, db, "long", 1, 2, 3, 4, 5)
-	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
+	srv, db, prefix, long, beats := longTTLWorld(t, "R20o")
 
-	drain(beats)
-	<-beats // its next heartbeat is 4 s away
-	c := srv.Client(t)
-	require.NoError(t, c.Save(ctx).Err())
-	srv.RestartKeepingData()
-	c = srv.Client(t)
+	c := restartFromASnapshotRightAfterABeat(t, srv, beats)
 	key := store.FleetKey(prefix)
 	past := time.Now().Add(-time.Minute).UnixMilli()
 	v := c.HGet(ctx, key, "m:long").Val()
@@ -387,12 +318,58 @@ func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLo
 	require.NoError(t, short.Start(ctx))
 	<-beats // the long worker's first heartbeat after the restart
 	waitScans(t, short, 3)
+	reset := longRowsReset(t, db)
+	assert.Zero(t, reset, "rows of the live long-TTL worker reset by a worker started after a restart from an old snapshot, of 5")
+	assert.NoError(t, long.CheckLease())
+}
+
+// longTTLWorld starts a redis-server of the test's own, a batch of 10
+// rows, and "long", an owner-mode worker at TTL 8 s (a heartbeat every
+// 4 s) under a fresh prefix, holding rows 1..5. beats receives a value at
+// each of its heartbeats.
+func longTTLWorld(t *testing.T, name string) (srv *testutil.RedisServer, db *pgxpool.Pool, prefix string, long *Worker, beats chan struct{}) {
+	t.Helper()
+	srv = testutil.StartRedis(t)
+	db = testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 10)
+	prefix = testutil.Name(name)
+	beats = make(chan struct{}, 16)
+	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
+		WithObserver(ObserverFunc(func(e Event) {
+			if e.Kind == EventHeartbeat {
+				select {
+				case beats <- struct{}{}:
+				default:
+				}
+			}
+		})))
+	require.True(t, long.OwnerMode())
+	take(t, db, "long", 1, 2, 3, 4, 5)
+	require.NoError(t, long.Track(context.Background(), 1, 2, 3, 4, 5))
+	return srv, db, prefix, long, beats
+}
+
+// restartFromASnapshotRightAfterABeat waits for a heartbeat of the long
+// worker (its next is 4 s away), SAVEs, restarts srv from the snapshot
+// and returns a client of it.
+func restartFromASnapshotRightAfterABeat(t *testing.T, srv *testutil.RedisServer, beats chan struct{}) *redis.Client {
+	t.Helper()
+	drain(beats)
+	<-beats
+	require.NoError(t, srv.Client(t).Save(context.Background()).Err())
+	srv.RestartKeepingData()
+	return srv.Client(t)
+}
+
+// longRowsReset counts the rows of 1..5 no longer in progress by "long".
+func longRowsReset(t *testing.T, db *pgxpool.Pool) int {
+	t.Helper()
 	reset := 0
 	for id := int64(1); id <= 5; id++ {
 		if s, o := rowState(t, db, id); s != "inprog" || o == nil || *o != "long" {
 			reset++
 		}
 	}
-	assert.Zero(t, reset, "rows of the live long-TTL worker reset by a worker started after a restart from an old snapshot, of 5")
-	assert.NoError(t, long.CheckLease())
+	return reset
 }
