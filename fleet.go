@@ -136,6 +136,26 @@ func (w *Worker) noteFleet(v store.FleetView, err error) {
 	}
 }
 
+// learnFleetRecord reads the fleet record and learns every announcement in
+// it, lapsed ones too (a record loaded from an old snapshot still lists
+// the members it had then): a Worker that does not heartbeat (RecoverNow
+// before Start) learns the fleet's timings no other way, and Start learns
+// them before its first heartbeat's recount drops the lapsed ones. A record that
+// cannot be read leaves the memory as it was; the scan reports Redis
+// failures itself.
+func (w *Worker) learnFleetRecord(ctx context.Context) {
+	opCtx, cancel := w.opContext(ctx)
+	f, err := w.store.ReadFleet(opCtx)
+	cancel()
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, m := range f.Members {
+		w.fleet.learn(m.Announcement, now)
+	}
+}
+
 // fleetMemory is what a worker remembers of the fleet's announcements:
 // the longest of each timing, kept until no announcement has repeated it
 // for three of it (a member that announced it is dead or changed by then).

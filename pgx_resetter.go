@@ -77,6 +77,7 @@ type pgResetter struct {
 	ownedRest    query  // the rows of one owner a reset by owner left (ownedRestQuery)
 	owners       string // list the owners of rows in progress
 	byVersion    query  // reset rows still at the version the sweep saw (no owner column)
+	versionRest  query  // the rows byVersion skipped, locked by another session (versionRestQuery)
 	inProgress   string // list the rows in progress with their versions
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
@@ -251,7 +252,7 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 		r.logged = o.resetQuery(resetShape{ledger: true})
 	}
 	if o.ownerColumn == "" {
-		r.byVersion, r.inProgress = o.versionsQuery(), o.inProgressQuery()
+		r.byVersion, r.versionRest, r.inProgress = o.versionsQuery(), o.versionRestQuery(), o.inProgressQuery()
 	}
 	if o.ownerColumn != "" {
 		r.unowned = o.resetQuery(resetShape{unowned: true})
@@ -619,7 +620,9 @@ func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
 // ResetRowVersions returns the rows of rows that are still in progress at
 // the version given to the queue (or quarantine), in one transaction,
 // WithChunkSize rows per statement in ID order. A row written since its
-// version was read is left alone and not reported: it is not stuck. The
+// version was read is left alone and not reported: it is not stuck. A row
+// still at its version that another session held locked is skipped (SKIP
+// LOCKED) and listed in NotReset (Locked), for the sweep to try again. The
 // ledger is not used: the version guard alone makes a second reset of the
 // same row version impossible.
 func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
@@ -642,8 +645,13 @@ func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (R
 			if err != nil {
 				return ResetResult{}, err
 			}
+			locked, err := r.unsettled(ctx, tx, r.versionRest, v)
+			if err != nil {
+				return ResetResult{}, err
+			}
 			total.Reset += res.Reset
 			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+			total.NotReset = append(total.NotReset, locked...)
 		}
 		return total, nil
 	})
@@ -774,13 +782,23 @@ const lockTimeoutShare = 0.8
 // setting would outlive the savepoint). Row locks are skipped (SKIP
 // LOCKED); what a reset may still wait for is a table lock (an ALTER TABLE
 // or LOCK TABLE in an open transaction).
+//
+// It also sets idle_in_transaction_session_timeout to the whole time ctx
+// leaves: a recoverer whose host vanishes mid-reset leaves its session
+// open on the server (until TCP keepalive gives up, hours later), and
+// with it the locks on every row it reset so far and the ledger's
+// advisory lock; every later reset would skip those rows. The server ends
+// such a session by itself once it has idled past the reset's deadline,
+// which the live client never lets happen.
 func setLockTimeout(ctx context.Context, tx pgTx) error {
 	deadline, ok := ctx.Deadline()
 	if !ok || tx.nested() {
 		return nil
 	}
-	ms := max(int64(float64(time.Until(deadline).Milliseconds())*lockTimeoutShare), 1)
-	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(ms, 10)); err != nil {
+	left := time.Until(deadline).Milliseconds()
+	lock := max(int64(float64(left)*lockTimeoutShare), 1)
+	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)",
+		strconv.FormatInt(lock, 10), strconv.FormatInt(max(left, 1), 10)); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
 	return nil

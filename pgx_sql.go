@@ -113,9 +113,9 @@ func (o *resetterOptions) ownerGuard(q *query, prefix string, unowned bool) stri
 //
 // A row written since the sweep looked (fetched again, finished, reset by
 // a peer or by a previous sweep) has another xmin and is left alone, so a
-// double reset cannot happen and a retried reset changes nothing. A row
-// another transaction holds locked is skipped, as by every reset, and left
-// for a later look.
+// double reset cannot happen and a retried reset changes nothing. A row a
+// concurrent transaction holds locked is skipped (SKIP LOCKED), as by every
+// reset; versionRestQuery finds it.
 func (o *resetterOptions) versionsQuery() query {
 	return o.resetQuery(resetShape{versioned: true})
 }
@@ -140,6 +140,19 @@ func (o *resetterOptions) inProgressQuery() string {
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
 //	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
 //
+// versionRestQuery reads, after versionsQuery and in its transaction, the
+// rows among $ids still in progress at the version the sweep saw: the
+// reset skipped them because another session held them locked (a row it
+// reset has its transaction's xmin now, a row written since another).
+func (o *resetterOptions) versionRestQuery() query {
+	var q query
+	id, status := ident(o.idColumn), ident(o.statusColumn)
+	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true FROM %[3]s
+WHERE %[2]s = %[4]s AND (%[1]s, xmin::text) IN (SELECT * FROM unnest(%[5]s::bigint[], %[6]s::text[])) ORDER BY %[1]s`,
+		id, status, o.tableIdent(), q.param("inprog"), q.param("ids"), q.param("versions"))
+	return q
+}
+
 // A reset by owner also returns how many rows it locked and the highest
 // ID, and the caller runs it again from there until a chunk comes back
 // short.

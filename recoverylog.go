@@ -194,8 +194,8 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 	if rep.strayFound > 0 {
 		l.w.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
 			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
-			slog.Int("rows_quarantined", rep.strayQuarantined),
-			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)))
+			slog.Int("rows_quarantined", rep.strayQuarantined), slog.Int("rows_locked", rep.strayLocked),
+			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked))
 	}
 	l.w.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),

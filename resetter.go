@@ -122,7 +122,10 @@ type RowsSweeper interface {
 	InProgressRows(ctx context.Context) ([]RowVersion, error)
 	// ResetRowVersions returns the rows still in progress at the version
 	// given to the queue; it leaves the others alone and does not report
-	// them. Resetting the same versions again changes nothing.
+	// them, but for rows still at their version that another session held
+	// locked, which it may list in NotReset (Locked) for the sweep to try
+	// again at its next look. Resetting the same versions again changes
+	// nothing.
 	ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error)
 }
 

@@ -112,6 +112,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	stray := make(map[int64]strayRow)
 	now := make(map[int64]string, len(rows))
 	var due []RowVersion
+	dueAs := make(map[int64]strayRow) // what each due row was remembered as
 	for _, r := range rows {
 		now[r.ID] = r.Version
 		st, seen := m.stray[r.ID]
@@ -141,6 +142,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		}
 		if setsAt.Sub(st.absentAt) >= gap {
 			due = append(due, r)
+			dueAs[r.ID] = st
 			continue
 		}
 		stray[r.ID] = st
@@ -160,6 +162,14 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return err
 	}
 	rep.strayFound, rep.strayReset, rep.strayQuarantined = len(due), res.Reset, len(res.Quarantined)
+	// A row another session held locked is still due: remembered as it
+	// was, it is tried again at the next look, not a gap later.
+	for _, s := range res.NotReset {
+		if st, ok := dueAs[s.ID]; ok && s.Locked {
+			m.stray[s.ID] = st
+			rep.strayLocked++
+		}
+	}
 	w.stats.rowsRecovered.Add(uint64(res.Reset))
 	w.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
 	w.stats.strayRowsReset.Add(uint64(res.Reset))

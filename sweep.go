@@ -63,7 +63,10 @@ type sweepReport struct {
 	// strayFound rows were due for a reset; strayReset of them were reset
 	// (strayQuarantined quarantined), the others had changed meanwhile.
 	strayFound, strayQuarantined int
-	strayReset                   int64
+	// strayLocked of the rows due were skipped, another session holding
+	// them locked; they are due again at the next look.
+	strayLocked int
+	strayReset  int64
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64

@@ -211,6 +211,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.checkFleet(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
+	// Before the first heartbeat's recount drops them: a record loaded
+	// from an old snapshot lists members whose announcements have lapsed.
+	w.learnFleetRecord(ctx)
 	if err := w.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.firstHeartbeatError(ctx, err)
