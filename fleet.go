@@ -96,8 +96,8 @@ func (w *Worker) checkFleet(ctx context.Context) error {
 }
 
 func (w *Worker) fleetMismatch(recorded, serves string) error {
-	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix)",
-		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves)
+	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix), and once no worker of the recorded fleet runs under this prefix any more, delete the key %s",
+		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves, store.FleetKey(w.opts.keyPrefix))
 }
 
 // announcement is what this worker's heartbeats announce.

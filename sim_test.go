@@ -688,6 +688,13 @@ func (w *simWorld) foreignStrike() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = wk.Shutdown(ctx)
 		cancel()
+		// The operator, told by our heartbeats' Error and our refused
+		// Starts, gives that application its own prefix and deletes the
+		// record (docs/operations.md): our fleet records its table again.
+		w.mu.Lock()
+		w.redis.del(store.FleetKey(DefaultKeyPrefix))
+		w.tracef("operator deletes the fleet record")
+		w.mu.Unlock()
 		return
 	}
 	var ids []int64
