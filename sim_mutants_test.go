@@ -39,7 +39,13 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "F4 reverted: a retried claim does not recognise its own token", sim: simMutations{f4: true}},
 		{name: "F7 reverted: no verdict hold after a restart or a promotion", set: []*bool{&mutantNoNodeAgeHold}},
 		{name: "issue 20 item 4 reverted: verdicts taken while Redis evicts keys with a TTL", set: []*bool{&mutantNoEvictionHold}},
-		{name: "mutation: the claim does not re-check the heartbeat", sim: simMutations{claimNoRecheck: true}},
+		// "The claim does not re-check the heartbeat" (simMutations.
+		// claimNoRecheck) is not in the table: since the fleet record and
+		// the evictions class changed the seeds' timings, no seed of the
+		// 2,000 lines a heartbeat up between a scan and its claim (it was
+		// seed 158). internal/store's
+		// TestClaimFindsAHeartbeatThatCameBackAfterTheScan catches it
+		// against a real server.
 		{name: "mutation: the reset has no status guard", sim: simMutations{noStatusGuard: true}},
 		{name: "mutation: a lost lease neither sticky with owner fencing nor held", set: []*bool{&mutantNoStickyLease, &mutantNoRegainHold}},
 		{name: "mutation: the heartbeat does not write tracked rows back", sim: simMutations{noRewrite: true}},

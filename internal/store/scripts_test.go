@@ -206,3 +206,25 @@ func TestFleetBeatAnnouncesTimingsAndReturnsTheLongest(t *testing.T) {
 	f, _ = s.ReadFleet(ctx)
 	assert.Len(t, f.Members, 1, "Leave withdraws the announcement")
 }
+
+// The claim re-checks the heartbeat in the script that takes it: a peer
+// whose heartbeat came back between the scan that found it absent and the
+// claim is alive, and no claim is taken (the simulation's mutant "the claim
+// does not re-check the heartbeat" needs a scan and a heartbeat to line up
+// within a round trip, which no seed of the CI budget does; this test
+// catches it).
+func TestClaimFindsAHeartbeatThatCameBackAfterTheScan(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("SC"), time.Second)
+	ctx := context.Background()
+	k := s.Keys("w")
+	require.NoError(t, s.TrackRows(ctx, "w", []int64{7}, time.Minute))
+	// The scan found no heartbeat; then w beat again.
+	require.NoError(t, rdb.Set(ctx, k.Heartbeat, HeartbeatOf("p"), time.Minute).Err())
+
+	res, err := s.ClaimDead(ctx, "w", "tok", time.Minute, time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, ClaimAlive, res)
+	assert.Zero(t, rdb.Exists(ctx, k.Claim).Val(), "no claim on a live peer")
+	assert.True(t, rdb.SIsMember(ctx, k.Rows, "7").Val())
+}
