@@ -117,3 +117,47 @@ func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
 	assert.Equal(t, "inprog", s, "the instance heartbeats: its lives are not judged")
 	assert.Zero(t, logs.Count(`not a valid instance ID`))
 }
+
+// returnStore is a store whose ReadRows lets the peer come back in a new
+// life just before the recoverer's read: the peer's heartbeat (which
+// cancels the claim) writes the incarnation life, and the read finds it.
+type returnStore struct {
+	store.Store
+	peer, life string
+}
+
+func (s *returnStore) ReadRows(ctx context.Context, peer string) (string, []string, error) {
+	if _, err := s.Store.Beat(ctx, s.peer, store.Heartbeat{Value: store.HeartbeatOf("back"), TTL: time.Minute,
+		Incarnation: s.life, IncarnationTTL: time.Minute, RowsTTL: time.Minute}); err != nil {
+		return "", nil, err
+	}
+	return s.Store.ReadRows(ctx, peer)
+}
+
+// The life a recovery resets is the one read while its claim held: a peer
+// that came back between the claim and the read has begun a new life, and
+// the rows it took in it are its own. The claim sent again after the read
+// finds the claim cancelled, and nothing is reset.
+func TestOwnerModeRecoveryLeavesThePeersNewLifeWhenItCameBackBeforeTheRead(t *testing.T) {
+	t.Parallel()
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("O")
+	r := fencedResetter(t, db)
+	ctx := context.Background()
+
+	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))
+	a.crash()
+	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
+	waitHeartbeatGone(t, rdb, prefix, "A")
+	b.store = &returnStore{Store: b.store, peer: "A", life: "l2"}
+	take(t, db, lifeOwner("A", "l2"), 1) // taken in the new life, under a valid lease
+
+	rep, err := b.RecoverNow(ctx)
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "the new life's row is never reset")
+	require.NoError(t, err)
+	assert.Empty(t, rep.Recovered)
+	assert.Equal(t, []string{"A"}, rep.Skipped, "left alone, as a peer found alive at the claim")
+}
