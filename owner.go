@@ -24,6 +24,10 @@ import (
 // needs every member of the fleet to read them first (the rolling upgrade
 // of docs/safety.md §2).
 
+// lifeWidth is how many characters a life adds to an instance ID in an
+// owner value: the braces and an incarnation (newToken, 32 hex digits).
+const lifeWidth = 2 + 32
+
 // lifeOwner returns the owner value of one life of instance id.
 func lifeOwner(id, life string) string { return id + "{" + life + "}" }
 
