@@ -26,11 +26,15 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 		name string
 		opts []Option
 	}{
-		{"defaults", nil}, // TTL 60 s: the outage lasts about a minute
-		// Tight timings: TTL 3 s, as in the Sentinel failover;
-		// the reset timeout is the default.
+		{"defaults", []Option{WithHeartbeatTTL(DefaultHeartbeatTTL), WithHeartbeatInterval(DefaultHeartbeatInterval),
+			WithOperationTimeout(DefaultOperationTimeout), WithResetTimeout(DefaultResetTimeout),
+			WithRecoveryInterval(DefaultRecoveryInterval), WithRowsTTL(DefaultRowsTTL)}},
+		// Tight timings: TTL 3 s, as in the Sentinel failover,
+		// with the default reset timeout.
 		{"ttl3s", []Option{WithHeartbeatTTL(3 * time.Second), WithHeartbeatInterval(time.Second),
-			WithOperationTimeout(500 * time.Millisecond), WithRecoveryInterval(2 * time.Second), WithRowsTTL(10 * time.Second)}},
+			WithOperationTimeout(500 * time.Millisecond), WithResetTimeout(DefaultResetTimeout),
+			WithRecoveryInterval(2 * time.Second), WithRowsTTL(10 * time.Second)}},
+		{"fast", nil}, // the unit tests' timings (helpers_test.go)
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			srv := testutil.StartRedis(t)
@@ -38,7 +42,7 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 1)
 			opts := append([]Option{WithKeyPrefix(testutil.Name("M"))}, c.opts...)
-			w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", opts...)
+			w, logs := startWorker(t, rdb, fencedResetter(t, db), "w", opts...)
 			ctx := context.Background()
 			require.NoError(t, w.Track(ctx, 1))
 			require.NoError(t, w.Untrack(1))
@@ -52,6 +56,8 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 			require.NoError(t, w.Untrack(1))
 			t.Logf("%s: Redis restored to first successful Track: %v (heartbeat interval %v, claim TTL %v)",
 				c.name, took.Round(time.Millisecond), w.opts.heartbeatInterval, w.fleetClaimTTL())
+			t.Logf("%s: lease lost %d, regained %d, heartbeat restored %d", c.name, logs.Count("heartbeat lease lost"),
+				logs.Count("heartbeat lease regained"), logs.Count("heartbeat restored"))
 		})
 	}
 }
