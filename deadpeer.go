@@ -353,6 +353,13 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 	if r.confirmed {
 		return nil
 	}
+	return r.claimAgain(ctx)
+}
+
+// claimAgain sends the claim again after a read made under it: still ours,
+// the read was made whole while the peer was dead (confirmed); gone, the
+// peer came back (back).
+func (r *peerRecovery) claimAgain(ctx context.Context) error {
 	again, err := r.claim(ctx)
 	if err != nil {
 		return err
@@ -403,16 +410,13 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	// renews its lease, so a claim still ours after the read means the
 	// set was read whole while the peer was dead. Claiming again is a
 	// retry of our own call when nothing changed.
-	again, err := r.claim(ctx)
-	if err != nil {
+	if err := r.claimAgain(ctx); err != nil {
 		return err
 	}
-	if !again.Taken() {
-		r.back = true
+	if r.back {
 		r.rep.RowsFound = 0
 		return nil
 	}
-	r.confirmed = true
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
