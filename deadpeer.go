@@ -99,13 +99,19 @@ func (e *PeerError) Unwrap() error { return e.Err }
 // was left alone (alive again, or claimed by another worker). A failure is
 // counted, emitted and logged here, and returned for the caller's report.
 func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
+	return w.recoverDeadLives(ctx, peer, foundBy, noticed, nil)
+}
+
+// recoverDeadLives is recoverDead, resetting by owner also the owner values
+// in lives (values of peer's lives the sweep saw in progress: owner.go).
+func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (PeerRecovery, bool, error) {
 	if foundBy != foundByRestart { // Start's own predecessor is not a peer
 		w.stats.peersDead.Add(1)
 		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
 		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweepsByOwner()),
-		token:   newToken()}
+		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
 	pr := r.rep
@@ -177,6 +183,16 @@ type peerRecovery struct {
 	// rowsStuck is how long the reset rows had been stuck (rowsStuck);
 	// zero when none was reset.
 	rowsStuck time.Duration
+	// lives are owner values of the peer's lives the sweep saw in
+	// progress (owner.go).
+	lives []string
+	// life is the peer's incarnation, read under the claim (lifeRead);
+	// confirmed is set once a claim sent after that read was still ours,
+	// so the read was made while the peer was dead and names the life
+	// judged dead, not one it began when it came back.
+	life      string
+	lifeRead  bool
+	confirmed bool
 }
 
 // run takes the claim and, if it got it, resets, finishes and deregisters.
@@ -313,9 +329,63 @@ func (r *peerRecovery) reset(ctx context.Context, hasSet bool) error {
 		}
 	}
 	if r.byOwner {
+		if err := r.confirmLife(ctx); err != nil || r.back {
+			return err
+		}
 		return r.resetOwned(ctx)
 	}
 	return nil
+}
+
+// confirmLife reads the peer's incarnation, unless resetTracked did, and
+// claims again: a heartbeat cancels the claim, and a worker writes a new
+// life only with a heartbeat, so a claim still ours after the read means
+// the life read is the one that died (owner.go). When the claim is gone the
+// peer came back (r.back) and nothing more is reset.
+func (r *peerRecovery) confirmLife(ctx context.Context) error {
+	if !r.lifeRead {
+		incarnation, _, err := r.w.store.ReadRows(ctx, r.peer)
+		if err != nil {
+			return err
+		}
+		r.life, r.lifeRead = incarnation, true
+	}
+	if r.confirmed {
+		return nil
+	}
+	return r.claimAgain(ctx)
+}
+
+// claimAgain sends the claim again after a read made under it: still ours,
+// the read was made whole while the peer was dead (confirmed); gone, the
+// peer came back (back).
+func (r *peerRecovery) claimAgain(ctx context.Context) error {
+	again, err := r.claim(ctx)
+	if err != nil {
+		return err
+	}
+	if !again.Taken() {
+		r.back = true
+		return nil
+	}
+	r.confirmed = true
+	return nil
+}
+
+// ownerValues are the owner values a reset by owner resets: the bare
+// instance ID (workers that write it), the life read under the claim, and
+// the lives the sweep saw. Never a life the peer began after the claim.
+func (r *peerRecovery) ownerValues() []string {
+	out := []string{r.peer}
+	if r.life != "" && store.ValidateName(r.life) == nil {
+		out = append(out, lifeOwner(r.peer, r.life))
+	}
+	for _, v := range r.lives {
+		if !slices.Contains(out, v) {
+			out = append(out, v)
+		}
+	}
+	return out
 }
 
 // resetTracked reads the rows set and resets its rows under its
@@ -326,6 +396,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	r.life, r.lifeRead = incarnation, true
 	ids, bad := parseRowIDs(members)
 	r.rep.RowsFound, r.rep.InvalidMembers = len(ids), bad
 	if len(ids) == 0 {
@@ -339,12 +410,10 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	// renews its lease, so a claim still ours after the read means the
 	// set was read whole while the peer was dead. Claiming again is a
 	// retry of our own call when nothing changed.
-	again, err := r.claim(ctx)
-	if err != nil {
+	if err := r.claimAgain(ctx); err != nil {
 		return err
 	}
-	if !again.Taken() {
-		r.back = true
+	if r.back {
 		r.rep.RowsFound = 0
 		return nil
 	}
@@ -441,18 +510,26 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 		return fmt.Errorf("%w: resetting rows by owner needs an OwnerSweeper resetter", ErrInvalidConfig)
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := sw.ResetOwnerRows(resetCtx, r.peer)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("reset by owner: %w", err) // PeerError names the peer
+	defer cancel()
+	found, notReset := 0, []RowState(nil)
+	for _, owner := range r.ownerValues() {
+		res, err := sw.ResetOwnerRows(resetCtx, owner)
+		if err != nil {
+			if owner != r.peer {
+				return fmt.Errorf("reset by owner %s: %w", clip(owner), err)
+			}
+			return fmt.Errorf("reset by owner: %w", err) // PeerError names the peer
+		}
+		r.rep.RowsReset += res.Reset
+		r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)
+		found += int(res.Reset) + len(res.NotReset) // quarantined rows included
+		notReset = append(notReset, res.NotReset...)
 	}
-	r.rep.RowsReset += res.Reset
-	r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)
-	r.rep.RowsFound += int(res.Reset) + len(res.NotReset) // quarantined rows included
-	r.rep.NotReset = append(r.rep.NotReset, res.NotReset...)
+	r.rep.RowsFound += found
+	r.rep.NotReset = append(r.rep.NotReset, notReset...)
 	// Rows left in progress (another session holds them locked) keep the
 	// peer registered, with the failure note, for the next scan.
-	return notResetError(r.peer, int(res.Reset)+len(res.NotReset), res.NotReset, true)
+	return notResetError(r.peer, found, notReset, true)
 }
 
 // finish is steps 4 and 5: the finish script and, if the peer is still

@@ -64,6 +64,16 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		return errOusted
 	}
 	if res.Wrote {
+		// A write whose reply came after the lease had ended (sent before
+		// its end, delivered late: a server restarting, a network stall)
+		// may have found the key expired and a peer's claim taken, which
+		// it cancelled. Note the loss before renewing, so that the regain
+		// is held (restored) as any other. Without this the lease went
+		// from lost to valid with no hold, and the loop noted nothing.
+		// (Start's first heartbeat has no lease to lose.)
+		if w.lease.until.Load() > 0 {
+			w.noteLeaseLoss(nil)
+		}
 		// The key is live for a TTL whatever happened to the rest (on
 		// Cluster the registry may sit on a node that is down).
 		w.lease.renew(sentAt)
@@ -129,10 +139,13 @@ func (h *heartbeater) restored() {
 		w.log.Info("heartbeat restored", slog.Duration("outage", outage), slog.Int("attempts", h.failures))
 		w.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: h.failures})
 	}
-	if w.lease.lost.Swap(false) {
+	if w.lease.lost.Load() {
+		// The hold before the flag: CheckLease counts either as lost, so
+		// the lease renewed by this heartbeat is never valid in between.
 		if !mutantNoRegainHold {
 			w.lease.hold(w.fleetClaimTTL())
 		}
+		w.lease.lost.Store(false)
 		w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
 			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.fleetClaimTTL()))
 		w.emit(Event{Kind: EventLeaseRegained})

@@ -352,16 +352,23 @@ func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {
 				return plan, err
 			}
 			if byOwner && p.Action != PlanUnknown && p.Action != PlanKeep {
-				// Then every row the peer still owns in progress, as the
-				// recovery resets them after its rows set.
-				resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-				op, err := owners.PlanOwnerReset(resetCtx, st.InstanceID)
-				cancel()
-				if err != nil {
-					return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+				// Then every row the peer still owns in progress, under
+				// its ID and its current life (owner.go), as the recovery
+				// resets them after its rows set.
+				values := []string{st.InstanceID}
+				if st.Incarnation != "" && store.ValidateName(st.Incarnation) == nil {
+					values = append(values, lifeOwner(st.InstanceID, st.Incarnation))
 				}
-				p.Reset = mergeIDs(p.Reset, op.Reset)
-				p.Quarantined = mergeIDs(p.Quarantined, op.Quarantined)
+				for _, v := range values {
+					resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+					op, err := owners.PlanOwnerReset(resetCtx, v)
+					cancel()
+					if err != nil {
+						return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+					}
+					p.Reset = mergeIDs(p.Reset, op.Reset)
+					p.Quarantined = mergeIDs(p.Quarantined, op.Quarantined)
+				}
 				if p.Action == PlanDeregister && len(p.Reset) > 0 {
 					p.Action = PlanReset
 				}

@@ -74,7 +74,9 @@ func (l *lease) held() bool {
 }
 
 // check reports errOusted for good once another process took the ID, and
-// ErrLeaseLost while the lease has ended, while it is held after a regain,
+// ErrLeaseLost while the lease has ended or its loss is noted and not yet
+// followed by the hold (a heartbeat renews the lease just before
+// heartbeater.restored holds it), while it is held after a regain,
 // or while staleRows (rows tracked when it was lost) are still tracked:
 // peers may have recovered those, and a host that went on with them would
 // process them twice.
@@ -82,7 +84,7 @@ func (l *lease) check(staleRows int) error {
 	if l.ousted.Load() {
 		return errOusted
 	}
-	if !l.valid() || l.held() || staleRows > 0 {
+	if !l.valid() || l.lost.Load() || l.held() || staleRows > 0 {
 		return ErrLeaseLost
 	}
 	return nil

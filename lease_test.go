@@ -2,12 +2,14 @@ package recovery
 
 import (
 	"context"
+	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -161,4 +163,53 @@ func TestRegainedLeaseIsHeldForAClaimTTL(t *testing.T) {
 	assert.GreaterOrEqual(t, held, 700*time.Millisecond, "held for about the claim TTL from the regain")
 	assert.NoError(t, w.Track(ctx, 1))
 	assert.Contains(t, logs.String(), `"held_for":750000000`)
+}
+
+// lateBeatStore delivers one heartbeat late: armed, its Beat waits until
+// the worker's lease has ended before it writes, as a heartbeat retry sent
+// just before the end of the lease and answered after it, within its
+// operation timeout (a server restarting, a network stall), does.
+type lateBeatStore struct {
+	store.Store
+	w     *Worker
+	armed atomic.Bool
+	done  chan struct{}
+}
+
+func (s *lateBeatStore) Beat(ctx context.Context, id string, b store.Heartbeat) (store.BeatResult, error) {
+	if s.armed.Swap(false) {
+		defer close(s.done)
+		for s.w.lease.valid() {
+			time.Sleep(time.Millisecond)
+		}
+		// Sent late enough (a retry after failures) that its operation
+		// timeout runs past the end of the lease: the answer is in time.
+		ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), time.Second)
+		defer cancel()
+		return s.Store.Beat(ctx, id, b)
+	}
+	return s.Store.Beat(ctx, id, b)
+}
+
+// Found by the resume measurement (issue 22): a heartbeat sent before the
+// lease ended and answered after it renewed the lease without the loss
+// being noted, so the lease went from lost to valid with no hold, though
+// the key may have expired and a recoverer be resetting by owner.
+func TestALateHeartbeatThatRenewsAnEndedLeaseIsHeldAsARegain(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(testutil.Name("L")), WithHeartbeatTTL(400*time.Millisecond),
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
+		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond)) // claim TTL 750ms
+	late := &lateBeatStore{Store: w.store, w: w, done: make(chan struct{})}
+	w.store = late
+	require.NoError(t, w.Start(ctx))
+	beats := w.Stats().Heartbeats
+	late.armed.Store(true)
+	<-late.done
+	require.Eventually(t, func() bool { return w.Stats().Heartbeats > beats }, 2*time.Second, time.Millisecond)
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "held after the late heartbeat")
+	assert.ErrorIs(t, w.Track(ctx, 1), ErrLeaseLost)
+	assert.Equal(t, 1, logs.Count("heartbeat lease lost"))
+	assert.Equal(t, 1, logs.Count("heartbeat lease regained"))
 }

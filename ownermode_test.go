@@ -313,6 +313,9 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))
 	take(t, db, "A", 1, 2)
 	require.NoError(t, a.Track(ctx, 1, 2))
+	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "A").Incarnation).Result()
+	require.NoError(t, err)
+	take(t, db, lifeOwner("A", life), 4) // a row of its life (owner.go)
 	a.crash()
 	take(t, db, "C", 3)
 
@@ -324,9 +327,9 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 	require.Len(t, plan.Peers, 1)
 	p := plan.Peers[0]
 	assert.Equal(t, PlanReset, p.Action, "no rows set, but rows owned in progress")
-	assert.Equal(t, []int64{1, 2}, p.Reset)
+	assert.Equal(t, []int64{1, 2, 4}, p.Reset)
 	assert.Equal(t, []int64{2}, p.Quarantined, "its second recovery reaches the limit")
-	assert.Equal(t, 2, plan.RowsToReset)
+	assert.Equal(t, 3, plan.RowsToReset)
 	for _, id := range []int64{1, 2} {
 		s, o := rowState(t, db, id)
 		assert.Equal(t, "inprog", s, "a plan changes nothing")
@@ -336,7 +339,7 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 	rep, err := planner.RecoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
-	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset, "the plan said what the recovery did")
+	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset, "the plan said what the recovery did")
 	assert.Equal(t, []int64{2}, rep.Recovered[0].Quarantined)
 }
 

@@ -117,8 +117,10 @@ func TestStartRefusesAnOwnerColumnNarrowerThanTheInstanceID(t *testing.T) {
 			assert.Contains(t, err.Error(), "holds at most 8 characters and this worker's instance ID \"a-worker-id-of-21-chr\" has 21")
 			assert.False(t, registered(t, rdb, prefix, "a-worker-id-of-21-chr"))
 
-			ok, _ := newWorker(t, rdb, fencedResetter(t, db), "w-8chars", WithKeyPrefix(prefix))
+			ok, logs := newWorker(t, rdb, fencedResetter(t, db), "w-8chars", WithKeyPrefix(prefix))
 			require.NoError(t, ok.Start(context.Background()), "an ID that fits")
+			assert.Equal(t, 1, logs.Count(`too narrow for per-life owner values`), "per-life values need 8 + 34 characters")
+			assert.Contains(t, logs.String(), `"needed":42`)
 		})
 	}
 }

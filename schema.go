@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"time"
 	"unicode/utf8"
 )
@@ -50,9 +51,14 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("check database session: %w", err)
 		}
-		if n := utf8.RuneCountInString(w.opts.instanceID); s.ownerWidth > 0 && n > s.ownerWidth {
+		n := utf8.RuneCountInString(w.Owner())
+		if s.ownerWidth > 0 && n > s.ownerWidth {
 			return fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's instance ID %q has %d: widen the column (text) or use a shorter WithInstanceID",
 				ErrSchema, s.ownerWidth, clip(w.opts.instanceID), n)
+		}
+		if need := n + lifeWidth; w.ownerMode && s.ownerWidth > 0 && need > s.ownerWidth {
+			w.log.Warn("the owner column is too narrow for per-life owner values (<instance ID>{<life>}, docs/safety.md §2): widen it (text) before upgrading to a release that writes them",
+				slog.Int("owner_width", s.ownerWidth), slog.Int("needed", need))
 		}
 		if s.idleInTxTimeout == 0 {
 			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")

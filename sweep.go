@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/alya/recovery/internal/store"
@@ -123,6 +124,17 @@ func (s *sweeper) run(ctx context.Context) {
 
 // runOnce is one sweep. A failure of the sweep itself is counted once;
 // each owner's recovery counts its own.
+// invalidOwnerReason says why owner value o names no instance.
+func invalidOwnerReason(o string) error {
+	if i := strings.IndexByte(o, '{'); i >= 0 {
+		if err := store.ValidateName(o[:i]); err != nil {
+			return err
+		}
+		return errors.New("not <instance ID>{<life>}")
+	}
+	return store.ValidateName(o)
+}
+
 func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	w := s.w
 	if s.rows != nil {
@@ -172,18 +184,26 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		return rep, err
 	}
 	rep.owners = len(owners)
+	// An owner value is an instance ID or one life of one (owner.go): the
+	// instance's heartbeat judges every life, and a recovery resets the
+	// lives the sweep saw with the instance's other rows.
 	candidates := owners[:0:0]
+	lives := make(map[string][]string)
 	for _, o := range owners {
+		id, _, ok := parseOwner(o)
 		switch {
-		case o == w.opts.instanceID:
-		case store.ValidateName(o) != nil:
+		case id == w.opts.instanceID:
+		case !ok:
 			rep.invalidOwners = append(rep.invalidOwners, o)
 			if !s.warned[o] && len(s.warned) < maxWarnedOwners {
 				s.warned[o] = true
-				w.rlog.invalidOwner(o, store.ValidateName(o))
+				w.rlog.invalidOwner(o, invalidOwnerReason(o))
 			}
 		default:
-			candidates = append(candidates, o)
+			if _, seen := lives[id]; !seen {
+				candidates = append(candidates, id)
+			}
+			lives[id] = append(lives[id], o)
 		}
 	}
 	checkedAt := time.Now()
@@ -211,7 +231,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			rep.absent = append(rep.absent, o)
 			continue
 		}
-		pr, claimed, err := w.recoverDead(ctx, o, foundBySweep, since)
+		pr, claimed, err := w.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
 		switch {
 		case err != nil:
 			errs = append(errs, &PeerError{InstanceID: o, Err: err})

@@ -297,12 +297,12 @@ func TestACompletionIsDiscardedWhenTheRowIsNoLongerOwned(t *testing.T) {
 	require.NoError(t, err)
 	_, err = f.pool.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'me' WHERE rowid = 2`)
 	require.NoError(t, err)
-	h := &host{pool: f.pool, me: "me"}
+	h := &host{pool: f.pool}
 
-	owned, err := h.complete(ctx, row{id: 1}, "R1", nil)
+	owned, err := h.complete(ctx, row{id: 1, owner: "me"}, "R1", nil)
 	require.NoError(t, err)
 	assert.False(t, owned)
-	owned, err = h.complete(ctx, row{id: 2}, "", errors.New("bad payload"))
+	owned, err = h.complete(ctx, row{id: 2, owner: "me"}, "", errors.New("bad payload"))
 	require.NoError(t, err)
 	assert.True(t, owned)
 

@@ -104,7 +104,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	log = log.With("instance_id", w.InstanceID())
 	log.Info("batchworker started", "block", cfg.block)
 
-	h := &host{cfg: cfg, pool: pool, w: w, me: w.InstanceID(), log: log}
+	h := &host{cfg: cfg, pool: pool, w: w, log: log}
 	loopErr := h.loop(ctx)
 
 	// The processing context is done (or there is no work left) and the
@@ -166,6 +166,9 @@ type row struct {
 	id      int64
 	batchID int64
 	payload string
+	// owner is the owner value the block was taken under (Worker.Owner,
+	// read once per block in the fetch); the completion guard matches it.
+	owner string
 }
 
 // host is the batch loop of one worker process.
@@ -173,7 +176,6 @@ type host struct {
 	cfg  config
 	pool *pgxpool.Pool
 	w    *recovery.Worker
-	me   string // owner of the rows this worker takes: its instance ID
 	log  *slog.Logger
 
 	// Counters, for the last log line; used by the loop's goroutine only.
@@ -255,12 +257,13 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	rows, err := tx.Query(ctx, fetchBlockSQL, h.cfg.block, h.me)
+	owner := h.w.Owner() // once per block: the completion guard uses the same value
+	rows, err := tx.Query(ctx, fetchBlockSQL, h.cfg.block, owner)
 	if err != nil {
 		return nil, fmt.Errorf("select block: %w", err)
 	}
 	block, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		var x row
+		x := row{owner: owner}
 		err := r.Scan(&x.id, &x.batchID, &x.payload)
 		return x, err
 	})
@@ -381,7 +384,7 @@ func (h *host) complete(ctx context.Context, r row, result string, workErr error
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	tag, err := tx.Exec(ctx, completeSQL, r.id, h.me, status, result)
+	tag, err := tx.Exec(ctx, completeSQL, r.id, r.owner, status, result)
 	if err != nil {
 		return false, fmt.Errorf("mark row %d %s: %w", r.id, status, err)
 	}

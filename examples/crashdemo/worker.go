@@ -173,7 +173,8 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 func (d *demoWorker) loop(ctx context.Context) error {
 	idle := false
 	for ctx.Err() == nil {
-		ids, recovered, err := d.fetch(ctx)
+		owner := d.w.Owner() // once per block, for the fetch and every completion
+		ids, recovered, err := d.fetch(ctx, owner)
 		if err != nil {
 			if ctx.Err() != nil {
 				return nil
@@ -200,15 +201,15 @@ func (d *demoWorker) loop(ctx context.Context) error {
 		}
 		idle = false
 		d.log.Info(evBlock, "rows", ids, "recovered", recovered)
-		d.process(ids)
+		d.process(ids, owner)
 	}
 	return nil
 }
 
-// fetch is FetchBlockOfRows: it marks a block inprog with this worker as
-// owner and tracks it before the commit. recovered lists the rows that
+// fetch is FetchBlockOfRows: it marks a block inprog with owner (the
+// worker's Owner) and tracks it before the commit. recovered lists the rows that
 // recovery returned to the queue before.
-func (d *demoWorker) fetch(ctx context.Context) (ids, recovered []int64, err error) {
+func (d *demoWorker) fetch(ctx context.Context, owner string) (ids, recovered []int64, err error) {
 	tx, err := d.pool.Begin(ctx)
 	if err != nil {
 		return nil, nil, err
@@ -221,7 +222,7 @@ func (d *demoWorker) fetch(ctx context.Context) (ids, recovered []int64, err err
 		)
 		UPDATE batchrows r SET status = 'inprog', owner = $2
 		FROM picked WHERE r.rowid = picked.rowid
-		RETURNING r.rowid, r.recoveries`, d.c.block, d.c.id)
+		RETURNING r.rowid, r.recoveries`, d.c.block, owner)
 	if err != nil {
 		return nil, nil, fmt.Errorf("fetch block: %w", err)
 	}
@@ -256,8 +257,9 @@ func (d *demoWorker) fetch(ctx context.Context) (ids, recovered []int64, err err
 	return ids, recovered, nil
 }
 
-// process works through the whole block, even after SIGTERM.
-func (d *demoWorker) process(ids []int64) {
+// process works through the whole block, even after SIGTERM; owner is the
+// value the block was fetched under.
+func (d *demoWorker) process(ids []int64, owner string) {
 	for i, id := range ids {
 		if err := d.w.CheckLease(); err != nil {
 			release(d.w, ids[i:])
@@ -265,7 +267,7 @@ func (d *demoWorker) process(ids []int64) {
 			return
 		}
 		time.Sleep(d.c.work) // the work
-		owned, err := d.complete(id)
+		owned, err := d.complete(id, owner)
 		switch {
 		case err != nil:
 			release(d.w, []int64{id})
@@ -282,13 +284,13 @@ func (d *demoWorker) process(ids []int64) {
 }
 
 // complete marks the row done and writes the ledger in one transaction,
-// only if the row is still this worker's.
-func (d *demoWorker) complete(id int64) (owned bool, err error) {
+// only if the row is still owner's.
+func (d *demoWorker) complete(id int64, owner string) (owned bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	err = pgx.BeginFunc(ctx, d.pool, func(tx pgx.Tx) error {
 		tag, err := tx.Exec(ctx, `UPDATE batchrows SET status = 'done'
-			WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`, id, d.c.id)
+			WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`, id, owner)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err
 		}

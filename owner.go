@@ -1,0 +1,64 @@
+package recovery
+
+import (
+	"strings"
+
+	"github.com/alya/recovery/internal/store"
+)
+
+// Owner values (docs/safety.md §2, "Per-life owner values"). The owner
+// column names who holds a row. A bare instance ID names every life of the
+// worker: a recovery by owner of a worker judged dead also reaches rows it
+// took after it came back, which is why a regained lease is held
+// (lease.hold). A per-life value names one life:
+//
+//	<instanceID>{<life>}
+//
+// where life is the worker's incarnation at the time (written by every
+// heartbeat, in the same script as the heartbeat key). Instance IDs cannot
+// contain braces (store.ValidateName), so the value parses back into the
+// instance whose heartbeat says whether it lives, and the life a recoverer
+// read under its claim. This release reads such values everywhere (the
+// sweep, the recovery by owner, Start's predecessor recovery) and writes
+// bare instance IDs (Worker.Owner); the release that writes per-life values
+// needs every member of the fleet to read them first (the rolling upgrade
+// of docs/safety.md §2).
+
+// lifeWidth is how many characters a life adds to an instance ID in an
+// owner value: the braces and an incarnation (newToken, 32 hex digits).
+const lifeWidth = 2 + 32
+
+// lifeOwner returns the owner value of one life of instance id.
+func lifeOwner(id, life string) string { return id + "{" + life + "}" }
+
+// parseOwner splits an owner value into its instance ID and life (empty for
+// a bare instance ID). ok is false when v is neither a valid instance ID
+// nor a valid per-life value.
+func parseOwner(v string) (id, life string, ok bool) {
+	i := strings.IndexByte(v, '{')
+	if i < 0 {
+		return v, "", store.ValidateName(v) == nil
+	}
+	id, life = v[:i], v[i+1:]
+	if !strings.HasSuffix(life, "}") {
+		return "", "", false
+	}
+	life = life[:len(life)-1]
+	if store.ValidateName(id) != nil || store.ValidateName(life) != nil {
+		return "", "", false
+	}
+	return id, life, true
+}
+
+// Owner returns the value the host writes into the owner column when it
+// takes rows, and matches in its completion guard:
+//
+//	UPDATE ... SET status = 'inprog', owner = $owner WHERE ...   -- the fetch
+//	UPDATE ... SET status = 'done' WHERE id = $id AND owner = $owner AND status = 'inprog'
+//
+// Read it once per block, inside the fetch, and use that same value for the
+// completion of every row of the block: a later release makes it change
+// whenever the worker may have been presumed dead (Start, a lost lease), so
+// that a recovery resets only the rows of the life it judged dead. In this
+// release it is the instance ID (InstanceID).
+func (w *Worker) Owner() string { return w.opts.instanceID }

@@ -1,0 +1,63 @@
+package recovery
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// TestMeasureResumeAfterRedisRestart measures, against a real redis-server
+// and PostgreSQL, how long an owner-mode worker takes no rows after Redis
+// comes back from an outage that cost it its lease: from the restarted
+// server accepting connections to the first Track that succeeds. It is a
+// measurement, not a check (issue 22: before and after the per-life owner
+// value), so it runs only with RECOVERY_MEASURE=1; it takes about the
+// claim TTL (reset timeout + 3 × operation timeout) with the hold.
+func TestMeasureResumeAfterRedisRestart(t *testing.T) {
+	if os.Getenv("RECOVERY_MEASURE") == "" {
+		t.Skip("a measurement: set RECOVERY_MEASURE=1")
+	}
+	for _, c := range []struct {
+		name string
+		opts []Option
+	}{
+		{"defaults", []Option{WithHeartbeatTTL(DefaultHeartbeatTTL), WithHeartbeatInterval(DefaultHeartbeatInterval),
+			WithOperationTimeout(DefaultOperationTimeout), WithResetTimeout(DefaultResetTimeout),
+			WithRecoveryInterval(DefaultRecoveryInterval), WithRowsTTL(DefaultRowsTTL)}},
+		// Tight timings: TTL 3 s, as in the issue's Sentinel failover,
+		// with the default reset timeout.
+		{"ttl3s", []Option{WithHeartbeatTTL(3 * time.Second), WithHeartbeatInterval(time.Second),
+			WithOperationTimeout(500 * time.Millisecond), WithResetTimeout(DefaultResetTimeout),
+			WithRecoveryInterval(2 * time.Second), WithRowsTTL(10 * time.Second)}},
+		{"fast", nil}, // the unit tests' timings (helpers_test.go)
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			srv := testutil.StartRedis(t)
+			rdb := srv.Client(t)
+			db := testutil.Postgres(t)
+			testutil.CreateBatch(t, db, 1)
+			opts := append([]Option{WithKeyPrefix(testutil.Name("M"))}, c.opts...)
+			w, logs := startWorker(t, rdb, fencedResetter(t, db), "w", opts...)
+			ctx := context.Background()
+			require.NoError(t, w.Track(ctx, 1))
+			require.NoError(t, w.Untrack(1))
+
+			srv.Kill()
+			require.Eventually(t, func() bool { return w.CheckLease() != nil }, time.Minute, 5*time.Millisecond)
+			srv.Restart()
+			restored := time.Now()
+			require.Eventually(t, func() bool { return w.Track(ctx, 1) == nil }, 2*time.Minute, 5*time.Millisecond)
+			took := time.Since(restored)
+			require.NoError(t, w.Untrack(1))
+			t.Logf("%s: Redis restored to first successful Track: %v (heartbeat interval %v, claim TTL %v)",
+				c.name, took.Round(time.Millisecond), w.opts.heartbeatInterval, w.fleetClaimTTL())
+			t.Logf("%s: lease lost %d, regained %d, heartbeat restored %d", c.name, logs.Count("heartbeat lease lost"),
+				logs.Count("heartbeat lease regained"), logs.Count("heartbeat restored"))
+		})
+	}
+}
