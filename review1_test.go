@@ -8,6 +8,8 @@ import (
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
 )
 
 // Review of issue 21 (review1). Release after a lost lease relies on the
@@ -67,4 +69,40 @@ func TestReview1ReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTook
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 2-4 held at the loss")
 	require.NoError(t, w.Release(ctx, 2, 3, 4))
 	assert.Equal(t, "inprog", statusesOf(t, db, 2)[2], "q's row 2 is left alone")
+}
+
+// A fleet whose members' timings differ (a rolling timing change from
+// long timings to short ones, as docs/safety.md allows): the sweeping
+// worker's gap is its own rows TTL and the TTLs left on the registered
+// members' keys. After FLUSHALL (here: every key of the prefix deleted,
+// the shared server being others' too), the slow member is registered
+// again only at its next heartbeat, so the gap is the sweeper's own rows
+// TTL, shorter than the slow member's heartbeat interval: its row,
+// tracked before the COMMIT, is in no set at two looks a gap apart and is
+// reset while it processes it. The sweeper knew better: the slow member
+// announced its heartbeat TTL in the fleet record, which the sweeper keeps
+// in memory.
+func TestReview1BackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfterAFlush(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 4)
+	waitUptime(t, rdb, 5*time.Second)
+	ctx := context.Background()
+	prefix := testutil.Name("RH")
+	slow, _ := startWorker(t, rdb, r, "slow", WithKeyPrefix(prefix), WithoutBackstopSweep(),
+		WithHeartbeatTTL(5*time.Second), WithHeartbeatInterval(3*time.Second), WithOperationTimeout(300*time.Millisecond),
+		WithRecoveryInterval(time.Second), WithRowsTTL(8*time.Second))
+	setJobs(t, db, schema, "running", 1)
+	require.NoError(t, slow.Track(ctx, 1))
+	s, _ := startWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	require.Eventually(t, func() bool { return s.fleetTTL() == 5*time.Second }, 5*time.Second, 10*time.Millisecond,
+		"the sweeper learns the slow member's TTL")
+
+	beats := slow.Stats().Heartbeats
+	require.Eventually(t, func() bool { return slow.Stats().Heartbeats > beats }, 5*time.Second, time.Millisecond)
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	require.NoError(t, err)
+	require.NoError(t, rdb.Del(ctx, keys...).Err()) // FLUSHALL, right after slow's beat
+	beats = slow.Stats().Heartbeats
+	require.Eventually(t, func() bool { return slow.Stats().Heartbeats >= beats+2 }, 10*time.Second, 10*time.Millisecond)
+	assert.Equal(t, "running", jobStates(t, db, schema)[1], "slow's row, tracked before its COMMIT")
+	assert.Zero(t, s.Stats().StrayRowsReset)
 }

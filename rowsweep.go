@@ -26,8 +26,10 @@ import (
 // least a gap apart, at the same version, both from masters up for a
 // heartbeat TTL (strict node age), is reset with its version in the
 // statement's WHERE clause. The gap is the longest rows TTL in the fleet:
-// this worker's, or the longest TTL left on any registered instance's
-// heartbeat or rows set, whichever is longer; every worker's heartbeat
+// this worker's, the longest heartbeat TTL a live member announced (a
+// member Redis has just forgotten, with its registry entry, is known by
+// that), or the longest TTL left on any registered instance's heartbeat
+// or rows set, whichever is longest; every worker's heartbeat
 // interval is shorter than its heartbeat TTL, itself shorter than its rows
 // TTL, so a live worker has written every row it tracks back into its set
 // (heartbeat.go) at least once between the two set reads. docs/design.md
@@ -186,7 +188,8 @@ func suspect(rows []RowVersion, held map[int64]bool) bool {
 
 // heldRows reads every rows set of every registered instance (this
 // worker's included) and returns the rows they hold, and the gap two looks
-// need: the longest rows TTL in the fleet (see above).
+// need: the longest rows TTL in the fleet (see above), and at least the
+// longest heartbeat TTL a live member announced.
 func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, error) {
 	opCtx, cancel := w.opContext(ctx)
 	ids, err := w.store.RegistryMembers(opCtx)
@@ -194,7 +197,10 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 	if err != nil {
 		return nil, 0, err
 	}
-	gap := w.opts.rowsTTL
+	// A live member not registered at this look (Redis flushed, the
+	// registry evicted) is known by the heartbeat TTL it announced, longer
+	// than its heartbeat interval: wait that long too.
+	gap := max(w.opts.rowsTTL, w.fleetTTL())
 	if len(ids) > 0 {
 		opCtx, cancel := w.opContext(ctx)
 		insts, err := w.store.Describe(opCtx, ids)
