@@ -31,6 +31,31 @@ import (
 // Row 2 is q's and must stay in progress.
 func TestReview1ReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTookAgain(t *testing.T) {
 	t.Skip("KNOWN HOLE (review1): the backstop sweep records its resets in no ledger, so Release after a lost lease resets row 2, which q holds and tracks (measured: row 2 queued, processed twice)")
+	pausedPastRowsTTL(t, func(t *testing.T, w, q *Worker) {
+		require.NoError(t, w.Release(context.Background(), 2, 3, 4))
+	})
+}
+
+// The same without Release: w's resumed heartbeat wrote rows 2-4 back into
+// its set, and Healthy fails while they are tracked (the lease stays lost),
+// so a liveness probe restarts it. q's recovery of w finds row 2 in w's
+// set and no ledger record for it.
+func TestReview1ResumedWorkerKilledAfterTheBackstopSweepResetItsRowsLeavesAPeersRow(t *testing.T) {
+	t.Skip("KNOWN HOLE (review1): the backstop sweep records its resets in no ledger; w's heartbeat writes rows 2-4 back after it resumes, and the recovery of w after its crash resets row 2, which q holds and tracks (measured: row 2 queued)")
+	pausedPastRowsTTL(t, func(t *testing.T, w, q *Worker) {
+		require.ErrorIs(t, w.Healthy(), ErrLeaseLost, "a liveness probe fails")
+		w.crash()
+		require.Eventually(t, func() bool {
+			_, err := q.RecoverNow(context.Background())
+			require.NoError(t, err)
+			return q.Stats().PeersRecovered > 0
+		}, 10*time.Second, 50*time.Millisecond)
+	})
+}
+
+// pausedPastRowsTTL runs the story above up to w's resumption, then
+// then(w, q), and checks that q's row 2 is still in progress.
+func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, w, q *Worker)) {
 	rdb, db, prefix := onRealServers(t, 10, "RV")
 	waitUptime(t, rdb, 2*time.Second)
 	ctx := context.Background()
@@ -67,7 +92,7 @@ func TestReview1ReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTook
 	fr.thaw() // resumed
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 2-4 held at the loss")
-	require.NoError(t, w.Release(ctx, 2, 3, 4))
+	then(t, w, q)
 	assert.Equal(t, "inprog", statusesOf(t, db, 2)[2], "q's row 2 is left alone")
 }
 
