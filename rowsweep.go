@@ -230,8 +230,10 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 // mastersTrusted reports whether every Redis master has been up, with the
 // data it has now, for a heartbeat TTL before sent (strict node age: a
 // master that started empty is held too, as it has forgotten the rows sets
-// of live workers until their next heartbeat). A master whose INFO cannot
-// be read is judged as by the scans (infoUnavailable).
+// of live workers until their next heartbeat). When no master's INFO can
+// be read (a server that forbids INFO), looks count as the scans' verdicts
+// do (infoUnavailable); when some masters answer and another does not,
+// the look does not count.
 func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
 	infos, err := w.store.MasterInfos(opCtx)
@@ -242,6 +244,15 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 		return true
 	}
 	trusted := true
+	if err != nil {
+		// Some masters answered and one did not: it may be down, or the
+		// old address of a master that just failed over, whose promoted
+		// replica answered the set reads (through a redirection) without
+		// being asked its age.
+		w.log.Debug("backstop sweep: rows no set holds not judged this time: a Redis master could not be asked its age",
+			slog.Any("error", err))
+		trusted = false
+	}
 	for node, info := range infos {
 		f, err := parseNodeFacts(info)
 		if err != nil {
