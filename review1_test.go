@@ -163,3 +163,39 @@ func TestReview1BackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
 	w.store = partialInfos{w.store}
 	assert.False(t, w.mastersTrusted(context.Background(), time.Now()), "one master's age unknown")
 }
+
+// Adding an owner column to a fleet that ran without one is "the rollout
+// of owner mode" (docs/integration.md). During it, workers of the old
+// configuration (rows sets, a resetter without WithOwnerColumn: the
+// backstop sweep by row version is on by default) run beside owner-mode
+// workers, which keep no rows set. When an old worker holds the sweep
+// turn, every row an owner-mode worker has in progress is in no set: it is
+// reset a gap after the first look, while its live worker processes it.
+func TestReview1BackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T) {
+	t.Skip("KNOWN HOLE (review1): the rows sweep of a worker without an owner column resets the rows of live owner-mode workers in a mixed fleet (measured: row 1 queued within the 3 s of looks, its owner-mode worker alive with a valid lease)")
+	rdb, db, prefix := onRealServers(t, 4, "RM")
+	waitUptime(t, rdb, 2*time.Second)
+	ctx := context.Background()
+	opts := rowsSweepTimings(WithKeyPrefix(prefix))
+	old, err := NewPgxResetter(db) // no owner column: rows sets, the sweep by version
+	require.NoError(t, err)
+	s, _ := newWorker(t, rdb, old, "old-1", opts...)
+	require.NotNil(t, s.sweeper.rows)
+	rep, err := s.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	require.True(t, rep.turnHeld, "an old worker holds the sweep turn")
+
+	owner, _ := startWorker(t, rdb, fencedResetter(t, db), "new-1", opts...)
+	require.True(t, owner.OwnerMode())
+	take(t, db, "new-1", 1) // the owner-mode worker's fetch
+	require.NoError(t, owner.Track(ctx, 1))
+	deadline := time.Now().Add(3 * time.Second) // three rows TTLs
+	for time.Now().Before(deadline) {
+		_, err := s.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		time.Sleep(100 * time.Millisecond)
+	}
+	require.NoError(t, owner.CheckLease(), "the owner-mode worker is alive")
+	st, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", st, "a live owner-mode worker's row")
+}
