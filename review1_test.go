@@ -199,3 +199,30 @@ func TestReview1BackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *tes
 	st, _ := rowState(t, db, 1)
 	assert.Equal(t, "inprog", st, "a live owner-mode worker's row")
 }
+
+// A correct configuration: a live worker has just committed its row's
+// outcome and not yet untracked it (Untrack follows the COMMIT, and with
+// WithDeferredUntrack it lingers), while a row of a fleet gone is stuck in
+// progress. The look sees the sets hold rows, none in progress, and other
+// rows in progress: the shape of swapped statuses. One such look must not
+// raise ErrMisconfigured (an Error line, Stats.Errors); it only holds the
+// resets (before review1 it raised the alarm and forgot what it saw).
+func TestReview1BackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUntrack(t *testing.T) {
+	rdb, db, schema, r := backstopWorld(t, 6)
+	ctx := context.Background()
+	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("RF")))
+	live, _ := startWorker(t, rdb, r, "live", append(opts, WithoutBackstopSweep())...)
+	setJobs(t, db, schema, "running", 1, 5) // 1: a fleet gone; 5: live's
+	require.NoError(t, live.Track(ctx, 5))
+	setJobs(t, db, schema, "finished", 5) // live's COMMIT; its Untrack comes next
+
+	s, _ := newWorker(t, rdb, r, "s", opts...)
+	rep, err := s.sweeper.runOnce(ctx)
+	require.NoError(t, err, "a correct configuration")
+	assert.True(t, rep.suspectHeld)
+	require.NoError(t, live.Untrack(5))
+	rep, err = s.sweeper.runOnce(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, 1, rep.strayWaiting, "row 1 waits for its gap")
+	assert.Zero(t, s.Stats().Errors)
+}

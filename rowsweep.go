@@ -69,6 +69,9 @@ type rowsMemory struct {
 	stray  map[int64]strayRow
 	prev   map[int64]string // rows in progress at the previous look, by ID: version
 	prevAt time.Time        // when the previous look's database read began
+	// suspectLooks counts the looks in a row whose sets held rows, none of
+	// them in progress, while other rows were (suspect).
+	suspectLooks int
 }
 
 func (m *rowsMemory) clear() { *m = rowsMemory{} }
@@ -105,9 +108,21 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return fmt.Errorf("backstop sweep held: %w", err)
 	}
 	if suspect(rows, held) {
+		// A correct fleet looks so for a moment too: a worker has
+		// committed its rows' outcome and not untracked them yet (or its
+		// Untrack lingers, WithDeferredUntrack). One such look only holds
+		// the resets, and the look is not counted; at the next one in a
+		// row it is a misconfiguration.
+		s.mem.suspectLooks++
+		if s.mem.suspectLooks < 2 {
+			rep.suspectHeld = true
+			return nil
+		}
 		s.mem.clear()
+		s.mem.suspectLooks = 2
 		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
 	}
+	s.mem.suspectLooks = 0
 
 	m := &s.mem
 	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= w.opts.rowsTTL-w.opts.heartbeatTTL

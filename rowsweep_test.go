@@ -191,6 +191,9 @@ func TestBackstopSweepHoldsWhileTheRowsSetsHoldNoRowInProgress(t *testing.T) {
 	require.NoError(t, host.Track(ctx, 1))
 	setJobs(t, db, schema, "running", 1)
 	w, _ := newWorker(t, rdb, r, "sweeper", opts...)
+	rep, err := w.sweeper.runOnce(ctx)
+	require.NoError(t, err, "one such look is also a correct fleet's between a COMMIT and its Untrack")
+	require.True(t, rep.suspectHeld, "its resets are held")
 	deadline := time.Now().Add(1500 * time.Millisecond)
 	for time.Now().Before(deadline) {
 		_, err := w.sweeper.runOnce(ctx)

@@ -58,6 +58,9 @@ type sweepReport struct {
 	// nodeHeld is set when a Redis master was too young to trust.
 	rowsInProgress int
 	nodeHeld       bool
+	// suspectHeld is set when the sets held rows, none of them in
+	// progress, while other rows were: resets held for this look.
+	suspectHeld bool
 	// strayWaiting is how many rows no rows set held, not yet for a gap.
 	strayWaiting int
 	// strayFound rows were due for a reset; strayReset of them were reset
