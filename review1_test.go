@@ -206,7 +206,8 @@ func TestReview1BackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *tes
 // progress. The look sees the sets hold rows, none in progress, and other
 // rows in progress: the shape of swapped statuses. One such look must not
 // raise ErrMisconfigured (an Error line, Stats.Errors); it only holds the
-// resets (before review1 it raised the alarm and forgot what it saw).
+// resets and forgets what it saw, as it did before review1 (a look
+// between two others a gap apart must not let swapped statuses through).
 func TestReview1BackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUntrack(t *testing.T) {
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
@@ -223,6 +224,6 @@ func TestReview1BackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUnt
 	require.NoError(t, live.Untrack(5))
 	rep, err = s.sweeper.runOnce(ctx)
 	require.NoError(t, err)
-	assert.Equal(t, 1, rep.strayWaiting, "row 1 waits for its gap")
+	assert.Equal(t, 1, rep.strayWaiting, "row 1 waits for its gap, from this look")
 	assert.Zero(t, s.Stats().Errors)
 }

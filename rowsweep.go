@@ -110,16 +110,16 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	if suspect(rows, held) {
 		// A correct fleet looks so for a moment too: a worker has
 		// committed its rows' outcome and not untracked them yet (or its
-		// Untrack lingers, WithDeferredUntrack). One such look only holds
-		// the resets, and the look is not counted; at the next one in a
-		// row it is a misconfiguration.
-		s.mem.suspectLooks++
-		if s.mem.suspectLooks < 2 {
+		// Untrack lingers, WithDeferredUntrack). Every such look holds the
+		// resets and forgets what the sweep saw; only the second one in a
+		// row is a misconfiguration.
+		n := s.mem.suspectLooks + 1
+		s.mem.clear()
+		s.mem.suspectLooks = min(n, 2)
+		if n < 2 {
 			rep.suspectHeld = true
 			return nil
 		}
-		s.mem.clear()
-		s.mem.suspectLooks = 2
 		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
 	}
 	s.mem.suspectLooks = 0
