@@ -349,7 +349,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids})
+	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
 		// The peer is named by PeerError, and PgxResetter's error names
@@ -359,14 +359,15 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Reset, res.Quarantined, res.NotReset
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
-	return notResetError(r.peer, len(ids), res.NotReset)
+	return notResetError(r.peer, len(ids), res.NotReset, fencesByOwner(w.resetter))
 }
 
 // notResetError returns nil when no row is left not reset, else an error
 // wrapping ErrRowsNotReset that names the first such row, and also
 // ErrRowsLocked when every one was left because another session held it
-// locked (found is how many rows the reset looked at).
-func notResetError(peer string, found int, notReset []RowState) error {
+// locked (found is how many rows the reset looked at); fenced says the
+// resetter knows owners, so a row without one is counted (noOwnerHint).
+func notResetError(peer string, found int, notReset []RowState, fenced bool) error {
 	if len(notReset) == 0 {
 		return nil
 	}
@@ -375,8 +376,28 @@ func notResetError(peer string, found int, notReset []RowState) error {
 			ErrRowsNotReset, ErrRowsLocked, locked, found, peer, notReset[0].ID)
 	}
 	first := notReset[slices.IndexFunc(notReset, func(s RowState) bool { return !s.Locked })]
-	return fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)",
-		ErrRowsNotReset, len(notReset), found, peer, first.ID, clip(first.Status))
+	return fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)%s",
+		ErrRowsNotReset, len(notReset), found, peer, first.ID, clip(first.Status), noOwnerHint(notReset, fenced))
+}
+
+// noOwnerHint says, with a resetter that knows owners, how many of rows
+// have no owner (and were not left for a lock), and what resets them:
+// rows a worker took without setting the owner column are reset only under
+// the reset ledger (docs/safety.md §2, "Rows without an owner").
+func noOwnerHint(rows []RowState, fenced bool) string {
+	if !fenced {
+		return ""
+	}
+	n := 0
+	for _, s := range rows {
+		if s.Owner == "" && !s.Locked {
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d without an owner: rows taken without setting the owner column are reset only under the reset ledger, create its table (docs/operations.md)", n)
 }
 
 // lockedRows counts the rows among notReset left because another session
@@ -389,6 +410,26 @@ func lockedRows(notReset []RowState) int {
 		}
 	}
 	return n
+}
+
+// noOwnerHint says, with a resetter that fences by owner, how many of
+// rows have no owner, and what resets them: rows a worker took without
+// setting the owner column are reset only under the reset ledger
+// (docs/safety.md §13, A4).
+func (w *Worker) noOwnerHint(rows []RowState) string {
+	if !fencesByOwner(w.resetter) {
+		return ""
+	}
+	n := 0
+	for _, s := range rows {
+		if s.Owner == "" {
+			n++
+		}
+	}
+	if n == 0 {
+		return ""
+	}
+	return fmt.Sprintf("; %d without an owner: rows taken without setting the owner column are reset only under the reset ledger, create its table (docs/operations.md)", n)
 }
 
 // resetOwned resets every row in progress the peer owns in PostgreSQL,
@@ -411,7 +452,7 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	r.rep.NotReset = append(r.rep.NotReset, res.NotReset...)
 	// Rows left in progress (another session holds them locked) keep the
 	// peer registered, with the failure note, for the next scan.
-	return notResetError(r.peer, int(res.Reset)+len(res.NotReset), res.NotReset)
+	return notResetError(r.peer, int(res.Reset)+len(res.NotReset), res.NotReset, true)
 }
 
 // finish is steps 4 and 5: the finish script and, if the peer is still

@@ -106,4 +106,12 @@ var (
 	// workers into the wrong table. The error names both; give each
 	// application its own prefix (WithKeyPrefix).
 	ErrFleetMismatch = errors.New("recovery: key prefix serves another fleet")
+
+	// ErrEvictionPolicy is wrapped by the error Start returns when a Redis
+	// master can evict the library's keys (maxmemory with a volatile-* or
+	// allkeys-* maxmemory-policy) and WithEvictionAccepted was not given,
+	// or when its policy cannot be read (INFO memory refused): an evicted
+	// heartbeat would make a live worker look dead. The message names the
+	// node, its policy and the fix (maxmemory-policy noeviction).
+	ErrEvictionPolicy = errors.New("recovery: redis may evict the recovery keys")
 )

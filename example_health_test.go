@@ -12,6 +12,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/testutil"
 )
 
 // noopResetter stands in for a PgxResetter in examples that recover nothing.
@@ -38,6 +39,7 @@ func Example_healthCheck() {
 	if err := mr.Start(); err != nil {
 		panic(err)
 	}
+	testutil.NoEviction(mr)
 	defer mr.Close()
 	rdb := redis.NewClient(&redis.Options{Addr: mr.Addr()})
 	defer rdb.Close()

@@ -14,6 +14,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/testutil"
 )
 
 // queue is a tiny RowResetter over an in-memory table of row statuses: the
@@ -67,6 +68,7 @@ func redisForExample() (*miniredis.Miniredis, *redis.Client) {
 	if err != nil {
 		panic(err) // an example has no caller to return the error to
 	}
+	testutil.NoEviction(mr) // as a real server would be: maxmemory-policy noeviction
 	return mr, redis.NewClient(&redis.Options{Addr: mr.Addr()})
 }
 

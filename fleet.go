@@ -96,8 +96,8 @@ func (w *Worker) checkFleet(ctx context.Context) error {
 }
 
 func (w *Worker) fleetMismatch(recorded, serves string) error {
-	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix)",
-		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves)
+	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix), and once no worker of the recorded fleet runs under this prefix any more, delete the key %s",
+		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves, store.FleetKey(w.opts.keyPrefix))
 }
 
 // announcement is what this worker's heartbeats announce.
@@ -133,6 +133,26 @@ func (w *Worker) noteFleet(v store.FleetView, err error) {
 	if w.fleet.warnOnce() {
 		w.log.Error("the key prefix serves another fleet: its workers would recover this fleet's dead workers in their table, and ours in ours; give each application its own prefix (WithKeyPrefix)",
 			slog.String("key_prefix", w.opts.keyPrefix), slog.String("recorded", v.Serves), slog.String("serves", serves))
+	}
+}
+
+// learnFleetRecord reads the fleet record and learns every announcement in
+// it, lapsed ones too (a record loaded from an old snapshot still lists
+// the members it had then): a Worker that does not heartbeat (RecoverNow
+// before Start) learns the fleet's timings no other way, and Start learns
+// them before its first heartbeat's recount drops the lapsed ones. A record that
+// cannot be read leaves the memory as it was; the scan reports Redis
+// failures itself.
+func (w *Worker) learnFleetRecord(ctx context.Context) {
+	opCtx, cancel := w.opContext(ctx)
+	f, err := w.store.ReadFleet(opCtx)
+	cancel()
+	if err != nil {
+		return
+	}
+	now := time.Now()
+	for _, m := range f.Members {
+		w.fleet.learn(m.Announcement, now)
 	}
 }
 

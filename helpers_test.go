@@ -32,10 +32,11 @@ import (
 func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
 
 // newMini returns a miniredis and a client for it, both closed when the
-// test ends.
+// test ends. It answers INFO memory as a server that never evicts.
 func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 	t.Helper()
 	mr := miniredis.RunT(t)
+	testutil.NoEviction(mr)
 	c := redis.NewClient(&redis.Options{Addr: mr.Addr(), MaxRetries: -1})
 	t.Cleanup(func() { c.Close() })
 	return mr, c

@@ -38,6 +38,13 @@ type inflight struct {
 	// the incarnation changes first (rotateIncarnation), or a recovery
 	// would find it in the ledger and skip it.
 	released map[int64]struct{}
+	// retakenIDs are the released rows a Track took again since they were
+	// released. A released row the host has not untracked yet is no
+	// retaken one: rotating the incarnation under a Release whose reset is
+	// still running (or whose reply was lost, and which the host repeats)
+	// would hide the ledger's record of it from the repeat, which would
+	// then reset the row again, under whichever worker took it since.
+	retakenIDs map[int64]struct{}
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
 	// heartbeat, which re-adds ids and removes unremoved, Shutdown's
@@ -56,6 +63,7 @@ func (s *inflight) init() {
 	s.unremoved = make(map[int64]struct{})
 	s.stale = make(map[int64]struct{})
 	s.released = make(map[int64]struct{})
+	s.retakenIDs = make(map[int64]struct{})
 	s.incarnation = newToken()
 }
 
@@ -69,6 +77,7 @@ func (s *inflight) add(ids []int64) (retaken bool) {
 		s.ids[id] = s.gen
 		delete(s.unremoved, id)
 		if _, ok := s.released[id]; ok {
+			s.retakenIDs[id] = struct{}{}
 			retaken = true
 		}
 	}
@@ -113,6 +122,7 @@ func (s *inflight) unmarkReleased(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
 		delete(s.released, id)
+		delete(s.retakenIDs, id)
 	}
 	s.mu.Unlock()
 }
@@ -262,12 +272,13 @@ func (s *inflight) markReleased(ids []int64) {
 	s.mu.Unlock()
 }
 
-// retaken reports whether a row released under the current incarnation is
-// tracked again.
+// retaken reports whether a row released under the current incarnation
+// was tracked again since (Track), not merely still tracked because the
+// Release that reset it has not untracked it yet.
 func (s *inflight) retaken() bool {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	for id := range s.released {
+	for id := range s.retakenIDs {
 		if _, ok := s.ids[id]; ok {
 			return true
 		}
@@ -294,6 +305,7 @@ func (s *inflight) rotated(next string, gone []int64) {
 	defer s.mu.Unlock()
 	s.incarnation = next
 	clear(s.released)
+	clear(s.retakenIDs)
 	for _, id := range gone {
 		delete(s.unremoved, id)
 	}

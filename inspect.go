@@ -393,7 +393,7 @@ func (w *Worker) planPeer(ctx context.Context, p *PeerPlan, st InstanceState, pl
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	rp, err := planner.PlanReset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
-		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs})
+		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs, FromRowsSet: true})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)

@@ -11,6 +11,7 @@ var (
 	mutantReleaseUnrecorded bool
 	mutantNoFleetCheck      bool
 	mutantOwnTimingsOnly    bool
+	mutantNoEvictionHold    bool
 
 	mutantSweepOneLook     bool
 	mutantSweepAnyNode     bool

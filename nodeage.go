@@ -57,13 +57,15 @@ type nodeFacts struct {
 	// shifted: second_repl_offset is set: the node was promoted, or
 	// restarted from a file, since its start.
 	shifted bool
+	// evicted is evicted_keys (INFO stats); -1 when not reported.
+	evicted int64
 }
 
 // parseNodeFacts reads the INFO server, replication and persistence
 // sections. run_id, uptime_in_seconds and role are required.
 func parseNodeFacts(info string) (nodeFacts, error) {
 	var (
-		f                         nodeFacts
+		f                         = nodeFacts{evicted: -1}
 		haveRun, haveUp, haveRole bool
 		loaded                    = "" // rdb_last_load_keys_loaded; absent before Redis 7
 		aof                       bool
@@ -92,6 +94,10 @@ func parseNodeFacts(info string) (nodeFacts, error) {
 			loaded = v
 		case "aof_enabled":
 			aof = v == "1"
+		case "evicted_keys":
+			if n, err := strconv.ParseInt(v, 10, 64); err == nil && n >= 0 {
+				f.evicted = n
+			}
 		}
 	}
 	if !haveRun || !haveUp || !haveRole {
@@ -106,6 +112,11 @@ type nodeSeen struct {
 	runID, replID string
 	since         time.Time // zero: nothing to hold back for
 	warned        bool      // the hold was logged
+	// What eviction.go remembers: evicted_keys at the last look, the
+	// last look that saw it move, and whether this episode was logged.
+	evicted                  int64
+	evictedAt                time.Time
+	evictLooked, evictWarned bool
 }
 
 // nodeAges is the worker's memory of the nodes it asked.
@@ -149,6 +160,7 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 		a.nodes[addr] = ns
 		s = ns
 	}
+	s.sawEvictions(f.evicted, recv)
 	if s.since.IsZero() || !recv.Before(s.since.Add(ttl)) {
 		return time.Time{}, false
 	}
@@ -186,9 +198,10 @@ func (w *Worker) observeNodes(ctx context.Context) {
 
 // youngNodeHolds returns the peers of absent whose death may be judged: it
 // drops those whose heartbeat key lives on a node that has not been up for
-// a heartbeat TTL (see above) since sent, when their EXISTS was sent. If a
-// node's INFO cannot be read (a server that forbids INFO) the peers are
-// judged as before, and that is logged once.
+// a heartbeat TTL (see above) since sent, when their EXISTS was sent, or
+// that evicted keys less than a TTL before (eviction.go). If a node's INFO
+// cannot be read (a server that forbids INFO) the peers are judged as
+// before, and that is logged once, unless evictions are accepted.
 //
 // With strict (the backstop sweep, whose candidates come from PostgreSQL,
 // not from the registry), a node that started empty less than a TTL ago
@@ -214,6 +227,9 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		f, err := w.nodeInfo(ctx, addr)
 		recv := time.Now()
 		if err != nil {
+			if w.holdForEvictions(addr, f, err, sent, recv, len(peers)) {
+				continue
+			}
 			w.infoUnavailable(err)
 			for _, i := range peers {
 				kept[i] = true
@@ -222,6 +238,9 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		}
 		w.infoAvailable()
 		until, first, youngOnly := w.nodeHold(addr, f, recv, strict)
+		if w.holdForEvictions(addr, f, nil, sent, recv, len(peers)) {
+			continue
+		}
 		if until.IsZero() || !sent.Before(until) {
 			for _, i := range peers {
 				kept[i] = true

@@ -146,7 +146,11 @@ func TestParseNodeFactsReadsAgeAndOrigin(t *testing.T) {
 		"# Persistence\r\nrdb_last_load_keys_loaded:0\r\naof_enabled:0\r\n"
 	f, err := parseNodeFacts(info)
 	require.NoError(t, err)
-	assert.Equal(t, nodeFacts{runID: "abc", replID: "r1", master: true, uptime: 3 * time.Second}, f, "started empty")
+	assert.Equal(t, nodeFacts{runID: "abc", replID: "r1", master: true, uptime: 3 * time.Second, evicted: -1}, f,
+		"started empty; evicted_keys not reported")
+	f, err = parseNodeFacts(info + "# Stats\r\nevicted_keys:7\r\n")
+	require.NoError(t, err)
+	assert.EqualValues(t, 7, f.evicted)
 
 	f, err = parseNodeFacts(strings.Replace(info, "keys_loaded:0", "keys_loaded:12", 1))
 	require.NoError(t, err)

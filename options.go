@@ -47,6 +47,7 @@ type options struct {
 	instanceIDSet     bool // WithInstanceID: the ID may have had a predecessor
 	historyLen        int  // WithHistory; 0: off
 	selfCheckWindow   time.Duration
+	evictionAccepted  bool // WithEvictionAccepted
 }
 
 func defaultOptions() options {

@@ -331,6 +331,10 @@ func (r *pgResetter) rowStates(ctx context.Context, ids []int64, locking string)
 	return out, nil
 }
 
+// isQueued reports whether status, as RowStates gives it, is the queued
+// status.
+func (r *pgResetter) isQueued(status string) bool { return status == r.o.queued }
+
 // committedRowStates is RowStates without the rows an open transaction
 // is writing or has locked (a fetch not committed yet, a completion under
 // way): FOR SHARE SKIP LOCKED never waits and returns only committed

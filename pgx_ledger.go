@@ -35,15 +35,20 @@ const DefaultLedgerRetention = 7 * 24 * time.Hour
 const ledgerCleanEvery = time.Hour
 
 // WithResetLedger names the reset ledger's table (in the schema of
-// WithSchema). The ledger is used only without WithOwnerColumn. Create it
-// with CreateLedger or the migration in docs/integration.md. Default:
+// WithSchema). Without WithOwnerColumn every reset by ID is recorded
+// there; with it, only the reset of rows without an owner that a dead
+// worker's rows set lists (a worker that does not set the column, during
+// its rollout), and only when the table exists. Create it with
+// CreateLedger or the migration in docs/integration.md. Default:
 // DefaultLedgerTable ("recovery_ledger").
 func WithResetLedger(table string) ResetterOption {
 	return resetterOptionFunc(func(o *resetterOptions) { o.ledgerTable = table })
 }
 
-// WithoutResetLedger turns the reset ledger off for a resetter without an
-// owner column. Then a reset whose outcome Redis never learnt (the
+// WithoutResetLedger turns the reset ledger off: for a resetter without an
+// owner column, and, with one, for the rows without an owner of a dead
+// worker's rows set (reset then without it). Then a reset whose outcome
+// Redis never learnt (the
 // recoverer died, or lost the COMMIT's reply) is applied again by the next
 // recoverer, and resets rows a live worker has taken since: use it only
 // where rows are processed idempotently. Default: the ledger is on.
@@ -67,8 +72,10 @@ func (o *resetterOptions) ledgerIdent() string {
 	return ident(o.ledgerTable)
 }
 
-// UsesLedger reports whether this resetter records its resets in the reset
-// ledger: without WithOwnerColumn, unless WithoutResetLedger.
+// UsesLedger reports whether this resetter records every reset by ID in
+// the reset ledger: without WithOwnerColumn, unless WithoutResetLedger.
+// With an owner column it records only the resets of rows without an
+// owner, when the table exists (WithResetLedger).
 func (r *pgResetter) UsesLedger() bool { return r.o.usesLedger() }
 
 // LedgerDDL returns the statements that create the reset ledger's table and

@@ -68,12 +68,16 @@ type pgResetter struct {
 	o            resetterOptions
 	byIDs        query  // reset the rows among $ids
 	logged       query  // byIDs, recording in the ledger and skipping what it holds
+	unowned      query  // byIDs with an owner column, also the rows without owner (unownedReset)
+	unownedLog   query  // unowned, recording in the ledger
 	rest         query  // the rows among $ids not settled after a reset (restQuery)
+	restUnowned  query  // rest after unowned or unownedLog
 	byOwner      query  // reset the first chunk of rows of one owner (owner mode, sweep)
 	byOwnerAfter query  // the next chunks, above the last ID of the previous one
 	ownedRest    query  // the rows of one owner a reset by owner left (ownedRestQuery)
 	owners       string // list the owners of rows in progress
 	byVersion    query  // reset rows still at the version the sweep saw (no owner column)
+	versionRest  query  // the rows byVersion skipped, locked by another session (versionRestQuery)
 	inProgress   string // list the rows in progress with their versions
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
@@ -243,16 +247,19 @@ func (r *pgResetter) init(handle any, conn pgDB, kind string, opts []ResetterOpt
 		return err
 	}
 	r.conn, r.kind, r.o = conn, kind, o
-	r.byIDs, r.rest = o.resetQuery(false, false), o.restQuery()
+	r.byIDs, r.rest = o.resetQuery(resetShape{}), o.restQuery(false)
 	if o.usesLedger() {
-		r.logged = o.resetQuery(false, true)
+		r.logged = o.resetQuery(resetShape{ledger: true})
 	}
 	if o.ownerColumn == "" {
-		r.byVersion, r.inProgress = o.versionsQuery(), o.inProgressQuery()
+		r.byVersion, r.versionRest, r.inProgress = o.versionsQuery(), o.versionRestQuery(), o.inProgressQuery()
 	}
 	if o.ownerColumn != "" {
-		r.byOwner = o.resetQuery(true, false)
-		r.byOwnerAfter = o.resetQueryAfter(true, false, true)
+		r.unowned = o.resetQuery(resetShape{unowned: true})
+		r.unownedLog = o.resetQuery(resetShape{unowned: true, ledger: true})
+		r.restUnowned = o.restQuery(true)
+		r.byOwner = o.resetQuery(resetShape{byOwner: true})
+		r.byOwnerAfter = o.resetQuery(resetShape{byOwner: true, keyset: true})
 		r.ownedRest = o.ownedRestQuery()
 		// As text: a char(n) owner comes back without its blank padding,
 		// which an instance ID never has, so the sweep can use it.
@@ -366,7 +373,7 @@ func (o *resetterOptions) validate() error {
 			return fmt.Errorf("%w: done status %q must not be empty nor the in-progress status", ErrInvalidConfig, d)
 		}
 	}
-	if o.usesLedger() {
+	if !o.noLedger { // with an owner column too: rows without an owner (unownedReset)
 		switch {
 		case o.ledgerTable == "" || strings.ContainsRune(o.ledgerTable, 0):
 			return fmt.Errorf("%w: reset ledger table name %q is empty or contains a NUL byte", ErrInvalidConfig, clip(o.ledgerTable))
@@ -460,9 +467,17 @@ func (r *pgResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (Re
 // delete expired ledger entries (a plan does not, so as not to postpone
 // the real clean-up).
 func (r *pgResetter) resetInTx(ctx context.Context, tx pgTx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
-	reset, rest := r.byIDs, r.rest
-	if r.ledgerFor(req) {
+	reset, rest, ledger := r.byIDs, r.rest, r.ledgerFor(req)
+	if ledger {
 		reset = r.logged
+	}
+	if r.o.ownerColumn != "" && req.FromRowsSet {
+		var err error
+		if reset, rest, ledger, err = r.unownedReset(ctx, tx, req, ids); err != nil {
+			return ResetResult{}, err
+		}
+	}
+	if ledger {
 		if err := r.lockIncarnation(ctx, tx, req.InstanceID, req.Incarnation); err != nil {
 			return ResetResult{}, err
 		}
@@ -489,7 +504,7 @@ func (r *pgResetter) resetInTx(ctx context.Context, tx pgTx, req ResetRequest, i
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.NotReset = append(total.NotReset, notReset...)
 	}
-	if clean && r.ledgerFor(req) {
+	if clean && ledger {
 		if err := r.cleanLedger(ctx, tx); err != nil {
 			return ResetResult{}, err
 		}
@@ -504,6 +519,40 @@ func (r *pgResetter) resetInTx(ctx context.Context, tx pgTx, req ResetRequest, i
 // skip the row, also in that ID's next life.
 func (r *pgResetter) ledgerFor(req ResetRequest) bool {
 	return r.o.usesLedger() && req.Incarnation != ""
+}
+
+// unownedReset chooses, with an owner column, the reset of rows read from
+// a dead peer's rows set (req.FromRowsSet), the query that reads what it
+// left, and whether it uses the ledger. Rows among them in progress with no owner were taken by a worker
+// that does not set the owner column (a rows-set worker of the release
+// before the column, during the rollout): the rows set says they are the
+// dead peer's, and they are reset as a rows-set recovery resets them,
+// under the claim, the status guard and, for a known incarnation, the
+// reset ledger, which is what keeps a reset whose outcome was lost from
+// being applied again to a row a live worker of that kind took since
+// (docs/safety.md §2, "Rows without an owner"). Without the ledger table
+// they are left alone and reported in NotReset, with no owner. A worker
+// that sets the column never holds a row without an owner: its fetch sets
+// both in one UPDATE.
+func (r *pgResetter) unownedReset(ctx context.Context, tx pgTx, req ResetRequest, ids []int64) (reset, rest query, ledger bool, err error) {
+	var found bool
+	err = queryRow(ctx, tx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s = ANY($1::bigint[]) AND %s = $2 AND %s IS NULL)",
+		r.o.tableIdent(), ident(r.o.idColumn), ident(r.o.statusColumn), ident(r.o.ownerColumn)), []any{ids, r.o.inprog}, &found)
+	switch {
+	case err != nil:
+		return query{}, query{}, false, fmt.Errorf("look for rows without an owner: %w", err)
+	case !found:
+		return r.byIDs, r.rest, false, nil
+	case r.o.noLedger || req.Incarnation == "":
+		return r.unowned, r.restUnowned, false, nil // as a rows-set recovery without the ledger
+	}
+	if err := queryRow(ctx, tx, "SELECT to_regclass($1) IS NOT NULL", []any{r.o.ledgerIdent()}, &found); err != nil {
+		return query{}, query{}, false, fmt.Errorf("look up reset ledger %s: %w", r.o.ledgerIdent(), err)
+	}
+	if !found {
+		return r.byIDs, r.rest, false, nil
+	}
+	return r.unownedLog, r.restUnowned, true, nil
 }
 
 // withoutRecorded returns ids (sorted) without the rows the ledger holds
@@ -532,10 +581,7 @@ func (r *pgResetter) withoutRecorded(ctx context.Context, tx pgTx, req ResetRequ
 func (r *pgResetter) unsettled(ctx context.Context, tx pgTx, q query, v resetValues) ([]RowState, error) {
 	return collect(ctx, tx, q.sql, r.bind(q, v), func(row pgRows) (RowState, error) {
 		var s RowState
-		err := row.Scan(&s.ID, &s.Status, &s.Locked)
-		if s.Locked && r.o.ownerColumn != "" {
-			s.Owner = v.owner // the reset matched it: the dead instance's, or unknown
-		}
+		err := row.Scan(&s.ID, &s.Status, &s.Locked, &s.Owner)
 		return s, err
 	})
 }
@@ -574,7 +620,9 @@ func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
 // ResetRowVersions returns the rows of rows that are still in progress at
 // the version given to the queue (or quarantine), in one transaction,
 // WithChunkSize rows per statement in ID order. A row written since its
-// version was read is left alone and not reported: it is not stuck. The
+// version was read is left alone and not reported: it is not stuck. A row
+// still at its version that another session held locked is skipped (SKIP
+// LOCKED) and listed in NotReset (Locked), for the sweep to try again. The
 // ledger is not used: the version guard alone makes a second reset of the
 // same row version impossible.
 func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
@@ -597,8 +645,13 @@ func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (R
 			if err != nil {
 				return ResetResult{}, err
 			}
+			locked, err := r.unsettled(ctx, tx, r.versionRest, v)
+			if err != nil {
+				return ResetResult{}, err
+			}
 			total.Reset += res.Reset
 			total.Quarantined = append(total.Quarantined, res.Quarantined...)
+			total.NotReset = append(total.NotReset, locked...)
 		}
 		return total, nil
 	})
@@ -729,13 +782,23 @@ const lockTimeoutShare = 0.8
 // setting would outlive the savepoint). Row locks are skipped (SKIP
 // LOCKED); what a reset may still wait for is a table lock (an ALTER TABLE
 // or LOCK TABLE in an open transaction).
+//
+// It also sets idle_in_transaction_session_timeout to the whole time ctx
+// leaves: a recoverer whose host vanishes mid-reset leaves its session
+// open on the server (until TCP keepalive gives up, hours later), and
+// with it the locks on every row it reset so far and the ledger's
+// advisory lock; every later reset would skip those rows. The server ends
+// such a session by itself once it has idled past the reset's deadline,
+// which the live client never lets happen.
 func setLockTimeout(ctx context.Context, tx pgTx) error {
 	deadline, ok := ctx.Deadline()
 	if !ok || tx.nested() {
 		return nil
 	}
-	ms := max(int64(float64(time.Until(deadline).Milliseconds())*lockTimeoutShare), 1)
-	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true)", strconv.FormatInt(ms, 10)); err != nil {
+	left := time.Until(deadline).Milliseconds()
+	lock := max(int64(float64(left)*lockTimeoutShare), 1)
+	if err := tx.exec(ctx, "SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)",
+		strconv.FormatInt(lock, 10), strconv.FormatInt(max(left, 1), 10)); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
 	return nil

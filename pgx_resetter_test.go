@@ -278,6 +278,17 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 		var states []string
 		require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(state::text ORDER BY id) FROM jobs`).Scan(&states))
 		assert.Equal(t, []string{"failed", "queued"}, states)
+
+		// A dead rows-set worker's row without an owner (docs/safety.md
+		// §2): the statements that find and reset it take the enum too.
+		_, err = db.Exec(ctx, `INSERT INTO jobs VALUES (3, 'inprog', NULL, 0), (4, 'inprog', NULL, 0)`)
+		require.NoError(t, err)
+		res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{3}, FromRowsSet: true})
+		require.NoError(t, err)
+		assert.Equal(t, int64(1), res.Reset, "an unknown incarnation: as a rows-set recovery, without the ledger")
+		res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i", RowIDs: []int64{4}, FromRowsSet: true})
+		require.NoError(t, err)
+		assert.Equal(t, []RowState{{ID: 4, Status: "inprog"}}, res.NotReset, "no ledger table: kept")
 	})
 }
 

@@ -75,6 +75,57 @@ func (o *resetterOptions) settled() []string {
 	return out
 }
 
+// resetShape says which reset statement resetQuery builds.
+type resetShape struct {
+	// byOwner selects the rows of $owner instead of the rows among $ids:
+	// at most $chunk of them, those with the lowest IDs above $after.
+	byOwner bool
+	// keyset: a reset by owner takes only the rows above $after (every
+	// chunk but the first).
+	keyset bool
+	// ledger records the rows changed in the reset ledger.
+	ledger bool
+	// unowned also resets, with an owner column, the rows among $ids that
+	// have no owner (rows of a dead peer's rows set taken by a worker that
+	// does not set the column; resetInTx decides when).
+	unowned bool
+	// versioned adds the backstop sweep's version guard (versionsQuery).
+	versioned bool
+}
+
+// ownerGuard is the owner guard on the column of prefix ("r." or ""): the
+// row is $owner's, or, with unowned, has no owner.
+func (o *resetterOptions) ownerGuard(q *query, prefix string, unowned bool) string {
+	g := fmt.Sprintf("%s%s = %s::text", prefix, ident(o.ownerColumn), q.param("owner"))
+	if unowned {
+		g = fmt.Sprintf("(%s OR %s%s IS NULL)", g, prefix, ident(o.ownerColumn))
+	}
+	return g
+}
+
+// versionsQuery builds the backstop sweep's reset (ResetRowVersions): the
+// rows among $ids still in progress at the version the sweep saw, each
+// row's version being its xmin (changed by every UPDATE of the row, not by
+// a lock), compared in the statement that locks the rows:
+//
+//	... WHERE id = ANY($ids) AND status = $inprog
+//	    AND (id, xmin::text) IN (SELECT * FROM unnest($ids, $versions))
+//
+// A row written since the sweep looked (fetched again, finished, reset by
+// a peer or by a previous sweep) has another xmin and is left alone, so a
+// double reset cannot happen and a retried reset changes nothing. A row a
+// concurrent transaction holds locked is skipped (SKIP LOCKED), as by every
+// reset; versionRestQuery finds it.
+func (o *resetterOptions) versionsQuery() query {
+	return o.resetQuery(resetShape{versioned: true})
+}
+
+// inProgressQuery lists the rows in progress with their version (xmin).
+func (o *resetterOptions) inProgressQuery() string {
+	return fmt.Sprintf("SELECT %s, xmin::text FROM %s WHERE %s = $1",
+		ident(o.idColumn), o.tableIdent(), ident(o.statusColumn))
+}
+
 // resetQuery builds the reset statement. It locks the matching rows in ID
 // order, skipping rows another session holds locked (SKIP LOCKED: a
 // transaction left open on a host that vanished holds its locks until the
@@ -89,62 +140,39 @@ func (o *resetterOptions) settled() []string {
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
 //	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
 //
-// byOwner selects the rows of $owner instead of the rows among $ids: at
-// most $chunk of them, those with the lowest IDs above $after; it also
-// returns how many it locked and the highest, and the caller runs it again
-// from there until a chunk comes back short.
-func (o *resetterOptions) resetQuery(byOwner, ledger bool) query {
-	return o.resetQueryAfter(byOwner, ledger, false)
+// versionRestQuery reads, after versionsQuery and in its transaction, the
+// rows among $ids still in progress at the version the sweep saw: the
+// reset skipped them because another session held them locked (a row it
+// reset has its transaction's xmin now, a row written since another).
+func (o *resetterOptions) versionRestQuery() query {
+	var q query
+	id, status := ident(o.idColumn), ident(o.statusColumn)
+	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true FROM %[3]s
+WHERE %[2]s = %[4]s AND (%[1]s, xmin::text) IN (SELECT * FROM unnest(%[5]s::bigint[], %[6]s::text[])) ORDER BY %[1]s`,
+		id, status, o.tableIdent(), q.param("inprog"), q.param("ids"), q.param("versions"))
+	return q
 }
 
-// resetQueryAfter is resetQuery; with keyset, a reset by owner takes only
-// the rows above $after (every chunk but the first).
-func (o *resetterOptions) resetQueryAfter(byOwner, ledger, keyset bool) query {
-	return o.resetStatement(byOwner, ledger, keyset, false)
-}
-
-// versionsQuery builds the backstop sweep's reset (ResetRowVersions): the
-// rows among $ids still in progress at the version the sweep saw, each
-// row's version being its xmin (changed by every UPDATE of the row, not by
-// a lock), compared in the statement that locks the rows:
-//
-//	... WHERE id = ANY($ids) AND status = $inprog
-//	    AND (id, xmin::text) IN (SELECT * FROM unnest($ids, $versions))
-//
-// A row written since the sweep looked (fetched again, finished, reset by
-// a peer or by a previous sweep) has another xmin and is left alone, so a
-// double reset cannot happen and a retried reset changes nothing. A row a
-// concurrent transaction holds is waited for and its new version checked
-// again (READ COMMITTED re-reads a locked row that changed).
-func (o *resetterOptions) versionsQuery() query {
-	return o.resetStatement(false, false, false, true)
-}
-
-// inProgressQuery lists the rows in progress with their version (xmin).
-func (o *resetterOptions) inProgressQuery() string {
-	return fmt.Sprintf("SELECT %s, xmin::text FROM %s WHERE %s = $1",
-		ident(o.idColumn), o.tableIdent(), ident(o.statusColumn))
-}
-
-// resetStatement is resetQueryAfter; versioned adds the version guard of
-// versionsQuery.
-func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool) query {
+// A reset by owner also returns how many rows it locked and the highest
+// ID, and the caller runs it again from there until a chunk comes back
+// short.
+func (o *resetterOptions) resetQuery(s resetShape) query {
 	var q query
 	id, status, table := ident(o.idColumn), ident(o.statusColumn), o.tableIdent()
 	fenced := o.ownerColumn != ""
 
 	var match []string
-	if !byOwner {
+	if !s.byOwner {
 		match = append(match, fmt.Sprintf("%s = ANY(%s::bigint[])", id, q.param("ids")))
 	}
 	inprog := q.param("inprog")
 	match = append(match, fmt.Sprintf("%s = %s", status, inprog))
-	if versioned {
+	if s.versioned {
 		match = append(match, fmt.Sprintf("(%s, xmin::text) IN (SELECT * FROM unnest(%s::bigint[], %s::text[]))",
 			id, q.param("ids"), q.param("versions")))
 	}
 	if fenced {
-		match = append(match, fmt.Sprintf("%s = %s::text", ident(o.ownerColumn), q.param("owner")))
+		match = append(match, o.ownerGuard(&q, "", s.unowned))
 	}
 
 	newStatus, terminal := q.param("queued"), ""
@@ -167,7 +195,7 @@ func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool
 	}
 	guard := []string{fmt.Sprintf("r.%s = %s", status, inprog)}
 	if fenced {
-		guard = append(guard, fmt.Sprintf("r.%s = %s::text", ident(o.ownerColumn), q.param("owner")))
+		guard = append(guard, o.ownerGuard(&q, "r.", s.unowned))
 	}
 	quarantined := "NULL::bigint[]"
 	if o.maxRecoveries > 0 {
@@ -176,12 +204,12 @@ func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool
 
 	var sql strings.Builder
 	limit := ""
-	if byOwner {
+	if s.byOwner {
 		// Keyset chunks: the rows after the last one of the previous
 		// chunk, so an index on (owner, id) WHERE status = in progress
 		// seeks straight to them. The first chunk has no lower bound:
 		// row IDs may be zero or negative.
-		if keyset {
+		if s.keyset {
 			match = append(match, fmt.Sprintf("%s > %s", id, q.param("after")))
 		}
 		limit = " LIMIT " + q.param("chunk")
@@ -192,14 +220,14 @@ func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool
 	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
 	RETURNING r.%[1]s AS id, r.%[6]s AS st
 )`, id, table, strings.Join(match, " AND "), strings.Join(set, ", "), strings.Join(guard, " AND "), status, limit)
-	if ledger {
+	if s.ledger {
 		fmt.Fprintf(&sql, `, logged AS (
 	INSERT INTO %s (instance_id, incarnation, row_id)
 	SELECT %s::text, %s::text, id FROM changed ON CONFLICT DO NOTHING
 )`, o.ledgerIdent(), q.param("owner"), q.param("incarnation"))
 	}
 	fmt.Fprintf(&sql, "\nSELECT count(*), %s", quarantined)
-	if byOwner {
+	if s.byOwner {
 		fmt.Fprintf(&sql, ", (SELECT count(*) FROM locked), (SELECT coalesce(max(%s), 0) FROM locked)", id)
 	}
 	sql.WriteString(" FROM changed")
@@ -208,27 +236,31 @@ func (o *resetterOptions) resetStatement(byOwner, ledger, keyset, versioned bool
 }
 
 // restQuery reads, after the reset and in its transaction, the rows among
-// $ids that are not settled: not queued, done or quarantined, and not
-// owned by another worker (fencing); rows the ledger holds are left out of
-// $ids beforehand (resetInTx). A statement of its own, so it sees what
-// the reset changed and what transactions committed since it ran. Its
-// third column says whether the row still matches the reset (in progress,
-// and owned by the dead instance when fencing): the reset skipped it
-// because another session held it locked (SKIP LOCKED), or that session
-// committed it back in progress since.
-func (o *resetterOptions) restQuery() query {
+// $ids that are not settled, with their status and owner: not queued, done
+// or quarantined, and not owned by another worker (fencing: an owner that
+// is provably another value; a row with no owner is not settled); rows
+// the ledger holds are left out of $ids beforehand (resetInTx). A
+// statement of its own, so it sees what the reset changed and what
+// transactions committed since it ran. Its third column says whether the
+// row still matches the reset (in progress, and owned by the dead
+// instance when fencing, or without an owner for a reset that took those,
+// unowned): the reset skipped it because another session held it locked
+// (SKIP LOCKED), or that session committed it back in progress since.
+func (o *resetterOptions) restQuery(unowned bool) query {
 	var q query
 	id, status := ident(o.idColumn), ident(o.statusColumn)
 	settled := []string{fmt.Sprintf("t.%s::text = ANY(%s::text[])", status, q.param("settled"))}
 	matches := []string{fmt.Sprintf("t.%s::text = %s::text", status, q.param("inprog"))}
+	owner := "''"
 	if o.ownerColumn != "" {
-		owner := q.param("owner")
-		settled = append(settled, fmt.Sprintf("t.%s IS DISTINCT FROM %s::text", ident(o.ownerColumn), owner))
-		matches = append(matches, fmt.Sprintf("t.%s = %s::text", ident(o.ownerColumn), owner))
+		col := ident(o.ownerColumn)
+		owner = fmt.Sprintf("coalesce(t.%s::text, '')", col)
+		settled = append(settled, fmt.Sprintf("t.%[1]s IS NOT NULL AND t.%[1]s <> %[2]s::text", col, q.param("owner")))
+		matches = append(matches, o.ownerGuard(&q, "t.", unowned))
 	}
-	q.sql = fmt.Sprintf(`SELECT t.%[1]s, coalesce(t.%[2]s::text, ''), (%[6]s) IS TRUE FROM %[3]s AS t
+	q.sql = fmt.Sprintf(`SELECT t.%[1]s, coalesce(t.%[2]s::text, ''), (%[6]s) IS TRUE, %[7]s FROM %[3]s AS t
 WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND (%[5]s) IS NOT TRUE ORDER BY t.%[1]s`,
-		id, status, o.tableIdent(), q.param("ids"), strings.Join(settled, " OR "), strings.Join(matches, " AND "))
+		id, status, o.tableIdent(), q.param("ids"), strings.Join(settled, " OR "), strings.Join(matches, " AND "), owner)
 	return q
 }
 
@@ -238,7 +270,7 @@ WHERE t.%[1]s = ANY(%[4]s::bigint[]) AND (%[5]s) IS NOT TRUE ORDER BY t.%[1]s`,
 func (o *resetterOptions) ownedRestQuery() query {
 	var q query
 	id, status := ident(o.idColumn), ident(o.statusColumn)
-	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true FROM %[3]s
+	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true, %[5]s::text FROM %[3]s
 WHERE %[2]s = %[4]s AND %[5]s = %[6]s::text ORDER BY %[1]s`,
 		id, status, o.tableIdent(), q.param("inprog"), ident(o.ownerColumn), q.param("owner"))
 	return q

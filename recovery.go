@@ -44,12 +44,20 @@ type RecoveryReport struct {
 // heartbeats can use it) and concurrently with the background scans: a
 // claim in Redis makes sure one dead peer is recovered by one worker.
 //
+// Before Start it first reads the timings the fleet's members announce
+// (the fleet record), which a started Worker learns from its heartbeats,
+// so that verdicts after a Redis restart wait for the fleet's longest TTL,
+// not this Worker's.
+//
 // The error is nil when every dead peer was handled; otherwise it joins a
 // *PeerError for each peer that failed, or reports why the scan itself
 // failed. The report describes what was done either way.
 func (w *Worker) RecoverNow(ctx context.Context) (RecoveryReport, error) {
-	if w.state.Load() == stateShutdown {
+	switch w.state.Load() {
+	case stateShutdown:
 		return RecoveryReport{}, ErrShutdown
+	case stateNew:
+		w.learnFleetRecord(ctx)
 	}
 	return w.scan(ctx)
 }

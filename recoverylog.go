@@ -20,6 +20,7 @@ type recoveryLog struct {
 	mu           sync.Mutex
 	scanFailing  bool
 	sweepFailing bool
+	sweepYields  bool              // the sweep by row version leaves the turn to owner-mode members
 	failing      map[string]string // peers whose recovery failed last time: the kind of failure
 	invalid      map[string]bool   // registry members already reported
 }
@@ -181,11 +182,20 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		return
 	}
 	l.sweepFailing = false
+	if len(rep.ownerPeers) > 0 != l.sweepYields {
+		l.sweepYields = len(rep.ownerPeers) > 0
+		if l.sweepYields {
+			l.w.log.Info("backstop sweep by row version left to the fleet's owner-mode workers: their rows are in no rows set, so this worker (no owner column) does not judge rows in progress while they are alive (an owner-column rollout; give this worker WithOwnerColumn too)",
+				slog.Any("owner_mode_workers", rep.ownerPeers))
+		} else {
+			l.w.log.Info("backstop sweep by row version resumed: no owner-mode worker is alive in the fleet")
+		}
+	}
 	if rep.strayFound > 0 {
 		l.w.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
 			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
-			slog.Int("rows_quarantined", rep.strayQuarantined),
-			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)))
+			slog.Int("rows_quarantined", rep.strayQuarantined), slog.Int("rows_locked", rep.strayLocked),
+			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked))
 	}
 	l.w.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),

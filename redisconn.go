@@ -163,21 +163,3 @@ type redisLogger struct{ l *slog.Logger }
 func (r redisLogger) Printf(ctx context.Context, format string, v ...any) {
 	r.l.WarnContext(ctx, "go-redis", slog.String("redis_log", fmt.Sprintf(format, v...)))
 }
-
-// warnIfEvicting logs once, at Start, when the server may evict keys under
-// memory pressure: an evicted heartbeat makes a live worker look dead, an
-// evicted rows set or registry hides a dead one. Servers that refuse CONFIG
-// (managed offerings often do) are not an error.
-func (w *Worker) warnIfEvicting(ctx context.Context) {
-	opCtx, cancel := w.opContext(ctx)
-	defer cancel()
-	p, err := w.store.EvictionPolicy(opCtx)
-	if err != nil {
-		w.log.Debug("cannot read maxmemory-policy", slog.Any("error", err))
-		return
-	}
-	if p != "" && p != "noeviction" {
-		w.log.Warn("redis may evict keys under memory pressure; use maxmemory-policy noeviction for the recovery keys",
-			slog.String("maxmemory_policy", p))
-	}
-}

@@ -105,17 +105,6 @@ func TestRedisLoggerSendsGoRedisLinesToTheLogger(t *testing.T) {
 	assert.Contains(t, buf.String(), `"level":"WARN"`)
 }
 
-func TestSafetyWarnsOnceWhenRedisMayEvictKeys(t *testing.T) {
-	evicting := testutil.StartRedis(t, "--maxmemory-policy", "allkeys-lru")
-	_, logs := startWorker(t, evicting.Client(t), &fakeResetter{}, "w1")
-	assert.Equal(t, 1, logs.Count("redis may evict keys"))
-	assert.Contains(t, logs.String(), `"maxmemory_policy":"allkeys-lru"`)
-
-	safe := testutil.StartRedis(t)
-	_, logs = startWorker(t, safe.Client(t), &fakeResetter{}, "w2")
-	assert.Zero(t, logs.Count("redis may evict keys"))
-}
-
 // TestStartWithoutThePasswordSaysSoAndGoRedisPrintsNothing: a client
 // without the password of a Redis that requires one gets a clear error
 // from Start, before anything is pipelined, and go-redis has nothing to

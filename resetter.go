@@ -1,6 +1,11 @@
 package recovery
 
-import "context"
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"strings"
+)
 
 // A RowResetter returns a dead worker's rows to the queue. PgxResetter
 // (pgx) and SQLResetter (database/sql) are the implementations for
@@ -60,6 +65,16 @@ type ResetRequest struct {
 	Incarnation string
 	// RowIDs are the rows to reset.
 	RowIDs []int64
+	// FromRowsSet is set by recovery when RowIDs were read from the dead
+	// instance's rows set under a recovery claim; Release leaves it
+	// unset. A resetter that fences by owner then also resets the rows
+	// among them that are in progress with no owner: rows taken by a
+	// worker that does not set the owner column (a rows-set worker of a
+	// release from before the column was added), which a rows-set
+	// recovery would reset, under the guards it uses (the status, the
+	// claim, and the reset ledger for a known incarnation). Without it
+	// such rows are reported as not reset, never counted as settled.
+	FromRowsSet bool
 }
 
 // An IncarnationResetter is a RowResetter that takes the whole
@@ -107,7 +122,10 @@ type RowsSweeper interface {
 	InProgressRows(ctx context.Context) ([]RowVersion, error)
 	// ResetRowVersions returns the rows still in progress at the version
 	// given to the queue; it leaves the others alone and does not report
-	// them. Resetting the same versions again changes nothing.
+	// them, but for rows still at their version that another session held
+	// locked, which it may list in NotReset (Locked) for the sweep to try
+	// again at its next look. Resetting the same versions again changes
+	// nothing.
 	ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error)
 }
 
@@ -158,3 +176,78 @@ func recordsResets(r RowResetter) bool {
 // then left alone, by its owner (owner fencing) or because the ledger
 // holds its reset under this worker's incarnation (the reset ledger).
 func releaseSafeAfterLoss(r RowResetter) bool { return fencesByOwner(r) || recordsResets(r) }
+
+// A capability is an optional interface the Worker finds on its resetter
+// by type assertion, and what a resetter without it loses. A host type
+// that wraps a PgxResetter or SQLResetter and exposes only RowResetter
+// loses all of them, silently but for New's warning (warnMissingCapabilities).
+type capability struct {
+	name string
+	has  func(RowResetter) bool
+	loss string
+}
+
+// capabilities are what the Worker looks for, in the order of their cost.
+var capabilities = []capability{
+	{"IncarnationResetter", is[IncarnationResetter],
+		"no reset ledger and no incarnation: a recoverer dying after its COMMIT can have the same rows reset twice, under a live worker; rows without an owner in a dead rows-set worker's set are reported, not reset"},
+	{"ResetReporter", func(r RowResetter) bool { return is[IncarnationResetter](r) || is[ResetReporter](r) },
+		"no report of a reset: rows neither reset nor settled count as settled and their worker's rows set is deleted; quarantined rows go unreported"},
+	{"OwnerFencer", is[OwnerFencer],
+		"no owner fencing: no owner mode, and Release refuses after a lost lease or Shutdown unless the resetter records its resets"},
+	{"UsesLedger() bool", is[interface{ UsesLedger() bool }],
+		"the reset ledger unseen: without owner fencing, Release refuses after a lost lease or Shutdown"},
+	{"OwnerSweeper", is[OwnerSweeper],
+		"no reset by owner: no owner mode and no backstop sweep, so a Redis that forgets a rows set strands its rows"},
+	{"SchemaChecker", is[SchemaChecker],
+		"no schema check: Start accepts a wrong table, column or status, found at the first failed recovery"},
+	{"RowStateReader", is[RowStateReader],
+		"no self-check: Healthy does not catch a host whose rows the resetter would not recover (owner not set, status misspelt)"},
+	{"OwnerPlanner", is[OwnerPlanner],
+		"no dry run by owner: PlanRecovery (recoveryctl recover --dry-run) cannot say what a reset by owner would change"},
+	{"ResetPlanner", is[ResetPlanner],
+		"no dry run: PlanRecovery cannot say what a reset of a rows set would change"},
+}
+
+// is reports whether r implements T.
+func is[T any](r RowResetter) bool {
+	_, ok := r.(T)
+	return ok
+}
+
+// missingCapabilities returns the capabilities r lacks; none for the
+// bundled resetters, which have them all.
+func missingCapabilities(r RowResetter) []capability {
+	switch r.(type) {
+	case *PgxResetter, *SQLResetter:
+		return nil
+	}
+	var missing []capability
+	for _, c := range capabilities {
+		if !c.has(r) {
+			missing = append(missing, c)
+		}
+	}
+	return missing
+}
+
+// warnMissingCapabilities logs once, at Warn, which optional interfaces a
+// resetter that is not one of ours lacks and what each loss costs, until
+// the Worker's contract with its resetter is one interface the compiler
+// checks. A wrapper keeps them by forwarding these methods.
+func (w *Worker) warnMissingCapabilities() {
+	missing := missingCapabilities(w.resetter)
+	if len(missing) == 0 {
+		return
+	}
+	names := make([]string, len(missing))
+	losses := make([]string, len(missing))
+	for i, c := range missing {
+		names[i] = c.name
+		losses[i] = c.name + ": " + c.loss
+	}
+	w.log.Warn("the resetter lacks optional interfaces the Worker finds by type assertion; a type wrapping a PgxResetter or SQLResetter must forward their methods to keep what they provide",
+		slog.String("resetter_type", fmt.Sprintf("%T", w.resetter)),
+		slog.String("missing", strings.Join(names, ", ")),
+		slog.String("lost", strings.Join(losses, "; ")))
+}

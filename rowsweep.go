@@ -69,9 +69,6 @@ type rowsMemory struct {
 	stray  map[int64]strayRow
 	prev   map[int64]string // rows in progress at the previous look, by ID: version
 	prevAt time.Time        // when the previous look's database read began
-	// suspectLooks counts the looks in a row whose sets held rows, none of
-	// them in progress, while other rows were (suspect).
-	suspectLooks int
 }
 
 func (m *rowsMemory) clear() { *m = rowsMemory{} }
@@ -107,28 +104,17 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		s.mem.clear()
 		return fmt.Errorf("backstop sweep held: %w", err)
 	}
-	if suspect(rows, held) {
-		// A correct fleet looks so for a moment too: a worker has
-		// committed its rows' outcome and not untracked them yet (or its
-		// Untrack lingers, WithDeferredUntrack). Every such look holds the
-		// resets and forgets what the sweep saw; only the second one in a
-		// row is a misconfiguration.
-		n := s.mem.suspectLooks + 1
+	if suspect(rows, held) && !w.heldRowsStale(ctx, held) {
 		s.mem.clear()
-		s.mem.suspectLooks = min(n, 2)
-		if n < 2 {
-			rep.suspectHeld = true
-			return nil
-		}
 		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
 	}
-	s.mem.suspectLooks = 0
 
 	m := &s.mem
 	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= w.opts.rowsTTL-w.opts.heartbeatTTL
 	stray := make(map[int64]strayRow)
 	now := make(map[int64]string, len(rows))
 	var due []RowVersion
+	dueAs := make(map[int64]strayRow) // what each due row was remembered as
 	for _, r := range rows {
 		now[r.ID] = r.Version
 		st, seen := m.stray[r.ID]
@@ -158,6 +144,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		}
 		if setsAt.Sub(st.absentAt) >= gap {
 			due = append(due, r)
+			dueAs[r.ID] = st
 			continue
 		}
 		stray[r.ID] = st
@@ -177,12 +164,85 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return err
 	}
 	rep.strayFound, rep.strayReset, rep.strayQuarantined = len(due), res.Reset, len(res.Quarantined)
+	// A row another session held locked is still due: remembered as it
+	// was, it is tried again at the next look, not a gap later.
+	for _, s := range res.NotReset {
+		if st, ok := dueAs[s.ID]; ok && s.Locked {
+			m.stray[s.ID] = st
+			rep.strayLocked++
+		}
+	}
 	w.stats.rowsRecovered.Add(uint64(res.Reset))
 	w.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
 	w.stats.strayRowsReset.Add(uint64(res.Reset))
 	w.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Reset,
 		RowsQuarantined: len(res.Quarantined), Duration: gap})
 	return nil
+}
+
+// queuedReader is a resetter that tells whether a status is the queued
+// one. PgxResetter and SQLResetter are.
+type queuedReader interface {
+	RowStateReader
+	isQueued(status string) bool
+}
+
+// maxStaleSample bounds the rows heldRowsStale reads.
+const maxStaleSample = 100
+
+// heldRowsStale tells stale entries from swapped statuses when suspect
+// trips: the rows sets hold rows, and none of them is in progress. With
+// swapped statuses the rows workers track show the status configured as
+// queued (it is the table's real in-progress one); entries an Untrack
+// whose reply was lost left in a set (docs/safety.md §7) show a finished
+// one. It reads the states of up to maxStaleSample held rows and reports
+// true when none of them is queued. A resetter that cannot tell, or a
+// failed read, keeps the hold.
+func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]bool) bool {
+	qr, ok := w.resetter.(queuedReader)
+	if !ok {
+		return false
+	}
+	ids := make([]int64, 0, min(len(held), maxStaleSample))
+	for id := range held {
+		if len(ids) == maxStaleSample {
+			break
+		}
+		ids = append(ids, id)
+	}
+	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	states, err := qr.RowStates(dbCtx, ids)
+	cancel()
+	if err != nil {
+		w.log.Debug("backstop sweep: cannot read the states of rows the sets hold", slog.Any("error", err))
+		return false
+	}
+	for _, st := range states {
+		if qr.isQueued(st.Status) {
+			return false
+		}
+	}
+	return true
+}
+
+// ownerModePeers lists the members of the fleet record that announce owner
+// mode and have not lapsed. Members of releases before the fleet record
+// announce nothing and are not listed (docs/safety.md §5b).
+func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
+	opCtx, cancel := w.opContext(ctx)
+	f, err := w.store.ReadFleet(opCtx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("backstop sweep: read the fleet record: %w", err)
+	}
+	now := time.Now()
+	var out []string
+	for _, m := range f.Members {
+		if m.Mode == "owner" && m.ID != w.opts.instanceID && m.Expires.After(now) {
+			out = append(out, m.ID)
+		}
+	}
+	return out, nil
 }
 
 // suspect reports a configuration the sweep must not act on: the rows sets
@@ -245,16 +305,20 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 // mastersTrusted reports whether every Redis master has been up, with the
 // data it has now, for a heartbeat TTL before sent (strict node age: a
 // master that started empty is held too, as it has forgotten the rows sets
-// of live workers until their next heartbeat). When no master's INFO can
-// be read (a server that forbids INFO), looks count as the scans' verdicts
-// do (infoUnavailable); when some masters answer and another does not,
-// the look does not count.
+// of live workers until their next heartbeat), nor evicted keys less than
+// a TTL before (eviction.go: a live worker's rows set may have been
+// evicted). When no master's INFO can be read, looks count as the scans'
+// verdicts do (infoUnavailable, or held with evictions accepted); when
+// some masters answer and another does not, the look does not count.
 func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
 	infos, err := w.store.MasterInfos(opCtx)
 	cancel()
 	recv := time.Now()
 	if err != nil && len(infos) == 0 {
+		if w.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
+			return false // evictions accepted: the server may be evicting rows sets
+		}
 		w.infoUnavailable(err)
 		return true
 	}
@@ -279,6 +343,12 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 			continue
 		}
 		until, first, youngOnly := w.nodeHold(node, f, recv, true)
+		if w.holdForEvictions(node, f, nil, sent, recv, 0) {
+			// An evicted rows set of a live worker is back within a
+			// heartbeat interval, as its heartbeat is (eviction.go).
+			trusted = false
+			continue
+		}
 		if until.IsZero() || !sent.Before(until) {
 			continue
 		}

@@ -30,6 +30,7 @@ type simProc struct {
 	pausedUntil time.Time
 	held        map[int64]bool // rows fetched (committed) and not finished, released or given up
 	rolledBack  map[int64]bool // rows whose fetch rolled back after they were tracked
+	old         bool           // rollout: a worker of the release before the owner column (set at spawn)
 
 	deadCh   chan struct{} // closed at the crash
 	hostStop context.CancelFunc
@@ -37,6 +38,10 @@ type simProc struct {
 }
 
 func (p *simProc) String() string { return fmt.Sprintf("%s#%d", p.id, p.n) }
+
+// setsOwner reports whether p's fetch sets the owner column, its
+// completion is guarded by it and its resetter fences by it.
+func (p *simProc) setsOwner() bool { return p.world.table.fenced && !p.old }
 
 // alive reports whether p has not crashed; the caller holds world.mu.
 func (p *simProc) alive() bool { return p != nil && !p.dead }
@@ -190,6 +195,7 @@ func (c *simConn) roundTrip(ctx context.Context, op string, effect func(*simRedi
 		if err := c.arrive(func() bool { return time.Now().Before(w.redis.downTill) }, errSimConn); err != nil {
 			return err
 		}
+		w.redis.evict()
 		effect(w.redis)
 		if lost {
 			w.tracef("%s redis %s: reply lost (attempt %d)", c.proc, op, attempt+1)
@@ -297,7 +303,7 @@ func (p *simProc) host(ctx context.Context) {
 			if errors.Is(lerr, ErrShutdown) {
 				return
 			}
-			if len(held) > 0 && (p.world.table.fenced || p.world.table.ledger) {
+			if len(held) > 0 && (p.setsOwner() || p.world.table.ledger) {
 				if err := p.w.Release(ctx, held...); err == nil {
 					p.logf("host: lease lost (%v), released %v", lerr, held)
 					p.drop(held...)

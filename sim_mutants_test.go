@@ -38,6 +38,7 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "F2 reverted: no reset ledger without owner fencing", sim: simMutations{noLedger: true}},
 		{name: "F4 reverted: a retried claim does not recognise its own token", sim: simMutations{f4: true}},
 		{name: "F7 reverted: no verdict hold after a restart or a promotion", set: []*bool{&mutantNoNodeAgeHold}},
+		{name: "issue 20 item 4 reverted: verdicts taken while Redis evicts keys with a TTL", set: []*bool{&mutantNoEvictionHold}},
 		{name: "mutation: the claim does not re-check the heartbeat", sim: simMutations{claimNoRecheck: true}},
 		{name: "mutation: the reset has no status guard", sim: simMutations{noStatusGuard: true}},
 		{name: "mutation: a lost lease neither sticky with owner fencing nor held", set: []*bool{&mutantNoStickyLease, &mutantNoRegainHold}},
@@ -56,6 +57,7 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "sweep by row version: rows sets of live workers ignored", set: []*bool{&mutantSweepIgnoresSets}},
 		{name: "issue 20 item 2 reverted: Start neither records nor checks what the fleet serves", set: []*bool{&mutantNoFleetCheck}},
 		{name: "issue 20 item 3 reverted: verdicts and holds use the worker's own timings", set: []*bool{&mutantOwnTimingsOnly}},
+		{name: "issue 20.1 reverted: an owner-fenced reset takes a row without an owner for another worker's", sim: simMutations{noUnowned: true}},
 	}
 	var report []string
 	for _, m := range mutants {

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"strings"
@@ -58,6 +59,12 @@ type simRedis struct {
 	shifted  bool      // second_repl_offset set: promoted
 	downTill time.Time // refuses connections until then
 	runs     int       // restarts and failovers, for run IDs
+	// Evictions (maxmemory with volatile-lru under another application's
+	// memory pressure): until evictTill, every round trip evicts one key
+	// with a TTL, drawn from evictRng; evicted is INFO's evicted_keys.
+	evictTill time.Time
+	evictRng  *rand.Rand
+	evicted   int64
 }
 
 func newSimRedis(now time.Time) *simRedis {
@@ -196,6 +203,7 @@ func (r *simRedis) restart(keys map[string]*simKey, down time.Duration) {
 	r.replID = fmt.Sprintf("repl%d", r.runs)
 	r.started = now.Add(down)
 	r.shifted = false
+	r.evicted = 0 // a new process: its stats start at zero
 	r.downTill = now.Add(down)
 }
 
@@ -215,14 +223,34 @@ func (r *simRedis) failover(keys map[string]*simKey, down time.Duration, replica
 
 // info is INFO server, replication and persistence, as nodeage.go reads
 // them.
+// evict evicts one key with a TTL while an eviction fault lasts, as a
+// server over maxmemory does before it runs a command.
+func (r *simRedis) evict() {
+	if !time.Now().Before(r.evictTill) {
+		return
+	}
+	var volatile []string
+	for k, e := range r.keys {
+		if !e.expire.IsZero() && r.get(k) != nil {
+			volatile = append(volatile, k)
+		}
+	}
+	if len(volatile) == 0 {
+		return
+	}
+	slices.Sort(volatile)
+	delete(r.keys, volatile[r.evictRng.IntN(len(volatile))])
+	r.evicted++
+}
+
 func (r *simRedis) info() string {
 	now := time.Now()
 	off := "-1"
 	if r.shifted {
 		off = "1"
 	}
-	return fmt.Sprintf("run_id:%s\nuptime_in_seconds:%d\nrole:master\nmaster_replid:%s\nsecond_repl_offset:%s\nrdb_last_load_keys_loaded:%d\naof_enabled:0\n",
-		r.runID, now.Unix()-r.started.Unix(), r.replID, off, r.loaded)
+	return fmt.Sprintf("run_id:%s\nuptime_in_seconds:%d\nrole:master\nmaster_replid:%s\nsecond_repl_offset:%s\nrdb_last_load_keys_loaded:%d\naof_enabled:0\nevicted_keys:%d\n",
+		r.runID, now.Unix()-r.started.Unix(), r.replID, off, r.loaded, r.evicted)
 }
 
 // errSimConn is a connection refused, a reset or a read timeout: what a
@@ -626,7 +654,9 @@ func (s *simStore) ReadHistory(context.Context, store.HistoryQuery) ([]store.His
 	return nil, errors.New("sim: the history is not modelled")
 }
 
-func (s *simStore) EvictionPolicy(context.Context) (string, error) { return "noeviction", nil }
+func (s *simStore) MemoryInfos(context.Context) (map[string]string, error) {
+	return map[string]string{"": "maxmemory:0\nmaxmemory_policy:noeviction\n"}, nil
+}
 
 func (s *simStore) Ping(context.Context) error { return nil }
 

@@ -74,8 +74,9 @@ func newSimTable(n int, fenced, ledger bool, maxRec int) *simTable {
 func (t *simTable) ids() []int64 { return slices.Sorted(maps.Keys(t.rows)) }
 
 // settled is the rest query's test: queued, done, quarantined, or (with
-// owner fencing) owned by another instance.
-func (t *simTable) settled(r *simRow, owner string) bool {
+// owner fencing) owned by another instance: an owner that is not NULL
+// (issue 20.1; the mutation noUnowned takes NULL for another owner).
+func (t *simTable) settled(r *simRow, owner string, fenced, noUnowned bool) bool {
 	switch r.status {
 	case stQueued, stDone:
 		return true
@@ -84,7 +85,7 @@ func (t *simTable) settled(r *simRow, owner string) bool {
 			return true
 		}
 	}
-	return t.fenced && r.owner != owner
+	return fenced && (r.owner != "" || noUnowned) && r.owner != owner
 }
 
 // simResetter is one process's PgxResetter over the simulated table.
@@ -101,7 +102,9 @@ var (
 	_ RowsSweeper         = (*simResetter)(nil)
 )
 
-func (r *simResetter) table() *simTable { return r.p.world.table }
+// fenced reports whether this process's resetter has the owner column:
+// with it, during a rollout, only the new workers' (setsOwner).
+func (r *simResetter) fenced() bool { return r.p.setsOwner() }
 
 // fleetIdentity tells what the fleet serves only in the foreign fault
 // class: elsewhere Start records nothing, so the runs of earlier seeds are
@@ -113,11 +116,11 @@ func (r *simResetter) fleetIdentity(context.Context) (string, error) {
 	return "", nil
 }
 
-func (r *simResetter) FencesByOwner() bool { return r.p.world.table.fenced }
+func (r *simResetter) FencesByOwner() bool { return r.fenced() }
 
 // UsesLedger reports whether resets are recorded in the reset ledger: then
 // Release is safe after a lost lease without fencing too (releaseSafeAfterLoss).
-func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger }
+func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger && !r.fenced() }
 
 func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
 	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
@@ -139,7 +142,20 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 	var res ResetResult
 	err := r.p.conn.pg(ctx, "reset", true, func(t *simTable) {
 		res = ResetResult{}
-		ledger := t.ledger && req.Incarnation != ""
+		fenced, mut := r.fenced(), r.p.world.mut.noUnowned
+		ledger := t.ledger && req.Incarnation != "" && !fenced
+		// With an owner column, the rows without an owner that a dead
+		// peer's rows set lists are reset too: without a ledger for an
+		// unknown incarnation, under it for a known one, and not at all
+		// without the ledger table (pgResetter.unownedReset).
+		unowned := false
+		if fenced && req.FromRowsSet && !mut && slices.ContainsFunc(ids, func(id int64) bool {
+			row := t.rows[id]
+			return row != nil && row.status == stInprog && row.owner == ""
+		}) {
+			unowned = req.Incarnation == "" || t.ledger
+			ledger = req.Incarnation != "" && t.ledger
+		}
 		if ledger {
 			ids = slices.DeleteFunc(ids, func(id int64) bool {
 				return t.recorded[ledgerKey{req.InstanceID, req.Incarnation, id}]
@@ -147,7 +163,7 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 		}
 		for _, id := range ids {
 			row := t.rows[id]
-			if row == nil || !r.matches(t, row, req.InstanceID) {
+			if row == nil || !r.matches(row, req.InstanceID, fenced, unowned) {
 				continue
 			}
 			r.apply(t, id, row, req.InstanceID, false, &res)
@@ -156,7 +172,7 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 			}
 		}
 		for _, id := range ids {
-			if row := t.rows[id]; row != nil && !t.settled(row, req.InstanceID) {
+			if row := t.rows[id]; row != nil && !t.settled(row, req.InstanceID, fenced, mut) {
 				res.NotReset = append(res.NotReset, RowState{ID: id, Status: row.status, Owner: row.owner})
 			}
 		}
@@ -170,9 +186,9 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 }
 
 // matches is the reset's WHERE: the status guard and, fenced, the owner
-// guard.
-func (r *simResetter) matches(t *simTable, row *simRow, instance string) bool {
-	if t.fenced && row.owner != instance {
+// guard (with unowned, a row without an owner passes it).
+func (r *simResetter) matches(row *simRow, instance string, fenced, unowned bool) bool {
+	if fenced && row.owner != instance && !(unowned && row.owner == "") {
 		return false
 	}
 	if r.p.world.mut.noStatusGuard {
@@ -189,7 +205,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 	// that worker presumed dead (docs/reliability.md: "without owner
 	// fencing a paused worker's rows are done twice"): only another
 	// instance's rows are protected there.
-	if h := row.taker; h != nil && h != r.p && h.holdsLive(id) && (t.fenced || h.id != instance) {
+	if h := row.taker; h != nil && h != r.p && h.holdsLive(id) && (h.setsOwner() || h.id != instance) {
 		// What the recoverer learnt the rows from: its claim (by owner) or
 		// its read of the rows set (by IDs).
 		ref := r.p.conn.readAt[instance]
@@ -200,7 +216,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 		case w.freshAfterPromotion(r.p):
 			w.known[knownFresh]++
 			w.tracef("KNOWN row %d reset under %s by %s, which started less than a TTL after a promotion (docs/safety.md §8)", id, h, r.p)
-		case !t.fenced && w.trackedThenRolledBack(instance, id):
+		case !h.setsOwner() && w.trackedThenRolledBack(instance, id):
 			// docs/safety.md §2: a tracked ID whose row is not ours is
 			// harmless only under owner fencing.
 			w.known[knownRolledBack]++
@@ -235,7 +251,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 // ResetOwnerRows is PgxResetter.ResetOwnerRows: every row in progress
 // owner owns, in one transaction.
 func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
-	if !r.table().fenced {
+	if !r.fenced() {
 		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
 	}
 	var res ResetResult
@@ -243,7 +259,7 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 		res = ResetResult{}
 		var changed []int64
 		for _, id := range t.ids() {
-			if row := t.rows[id]; r.matches(t, row, owner) {
+			if row := t.rows[id]; r.matches(row, owner, true, false) {
 				r.apply(t, id, row, owner, true, &res)
 				changed = append(changed, id)
 			}
@@ -259,7 +275,7 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 // InProgressRows is PgxResetter.InProgressRows: the rows in progress and
 // their xmin.
 func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
-	if r.table().fenced {
+	if r.fenced() {
 		return nil, fmt.Errorf("%w: a resetter WithOwnerColumn sweeps by owner", ErrInvalidConfig)
 	}
 	var out []RowVersion
@@ -287,7 +303,7 @@ func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (
 		var changed []int64
 		for _, rv := range rows {
 			row := t.rows[rv.ID]
-			if row == nil || !r.matches(t, row, "") {
+			if row == nil || !r.matches(row, "", false, false) {
 				continue
 			}
 			if !r.p.world.mut.noVersionGuard && strconv.Itoa(row.xmin) != rv.Version {
@@ -305,7 +321,7 @@ func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (
 }
 
 func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
-	if !r.table().fenced {
+	if !r.fenced() {
 		return nil, fmt.Errorf("%w: in-progress owners need WithOwnerColumn", ErrInvalidConfig)
 	}
 	var out []string
@@ -327,6 +343,8 @@ func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
 	return r.rowStates(ctx, ids, false)
 }
+
+func (r *simResetter) isQueued(status string) bool { return status == stQueued }
 
 // committedRowStates is RowStates without the rows an open fetch holds, as
 // FOR SHARE SKIP LOCKED reads them (the self-check's reads).
@@ -353,7 +371,7 @@ func (r *simResetter) rowStates(ctx context.Context, ids []int64, skipLocked boo
 func (r *simResetter) configuredStatuses() (inprog, queued string) { return stInprog, stQueued }
 
 func (r *simResetter) InProgress(s RowState, owner string) bool {
-	return s.Status == stInprog && (!r.table().fenced || s.Owner == owner)
+	return s.Status == stInprog && (!r.fenced() || s.Owner == owner)
 }
 
 // The host's statements.
@@ -378,8 +396,8 @@ func (p *simProc) lockBlock(ctx context.Context, n int) ([]int64, error) {
 	return ids, err
 }
 
-// commitBlock marks the locked rows in progress and owned by p (the owner
-// column exists only with fencing), and commits. On an error the
+// commitBlock marks the locked rows in progress and owned by p (when p
+// sets the owner column), and commits. On an error the
 // transaction is rolled back.
 func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
 	err := p.conn.pg(ctx, "commit", false, func(t *simTable) {
@@ -388,7 +406,7 @@ func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
 			row.lockedBy = nil
 			row.status = stInprog
 			row.xmin++
-			if t.fenced {
+			if p.setsOwner() {
 				row.owner = p.id
 			}
 			row.takes++
@@ -423,7 +441,7 @@ func (p *simProc) complete(ctx context.Context, id int64) (bool, error) {
 	var changed bool
 	err := p.conn.pg(ctx, "complete", true, func(t *simTable) {
 		row := t.rows[id]
-		changed = row.status == stInprog && (!t.fenced || row.owner == p.id)
+		changed = row.status == stInprog && (!p.setsOwner() || row.owner == p.id)
 		if !changed {
 			return
 		}

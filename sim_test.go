@@ -27,14 +27,15 @@ package recovery
 //   - a worker killed once the faults stopped has its rows queued again
 //     within the documented bound: TTL + 1.1 × recovery interval + the scan
 //     turn, from its last heartbeat, + one scan (+ 2 TTLs after a
-//     failover: the hold, by up to two workers in turn); in a fleet of
+//     failover or evictions: the hold, by up to two workers in turn); in a fleet of
 //     mixed timings, its TTL + the slowest member's wait for a scan, and
 //     the fleet's longest TTLs for the hold;
 //
 // Fault classes added later (issue 20) draw from a stream of their own, so
 // earlier seeds replay as they did: members with different timings (a
-// rolling change of every timing option, with Redis restarts), and a
-// second fleet (another table) starting a worker under the prefix.
+// rolling change of every timing option, with Redis restarts), a
+// second fleet (another table) starting a worker under the prefix, and
+// keys with a TTL evicted (seeds with the sweep whose number is 5 mod 7).
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -93,6 +94,7 @@ type simMutations struct {
 	noLedger       bool // no reset ledger without an owner column (F2)
 	noKeep         bool // verdicts held after a failover do not renew the rows sets (seed 1359)
 	readLocked     bool // the self-check reads rows an open fetch holds (no SKIP LOCKED)
+	noUnowned      bool // issue 20.1 reverted: a fenced reset takes a row without an owner for another worker's
 }
 
 // simConfig is what the seed chose for a run.
@@ -113,6 +115,15 @@ type simConfig struct {
 	// prefix during the faults, tracks row IDs of its own table that our
 	// live workers hold in ours, and dies (issue 20, item 2).
 	foreign bool
+	// evicting: Redis may evict keys with a TTL (maxmemory, volatile-lru,
+	// evictions accepted): only with the backstop sweep, which recovers a
+	// dead worker whose rows set was evicted (docs/operations.md).
+	evicting bool
+	// rollout: an owner column rolled out under a running fleet (owner
+	// mode only): every other instance ID is a worker of the release
+	// before the column, rows sets without an owner column, whose fetch
+	// leaves the owner NULL (the NULL owners fault class, issue 20.1).
+	rollout bool
 }
 
 func (c simConfig) fenced() bool { return c.mode != "rows" && c.mode != "rows+sweep" }
@@ -141,6 +152,7 @@ type simWorld struct {
 	lostTill   time.Time // lost replies and acknowledgements strike until then
 	redisUp    time.Time // when Redis last came back with data it may lack (a restart, a failover)
 	failedOver bool      // a replica was promoted during the run
+	evicted    bool      // Redis evicted keys during the run
 	flushedAt  time.Time // the last FLUSHALL (rows+sweep only)
 	promoted   []time.Time
 	// unrecorded are the instances a claim found without a rows set.
@@ -183,7 +195,9 @@ func (w *simWorld) freshAfterPromotion(p *simProc) bool {
 // after the taker's death (docs/safety.md: the sweep's case). The caller
 // holds w.mu.
 func (w *simWorld) setExpired(row *simRow) bool {
-	return !w.cfg.sweep() && row.taker != nil && row.taker.dead && w.unrecorded[row.taker.id]
+	// A row of a worker of the old kind has no owner: the sweep cannot
+	// find it either.
+	return row.taker != nil && (!w.cfg.sweep() || row.taker.old) && row.taker.dead && w.unrecorded[row.taker.id]
 }
 
 // trackedThenRolledBack reports whether a process of instance tracked row
@@ -211,7 +225,7 @@ func (w *simWorld) ledgerHides(id int64, row *simRow) bool {
 // an entry for row id under its taker's instance, so a later recovery of
 // that instance leaves it alone (docs/safety.md §9). The caller holds w.mu.
 func (w *simWorld) ledgerRecorded(id int64, row *simRow) bool {
-	if w.table.fenced || row.taker == nil {
+	if row.taker == nil || row.taker.setsOwner() {
 		return false
 	}
 	for k := range w.table.recorded {
@@ -291,20 +305,33 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 		cfg.mode = "rows+sweep"
 	}
 	cfg.deferred = cfg.mode != "owner" && rng.IntN(3) == 0
-	cfg.redisLoss = cfg.sweep()
-	// The fault classes added later draw from a stream of their own, so
-	// that every earlier seed replays the run it always did.
+	// Drawn from a stream of its own, so the seeds of the other modes
+	// replay as they did before the rollout existed.
+	cfg.rollout = cfg.mode == "owner" && rand.New(rand.NewPCG(seed, 0x0e11)).IntN(3) == 0
+	// Redis forgetting strands the rows of a dead worker of the old kind
+	// (its rows set gone, and no owner for the sweep): the rows-set mode
+	// without the sweep, not drawn.
+	cfg.redisLoss = cfg.sweep() && !cfg.rollout
+	// The fault classes of issue 20's items 2 and 3 draw from a stream of
+	// their own too, so that every earlier seed replays the run it always
+	// did.
 	later := rand.New(rand.NewPCG(seed, 0x1a7e))
 	cfg.timings = cfg.redisLoss && later.IntN(2) == 0
 	cfg.foreign = later.IntN(2) == 0
-	ledger := !cfg.fenced() && !mut.noLedger
+	// Drawn from the seed, not the driver's stream, so that the seeds
+	// without evictions replay as before. Not during a rollout: an evicted
+	// rows set of a worker of the old kind strands its rows (no owner for
+	// the sweep), as Redis forgetting does (docs/safety.md §13, A1).
+	cfg.evicting = cfg.sweep() && !cfg.rollout && seed%7 == 5
+	ledger := (!cfg.fenced() || cfg.rollout) && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
 }
 
-// options are the Worker options of a process of the run; long gives it
-// simLong times the timings.
-func (w *simWorld) options(id string, long bool) []Option {
+// options are the Worker options of a process of the run; old is a worker
+// of the release before the owner column (rollout); long gives it simLong
+// times the timings.
+func (w *simWorld) options(id string, old, long bool) []Option {
 	k := time.Duration(1)
 	if long {
 		k = simLong
@@ -315,7 +342,7 @@ func (w *simWorld) options(id string, long bool) []Option {
 		WithRecoveryInterval(k * simRecovery), WithResetTimeout(k * simReset),
 		WithHistory(0), // the fleet history is not part of the protocol modelled
 	}
-	if w.cfg.mode != "owner" {
+	if w.cfg.mode != "owner" || old {
 		opts = append(opts, WithRowsSets())
 	}
 	if w.cfg.mode == "rows+fenced+sweep" {
@@ -343,12 +370,18 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 	}
 	p := &simProc{world: w, n: w.nextProc, id: id, held: map[int64]bool{}, rolledBack: map[int64]bool{},
 		deadCh: make(chan struct{}), hostDone: make(chan struct{})}
+	// A kind per instance ID (a restart keeps it): every other process of
+	// the first fleet is of the old release; the deploy replaces the
+	// others with new ones.
+	var n int
+	_, _ = fmt.Sscanf(id, "w%d", &n)
+	p.old = w.cfg.rollout && n%2 == 1 && n <= w.cfg.procs
 	p.conn = &simConn{world: w, proc: p, streams: map[string]*rand.Rand{},
 		claimAt: map[string]time.Time{}, readAt: map[string]time.Time{}}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
 	long := w.cfg.timings && p.n%2 == 0
-	wk, err := New(rdb, &simResetter{p: p}, w.options(id, long)...)
+	wk, err := New(rdb, &simResetter{p: p}, w.options(id, p.old, long)...)
 	if err != nil {
 		w.mu.Unlock()
 		t.Fatalf("New: %v", err)
@@ -357,7 +390,7 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.procs = append(w.procs, p)
-	w.tracef("%s spawned (owner mode %v, TTL %v)", p, wk.OwnerMode(), wk.opts.heartbeatTTL)
+	w.tracef("%s spawned (owner mode %v, old release %v, TTL %v)", p, wk.OwnerMode(), p.old, wk.opts.heartbeatTTL)
 	w.mu.Unlock()
 
 	hostCtx, cancel := context.WithCancel(context.Background())
@@ -446,6 +479,18 @@ func mapKeys[V any](m map[int64]V) func(func(int64) bool) {
 	}
 }
 
+// newAlive reports whether a worker that sets the owner column is alive:
+// during a rollout only those find the rows of a dead one (the sweep);
+// the old kind finds no rows set and deregisters it.
+func (w *simWorld) newAlive() bool {
+	for _, p := range w.live() {
+		if !p.old {
+			return true
+		}
+	}
+	return false
+}
+
 func (w *simWorld) live() []*simProc {
 	w.mu.Lock()
 	defer w.mu.Unlock()
@@ -473,6 +518,9 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 	kinds := []string{"crash", "crash", "pause", "pause", "pgdown", "pgslow", "redisdown"}
 	if w.cfg.redisLoss {
 		kinds = append(kinds, "restart-empty", "restart-snapshot", "failover")
+	}
+	if w.cfg.evicting {
+		kinds = append(kinds, "evict", "evict")
 	}
 	if w.cfg.mode == "rows+sweep" {
 		kinds = append(kinds, "flush") // FLUSHALL: node age cannot see it
@@ -520,6 +568,13 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 		w.pgSlowTill = time.Now().Add(d)
 		w.pgSlowMax = time.Duration(r.Int64N(int64(1500*time.Millisecond))) + time.Millisecond
 		w.tracef("FAULT PostgreSQL slow (up to %v more per transaction) for %v", w.pgSlowMax, d)
+		w.mu.Unlock()
+	case "evict":
+		d := capped(time.Duration(r.Int64N(int64(3*time.Second))) + time.Millisecond)
+		w.mu.Lock()
+		w.redis.evictTill = time.Now().Add(d)
+		w.evicted = true
+		w.tracef("FAULT Redis evicts a key with a TTL at every command for %v", d)
 		w.mu.Unlock()
 	case "redisdown":
 		d := capped(time.Duration(r.Int64N(int64(time.Second))) + time.Millisecond)
@@ -633,6 +688,13 @@ func (w *simWorld) foreignStrike() {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		_ = wk.Shutdown(ctx)
 		cancel()
+		// The operator, told by our heartbeats' Error and our refused
+		// Starts, gives that application its own prefix and deletes the
+		// record (docs/operations.md): our fleet records its table again.
+		w.mu.Lock()
+		w.redis.del(store.FleetKey(DefaultKeyPrefix))
+		w.tracef("operator deletes the fleet record")
+		w.mu.Unlock()
 		return
 	}
 	var ids []int64
@@ -695,6 +757,7 @@ func (w *simWorld) simBound(victim *Worker) time.Duration {
 func (w *simWorld) run(t *testing.T) {
 	w.start = time.Now()
 	w.redis = newSimRedis(w.start)
+	w.redis.evictRng = rand.New(rand.NewPCG(w.seed, 0xe71c7))
 	w.lostTill = w.start.Add(simFaultEnd + 6*time.Second)
 	w.tracef("seed %d: %+v %+v", w.seed, w.cfg, w.mut)
 	stopSnaps := make(chan struct{})
@@ -731,7 +794,7 @@ func (w *simWorld) run(t *testing.T) {
 	}
 	time.Sleep(time.Until(faultEnd))
 	<-foreignDone
-	for len(w.live()) < 2 {
+	for len(w.live()) < 2 || !w.newAlive() {
 		w.spawn(t, "")
 	}
 	w.mu.Lock()
@@ -822,6 +885,13 @@ func (w *simWorld) checkBound(t *testing.T) {
 	w.spawn(t, "")
 	w.mu.Lock()
 	bound := w.simBound(victim.w)
+	if w.cfg.rollout && !victim.old {
+		// An old worker may scan first, find no rows set and deregister
+		// it; the sweep of a new one then finds its rows by owner, two
+		// sightings a TTL apart (docs/integration.md, "Rolling out owner
+		// mode"; docs/safety.md §2, O3's bound).
+		bound = max(bound, 2*w.longestTTL()+44*simRecovery/10+2*victim.w.opts.opTimeout)
+	}
 	if w.failedOver {
 		// A worker learns of a promotion at its first INFO, which it
 		// sends when it first finds a heartbeat absent, and holds its
@@ -830,6 +900,11 @@ func (w *simWorld) checkBound(t *testing.T) {
 		// scan turn passes meanwhile to a worker that had not looked at
 		// the new master yet (seed 1653). The rows sets of the peers held
 		// are renewed meanwhile (keepHeld), so the wait loses nothing.
+		bound += 2 * w.longestTTL()
+	} else if w.evicted {
+		// The same after evictions: a look after the faults may be the
+		// first to see the count moved, or a worker's first look, which
+		// cannot tell when it moved (eviction.go); either holds a TTL.
 		bound += 2 * w.longestTTL()
 	}
 	deadline := lastBeat.Add(bound)

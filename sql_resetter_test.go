@@ -29,6 +29,7 @@ type pgResetterAPI interface {
 	OwnerSweeper
 	OwnerFencer
 	ResetPlanner
+	OwnerPlanner
 	RowStateReader
 	SchemaChecker
 	UsesLedger() bool
@@ -150,7 +151,7 @@ func TestNewSQLResetterRefusesANilHandleAndBadOptions(t *testing.T) {
 	r, err = NewSQLResetter(&sql.DB{}, WithMaxRecoveries(3, ""))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Nil(t, r)
-	assert.Contains(t, err.Error(), "max recoveries needs a recovery count column")
+	assert.Contains(t, err.Error(), "max recoveries 3 (WithMaxRecoveries) needs a recovery count column (WithRecoveryCountColumn)")
 }
 
 func TestSQLResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {

@@ -189,7 +189,7 @@ func hostLoop(t *testing.T, db *pgxpool.Pool, w *Worker, dead *atomic.Bool) {
 	ctx := context.Background()
 	me := w.InstanceID()
 	for !dead.Load() {
-		ids, err := fetchBlock(ctx, db, w, 5)
+		ids, err := fetchBlock(ctx, db, w, 5, true)
 		switch {
 		case errors.Is(err, ErrShutdown):
 			return
@@ -208,7 +208,7 @@ func hostLoop(t *testing.T, db *pgxpool.Pool, w *Worker, dead *atomic.Bool) {
 				return
 			}
 			time.Sleep(time.Duration(10+rand.N(10)) * time.Millisecond) // the host's work on the row
-			if err := completeRow(ctx, db, me, id); err != nil {
+			if err := completeRow(ctx, db, me, id, true); err != nil {
 				t.Errorf("complete row %d: %v", id, err)
 				return
 			}
@@ -222,10 +222,15 @@ func hostLoop(t *testing.T, db *pgxpool.Pool, w *Worker, dead *atomic.Bool) {
 // A crash before the commit leaves them queued (and a tracked ID whose row
 // is not ours is harmless under owner fencing); a crash after it finds them
 // tracked. Tracking after the commit would leave a window in which a crash
-// strands them in progress.
-func fetchBlock(ctx context.Context, db *pgxpool.Pool, w *Worker, n int) ([]int64, error) {
+// strands them in progress. Without setOwner it is the fetch of a host
+// written before the owner column: the owner is left as it is (NULL).
+func fetchBlock(ctx context.Context, db *pgxpool.Pool, w *Worker, n int, setOwner bool) ([]int64, error) {
 	var ids []int64
 	me := w.InstanceID()
+	mark := `UPDATE batchrows SET status = 'inprog', owner = $2 WHERE rowid = ANY($1)`
+	if !setOwner {
+		mark = `UPDATE batchrows SET status = 'inprog' WHERE rowid = ANY($1)`
+	}
 	err := pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
 		rows, err := tx.Query(ctx, `SELECT rowid FROM batchrows WHERE status = 'queued' ORDER BY rowid LIMIT $1 FOR UPDATE SKIP LOCKED`, n)
 		if err != nil {
@@ -235,7 +240,11 @@ func fetchBlock(ctx context.Context, db *pgxpool.Pool, w *Worker, n int) ([]int6
 		if err != nil || len(ids) == 0 {
 			return err
 		}
-		if _, err = tx.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = $1 WHERE rowid = ANY($2)`, me, ids); err != nil {
+		args := []any{ids, me}
+		if !setOwner {
+			args = args[:1]
+		}
+		if _, err = tx.Exec(ctx, mark, args...); err != nil {
 			return err
 		}
 		if err := w.Track(ctx, ids...); errors.Is(err, ErrShutdown) || errors.Is(err, ErrLeaseLost) {
@@ -247,10 +256,16 @@ func fetchBlock(ctx context.Context, db *pgxpool.Pool, w *Worker, n int) ([]int6
 }
 
 // completeRow marks the row done only if this worker still owns it, and
-// writes the ledger in the same transaction.
-func completeRow(ctx context.Context, db *pgxpool.Pool, me string, id int64) error {
+// writes the ledger in the same transaction. Without byOwner it is the
+// completion of a host written before the owner column: the status guard
+// alone.
+func completeRow(ctx context.Context, db *pgxpool.Pool, me string, id int64, byOwner bool) error {
+	done, args := `UPDATE batchrows SET status = 'done' WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`, []any{id, me}
+	if !byOwner {
+		done, args = `UPDATE batchrows SET status = 'done' WHERE rowid = $1 AND status = 'inprog'`, args[:1]
+	}
 	return pgx.BeginFunc(ctx, db, func(tx pgx.Tx) error {
-		tag, err := tx.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`, id, me)
+		tag, err := tx.Exec(ctx, done, args...)
 		if err != nil || tag.RowsAffected() == 0 {
 			return err // not ours any more: someone else will do it
 		}

@@ -58,18 +58,22 @@ type sweepReport struct {
 	// nodeHeld is set when a Redis master was too young to trust.
 	rowsInProgress int
 	nodeHeld       bool
-	// suspectHeld is set when the sets held rows, none of them in
-	// progress, while other rows were: resets held for this look.
-	suspectHeld bool
 	// strayWaiting is how many rows no rows set held, not yet for a gap.
 	strayWaiting int
 	// strayFound rows were due for a reset; strayReset of them were reset
 	// (strayQuarantined quarantined), the others had changed meanwhile.
 	strayFound, strayQuarantined int
-	strayReset                   int64
+	// strayLocked of the rows due were skipped, another session holding
+	// them locked; they are due again at the next look.
+	strayLocked int
+	strayReset  int64
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64
+	// ownerPeers lists live members that announce owner mode (an
+	// owner-column rollout): a sweep by row version leaves the turn to
+	// them, since their rows are in no rows set.
+	ownerPeers []string
 }
 
 // sweeper is the backstop sweep's loop.
@@ -121,6 +125,24 @@ func (s *sweeper) run(ctx context.Context) {
 // each owner's recovery counts its own.
 func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	w := s.w
+	if s.rows != nil {
+		// Without an owner column, the fleet's owner-mode members (an
+		// owner-column rollout) hold rows that no rows set lists: a sweep
+		// by row version would take them for stray rows and reset them
+		// under their live workers. It leaves the turn to those members,
+		// whose sweep by owner covers their rows.
+		peers, err := w.ownerModePeers(ctx)
+		if err != nil {
+			w.stats.errors.Add(1)
+			s.mem.clear()
+			return rep, err
+		}
+		if len(peers) > 0 {
+			s.mem.clear()
+			rep.ownerPeers = peers
+			return rep, nil
+		}
+	}
 	opCtx, cancel := w.opContext(ctx)
 	held, err := w.store.TakeSweepTurn(opCtx, s.token, w.opts.sweepTurnTTL())
 	cancel()

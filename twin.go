@@ -90,6 +90,7 @@ func (w *Worker) twinPoll() time.Duration {
 func (w *Worker) claimInstanceID(ctx context.Context) error {
 	recovered, warnedLocked := false, false
 	for {
+		sent := time.Now()
 		k, err := w.readOwn(ctx)
 		if err != nil {
 			return err
@@ -102,6 +103,16 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 				return err
 			}
 		case k.Record || ((w.ownerMode || w.sweepsByOwner()) && w.opts.instanceIDSet && !recovered):
+			if w.predecessorHeld(ctx, sent) {
+				// The server evicts keys: the absent heartbeat may be a
+				// live twin's (eviction.go). Look again after a poll.
+				select {
+				case <-ctx.Done():
+					return fmt.Errorf("wait for the Redis server's evictions to stop before recovering this instance ID's previous process: %w", ctx.Err())
+				case <-time.After(w.twinPoll()):
+				}
+				continue
+			}
 			if recovered, err = w.recoverPredecessor(ctx, &warnedLocked); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.

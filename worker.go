@@ -84,7 +84,11 @@ type loops struct {
 // closes rdb.
 //
 // New returns an error wrapping ErrInvalidConfig that names the bad value
-// when an argument or option is invalid.
+// when an argument or option is invalid. A resetter that is not a
+// PgxResetter or SQLResetter and lacks some of the optional interfaces
+// the Worker looks for (IncarnationResetter, OwnerFencer, OwnerSweeper,
+// SchemaChecker, RowStateReader, ...: a host's wrapper that forwards only
+// ResetRows) gets one Warn naming each and what its absence costs.
 func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Worker, error) {
 	if isNil(rdb) {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
@@ -133,6 +137,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if reader, ok := resetter.(RowStateReader); ok {
 		w.checker = newSelfChecker(w, reader)
 	}
+	w.warnMissingCapabilities()
 	return w, nil
 }
 
@@ -154,6 +159,10 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 // error names the address and the cause), or Redis refuses the client (a
 // missing or wrong password: an error wrapping ErrRedisAuth, after one
 // PING, before anything else is sent); Start may then be called again.
+// It also refuses, with an error wrapping ErrEvictionPolicy and before
+// writing anything, a Redis master whose maxmemory-policy can evict the
+// library's keys (unless WithEvictionAccepted) or that will not say
+// (INFO memory refused).
 //
 // If the heartbeat key already holds another process's value, Start
 // watches it: a process that refreshes it within a heartbeat interval +
@@ -193,9 +202,18 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.ping(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
+	if err := w.checkEviction(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.firstHeartbeatError(ctx, err)
+		}
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
 	if err := w.checkFleet(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
+	// Before the first heartbeat's recount drops them: a record loaded
+	// from an old snapshot lists members whose announcements have lapsed.
+	w.learnFleetRecord(ctx)
 	if err := w.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.firstHeartbeatError(ctx, err)
@@ -208,7 +226,6 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.firstHeartbeatError(ctx, err))
 	}
-	w.warnIfEvicting(ctx)
 	w.observeNodes(ctx)
 	var expiry *expiryWatcher
 	if w.opts.expiry {

@@ -24,6 +24,7 @@ import (
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
 )
 
 // proc is one worker process and what the demo knows about it. Only the
@@ -157,6 +158,7 @@ func (d *demo) setup(ctx context.Context) error {
 		if err := d.mr.StartAddr("127.0.0.1:0"); err != nil {
 			return fmt.Errorf("start miniredis: %w", err)
 		}
+		testutil.NoEviction(d.mr) // miniredis never evicts; it says so as Redis would (INFO memory)
 		d.redisURL = "redis://" + d.mr.Addr()
 		d.ui.say("Redis: embedded miniredis on %s (no redis-server on PATH; the workers will say that it cannot tell its uptime)", d.mr.Addr())
 	}

@@ -30,6 +30,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
 	"os/signal"
 	"syscall"
@@ -118,7 +119,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	// worker. New does no I/O, so the client is never used.
 	idle := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer idle.Close()
-	if _, err := recovery.New(idle, noResetter{},
+	if _, err := recovery.New(idle, noResetter{}, recovery.WithLogger(slog.New(slog.DiscardHandler)), // it has no interface to warn about
 		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.beat),
 		recovery.WithRecoveryInterval(c.recovery), recovery.WithRowsTTL(rowsTTL(c.ttl, c.recovery))); err != nil {
 		return c, err

@@ -68,6 +68,7 @@ type config struct {
 	// Faults of the recoverer (issue 10), all off by default.
 	recoverOnly     bool          // take no rows: only heartbeat and recover peers
 	rowsSets        bool          // WithRowsSets: rows sets even with owner fencing
+	acceptEviction  bool          // WithEvictionAccepted
 	dieAfterResetOf string        // SIGKILL this process right after the first reset of this peer's rows that changed rows committed
 	delayFinishOf   string        // after the first reset of this peer's rows that changed rows, wait finishDelay before the finish script
 	finishDelay     time.Duration // see delayFinishOf
@@ -115,6 +116,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.BoolVar(&c.scanLease, "scan-lease", true, "one worker of the fleet scans per recovery interval (false: every worker scans)")
 	fs.BoolVar(&c.expiry, "expiry-notifications", false, "recover a peer on its heartbeat's expiry event (WithExpiryNotifications(true)); the scan stays")
 	fs.BoolVar(&c.recoverOnly, "recover-only", false, "take no rows: only heartbeat and recover dead peers")
+	fs.BoolVar(&c.acceptEviction, "accept-eviction", false, "start on a Redis whose maxmemory-policy can evict keys (WithEvictionAccepted)")
 	fs.BoolVar(&c.rowsSets, "rows-sets", false, "keep rows sets in Redis even with owner fencing (WithRowsSets: as releases before owner mode)")
 	fs.StringVar(&c.dieAfterResetOf, "die-after-reset-of", "", "SIGKILL this process right after its first reset of this peer's rows that changed rows has committed, before the finish script (fault F2)")
 	fs.StringVar(&c.delayFinishOf, "delay-finish-of", "", "after the first reset of this peer's rows that changed rows, wait -finish-delay before the finish script (fault F8)")
@@ -225,6 +227,9 @@ func (c config) options(log *slog.Logger) []recovery.Option {
 	}
 	if c.noBackstop {
 		opts = append(opts, recovery.WithoutBackstopSweep())
+	}
+	if c.acceptEviction {
+		opts = append(opts, recovery.WithEvictionAccepted())
 	}
 	if c.opTimeout != 0 {
 		opts = append(opts, recovery.WithOperationTimeout(c.opTimeout))

@@ -427,6 +427,7 @@ func nodeInfo(ctx context.Context, c redis.UniversalClient) (string, error) {
 	pipe := c.Pipeline()
 	cmds := []*redis.StringCmd{
 		pipe.Info(ctx, "server"), pipe.Info(ctx, "replication"), pipe.Info(ctx, "persistence"),
+		pipe.Info(ctx, "stats"), // evicted_keys: the eviction hold (eviction.go in the root package)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return "", fmt.Errorf("read INFO: %w", err)
@@ -605,14 +606,29 @@ func IsAuthError(err error) bool {
 	return false
 }
 
-// EvictionPolicy sends CONFIG GET maxmemory-policy.
-func (s *Redis) EvictionPolicy(ctx context.Context) (_ string, err error) {
+// MemoryInfos reads INFO memory and INFO stats of every master (one round
+// trip each, concurrently on a Cluster), by node name as MasterInfos
+// names them: the eviction policy and maxmemory, and evicted_keys. It
+// needs no CONFIG, which managed servers often rename away.
+func (s *Redis) MemoryInfos(ctx context.Context) (_ map[string]string, err error) {
 	defer s.failed(&err)
-	cfg, err := s.rdb.ConfigGet(ctx, "maxmemory-policy").Result()
-	if err != nil {
-		return "", err
-	}
-	return cfg["maxmemory-policy"], nil
+	var mu sync.Mutex
+	out := make(map[string]string)
+	err = s.forEachMaster(ctx, func(ctx context.Context, node string, c redis.UniversalClient) error {
+		pipe := c.Pipeline()
+		mem, stats := pipe.Info(ctx, "memory"), pipe.Info(ctx, "stats")
+		if _, err := pipe.Exec(ctx); err != nil {
+			if node != "" {
+				return fmt.Errorf("read INFO memory of %s: %w", node, err)
+			}
+			return fmt.Errorf("read INFO memory: %w", err)
+		}
+		mu.Lock()
+		out[node] = mem.Val() + "\n" + stats.Val()
+		mu.Unlock()
+		return nil
+	})
+	return out, err
 }
 
 // Describe pipelines PTTL, SCARD, PTTL, GET, GET per instance.

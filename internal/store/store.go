@@ -96,7 +96,7 @@ type Store interface {
 	// NodeOf returns the name of the node that holds id's keys: a Cluster
 	// master's address, "" for a single server.
 	NodeOf(ctx context.Context, id string) (string, error)
-	// NodeInfo returns the INFO server, replication and persistence
+	// NodeInfo returns the INFO server, replication, persistence and stats
 	// sections of a node NodeOf or MasterInfos named.
 	NodeInfo(ctx context.Context, node string) (string, error)
 	// MasterInfos returns NodeInfo of every master, by node name. It
@@ -116,8 +116,10 @@ type Store interface {
 	// SubscribeExpired subscribes to expired-key events on a master that
 	// Masters named.
 	SubscribeExpired(ctx context.Context, node string) (Subscription, error)
-	// EvictionPolicy returns the server's maxmemory-policy.
-	EvictionPolicy(ctx context.Context) (string, error)
+	// MemoryInfos returns the INFO memory and stats sections of every
+	// master, by node name as MasterInfos names them. It returns what it
+	// could read, and the first error.
+	MemoryInfos(ctx context.Context) (map[string]string, error)
 	// Ping sends one PING, alone: the first command of Start, so that a
 	// server that refuses the client (see IsAuthError) says so before any
 	// pipeline or transaction is sent.
