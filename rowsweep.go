@@ -26,8 +26,10 @@ import (
 // least a gap apart, at the same version, both from masters up for a
 // heartbeat TTL (strict node age), is reset with its version in the
 // statement's WHERE clause. The gap is the longest rows TTL in the fleet:
-// this worker's, or the longest TTL left on any registered instance's
-// heartbeat or rows set, whichever is longer; every worker's heartbeat
+// this worker's, the longest heartbeat TTL a live member announced (a
+// member Redis has just forgotten, with its registry entry, is known by
+// that), or the longest TTL left on any registered instance's heartbeat
+// or rows set, whichever is longest; every worker's heartbeat
 // interval is shorter than its heartbeat TTL, itself shorter than its rows
 // TTL, so a live worker has written every row it tracks back into its set
 // (heartbeat.go) at least once between the two set reads. docs/design.md
@@ -261,7 +263,8 @@ func suspect(rows []RowVersion, held map[int64]bool) bool {
 
 // heldRows reads every rows set of every registered instance (this
 // worker's included) and returns the rows they hold, and the gap two looks
-// need: the longest rows TTL in the fleet (see above).
+// need: the longest rows TTL in the fleet (see above), and at least the
+// longest heartbeat TTL a live member announced.
 func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, error) {
 	opCtx, cancel := w.opContext(ctx)
 	ids, err := w.store.RegistryMembers(opCtx)
@@ -269,7 +272,10 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 	if err != nil {
 		return nil, 0, err
 	}
-	gap := w.opts.rowsTTL
+	// A live member not registered at this look (Redis flushed, the
+	// registry evicted) is known by the heartbeat TTL it announced, longer
+	// than its heartbeat interval: wait that long too.
+	gap := max(w.opts.rowsTTL, w.fleetTTL())
 	if len(ids) > 0 {
 		opCtx, cancel := w.opContext(ctx)
 		insts, err := w.store.Describe(opCtx, ids)
@@ -301,8 +307,9 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 // master that started empty is held too, as it has forgotten the rows sets
 // of live workers until their next heartbeat), nor evicted keys less than
 // a TTL before (eviction.go: a live worker's rows set may have been
-// evicted). A master whose INFO cannot be read is judged as by the scans
-// (infoUnavailable, or held with evictions accepted).
+// evicted). When no master's INFO can be read, looks count as the scans'
+// verdicts do (infoUnavailable, or held with evictions accepted); when
+// some masters answer and another does not, the look does not count.
 func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
 	infos, err := w.store.MasterInfos(opCtx)
@@ -316,6 +323,15 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 		return true
 	}
 	trusted := true
+	if err != nil {
+		// Some masters answered and one did not: it may be down, or the
+		// old address of a master that just failed over, whose promoted
+		// replica answered the set reads (through a redirection) without
+		// being asked its age.
+		w.log.Debug("backstop sweep: rows no set holds not judged this time: a Redis master could not be asked its age",
+			slog.Any("error", err))
+		trusted = false
+	}
 	for node, info := range infos {
 		f, err := parseNodeFacts(info)
 		if err != nil {
