@@ -143,11 +143,13 @@ func (o *resetterOptions) inProgressQuery() string {
 // versionRestQuery reads, after versionsQuery and in its transaction, the
 // rows among $ids still in progress at the version the sweep saw: the
 // reset skipped them because another session held them locked (a row it
-// reset has its transaction's xmin now, a row written since another).
+// reset has its transaction's xmin now, a row written since another). Its
+// columns are restQuery's: ID, status, locked, owner (none: the sweep by
+// version runs without an owner column).
 func (o *resetterOptions) versionRestQuery() query {
 	var q query
 	id, status := ident(o.idColumn), ident(o.statusColumn)
-	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true FROM %[3]s
+	q.sql = fmt.Sprintf(`SELECT %[1]s, coalesce(%[2]s::text, ''), true, '' FROM %[3]s
 WHERE %[2]s = %[4]s AND (%[1]s, xmin::text) IN (SELECT * FROM unnest(%[5]s::bigint[], %[6]s::text[])) ORDER BY %[1]s`,
 		id, status, o.tableIdent(), q.param("inprog"), q.param("ids"), q.param("versions"))
 	return q
