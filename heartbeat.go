@@ -37,6 +37,26 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	ctx, cancel := w.opContext(parent)
 	defer cancel()
 
+	if w.rows.needsLossCheck() && w.sweepsByVersion() && !w.ownerMode {
+		// Without an owner column the backstop sweep by row version resets
+		// rows no set held at two looks a gap apart, and records that in
+		// no ledger. If this worker's rows set is gone, the sweep may have
+		// reset the rows held at the loss and peers taken them again:
+		// written back, a Release of them (or a recovery of this worker)
+		// would reset them under their new holder. They are left to the
+		// sweep instead. The set is only ever created by this worker, so
+		// a set still there has held them throughout.
+		own, err := w.store.ReadOwn(ctx, w.opts.instanceID)
+		if err != nil {
+			w.stats.heartbeatFailures.Add(1)
+			return fmt.Errorf("look for the rows set after a lost lease: %w", err)
+		}
+		if ids := w.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
+			w.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
+				slog.Int("rows", len(ids)))
+		}
+	}
+
 	w.rows.assert.Lock()
 	defer w.rows.assert.Unlock()
 	if err := w.rotateLocked(ctx); err != nil {

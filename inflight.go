@@ -45,6 +45,14 @@ type inflight struct {
 	// would hide the ledger's record of it from the repeat, which would
 	// then reset the row again, under whichever worker took it since.
 	retakenIDs map[int64]struct{}
+	// abandoned are stale rows this worker left to the backstop sweep by
+	// row version: its rows set was gone when its heartbeat came back, so
+	// the sweep may have reset them, out of the ledger's sight, and peers
+	// taken them again. Release of one only forgets it.
+	abandoned map[int64]struct{}
+	// lossChecked is set once the first heartbeat after the last loss has
+	// looked for the rows set (abandonStale).
+	lossChecked bool
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
 	// heartbeat, which re-adds ids and removes unremoved, Shutdown's
@@ -64,6 +72,7 @@ func (s *inflight) init() {
 	s.stale = make(map[int64]struct{})
 	s.released = make(map[int64]struct{})
 	s.retakenIDs = make(map[int64]struct{})
+	s.abandoned = make(map[int64]struct{})
 	s.incarnation = newToken()
 }
 
@@ -142,6 +151,7 @@ func (s *inflight) markLoss(stale bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.lossGen = s.gen
+	s.lossChecked = false
 	if !stale {
 		return 0
 	}
@@ -149,6 +159,54 @@ func (s *inflight) markLoss(stale bool) int {
 		s.stale[id] = struct{}{}
 	}
 	return len(s.stale)
+}
+
+// needsLossCheck reports whether stale rows wait for the first heartbeat
+// after the loss to look for the rows set.
+func (s *inflight) needsLossCheck() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return !s.lossChecked && len(s.stale) > 0
+}
+
+// abandonStale ends the check after a loss: with setGone, the stale rows
+// stop being tracked (the heartbeat does not write them back) and are
+// marked abandoned. It returns them.
+func (s *inflight) abandonStale(setGone bool) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.lossChecked = true
+	if !setGone {
+		return nil
+	}
+	out := make([]int64, 0, len(s.stale))
+	for id := range s.stale {
+		delete(s.ids, id)
+		s.abandoned[id] = struct{}{}
+		out = append(out, id)
+	}
+	clear(s.stale)
+	return out
+}
+
+// takeAbandoned returns ids without the abandoned rows among them, which
+// it forgets, and how many those were.
+func (s *inflight) takeAbandoned(ids []int64) (rest []int64, n int) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.abandoned) == 0 {
+		return ids, 0
+	}
+	rest = make([]int64, 0, len(ids))
+	for _, id := range ids {
+		if _, ok := s.abandoned[id]; ok {
+			delete(s.abandoned, id)
+			n++
+			continue
+		}
+		rest = append(rest, id)
+	}
+	return rest, n
 }
 
 // staleRows returns how many stale rows are still tracked.

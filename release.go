@@ -37,6 +37,16 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
+	// Rows left to the backstop sweep after a lost lease (heartbeat.go):
+	// a reset of them could reach a peer that took them since.
+	rowIDs, left := w.rows.takeAbandoned(rowIDs)
+	if left > 0 {
+		w.log.Info("released rows left to the backstop sweep: nothing reset for them", slog.Int("rows", left))
+		w.stats.rowsReleased.Add(uint64(left))
+	}
+	if len(rowIDs) == 0 {
+		return nil
+	}
 	if !releaseSafeAfterLoss(w.resetter) {
 		switch {
 		case w.state.Load() == stateShutdown:

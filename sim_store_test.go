@@ -344,7 +344,8 @@ func (s *simStore) ReadOwn(ctx context.Context, id string) (store.Own, error) {
 	var own store.Own
 	err := s.c.roundTrip(ctx, "readown", func(r *simRedis) {
 		v, _ := r.getStr(k.Heartbeat)
-		own = store.Own{Value: v, PTTL: r.pttl(k.Heartbeat), Record: r.exists(k.Rows) || r.exists(k.Incarnation)}
+		own = store.Own{Value: v, PTTL: r.pttl(k.Heartbeat), Record: r.exists(k.Rows) || r.exists(k.Incarnation),
+			RowsSet: r.exists(k.Rows)}
 	})
 	if err != nil {
 		return store.Own{}, fmt.Errorf("read heartbeat %s: %w", k.Heartbeat, err)

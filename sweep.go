@@ -38,6 +38,10 @@ func WithBackstopSweep() Option {
 // owner (an owner column), which finds rows by owner in PostgreSQL.
 func (w *Worker) sweepsByOwner() bool { return w.sweeper != nil && w.sweeper.sw != nil }
 
+// sweepsByVersion reports whether this worker runs the backstop sweep by
+// row version (no owner column): the fleet is taken to run it too.
+func (w *Worker) sweepsByVersion() bool { return w.sweeper != nil && w.sweeper.rows != nil }
+
 // sweepReport says what one backstop sweep found and did.
 type sweepReport struct {
 	// turnHeld is false when another worker holds the sweep turn; then

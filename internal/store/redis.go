@@ -128,10 +128,11 @@ func (s *Redis) ReadOwn(ctx context.Context, id string) (_ Own, err error) {
 	get := pipe.Get(ctx, k.Heartbeat)
 	pttl := pipe.PTTL(ctx, k.Heartbeat)
 	rec := pipe.Exists(ctx, k.Rows, k.Incarnation)
+	rows := pipe.Exists(ctx, k.Rows)
 	if _, err = pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Own{}, fmt.Errorf("read heartbeat %s: %w", k.Heartbeat, err)
 	}
-	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rec.Val() > 0}, nil
+	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rec.Val() > 0, RowsSet: rows.Val() > 0}, nil
 }
 
 // Leave sends the clean-up in one pipeline.

@@ -176,6 +176,8 @@ type Own struct {
 	Value  string        // heartbeat value; "" when absent
 	PTTL   time.Duration // heartbeat's remaining TTL; < 0 when none
 	Record bool          // a rows set or an incarnation exists
+	// RowsSet is set when the rows set exists.
+	RowsSet bool
 }
 
 // Departure is Shutdown's clean-up: delete the heartbeat if it still holds
