@@ -105,6 +105,18 @@ func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed 
 // recoverDeadLives is recoverDead, resetting by owner also the owner values
 // in lives (values of peer's lives the sweep saw in progress: owner.go).
 func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (PeerRecovery, bool, error) {
+	// A worker whose self-check found its own configuration wrong
+	// (statuses swapped or misspelt) would take the dead peer's rows in
+	// progress for settled ones and drop its rows set: it takes no verdict,
+	// and leaves the peer, set and all, to a worker configured right, or to
+	// itself once fixed.
+	if err := w.misconfigured(); err != nil && foundBy != foundByRestart {
+		err = fmt.Errorf("recovery held: %w", err)
+		w.stats.errors.Add(1)
+		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+		w.rlog.peerFailed(peer, err)
+		return PeerRecovery{InstanceID: peer}, false, err
+	}
 	if foundBy != foundByRestart { // Start's own predecessor is not a peer
 		w.stats.peersDead.Add(1)
 		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})

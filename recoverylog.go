@@ -96,6 +96,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
+	case errors.Is(err, ErrMisconfigured):
+		kind = "misconfigured"
 	}
 	if l.failing[peer] == kind {
 		return // logged when this kind of failure began
@@ -110,6 +112,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrMisconfigured):
+		l.w.log.Error("recovery of dead peer held: this worker's self-check found its own statuses or owner column wrong, so it would take the peer's rows for settled; the peer and its rows set are left to a worker configured right",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	default:
 		l.w.log.Warn("recovery of dead peer failed; will retry",

@@ -2,12 +2,14 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -113,4 +115,39 @@ func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.
 	assert.NotZero(t, w.checker.checks.Load(), "checks read rows in the finished-not-untracked state")
 	assert.NoError(t, w.Healthy())
 	assert.Equal(t, int32(0), w.checker.verdict.Load(), "neither verified nor alarmed: no row was ever seen in progress")
+}
+
+// TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone: with statuses
+// swapped, a dead peer's rows in progress show what this worker calls
+// queued; its recovery would count them settled, log rows_reset=0 at Info
+// and delete the set (issue 21's third case: 22 rows stuck for good). Once
+// its own self-check has raised the alarm, it takes no verdict: the peer,
+// its rows set and its rows stay for a worker configured right.
+func TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	testutil.CreateBatch(t, db, 6)
+	prefix := testutil.Name("MC")
+	r, err := NewPgxResetter(db, WithStatuses("queued", "inprog")) // swapped
+	require.NoError(t, err)
+	w, logs := startWorker(t, rdb, r, "w", selfCheckTimings(prefix)...)
+	takeBlock(t, w, "inprog", "", 5, 6)
+	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 20*time.Millisecond)
+
+	// A peer dies holding rows 1-4 (no heartbeat, its rows set left).
+	keys := store.InstanceKeys(prefix, "dead")
+	_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'dead' WHERE rowid <= 4`)
+	require.NoError(t, err)
+	require.NoError(t, rdb.SAdd(ctx, keys.Rows, 1, 2, 3, 4).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err())
+
+	_, err = w.RecoverNow(ctx)
+	require.ErrorIs(t, err, ErrMisconfigured, "the recovery is held")
+	assert.Equal(t, int64(4), rdb.SCard(ctx, keys.Rows).Val(), "the dead peer's rows set is kept")
+	assert.True(t, rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead").Val(), "and its registry entry")
+	var inprog int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows WHERE status = 'inprog' AND owner = 'dead'`).Scan(&inprog))
+	assert.Equal(t, 4, inprog)
+	assert.Eventually(t, func() bool { return logs.Count("recovery of dead peer held") == 1 }, 3*time.Second, 20*time.Millisecond)
 }
