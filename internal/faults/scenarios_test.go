@@ -186,7 +186,12 @@ func TestScenario04SigstopPastTheTTLThenSigcont(t *testing.T) {
 			// reset ledger (issue 21), the resumed worker can give the rest
 			// of its block back, and its self-check does not take the rows
 			// peers recovered for a misconfiguration.
-			released := victim.lines("released rows")
+			// Without an owner column, a rows set gone when the heartbeat
+			// came back (here: the peers' recovery finished it) leaves the
+			// block to the backstop sweep, and Release only forgets it
+			// (docs/safety.md §3).
+			released := append(victim.lines("released rows"),
+				victim.lines("released rows left to the backstop sweep: nothing reset for them")...)
 			assert.NotEmpty(t, released, "the resumed worker released the rest of its block")
 			assert.Zero(t, rowsReset(released), "peers recovered those rows and took them again: none is reset under them")
 			assert.Empty(t, victim.lines("giving up handing rows back; they stay tracked"))
