@@ -493,26 +493,6 @@ func lockedRows(notReset []RowState) int {
 	return n
 }
 
-// noOwnerHint says, with a resetter that fences by owner, how many of
-// rows have no owner, and what resets them: rows a worker took without
-// setting the owner column are reset only under the reset ledger
-// (docs/safety.md §13, A4).
-func (w *Worker) noOwnerHint(rows []RowState) string {
-	if !fencesByOwner(w.resetter) {
-		return ""
-	}
-	n := 0
-	for _, s := range rows {
-		if s.Owner == "" {
-			n++
-		}
-	}
-	if n == 0 {
-		return ""
-	}
-	return fmt.Sprintf("; %d without an owner: rows taken without setting the owner column are reset only under the reset ledger, create its table (docs/operations.md)", n)
-}
-
 // resetOwned resets every row in progress the peer owns in PostgreSQL,
 // and adds them to what resetTracked found.
 func (r *peerRecovery) resetOwned(ctx context.Context) error {

@@ -126,8 +126,6 @@ func (s *sweeper) run(ctx context.Context) {
 	}
 }
 
-// runOnce is one sweep. A failure of the sweep itself is counted once;
-// each owner's recovery counts its own.
 // invalidOwnerReason says why owner value o names no instance.
 func invalidOwnerReason(o string) error {
 	if i := strings.IndexByte(o, '{'); i >= 0 {
@@ -139,6 +137,8 @@ func invalidOwnerReason(o string) error {
 	return store.ValidateName(o)
 }
 
+// runOnce is one sweep. A failure of the sweep itself is counted once;
+// each owner's recovery counts its own.
 func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	w := s.w
 	if s.rows != nil {

@@ -66,11 +66,11 @@ func (w *Worker) twinWatch() time.Duration {
 	return satAdd(satAdd(w.opts.heartbeatInterval, w.opts.opTimeout), w.opts.heartbeatInterval/10)
 }
 
-// twinPoll is how often Start looks at a foreign heartbeat.
 // lockedRowsPoll is how often Start tries again to reset rows its
 // predecessor left locked by another session.
 const lockedRowsPoll = 250 * time.Millisecond
 
+// twinPoll is how often Start looks at a foreign heartbeat.
 func (w *Worker) twinPoll() time.Duration {
 	return min(max(w.opts.heartbeatInterval/20, time.Millisecond), 500*time.Millisecond)
 }

@@ -127,12 +127,11 @@ func (s *Redis) ReadOwn(ctx context.Context, id string) (_ Own, err error) {
 	pipe := s.rdb.TxPipeline()
 	get := pipe.Get(ctx, k.Heartbeat)
 	pttl := pipe.PTTL(ctx, k.Heartbeat)
-	rec := pipe.Exists(ctx, k.Rows, k.Incarnation)
-	rows := pipe.Exists(ctx, k.Rows)
+	rows, inc := pipe.Exists(ctx, k.Rows), pipe.Exists(ctx, k.Incarnation)
 	if _, err = pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return Own{}, fmt.Errorf("read heartbeat %s: %w", k.Heartbeat, err)
 	}
-	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rec.Val() > 0, RowsSet: rows.Val() > 0}, nil
+	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rows.Val() > 0 || inc.Val() > 0, RowsSet: rows.Val() > 0}, nil
 }
 
 // Leave sends the clean-up in one pipeline.
@@ -607,17 +606,17 @@ func IsAuthError(err error) bool {
 	return false
 }
 
-// MemoryInfos reads INFO memory and INFO stats of every master (one round
-// trip each, concurrently on a Cluster), by node name as MasterInfos
-// names them: the eviction policy and maxmemory, and evicted_keys. It
-// needs no CONFIG, which managed servers often rename away.
+// MemoryInfos reads INFO memory of every master (one round trip each,
+// concurrently on a Cluster), by node name as MasterInfos names them: the
+// eviction policy and maxmemory. It needs no CONFIG, which managed servers
+// often rename away. (evicted_keys comes with the INFO the verdicts send.)
 func (s *Redis) MemoryInfos(ctx context.Context) (_ map[string]string, err error) {
 	defer s.failed(&err)
 	var mu sync.Mutex
 	out := make(map[string]string)
 	err = s.forEachMaster(ctx, func(ctx context.Context, node string, c redis.UniversalClient) error {
 		pipe := c.Pipeline()
-		mem, stats := pipe.Info(ctx, "memory"), pipe.Info(ctx, "stats")
+		mem := pipe.Info(ctx, "memory")
 		if _, err := pipe.Exec(ctx); err != nil {
 			if node != "" {
 				return fmt.Errorf("read INFO memory of %s: %w", node, err)
@@ -625,7 +624,7 @@ func (s *Redis) MemoryInfos(ctx context.Context) (_ map[string]string, err error
 			return fmt.Errorf("read INFO memory: %w", err)
 		}
 		mu.Lock()
-		out[node] = mem.Val() + "\n" + stats.Val()
+		out[node] = mem.Val()
 		mu.Unlock()
 		return nil
 	})
