@@ -58,9 +58,10 @@ import (
 // TTL before) nor while it cannot read that count: a live worker's
 // evicted heartbeat never gets its rows reset, and a dead worker's rows
 // are recovered a heartbeat TTL after the evictions stop. An evicted rows
-// set of a dead worker loses the record of its rows in rows-set mode;
-// owner mode with WithBackstopSweep recovers them from the database
-// (docs/operations.md, "Managed Redis"). The server must still answer
+// set of a dead worker loses Redis's record of its rows; the backstop
+// sweep finds them in the database (by owner with an owner column, by row
+// version without one: on by default, unless WithoutBackstopSweep; docs/
+// operations.md, "Managed Redis"). The server must still answer
 // INFO (memory and stats) to the worker's user. Default: off; use
 // maxmemory-policy noeviction for the recovery keys instead when you can.
 func WithEvictionAccepted() Option {

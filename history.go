@@ -189,6 +189,8 @@ func historyFields(kind, uid string, e Event) []string {
 			hfQuarantined, strconv.Itoa(e.RowsQuarantined))
 	case HistoryRowsQuarantined:
 		f = append(f, hfQuarantined, strconv.Itoa(e.RowsQuarantined))
+	case HistoryUntrackedRows:
+		f = append(f, hfRows, strconv.Itoa(e.Rows))
 	case HistoryRowsNotReset:
 		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
 			hfNotReset, strconv.Itoa(e.RowsNotReset))

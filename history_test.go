@@ -283,6 +283,16 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	assert.Equal(t, HistoryEntry{ID: "1-0", Kind: HistoryRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2",
 		FoundBy: "expiry", Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}, got)
 
+	// The backstop sweep's two kinds keep their counts too.
+	stray := Event{Kind: EventStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep", Rows: 4, RowsReset: 3, RowsQuarantined: 1}
+	got = historyEntry(store.HistoryRecord{ID: "2-0", Fields: fieldMap(historyFields(HistoryStrayRowsReset, "u3", stray))})
+	assert.Equal(t, HistoryEntry{ID: "2-0", Kind: HistoryStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep",
+		Rows: 4, RowsReset: 3, RowsQuarantined: 1}, got)
+	untracked := Event{Kind: EventUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2}
+	got = historyEntry(store.HistoryRecord{ID: "3-0", Fields: fieldMap(historyFields(HistoryUntrackedRows, "u4", untracked))})
+	assert.Equal(t, HistoryEntry{ID: "3-0", Kind: HistoryUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2}, got,
+		"an untracked_rows entry says how many rows")
+
 	long := errors.New(string(make([]byte, 5000)))
 	f := fieldMap(historyFields(HistoryRecoveryFailed, "u2", Event{Kind: EventRecoveryFailed, Err: long}))
 	assert.Len(t, f[hfError], maxHistoryError+3, "clipped")

@@ -120,12 +120,11 @@ type RowsSweeper interface {
 	RowResetter
 	// InProgressRows returns every row in progress with its version.
 	InProgressRows(ctx context.Context) ([]RowVersion, error)
-	// ResetRowVersions returns the rows still in progress at the version
-	// given to the queue; it leaves the others alone and does not report
-	// them, but for rows still at their version that another session held
-	// locked, which it may list in NotReset (Locked) for the sweep to try
-	// again at its next look. Resetting the same versions again changes
-	// nothing.
+	// ResetRowVersions resets to the queue the rows still in progress at
+	// the version given, and leaves the others alone without reporting
+	// them; rows still at their version that another session held locked
+	// it may list in NotReset (Locked), for the sweep to try again at its
+	// next look. Resetting the same versions again changes nothing.
 	ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error)
 }
 
@@ -198,7 +197,9 @@ var capabilities = []capability{
 	{"UsesLedger() bool", is[interface{ UsesLedger() bool }],
 		"the reset ledger unseen: without owner fencing, Release refuses after a lost lease or Shutdown"},
 	{"OwnerSweeper", is[OwnerSweeper],
-		"no reset by owner: no owner mode and no backstop sweep, so a Redis that forgets a rows set strands its rows"},
+		"no reset by owner: no owner mode and no backstop sweep by owner, so with an owner column a Redis that forgets a rows set strands its rows"},
+	{"RowsSweeper", is[RowsSweeper],
+		"no backstop sweep by row version: without an owner column, rows whose rows set Redis lost (the fleet down past the rows TTL, a flush, an eviction) stay in progress for good"},
 	{"SchemaChecker", is[SchemaChecker],
 		"no schema check: Start accepts a wrong table, column or status, found at the first failed recovery"},
 	{"RowStateReader", is[RowStateReader],

@@ -40,7 +40,7 @@ func TestNewWarnsOnceWhatAWrappedResetterLoses(t *testing.T) {
 	}
 	assert.Contains(t, line, `"level":"WARN"`)
 	assert.Contains(t, line, `"resetter_type":"*recovery.metricsResetter"`)
-	assert.Contains(t, line, `"missing":"IncarnationResetter, ResetReporter, OwnerFencer, UsesLedger() bool, OwnerSweeper, SchemaChecker, RowStateReader, OwnerPlanner, ResetPlanner"`)
+	assert.Contains(t, line, `"missing":"IncarnationResetter, ResetReporter, OwnerFencer, UsesLedger() bool, OwnerSweeper, RowsSweeper, SchemaChecker, RowStateReader, OwnerPlanner, ResetPlanner"`)
 	assert.Contains(t, line, "a recoverer dying after its COMMIT can have the same rows reset twice", "each loss says what it costs")
 
 	for _, impl := range resetterImpls {

@@ -27,6 +27,7 @@ type pgResetterAPI interface {
 	IncarnationResetter
 	ResetReporter
 	OwnerSweeper
+	RowsSweeper
 	OwnerFencer
 	ResetPlanner
 	OwnerPlanner
