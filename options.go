@@ -217,6 +217,9 @@ func (o *options) validate() error {
 	if err := store.ValidateName(o.keyPrefix); err != nil {
 		return fmt.Errorf("%w: key prefix %q %v", ErrInvalidConfig, clip(o.keyPrefix), err)
 	}
+	if o.sweep && o.noSweep {
+		return fmt.Errorf("%w: WithBackstopSweep and WithoutBackstopSweep contradict each other", ErrInvalidConfig)
+	}
 	if err := o.validateTimings(); err != nil {
 		return err
 	}

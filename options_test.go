@@ -138,6 +138,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"prefix with brace", rdb, r, []Option{WithKeyPrefix("AL{YA")}, `key prefix "AL{YA" contains`},
 		{"prefix with space", rdb, r, []Option{WithKeyPrefix("AL YA")}, `key prefix "AL YA" contains`},
 		{"nil logger", rdb, r, []Option{WithLogger(nil)}, "logger is nil"},
+		{"sweep on and off", rdb, r, []Option{WithBackstopSweep(), WithoutBackstopSweep()}, "WithBackstopSweep and WithoutBackstopSweep contradict each other"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
