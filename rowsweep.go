@@ -289,7 +289,11 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 	}
 	held := make(map[int64]bool)
 	for _, id := range ids {
-		_, members, err := w.store.ReadRows(ctx, id)
+		// Live sets change while they are read: no check that each was
+		// read whole (ReadRows' is for a dead peer's set), which a Track
+		// between two SSCAN pages would fail. A row tracked throughout is
+		// read; one tracked meanwhile is read at the next look.
+		members, err := w.store.LiveRows(ctx, id)
 		if err != nil {
 			return nil, 0, fmt.Errorf("read rows set of %s: %w", id, err)
 		}

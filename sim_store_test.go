@@ -519,6 +519,20 @@ func (s *simStore) ReadRows(ctx context.Context, peer string) (string, []string,
 	return inc, members, nil
 }
 
+// LiveRows is SSCAN of a rows set that may change while it is read (the
+// backstop sweep's look), without the incarnation.
+func (s *simStore) LiveRows(ctx context.Context, id string) ([]string, error) {
+	k := s.Keys(id)
+	var members []string
+	opCtx, cancel := context.WithTimeout(ctx, s.c.opTimeout)
+	defer cancel()
+	err := s.c.roundTrip(opCtx, "sscan", func(r *simRedis) { members = r.smembers(k.Rows) })
+	if err != nil {
+		return nil, fmt.Errorf("read rows set %s: %w", k.Rows, err)
+	}
+	return members, nil
+}
+
 // FinishRecovery is finishScript.
 func (s *simStore) FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (store.FinishResult, error) {
 	k := s.Keys(peer)

@@ -289,12 +289,20 @@ func (s *Redis) ReadRows(ctx context.Context, peer string) (_ string, _ []string
 	if err != nil && !errors.Is(err, redis.Nil) {
 		return "", nil, fmt.Errorf("read incarnation %s: %w", k.Incarnation, err)
 	}
-	members, err := s.scanSet(ctx, k.Rows)
+	members, err := s.scanSet(ctx, k.Rows, true)
 	return incarnation, members, err
 }
 
-// scanSet returns the members of a set, read with SSCAN in pages.
-func (s *Redis) scanSet(ctx context.Context, key string) ([]string, error) {
+// LiveRows reads a rows set that may change while it is read.
+func (s *Redis) LiveRows(ctx context.Context, id string) (_ []string, err error) {
+	defer s.failed(&err)
+	return s.scanSet(ctx, s.Keys(id).Rows, false)
+}
+
+// scanSet returns the members of a set, read with SSCAN in pages; whole
+// checks, for a set that does not change meanwhile (a dead peer's under
+// the claim), that no member was skipped (checkComplete).
+func (s *Redis) scanSet(ctx context.Context, key string, whole bool) ([]string, error) {
 	var (
 		out    []string
 		seen   map[string]struct{}
@@ -320,6 +328,9 @@ func (s *Redis) scanSet(ctx context.Context, key string) ([]string, error) {
 			}
 		}
 		if next == 0 {
+			if !whole {
+				return out, nil
+			}
 			return out, s.checkComplete(ctx, key, len(out))
 		}
 		cursor = next

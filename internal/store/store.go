@@ -76,6 +76,11 @@ type Store interface {
 	// the set's members without repeats, read with SSCAN in pages and
 	// checked whole against SCARD.
 	ReadRows(ctx context.Context, peer string) (incarnation string, members []string, err error)
+	// LiveRows reads the members of a rows set that may change while it is
+	// read (a live worker's): SSCAN pages, no incarnation, no check that
+	// the set was read whole. A member present throughout is returned; one
+	// added or removed meanwhile may or may not be.
+	LiveRows(ctx context.Context, id string) ([]string, error)
 	// FinishRecovery ends a recovery held under token: the rows set and
 	// incarnation are deleted if the peer is still dead; a tombstone with
 	// the result lives tombstoneTTL.
