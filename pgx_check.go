@@ -343,6 +343,32 @@ func (r *pgResetter) committedRowStates(ctx context.Context, ids []int64) ([]Row
 	return r.rowStates(ctx, ids, " FOR SHARE SKIP LOCKED")
 }
 
+// rowImages reads, in one statement, the committed state and version
+// (xmin) of each of ids that exists, and whether another session held a
+// lock on it then (FOR SHARE SKIP LOCKED skips it). A locked row shows its
+// last committed state: for a row a fetch is writing, its state before the
+// fetch. It implements versionedStateReader, for the self-check's look at
+// short blocks (selfcheck.go). Each share lock lasts the statement.
+func (r *pgResetter) rowImages(ctx context.Context, ids []int64) ([]rowImage, error) {
+	owner := "NULL::text"
+	if r.o.ownerColumn != "" {
+		owner = "t." + ident(r.o.ownerColumn) + "::text"
+	}
+	id := ident(r.o.idColumn)
+	sql := fmt.Sprintf(`WITH free AS (SELECT %[1]s FROM %[2]s WHERE %[1]s = ANY($1::bigint[]) FOR SHARE SKIP LOCKED)
+SELECT t.%[1]s, coalesce(t.%[3]s::text, ''), coalesce(%[4]s, ''), t.xmin::text, t.%[1]s NOT IN (SELECT %[1]s FROM free)
+FROM %[2]s t WHERE t.%[1]s = ANY($1::bigint[]) ORDER BY 1`, id, r.o.tableIdent(), ident(r.o.statusColumn), owner)
+	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (rowImage, error) {
+		var m rowImage
+		err := row.Scan(&m.ID, &m.Status, &m.Owner, &m.version, &m.locked)
+		return m, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read row versions: %w", err)
+	}
+	return out, nil
+}
+
 // configuredStatuses returns the in-progress and queued statuses configured.
 func (r *pgResetter) configuredStatuses() (inprog, queued string) { return r.o.inprog, r.o.queued }
 

@@ -19,6 +19,11 @@ import (
 // the self-check) and sends nothing: the owner column the fetch set is what
 // recovery reads.
 //
+// While the self-check has not yet verified the configuration (usually the
+// first block only), Track also reads the state of up to 8 of the rows
+// before it returns, one indexed statement under the operation timeout
+// (docs/design.md, "Self-check").
+//
 // Track returns ErrNotStarted before Start, ErrShutdown after Shutdown and
 // ErrLeaseLost while the heartbeat lease is lost; in those cases nothing is
 // recorded. If only the Redis write fails (rows-set mode), the IDs are kept
@@ -41,6 +46,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	}
 	retaken := w.rows.add(rowIDs)
 	if w.checker != nil {
+		w.checker.preImages(ctx, rowIDs)
 		w.checker.tracked()
 	}
 	if w.ownerMode {
@@ -74,6 +80,9 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
+	}
+	if w.checker != nil {
+		w.checker.untracking(rowIDs)
 	}
 	if w.ownerMode {
 		w.rows.remove(rowIDs)

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 )
@@ -27,7 +28,8 @@ import (
 // follows its Track), a row seen not in progress asks for another a window
 // later, and, besides, a look runs once a heartbeat interval. So the first
 // block is judged about a window after its COMMIT (0.55 s by default)
-// provided its rows stay tracked that long; the fast looks are limited to
+// provided its rows stay tracked that long; shorter blocks are judged by
+// their versions (selfcheck_fetch.go). The fast looks are limited to
 // selfCheckFastLooks per worker, then only the heartbeat's remain.
 //
 // Why two looks: a host marks a row done (or failed, or queued again) and
@@ -94,12 +96,27 @@ type selfChecker struct {
 	// skipped is set when the last look could not read a tracked row: a
 	// transaction (its fetch, not committed yet) was writing it.
 	skipped bool
+	backoff time.Duration // the delay of the next quick look
+
+	// The look at short blocks (selfcheck_fetch.go); images is nil when
+	// the resetter cannot read row versions.
+	images   versionedStateReader
+	statuses committedStateReader
+	quick    atomic.Bool // a look is asked for soon (quickLook)
+	imu      sync.Mutex
+	pre      map[int64]*fetchImage // guarded by imu
+	leaving  []leavingRow          // guarded by imu
 }
 
 func newSelfChecker(w *Worker, reader RowStateReader) *selfChecker {
 	c := &selfChecker{w: w, reader: reader, fresh: make(chan struct{}, 1), fastLeft: selfCheckFastLooks,
 		seen: make(map[int64]sighting)}
 	c.fast.Store(true)
+	if vr, ok := reader.(versionedStateReader); ok {
+		if cr, ok := reader.(committedStateReader); ok {
+			c.images, c.statuses, c.pre = vr, cr, make(map[int64]*fetchImage)
+		}
+	}
 	return c
 }
 
@@ -139,6 +156,11 @@ func (c *selfChecker) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-c.fresh:
+			if c.quick.Swap(false) {
+				c.backoff = min(quickLook, c.window()/10)
+				arm(time.Now().Add(max(c.backoff, time.Millisecond)))
+				continue
+			}
 			arm(time.Now().Add(max(c.window()/10, time.Millisecond)))
 			continue
 		case <-soon.C:
@@ -154,7 +176,11 @@ func (c *selfChecker) run(ctx context.Context) {
 		if c.fastLeft <= 0 {
 			continue
 		}
-		if c.skipped {
+		if c.skipped && c.images != nil && c.pendingFetches() {
+			// A fetch still open: look again soon, backing off.
+			c.backoff = min(2*c.backoff, c.window()/10)
+			arm(time.Now().Add(max(c.backoff, time.Millisecond)))
+		} else if c.skipped {
 			arm(time.Now().Add(max(c.window()/10, time.Millisecond))) // their fetch will have committed
 		}
 		if at, ok := c.confirmAt(); ok {
@@ -177,6 +203,9 @@ func (c *selfChecker) confirmAt() (time.Time, bool) {
 // runOnce is one look; it reports whether the self-check is over.
 func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	w, reader := c.w, c.reader
+	if c.images != nil && w.lease.valid() && c.judgeLeaving(ctx) {
+		return true
+	}
 	ids := make([]int64, 0, selfCheckSample)
 	for id, s := range c.seen {
 		if g, ok := w.rows.settledGeneration(id); ok && g == s.gen {
@@ -199,8 +228,16 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	start := time.Now()
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	var states []RowState
+	var images []rowImage
 	var err error
-	if cr, ok := reader.(committedStateReader); ok {
+	if c.images != nil {
+		images, err = c.images.rowImages(dbCtx, ids)
+		for _, m := range images {
+			if !m.locked {
+				states = append(states, m.RowState)
+			}
+		}
+	} else if cr, ok := reader.(committedStateReader); ok {
 		states, err = cr.committedRowStates(dbCtx, ids)
 	} else {
 		states, err = reader.RowStates(dbCtx, ids)
@@ -217,6 +254,10 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	}
 	after := w.rows.generations(ids)
 	c.skipped = len(states) < len(after)
+	if s, _, bad := c.sawFetch(images); c.images != nil && bad {
+		c.raiseBecause(s, "was committed by its fetch with the status the resetter takes for queued, and had the one it takes for in progress before the fetch", len(images))
+		return true
+	}
 	for _, s := range states {
 		g, ok := before[s.ID]
 		if !ok || after[s.ID] != g {
@@ -236,16 +277,16 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			continue
 		}
 		if start.Sub(prev.at) >= c.window() {
-			c.raise(s, start.Sub(prev.at), len(states))
+			c.raiseBecause(s, fmt.Sprintf("was not in progress at two looks %v apart", start.Sub(prev.at).Round(time.Millisecond)), len(states))
 			return true
 		}
 	}
 	return false
 }
 
-// raise records the alarm about row s, not in progress at two looks apart
-// apart; read rows were read.
-func (c *selfChecker) raise(s RowState, apart time.Duration, read int) {
+// raiseBecause records the alarm about row s; what says what was seen of
+// it, and read rows were read.
+func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 	w := c.w
 	expect := ""
 	if cr, ok := c.reader.(committedStateReader); ok {
@@ -260,8 +301,8 @@ func (c *selfChecker) raise(s RowState, apart time.Duration, read int) {
 			expect += ": misspelt?)"
 		}
 	}
-	err := fmt.Errorf("%w: row %d, tracked by %s, was not in progress at two looks %v apart: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
-		ErrMisconfigured, s.ID, w.opts.instanceID, apart.Round(time.Millisecond), clip(s.Status), clip(s.Owner), expect)
+	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
+		ErrMisconfigured, s.ID, w.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)
 	c.fast.Store(false)

@@ -94,12 +94,13 @@ type simResetter struct {
 }
 
 var (
-	_ IncarnationResetter = (*simResetter)(nil)
-	_ ResetReporter       = (*simResetter)(nil)
-	_ OwnerFencer         = (*simResetter)(nil)
-	_ OwnerSweeper        = (*simResetter)(nil)
-	_ RowStateReader      = (*simResetter)(nil)
-	_ RowsSweeper         = (*simResetter)(nil)
+	_ IncarnationResetter  = (*simResetter)(nil)
+	_ ResetReporter        = (*simResetter)(nil)
+	_ OwnerFencer          = (*simResetter)(nil)
+	_ OwnerSweeper         = (*simResetter)(nil)
+	_ RowStateReader       = (*simResetter)(nil)
+	_ RowsSweeper          = (*simResetter)(nil)
+	_ versionedStateReader = (*simResetter)(nil)
 )
 
 // fenced reports whether this process's resetter has the owner column:
@@ -369,6 +370,27 @@ func (r *simResetter) rowStates(ctx context.Context, ids []int64, skipLocked boo
 }
 
 func (r *simResetter) configuredStatuses() (inprog, queued string) { return stInprog, stQueued }
+
+// rowImages is pgResetter.rowImages: each row's committed state and
+// version, and whether an open fetch holds it (its state is then the one
+// before the fetch: a fetch changes the row only at its commit here). The
+// mutation readLocked reports no row locked.
+func (r *simResetter) rowImages(ctx context.Context, ids []int64) ([]rowImage, error) {
+	var out []rowImage
+	err := r.p.conn.pg(ctx, "rowimages", false, func(t *simTable) {
+		out = nil
+		for _, id := range slices.Sorted(slices.Values(ids)) {
+			if row := t.rows[id]; row != nil {
+				out = append(out, rowImage{RowState: RowState{ID: id, Status: row.status, Owner: row.owner},
+					version: strconv.Itoa(row.xmin), locked: row.lockedBy != nil && !r.p.world.mut.readLocked})
+			}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read row versions: %w", err)
+	}
+	return out, nil
+}
 
 func (r *simResetter) InProgress(s RowState, owner string) bool {
 	return s.Status == stInprog && (!r.fenced() || s.Owner == owner)

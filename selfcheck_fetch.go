@@ -1,0 +1,237 @@
+package recovery
+
+import (
+	"context"
+	"fmt"
+	"log/slog"
+	"time"
+)
+
+// The self-check's look at short blocks (issue 21). The two-look rule of
+// selfcheck.go needs a row tracked across two looks a window apart, so a
+// block whose rows leave the in-progress status sooner was never judged: a
+// single look cannot tell a row the fetch committed with the wrong status
+// from a row finished (done, 'error', queued again) just before its
+// Untrack, or whose fetch rolled back. What tells them apart is the row's
+// version (xmin) and its state before the fetch:
+//
+//   - While the configuration is unverified, Track reads the rows it is
+//     given (up to preImageSample of them) before it returns: the fetch
+//     has not committed (Track comes before the COMMIT), so each row is
+//     locked by it and shows its state before the fetch, at version v0.
+//   - Looks soon after (quickLook, backing off while the fetch is still
+//     open) see the row committed at a new version v1: the fetch's commit,
+//     or a later change. A row seen again at v0 and unlocked was rolled
+//     back: it proves nothing.
+//   - Statuses swapped: the fetch took a row whose status the resetter
+//     calls in progress (the real queued one) and committed it with the
+//     status the resetter calls queued (the real in-progress one). A
+//     correct fetch takes queued rows; this is an alarm at once.
+//   - Otherwise, when the host untracks a row whose version v1 was not in
+//     progress, one more read: a row at a version other than v1 and not in
+//     progress was written again after v1 while tracked, so v1 was not the
+//     row's final outcome but its status while the host processed it,
+//     which the resetter does not take for in progress (misspelt, or a
+//     foreign owner). A host that finishes rows inside its fetch's
+//     transaction leaves v1 as it is until Untrack: no alarm.
+//
+// Rows tracked before the lease was lost, released rows (Release does not
+// call Untrack's hook) and rows tracked again are never judged, as in the
+// two-look rule.
+
+// rowImage is a row's committed state and version as one statement saw
+// it, and whether another session held a lock on it then.
+type rowImage struct {
+	RowState
+	version string
+	locked  bool
+}
+
+// versionedStateReader reads row images (the PostgreSQL resetters).
+type versionedStateReader interface {
+	rowImages(ctx context.Context, ids []int64) ([]rowImage, error)
+}
+
+const (
+	// preImageSample bounds the rows Track reads before the fetch commits.
+	preImageSample = 8
+	// preImageMax bounds the rows remembered with their state before the
+	// fetch.
+	preImageMax = 256
+	// quickLook is the first delay of a look after a Track with images;
+	// it doubles while the fetch stays open, up to a tenth of the window.
+	quickLook = 5 * time.Millisecond
+)
+
+// fetchImage is what the self-check knows of one tracked row's fetch.
+type fetchImage struct {
+	gen       uint64 // the Track's generation
+	before    string // the version before the fetch
+	wasInprog bool   // before the fetch, its status was the configured in-progress one
+	fetched   bool   // a look saw it committed at a new version:
+	after     string // that version
+	state     RowState
+}
+
+// leavingRow is a row untracked after a look saw its fetch committed with
+// a status not in progress: one more read says whether it was changed
+// again since.
+type leavingRow struct {
+	id int64
+	im fetchImage
+}
+
+// preImages reads the state of ids (the rows of one Track) before the
+// fetch commits; it runs in Track, while the configuration is unverified.
+func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
+	if c.images == nil || c.verdict.Load() != 0 || !c.fast.Load() {
+		return
+	}
+	c.imu.Lock()
+	full := len(c.pre) >= preImageMax
+	c.imu.Unlock()
+	if full {
+		return
+	}
+	w := c.w
+	sample := ids[:min(len(ids), preImageSample)]
+	gens := w.rows.generations(sample)
+	opCtx, cancel := w.opContext(ctx)
+	ims, err := c.images.rowImages(opCtx, sample)
+	cancel()
+	if err != nil {
+		w.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
+		return
+	}
+	inprog, _ := c.statuses.configuredStatuses()
+	c.imu.Lock()
+	for _, m := range ims {
+		g, ok := gens[m.ID]
+		if !ok || !m.locked {
+			// Not locked: Track after the COMMIT, or before the fetch's
+			// UPDATE: the state read is not the one before the fetch.
+			continue
+		}
+		c.pre[m.ID] = &fetchImage{gen: g, before: m.version, wasInprog: m.Status == inprog}
+	}
+	c.imu.Unlock()
+	c.quick.Store(true)
+}
+
+// untracking is Untrack's hook: rows whose fetch a look saw committed with
+// a status not in progress are read once more.
+func (c *selfChecker) untracking(ids []int64) {
+	if c.images == nil || c.verdict.Load() != 0 {
+		return
+	}
+	gens := c.w.rows.generations(ids)
+	_, queued := c.statuses.configuredStatuses()
+	asked := false
+	c.imu.Lock()
+	for _, id := range ids {
+		im, ok := c.pre[id]
+		if !ok {
+			continue
+		}
+		delete(c.pre, id)
+		// A fetch that committed the queued status with a row that was
+		// queued before is a host giving the row back inside its fetch:
+		// nothing to judge.
+		if im.fetched && gens[id] == im.gen && im.state.Status != queued && len(c.leaving) < preImageMax {
+			c.leaving = append(c.leaving, leavingRow{id: id, im: *im})
+			asked = true
+		}
+	}
+	c.imu.Unlock()
+	if asked {
+		c.quick.Store(true)
+		c.tracked()
+	}
+}
+
+// sawFetch records what a look saw of the rows with images: the fetch's
+// committed version. It returns the row whose fetch swapped the statuses,
+// if any. states are the rows read unlocked; the caller checked the lease.
+func (c *selfChecker) sawFetch(states []rowImage) (RowState, *fetchImage, bool) {
+	if c.images == nil {
+		return RowState{}, nil, false
+	}
+	w := c.w
+	_, queued := c.statuses.configuredStatuses()
+	c.imu.Lock()
+	defer c.imu.Unlock()
+	for _, s := range states {
+		im, ok := c.pre[s.ID]
+		if !ok {
+			continue
+		}
+		if g, ok := w.rows.settledGeneration(s.ID); !ok || g != im.gen {
+			delete(c.pre, s.ID) // untracked, released or taken again
+			continue
+		}
+		if im.fetched || s.locked || s.version == im.before {
+			continue // judged already, or the fetch not committed (or rolled back)
+		}
+		im.fetched, im.after, im.state = true, s.version, s.RowState
+		if im.wasInprog && s.Status == queued && !c.reader.InProgress(s.RowState, w.opts.instanceID) {
+			return s.RowState, im, true
+		}
+	}
+	return RowState{}, nil, false
+}
+
+// pendingFetches reports whether a row with an image has not been seen
+// committed yet.
+func (c *selfChecker) pendingFetches() bool {
+	c.imu.Lock()
+	defer c.imu.Unlock()
+	for _, im := range c.pre {
+		if !im.fetched {
+			return true
+		}
+	}
+	return false
+}
+
+// judgeLeaving reads the rows untracked since the last look once more; it
+// reports whether it raised the alarm.
+func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
+	c.imu.Lock()
+	rows := c.leaving
+	c.leaving = nil
+	c.imu.Unlock()
+	if len(rows) == 0 {
+		return false
+	}
+	w := c.w
+	loss := w.rows.lossGeneration()
+	ids := make([]int64, len(rows))
+	for i, r := range rows {
+		ids[i] = r.id
+	}
+	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	ims, err := c.images.rowImages(dbCtx, ids)
+	cancel()
+	if err != nil {
+		w.log.Debug("self-check: cannot read the state of rows just untracked", slog.Any("error", err))
+		return false
+	}
+	c.checks.Add(1)
+	if !w.lease.valid() || w.rows.lossGeneration() != loss {
+		return false // a recoverer may have reset them
+	}
+	by := make(map[int64]rowImage, len(ims))
+	for _, m := range ims {
+		by[m.ID] = m
+	}
+	for _, r := range rows {
+		m, ok := by[r.id]
+		if !ok || m.locked || r.im.gen <= loss || m.version == r.im.after || c.reader.InProgress(m.RowState, w.opts.instanceID) {
+			continue
+		}
+		c.raiseBecause(r.im.state, fmt.Sprintf("was committed by its fetch with a status not in progress and changed again (to %q) before its Untrack, so the fetch's status is the one the table uses for rows in progress",
+			clip(m.Status)), len(ims))
+		return true
+	}
+	return false
+}
