@@ -429,6 +429,11 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		r.rep.RowsFound = 0
 		return nil
 	}
+	if r.foundBy != foundByRestart {
+		if err := w.unverifiedHold(ctx, r.peer, ids); err != nil {
+			return err
+		}
+	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()

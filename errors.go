@@ -55,12 +55,17 @@ var (
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
 
 	// ErrUntrackedRows is wrapped by Healthy's error, and by the error
-	// logged, for a rows TTL after this worker's backstop sweep (rows-set
-	// mode without an owner column) found rows committed in progress that
-	// no worker's rows set held: some host of the fleet does not call
-	// Track, or calls it after its COMMIT. The sweep resets such rows
+	// logged, for a rows TTL after this worker was found not to Track
+	// before its COMMIT (rows-set mode): a backstop sweep (without an
+	// owner column) found rows committed in progress in no rows set and
+	// then in this worker's (Track after the COMMIT), and told it through
+	// the untracked-rows note it reads with its scan turn; or the worker
+	// was asked to Untrack rows while no Track had been called since Start
+	// (Track forgotten). The sweeping worker logs every such finding with
+	// this error, and the rows no set holds (nothing says whose), but its
+	// own Healthy fails only for its own rows. The sweep resets such rows
 	// after a rows TTL, as if their worker had died, while that host may
-	// still process them (docs/safety.md §5).
+	// still process them (docs/safety.md §5b).
 	ErrUntrackedRows = errors.New("recovery: rows in progress that no worker tracked")
 
 	// ErrRegistryWrongType is wrapped by the error of a recovery scan that

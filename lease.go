@@ -125,8 +125,8 @@ func (w *Worker) CheckLease() error {
 // fails, with an error wrapping ErrMisconfigured, once the self-check found
 // that the rows this worker tracks would not be recovered should it crash
 // (statuses or owner column misconfigured), and with an error wrapping
-// ErrUntrackedRows for a rows TTL after its backstop sweep found rows
-// committed in progress that no worker had tracked.
+// ErrUntrackedRows for a rows TTL after this worker was found to track
+// rows after their COMMIT, or not at all (see ErrUntrackedRows).
 func (w *Worker) Healthy() error {
 	if err := w.CheckLease(); err != nil {
 		return err

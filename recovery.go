@@ -185,10 +185,17 @@ func (r *recoverer) hand(peer string) {
 // options.detectionWindow.
 func (w *Worker) takeScanTurn(ctx context.Context) bool {
 	if !w.opts.scanLease {
+		if !w.ownerMode {
+			opCtx, cancel := w.opContext(ctx)
+			note, _ := w.store.UntrackedNote(opCtx, w.opts.instanceID)
+			cancel()
+			w.noteUntracked(note)
+		}
 		return true
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	held, err := w.store.TakeScanTurn(opCtx, w.opts.instanceID, w.opts.scanTurnTTL())
+	held, note, err := w.store.TakeScanTurn(opCtx, w.opts.instanceID, w.opts.scanTurnTTL())
+	w.noteUntracked(note)
 	return held || err != nil
 }

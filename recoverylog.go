@@ -98,6 +98,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 		kind = "not_reset"
 	case errors.Is(err, ErrMisconfigured):
 		kind = "misconfigured"
+	case errors.Is(err, errUnverified):
+		kind = "unverified"
 	}
 	if l.failing[peer] == kind {
 		return // logged when this kind of failure began
@@ -115,6 +117,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrMisconfigured):
 		l.w.log.Error("recovery of dead peer held: this worker's self-check found its own statuses or owner column wrong, so it would take the peer's rows for settled; the peer and its rows set are left to a worker configured right",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, errUnverified):
+		l.w.log.Warn("recovery of dead peer held until this worker has seen a row of its own in progress: the peer's rows read as the queued status, which swapped statuses would show; the peer and its rows set are left to a worker whose configuration is verified",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	default:
 		l.w.log.Warn("recovery of dead peer failed; will retry",

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"slices"
 	"strconv"
 	"time"
 )
@@ -92,7 +93,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	}
 	setsDone := time.Now()
 	if mutantSweepIgnoresSets {
-		held = map[int64]bool{}
+		held = map[int64]string{}
 	}
 	rep.rowsInProgress = len(rows)
 	if !w.mastersTrusted(ctx, setsAt) && !mutantSweepAnyNode {
@@ -110,6 +111,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	}
 
 	m := &s.mem
+	rep.untrackedBy = make(map[string][]int64)
 	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= w.opts.rowsTTL-w.opts.heartbeatTTL
 	stray := make(map[int64]strayRow)
 	now := make(map[int64]string, len(rows))
@@ -118,11 +120,12 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	for _, r := range rows {
 		now[r.ID] = r.Version
 		st, seen := m.stray[r.ID]
-		if held[r.ID] {
+		if holder, ok := held[r.ID]; ok {
 			if seen && st.fresh && st.version == r.Version {
 				// Tracked after the COMMIT: in no set at the last look,
-				// unchanged since.
+				// unchanged since, and in holder's set now.
 				rep.untracked = append(rep.untracked, r.ID)
+				rep.untrackedBy[holder] = append(rep.untrackedBy[holder], r.ID)
 			}
 			continue
 		}
@@ -138,8 +141,10 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		}
 		if st.fresh {
 			// In progress at this version since before the set read that
-			// found it unheld, and committed after the look before it.
+			// found it unheld, and committed after the look before it: no
+			// set ever held it, and nothing says whose it is.
 			rep.untracked = append(rep.untracked, r.ID)
+			rep.untrackedBy[""] = append(rep.untrackedBy[""], r.ID)
 			st.fresh = false
 		}
 		if setsAt.Sub(st.absentAt) >= gap {
@@ -152,7 +157,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	m.stray, m.prev, m.prevAt = stray, now, dbAt
 	rep.strayWaiting = len(stray)
 	if len(rep.untracked) > 0 {
-		w.untrackedFound(rep.untracked)
+		w.untrackedFound(ctx, rep.untracked, rep.untrackedBy)
 	}
 	if len(due) == 0 {
 		return nil
@@ -198,7 +203,7 @@ const maxStaleSample = 100
 // one. It reads the states of up to maxStaleSample held rows and reports
 // true when none of them is queued. A resetter that cannot tell, or a
 // failed read, keeps the hold.
-func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]bool) bool {
+func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool {
 	qr, ok := w.resetter.(queuedReader)
 	if !ok {
 		return false
@@ -249,12 +254,12 @@ func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
 // hold rows, and not one of them is in progress by the resetter's statuses
 // while other rows are (statuses swapped or misspelt: the sweep would
 // "reset" rows that are not in progress at all).
-func suspect(rows []RowVersion, held map[int64]bool) bool {
+func suspect(rows []RowVersion, held map[int64]string) bool {
 	if len(held) == 0 || len(rows) == 0 {
 		return false
 	}
 	for _, r := range rows {
-		if held[r.ID] {
+		if _, ok := held[r.ID]; ok {
 			return false
 		}
 	}
@@ -262,10 +267,11 @@ func suspect(rows []RowVersion, held map[int64]bool) bool {
 }
 
 // heldRows reads every rows set of every registered instance (this
-// worker's included) and returns the rows they hold, and the gap two looks
-// need: the longest rows TTL in the fleet (see above), and at least the
-// longest heartbeat TTL a live member announced.
-func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, error) {
+// worker's included) and returns the rows they hold, each with the
+// instance whose set holds it, and the gap two looks need: the longest
+// rows TTL in the fleet (see above), and at least the longest heartbeat
+// TTL a live member announced.
+func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration, error) {
 	opCtx, cancel := w.opContext(ctx)
 	ids, err := w.store.RegistryMembers(opCtx)
 	cancel()
@@ -287,7 +293,7 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 			gap = max(gap, in.HeartbeatTTL, in.RowsTTL)
 		}
 	}
-	held := make(map[int64]bool)
+	held := make(map[int64]string)
 	for _, id := range ids {
 		// Live sets change while they are read: no check that each was
 		// read whole (ReadRows' is for a dead peer's set), which a Track
@@ -299,7 +305,7 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]bool, time.Duration, e
 		}
 		for _, m := range members {
 			if n, err := strconv.ParseInt(m, 10, 64); err == nil {
-				held[n] = true
+				held[n] = id
 			}
 		}
 	}
@@ -371,17 +377,85 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	return trusted
 }
 
-// untrackedFound raises the alarm for rows committed in progress by a
-// worker that had not tracked them: Healthy fails with ErrUntrackedRows for
-// a rows TTL after the last such finding.
-func (w *Worker) untrackedFound(ids []int64) {
+// untrackedFound reports rows committed in progress by a worker that had
+// not tracked them; by lists them by the instance whose rows set holds
+// them now ("": none, Track forgotten). A worker that tracked them after
+// their COMMIT is told through its note in the untracked-rows hash (it
+// reads it with its scan turn, noteUntracked) and its Healthy fails; this
+// worker's Healthy fails only for rows its own set holds. Rows no set
+// holds name no worker: they are logged and counted here.
+func (w *Worker) untrackedFound(ctx context.Context, ids []int64, by map[string][]int64) {
 	w.stats.untrackedRows.Add(uint64(len(ids)))
-	w.untrackedAt.Store(time.Now().UnixNano())
+	now := time.Now()
+	notes := make(map[string]string)
+	var culprits []string
+	for holder, rows := range by {
+		if holder == "" {
+			continue
+		}
+		culprits = append(culprits, holder)
+		notes[holder] = fmt.Sprintf("%d %d %d %s", now.Add(w.opts.rowsTTL).UnixMilli(), len(rows), rows[0], w.opts.instanceID)
+		if holder == w.opts.instanceID {
+			w.untrackedAt.Store(now.UnixNano())
+		}
+	}
+	slices.Sort(culprits)
 	err := fmt.Errorf("%w: %d rows in progress (first %d) that no rows set held after their COMMIT; they will be reset by the backstop sweep after a rows TTL, while the worker that took them may still process them",
 		ErrUntrackedRows, len(ids), ids[0])
-	w.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT",
-		slog.Int("rows", len(ids)), slog.Int64("first_row", ids[0]), slog.Any("error", err))
+	attrs := []any{slog.Int("rows", len(ids)), slog.Int64("first_row", ids[0]), slog.Any("error", err)}
+	if len(culprits) > 0 {
+		attrs = append(attrs, slog.Any("tracked_late_by", culprits))
+	}
+	if n := len(by[""]); n > 0 {
+		attrs = append(attrs, slog.Int("rows_no_set_held", n))
+	}
+	w.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT", attrs...)
 	w.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
+	if len(notes) > 0 {
+		opCtx, cancel := w.opContext(ctx)
+		nerr := w.store.NoteUntracked(opCtx, notes, w.opts.rowsTTL)
+		cancel()
+		if nerr != nil {
+			w.log.Warn("backstop sweep: cannot tell the workers that tracked rows after their COMMIT", slog.Any("workers", culprits), slog.Any("error", nerr))
+		}
+	}
+}
+
+// noteUntracked reads this worker's note in the untracked-rows hash (read
+// with its scan turn): a backstop sweep found rows this worker tracked
+// only after their COMMIT. Healthy then fails with ErrUntrackedRows until
+// the note's end (a rows TTL after the finding); each note is logged once.
+func (w *Worker) noteUntracked(note string) {
+	if note == "" || w.ownerMode {
+		return
+	}
+	var until, n, first int64
+	var sweeper string
+	if k, _ := fmt.Sscanf(note, "%d %d %d %s", &until, &n, &first, &sweeper); k != 4 {
+		return
+	}
+	at := time.UnixMilli(until)
+	if !time.Now().Before(at) || w.untrackedNote.Swap(note) == note {
+		return
+	}
+	w.untrackedAt.Store(at.Add(-w.opts.rowsTTL).UnixNano())
+	w.log.Error("this worker tracked rows only after the COMMIT that put them in progress: a crash in between strands them; call Track inside the fetch's transaction, before its COMMIT",
+		slog.Int64("rows", n), slog.Int64("first_row", first), slog.String("found_by", sweeper),
+		slog.Any("error", fmt.Errorf("%w: %d rows (first %d) were in progress in no rows set after their COMMIT and then in this worker's", ErrUntrackedRows, n, first)))
+}
+
+// untrackedCall is Untrack's check for a host that never calls Track: a
+// running worker in rows-set mode asked to untrack rows without any Track
+// call since it started. Healthy then fails with ErrUntrackedRows for a
+// rows TTL, logged once.
+func (w *Worker) untrackedCall(ids []int64) {
+	if w.ownerMode || w.trackCalls.Load() > 0 || w.state.Load() != stateRunning || !w.untrackCalled.CompareAndSwap(false, true) {
+		return
+	}
+	w.untrackedAt.Store(time.Now().UnixNano())
+	w.log.Error("Untrack was called, but never Track since this worker started: rows it processes are in no rows set, and a crash strands them; call Track inside the fetch's transaction, before its COMMIT",
+		slog.Int("rows", len(ids)), slog.Int64("first_row", ids[0]),
+		slog.Any("error", fmt.Errorf("%w: Untrack of %d rows (first %d) that this worker never tracked", ErrUntrackedRows, len(ids), ids[0])))
 }
 
 // untracked returns ErrUntrackedRows while the backstop sweep of this

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -137,7 +138,7 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("U")))
-	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	host, hostLogs := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
 	w, logs := newWorker(t, rdb, r, "sweeper", opts...)
 	look := func() sweepReport {
 		t.Helper()
@@ -160,10 +161,19 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 
 	rep = look()
 	assert.ElementsMatch(t, []int64{2, 3}, rep.untracked, "in progress at the same version across a look that found them in no set")
-	assert.ErrorIs(t, w.untracked(), ErrUntrackedRows)
+	assert.Equal(t, map[string][]int64{"": {2}, "host": {3}}, rep.untrackedBy)
 	assert.Equal(t, uint64(2), w.Stats().UntrackedRows)
 	assert.Contains(t, logs.String(), `"level":"ERROR"`)
 	assert.Contains(t, logs.String(), ErrUntrackedRows.Error())
+	assert.Contains(t, logs.String(), `"tracked_late_by":["host"]`)
+	assert.Contains(t, logs.String(), `"rows_no_set_held":1`)
+	// The host that tracked row 3 after its COMMIT is told, with its scan
+	// turn; the sweeper, at fault for nothing, stays healthy.
+	require.Eventually(t, func() bool { return errors.Is(host.Healthy(), ErrUntrackedRows) }, 2*time.Second, 10*time.Millisecond,
+		"the host that tracked after its COMMIT fails Healthy")
+	assert.Equal(t, 1, hostLogs.Count(`"level":"ERROR","msg":"this worker tracked rows only after the COMMIT`))
+	assert.Contains(t, hostLogs.String(), `"first_row":3`)
+	assert.NoError(t, w.untracked(), "the sweeper's Healthy does not fail for another worker's fault")
 	assert.Equal(t, "running", jobStates(t, db, schema)[2], "told before its rows are reset")
 
 	// The forgotten row goes back to the queue after a rows TTL; the row

@@ -32,6 +32,7 @@ import (
 // strands it unless the backstop sweep is on. The safe reaction to any
 // Track error is to roll the fetch back (and Untrack the IDs).
 func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
+	w.trackCalls.Add(1)
 	switch w.state.Load() {
 	case stateNew:
 		return ErrNotStarted
@@ -81,6 +82,7 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
+	w.untrackedCall(rowIDs)
 	if w.checker != nil {
 		w.checker.untracking(rowIDs)
 	}

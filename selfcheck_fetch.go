@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -235,3 +236,44 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 	}
 	return false
 }
+
+// unverifiedHold keeps a worker whose self-check has no verdict yet from
+// recovering a dead peer whose rows read as the queued status. With
+// statuses swapped, a dead peer's rows in progress show the status the
+// resetter calls queued: the reset would count them settled and drop the
+// peer's rows set, before the self-check (which needs a block of this
+// worker's own) could raise the alarm that holds every verdict
+// (recoverDeadLives). So, while unverified, the recovery first reads the
+// state of up to maxStaleSample of the peer's rows; if one reads as the
+// queued status it is held (an error: the claim goes back, the set and the
+// registry entry stay) until this worker has seen a row of its own in
+// progress, or a worker whose configuration is verified takes the scan
+// turn. In a correct fleet such a row is one whose fetch rolled back, or
+// that its host gave back, before it untracked it: the hold only delays
+// it. Start's recovery of its own predecessor is not held.
+func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) error {
+	c := w.checker
+	if c == nil || c.verdict.Load() != 0 {
+		return nil
+	}
+	qr, ok := w.resetter.(queuedReader)
+	if !ok {
+		return nil
+	}
+	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	states, err := qr.RowStates(dbCtx, ids[:min(len(ids), maxStaleSample)])
+	cancel()
+	if err != nil {
+		return fmt.Errorf("read the state of rows of dead peer %s: %w", peer, err)
+	}
+	for _, s := range states {
+		if qr.isQueued(s.Status) {
+			return fmt.Errorf("%w: recovery of %s held: its row %d reads as the queued status %q, and this worker has not yet seen a row of its own in progress (statuses swapped?); left to a worker whose configuration is verified, or to this one once it is",
+				errUnverified, peer, s.ID, clip(s.Status))
+		}
+	}
+	return nil
+}
+
+// errUnverified is wrapped by the error of a recovery unverifiedHold held.
+var errUnverified = errors.New("recovery: configuration not verified yet")

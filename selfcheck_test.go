@@ -151,3 +151,53 @@ func TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone(t *testing.T) {
 	assert.Equal(t, 4, inprog)
 	assert.Eventually(t, func() bool { return logs.Count("recovery of dead peer held") == 1 }, 3*time.Second, 20*time.Millisecond)
 }
+
+// Issue 21: a peer found dead before this worker's own alarm. With
+// statuses swapped, a worker that has not fetched yet (its self-check has
+// no verdict) finds a dead peer whose rows in progress read as what it
+// calls queued: before, it counted them settled and dropped the peer's
+// rows set (rows stuck until the statuses were fixed and the backstop
+// sweep came by). Now it holds the recovery until it has seen a row of its
+// own in progress; its first block raises the alarm, which holds it for
+// good; a worker configured right then recovers the peer. A worker
+// configured right holds nothing once it has fetched.
+func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	ctx := context.Background()
+	testutil.CreateBatch(t, db, 8)
+	prefix := testutil.Name("MV")
+	swapped, err := NewPgxResetter(db, WithStatuses("queued", "inprog"))
+	require.NoError(t, err)
+	w, logs := startWorker(t, rdb, swapped, "w", selfCheckTimings(prefix)...)
+
+	// A peer died holding rows 1-4 (no heartbeat, its rows set left).
+	keys := store.InstanceKeys(prefix, "dead")
+	_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid <= 4`)
+	require.NoError(t, err)
+	require.NoError(t, rdb.SAdd(ctx, keys.Rows, 1, 2, 3, 4).Err())
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err())
+
+	_, err = w.RecoverNow(ctx)
+	require.ErrorIs(t, err, errUnverified, "held before any block of its own")
+	assert.Equal(t, int64(4), rdb.SCard(ctx, keys.Rows).Val(), "the dead peer's rows set is kept")
+	assert.True(t, rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead").Val(), "and its registry entry")
+	assert.Equal(t, 1, logs.Count("recovery of dead peer held until this worker has seen a row of its own in progress"))
+
+	takeBlock(t, w, "inprog", "", 5, 6) // its first block: the alarm
+	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 10*time.Millisecond)
+	_, err = w.RecoverNow(ctx)
+	require.ErrorIs(t, err, ErrMisconfigured)
+
+	right, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	c, _ := startWorker(t, rdb, right, "c", selfCheckTimings(prefix)...)
+	takeBlock(t, c, "inprog", "", 7, 8)
+	require.Eventually(t, func() bool { return c.checker.verdict.Load() == 1 }, 3*time.Second, 10*time.Millisecond)
+	require.Eventually(t, func() bool {
+		_, _ = c.RecoverNow(ctx)
+		var n int
+		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows WHERE rowid <= 4 AND status = 'queued'`).Scan(&n))
+		return n == 4
+	}, 5*time.Second, 50*time.Millisecond, "a worker configured right recovers the peer")
+}

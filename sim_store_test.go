@@ -596,8 +596,43 @@ func (s *simStore) DropClaim(ctx context.Context, peer, token string, noteTTL ti
 	return err
 }
 
-func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
-	return s.takeTurn(ctx, "scanturn", store.ScanTurnKey(s.prefix), holder, ttl)
+// NoteUntracked is HSET and PEXPIRE of the untracked-rows hash.
+func (s *simStore) NoteUntracked(ctx context.Context, notes map[string]string, ttl time.Duration) error {
+	return s.c.roundTrip(ctx, "note-untracked", func(r *simRedis) {
+		k := store.UntrackedKey(s.prefix)
+		e := r.get(k)
+		if e == nil {
+			e = &simKey{hash: map[string]string{}}
+			r.keys[k] = e
+		}
+		for id, n := range notes {
+			e.hash[id] = n
+		}
+		r.pexpire(k, ttl)
+	})
+}
+
+// UntrackedNote is HGET of id's note.
+func (s *simStore) UntrackedNote(ctx context.Context, id string) (string, error) {
+	var v string
+	err := s.c.roundTrip(ctx, "untracked-note", func(r *simRedis) {
+		if e := r.get(store.UntrackedKey(s.prefix)); e != nil {
+			v = e.hash[id]
+		}
+	})
+	return v, err
+}
+
+// TakeScanTurn is turnScript and the HGET of holder's untracked-rows note,
+// in one round trip.
+func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, string, error) {
+	var note string
+	held, err := s.takeTurnThen(ctx, "scanturn", store.ScanTurnKey(s.prefix), holder, ttl, func(r *simRedis) {
+		if e := r.get(store.UntrackedKey(s.prefix)); e != nil {
+			note = e.hash[holder]
+		}
+	})
+	return held, note, err
 }
 
 func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
@@ -608,8 +643,14 @@ func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Du
 // Each turn has a stream of its own: the scan and the sweep loops start at
 // one instant.
 func (s *simStore) takeTurn(ctx context.Context, op, key, holder string, ttl time.Duration) (bool, error) {
+	return s.takeTurnThen(ctx, op, key, holder, ttl, func(*simRedis) {})
+}
+
+// takeTurnThen is takeTurn with then run in the same round trip.
+func (s *simStore) takeTurnThen(ctx context.Context, op, key, holder string, ttl time.Duration, then func(*simRedis)) (bool, error) {
 	var held bool
 	err := s.c.roundTrip(ctx, op, func(r *simRedis) {
+		defer then(r)
 		v, ok := r.getStr(key)
 		switch {
 		case ok && v == holder:

@@ -75,6 +75,9 @@ type sweepReport struct {
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64
+	// untrackedBy lists them by the instance whose rows set held them at
+	// this look ("": none).
+	untrackedBy map[string][]int64
 	// ownerPeers lists live members that announce owner mode (an
 	// owner-column rollout): a sweep by row version leaves the turn to
 	// them, since their rows are in no rows set.

@@ -48,9 +48,16 @@ type Worker struct {
 	stats  counters    // stats.go
 	events dispatcher  // events.go
 	rlog   *recoveryLog
-	// untrackedAt is when the backstop sweep last found untracked rows
-	// (unix nanoseconds; rowsweep.go).
+	// untrackedAt is when the backstop sweep last found rows this worker
+	// did not track before their COMMIT, or when it was called to untrack
+	// rows without any Track (unix nanoseconds; rowsweep.go).
 	untrackedAt atomic.Int64
+	// untrackedNote is the last note of the untracked-rows hash logged;
+	// trackCalls counts Track calls; untrackCalled is set once Untrack
+	// without any Track has been logged (rowsweep.go).
+	untrackedNote atomic.Value
+	trackCalls    atomic.Uint64
+	untrackCalled atomic.Bool
 
 	loops // what Start runs
 }

@@ -65,7 +65,7 @@ func TestTurnsNamesTheirHolders(t *testing.T) {
 	assert.Equal(t, Turn{Holder: "", TTL: -2 * time.Nanosecond}, Turn{Holder: scan.Holder, TTL: scan.TTL})
 	assert.Empty(t, sweep.Holder)
 
-	held, err := s.TakeScanTurn(ctx, "w-1", time.Minute)
+	held, _, err := s.TakeScanTurn(ctx, "w-1", time.Minute)
 	require.NoError(t, err)
 	require.True(t, held)
 	scan, sweep, err = s.Turns(ctx)

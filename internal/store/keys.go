@@ -158,9 +158,17 @@ func InstanceOfHeartbeat(prefix, key string) (string, bool) {
 }
 
 // FleetKeys returns the names of the keys the fleet under prefix shares:
-// the registry, the scan and sweep turns, the history and the fleet
-// record. A tool that removes a fleet deletes these and every registered
-// instance's Keys.
+// the registry, the scan and sweep turns, the history, the fleet record
+// and the untracked-rows notes. A tool that removes a fleet deletes these
+// and every registered instance's Keys.
 func FleetKeys(prefix string) []string {
-	return []string{RegistryKey(prefix), ScanTurnKey(prefix), SweepTurnKey(prefix), HistoryKey(prefix), FleetKey(prefix)}
+	return []string{RegistryKey(prefix), ScanTurnKey(prefix), SweepTurnKey(prefix), HistoryKey(prefix), FleetKey(prefix),
+		UntrackedKey(prefix)}
 }
+
+// UntrackedKey returns the name of the hash in which the backstop sweep
+// tells a worker that it tracked rows only after their COMMIT: field
+// instance ID, value "<until, Unix ms> <rows> <first row> <sweeper>". The
+// key lives a rows TTL from the last note; workers of releases before it
+// never read it.
+func UntrackedKey(prefix string) string { return prefix + "_UNTRACKED" }

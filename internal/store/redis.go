@@ -385,9 +385,57 @@ func (s *Redis) DropClaim(ctx context.Context, peer, token string, noteTTL time.
 	return nil
 }
 
-// TakeScanTurn runs turnScript on the scan turn's key.
-func (s *Redis) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
-	return s.takeTurn(ctx, ScanTurnKey(s.prefix), holder, ttl)
+// TakeScanTurn runs turnScript on the scan turn's key, and HGET of
+// holder's untracked-rows note beside it, in one pipeline (EVAL: a
+// pipeline cannot fall back on NOSCRIPT). A failed note read is only a
+// missing note: the turn is what the caller acts on.
+func (s *Redis) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (_ bool, _ string, err error) {
+	defer s.failed(&err)
+	key := ScanTurnKey(s.prefix)
+	pipe := s.rdb.Pipeline()
+	turn := turnScript.Eval(ctx, pipe, []string{key}, holder, ttl.Milliseconds())
+	note := pipe.HGet(ctx, UntrackedKey(s.prefix), holder)
+	_, _ = pipe.Exec(ctx)
+	held, err := turn.Int()
+	if err != nil {
+		return false, "", fmt.Errorf("take %s: %w", key, err)
+	}
+	return held == 1, note.Val(), nil
+}
+
+// NoteUntracked is HSET of notes and PEXPIRE of the untracked-rows hash,
+// pipelined.
+func (s *Redis) NoteUntracked(ctx context.Context, notes map[string]string, ttl time.Duration) (err error) {
+	defer s.failed(&err)
+	if len(notes) == 0 {
+		return nil
+	}
+	key := UntrackedKey(s.prefix)
+	fields := make([]any, 0, 2*len(notes))
+	for id, n := range notes {
+		fields = append(fields, id, n)
+	}
+	pipe := s.rdb.Pipeline()
+	pipe.HSet(ctx, key, fields...)
+	pipe.PExpire(ctx, key, ttl)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return fmt.Errorf("note untracked rows in %s: %w", key, err)
+	}
+	return nil
+}
+
+// UntrackedNote is HGET of id's field of the untracked-rows hash.
+func (s *Redis) UntrackedNote(ctx context.Context, id string) (_ string, err error) {
+	defer s.failed(&err)
+	key := UntrackedKey(s.prefix)
+	v, err := s.rdb.HGet(ctx, key, id).Result()
+	if errors.Is(err, redis.Nil) {
+		return "", nil
+	}
+	if err != nil {
+		return "", fmt.Errorf("read %s: %w", key, err)
+	}
+	return v, nil
 }
 
 // TakeSweepTurn runs turnScript on the sweep turn's key.

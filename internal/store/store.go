@@ -93,8 +93,16 @@ type Store interface {
 	// lives noteTTL (failScript).
 	FailRecovery(ctx context.Context, peer, token string, noteTTL time.Duration) error
 
-	// TakeScanTurn takes or renews the fleet's scan turn for holder.
-	TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error)
+	// NoteUntracked records notes (instance ID: note) in the untracked-rows
+	// hash (UntrackedKey) and makes the hash live ttl, in one round trip.
+	NoteUntracked(ctx context.Context, notes map[string]string, ttl time.Duration) error
+	// UntrackedNote returns the note recorded for id, or "".
+	UntrackedNote(ctx context.Context, id string) (string, error)
+
+	// TakeScanTurn takes or renews the fleet's scan turn for holder, and
+	// reads holder's note in the untracked-rows hash ("" if none) in the
+	// same round trip.
+	TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (held bool, note string, err error)
 	// TakeSweepTurn takes or renews the fleet's sweep turn for holder.
 	TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error)
 
