@@ -414,3 +414,48 @@ func TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet(t *testing.T) {
 	}, 10*time.Second, 50*time.Millisecond)
 	assert.Equal(t, map[int64]string{1: "finished", 2: "pending", 3: "pending", 4: "pending"}, jobStates(t, db, schema))
 }
+
+// Issue 21, statuses swapped over an idle fleet (documented, not fixed:
+// docs/safety.md §5b). No worker tracks anything and no worker's
+// self-check has a block to judge, so nothing tells the sweeping worker
+// that what it calls in progress is the table's queued status: it takes
+// the queue for stuck rows and "resets" them to what it calls queued, the
+// table's in-progress status. The queue stalls; nothing is lost: once the
+// statuses are fixed, those rows are in progress in no set, and the sweep
+// brings them back within its bound (a gap and two looks).
+func TestSwappedStatusesOverAnIdleFleetStallTheQueueUntilFixed(t *testing.T) {
+	rdb, db, schema, _ := backstopWorld(t, 5)
+	ctx := context.Background()
+	opts := []ResetterOption{WithSchema(schema), WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"),
+		WithDoneStatuses("finished", "error"), WithoutResetLedger()}
+	swapped, err := NewPgxResetter(db, append(opts, WithStatuses("pending", "running"))...)
+	require.NoError(t, err)
+	prefix := testutil.Name("SW")
+	w, _ := newWorker(t, rdb, swapped, "swapped", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	require.Eventually(t, func() bool {
+		rep, err := w.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		return rep.strayReset > 0
+	}, 10*time.Second, 50*time.Millisecond)
+	for id, s := range jobStates(t, db, schema) {
+		assert.Equal(t, "running", s, "row %d: the queue stalls, every row in the table's in-progress status", id)
+	}
+
+	right, err := NewPgxResetter(db, append(opts, WithStatuses("running", "pending"))...)
+	require.NoError(t, err)
+	fixed, _ := newWorker(t, rdb, right, "fixed", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	start := time.Now()
+	require.Eventually(t, func() bool {
+		_, err := fixed.sweeper.runOnce(ctx)
+		require.NoError(t, err)
+		for _, s := range jobStates(t, db, schema) {
+			if s != "pending" {
+				return false
+			}
+		}
+		return true
+	}, 10*time.Second, 50*time.Millisecond, "once fixed, the rows come back")
+	took := time.Since(start)
+	t.Logf("5 rows back in the queue %v after the fix (rows TTL 1 s)", took.Round(10*time.Millisecond))
+	assert.Less(t, took, time.Second+3*100*time.Millisecond+time.Second, "within the bound: gap + 2.2 × recovery interval (+ slack)")
+}
