@@ -243,6 +243,11 @@ func (c *simConn) arrive(down func() bool, errDown error) error {
 // (more latency, so the caller's deadline may pass: nothing done), or,
 // for commit, lose the acknowledgement of a COMMIT that took effect.
 func (c *simConn) pg(ctx context.Context, op string, commit bool, effect func(*simTable)) error {
+	return c.pgDelayed(ctx, op, commit, 0, effect)
+}
+
+// pgDelayed is pg with extra latency on the way to the server.
+func (c *simConn) pgDelayed(ctx context.Context, op string, commit bool, extra time.Duration, effect func(*simTable)) error {
 	w := c.world
 	if err := c.proc.gate(ctx); err != nil {
 		return err
@@ -252,7 +257,7 @@ func (c *simConn) pg(ctx context.Context, op string, commit bool, effect func(*s
 	slow := w.pgSlow()
 	spikes := w.faulty()
 	c.draw(op, func(r *rand.Rand) {
-		req, reply = latency(r, spikes)+time.Millisecond, latency(r, spikes)
+		req, reply = latency(r, spikes)+time.Millisecond+extra, latency(r, spikes)
 		if slow > 0 {
 			req += dur(r, slow)
 		}
@@ -326,8 +331,13 @@ func (p *simProc) host(ctx context.Context) {
 		// live worker holds for longer than the rows TTL alone: now and
 		// then a row takes 5 to 10 s (drawn only in that mode, so other
 		// seeds replay as before), while the faults strike.
-		if p.world.cfg.mode == "rows+sweep" && r.IntN(60) == 0 && time.Since(p.world.start) < simFaultEnd {
-			d := 5*time.Second + time.Duration(r.Int64N(int64(5*time.Second)))
+		slowOdds, slowMin := 60, 5*time.Second
+		if now := time.Now(); !now.Before(p.world.youngFrom) && now.Before(p.world.youngTill) {
+			// The youngRedis class: rows that outlive the sweep's gap.
+			slowOdds, slowMin = 3, 7*time.Second
+		}
+		if p.world.cfg.mode == "rows+sweep" && r.IntN(slowOdds) == 0 && time.Since(p.world.start) < simFaultEnd {
+			d := slowMin + time.Duration(r.Int64N(int64(10*time.Second-slowMin)))
 			p.logf("host: a slow row %d (%v)", id, d)
 			if !pause(d) {
 				return

@@ -636,7 +636,24 @@ func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Dur
 }
 
 func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
-	return s.takeTurn(ctx, "sweepturn", store.SweepTurnKey(s.prefix), holder, ttl)
+	w := s.c.world
+	key := store.SweepTurnKey(s.prefix)
+	var held bool
+	held, err := s.takeTurnThen(ctx, "sweepturn", key, holder, ttl, func(r *simRedis) {
+		// The youngRedis class: the server restarted empty just before
+		// the turn script ran (so the holder keeps its turn, and its
+		// memory of earlier looks).
+		if now := time.Now(); !now.Before(w.youngFrom) && now.Before(w.youngTill) {
+			kept, _ := r.getStr(key)
+			r.restart(nil, 0)
+			if kept != "" {
+				r.set(key, kept, ttl)
+			}
+			w.redisUp = now
+			w.tracef("FAULT Redis restarted empty just before %s's sweep turn script", s.c.proc)
+		}
+	})
+	return held, err
 }
 
 // takeTurn is turnScript.

@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"strconv"
 	"time"
@@ -222,6 +223,14 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 			// harmless only under owner fencing.
 			w.known[knownRolledBack]++
 			w.tracef("KNOWN row %d reset under %s: %s tracked it in a fetch that rolled back (no owner fencing, docs/safety.md §2)", id, h, instance)
+		case instance == "" && h.w.rows.anyAbandoned([]int64{id}):
+			// docs/safety.md §3: a worker whose rows set was gone when its
+			// lost lease came back leaves the rows it held to the backstop
+			// sweep, but its lease is valid again and its host may go on
+			// with them; one processed for longer than the sweep's gap is
+			// reset under it (found with the youngRedis class).
+			w.known[knownAbandoned]++
+			w.tracef("KNOWN row %d reset by the sweep under %s, which left it to the sweep after a lost lease and still processes it (docs/safety.md §3)", id, h)
 		case h.id == instance && row.takenAt.After(ref):
 			// Issue 10's closing note: owner fencing cannot tell two
 			// takes by one instance ID apart; closing it needs a per-take
@@ -299,7 +308,8 @@ func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) 
 // noVersionGuard drops the version from the WHERE clause.
 func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
 	var res ResetResult
-	err := r.p.conn.pg(ctx, "resetversions", true, func(t *simTable) {
+	extra := r.operatorRequeues(rows)
+	err := r.p.conn.pgDelayed(ctx, "resetversions", true, extra, func(t *simTable) {
 		res = ResetResult{}
 		var changed []int64
 		for _, rv := range rows {
@@ -319,6 +329,46 @@ func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (
 		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
 	}
 	return res, nil
+}
+
+// operatorRequeues is the operator fault class (simConfig.operator): now
+// and then, the rows of a sweep's reset that are
+// still in progress at the version it read, for a dead taker, are
+// re-queued by an operator as the reset is sent, and the reset arrives
+// 100 to 600 ms later: a host has usually taken them again by then. It
+// returns the delay.
+func (r *simResetter) operatorRequeues(rows []RowVersion) time.Duration {
+	w := r.p.world
+	if !w.cfg.operator {
+		return 0
+	}
+	var hit bool
+	var extra time.Duration
+	r.p.conn.draw("operator", func(rr *rand.Rand) {
+		hit = rr.IntN(2) == 0
+		extra = 100*time.Millisecond + dur(rr, 500*time.Millisecond)
+	})
+	if !hit {
+		return 0
+	}
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	var requeued []int64
+	for _, rv := range rows {
+		row := w.table.rows[rv.ID]
+		if row == nil || row.status != stInprog || strconv.Itoa(row.xmin) != rv.Version || row.taker.alive() || row.lockedBy != nil {
+			continue
+		}
+		row.status = stQueued
+		row.xmin++
+		row.resets++
+		requeued = append(requeued, rv.ID)
+	}
+	if len(requeued) == 0 {
+		return 0
+	}
+	w.tracef("OPERATOR re-queues %v as %s's reset of them is sent; it arrives %v later", requeued, r.p, extra)
+	return extra
 }
 
 func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {

@@ -35,7 +35,10 @@ package recovery
 // earlier seeds replay as they did: members with different timings (a
 // rolling change of every timing option, with Redis restarts), a
 // second fleet (another table) starting a worker under the prefix, and
-// keys with a TTL evicted (seeds with the sweep whose number is 5 mod 7).
+// keys with a TTL evicted (seeds with the sweep whose number is 5 mod 7);
+// and, for the backstop sweep by row version (issue 21), a Redis that
+// restarts empty before every sweep look (youngRedis) and an operator
+// re-queueing the rows of a sweep's reset on its way (operator).
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -124,6 +127,21 @@ type simConfig struct {
 	// before the column, rows sets without an owner column, whose fetch
 	// leaves the owner NULL (the NULL owners fault class, issue 20.1).
 	rollout bool
+	// operator: during the faults, an operator (or a tool of the host's
+	// own) re-queues stray rows of dead workers while the backstop sweep's
+	// reset of them is on its way, and a worker takes them again before it
+	// arrives (rows+sweep only): what the reset's version guard is for.
+	// No restart from a snapshot or failover in these runs: a rows set
+	// brought back would let a recovery reset a row the operator re-queued
+	// out of the ledger's sight (docs/safety.md §3, "a host's own
+	// ResetRows").
+	operator bool
+	// youngRedis: for a stretch of the faults, Redis restarts empty right
+	// after each sweep turn is taken (rows+sweep only): every look of the
+	// sweep comes from a server younger than a heartbeat TTL, whose rows
+	// sets live workers have not written again yet (a crash-looping
+	// Redis at its worst): what the sweep's strict node age is for.
+	youngRedis bool
 }
 
 func (c simConfig) fenced() bool { return c.mode != "rows" && c.mode != "rows+sweep" }
@@ -151,10 +169,12 @@ type simWorld struct {
 	pgSlowMax  time.Duration
 	lostTill   time.Time // lost replies and acknowledgements strike until then
 	redisUp    time.Time // when Redis last came back with data it may lack (a restart, a failover)
-	failedOver bool      // a replica was promoted during the run
-	evicted    bool      // Redis evicted keys during the run
-	flushedAt  time.Time // the last FLUSHALL (rows+sweep only)
-	promoted   []time.Time
+	// youngFrom, youngTill: the stretch of the youngRedis class.
+	youngFrom, youngTill time.Time
+	failedOver           bool      // a replica was promoted during the run
+	evicted              bool      // Redis evicted keys during the run
+	flushedAt            time.Time // the last FLUSHALL (rows+sweep only)
+	promoted             []time.Time
 	// unrecorded are the instances a claim found without a rows set.
 	unrecorded map[string]bool
 	snaps      []simSnap
@@ -173,6 +193,7 @@ const (
 	knownRolledBack = "no fencing: a fetch rolled back after Track, its row reset under its next taker (safety.md §2)"
 	knownTwoTakes   = "one instance ID, two takes: a row taken after the recoverer's claim or read (issue 10's note)"
 	knownForeign    = "a second fleet started right after Redis restarted empty, before our heartbeats recorded the fleet again (safety.md §13, A2)"
+	knownAbandoned  = "a row left to the backstop sweep after a lost lease (its rows set gone) and still processed by its host when the sweep reset it (safety.md §3)"
 )
 
 // freshAfterPromotion reports whether p started less than a TTL after a
@@ -323,6 +344,15 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	// rows set of a worker of the old kind strands its rows (no owner for
 	// the sweep), as Redis forgetting does (docs/safety.md §13, A1).
 	cfg.evicting = cfg.sweep() && !cfg.rollout && seed%7 == 5
+	// Its own stream too (issue 21's version guard).
+	cfg.operator = cfg.mode == "rows+sweep" && rand.New(rand.NewPCG(seed, 0x09e7)).IntN(2) == 0
+	cfg.youngRedis = cfg.mode == "rows+sweep" && rand.New(rand.NewPCG(seed, 0x7a6e)).IntN(2) == 0
+	if cfg.youngRedis {
+		// Rows a paused worker leaves to the sweep (its set wiped) come
+		// back a fleet's longest rows TTL later: with the long-timed
+		// members' (4 × 6 s) that outlasts the liveness check.
+		cfg.timings = false
+	}
 	ledger := (!cfg.fenced() || cfg.rollout) && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
@@ -516,7 +546,9 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 		return max(time.Microsecond, min(d, left-time.Duration(r.Int64N(int64(100*time.Millisecond)))-7*time.Microsecond))
 	}
 	kinds := []string{"crash", "crash", "pause", "pause", "pgdown", "pgslow", "redisdown"}
-	if w.cfg.redisLoss {
+	if w.cfg.redisLoss && w.cfg.operator {
+		kinds = append(kinds, "restart-empty")
+	} else if w.cfg.redisLoss {
 		kinds = append(kinds, "restart-empty", "restart-snapshot", "failover")
 	}
 	if w.cfg.evicting {
@@ -524,6 +556,12 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 	}
 	if w.cfg.mode == "rows+sweep" {
 		kinds = append(kinds, "flush") // FLUSHALL: node age cannot see it
+	}
+	if w.cfg.youngRedis {
+		// The crash-looping Redis is the run's fault, with pauses: outages
+		// of Redis or PostgreSQL would only end the sweep's looks early,
+		// and crashes end the slow rows.
+		kinds = []string{"pause"}
 	}
 	kind := kinds[r.IntN(len(kinds))]
 	live := w.live()
@@ -759,6 +797,11 @@ func (w *simWorld) run(t *testing.T) {
 	w.redis = newSimRedis(w.start)
 	w.redis.evictRng = rand.New(rand.NewPCG(w.seed, 0xe71c7))
 	w.lostTill = w.start.Add(simFaultEnd + 6*time.Second)
+	if w.cfg.youngRedis {
+		r := rand.New(rand.NewPCG(w.seed, 0x7a6f))
+		w.youngFrom = w.start.Add(500*time.Millisecond + dur(r, time.Second))
+		w.youngTill = w.youngFrom.Add(9*time.Second + dur(r, time.Second))
+	}
 	w.tracef("seed %d: %+v %+v", w.seed, w.cfg, w.mut)
 	stopSnaps := make(chan struct{})
 	snapsDone := make(chan struct{})
@@ -866,7 +909,11 @@ func (w *simWorld) checkBound(t *testing.T) {
 	var rows []int64
 	for range 400 {
 		for _, p := range w.live() {
-			if r := p.heldRows(); len(r) > 0 && p.w.CheckLease() == nil {
+			// Not a worker holding rows it left to the backstop sweep (its
+			// rows set was gone when its lease came back: docs/safety.md
+			// §3): they are in no set, and come back within the sweep's
+			// bound, which the liveness check covers.
+			if r := p.heldRows(); len(r) > 0 && p.w.CheckLease() == nil && !p.w.rows.anyAbandoned(r) {
 				victim, rows = p, r
 				break
 			}
@@ -1093,3 +1140,16 @@ func TestSimulationIsDeterministic(t *testing.T) {
 }
 
 var _ = store.FailedClaim
+
+// anyAbandoned reports whether one of ids is a row left to the backstop
+// sweep (inflight.abandoned).
+func (s *inflight) anyAbandoned(ids []int64) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := s.abandoned[id]; ok {
+			return true
+		}
+	}
+	return false
+}
