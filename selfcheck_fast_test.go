@@ -77,6 +77,31 @@ func finishJobs(t *testing.T, db *pgxpool.Pool, w *Worker, status string, ids ..
 	require.NoError(t, w.Untrack(ids...))
 }
 
+// jobsWorld starts worker "w" on publicJobsTable (enum statuses or text)
+// with a resetter of impl for statuses inprog and queued, with slowBeats
+// under a fresh prefix named after tag; alarms signals its self-check's
+// alarm.
+func jobsWorld(t *testing.T, impl resetterImpl, enum bool, inprog, queued, tag string, opts ...Option) (*pgxpool.Pool, *Worker, *testutil.LogBuffer, <-chan Event) {
+	t.Helper()
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	publicJobsTable(t, db, enum)
+	r := jobsResetter(t, impl, db, inprog, queued)
+	obs, alarms := misconfiguredSignal()
+	w, logs := startWorker(t, rdb, r, "w", append(append(slowBeats(testutil.Name(tag)), obs), opts...)...)
+	return db, w, logs, alarms
+}
+
+// requireMisconfigured checks that w's Healthy fails with ErrMisconfigured
+// saying want, and that the alarm was logged once.
+func requireMisconfigured(t *testing.T, w *Worker, logs *testutil.LogBuffer, want string) {
+	t.Helper()
+	err := w.Healthy()
+	require.ErrorIs(t, err, ErrMisconfigured)
+	assert.Contains(t, err.Error(), want)
+	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"self-check: the rows this worker tracks do not look like its rows in progress`))
+}
+
 // misconfiguredSignal returns an observer that signals the self-check's
 // alarm.
 func misconfiguredSignal() (Option, <-chan Event) {
@@ -117,12 +142,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 				continue // the statement is the same; one driver is enough
 			}
 			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
-				rdb := testutil.Redis(t)
-				db := testutil.Postgres(t)
-				publicJobsTable(t, db, c.enum)
-				r := jobsResetter(t, impl, db, c.inprog, c.queued)
-				obs, alarms := misconfiguredSignal()
-				w, logs := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SF")), obs)...)
+				db, w, logs, alarms := jobsWorld(t, impl, c.enum, c.inprog, c.queued, "SF")
 
 				var latency time.Duration
 				found := -1
@@ -143,10 +163,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 				require.Equal(t, 0, found, "the first block of a second is caught (-1: not in 3 blocks)")
 				t.Logf("ErrMisconfigured %v after the first block's COMMIT", latency.Round(time.Millisecond))
 				assert.Less(t, latency, 1500*time.Millisecond)
-				err := w.Healthy()
-				require.ErrorIs(t, err, ErrMisconfigured)
-				assert.Contains(t, err.Error(), c.want)
-				assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"self-check: the rows this worker tracks do not look like its rows in progress`))
+				requireMisconfigured(t, w, logs, c.want)
 			})
 		}
 	}
@@ -166,13 +183,8 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
-				rdb := testutil.Redis(t)
-				db := testutil.Postgres(t)
-				publicJobsTable(t, db, enum)
-				r := jobsResetter(t, impl, db, "running", "pending")
-				obs, alarms := misconfiguredSignal()
 				window := 500 * time.Millisecond
-				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SN")), obs, WithSelfCheckWindow(window))...)
+				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SN", WithSelfCheckWindow(window))
 
 				outcomes := []string{"finished", "error", "pending"}
 				for block := range 30 {

@@ -243,9 +243,9 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 // resetter calls queued: the reset would count them settled and drop the
 // peer's rows set, before the self-check (which needs a block of this
 // worker's own) could raise the alarm that holds every verdict
-// (recoverDeadLives). So, while unverified, the recovery first reads the
-// state of up to maxStaleSample of the peer's rows; if one reads as the
-// queued status it is held (an error: the claim goes back, the set and the
+// (recoverDeadLives). So, while unverified (and running), the recovery
+// first reads the state of up to maxStaleSample of the peer's rows; if
+// none reads as in progress and one reads as the queued status it is held (an error: the claim goes back, the set and the
 // registry entry stay) until this worker has seen a row of its own in
 // progress, or a worker whose configuration is verified takes the scan
 // turn. In a correct fleet such a row is one whose fetch rolled back, or
@@ -253,8 +253,8 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 // it. Start's recovery of its own predecessor is not held.
 func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) error {
 	c := w.checker
-	if c == nil || c.verdict.Load() != 0 {
-		return nil
+	if c == nil || c.verdict.Load() != 0 || w.state.Load() != stateRunning {
+		return nil // verified, alarmed (recoverDeadLives holds), or RecoverNow before Start
 	}
 	qr, ok := w.resetter.(queuedReader)
 	if !ok {
@@ -264,15 +264,25 @@ func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) e
 	states, err := qr.RowStates(dbCtx, ids[:min(len(ids), maxStaleSample)])
 	cancel()
 	if err != nil {
-		return fmt.Errorf("read the state of rows of dead peer %s: %w", peer, err)
+		// The reset reports what is wrong with the table; the hold is
+		// only a precaution.
+		w.log.Debug("recovery: cannot read the state of a dead peer's rows", slog.String("peer_id", peer), slog.Any("error", err))
+		return nil
 	}
-	for _, s := range states {
-		if qr.isQueued(s.Status) {
-			return fmt.Errorf("%w: recovery of %s held: its row %d reads as the queued status %q, and this worker has not yet seen a row of its own in progress (statuses swapped?); left to a worker whose configuration is verified, or to this one once it is",
-				errUnverified, peer, s.ID, clip(s.Status))
+	var queued *RowState
+	for i, s := range states {
+		if qr.InProgress(s, peer) {
+			return nil // one row as the resetter expects: nothing swapped
+		}
+		if queued == nil && qr.isQueued(s.Status) {
+			queued = &states[i]
 		}
 	}
-	return nil
+	if queued == nil {
+		return nil
+	}
+	return fmt.Errorf("%w: recovery of %s held: none of its rows is in progress by the resetter's statuses and row %d reads as the queued status %q, and this worker has not yet seen a row of its own in progress (statuses swapped?); left to a worker whose configuration is verified, or to this one once it is",
+		errUnverified, peer, queued.ID, clip(queued.Status))
 }
 
 // errUnverified is wrapped by the error of a recovery unverifiedHold held.

@@ -10,8 +10,6 @@ import (
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
-
-	"github.com/alya/recovery/internal/testutil"
 )
 
 // Issue 21: blocks whose rows leave the in-progress status within about
@@ -39,12 +37,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 				continue
 			}
 			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
-				rdb := testutil.Redis(t)
-				db := testutil.Postgres(t)
-				publicJobsTable(t, db, c.enum)
-				r := jobsResetter(t, impl, db, c.inprog, c.queued)
-				obs, alarms := misconfiguredSignal()
-				w, logs := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SS")), obs)...)
+				db, w, logs, alarms := jobsWorld(t, impl, c.enum, c.inprog, c.queued, "SS")
 
 				var latency time.Duration
 				found := -1
@@ -77,10 +70,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 				require.Equal(t, 0, found, "the first block of 50 ms is caught (-1: not in 20 blocks)")
 				t.Logf("ErrMisconfigured %v after the first block's COMMIT", latency.Round(time.Millisecond))
 				assert.Less(t, latency, time.Second)
-				err := w.Healthy()
-				require.ErrorIs(t, err, ErrMisconfigured)
-				assert.Contains(t, err.Error(), c.want)
-				assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"self-check: the rows this worker tracks do not look like its rows in progress`))
+				requireMisconfigured(t, w, logs, c.want)
 			})
 		}
 	}
@@ -99,13 +89,7 @@ func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
-				rdb := testutil.Redis(t)
-				db := testutil.Postgres(t)
-				publicJobsTable(t, db, enum)
-				r := jobsResetter(t, impl, db, "running", "pending")
-				obs, alarms := misconfiguredSignal()
-				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("SC")), obs)...)
-				ctx := context.Background()
+				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SC")
 
 				// Fetches rolled back after Track: the rows stay pending.
 				for block := range 5 {
@@ -138,7 +122,6 @@ func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing
 				}
 				require.NoError(t, w.Healthy())
 				assert.Equal(t, int32(1), w.checker.verdict.Load(), "blocks of 50 ms verify the configuration")
-				_ = ctx
 			})
 		}
 	}
