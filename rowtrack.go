@@ -21,8 +21,8 @@ import (
 //
 // While the self-check has not yet verified the configuration (usually the
 // first block only), Track also reads the state of up to 8 of the rows
-// before it returns, one indexed statement under the operation timeout
-// (docs/design.md, "Self-check").
+// before it returns: one indexed statement, given up after a tenth of the
+// self-check window (50 ms by default) (docs/design.md, "Self-check").
 //
 // Track returns ErrNotStarted before Start, ErrShutdown after Shutdown and
 // ErrLeaseLost while the heartbeat lease is lost; in those cases nothing is

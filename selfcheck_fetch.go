@@ -97,7 +97,10 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 	w := c.w
 	sample := ids[:min(len(ids), preImageSample)]
 	gens := w.rows.generations(sample)
-	opCtx, cancel := w.opContext(ctx)
+	// Bounded well below the operation timeout: Track is on the host's
+	// path, inside its fetch, and a pool the fetch has exhausted must not
+	// hold it up; a read that does not answer in time judges nothing.
+	opCtx, cancel := context.WithTimeout(ctx, min(w.opts.opTimeout, max(c.window()/10, 10*time.Millisecond)))
 	ims, err := c.images.rowImages(opCtx, sample)
 	cancel()
 	if err != nil {
