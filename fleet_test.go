@@ -279,6 +279,8 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 	var dbName, schema string
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT current_database(), current_schema()`).Scan(&dbName, &schema))
 	want := "database=" + dbName + " schema=" + schema + " table=batchrows"
+	var sysID string
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysID))
 	for _, impl := range resetterImpls {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -291,6 +293,9 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 			got, err = impl.mustResetter(t, db, WithTable("nope")).(fleetIdentifier).fleetIdentity(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, "database="+dbName+" schema= table=nope", got)
+			server, err := impl.mustResetter(t, db).(serverIdentifier).serverIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "system_identifier="+sysID, server, "the server's identifier, by an ordinary role too")
 		})
 	}
 }

@@ -201,17 +201,22 @@ func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *te
 		"the locked row is reset at the first look after the lock ended")
 }
 
-// Item 2's identity is database, schema and table, not the server: two
+// Item 2's identity was database, schema and table, not the server: two
 // applications on two PostgreSQL servers whose database, schema and table
 // are named alike (staging and production sharing one Redis; two services
 // that both took the defaults: database postgres, schema public, table
-// batchrows) pass the check, and each still recovers the other's dead
-// workers into its own table.
+// batchrows) passed the check, and each recovered the other's dead
+// workers into its own table. The record now names the server too (its
+// system_identifier), and Start refuses the second server.
 //
-// With the code as it stands: B starts; A's scan reset 5 of 5 rows of its
-// own live worker, in A's table, for B's dead worker.
+// The record is first written as the release before the server field
+// writes it (serves only): A's Start accepts it and fills the server (the
+// rolling upgrade), and B is refused all the same.
+//
+// Before the fix (the server neither recorded nor compared): B started;
+// A's scan reset 5 of 5 rows of its own live worker, in A's table, for B's
+// dead worker.
 func TestReview20TwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
-	t.Skip("KNOWN HOLE (review2, issue 20 item 2): the fleet identity names no server; two servers with the same database, schema and table share a prefix unrefused (5 of 5 live rows reset)")
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -237,14 +242,30 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 	require.NoError(t, err)
 	rB, err := NewPgxResetter(dbB)
 	require.NoError(t, err)
+	servesA, err := rA.fleetIdentity(ctx)
+	require.NoError(t, err)
+	servesB, err := rB.fleetIdentity(ctx)
+	require.NoError(t, err)
+	require.Equal(t, servesA, servesB, "the two servers' names are alike")
+	serverA, err := rA.serverIdentity(ctx)
+	require.NoError(t, err)
+	serverB, err := rB.serverIdentity(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, serverA, serverB)
 
+	key := store.FleetKey(shared)
+	require.NoError(t, rdb.HSet(ctx, key, "serves", servesA).Err()) // the release before the server field
 	a, _ := startWorker(t, rdb, rA, "liveA", WithKeyPrefix(shared))
+	assert.Equal(t, serverA, rdb.HGet(ctx, key, "server").Val(), "A's Start accepted the old record and filled the server")
 	take(t, dbA, "liveA", 1, 2, 3, 4, 5)
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4, 5))
 
 	b, _ := newWorker(t, rdb, rB, "deadB", WithKeyPrefix(shared))
 	err = b.Start(ctx)
 	if assert.ErrorIs(t, err, ErrFleetMismatch, "another server's table under the prefix is refused") {
+		assert.Contains(t, err.Error(), serverA)
+		assert.Contains(t, err.Error(), serverB)
+		assert.False(t, registered(t, rdb, shared, "deadB"), "the refused worker wrote nothing")
 		return
 	}
 	setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
@@ -260,6 +281,24 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 	}
 	t.Errorf("a second server's fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
 		rep.Dead, reset)
+}
+
+// A heartbeat that finds the record naming another server (a worker of
+// another server recorded it first, after Redis restarted empty) says so
+// at Error, once, naming both servers.
+func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 5, "F2v")
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+	_, server := w.fleet.served()
+	require.NotEmpty(t, server)
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "server", "system_identifier=1").Err())
+	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logs.String(), `"recorded_server":"system_identifier=1"`)
+	assert.Contains(t, logs.String(), `"server":"`+server+`"`)
 }
 
 // RecoverNow before Start (recoveryctl recover, an operator's tool) never
