@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -316,4 +317,22 @@ func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
 		"heartbeats go on")
 	assert.Equal(t, 1, logs.Count(msg), "once per outage")
 	assert.NoError(t, w.CheckLease())
+}
+
+// Start reads the fleet record once: the script that records what the
+// fleet serves returns the whole record, and Start learns the members'
+// timings from that reply, lapsed announcements too (a record restored
+// from an old snapshot; it read it again with HGETALL before).
+func TestStartReadsTheFleetRecordOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 1, "FS1")
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "m:slow", fmt.Sprintf("9000 9000 9000 owner %d", time.Now().Add(-time.Minute).UnixMilli())).Err())
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix))
+	require.NoError(t, w.Start(ctx))
+	trips, cmds := counter.snapshot()
+	t.Logf("Start: %d round trips: %v", trips, cmds)
+	assert.NotContains(t, cmds, "hgetall", "the record is not read a second time")
+	assert.Equal(t, 9*time.Second, w.fleetTTL(), "the lapsed member's TTL learnt from the script's reply (the first heartbeat dropped it)")
 }
