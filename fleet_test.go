@@ -6,9 +6,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -335,4 +337,46 @@ func TestStartReadsTheFleetRecordOnce(t *testing.T) {
 	t.Logf("Start: %d round trips: %v", trips, cmds)
 	assert.NotContains(t, cmds, "hgetall", "the record is not read a second time")
 	assert.Equal(t, 9*time.Second, w.fleetTTL(), "the lapsed member's TTL learnt from the script's reply (the first heartbeat dropped it)")
+}
+
+// A role that may not call pg_control_system() (a managed service that
+// revokes it) records no server: the fleet is checked by its names, as
+// before the server field, and Start succeeds.
+func TestAServerThatWillNotTellItsIdentifierIsCheckedByNames(t *testing.T) {
+	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	srv, err := servers.StartPostgres(ctx)
+	if err != nil {
+		testutil.Unavailable(t, "start a PostgreSQL server: %v", err)
+	}
+	t.Cleanup(srv.Stop)
+	admin, err := pgxpool.New(ctx, srv.URL)
+	require.NoError(t, err)
+	t.Cleanup(admin.Close)
+	_, err = admin.Exec(ctx, testutil.BatchSchema+`
+INSERT INTO batches (batchid) VALUES (1);
+CREATE ROLE app LOGIN;
+GRANT ALL ON ALL TABLES IN SCHEMA public TO app;
+REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC;`)
+	require.NoError(t, err)
+	cfg, err := pgxpool.ParseConfig(srv.URL)
+	require.NoError(t, err)
+	cfg.ConnConfig.User = "app"
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	server, err := r.serverIdentity(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, server, "permission denied: no server")
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("FSN")
+	startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+	f, err := store.NewRedis(rdb, prefix, time.Second).ReadFleet(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, f.Server)
+	assert.Contains(t, f.Serves, "table=batchrows")
 }
