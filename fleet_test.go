@@ -298,7 +298,7 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 			assert.Equal(t, "database="+dbName+" schema= table=nope", got)
 			server, err := impl.mustResetter(t, db).(serverIdentifier).serverIdentity(ctx)
 			require.NoError(t, err)
-			assert.Equal(t, "system_identifier="+sysID, server, "the server's identifier, by an ordinary role too")
+			assert.Equal(t, "system_identifier="+sysID, server, "the server's identifier")
 		})
 	}
 }
