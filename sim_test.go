@@ -34,8 +34,11 @@ package recovery
 // Fault classes added later (issue 20) draw from a stream of their own, so
 // earlier seeds replay as they did: members with different timings (a
 // rolling change of every timing option, with Redis restarts), a
-// second fleet (another table) starting a worker under the prefix, and
-// keys with a TTL evicted (seeds with the sweep whose number is 5 mod 7).
+// second fleet (another table) starting a worker under the prefix, keys
+// with a TTL evicted (seeds with the sweep whose number is 5 mod 7), and a
+// row lock held by a vanished session (the worker the bound check kills
+// leaves one of its rows locked for a while: its other rows must be back
+// within the bound, the locked one within the bound after the lock ends).
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
