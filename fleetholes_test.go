@@ -31,12 +31,13 @@ import (
 // documented limit (docs/safety.md §13, A9), not covered: the test shows
 // what happens, as documented.
 //
-// Interleaving: a long-TTL worker (12 s, a heartbeat every 6 s) beats;
+// Interleaving: a long-TTL worker (20 s, a heartbeat every 10 s) beats;
 // Redis restarts empty; a short-TTL worker (1 s) starts. Its owner sweep
 // finds the long one's rows in PostgreSQL and no heartbeat, holds its own
 // TTL from the server's start, sights twice its own TTL apart and resets
-// the rows 2 to 3.5 s after the restart, under the long one's lease. The
-// long worker's next heartbeat (6 s after the restart) writes its
+// the rows about 3 s after the restart (up to 9 s on a loaded machine),
+// under the long one's lease. The
+// long worker's next heartbeat (10 s after the restart) writes its
 // heartbeat again within its TTL, so its lease stays valid and it is not
 // told; the owner guard refuses its completions of the rows reset under
 // it, so nothing is completed twice, but their processing is lost work
@@ -44,10 +45,10 @@ import (
 // once).
 func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T) {
 	ctx := context.Background()
-	srv, db, prefix, long, beats := longTTLWorldBeating(t, "R20a", 6*time.Second)
+	srv, db, prefix, long, beats := longTTLWorldBeating(t, "R20a", 10*time.Second)
 
 	drain(beats)
-	<-beats // the long worker just beat: its next heartbeat is 6 s away
+	<-beats // the long worker just beat: its next heartbeat is 10 s away
 	restarted := time.Now()
 	srv.Restart()
 
@@ -59,11 +60,11 @@ func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T
 	ttl, _, _ := short.fleet.longest()
 	assert.Equal(t, time.Second, max(ttl, short.opts.heartbeatTTL), "the record was empty: the short worker knows only its own TTL")
 
-	require.Eventually(t, func() bool { return longRowsReset(t, db) == 5 }, 5*time.Second, 20*time.Millisecond,
-		"documented (A9): the short worker resets the live long-TTL worker's rows before its next heartbeat")
+	require.Eventually(t, func() bool { return longRowsReset(t, db) == 5 }, 9*time.Second, 20*time.Millisecond,
+		"documented (docs/safety.md §13, A3): the short worker resets the live long-TTL worker's rows before its next heartbeat")
 	resetAfter := time.Since(restarted)
-	t.Logf("5 of 5 rows of the live long-TTL worker reset %v after the empty restart (its next heartbeat 6 s after it)", resetAfter.Round(100*time.Millisecond))
-	assert.Less(t, resetAfter, 6*time.Second, "before the long worker's next heartbeat")
+	t.Logf("5 of 5 rows of the live long-TTL worker reset %v after the empty restart (its next heartbeat 10 s after it)", resetAfter.Round(100*time.Millisecond))
+	assert.Less(t, resetAfter, 10*time.Second, "before the long worker's next heartbeat")
 
 	<-beats // the long worker's first heartbeat after the restart
 	assert.NoError(t, long.CheckLease(), "the long worker is not told: its heartbeat came back within its TTL")
