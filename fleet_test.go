@@ -7,10 +7,10 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -46,21 +46,7 @@ func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testin
 		assert.Contains(t, err.Error(), fleet.Serves, "names what the prefix serves")
 		assert.False(t, registered(t, rdb, shared, "deadB"), "the refused worker wrote nothing")
 	} else {
-		// The fix reverted: show what it costs. B's worker dies with rows
-		// 1..5 of B's table; A's scan recovers it into A's table.
-		setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
-		require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
-		b.crash()
-		require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
-		rep, _ := a.RecoverNow(ctx)
-		reset := 0
-		for id := int64(1); id <= 5; id++ {
-			if s, _ := rowState(t, dbA, id); s == "queued" {
-				reset++
-			}
-		}
-		t.Errorf("second fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
-			rep.Dead, reset)
+		secondFleetCost(t, rdb, dbA, dbB, a, b, "second fleet")
 		return
 	}
 
@@ -118,6 +104,28 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 	f, _ = s.ReadFleet(ctx)
 	assert.Equal(t, 2*time.Second, f.Members[0].TTL)
 	assert.Equal(t, "rows-set", f.Members[0].Mode)
+}
+
+// secondFleetCost shows what a second fleet (what) that started on the
+// prefix costs, its check reverted: B's worker b dies with rows 1..5 of
+// B's table in progress; a's scan recovers it into A's table, under a's
+// live worker liveA, and the test fails with the count.
+func secondFleetCost(t *testing.T, rdb *redis.Client, dbA, dbB *pgxpool.Pool, a, b *Worker, what string) {
+	t.Helper()
+	ctx := context.Background()
+	setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
+	require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
+	b.crash()
+	require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
+	rep, _ := a.RecoverNow(ctx)
+	reset := 0
+	for id := int64(1); id <= 5; id++ {
+		if s, _ := rowState(t, dbA, id); s == "queued" {
+			reset++
+		}
+	}
+	t.Errorf("%s started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
+		what, rep.Dead, reset)
 }
 
 // Issue 20, item 3: a rolling change of timings. One worker uses a long
@@ -346,22 +354,11 @@ func TestAServerThatWillNotTellItsIdentifierIsCheckedByNames(t *testing.T) {
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	srv, err := servers.StartPostgres(ctx)
-	if err != nil {
-		testutil.Unavailable(t, "start a PostgreSQL server: %v", err)
-	}
-	t.Cleanup(srv.Stop)
-	admin, err := pgxpool.New(ctx, srv.URL)
-	require.NoError(t, err)
-	t.Cleanup(admin.Close)
-	_, err = admin.Exec(ctx, testutil.BatchSchema+`
-INSERT INTO batches (batchid) VALUES (1);
+	admin := privatePostgres(ctx, t, `
 CREATE ROLE app LOGIN;
 GRANT ALL ON ALL TABLES IN SCHEMA public TO app;
 REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC;`)
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(srv.URL)
-	require.NoError(t, err)
+	cfg := admin.Config().Copy()
 	cfg.ConnConfig.User = "app"
 	db, err := pgxpool.NewWithConfig(ctx, cfg)
 	require.NoError(t, err)

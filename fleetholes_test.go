@@ -231,22 +231,8 @@ func TestReview20TwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := func() *pgxpool.Pool {
-		srv, err := servers.StartPostgres(ctx)
-		if err != nil {
-			testutil.Unavailable(t, "start a PostgreSQL server: %v", err)
-		}
-		t.Cleanup(srv.Stop)
-		db, err := pgxpool.New(ctx, srv.URL)
-		require.NoError(t, err)
-		t.Cleanup(db.Close)
-		_, err = db.Exec(ctx, testutil.BatchSchema+`
-INSERT INTO batches (batchid) VALUES (1);
-INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g;`)
-		require.NoError(t, err)
-		return db
-	}
-	dbA, dbB := pool(), pool()
+	rows := `INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g;`
+	dbA, dbB := privatePostgres(ctx, t, rows), privatePostgres(ctx, t, rows)
 	rdb := testutil.Redis(t)
 	shared := testutil.Name("R20s")
 	rA, err := NewPgxResetter(dbA)
@@ -279,19 +265,25 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 		assert.False(t, registered(t, rdb, shared, "deadB"), "the refused worker wrote nothing")
 		return
 	}
-	setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
-	require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
-	b.crash()
-	require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
-	rep, _ := a.RecoverNow(ctx)
-	reset := 0
-	for id := int64(1); id <= 5; id++ {
-		if s, _ := rowState(t, dbA, id); s == "queued" {
-			reset++
-		}
+	secondFleetCost(t, rdb, dbA, dbB, a, b, "a second server's fleet")
+}
+
+// privatePostgres starts a PostgreSQL server of the test's own and returns
+// a pool on it (as superuser) holding testutil.BatchSchema, batch 1 and
+// then sql.
+func privatePostgres(ctx context.Context, t *testing.T, sql string) *pgxpool.Pool {
+	t.Helper()
+	srv, err := servers.StartPostgres(ctx)
+	if err != nil {
+		testutil.Unavailable(t, "start a PostgreSQL server: %v", err)
 	}
-	t.Errorf("a second server's fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
-		rep.Dead, reset)
+	t.Cleanup(srv.Stop)
+	db, err := pgxpool.New(ctx, srv.URL)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	_, err = db.Exec(ctx, testutil.BatchSchema+"\nINSERT INTO batches (batchid) VALUES (1);\n"+sql)
+	require.NoError(t, err)
+	return db
 }
 
 // A heartbeat that finds the record naming another server (a worker of
