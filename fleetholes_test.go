@@ -422,3 +422,35 @@ func longRowsReset(t *testing.T, db *pgxpool.Pool) int {
 	}
 	return reset
 }
+
+// The other half of the empty restart (docs/safety.md §13, A2): the fleet
+// record is gone with everything else, so a worker of a second
+// application that starts before any heartbeat of ours recorded the
+// record again records its own table and starts. Documented, not covered:
+// our running workers then log at Error once, and ours that start
+// afterwards are refused until the operator deletes the record.
+func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	dbA, dbB := testutil.Postgres(t), testutil.Postgres(t)
+	testutil.CreateBatch(t, dbA, 5)
+	testutil.CreateBatch(t, dbB, 5)
+	prefix := testutil.Name("R20e")
+	rA, err := NewPgxResetter(dbA)
+	require.NoError(t, err)
+	rB, err := NewPgxResetter(dbB)
+	require.NoError(t, err)
+	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second))
+
+	srv.Restart()
+	c := srv.Client(t)
+	_, _ = startWorker(t, c, rB, "b1", WithKeyPrefix(prefix)) // accepted: the record was empty
+	recorded := c.HGet(ctx, store.FleetKey(prefix), "serves").Val()
+	assert.Contains(t, recorded, currentSchema(t, dbB), "the second application recorded its table")
+
+	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		10*time.Second, 20*time.Millisecond, "our running worker says so at its next heartbeat")
+	a2, _ := newWorker(t, c, rA, "a2", WithKeyPrefix(prefix))
+	assert.ErrorIs(t, a2.Start(ctx), ErrFleetMismatch, "ours that start afterwards are refused")
+}
