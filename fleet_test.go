@@ -23,21 +23,15 @@ import (
 func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testing.T) {
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
-	dbA, dbB := testutil.Postgres(t), testutil.Postgres(t)
-	testutil.CreateBatch(t, dbA, 10)
-	testutil.CreateBatch(t, dbB, 10)
+	dbA, dbB, rA, rB := twoTables(t, 10)
 	shared := testutil.Name("F2")
-	rA, err := NewPgxResetter(dbA)
-	require.NoError(t, err)
-	rB, err := NewPgxResetter(dbB)
-	require.NoError(t, err)
 
 	a, _ := startWorker(t, rdb, rA, "liveA", WithKeyPrefix(shared))
 	take(t, dbA, "liveA", 1, 2, 3, 4, 5)
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4, 5))
 
 	b, _ := newWorker(t, rdb, rB, "deadB", WithKeyPrefix(shared))
-	err = b.Start(ctx)
+	err := b.Start(ctx)
 	if assert.ErrorIs(t, err, ErrFleetMismatch, "a second table under the prefix is refused") {
 		assert.Contains(t, err.Error(), "table=batchrows")
 		assert.Contains(t, err.Error(), "WithKeyPrefix")
@@ -104,6 +98,21 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 	f, _ = s.ReadFleet(ctx)
 	assert.Equal(t, 2*time.Second, f.Members[0].TTL)
 	assert.Equal(t, "rows-set", f.Members[0].Mode)
+}
+
+// twoTables returns two batches of n rows in two schemas (two
+// applications' tables of one name), and a PgxResetter on each.
+func twoTables(t *testing.T, n int) (dbA, dbB *pgxpool.Pool, rA, rB *PgxResetter) {
+	t.Helper()
+	dbA, dbB = testutil.Postgres(t), testutil.Postgres(t)
+	testutil.CreateBatch(t, dbA, n)
+	testutil.CreateBatch(t, dbB, n)
+	var err error
+	rA, err = NewPgxResetter(dbA)
+	require.NoError(t, err)
+	rB, err = NewPgxResetter(dbB)
+	require.NoError(t, err)
+	return dbA, dbB, rA, rB
 }
 
 // secondFleetCost shows what a second fleet (what) that started on the

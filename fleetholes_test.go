@@ -432,14 +432,8 @@ func longRowsReset(t *testing.T, db *pgxpool.Pool) int {
 func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(t *testing.T) {
 	ctx := context.Background()
 	srv := testutil.StartRedis(t)
-	dbA, dbB := testutil.Postgres(t), testutil.Postgres(t)
-	testutil.CreateBatch(t, dbA, 5)
-	testutil.CreateBatch(t, dbB, 5)
+	_, dbB, rA, rB := twoTables(t, 5)
 	prefix := testutil.Name("R20e")
-	rA, err := NewPgxResetter(dbA)
-	require.NoError(t, err)
-	rB, err := NewPgxResetter(dbB)
-	require.NoError(t, err)
 	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
 		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second))
 
