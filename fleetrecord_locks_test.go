@@ -37,7 +37,7 @@ import (
 //
 // With the code as it stands: 5 of 5 rows reset about 2 s after the
 // restart, the long worker's next heartbeat 4 s after it.
-func TestReview20AWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *testing.T) {
+func TestAWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *testing.T) {
 	t.Skip("KNOWN HOLE (review2, issue 20 item 3): a worker started after an empty restart has no fleet memory; it judges a live long-TTL member by its own TTL and resets its rows (5 of 5)")
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20a")
@@ -95,7 +95,7 @@ func (t vanishingTx) Commit(context.Context) error {
 // 5 s after the vanished recoverer's reset timeout (1 s) ran out. The fix
 // bounds the reset's own transaction (SET LOCAL
 // idle_in_transaction_session_timeout to the time its context leaves).
-func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
+func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
 	for _, mode := range []struct {
 		name   string
 		opts   []ResetterOption
@@ -171,7 +171,7 @@ func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *t
 // Before the fix: the locked row was logged as changed, and still in
 // progress at the first look after the lock ended (reset only a whole gap
 // later). Now it is reported locked and tried again at every look.
-func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+func TestBackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	setJobs(t, db, schema, "running", 1, 2) // a fleet gone: in no rows set
@@ -210,7 +210,7 @@ func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *te
 //
 // With the code as it stands: B starts; A's scan reset 5 of 5 rows of its
 // own live worker, in A's table, for B's dead worker.
-func TestReview20TwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
+func TestTwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
 	t.Skip("KNOWN HOLE (review2, issue 20 item 2): the fleet identity names no server; two servers with the same database, schema and table share a prefix unrefused (5 of 5 live rows reset)")
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -272,7 +272,7 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 //
 // Before the fix: 5 of 5 rows of the live worker reset. Now RecoverNow
 // before Start reads the record's announcements and holds for the longest.
-func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20n")
 
@@ -297,7 +297,7 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 // announcement's expiry and the longest's due time into the past.)
 //
 // Before the fix: 5 of 5 rows of the live long-TTL worker reset.
-func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20o")
 
