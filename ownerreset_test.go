@@ -14,10 +14,11 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// Review of owner mode (issue 14), as an adversary. Each test is an
-// interleaving that resets the rows of a live worker that follows the
-// documented protocol (fetch sets the owner, CheckLease before taking rows,
-// Release when the lease is lost). They fail on the code as it stands.
+// Owner mode's resets against a live worker. Each test is an interleaving,
+// found by an adversarial review of owner mode (issue 14), that once reset
+// the rows of a live worker following the documented protocol (fetch sets
+// the owner, CheckLease before taking rows, Release when the lease is
+// lost); each now asserts that the worker's rows are left alone.
 //
 // The common root: a reset by owner resets whatever the owner value holds
 // when its statement runs, not what the dead process held. A recoverer that
