@@ -10,39 +10,48 @@
  * Scope: W instance IDs (<= 2), one recoverer, NR rows (<= 2). Process
  * slot s < W runs instance ID s from the start; with RESTART, slot W is a
  * second process of ID 0, started once slot 0's heartbeat key has expired
- * (slot 0 paused or crashed), as a pod restarted under a fixed ID is. Every step is one atomic action; a process can stop between any
- * two steps (a crash, a pause), and the clocks run in between.
+ * (slot 0 paused or crashed), as a pod restarted under a fixed ID is.
+ * Every step is one atomic action; a process can stop between any two
+ * steps (a crash, a pause), and the clocks run in between.
  *
  * Protocol variants (spin -D...):
- *   (none)      the design: a life per worker; a new life at Start, when
- *               the worker notes a lost lease, and before a heartbeat sent
- *               so late that it may land on an expired key; no hold after
- *               a regained lease; a recovery resets the life it read under
- *               its claim (read, then the claim sent again); Release resets
- *               each row under the life it was tracked in
- *   IDONLY      the mutant of issue 22: every reset (recovery and Release)
- *               matches the instance ID only, so reaches every life
- *   BAREID      workers write bare instance IDs (no lives): the release
- *               before per-life values; with HOLD it is that release
+ *   (none)      the design: a life per worker; a new life at Start,
+ *               whenever the worker notes a lost lease (at a heartbeat's
+ *               send, or at its answer when that comes after the lease
+ *               ended), and before a heartbeat sent so late that it may
+ *               land on an expired key; no hold after a regained lease; a
+ *               recovery resets the life it read under its claim (read,
+ *               then the claim sent again); Release resets each row under
+ *               the value it was tracked with
+ *   IDONLY      the mutant of issue 22: every reset (a recovery, Start's,
+ *               Release) matches the instance ID only, so reaches every life
+ *   BAREID      workers write bare instance IDs (every life is 0): the
+ *               release before per-life values; with HOLD it is that release
  *   HOLD        the hold after a regained lease (hole H1's fix): the
  *               worker takes no rows until every recovery that may have
  *               claimed it while it was away has ended, that is, passed its
  *               reset or outlived its claim TTL
- *   NOLATELIFE  no new life before a late heartbeat (the heartbeat carries
- *               the life the worker had; its late answer notes the loss)
- *   LIFEATANSWER  NOLATELIFE, but the late answer's noted loss begins a
- *               new life (the rule moved from the send to the answer)
- * Scenario switches (each opens one residual of docs/safety.md §12):
- *   LATECOMMIT  R1: a reset whose recoverer's context ended (its claim TTL
- *               passed) may still commit; without it the context's end
- *               rolls the reset back
+ *   NOANSWERLIFE  an answer after the lease ended notes the loss without a
+ *               new life (the heartbeat carried a life begun at its send)
+ *   NOLATELIFE  no new life before a late heartbeat
+ *   OWNERREAD   the host reads Owner() for its next block some time before
+ *               the fetch; Track refuses a value that is not the current life
+ *   TRACKANYVALUE  with OWNERREAD: Track accepts a value of an ended life
+ * Scenario switches:
+ *   SWEEP       the recoverer may also be the sweep: it lists the owner
+ *               values of an ID in progress (at any time), later judges
+ *               the ID dead, and its reset adds the lives it listed
+ *   LATECOMMIT  R1 of docs/safety.md §12: a reset whose recoverer's context
+ *               ended (its claim TTL passed) may still commit; without it
+ *               the context's end rolls the reset back
  *   RESTART     R2: a second process of ID 0 starts while the first is
  *               paused past its TTL; Start recovers its predecessor under
  *               the claim on its own ID first
  *   CHUNKS      R3: the reset by owner is one statement per row (keyset
  *               chunks, READ COMMITTED: each statement sees rows committed
  *               before it), so it is still running while the worker
- *               resumes and fetches; with NR=2
+ *               resumes and fetches; with NR=2 (and LATECOMMIT: a reset
+ *               within its claim TTL is covered by the hold)
  * Faults are bounded so that every check is exhaustive: FAULTS claim TTLs
  * that pass while the recoverer is at work, PAUSES lease losses (a pause or
  * a Redis outage: the lease runs into its last operation timeout, then
@@ -480,13 +489,13 @@ end:
 #ifdef CHUNKS
 	:: atomic {
 		ph == RESET && rx < NR ->
-		printf("MSC: R reset statement reaches row %d (owner %d{%d})\n", rx, rp, seen);
+		printf("MSC: R reset statement reaches row %d (owner %d{%d}, lives listed %d)\n", rx, rp, seen, lst);
 		reset_row(rx, RMATCH(rx), NOBODY);
 		rx++
 	}
 	:: atomic { ph == RESET && rx >= NR -> rx = 0; ph = FIN; printf("MSC: R reset COMMIT\n") }
 #else
-	:: atomic { ph == RESET -> printf("MSC: R reset of %d{%d} (COMMIT)\n", rp, seen); reset_owner(RMATCH(x)); ph = FIN }
+	:: atomic { ph == RESET -> printf("MSC: R reset of %d{%d} and lives listed %d (COMMIT)\n", rp, seen, lst); reset_owner(RMATCH(x)); ph = FIN }
 #endif
 	:: atomic {
 		ph == FIN ->
