@@ -37,6 +37,8 @@
  *   OWNERREAD   the host reads Owner() for its next block some time before
  *               the fetch; Track refuses a value that is not the current life
  *   TRACKANYVALUE  with OWNERREAD: Track accepts a value of an ended life
+ *   NOCONFIRM   the recovery resets the life it read without claiming again
+ *   NOBEATCANCEL  the heartbeat does not cancel a recoverer's claim
  * Scenario switches:
  *   SWEEP       the recoverer may also be the sweep: it lists the owner
  *               values of an ID in progress (at any time), later judges
@@ -249,7 +251,9 @@ inline land(s) {
 	:: else ->
 		hb[SID(s)] = s + 1;
 		inc[SID(s)] = bl[s];
+#ifndef NOBEATCANCEL
 		ck[SID(s)] = NOBODY;
+#endif
 		if
 		:: lp[s] == ENDED ->
 			stale[s] = trk[s];
@@ -478,7 +482,11 @@ end:
 		:: else -> printf("MSC: R claim of ID %d refused\n", rp); IDLE_AGAIN
 		fi
 	}
+#ifdef NOCONFIRM
+	:: atomic { ph == READ && !cexp -> seen = inc[rp]; ph = RESET; printf("MSC: R reads ID %d's life: %d\n", rp, seen) }
+#else
 	:: atomic { ph == READ && !cexp -> seen = inc[rp]; ph = CONFIRM; printf("MSC: R reads ID %d's life: %d\n", rp, seen) }
+#endif
 	:: atomic {
 		ph == CONFIRM && !cexp ->
 		if

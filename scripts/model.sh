@@ -56,6 +56,8 @@ checks=(
 	"lives-no-late-life|$LIVES -DNOLATELIFE -DNOANSWERLIFE||fail:s1_live_owner_reset|lives.pml"
 	"lives-OWNERREAD|$ONE -DOWNERREAD||pass|lives.pml"
 	"lives-TRACKANYVALUE|$ONE -DOWNERREAD -DTRACKANYVALUE||fail:s1_live_owner_reset|lives.pml"
+	"lives-NOCONFIRM|$LIVES -DNOCONFIRM||fail:s1_live_owner_reset|lives.pml"
+	"lives-NOBEATCANCEL|$ONE -DNOBEATCANCEL -DPAUSES=2||pass|lives.pml"
 	"lives-BAREID|$LIVES -DBAREID||fail:s1_live_owner_reset|lives.pml"
 	"lives-BAREID-HOLD|-DSWEEP -DBAREID -DHOLD||pass|lives.pml"
 	"lives-R1-IDONLY-HOLD|$LIVES -DIDONLY -DHOLD||fail:s1_live_owner_reset|lives.pml"
