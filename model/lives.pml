@@ -172,7 +172,7 @@ byte pauses = PAUSES;
 #ifdef BAREID
 #define NEWLIFE(s) skip
 #else
-#define NEWLIFE(s) life[s] = nl[SID(s)]; nl[SID(s)]++
+#define NEWLIFE(s) life[s] = nl[SID(s)]; nl[SID(s)]++; assert(life[s] < 8)   /* lst's bits */
 #endif
 
 /* what a reset of owner value v matches */
@@ -210,7 +210,7 @@ inline reset_row(x, M, me) {
 	fi
 }
 
-/* UPDATE ... SET status = queued, owner = NULL WHERE owner = v AND status = inprog */
+/* UPDATE ... SET status = queued, owner = NULL WHERE <M: the owner values> AND status = inprog */
 inline reset_owner(M) {
 	x = 0;
 	do
