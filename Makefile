@@ -59,7 +59,7 @@ test-faults: ## fault-injection suite (docs/reliability.md): real worker process
 	$(GO) vet -tags faults ./internal/faults/
 	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
 
-model: ## model-check the recovery protocol with Spin (docs/model.md): fixes pass, holes and broken variants fail; ~1 min
+model: ## model-check the recovery protocol with Spin (docs/model.md): fixes and per-life owner values pass, holes and broken variants fail; ~1 min
 	@scripts/install-deps.sh model
 	scripts/model.sh
 
@@ -85,8 +85,9 @@ fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 fmt: ## fail if a file needs gofmt
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-lint: fmt ## gofmt and go vet, without running tests (make test vets too); internal/containers: make test-containers
+lint: fmt ## gofmt, go vet and doccheck (every test the docs cite exists), without running tests (make test runs both too); internal/containers: make test-containers
 	$(GO) vet $(PKGS)
+	$(GO) run ./internal/doccheck
 	for m in $(NESTED) internal/modcheck; do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 tidy: ## go mod tidy in every module, the nested ones through a file proxy of the working tree

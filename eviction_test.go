@@ -79,6 +79,7 @@ func TestStartRefusesARedisThatHidesItsPolicy(t *testing.T) {
 		w, _ := newWorker(t, rdb, &fakeResetter{}, "w1", opts...)
 		err := w.Start(ctx)
 		require.ErrorIs(t, err, ErrEvictionPolicy)
+		require.ErrorIs(t, err, ErrRedisAuth, "a NOPERM reply is the ACL refusing the client")
 		assert.Contains(t, err.Error(), "ACL +info")
 		assert.Contains(t, err.Error(), "NOPERM")
 	}

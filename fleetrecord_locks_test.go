@@ -28,7 +28,7 @@ import (
 // restarted empty has learnt nothing, and the record it reads is empty
 // until the slow member's next heartbeat. In a rolling deploy that
 // shortens the TTL, the new processes start exactly then. This is a
-// documented limit (docs/safety.md §13, A9), not covered: the test shows
+// documented limit (docs/safety.md §13, A3), not covered: the test shows
 // what happens, as documented.
 //
 // Interleaving: a long-TTL worker (20 s, a heartbeat every 10 s) beats;
@@ -106,7 +106,7 @@ func (t vanishingTx) Commit(context.Context) error {
 // 5 s after the vanished recoverer's reset timeout (1 s) ran out. The fix
 // bounds the reset's own transaction (SET LOCAL
 // idle_in_transaction_session_timeout to the time its context leaves).
-func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
+func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
 	for _, mode := range []struct {
 		name   string
 		opts   []ResetterOption
@@ -182,7 +182,7 @@ func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *t
 // Before the fix: the locked row was logged as changed, and still in
 // progress at the first look after the lock ended (reset only a whole gap
 // later). Now it is reported locked and tried again at every look.
-func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+func TestBackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	setJobs(t, db, schema, "running", 1, 2) // a fleet gone: in no rows set
@@ -227,7 +227,7 @@ func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *te
 // Before the fix (the server neither recorded nor compared): B started;
 // A's scan reset 5 of 5 rows of its own live worker, in A's table, for B's
 // dead worker.
-func TestReview20TwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
+func TestTwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
@@ -314,7 +314,7 @@ func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
 //
 // Before the fix: 5 of 5 rows of the live worker reset. Now RecoverNow
 // before Start reads the record's announcements and holds for the longest.
-func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20n")
 
@@ -339,7 +339,7 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 // announcement's expiry and the longest's due time into the past.)
 //
 // Before the fix: 5 of 5 rows of the live long-TTL worker reset.
-func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20o")
 
