@@ -172,6 +172,7 @@ func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *t
 // progress at the first look after the lock ended (reset only a whole gap
 // later). Now it is reported locked and tried again at every look.
 func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	setJobs(t, db, schema, "running", 1, 2) // a fleet gone: in no rows set
@@ -273,6 +274,7 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 // Before the fix: 5 of 5 rows of the live worker reset. Now RecoverNow
 // before Start reads the record's announcements and holds for the longest.
 func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20n")
 
@@ -298,6 +300,7 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 //
 // Before the fix: 5 of 5 rows of the live long-TTL worker reset.
 func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20o")
 

@@ -75,6 +75,7 @@ func rowsSweepTimings(extra ...Option) []Option {
 }
 
 func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLApart(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
@@ -134,6 +135,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 }
 
 func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("U")))
@@ -177,6 +179,7 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 }
 
 func TestBackstopSweepHoldsWhileTheRowsSetsHoldNoRowInProgress(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
@@ -222,6 +225,7 @@ func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t
 // is the whole fleet killed together, down past the rows TTL, then one
 // worker started again with the defaults of its mode: the sweep is on.
 func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 30)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("F")))
@@ -252,6 +256,7 @@ func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *
 // every tracked one from Redis, every stray one remembered). Not run with
 // -short.
 func TestBackstopSweepCostPerLook(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("a measurement")
 	}
@@ -300,6 +305,7 @@ func TestBackstopSweepCostPerLook(t *testing.T) {
 // Every version writes its tracked rows back at each heartbeat, and none
 // before this one takes the sweep turn without an owner column.
 func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	prefix := testutil.Name("O")
@@ -335,6 +341,7 @@ func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
 // member is alive it leaves the sweep turn alone, and it takes it again
 // once none is.
 func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
@@ -389,6 +396,7 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 // simulator seed 721, where the hold kept a dead worker's row in progress
 // for good).
 func TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("S")))
