@@ -29,11 +29,13 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 
 # go test vets every package it builds; -vet=all runs go vet's full set
 # there, so the packages are not type-checked a second time by make lint.
-# -parallel 4: the root package's slow tests that call t.Parallel mostly
-# wait on TTLs (helpers_test.go), so four at a time on two cores.
+# -parallel 8: the root package's slow tests that call t.Parallel mostly
+# wait on TTLs and on servers of their own growing old enough
+# (helpers_test.go), so eight at a time on two cores; the tests that bound
+# a latency stay sequential and run before them.
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
-	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS) $(NESTED_PKGS)
+	$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS)
 	cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...
 
 test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold

@@ -260,7 +260,6 @@ func TestTwoProcessesWithTheSameHostnameAndPIDInNamespaces(t *testing.T) {
 // incarnation, and starts with a rows set of its own. Before, its
 // heartbeat kept the predecessor's rows set alive and nobody recovered it.
 func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *testing.T) {
-	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
