@@ -269,7 +269,6 @@ func TestRecoveryErrorNamesTheResetOnce(t *testing.T) {
 // it waits (Warn once) within its context for the lock, instead of failing
 // or heartbeating over a row it never took; an ended context says why.
 func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
-	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
