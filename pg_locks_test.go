@@ -278,7 +278,10 @@ func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
 	prefix := testutil.Name("O")
 
 	w, _ := newWorker(t, rdb, r, "pod-0", WithKeyPrefix(prefix))
-	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	// 2 s: Start's round trips before the reset (PING, INFO, the fleet
+	// record, the claim) used up 600 ms under make test on a loaded
+	// machine, before the row lock was reached.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	err := w.Start(ctx)
 	require.ErrorIs(t, err, ErrRowsLocked, "the context ended first")
