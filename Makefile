@@ -29,12 +29,18 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 
 # go test vets every package it builds; -vet=all runs go vet's full set
 # there, so the packages are not type-checked a second time by make lint.
-# -parallel 4: the root package's slow tests that call t.Parallel mostly
-# wait on TTLs (helpers_test.go), so four at a time on two cores.
+# internal/modcheck's -short check (a module of its own) runs beside the
+# main go test rather than after it. -parallel 8: the root package's slow
+# tests that call t.Parallel mostly wait on TTLs and on servers of their
+# own growing old enough (helpers_test.go), so eight at a time on two
+# cores; the tests that bound a latency stay sequential and run first.
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
-	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS) $(NESTED_PKGS)
-	cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...
+	@echo '(cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...) &'
+	@echo '$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS)'
+	@st=0; (cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...) & mc=$$!; \
+	$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS) || st=1; \
+	wait $$mc || st=1; exit $$st
 
 test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold
 	cd internal/modcheck && $(GO) test -race -vet=all -count=1 ./...

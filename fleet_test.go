@@ -21,6 +21,7 @@ import (
 // second application, naming both tables and the fix; with a prefix each,
 // a dead worker of B never touches A's rows.
 func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	dbA, dbB, rA, rB := twoTables(t, 10)
@@ -68,6 +69,7 @@ func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testin
 // write no record; the first worker of this version records it at Start,
 // and a heartbeat records it again after Redis lost it.
 func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "F2u")
 	// An old worker: heartbeat, registry entry and rows set, no record.
@@ -145,6 +147,7 @@ func secondFleetCost(t *testing.T, rdb *redis.Client, dbA, dbB *pgxpool.Pool, a,
 // one's valid lease. The long one announced its TTL; the short one
 // remembers it across the restart and holds its verdicts for it.
 func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := testutil.StartRedis(t)
 	db := testutil.Postgres(t)
@@ -275,6 +278,7 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 // second application recorded it first after Redis restarted empty) says
 // so at Error, once.
 func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 5, "F2h")
 	r, err := NewPgxResetter(db)
@@ -323,6 +327,7 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 // A fleet key that is not a hash stops no heartbeat; the worker says once
 // that its timings are not announced.
 func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("F2w")

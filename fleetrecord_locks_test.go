@@ -183,6 +183,7 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 // progress at the first look after the lock ended (reset only a whole gap
 // later). Now it is reported locked and tried again at every look.
 func TestBackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	setJobs(t, db, schema, "running", 1, 2) // a fleet gone: in no rows set
@@ -315,6 +316,7 @@ func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
 // Before the fix: 5 of 5 rows of the live worker reset. Now RecoverNow
 // before Start reads the record's announcements and holds for the longest.
 func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20n")
 
@@ -340,6 +342,7 @@ func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testin
 //
 // Before the fix: 5 of 5 rows of the live long-TTL worker reset.
 func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20o")
 

@@ -32,6 +32,7 @@ import (
 //
 // Row 2 is q's and must stay in progress.
 func TestReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTookAgain(t *testing.T) {
+	t.Parallel()
 	pausedPastRowsTTL(t, func(t *testing.T, rdb redis.UniversalClient, w, q *Worker) {
 		require.NoError(t, w.Release(context.Background(), 2, 3, 4))
 	})
@@ -42,6 +43,7 @@ func TestReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTookAgain(t
 // so a liveness probe restarts it. q's recovery of w finds row 2 in w's
 // set and no ledger record for it.
 func TestResumedWorkerKilledAfterTheBackstopSweepResetItsRowsLeavesAPeersRow(t *testing.T) {
+	t.Parallel()
 	pausedPastRowsTTL(t, func(t *testing.T, rdb redis.UniversalClient, w, q *Worker) {
 		require.ErrorIs(t, w.Healthy(), ErrLeaseLost, "a liveness probe fails")
 		w.crash()
@@ -111,6 +113,7 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 // announced its heartbeat TTL in the fleet record, which the sweeper keeps
 // in memory.
 func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfterAFlush(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	waitUptime(t, rdb, 5*time.Second)
 	ctx := context.Background()
@@ -157,6 +160,7 @@ func (p partialInfos) MasterInfos(ctx context.Context) (map[string]string, error
 // (Before review1 the answers of the others were taken, the failure
 // dropped without a log line, and the look counted.)
 func TestBackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
+	t.Parallel()
 	rdb, _, _, r := backstopWorld(t, 1)
 	waitUptime(t, rdb, 3*time.Second)
 	w, _ := newWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(testutil.Name("RI")))...)
@@ -176,6 +180,7 @@ func TestBackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
 // turn to owner-mode members) holds here too, with the old worker holding
 // the turn before the owner-mode worker starts.
 func TestBackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 4, "RM")
 	waitUptime(t, rdb, 2*time.Second)
 	ctx := context.Background()
@@ -212,6 +217,7 @@ func TestBackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T)
 // Stats.Errors) and remember the stuck row. (On review1's snapshot it
 // did; main's heldRowsStale, which reads the held rows' states, fixed it.)
 func TestBackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUntrack(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("RF")))

@@ -179,6 +179,7 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 }
 
 func TestWorkersOnRedisCluster(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
 	prefix := testutil.Name("CTL")
@@ -310,6 +311,7 @@ func itemStates(t *testing.T, db *pgxpool.Pool) map[int64]string {
 }
 
 func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T) {
+	t.Parallel()
 	url := testutil.RedisURL(t)
 	rdb := client(t, url)
 	ctx := context.Background()
