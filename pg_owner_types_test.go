@@ -19,6 +19,7 @@ import (
 // gone, so the owner is the dead worker's instance ID again. A type the
 // check refuses fails Start.
 func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, ddl string
 		refused   bool
@@ -31,6 +32,7 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			srv := testutil.StartRedis(t)
 			rdb := srv.Client(t)
 			db := testutil.Postgres(t)
@@ -74,6 +76,7 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 // written by other means than the library) is logged at Warn, once per
 // value however many sweeps see it, and its rows are left alone.
 func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
@@ -99,6 +102,7 @@ func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
 // naming both lengths: the host's fetch could not write the ID, and a
 // shorter owner would never match it.
 func TestStartRefusesAnOwnerColumnNarrowerThanTheInstanceID(t *testing.T) {
+	t.Parallel()
 	for _, ddl := range []string{
 		`ALTER TABLE batchrows ALTER COLUMN owner TYPE char(8)`,
 		`ALTER TABLE batchrows ALTER COLUMN owner TYPE varchar(8)`,

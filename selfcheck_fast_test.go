@@ -142,6 +142,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 				continue // the statement is the same; one driver is enough
 			}
 			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
+				t.Parallel() // with each other only: the parent is sequential
 				db, w, logs, alarms := jobsWorld(t, impl, c.enum, c.inprog, c.queued, "SF")
 
 				var latency time.Duration
@@ -177,12 +178,14 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 // the configuration stays unverified, looked at again and again. Blocks
 // whose rows stay in progress for a while then verify it.
 func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.T) {
+	t.Parallel()
 	for _, impl := range resetterImpls {
 		for _, enum := range []bool{false, true} {
 			if enum && impl.name != "pgx" {
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
+				t.Parallel()
 				window := 500 * time.Millisecond
 				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SN", WithSelfCheckWindow(window))
 
