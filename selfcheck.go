@@ -223,7 +223,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			delete(c.seen, s.ID) // untracked or taken again during the read
 			continue
 		}
-		if reader.InProgress(s, w.opts.instanceID) {
+		if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); reader.InProgress(s, owner) || w.bareOwned(s, owner) {
 			c.verdict.Store(1)
 			c.fast.Store(false)
 			w.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
@@ -260,7 +260,7 @@ func (c *selfChecker) raise(s RowState, apart time.Duration, read int) {
 			expect += ": misspelt?)"
 		}
 	}
-	err := fmt.Errorf("%w: row %d, tracked by %s, was not in progress at two looks %v apart: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
+	err := fmt.Errorf("%w: row %d, tracked by %s, was not in progress at two looks %v apart: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to Owner()) and the status the fetch writes",
 		ErrMisconfigured, s.ID, w.opts.instanceID, apart.Round(time.Millisecond), clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)
@@ -292,3 +292,16 @@ func (w *Worker) misconfigured() error {
 // owner column not set to InstanceID(). A crash would leave such rows
 // stuck.
 var ErrMisconfigured = errors.New("recovery: tracked rows do not match the resetter's configuration")
+
+// bareOwned reports whether row s, tracked under per-life owner value
+// owner, is in progress under the bare instance ID instead: the host writes
+// InstanceID(), which every recovery of this worker resets too, so the
+// configuration is right but a regained lease must be held
+// (noteBareOwners).
+func (w *Worker) bareOwned(s RowState, owner string) bool {
+	if owner == w.opts.instanceID || !w.checker.reader.InProgress(s, w.opts.instanceID) {
+		return false
+	}
+	w.noteBareOwners()
+	return true
+}
