@@ -328,7 +328,7 @@ func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t
 	b, _ := startWorker(t, rdb, r, "w", lifeTimings(prefix)...)
 	assertRequeued(t, db, 1)
 	ownerB := b.Owner()
-	require.NotEqual(t, ownerA, ownerB)
+	assert.NotEqual(t, ownerA, ownerB)
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
 
@@ -336,4 +336,94 @@ func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t
 	assert.False(t, complete(t, db, ownerA, 1), "A's completion finds no row of its life")
 	assert.True(t, complete(t, db, ownerB, 1), "B's does")
 	require.Eventually(t, func() bool { return a.CheckLease() != nil }, 5*time.Second, 5*time.Millisecond)
+}
+
+// prevReleaseRecover is one recovery of peer by an owner-mode worker of the
+// release before this one (the reading side of issue 22, bare IDs written),
+// as its deadpeer.go sent it: claim, read the incarnation, claim again
+// (the life read is the dead one only if the claim still holds), reset by
+// owner the bare ID and the life read, finish, deregister. It reports
+// whether it claimed.
+func prevReleaseRecover(t *testing.T, via *Worker, r OwnerSweeper, peer string) bool {
+	t.Helper()
+	ctx := context.Background()
+	s, token := via.store, "prev-release"
+	c, err := s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.rowsTTL())
+	require.NoError(t, err)
+	if !c.Taken() {
+		return false
+	}
+	life, _, err := s.ReadRows(ctx, peer)
+	require.NoError(t, err)
+	c, err = s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.rowsTTL())
+	require.NoError(t, err)
+	if !c.Taken() {
+		return false
+	}
+	values := []string{peer}
+	if life != "" {
+		values = append(values, lifeOwner(peer, life))
+	}
+	for _, v := range values {
+		_, err := r.ResetOwnerRows(ctx, v)
+		require.NoError(t, err)
+	}
+	_, err = s.FinishRecovery(ctx, peer, token, via.tombstoneTTL())
+	require.NoError(t, err)
+	require.NoError(t, s.Deregister(ctx, peer))
+	return true
+}
+
+// A rolling upgrade from the release that reads per-life values and writes
+// bare IDs to this one, which writes them: workers of both recover each
+// other, and neither resets a live member's rows. The previous release's
+// worker is played by a Worker whose host writes InstanceID() (what
+// Owner() returned there) and, for its recoveries, by the previous
+// release's recovery steps (prevReleaseRecover).
+func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 8, "UL")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
+		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+
+	oldLive, _ := startWorker(t, rdb, r, "old-live", opts...)
+	take(t, db, "old-live", 1)
+	require.NoError(t, oldLive.TrackAs(ctx, "old-live", 1))
+	newLive, _ := startWorker(t, rdb, r, "new-live", opts...)
+	take(t, db, newLive.Owner(), 2)
+	require.NoError(t, newLive.TrackAs(ctx, newLive.Owner(), 2))
+
+	// A new worker dies holding rows of its life; an old one recovers it.
+	newDead, _ := startWorker(t, rdb, r, "new-dead", opts...)
+	take(t, db, newDead.Owner(), 3, 4)
+	require.NoError(t, newDead.TrackAs(ctx, newDead.Owner(), 3, 4))
+	newDead.crash()
+	waitHeartbeatGone(t, rdb, prefix, "new-dead")
+	require.True(t, prevReleaseRecover(t, oldLive, r, "new-dead"))
+	assertRequeued(t, db, 3, 4)
+
+	// An old worker dies holding rows under its bare ID; a new one
+	// recovers it.
+	oldDead, _ := startWorker(t, rdb, r, "old-dead", opts...)
+	take(t, db, "old-dead", 5, 6)
+	require.NoError(t, oldDead.TrackAs(ctx, "old-dead", 5, 6))
+	oldDead.crash()
+	waitHeartbeatGone(t, rdb, prefix, "old-dead")
+	rep, err := newLive.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assertRequeued(t, db, 5, 6)
+
+	// An old recoverer finds the live new worker alive; the sweeps (every
+	// member runs one, the new workers' judging ended lives too) leave
+	// both live workers' rows alone for several TTLs.
+	assert.False(t, prevReleaseRecover(t, oldLive, r, "new-live"))
+	time.Sleep(3 * time.Second)
+	for _, id := range []int64{1, 2} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, "row %d of a live worker", id)
+	}
+	require.NoError(t, oldLive.CheckLease())
+	require.NoError(t, newLive.CheckLease())
 }
