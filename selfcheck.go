@@ -12,7 +12,7 @@ import (
 
 // The self-check finds the configuration mistakes no catalogue can show:
 // statuses swapped, a misspelt status in a text column, an owner column
-// filled with something other than InstanceID(). Such a worker's rows do
+// filled with something other than Owner() (or InstanceID()). Such a worker's rows do
 // not look like its rows in progress to the resetter, and recovery would
 // leave them alone (swapped: they look queued; foreign owner: they look
 // taken) or keep failing on them. The worker itself reads, off the hot
@@ -289,7 +289,7 @@ func (w *Worker) misconfigured() error {
 // ErrMisconfigured is wrapped by Healthy's error once the worker's
 // self-check found that the rows it tracks do not look, to its resetter,
 // like rows in progress by this worker: statuses swapped or misspelt, or an
-// owner column not set to InstanceID(). A crash would leave such rows
+// owner column not set to Owner(). A crash would leave such rows
 // stuck.
 var ErrMisconfigured = errors.New("recovery: tracked rows do not match the resetter's configuration")
 

@@ -68,6 +68,11 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		// life of the worker; there is no hold after a regained lease.
 		{name: "issue 22 reverted: the owner guard matches by instance ID only, every life", set: []*bool{&mutantOwnerByID}},
 		{name: "issue 22 reverted: an owner-mode worker keeps its life across a lost lease", set: []*bool{&mutantOneLife}},
+		// mutantNoLateLife (a heartbeat sent too late to land in time
+		// renews the current life) is not in the table: no seed of the
+		// 2,000 has a heartbeat answered after its key expired and a
+		// recoverer's read in between; TestOwnerModeALateHeartbeatBeginsANewLife
+		// catches it against real servers.
 	}
 	var report []string
 	for _, m := range mutants {
