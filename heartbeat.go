@@ -204,14 +204,16 @@ func (h *heartbeater) failed(err error) {
 }
 
 // retryDelay is the wait before heartbeat retry n (from 1): a tenth of the
-// interval doubled per failure, capped at the interval, with ±20% jitter.
+// interval doubled per failure, with ±20% jitter, never more than the
+// interval: once Redis is back, an owner-mode worker whose lease was lost
+// takes rows again within one interval (docs/safety.md §3).
 func (h *heartbeater) retryDelay(n int) time.Duration {
 	iv := h.w.opts.heartbeatInterval
 	d := iv / 10
 	for i := 1; i < n && d < iv; i++ {
 		d *= 2
 	}
-	return h.w.jitter("heartbeat", min(d, iv), 0.2)
+	return min(h.w.jitter("heartbeat", min(d, iv), 0.2), iv)
 }
 
 // noteLeaseLoss notes, once per loss, that the lease has ended.
