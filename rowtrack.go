@@ -35,13 +35,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	if w.ownerMode {
 		return w.TrackAs(ctx, w.Owner(), rowIDs...)
 	}
-	switch w.state.Load() {
-	case stateNew:
-		return ErrNotStarted
-	case stateShutdown:
-		return ErrShutdown
-	}
-	if err := w.lease.check(w.rows.staleRows()); err != nil {
+	if err := w.CheckLease(); err != nil {
 		return err
 	}
 	if len(rowIDs) == 0 {
@@ -80,13 +74,7 @@ func (w *Worker) TrackAs(ctx context.Context, owner string, rowIDs ...int64) err
 		}
 		return w.Track(ctx, rowIDs...)
 	}
-	switch w.state.Load() {
-	case stateNew:
-		return ErrNotStarted
-	case stateShutdown:
-		return ErrShutdown
-	}
-	if err := w.lease.check(w.rows.staleRows()); err != nil {
+	if err := w.CheckLease(); err != nil {
 		return err
 	}
 	life, written := w.rows.writtenLife()
