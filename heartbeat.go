@@ -151,7 +151,11 @@ func (h *heartbeater) run(ctx context.Context) {
 			h.restored()
 			// The period runs from send to send: a slow answer must not
 			// push the next heartbeat past the end of the lease.
-			t.Reset(max(0, w.opts.heartbeatInterval-time.Since(sent)))
+			next := max(0, w.opts.heartbeatInterval-time.Since(sent))
+			if _, written := w.rows.writtenLife(); !written {
+				next = 0 // a life begun while this one was in flight: record it now
+			}
+			t.Reset(next)
 			continue
 		}
 		h.failed(err)

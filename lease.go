@@ -133,7 +133,13 @@ func (w *Worker) CheckLease() error {
 	case stateShutdown:
 		return ErrShutdown
 	}
-	return w.lease.check(w.rows.staleRows())
+	if err := w.lease.check(w.rows.staleRows()); err != nil {
+		return err
+	}
+	if _, written := w.rows.writtenLife(); w.ownerMode && !written {
+		return ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
+	}
+	return nil
 }
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and

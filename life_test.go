@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -426,4 +427,44 @@ func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 	}
 	require.NoError(t, oldLive.CheckLease())
 	require.NoError(t, newLive.CheckLease())
+}
+
+// midLossStore notes a lost lease while one armed heartbeat is in flight
+// (the self-check or a resumed process noting it concurrently): that
+// heartbeat writes the life it was sent with, not the one just begun.
+type midLossStore struct {
+	store.Store
+	w     *Worker
+	armed atomic.Bool
+	done  chan struct{}
+}
+
+func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (store.BeatResult, error) {
+	if s.armed.Swap(false) {
+		defer close(s.done)
+		s.w.markLeaseLost(nil)
+	}
+	return s.Store.Beat(ctx, id, b)
+}
+
+// A life begun while a heartbeat was in flight is recorded by the next
+// heartbeat at once, not an interval later; until then CheckLease reports
+// ErrLeaseLost, as TrackAs would refuse. (Reverted: CheckLease nil while
+// TrackAs refused, for a whole interval.)
+func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 1, "LM")
+	ctx := context.Background()
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithHeartbeatTTL(6*time.Second),
+		WithHeartbeatInterval(2*time.Second), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	mid := &midLossStore{Store: w.store, w: w, done: make(chan struct{})}
+	w.store = mid
+	require.NoError(t, w.Start(ctx))
+	mid.armed.Store(true)
+	<-mid.done
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, time.Second, time.Millisecond,
+		"the new life is recorded well within the 2 s interval")
+	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lifeOwner("w", life), w.Owner())
+	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1), "CheckLease nil: TrackAs works too")
 }
