@@ -29,12 +29,18 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 
 # go test vets every package it builds; -vet=all runs go vet's full set
 # there, so the packages are not type-checked a second time by make lint.
-# -parallel 4: the root package's slow tests that call t.Parallel mostly
-# wait on TTLs (helpers_test.go), so four at a time on two cores.
+# internal/modcheck's -short check (a module of its own) runs beside the
+# main go test rather than after it. -parallel 8: the root package's slow
+# tests that call t.Parallel mostly wait on TTLs and on servers of their
+# own growing old enough (helpers_test.go), so eight at a time on two
+# cores; the tests that bound a latency stay sequential and run first.
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
-	$(GO) test -race -vet=all -count=1 -parallel 4 $(PKGS) $(NESTED_PKGS)
-	cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...
+	@echo '(cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...) &'
+	@echo '$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS)'
+	@st=0; (cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...) & mc=$$!; \
+	$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS) || st=1; \
+	wait $$mc || st=1; exit $$st
 
 test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold
 	cd internal/modcheck && $(GO) test -race -vet=all -count=1 ./...
@@ -59,7 +65,7 @@ test-faults: ## fault-injection suite (docs/reliability.md): real worker process
 	$(GO) vet -tags faults ./internal/faults/
 	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
 
-model: ## model-check the recovery protocol with Spin (docs/model.md): fixes pass, holes and broken variants fail; ~1 min
+model: ## model-check the recovery protocol with Spin (docs/model.md): fixes and per-life owner values pass, holes and broken variants fail; ~1 min
 	@scripts/install-deps.sh model
 	scripts/model.sh
 
@@ -85,8 +91,9 @@ fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 fmt: ## fail if a file needs gofmt
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-lint: fmt ## gofmt and go vet, without running tests (make test vets too); internal/containers: make test-containers
+lint: fmt ## gofmt, go vet and doccheck (every test the docs cite exists), without running tests (make test runs both too); internal/containers: make test-containers
 	$(GO) vet $(PKGS)
+	$(GO) run ./internal/doccheck
 	for m in $(NESTED) internal/modcheck; do (cd $$m && $(GO) vet ./...) || exit 1; done
 
 tidy: ## go mod tidy in every module, the nested ones through a file proxy of the working tree

@@ -3,7 +3,8 @@ package recovery
 import "time"
 
 // Timing defaults, from the design. Their relations are checked by New:
-// HeartbeatInterval < HeartbeatTTL, and RowsTTL > HeartbeatTTL + RecoveryInterval.
+// HeartbeatInterval < HeartbeatTTL, and RowsTTL > HeartbeatTTL + 1.1 ×
+// RecoveryInterval + the scan lease.
 const (
 	// DefaultHeartbeatTTL is the detection window: a worker whose heartbeat
 	// key has not been refreshed for this long is presumed dead.
@@ -13,9 +14,12 @@ const (
 	// the TTL, so one lost refresh does not cost a live worker its key.
 	DefaultHeartbeatInterval = 30 * time.Second
 
-	// DefaultRecoveryInterval is how often each worker scans for dead peers.
-	// Worst-case recovery is DefaultHeartbeatTTL + DefaultRecoveryInterval
-	// (120 s): the key must expire, then the next scan must run.
+	// DefaultRecoveryInterval is how often each worker scans for dead peers
+	// (jittered ±10%). Worst-case recovery is DefaultHeartbeatTTL + 1.1 ×
+	// DefaultRecoveryInterval + the scan lease (0.8 × the interval): 174 s.
+	// The key must expire, then the next scan must run, and a scan-lease
+	// holder that dies right after scanning holds that scan back by up to
+	// its lease; 126 s while the holder lives.
 	DefaultRecoveryInterval = 60 * time.Second
 
 	// DefaultRowsTTL is three heartbeat TTLs. It must exceed the longest

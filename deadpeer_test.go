@@ -274,6 +274,7 @@ func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) 
 }
 
 func TestSafetyTenRecoverersResetEachRowOfADeadPeerOnce(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 200)

@@ -8,7 +8,9 @@
 // the row IDs it is processing in a rows set. Every worker periodically
 // looks for registered peers whose heartbeat expired and returns their rows
 // to the queue through a RowResetter, so a dead worker's rows are queued
-// again within heartbeat TTL + recovery interval (120 s by default).
+// again within heartbeat TTL + 1.1 × recovery interval (the scans' jitter)
+// + the scan lease: 174 s at worst by default, when the worker holding the
+// scan lease dies right after scanning; 126 s while it lives.
 //
 // # Owner mode
 //

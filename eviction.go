@@ -117,8 +117,13 @@ func (w *Worker) checkEviction(ctx context.Context) error {
 		return &readError{err}
 	}
 	if err != nil {
-		return fmt.Errorf("%w: %w; the worker's Redis user needs INFO (ACL +info): without it the worker cannot tell an evicted heartbeat from a dead worker",
-			ErrEvictionPolicy, err)
+		const why = "the worker's Redis user needs INFO (ACL +info): without it the worker cannot tell an evicted heartbeat from a dead worker"
+		if store.IsAuthError(err) {
+			// A missing permission is the ACL's refusal as much as a
+			// policy the worker cannot trust: errors.Is finds either.
+			return fmt.Errorf("%w: %w: %w; %s", ErrEvictionPolicy, ErrRedisAuth, err, why)
+		}
+		return fmt.Errorf("%w: %w; %s", ErrEvictionPolicy, err, why)
 	}
 	for _, node := range slices.Sorted(maps.Keys(infos)) {
 		name := nodeLabel(node)

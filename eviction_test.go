@@ -79,6 +79,7 @@ func TestStartRefusesARedisThatHidesItsPolicy(t *testing.T) {
 		w, _ := newWorker(t, rdb, &fakeResetter{}, "w1", opts...)
 		err := w.Start(ctx)
 		require.ErrorIs(t, err, ErrEvictionPolicy)
+		require.ErrorIs(t, err, ErrRedisAuth, "a NOPERM reply is the ACL refusing the client")
 		assert.Contains(t, err.Error(), "ACL +info")
 		assert.Contains(t, err.Error(), "NOPERM")
 	}
@@ -169,6 +170,7 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 // verdict too: on a server that evicts, the absent heartbeat may be a live
 // twin's, evicted. Start waits out the hold, then finds the twin.
 func TestStartDoesNotRecoverATwinWhoseHeartbeatWasEvicted(t *testing.T) {
+	t.Parallel()
 	srv := managedRedis(t, "16mb", "volatile-lru")
 	rdb := srv.Client(t)
 	ctx := context.Background()
@@ -232,6 +234,7 @@ func TestAcceptedEvictionsHoldVerdictsWhileINFOCannotBeRead(t *testing.T) {
 // On Cluster every master is checked: one evicting master is enough for
 // the heartbeats whose slots it serves to be evicted.
 func TestStartChecksEveryClusterMaster(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	ctx := context.Background()
 	odd := cluster.Addrs[2]

@@ -39,6 +39,34 @@ type fleetIdentifier interface {
 	fleetIdentity(ctx context.Context) (string, error)
 }
 
+// serverIdentifier is a resetter that can tell which PostgreSQL server it
+// serves its table on. PgxResetter and SQLResetter are.
+type serverIdentifier interface {
+	serverIdentity(ctx context.Context) (string, error)
+}
+
+// serverIdentity returns "system_identifier=<n>" from pg_control_system():
+// the identifier initdb gave the cluster, the same on its physical
+// replicas (they serve the same rows) and through any pooler, another on
+// every other server. It returns "" when the server will not tell (a
+// role that may not call the function, a server or proxy without it):
+// the fleet is then checked by names only, as before the field.
+func (r *pgResetter) serverIdentity(ctx context.Context) (string, error) {
+	var id string
+	err := queryRow(ctx, r.conn, `SELECT system_identifier::text FROM pg_control_system()`, nil, &id)
+	switch sqlState(err) {
+	case "":
+	case "42501", "42883", "0A000": // insufficient_privilege, undefined_function, feature_not_supported
+		return "", nil
+	default:
+		return "", fmt.Errorf("read the server's system identifier: %w", err)
+	}
+	if err != nil {
+		return "", fmt.Errorf("read the server's system identifier: %w", err)
+	}
+	return "system_identifier=" + id, nil
+}
+
 // fleetIdentity returns "database=<db> schema=<schema> table=<table>" for
 // the configured table, as the server resolves it (the schema from the
 // search_path when WithSchema is not set), or as configured when the
@@ -57,42 +85,53 @@ SELECT current_database()::text,
 	return fmt.Sprintf("database=%s schema=%s table=%s", db, schema, table), nil
 }
 
-// checkFleet finds what this worker serves and records it under the
-// prefix, or returns an error wrapping ErrFleetMismatch when the prefix
-// serves something else. A resetter that cannot tell is not checked; nor,
-// with WithoutSchemaCheck (which lets a worker start while PostgreSQL is
-// down), is a worker whose resetter could not ask the database: that is
-// logged at Warn. Start calls it before it writes anything else.
-func (w *Worker) checkFleet(ctx context.Context) error {
+// checkFleet finds what this worker serves, and on which server, and
+// records both under the prefix, or returns an error wrapping
+// ErrFleetMismatch when the prefix serves something else, or the same
+// names on another server. A record of the release before the server
+// field is filled, not refused (a rolling upgrade). A resetter that cannot
+// tell is not checked; nor, with WithoutSchemaCheck (which lets a worker
+// start while PostgreSQL is down), is a worker whose resetter could not
+// ask the database: that is logged at Warn. Start calls it before it
+// writes anything else. It reports whether it read the fleet record (f):
+// Start learns the members' timings from it.
+func (w *Worker) checkFleet(ctx context.Context) (f store.Fleet, read bool, err error) {
 	fi, ok := w.resetter.(fleetIdentifier)
 	if !ok || mutantNoFleetCheck {
-		return nil
+		return f, false, nil
 	}
 	idCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	serves, err := fi.fleetIdentity(idCtx)
+	var server string
+	if si, ok := w.resetter.(serverIdentifier); ok && err == nil && serves != "" {
+		server, err = si.serverIdentity(idCtx)
+	}
 	cancel()
 	if err != nil && w.opts.noSchemaCheck {
 		w.log.Warn("cannot tell what this worker serves; the key prefix is not checked against the fleet's record",
 			slog.Any("error", err))
-		return nil
+		return f, false, nil
 	}
 	if err != nil {
-		return err
+		return f, false, err
 	}
 	if serves == "" {
-		return nil // the resetter cannot tell
+		return f, false, nil // the resetter cannot tell
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()
-	recorded, err := w.store.RecordFleet(opCtx, serves)
+	f, err = w.store.RecordFleet(opCtx, serves, server)
 	if err != nil {
-		return err
+		return f, false, err
 	}
-	if recorded != serves {
-		return w.fleetMismatch(recorded, serves)
+	if f.Serves != serves {
+		return f, true, w.fleetMismatch(f.Serves, serves)
 	}
-	w.fleet.setServes(serves)
-	return nil
+	if server != "" && f.Server != "" && f.Server != server {
+		return f, true, w.fleetMismatch(f.Serves+" on "+f.Server, serves+" on "+server)
+	}
+	w.fleet.setServes(serves, server)
+	return f, true, nil
 }
 
 func (w *Worker) fleetMismatch(recorded, serves string) error {
@@ -126,13 +165,17 @@ func (w *Worker) noteFleet(v store.FleetView, err error) {
 	}
 	w.fleet.brokenOnce(false)
 	w.fleet.learn(v.Longest, time.Now())
-	serves := w.fleet.served()
-	if serves == "" || v.Serves == "" || v.Serves == serves {
+	serves, server := w.fleet.served()
+	if serves == "" || v.Serves == "" {
+		return
+	}
+	if v.Serves == serves && (server == "" || v.Server == "" || v.Server == server) {
 		return
 	}
 	if w.fleet.warnOnce() {
 		w.log.Error("the key prefix serves another fleet: its workers would recover this fleet's dead workers in their table, and ours in ours; give each application its own prefix (WithKeyPrefix)",
-			slog.String("key_prefix", w.opts.keyPrefix), slog.String("recorded", v.Serves), slog.String("serves", serves))
+			slog.String("key_prefix", w.opts.keyPrefix), slog.String("recorded", v.Serves), slog.String("recorded_server", v.Server),
+			slog.String("serves", serves), slog.String("server", server))
 	}
 }
 
@@ -150,6 +193,11 @@ func (w *Worker) learnFleetRecord(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	w.learnMembers(f)
+}
+
+// learnMembers learns every announcement of the fleet record f.
+func (w *Worker) learnMembers(f store.Fleet) {
 	now := time.Now()
 	for _, m := range f.Members {
 		w.fleet.learn(m.Announcement, now)
@@ -162,6 +210,7 @@ func (w *Worker) learnFleetRecord(ctx context.Context) {
 type fleetMemory struct {
 	mu            sync.Mutex
 	serves        string
+	server        string
 	warned        bool
 	broken        bool // the record's last update got an error reply
 	ttl, claim, w remembered
@@ -205,16 +254,18 @@ func (m *fleetMemory) longest() (ttl, claim, wait time.Duration) {
 	return m.ttl.d, m.claim.d, m.w.d
 }
 
-func (m *fleetMemory) setServes(s string) {
+func (m *fleetMemory) setServes(serves, server string) {
 	m.mu.Lock()
-	m.serves = s
+	m.serves, m.server = serves, server
 	m.mu.Unlock()
 }
 
-func (m *fleetMemory) served() string {
+// served is what this worker serves and its server, as Start recorded
+// them ("" when not).
+func (m *fleetMemory) served() (serves, server string) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
-	return m.serves
+	return m.serves, m.server
 }
 
 // brokenOnce records whether the record's update failed, and reports a

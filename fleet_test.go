@@ -2,9 +2,12 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -18,23 +21,18 @@ import (
 // second application, naming both tables and the fix; with a prefix each,
 // a dead worker of B never touches A's rows.
 func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
-	dbA, dbB := testutil.Postgres(t), testutil.Postgres(t)
-	testutil.CreateBatch(t, dbA, 10)
-	testutil.CreateBatch(t, dbB, 10)
+	dbA, dbB, rA, rB := twoTables(t, 10)
 	shared := testutil.Name("F2")
-	rA, err := NewPgxResetter(dbA)
-	require.NoError(t, err)
-	rB, err := NewPgxResetter(dbB)
-	require.NoError(t, err)
 
 	a, _ := startWorker(t, rdb, rA, "liveA", WithKeyPrefix(shared))
 	take(t, dbA, "liveA", 1, 2, 3, 4, 5)
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4, 5))
 
 	b, _ := newWorker(t, rdb, rB, "deadB", WithKeyPrefix(shared))
-	err = b.Start(ctx)
+	err := b.Start(ctx)
 	if assert.ErrorIs(t, err, ErrFleetMismatch, "a second table under the prefix is refused") {
 		assert.Contains(t, err.Error(), "table=batchrows")
 		assert.Contains(t, err.Error(), "WithKeyPrefix")
@@ -43,21 +41,7 @@ func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testin
 		assert.Contains(t, err.Error(), fleet.Serves, "names what the prefix serves")
 		assert.False(t, registered(t, rdb, shared, "deadB"), "the refused worker wrote nothing")
 	} else {
-		// The fix reverted: show what it costs. B's worker dies with rows
-		// 1..5 of B's table; A's scan recovers it into A's table.
-		setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
-		require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
-		b.crash()
-		require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
-		rep, _ := a.RecoverNow(ctx)
-		reset := 0
-		for id := int64(1); id <= 5; id++ {
-			if s, _ := rowState(t, dbA, id); s == "queued" {
-				reset++
-			}
-		}
-		t.Errorf("second fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
-			rep.Dead, reset)
+		secondFleetCost(t, rdb, dbA, dbB, a, b, "second fleet")
 		return
 	}
 
@@ -85,6 +69,7 @@ func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testin
 // write no record; the first worker of this version records it at Start,
 // and a heartbeat records it again after Redis lost it.
 func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "F2u")
 	// An old worker: heartbeat, registry entry and rows set, no record.
@@ -117,6 +102,43 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 	assert.Equal(t, "rows-set", f.Members[0].Mode)
 }
 
+// twoTables returns two batches of n rows in two schemas (two
+// applications' tables of one name), and a PgxResetter on each.
+func twoTables(t *testing.T, n int) (dbA, dbB *pgxpool.Pool, rA, rB *PgxResetter) {
+	t.Helper()
+	dbA, dbB = testutil.Postgres(t), testutil.Postgres(t)
+	testutil.CreateBatch(t, dbA, n)
+	testutil.CreateBatch(t, dbB, n)
+	var err error
+	rA, err = NewPgxResetter(dbA)
+	require.NoError(t, err)
+	rB, err = NewPgxResetter(dbB)
+	require.NoError(t, err)
+	return dbA, dbB, rA, rB
+}
+
+// secondFleetCost shows what a second fleet (what) that started on the
+// prefix costs, its check reverted: B's worker b dies with rows 1..5 of
+// B's table in progress; a's scan recovers it into A's table, under a's
+// live worker liveA, and the test fails with the count.
+func secondFleetCost(t *testing.T, rdb *redis.Client, dbA, dbB *pgxpool.Pool, a, b *Worker, what string) {
+	t.Helper()
+	ctx := context.Background()
+	setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
+	require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
+	b.crash()
+	require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
+	rep, _ := a.RecoverNow(ctx)
+	reset := 0
+	for id := int64(1); id <= 5; id++ {
+		if s, _ := rowState(t, dbA, id); s == "queued" {
+			reset++
+		}
+	}
+	t.Errorf("%s started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
+		what, rep.Dead, reset)
+}
+
 // Issue 20, item 3: a rolling change of timings. One worker uses a long
 // TTL (8 s, a heartbeat every 4 s), one a short TTL (1 s); Redis restarts
 // empty right after the long one's heartbeat. The short one's backstop
@@ -125,6 +147,7 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 // one's valid lease. The long one announced its TTL; the short one
 // remembers it across the restart and holds its verdicts for it.
 func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv := testutil.StartRedis(t)
 	db := testutil.Postgres(t)
@@ -255,6 +278,7 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 // second application recorded it first after Redis restarted empty) says
 // so at Error, once.
 func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 5, "F2h")
 	r, err := NewPgxResetter(db)
@@ -279,6 +303,8 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 	var dbName, schema string
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT current_database(), current_schema()`).Scan(&dbName, &schema))
 	want := "database=" + dbName + " schema=" + schema + " table=batchrows"
+	var sysID string
+	require.NoError(t, db.QueryRow(context.Background(), `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysID))
 	for _, impl := range resetterImpls {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -291,6 +317,9 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 			got, err = impl.mustResetter(t, db, WithTable("nope")).(fleetIdentifier).fleetIdentity(ctx)
 			require.NoError(t, err)
 			assert.Equal(t, "database="+dbName+" schema= table=nope", got)
+			server, err := impl.mustResetter(t, db).(serverIdentifier).serverIdentity(ctx)
+			require.NoError(t, err)
+			assert.Equal(t, "system_identifier="+sysID, server, "the server's identifier")
 		})
 	}
 }
@@ -298,6 +327,7 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 // A fleet key that is not a hash stops no heartbeat; the worker says once
 // that its timings are not announced.
 func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("F2w")
@@ -311,4 +341,53 @@ func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
 		"heartbeats go on")
 	assert.Equal(t, 1, logs.Count(msg), "once per outage")
 	assert.NoError(t, w.CheckLease())
+}
+
+// Start reads the fleet record once: the script that records what the
+// fleet serves returns the whole record, and Start learns the members'
+// timings from that reply, lapsed announcements too (a record restored
+// from an old snapshot; it read it again with HGETALL before).
+func TestStartReadsTheFleetRecordOnce(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 1, "FS1")
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "m:slow", fmt.Sprintf("9000 9000 9000 owner %d", time.Now().Add(-time.Minute).UnixMilli())).Err())
+	counter := &commandCounter{}
+	rdb.AddHook(counter)
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix))
+	require.NoError(t, w.Start(ctx))
+	trips, cmds := counter.snapshot()
+	t.Logf("Start: %d round trips: %v", trips, cmds)
+	assert.NotContains(t, cmds, "hgetall", "the record is not read a second time")
+	assert.Equal(t, 9*time.Second, w.fleetTTL(), "the lapsed member's TTL learnt from the script's reply (the first heartbeat dropped it)")
+}
+
+// A role that may not call pg_control_system() (a managed service that
+// revokes it) records no server: the fleet is checked by its names, as
+// before the server field, and Start succeeds.
+func TestAServerThatWillNotTellItsIdentifierIsCheckedByNames(t *testing.T) {
+	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	admin := privatePostgres(ctx, t, `
+CREATE ROLE app LOGIN;
+GRANT ALL ON ALL TABLES IN SCHEMA public TO app;
+REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC;`)
+	cfg := admin.Config().Copy()
+	cfg.ConnConfig.User = "app"
+	db, err := pgxpool.NewWithConfig(ctx, cfg)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	server, err := r.serverIdentity(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, server, "permission denied: no server")
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("FSN")
+	startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+	f, err := store.NewRedis(rdb, prefix, time.Second).ReadFleet(ctx)
+	require.NoError(t, err)
+	assert.Empty(t, f.Server)
+	assert.Contains(t, f.Serves, "table=batchrows")
 }

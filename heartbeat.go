@@ -78,11 +78,12 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
 	}
 	sentAt := time.Now()
+	serves, server := w.fleet.served()
 	res, err := w.store.Beat(ctx, w.opts.instanceID, store.Heartbeat{
 		Value: w.beatValue, TTL: w.opts.heartbeatTTL,
 		Incarnation: incarnation, IncarnationTTL: w.incarnationTTL(),
 		Remove: unremoved, Add: tracked, RowsTTL: w.rowsTTL(),
-		Serves: w.fleet.served(), Announce: w.announcement(),
+		Serves: serves, Server: server, Announce: w.announcement(),
 	})
 	w.noteFleet(res.Fleet, res.FleetErr)
 	if res.Foreign {

@@ -26,9 +26,11 @@ import (
 // The slow integration tests (a second or more of waiting on TTLs and
 // recoveries) call t.Parallel when each has servers or a key prefix and
 // schema of its own and none of its assertions is a bound on elapsed time;
-// tests that assert such a bound stay sequential, so other tests' load
-// cannot push them over it. Parallel tests start after the sequential
-// ones have finished.
+// tests that assert such a bound, or give a call a deadline of a second or
+// less (a Start with 600 ms, a 50 ms operation timeout), stay sequential,
+// so other tests' load cannot push them over it. Parallel tests start
+// after the sequential ones have finished; make test runs eight at a time
+// (-parallel 8).
 func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
 
 // newMini returns a miniredis and a client for it, both closed when the

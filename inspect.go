@@ -98,6 +98,9 @@ type FleetState struct {
 	// Serves is what the fleet record says the fleet serves
 	// ("database=... schema=... table=..."), "" when none is recorded.
 	Serves string
+	// Server is the PostgreSQL server the record names
+	// ("system_identifier=..."), "" when none is recorded.
+	Server string
 }
 
 // TrackedRows are the members of an instance's rows set, read with SSCAN
@@ -155,7 +158,7 @@ func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (Fle
 	if store.IsWrongType(err) {
 		err = nil // a key that is not a hash records nothing; the workers log it (Warn)
 	}
-	fs.Serves = rec.Serves
+	fs.Serves, fs.Server = rec.Serves, rec.Server
 	announced := make(map[string]store.Member, len(rec.Members))
 	for _, m := range rec.Members {
 		announced[m.ID] = m

@@ -111,6 +111,7 @@ func TestIntegrationClusterKeysOfOneWorkerShareASlot(t *testing.T) {
 }
 
 func TestIntegrationCancellingProcessingContextDoesNotStopHeartbeat(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("IT")
 	ctx, cancel := context.WithCancel(context.Background())

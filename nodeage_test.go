@@ -110,6 +110,7 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 // no verdict either: the heartbeat that expired may be a live worker's
 // stale copy from the file.
 func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t, "--notify-keyspace-events", "Ex")
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -3,6 +3,7 @@ package recovery
 import (
 	"log/slog"
 	"os"
+	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -200,4 +201,49 @@ func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
 	w, err = New(idleClient(t), &fakeResetter{})
 	require.NoError(t, err)
 	assert.Equal(t, 48*time.Second, w.opts.scanTurnTTL(), "0.8 x the 60s recovery interval")
+}
+
+// TestDocsStateTheDefaultRecoveryBoundTheCodeHas: the crash bound with the
+// default timings is derived from the code (detectionWindow: heartbeat TTL
+// + 1.1 × recovery interval + the scan lease, 174 s; 126 s while the
+// scan-lease holder lives), and every default figure stated next to the
+// bound's formula in the package doc, constants.go, the README and docs/ is
+// one of those two (doc.go and constants.go said 120 s).
+func TestDocsStateTheDefaultRecoveryBoundTheCodeHas(t *testing.T) {
+	o := defaultOptions()
+	worst := o.detectionWindow()
+	live := o.heartbeatTTL + o.longestRecoveryWait()
+	require.Equal(t, 174*time.Second, worst, "the docs state 174 s: change them with the defaults")
+	require.Equal(t, 126*time.Second, live, "the docs state 126 s: change them with the defaults")
+	figures := map[string]bool{strconv.Itoa(int(worst.Seconds())): true, strconv.Itoa(int(live.Seconds())): true}
+
+	files := []string{"doc.go", "constants.go", "README.md"}
+	docs, err := filepath.Glob("docs/*.md")
+	require.NoError(t, err)
+	formula := regexp.MustCompile(`TTL \+ (?:1\.1 × )?(?:Default)?[Rr]ecovery ?[Ii]nterval`)
+	figure := regexp.MustCompile(`(\d+(?:[–-]\d+)?) s(?: at worst)? (?:by default|with the default timings)`)
+	stated := 0
+	for _, f := range append(files, docs...) {
+		b, err := os.ReadFile(f)
+		require.NoError(t, err)
+		text := regexp.MustCompile(`\n\s*(?://)?\s*`).ReplaceAllString(string(b), " ")
+		if f == "doc.go" || f == "constants.go" {
+			for _, want := range []time.Duration{worst, live} {
+				assert.True(t, strings.Contains(text, strconv.Itoa(int(want.Seconds()))+" s"), "%s states the bound %v", f, want)
+			}
+		}
+		for _, m := range formula.FindAllStringIndex(text, -1) {
+			// The rest of the sentence, or of the table cell.
+			rest := text[m[1]:min(len(text), m[1]+300)]
+			if end := regexp.MustCompile(`\.(?:\s|$)|\|`).FindStringIndex(rest); end != nil {
+				rest = rest[:end[0]]
+			}
+			for _, fm := range figure.FindAllStringSubmatch(rest, -1) {
+				stated++
+				assert.True(t, figures[fm[1]], "%s: %q after %q: the default bound is %v (%v while the scan-lease holder lives)",
+					f, fm[0], text[m[0]:m[1]], worst, live)
+			}
+		}
+	}
+	assert.Greater(t, stated, 5, "the check found the docs' figures")
 }

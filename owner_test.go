@@ -94,6 +94,7 @@ func TestOwnerModeRecoveryResetsTheLifeReadUnderItsClaimAndNoOther(t *testing.T)
 // dead instance. The sweep judges the instance by its heartbeat and resets
 // every life it saw; a live instance's per-life rows stay.
 func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t)
 	rdb := srv.Client(t)
 	db := testutil.Postgres(t)

@@ -72,6 +72,7 @@ func commandCalls(t testing.TB, rdb redis.UniversalClient) map[string]int64 {
 // Owner mode's target: 0 Redis commands per processed row, read from the
 // server's own INFO commandstats over 10,000 rows.
 func TestOwnerModeSendsNoRedisCommandPerRow(t *testing.T) {
+	t.Parallel()
 	srv := testutil.StartRedis(t) // a server of its own: no other test's commands
 	rdb := srv.Client(t)
 	ctx := context.Background()

@@ -39,6 +39,7 @@ func TestOwnerModeIsWhatAResetterThatFencesByOwnerGets(t *testing.T) {
 }
 
 func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
@@ -236,6 +237,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 }
 
 func TestOwnerModeShutdownWithRowsStillHeldStaysRegisteredWithoutARowsSet(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 2)
@@ -266,6 +268,7 @@ func TestOwnerModeShutdownWithRowsStillHeldStaysRegisteredWithoutARowsSet(t *tes
 }
 
 func TestOwnerModeConcurrentRecoverersResetEachRowOnce(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 300)

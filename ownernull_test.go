@@ -39,6 +39,7 @@ type ownerNullEnv struct {
 }
 
 func TestOwnerModeResetsRowsWithoutOwnerOfADeadRowsSetWorker(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 8, "N")
 	env := ownerNullEnv{rdb, db, prefix}
 	ctx := context.Background()
@@ -217,6 +218,7 @@ func TestOwnerColumnRolloutCompletesEveryRowOnceWhenAnOldWorkerDies(t *testing.T
 // kept and reported, never counted settled, when the ledger table is
 // missing or the rows do not come from a rows set (Release).
 func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould(t *testing.T) {
+	t.Parallel()
 	for _, impl := range resetterImpls {
 		t.Run(impl.name, func(t *testing.T) {
 			_, db, _ := onRealServers(t, 6, "N")
@@ -289,6 +291,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 // the registry entry, fails with ErrRowsNotReset saying why, and resets
 // them once the ledger table exists.
 func TestOwnerModeKeepsADeadWorkersRowsWithoutOwnerWhenTheLedgerIsMissing(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 4, "N")
 	env := ownerNullEnv{rdb, db, prefix}
 	ctx := context.Background()

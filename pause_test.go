@@ -32,8 +32,10 @@ import (
 //  5. w's next fetch gets rows 4 and 5 (not 2 or 3), its self-check
 //     verifies the configuration, and every row is processed once.
 func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
+	t.Parallel()
 	for _, impl := range resetterImpls {
 		t.Run(impl.name, func(t *testing.T) {
+			t.Parallel()
 			rdb, db, prefix := onRealServers(t, 10, "PZ")
 			ctx := context.Background()
 			// No owner column: rows sets and the reset ledger. The self-check

@@ -57,6 +57,7 @@ func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr str
 // through it, and a resetter with the reset ledger resets a rows set,
 // statement after statement on server connections handed out round robin.
 func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		rdb := testutil.Redis(t)
 		db := testutil.Postgres(t)

@@ -114,6 +114,7 @@ func TestResetNeverWaitsOnARowLockAnotherSessionHolds(t *testing.T) {
 // ends, with an error that names the lock wait (ErrRowsLocked), not a bare
 // "context deadline exceeded".
 func TestResetWaitingOnATableLockSaysSo(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 2)
@@ -215,6 +216,7 @@ func TestRecoveryOfAPeerWithALockedRowResetsTheRestAndRetriesIt(t *testing.T) {
 // the queue and are untracked, the locked one stays tracked, and the error
 // wraps ErrRowsLocked.
 func TestReleaseKeepsARowAnotherSessionHoldsLockedTracked(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
@@ -236,6 +238,7 @@ func TestReleaseKeepsARowAnotherSessionHoldsLockedTracked(t *testing.T) {
 // rows owned by X: reset rows owned by X: ..."), through the whole
 // dead-peer path, in both modes.
 func TestRecoveryErrorNamesTheResetOnce(t *testing.T) {
+	t.Parallel()
 	for _, mode := range []struct {
 		name, prefix string
 		opts         []Option
@@ -275,7 +278,10 @@ func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
 	prefix := testutil.Name("O")
 
 	w, _ := newWorker(t, rdb, r, "pod-0", WithKeyPrefix(prefix))
-	ctx, cancel := context.WithTimeout(context.Background(), 600*time.Millisecond)
+	// 2 s: Start's round trips before the reset (PING, INFO, the fleet
+	// record, the claim) used up 600 ms under make test on a loaded
+	// machine, before the row lock was reached.
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
 	err := w.Start(ctx)
 	require.ErrorIs(t, err, ErrRowsLocked, "the context ended first")

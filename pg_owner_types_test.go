@@ -19,6 +19,7 @@ import (
 // gone, so the owner is the dead worker's instance ID again. A type the
 // check refuses fails Start.
 func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
+	t.Parallel()
 	cases := []struct {
 		name, ddl string
 		refused   bool
@@ -31,6 +32,7 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
+			t.Parallel()
 			srv := testutil.StartRedis(t)
 			rdb := srv.Client(t)
 			db := testutil.Postgres(t)
@@ -75,6 +77,7 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 // written by other means than the library) is logged at Warn, once per
 // value however many sweeps see it, and its rows are left alone.
 func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
@@ -101,6 +104,7 @@ func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
 // shorter owner would never match it. In owner mode the value is the
 // instance ID and its life (34 characters more); in rows-set mode the ID.
 func TestStartRefusesAnOwnerColumnNarrowerThanTheInstanceID(t *testing.T) {
+	t.Parallel()
 	for _, ddl := range []string{
 		`ALTER TABLE batchrows ALTER COLUMN owner TYPE char(8)`,
 		`ALTER TABLE batchrows ALTER COLUMN owner TYPE varchar(8)`,

@@ -66,6 +66,7 @@ func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
 // naming the setting and where it comes from, and writes nothing to Redis;
 // a reset on such a session fails with ErrReadOnly too.
 func TestStartRefusesAReadOnlySession(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		rdb := testutil.Redis(t)
 		db := testutil.Postgres(t)
@@ -109,6 +110,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 // idle_in_transaction_session_timeout (issue 20, item 5), and not when it
 // has one.
 func TestStartWarnsWithoutIdleInTransactionSessionTimeout(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 1)
@@ -137,6 +139,7 @@ func TestStartWarnsWithoutIdleInTransactionSessionTimeout(t *testing.T) {
 // is read-only because the server is in recovery, and the error says so.
 // The standby streams from a primary of its own, started for this test.
 func TestStartRefusesAStandby(t *testing.T) {
+	t.Parallel()
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()

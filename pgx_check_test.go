@@ -159,6 +159,7 @@ func TestCheckSchemaNamesEachMistake(t *testing.T) {
 }
 
 func TestCheckSchemaPassesACorrectTable(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		t.Run("enum status, user's names, every option", func(t *testing.T) {
 			db := testutil.Postgres(t)
@@ -180,6 +181,7 @@ func TestCheckSchemaPassesACorrectTable(t *testing.T) {
 }
 
 func TestCheckSchemaNeedsUpdatePrivilege(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
 		s := currentSchema(t, db)

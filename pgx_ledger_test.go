@@ -71,6 +71,7 @@ func commitMarker(impl resetterImpl) []byte {
 // and cannot know the reset committed. For each resetter, whose driver
 // reports the lost reply in its own way.
 func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "F2")

@@ -11,6 +11,7 @@ import (
 )
 
 func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		db := testutil.Postgres(t)

@@ -16,6 +16,7 @@ import (
 )
 
 func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 10)
@@ -44,6 +45,7 @@ func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
 }
 
 func TestResetterChunksLargeSetsInOneTransaction(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 10)
@@ -72,6 +74,7 @@ func TestResetterChunksLargeSetsInOneTransaction(t *testing.T) {
 }
 
 func TestResetterResetsNothingWhenAChunkFails(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 6)
@@ -98,6 +101,7 @@ func TestResetterResetsNothingWhenAChunkFails(t *testing.T) {
 }
 
 func TestResetterQuotesIdentifiersFromOptions(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 3)
@@ -193,6 +197,7 @@ func (f *flakyBegin) Begin(ctx context.Context) (pgx.Tx, error) {
 }
 
 func TestPgxResetterRetriesDeadlocksAndSerializationFailures(t *testing.T) {
+	t.Parallel()
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 1)
 	setStatus(t, db, "inprog", 1)
@@ -314,6 +319,7 @@ func TestSafetyOwnerFencingNeverResetsARowAnotherWorkerTook(t *testing.T) {
 }
 
 func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		rdb := testutil.Redis(t)
 		db := testutil.Postgres(t)

@@ -61,6 +61,7 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 }
 
 func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
+	t.Parallel()
 	_, rdb := newMini(t)
 	ctx := context.Background()
 	plantLivePeers(t, rdb, "ALYA", 10000)

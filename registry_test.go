@@ -72,6 +72,7 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 // registry unusable, the backstop sweep (which asks PostgreSQL for the
 // owners of rows in progress) still resets a dead owner's rows.
 func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)

@@ -68,13 +68,16 @@ func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *
 }
 
 // rowsSweepTimings: a rows TTL of a second, so two looks a gap apart take
-// about a second.
+// about a second. The operation timeout is the longest these timings
+// allow (the interval; half of it by default), for Redis calls on a loaded
+// machine: the tests that use these timings run in parallel.
 func rowsSweepTimings(extra ...Option) []Option {
 	return append([]Option{WithHeartbeatTTL(300 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
-		WithRecoveryInterval(100 * time.Millisecond), WithRowsTTL(time.Second)}, extra...)
+		WithOperationTimeout(100 * time.Millisecond), WithRecoveryInterval(100 * time.Millisecond), WithRowsTTL(time.Second)}, extra...)
 }
 
 func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLApart(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
@@ -134,6 +137,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 }
 
 func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("U")))
@@ -177,6 +181,7 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 }
 
 func TestBackstopSweepHoldsWhileTheRowsSetsHoldNoRowInProgress(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
@@ -222,6 +227,7 @@ func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t
 // is the whole fleet killed together, down past the rows TTL, then one
 // worker started again with the defaults of its mode: the sweep is on.
 func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 30)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("F")))
@@ -300,6 +306,7 @@ func TestBackstopSweepCostPerLook(t *testing.T) {
 // Every version writes its tracked rows back at each heartbeat, and none
 // before this one takes the sweep turn without an owner column.
 func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	prefix := testutil.Name("O")
@@ -335,6 +342,7 @@ func TestBackstopSweepLeavesTheRowsOfAnOldVersionWorker(t *testing.T) {
 // member is alive it leaves the sweep turn alone, and it takes it again
 // once none is.
 func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
@@ -389,6 +397,7 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 // simulator seed 721, where the hold kept a dead worker's row in progress
 // for good).
 func TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("S")))

@@ -117,6 +117,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 				continue // the statement is the same; one driver is enough
 			}
 			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
+				t.Parallel() // with each other only: the parent is sequential
 				rdb := testutil.Redis(t)
 				db := testutil.Postgres(t)
 				publicJobsTable(t, db, c.enum)
@@ -160,12 +161,14 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 // the configuration stays unverified, looked at again and again. Blocks
 // whose rows stay in progress for a while then verify it.
 func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.T) {
+	t.Parallel()
 	for _, impl := range resetterImpls {
 		for _, enum := range []bool{false, true} {
 			if enum && impl.name != "pgx" {
 				continue
 			}
 			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
+				t.Parallel()
 				rdb := testutil.Redis(t)
 				db := testutil.Postgres(t)
 				publicJobsTable(t, db, enum)

@@ -64,6 +64,9 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "issue 20 item 2 reverted: Start neither records nor checks what the fleet serves", set: []*bool{&mutantNoFleetCheck}},
 		{name: "issue 20 item 3 reverted: verdicts and holds use the worker's own timings", set: []*bool{&mutantOwnTimingsOnly}},
 		{name: "issue 20.1 reverted: an owner-fenced reset takes a row without an owner for another worker's", sim: simMutations{noUnowned: true}},
+		// A row lock held by a vanished session (the vanish fault class).
+		{name: "issue 20.5 reverted: a reset waits on a row lock another session holds", sim: simMutations{lockWait: true}},
+		{name: "mutation: a reset counts a row another session holds locked as settled", sim: simMutations{lockedSettled: true}},
 		// Issue 22: owner-mode hosts fetch and complete under Owner(), one
 		// life of the worker; there is no hold after a regained lease.
 		{name: "issue 22 reverted: the owner guard matches by instance ID only, every life", set: []*bool{&mutantOwnerByID}},

@@ -735,18 +735,19 @@ func (r *simRedis) fleetBeat(key, id string, b store.Heartbeat) store.FleetView 
 	return v
 }
 
-// RecordFleet is recordFleetScript.
-func (s *simStore) RecordFleet(ctx context.Context, serves string) (string, error) {
-	var got string
+// RecordFleet is recordFleetScript (the simulated resetters name no
+// server).
+func (s *simStore) RecordFleet(ctx context.Context, serves, _ string) (store.Fleet, error) {
+	var got store.Fleet
 	err := s.c.roundTrip(ctx, "record-fleet", func(r *simRedis) {
 		h := r.fleetHash(store.FleetKey(s.prefix))
 		if _, ok := h["serves"]; !ok {
 			h["serves"] = serves
 		}
-		got = h["serves"]
+		got = store.ParseFleet(h)
 	})
 	if err != nil {
-		return "", fmt.Errorf("record fleet: %w", err)
+		return store.Fleet{}, fmt.Errorf("record fleet: %w", err)
 	}
 	return got, nil
 }

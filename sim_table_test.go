@@ -39,10 +39,14 @@ type simRow struct {
 	count  int    // recovery count
 	xmin   int    // the row's version: changed by every write (PostgreSQL's xmin)
 	// Bookkeeping of the simulation, not columns.
-	takes       int      // committed fetches
-	taker       *simProc // the process of the last committed fetch
-	takenAt     time.Time
-	lockedBy    *simProc // an open fetch transaction holds the row
+	takes    int      // committed fetches
+	taker    *simProc // the process of the last committed fetch
+	takenAt  time.Time
+	lockedBy *simProc // an open fetch transaction holds the row
+	// lockTill: a session whose host vanished holds the row locked until
+	// then (the vanish fault class): an open completion transaction the
+	// server ends at its idle_in_transaction_session_timeout.
+	lockTill    time.Time
 	completions int      // guarded completions that changed the row
 	resets      int      // resets that changed the row (recovery and Release)
 	doneBy      *simProc // who completed it
@@ -56,6 +60,47 @@ type simTable struct {
 	maxRec int  // WithMaxRecoveries; 0 off
 	// recorded is the ledger: instance, incarnation, row.
 	recorded map[ledgerKey]bool
+}
+
+// locked reports whether another session holds the row locked: a
+// vanished session's transaction (resets pass over it with SKIP LOCKED).
+func (r *simRow) locked() bool { return time.Now().Before(r.lockTill) }
+
+// errSimLockTimeout is a reset that waited on a row lock (the mutation
+// lockWait) until its lock_timeout or deadline.
+var errSimLockTimeout = errors.New("sim: canceling statement due to lock timeout")
+
+// waitOnLock plays the mutation lockWait: a reset that meets a locked row
+// waits for it until its context ends, then fails, having changed nothing.
+func (r *simResetter) waitOnLock(ctx context.Context, waited bool) error {
+	if !waited {
+		return nil
+	}
+	select {
+	case <-ctx.Done():
+		return fmt.Errorf("%w: %w", errSimLockTimeout, ctx.Err())
+	case <-time.After(simReset): // lock_timeout
+		return errSimLockTimeout
+	}
+}
+
+// skipLocked reports whether the reset passes over row, locked by a
+// vanished session, and lists it in NotReset (Locked) unless the mutation
+// lockedSettled counts it settled; with the mutation lockWait it sets
+// *waited instead, and the caller changes nothing.
+func (r *simResetter) skipLocked(id int64, row *simRow, res *ResetResult, waited *bool) bool {
+	if !row.locked() || row.status != stInprog {
+		return false
+	}
+	m := r.p.world.mut
+	if m.lockWait {
+		*waited = true
+		return true
+	}
+	if !m.lockedSettled {
+		res.NotReset = append(res.NotReset, RowState{ID: id, Status: row.status, Owner: row.owner, Locked: true})
+	}
+	return true
 }
 
 type ledgerKey struct {
@@ -140,8 +185,9 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
 	var res ResetResult
+	var waited bool
 	err := r.p.conn.pg(ctx, "reset", true, func(t *simTable) {
-		res = ResetResult{}
+		res, waited = ResetResult{}, false
 		fenced, mut := r.fenced(), r.p.world.mut.noUnowned
 		ledger := t.ledger && req.Incarnation != "" && !fenced
 		// With an owner column, the rows without an owner that a dead
@@ -161,9 +207,19 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 				return t.recorded[ledgerKey{req.InstanceID, req.Incarnation, id}]
 			})
 		}
+		skipped := map[int64]bool{}
+		for _, id := range ids {
+			if row := t.rows[id]; row != nil && r.matches(row, req.InstanceID, fenced, unowned) && r.skipLocked(id, row, &res, &waited) {
+				skipped[id] = true
+			}
+		}
+		if waited {
+			res = ResetResult{}
+			return
+		}
 		for _, id := range ids {
 			row := t.rows[id]
-			if row == nil || !r.matches(row, req.InstanceID, fenced, unowned) {
+			if row == nil || skipped[id] || !r.matches(row, req.InstanceID, fenced, unowned) {
 				continue
 			}
 			r.apply(t, id, row, req.InstanceID, false, &res)
@@ -172,13 +228,16 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 			}
 		}
 		for _, id := range ids {
-			if row := t.rows[id]; row != nil && !t.settled(row, req.InstanceID, fenced, mut) {
+			if row := t.rows[id]; row != nil && !skipped[id] && !t.settled(row, req.InstanceID, fenced, mut) {
 				res.NotReset = append(res.NotReset, RowState{ID: id, Status: row.status, Owner: row.owner})
 			}
 		}
 		r.p.world.tracef("%s reset %s/%s rows %v: changed %d, quarantined %v, not reset %d",
 			r.p, req.InstanceID, short(req.Incarnation), ids, res.Reset, res.Quarantined, len(res.NotReset))
 	})
+	if err == nil {
+		err = r.waitOnLock(ctx, waited)
+	}
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, err)
 	}
@@ -267,17 +326,28 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
 	}
 	var res ResetResult
+	var waited bool
 	err := r.p.conn.pg(ctx, "resetowner", true, func(t *simTable) {
-		res = ResetResult{}
-		var changed []int64
+		res, waited = ResetResult{}, false
+		var todo, changed []int64
 		for _, id := range t.ids() {
-			if row := t.rows[id]; r.matches(row, owner, true, false) {
-				r.apply(t, id, row, owner, true, &res)
-				changed = append(changed, id)
+			if row := t.rows[id]; r.matches(row, owner, true, false) && !r.skipLocked(id, row, &res, &waited) {
+				todo = append(todo, id)
 			}
 		}
-		r.p.world.tracef("%s reset rows owned by %s: %v", r.p, owner, changed)
+		if waited {
+			res = ResetResult{}
+			return
+		}
+		for _, id := range todo {
+			r.apply(t, id, t.rows[id], owner, true, &res)
+			changed = append(changed, id)
+		}
+		r.p.world.tracef("%s reset rows owned by %s: %v, locked %d", r.p, owner, changed, len(res.NotReset))
 	})
+	if err == nil {
+		err = r.waitOnLock(ctx, waited)
+	}
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, err)
 	}
@@ -310,9 +380,10 @@ func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) 
 // noVersionGuard drops the version from the WHERE clause.
 func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
 	var res ResetResult
+	var waited bool
 	err := r.p.conn.pg(ctx, "resetversions", true, func(t *simTable) {
-		res = ResetResult{}
-		var changed []int64
+		res, waited = ResetResult{}, false
+		var todo, changed []int64
 		for _, rv := range rows {
 			row := t.rows[rv.ID]
 			if row == nil || !r.matches(row, "", false, false) {
@@ -321,11 +392,23 @@ func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (
 			if !r.p.world.mut.noVersionGuard && strconv.Itoa(row.xmin) != rv.Version {
 				continue
 			}
-			r.apply(t, rv.ID, row, "", false, &res)
-			changed = append(changed, rv.ID)
+			if !r.skipLocked(rv.ID, row, &res, &waited) {
+				todo = append(todo, rv.ID)
+			}
 		}
-		r.p.world.tracef("%s reset stray rows: %v", r.p, changed)
+		if waited {
+			res = ResetResult{}
+			return
+		}
+		for _, id := range todo {
+			r.apply(t, id, t.rows[id], "", false, &res)
+			changed = append(changed, id)
+		}
+		r.p.world.tracef("%s reset stray rows: %v, locked %d", r.p, changed, len(res.NotReset))
 	})
+	if err == nil {
+		err = r.waitOnLock(ctx, waited)
+	}
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
 	}
@@ -369,7 +452,7 @@ func (r *simResetter) rowStates(ctx context.Context, ids []int64, skipLocked boo
 	err := r.p.conn.pg(ctx, "rowstates", false, func(t *simTable) {
 		out = nil
 		for _, id := range slices.Sorted(slices.Values(ids)) {
-			if row := t.rows[id]; row != nil && !(skipLocked && row.lockedBy != nil) {
+			if row := t.rows[id]; row != nil && !(skipLocked && (row.lockedBy != nil || row.locked())) {
 				out = append(out, RowState{ID: id, Status: row.status, Owner: row.owner})
 			}
 		}

@@ -34,8 +34,11 @@ package recovery
 // Fault classes added later (issue 20) draw from a stream of their own, so
 // earlier seeds replay as they did: members with different timings (a
 // rolling change of every timing option, with Redis restarts), a
-// second fleet (another table) starting a worker under the prefix, and
-// keys with a TTL evicted (seeds with the sweep whose number is 5 mod 7).
+// second fleet (another table) starting a worker under the prefix, keys
+// with a TTL evicted (seeds with the sweep whose number is 5 mod 7), and a
+// row lock held by a vanished session (the worker the bound check kills
+// leaves one of its rows locked for a while: its other rows must be back
+// within the bound, the locked one within the bound after the lock ends).
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -95,6 +98,8 @@ type simMutations struct {
 	noKeep         bool // verdicts held after a failover do not renew the rows sets (seed 1359)
 	readLocked     bool // the self-check reads rows an open fetch holds (no SKIP LOCKED)
 	noUnowned      bool // issue 20.1 reverted: a fenced reset takes a row without an owner for another worker's
+	lockWait       bool // issue 20.5 reverted: a reset waits on a row lock another session holds (and times out)
+	lockedSettled  bool // a reset counts a row another session holds locked as settled (not in NotReset)
 }
 
 // simConfig is what the seed chose for a run.
@@ -124,6 +129,14 @@ type simConfig struct {
 	// before the column, rows sets without an owner column, whose fetch
 	// leaves the owner NULL (the NULL owners fault class, issue 20.1).
 	rollout bool
+	// vanish: the worker the bound check kills vanishes (its host gone,
+	// no FIN) with a completion transaction open on one of its rows: the
+	// row stays locked until the server ends the session
+	// (idle_in_transaction_session_timeout, or TCP keepalive), a drawn
+	// 1 to 11 s later. Every reset must pass over it (SKIP LOCKED), reset
+	// the others within the bound, report it (RowState.Locked) and come
+	// back to it once the lock ends (issue 20, item 5).
+	vanish bool
 }
 
 func (c simConfig) fenced() bool { return c.mode != "rows" && c.mode != "rows+sweep" }
@@ -323,6 +336,9 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	// rows set of a worker of the old kind strands its rows (no owner for
 	// the sweep), as Redis forgetting does (docs/safety.md §13, A1).
 	cfg.evicting = cfg.sweep() && !cfg.rollout && seed%7 == 5
+	// A stream of its own again; the class changes nothing before the
+	// bound check's kill, so every run replays as before up to there.
+	cfg.vanish = rand.New(rand.NewPCG(seed, 0x10c4)).IntN(2) == 0
 	ledger := (!cfg.fenced() || cfg.rollout) && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
@@ -881,6 +897,19 @@ func (w *simWorld) checkBound(t *testing.T) {
 	}
 	lease := &victim.w.lease
 	lastBeat := lease.epoch.Add(time.Duration(lease.until.Load()) - lease.length)
+	var lockedID int64
+	var lockEnd time.Time
+	if w.cfg.vanish {
+		// The victim's host vanishes in the middle of completing its first
+		// row: its transaction holds the row locked until the server ends
+		// the session.
+		lockedID = rows[0]
+		lockEnd = time.Now().Add(time.Second + time.Duration(rand.New(rand.NewPCG(w.seed, 0x10c5)).Int64N(int64(10*time.Second))))
+		w.mu.Lock()
+		w.table.rows[lockedID].lockTill = lockEnd
+		w.tracef("FAULT %s vanishes completing row %d: locked until %.6fs", victim, lockedID, lockEnd.Sub(w.start).Seconds())
+		w.mu.Unlock()
+	}
 	w.crash(victim)
 	w.spawn(t, "")
 	w.mu.Lock()
@@ -924,17 +953,33 @@ func (w *simWorld) checkBound(t *testing.T) {
 	w.mu.Unlock()
 	time.Sleep(time.Until(deadline))
 	w.mu.Lock()
-	defer w.mu.Unlock()
 	for _, id := range rows {
 		row := w.table.rows[id]
 		// Not setExpired: the victim died with the fleet calm, its rows set
 		// written by its last heartbeat, so a set that expires before a
 		// claim is a finding (seed 1359: it did, while verdicts were held
-		// after a failover).
-		if row.status == stInprog && row.taker == victim && !w.ledgerRecorded(id, row) {
+		// after a failover). The row the vanished session locked is
+		// checked below.
+		if row.status == stInprog && row.taker == victim && !w.ledgerRecorded(id, row) && id != lockedID {
 			w.violate("row %d of %s, killed after the faults ended, still in progress %v after its last heartbeat (bound %v)",
 				id, victim, time.Since(lastBeat), bound)
 		}
+	}
+	w.mu.Unlock()
+	if lockedID == 0 {
+		return
+	}
+	// The locked row is tried again at every scan: it is queued again
+	// within a scan's wait after the session ended (its claim's TTL, the
+	// scan turn and a scan: the bound from the lock's end), or by the bound
+	// from the last heartbeat, whichever is later.
+	again := latest(deadline, lockEnd.Add(bound))
+	time.Sleep(time.Until(again))
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if row := w.table.rows[lockedID]; row.status == stInprog && row.taker == victim && !w.ledgerRecorded(lockedID, row) {
+		w.violate("row %d of %s, locked by its vanished session until %.6fs, still in progress at %.6fs (bound %v from the lock's end)",
+			lockedID, victim, lockEnd.Sub(w.start).Seconds(), time.Since(w.start).Seconds(), bound)
 	}
 }
 

@@ -226,6 +226,7 @@ func (f *flakySQL) BeginTx(ctx context.Context, opts *sql.TxOptions) (*sql.Tx, e
 }
 
 func TestSQLResetterRetriesDeadlocksAndSerializationFailuresOfEitherDriver(t *testing.T) {
+	t.Parallel()
 	driverErr := map[string]func(code string) error{
 		"libpq":  func(code string) error { return &pq.Error{Code: pq.ErrorCode(code), Message: "injected"} },
 		"stdlib": func(code string) error { return &pgconn.PgError{Code: code, Message: "injected"} },
@@ -276,6 +277,7 @@ func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.
 // A Worker given an SQLResetter WithOwnerColumn is in owner mode, and a
 // dead peer's rows are reset by owner, through each database/sql driver.
 func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
+	t.Parallel()
 	for _, impl := range sqlImpls() {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -329,6 +331,7 @@ func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 // recorded in the ledger under the peer's incarnation: a second recovery of
 // the same life resets nothing a live worker took since.
 func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
+	t.Parallel()
 	for _, impl := range sqlImpls() {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()

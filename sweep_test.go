@@ -13,6 +13,7 @@ import (
 )
 
 func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second) // up for the 500ms TTL, counted in whole seconds less one
 	db := testutil.Postgres(t)

@@ -56,7 +56,7 @@ func TestEachTargetInstallsOnlyWhatItNeeds(t *testing.T) {
 	assert.Equal(t, []string{"tmux", "prometheus", "pgbouncer"}, installDeps(t, "test", "REDIS_URL=redis://x", "DATABASE_URL=postgres://x"))
 	assert.Equal(t, []string{"redis-server"}, installDeps(t, "demo"))
 	assert.Equal(t, []string{"spin", "gcc"}, installDeps(t, "model"))
-	assert.Equal(t, []string{"redis-server", "redis-tools", "iproute2"}, installDeps(t, "faults"))
+	assert.Equal(t, []string{"redis-server", "redis-tools", "iproute2", "pgbouncer"}, installDeps(t, "faults"))
 	assert.Equal(t, []string{"redis-server", "redis-tools", "iproute2", "tmux", "prometheus", "pgbouncer", "spin", "gcc"}, installDeps(t, "all"))
 
 	makefile, err := os.ReadFile("Makefile")

@@ -56,6 +56,7 @@ func TestStartRefusesAnInstanceIDAnotherLiveWorkerHeartbeats(t *testing.T) {
 // Two Workers started at the same moment with one ID and no heartbeat yet:
 // the heartbeat script lets exactly one write.
 func TestTwoWorkersStartingTogetherWithOneIDOneIsRefused(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("twin")
 	for round := range 5 {
@@ -89,6 +90,7 @@ func TestTwoWorkersStartingTogetherWithOneIDOneIsRefused(t *testing.T) {
 // loses its lease for good, says so once, and leaves the twin's keys
 // alone, also at Shutdown.
 func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("twin")
@@ -222,6 +224,7 @@ func unshareArgs(t *testing.T, h string, argv []string) []string {
 // `hostname:`, each PID 1) start in the same second: the default ID keeps
 // them apart; given one fixed ID, the second is refused.
 func TestTwoProcessesWithTheSameHostnameAndPIDInNamespaces(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	addr := rdb.Options().Addr
 	prefix := testutil.Name("ns")
@@ -238,13 +241,17 @@ func TestTwoProcessesWithTheSameHostnameAndPIDInNamespaces(t *testing.T) {
 		assert.Equal(t, int64(1), rdb.Exists(context.Background(), store.InstanceKeys(prefix, id).Heartbeat).Val(), "each heartbeats its own key")
 	}
 
-	_, state, out := startTwin(t, unshareArgs(t, "twinhost", twinArgs(t, addr, prefix, "-id", "fixed"))...)
+	// A TTL of 4 s (the watch before the refusal still lasts about a
+	// heartbeat interval, 500 ms): the test runs in parallel with others,
+	// and the bound is "before a TTL", not a latency.
+	fixed := twinArgs(t, addr, prefix, "-id", "fixed", "-ttl", "4s")
+	_, state, out := startTwin(t, unshareArgs(t, "twinhost", fixed)...)
 	require.Equal(t, "started", state, "%q", out)
 	began := time.Now()
-	_, state, out = startTwin(t, unshareArgs(t, "twinhost", twinArgs(t, addr, prefix, "-id", "fixed"))...)
+	_, state, out = startTwin(t, unshareArgs(t, "twinhost", fixed)...)
 	require.Equal(t, "error", state, "%q", out)
 	assert.Contains(t, out[len(out)-1], ErrInstanceIDInUse.Error())
-	assert.Less(t, time.Since(began), 2*time.Second, "refused before a TTL")
+	assert.Less(t, time.Since(began), 4*time.Second, "refused before a TTL")
 }
 
 // A fixed ID (a StatefulSet pod) restarted right after SIGKILL: the new
@@ -296,6 +303,7 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 // A predecessor that died longer than a TTL ago and was not recovered yet
 // (no peer runs): Start recovers its rows at once, without waiting.
 func TestStartRecoversARowsSetLeftUnderItsInstanceIDWithoutAHeartbeat(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("restart")

@@ -65,6 +65,7 @@ func v1Recover(t *testing.T, rdb redis.UniversalClient, r RowResetter, prefix, p
 }
 
 func TestRollingUpgradeOldAndNewWorkersRecoverEachOther(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 20, "UP")
 	pg, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))

@@ -209,12 +209,18 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	if err := w.checkFleet(ctx); err != nil {
+	fleet, read, err := w.checkFleet(ctx)
+	if err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	// Before the first heartbeat's recount drops them: a record loaded
 	// from an old snapshot lists members whose announcements have lapsed.
-	w.learnFleetRecord(ctx)
+	// checkFleet's script returned the record; read it when it did not run.
+	if read {
+		w.learnMembers(fleet)
+	} else {
+		w.learnFleetRecord(ctx)
+	}
 	if err := w.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.firstHeartbeatError(ctx, err)

@@ -8,8 +8,10 @@
 #                                   (Debian package prometheus) for prom/'s
 #                                   alert-rule tests, and pgbouncer for the
 #                                   tests through a pooler in transaction mode
-#   scripts/install-deps.sh faults  make test-faults: the servers, and ip(8)
-#                                   (iproute2) for the network namespaces
+#   scripts/install-deps.sh faults  make test-faults: the servers, ip(8)
+#                                   (iproute2) for the network namespaces, and
+#                                   pgbouncer for scenario P1 (workers through
+#                                   a pooler in transaction mode)
 #   scripts/install-deps.sh demo    make demo: redis-server and PostgreSQL's
 #                                   server binaries
 #   scripts/install-deps.sh model   make model: the Spin model checker, and gcc
@@ -77,9 +79,10 @@ if wants test; then
 fi
 # pgbouncer (in /usr/sbin: on root's PATH) stands in front of the test
 # PostgreSQL in transaction pooling mode for the PgBouncer tests
-# (pg_bouncer_test.go); they start their own on a free loopback port.
+# (pg_bouncer_test.go) and the fault suite's scenario P1; they start their
+# own on a free loopback port.
 installs_pgbouncer=0
-if wants test && ! command -v pgbouncer >/dev/null 2>&1; then
+if wants test faults && ! command -v pgbouncer >/dev/null 2>&1; then
 	missing+=(pgbouncer)
 	installs_pgbouncer=1
 fi

@@ -262,9 +262,10 @@ func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetStat
 			Prefix         string         `json:"prefix"`
 			Registry       string         `json:"registry"`
 			Serves         string         `json:"serves"`
+			Server         string         `json:"server,omitempty"`
 			Workers        []instanceJSON `json:"workers"`
 			InvalidMembers []string       `json:"invalid_members"`
-		}{Prefix: o.prefix, Registry: fleet.Registry, Serves: fleet.Serves, Workers: []instanceJSON{}, InvalidMembers: []string{}}
+		}{Prefix: o.prefix, Registry: fleet.Registry, Serves: fleet.Serves, Server: fleet.Server, Workers: []instanceJSON{}, InvalidMembers: []string{}}
 		for _, i := range insts {
 			out.Workers = append(out.Workers, o.toJSON(i))
 		}
@@ -282,7 +283,7 @@ func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetStat
 		}
 	}
 	if fleet.Serves != "" {
-		fmt.Fprintf(stdout, "the fleet serves %s (%s)\n", fleet.Serves, store.FleetKey(o.prefix))
+		fmt.Fprintf(stdout, "the fleet serves %s%s (%s)\n", fleet.Serves, onServer(fleet.Server), store.FleetKey(o.prefix))
 	}
 	if ttls := announcedTTLs(insts); ttls != "" {
 		fmt.Fprintf(stdout, "heartbeat TTLs announced: %s\n", ttls)
@@ -726,4 +727,13 @@ func announcedTTLs(insts []recovery.InstanceState) string {
 		parts[n] = fmt.Sprintf("%v (%s)", d, strings.Join(by[d], ", "))
 	}
 	return strings.Join(parts, "; ")
+}
+
+// onServer is " on <server>" for the fleet record's server, "" when none
+// is recorded.
+func onServer(server string) string {
+	if server == "" {
+		return ""
+	}
+	return " on " + server
 }

@@ -132,6 +132,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 }
 
 func TestHistoryOnRedisCluster(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
 	prefix := testutil.Name("CTL")

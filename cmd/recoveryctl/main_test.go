@@ -179,6 +179,7 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 }
 
 func TestWorkersOnRedisCluster(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
 	prefix := testutil.Name("CTL")
@@ -310,6 +311,7 @@ func itemStates(t *testing.T, db *pgxpool.Pool) map[int64]string {
 }
 
 func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T) {
+	t.Parallel()
 	url := testutil.RedisURL(t)
 	rdb := client(t, url)
 	ctx := context.Background()
@@ -712,22 +714,24 @@ func TestWorkersShowsTheFleetRecord(t *testing.T) {
 	prefix := testutil.Name("CTLF")
 	ctx := context.Background()
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", "database=test schema=public table=batchrows",
-		"m:a", "2000 9000 1900 owner 99999999999999", "m:b", "20000 35000 19000 rows-set 99999999999999").Err())
+		"server", "system_identifier=42", "m:a", "2000 9000 1900 owner 99999999999999", "m:b", "20000 35000 19000 rows-set 99999999999999").Err())
 	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "a", "b").Err())
 
 	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers")
 	require.Equal(t, exitOK, code, errOut)
-	assert.Contains(t, out, "the fleet serves database=test schema=public table=batchrows ("+prefix+"_FLEET)")
+	assert.Contains(t, out, "the fleet serves database=test schema=public table=batchrows on system_identifier=42 ("+prefix+"_FLEET)")
 	assert.Contains(t, out, "heartbeat TTLs announced: 2s (a); 20s (b)")
 
 	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers", "--json")
 	require.Equal(t, exitOK, code, errOut)
 	var got struct {
 		Serves  string         `json:"serves"`
+		Server  string         `json:"server"`
 		Workers []instanceJSON `json:"workers"`
 	}
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	assert.Equal(t, "database=test schema=public table=batchrows", got.Serves)
+	assert.Equal(t, "system_identifier=42", got.Server)
 	require.Len(t, got.Workers, 2)
 	assert.Equal(t, int64(20000), got.Workers[1].AnnouncedTTLMs)
 	assert.Equal(t, "rows-set", got.Workers[1].Mode)

@@ -130,7 +130,7 @@ func (f frame) lines(o *options, name string) []string {
 		fmt.Fprintf(&buf, "ignored %d registry members that are not valid instance IDs\n", len(f.fleet.InvalidMembers))
 	}
 	if f.fleet.Serves != "" {
-		fmt.Fprintf(&buf, "serves %s\n", f.fleet.Serves)
+		fmt.Fprintf(&buf, "serves %s%s\n", f.fleet.Serves, onServer(f.fleet.Server))
 	}
 	if ttls := announcedTTLs(f.fleet.Instances); ttls != "" {
 		fmt.Fprintf(&buf, "heartbeat TTLs announced: %s\n", ttls)

@@ -49,6 +49,7 @@ func TestWatchPipedPrintsPlainFrames(t *testing.T) {
 // shows a recovery that happens while it runs, and ends on Ctrl-C with
 // status 0.
 func TestWatchInATerminal(t *testing.T) {
+	t.Parallel()
 	tmux, err := exec.LookPath("tmux")
 	if err != nil {
 		testutil.Unavailable(t, "tmux not on PATH (scripts/install-deps.sh installs it)")
@@ -124,6 +125,7 @@ func TestWatchInATerminal(t *testing.T) {
 // TestWatchOnRedisCluster: the same frame from a Cluster, whose keys are
 // spread over three masters.
 func TestWatchOnRedisCluster(t *testing.T) {
+	t.Parallel()
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
 	prefix := testutil.Name("CTL")

@@ -15,6 +15,7 @@ import (
 )
 
 func TestHaltedPostgresRefusesConnectionsAndResumesWithItsData(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts PostgreSQL: skipped in -short mode")
 	}

@@ -32,6 +32,7 @@ func TestFreePortCanBeListenedOn(t *testing.T) {
 }
 
 func TestStartPostgresServesUntilStopRemovesEverything(t *testing.T) {
+	t.Parallel()
 	if testing.Short() {
 		t.Skip("starts PostgreSQL: skipped in -short mode")
 	}

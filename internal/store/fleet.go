@@ -20,6 +20,7 @@ import (
 // Fields of the fleet record.
 const (
 	fleetServesField  = "serves"
+	fleetServerField  = "server"
 	fleetMemberField  = "m:"
 	fleetLongestField = "longest"
 )
@@ -37,8 +38,9 @@ type Announcement struct {
 
 // FleetView is what a heartbeat learnt of the fleet record.
 type FleetView struct {
-	// Serves is the identity recorded ("" when none).
-	Serves string
+	// Serves is the identity recorded ("" when none); Server the
+	// PostgreSQL server's ("" when none).
+	Serves, Server string
 	// Longest is the longest of each timing over the live announcements,
 	// the caller's own included.
 	Longest Announcement
@@ -55,19 +57,28 @@ type Member struct {
 
 // Fleet is the whole fleet record.
 type Fleet struct {
-	Serves  string
-	Members []Member
+	// Serves is what the fleet serves (database, schema, table); Server
+	// the PostgreSQL server it serves it on (its system identifier), ""
+	// when no worker could tell or the record was written by a release
+	// before the field.
+	Serves, Server string
+	Members        []Member
 }
 
 // recordFleetScript records what the fleet serves unless a value is there
-// already, and returns the value recorded. A retry after a lost reply
-// finds its own value and answers the same.
+// already, and the server it serves it on unless one is there or the
+// recorded identity is another's (a record of the release before the
+// server field gets it filled), and returns the whole record. A retry
+// after a lost reply finds its own values and answers the same.
 //
 //	KEYS[1] fleet record
-//	ARGV[1] what the caller serves
+//	ARGV[1] what the caller serves, ARGV[2] its server ("" if it cannot tell)
 var recordFleetScript = redis.NewScript(`
 redis.call('HSETNX', KEYS[1], '` + fleetServesField + `', ARGV[1])
-return redis.call('HGET', KEYS[1], '` + fleetServesField + `')
+if ARGV[2] ~= '' and redis.call('HGET', KEYS[1], '` + fleetServesField + `') == ARGV[1] then
+  redis.call('HSETNX', KEYS[1], '` + fleetServerField + `', ARGV[2])
+end
+return redis.call('HGETALL', KEYS[1])
 `)
 
 // fleetBeatScript is the fleet part of a heartbeat: it records what the
@@ -89,7 +100,10 @@ return redis.call('HGET', KEYS[1], '` + fleetServesField + `')
 //	KEYS[1] fleet record
 //	ARGV[1] what the caller serves ("" if it cannot tell), ARGV[2] member
 //	field, ARGV[3] "<ttl ms> <claim ms> <wait ms> <mode>", ARGV[4] ms the
-//	announcement lives
+//	announcement lives, ARGV[5] the caller's server ("" if it cannot tell),
+//	recorded as recordFleetScript does
+//
+// It returns {serves, ttl, claim, wait, server}.
 var fleetBeatScript = redis.NewScript(`
 local t = redis.call('TIME')
 local now = tonumber(t[1]) * 1000 + math.floor(tonumber(t[2]) / 1000)
@@ -97,8 +111,13 @@ if ARGV[1] ~= '' then
   redis.call('HSETNX', KEYS[1], '` + fleetServesField + `', ARGV[1])
 end
 redis.call('HSET', KEYS[1], ARGV[2], ARGV[3] .. ' ' .. (now + tonumber(ARGV[4])))
-local got = redis.call('HMGET', KEYS[1], '` + fleetServesField + `', '` + fleetLongestField + `')
+local got = redis.call('HMGET', KEYS[1], '` + fleetServesField + `', '` + fleetLongestField + `', '` + fleetServerField + `')
 local serves = got[1] or ''
+local server = got[3] or ''
+if ARGV[5] ~= '' and server == '' and serves == ARGV[1] then
+  redis.call('HSET', KEYS[1], '` + fleetServerField + `', ARGV[5])
+  server = ARGV[5]
+end
 local ttl, claim, wait, due
 if got[2] then
   ttl, claim, wait, due = string.match(got[2], '^(%d+) (%d+) (%d+) (%d+)$')
@@ -109,7 +128,7 @@ if ttl and now < tonumber(due) then
   if nt ~= tonumber(ttl) or nc ~= tonumber(claim) or nw ~= tonumber(wait) then
     redis.call('HSET', KEYS[1], '` + fleetLongestField + `', nt .. ' ' .. nc .. ' ' .. nw .. ' ' .. due)
   end
-  return {serves, nt, nc, nw}
+  return {serves, nt, nc, nw, server}
 end
 ttl, claim, wait = 0, 0, 0
 local all = redis.call('HGETALL', KEYS[1])
@@ -127,19 +146,25 @@ for i = 1, #all, 2 do
   end
 end
 redis.call('HSET', KEYS[1], '` + fleetLongestField + `', ttl .. ' ' .. claim .. ' ' .. wait .. ' ' .. (now + ttl))
-return {serves, ttl, claim, wait}
+return {serves, ttl, claim, wait, server}
 `)
 
 // RecordFleet records serves as what the fleet serves unless another
-// value is recorded, and returns the value recorded.
-func (s *Redis) RecordFleet(ctx context.Context, serves string) (_ string, err error) {
+// value is recorded, and server as its server unless one is recorded (or
+// the record serves something else), and returns the record, read in the
+// same script.
+func (s *Redis) RecordFleet(ctx context.Context, serves, server string) (_ Fleet, err error) {
 	defer s.failed(&err)
 	key := FleetKey(s.prefix)
-	got, err := recordFleetScript.Run(ctx, s.rdb, []string{key}, serves).Text()
+	vals, err := recordFleetScript.Run(ctx, s.rdb, []string{key}, serves, server).StringSlice()
 	if err != nil {
-		return "", fmt.Errorf("record fleet %s: %w", key, err)
+		return Fleet{}, fmt.Errorf("record fleet %s: %w", key, err)
 	}
-	return got, nil
+	fields := make(map[string]string, len(vals)/2)
+	for i := 0; i+1 < len(vals); i += 2 {
+		fields[vals[i]] = vals[i+1]
+	}
+	return ParseFleet(fields), nil
 }
 
 // fleetBeat queues fleetBeatScript in pipe for member id.
@@ -147,7 +172,7 @@ func (s *Redis) fleetBeat(ctx context.Context, pipe redis.Pipeliner, id string, 
 	a := b.Announce
 	val := fmt.Sprintf("%d %d %d %s", a.TTL.Milliseconds(), a.Claim.Milliseconds(), a.Wait.Milliseconds(), modeWord(a.Mode))
 	return fleetBeatScript.Eval(ctx, pipe, []string{FleetKey(s.prefix)},
-		b.Serves, fleetMemberField+id, val, (3 * a.TTL).Milliseconds())
+		b.Serves, fleetMemberField+id, val, (3 * a.TTL).Milliseconds(), b.Server)
 }
 
 // modeWord keeps a mode one word, as the record's format needs.
@@ -164,11 +189,12 @@ func fleetView(c *redis.Cmd) (FleetView, error) {
 	if err != nil {
 		return FleetView{}, err
 	}
-	if len(vals) != 4 {
+	if len(vals) != 5 {
 		return FleetView{}, fmt.Errorf("fleet record: unexpected reply %v", vals)
 	}
 	var v FleetView
 	v.Serves, _ = vals[0].(string)
+	v.Server, _ = vals[4].(string)
 	ms := func(x any) time.Duration {
 		n, _ := x.(int64)
 		return time.Duration(n) * time.Millisecond
@@ -192,7 +218,7 @@ func (s *Redis) ReadFleet(ctx context.Context) (_ Fleet, err error) {
 // ParseFleet reads the fields of a fleet record; announcements it cannot
 // read are left out.
 func ParseFleet(fields map[string]string) Fleet {
-	f := Fleet{Serves: fields[fleetServesField]}
+	f := Fleet{Serves: fields[fleetServesField], Server: fields[fleetServerField]}
 	for k, v := range fields {
 		id, ok := strings.CutPrefix(k, fleetMemberField)
 		if !ok {

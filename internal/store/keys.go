@@ -15,6 +15,9 @@
 //	                                   (third protocol version: earlier workers ignore it)
 //	<prefix>_FLEET                     hash, no TTL (fourth protocol version: earlier workers ignore it):
 //	                                   "serves" what the fleet serves (database, schema, table), set once;
+//	                                   "server" the PostgreSQL server's system identifier, set once (added in
+//	                                   this release: a record without it is filled by the first worker that
+//	                                   serves what the record says);
 //	                                   "m:<instanceID>" a member's timings, "<ttl ms> <claim ms> <wait ms> <mode> <expires ms>";
 //	                                   "longest" the longest of them, "<ttl ms> <claim ms> <wait ms> <due ms>"
 //

@@ -198,13 +198,48 @@ func TestFleetBeatAnnouncesTimingsAndReturnsTheLongest(t *testing.T) {
 	require.NoError(t, err)
 	require.Len(t, f.Members, 2, "lapsed and unreadable announcements dropped")
 	assert.Equal(t, "rows-set", f.Members[1].Mode)
-	got, err := s.RecordFleet(ctx, "database=x schema=y table=z")
+	got, err := s.RecordFleet(ctx, "database=x schema=y table=z", "system_identifier=2")
 	require.NoError(t, err)
-	assert.Equal(t, "database=a schema=b table=c", got, "RecordFleet returns what is recorded")
+	assert.Equal(t, "database=a schema=b table=c", got.Serves, "RecordFleet returns what is recorded")
+	assert.Empty(t, got.Server, "a server is not filled into another fleet's record")
+	assert.Len(t, got.Members, 2, "RecordFleet returns the members' announcements too")
 	_, err = s.Leave(ctx, "w1", Departure{Value: HeartbeatOf("t")})
 	require.NoError(t, err)
 	f, _ = s.ReadFleet(ctx)
 	assert.Len(t, f.Members, 1, "Leave withdraws the announcement")
+}
+
+// The server field: a record without it (written by the release before
+// it) is filled by the first worker that serves what the record says,
+// through Start's RecordFleet or a heartbeat after a Redis restart, and
+// never by a worker that serves something else; once recorded it is kept.
+func TestFleetRecordFillsTheServerOfARecordWithoutIt(t *testing.T) {
+	rdb := testutil.Redis(t)
+	prefix := testutil.Name("SCS")
+	s := NewRedis(rdb, prefix, time.Second)
+	ctx := context.Background()
+	key := FleetKey(prefix)
+	require.NoError(t, rdb.HSet(ctx, key, "serves", "database=a schema=b table=c").Err()) // the release before
+	got, err := s.RecordFleet(ctx, "database=a schema=b table=c", "system_identifier=1")
+	require.NoError(t, err)
+	assert.Equal(t, "system_identifier=1", got.Server, "filled")
+	got, err = s.RecordFleet(ctx, "database=a schema=b table=c", "system_identifier=2")
+	require.NoError(t, err)
+	assert.Equal(t, "system_identifier=1", got.Server, "kept: the caller sees another server")
+
+	require.NoError(t, rdb.HDel(ctx, key, "server").Err())
+	b := Heartbeat{Value: HeartbeatOf("t"), TTL: time.Second, IncarnationTTL: time.Second, RowsTTL: time.Second,
+		Serves: "database=x schema=y table=z", Server: "system_identifier=3",
+		Announce: Announcement{TTL: time.Second, Claim: time.Second, Wait: time.Second, Mode: "owner"}}
+	res, err := s.Beat(ctx, "w1", b)
+	require.NoError(t, err)
+	require.NoError(t, res.FleetErr)
+	assert.Empty(t, res.Fleet.Server, "another fleet's heartbeat fills nothing")
+	b.Serves = "database=a schema=b table=c"
+	res, err = s.Beat(ctx, "w1", b)
+	require.NoError(t, err)
+	assert.Equal(t, "system_identifier=3", res.Fleet.Server, "a heartbeat fills it (after a Redis restart)")
+	assert.Equal(t, "system_identifier=3", rdb.HGet(ctx, key, "server").Val())
 }
 
 // The claim re-checks the heartbeat in the script that takes it: a peer

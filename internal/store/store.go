@@ -45,8 +45,10 @@ type Store interface {
 	// transaction.
 	ReadOwn(ctx context.Context, id string) (Own, error)
 	// RecordFleet records serves as what the fleet serves unless another
-	// value is recorded, and returns the value recorded.
-	RecordFleet(ctx context.Context, serves string) (string, error)
+	// value is recorded, and server as the server it is served on unless
+	// one is recorded or the record serves something else, and returns
+	// the record.
+	RecordFleet(ctx context.Context, serves, server string) (Fleet, error)
 	// ReadFleet reads the fleet record.
 	ReadFleet(ctx context.Context) (Fleet, error)
 	// Leave is Shutdown's clean-up of instance id (see Departure).
@@ -155,9 +157,10 @@ type Heartbeat struct {
 	Remove, Add []int64
 	RowsTTL     time.Duration
 	// Serves is what the worker serves ("" if it cannot tell), recorded
-	// in the fleet record if none is; Announce its timings there.
-	Serves   string
-	Announce Announcement
+	// in the fleet record if none is; Server its PostgreSQL server, as
+	// RecordFleet records it; Announce its timings there.
+	Serves, Server string
+	Announce       Announcement
 }
 
 // BeatResult is what a heartbeat found.

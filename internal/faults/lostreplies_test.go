@@ -4,7 +4,7 @@ package faults
 
 // Scenarios of issue 10 (F1, F2, F4, F8) with real worker processes: the
 // interleavings an adversarial review found, each injected at the step it
-// names. holes_test.go in the root package holds the in-process
+// names. docs/safety.md §9 names the root package's in-process
 // regressions of the same faults.
 
 import (

@@ -27,23 +27,28 @@ import (
 // Item 3's memory is the process's own: a worker that starts after Redis
 // restarted empty has learnt nothing, and the record it reads is empty
 // until the slow member's next heartbeat. In a rolling deploy that
-// shortens the TTL, the new processes start exactly then.
+// shortens the TTL, the new processes start exactly then. This is a
+// documented limit (docs/safety.md §13, A3), not covered: the test shows
+// what happens, as documented.
 //
-// Interleaving: a long-TTL worker (8 s, a heartbeat every 4 s) beats;
-// Redis restarts empty; a short-TTL worker (1 s) starts. Its backstop
-// sweep finds the long one's rows in PostgreSQL and no heartbeat, holds
-// its own TTL from the server's start, sights twice its own TTL apart and
-// resets the rows ~2 s after the restart, under the long one's lease.
-//
-// With the code as it stands: 5 of 5 rows reset about 2 s after the
-// restart, the long worker's next heartbeat 4 s after it.
-func TestReview20AWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *testing.T) {
-	t.Skip("KNOWN HOLE (review2, issue 20 item 3): a worker started after an empty restart has no fleet memory; it judges a live long-TTL member by its own TTL and resets its rows (5 of 5)")
+// Interleaving: a long-TTL worker (20 s, a heartbeat every 10 s) beats;
+// Redis restarts empty; a short-TTL worker (1 s) starts. Its owner sweep
+// finds the long one's rows in PostgreSQL and no heartbeat, holds its own
+// TTL from the server's start, sights twice its own TTL apart and resets
+// the rows about 3 s after the restart (up to 9 s on a loaded machine),
+// under the long one's lease. The
+// long worker's next heartbeat (10 s after the restart) writes its
+// heartbeat again within its TTL, so its lease stays valid and it is not
+// told; the owner guard refuses its completions of the rows reset under
+// it, so nothing is completed twice, but their processing is lost work
+// and another worker may take them meanwhile (processed twice, completed
+// once).
+func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T) {
 	ctx := context.Background()
-	srv, db, prefix, long, beats := longTTLWorld(t, "R20a")
+	srv, db, prefix, long, beats := longTTLWorldBeating(t, "R20a", 10*time.Second)
 
 	drain(beats)
-	<-beats // the long worker just beat: its next heartbeat is 4 s away
+	<-beats // the long worker just beat: its next heartbeat is 10 s away
 	restarted := time.Now()
 	srv.Restart()
 
@@ -52,14 +57,20 @@ func TestReview20AWorkerStartedAfterAnEmptyRestartResetsNoLongTTLWorkersRows(t *
 		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.OwnerMode())
+	ttl, _, _ := short.fleet.longest()
+	assert.Equal(t, time.Second, max(ttl, short.opts.heartbeatTTL), "the record was empty: the short worker knows only its own TTL")
+
+	require.Eventually(t, func() bool { return longRowsReset(t, db) == 5 }, 9*time.Second, 20*time.Millisecond,
+		"documented (docs/safety.md §13, A3): the short worker resets the live long-TTL worker's rows before its next heartbeat")
+	resetAfter := time.Since(restarted)
+	t.Logf("5 of 5 rows of the live long-TTL worker reset %v after the empty restart (its next heartbeat 10 s after it)", resetAfter.Round(100*time.Millisecond))
+	assert.Less(t, resetAfter, 10*time.Second, "before the long worker's next heartbeat")
 
 	<-beats // the long worker's first heartbeat after the restart
-	waitScans(t, short, 3)
-	reset := longRowsReset(t, db)
-	assert.Zero(t, reset, "rows of the live long-TTL worker reset by a worker started after the restart (%v ago), of 5",
-		time.Since(restarted).Round(100*time.Millisecond))
-	assert.Zero(t, short.Stats().RowsRecovered, "the short worker reset nothing")
-	assert.NoError(t, long.CheckLease())
+	assert.NoError(t, long.CheckLease(), "the long worker is not told: its heartbeat came back within its TTL")
+	tag, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = 1 AND status = 'inprog' AND owner = 'long'`)
+	require.NoError(t, err)
+	assert.Zero(t, tag.RowsAffected(), "the owner guard refuses the long worker's completion of a row reset under it")
 }
 
 // vanishingConn is a PgxExecer over one connection whose host vanishes
@@ -95,7 +106,7 @@ func (t vanishingTx) Commit(context.Context) error {
 // 5 s after the vanished recoverer's reset timeout (1 s) ran out. The fix
 // bounds the reset's own transaction (SET LOCAL
 // idle_in_transaction_session_timeout to the time its context leaves).
-func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
+func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
 	for _, mode := range []struct {
 		name   string
 		opts   []ResetterOption
@@ -171,7 +182,8 @@ func TestReview20ARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *t
 // Before the fix: the locked row was logged as changed, and still in
 // progress at the first look after the lock ended (reset only a whole gap
 // later). Now it is reported locked and tried again at every look.
-func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+func TestBackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	setJobs(t, db, schema, "running", 1, 2) // a fleet gone: in no rows set
@@ -201,65 +213,96 @@ func TestReview20BackstopSweepByVersionRetriesALockedStrayRowAtTheNextLook(t *te
 		"the locked row is reset at the first look after the lock ended")
 }
 
-// Item 2's identity is database, schema and table, not the server: two
+// Item 2's identity was database, schema and table, not the server: two
 // applications on two PostgreSQL servers whose database, schema and table
 // are named alike (staging and production sharing one Redis; two services
 // that both took the defaults: database postgres, schema public, table
-// batchrows) pass the check, and each still recovers the other's dead
-// workers into its own table.
+// batchrows) passed the check, and each recovered the other's dead
+// workers into its own table. The record now names the server too (its
+// system_identifier), and Start refuses the second server.
 //
-// With the code as it stands: B starts; A's scan reset 5 of 5 rows of its
-// own live worker, in A's table, for B's dead worker.
-func TestReview20TwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
-	t.Skip("KNOWN HOLE (review2, issue 20 item 2): the fleet identity names no server; two servers with the same database, schema and table share a prefix unrefused (5 of 5 live rows reset)")
+// The record is first written as the release before the server field
+// writes it (serves only): A's Start accepts it and fills the server (the
+// rolling upgrade), and B is refused all the same.
+//
+// Before the fix (the server neither recorded nor compared): B started;
+// A's scan reset 5 of 5 rows of its own live worker, in A's table, for B's
+// dead worker.
+func TestTwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
 	testutil.PostgresURL(t) // skips under -short, or without PostgreSQL
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
-	pool := func() *pgxpool.Pool {
-		srv, err := servers.StartPostgres(ctx)
-		if err != nil {
-			testutil.Unavailable(t, "start a PostgreSQL server: %v", err)
-		}
-		t.Cleanup(srv.Stop)
-		db, err := pgxpool.New(ctx, srv.URL)
-		require.NoError(t, err)
-		t.Cleanup(db.Close)
-		_, err = db.Exec(ctx, testutil.BatchSchema+`
-INSERT INTO batches (batchid) VALUES (1);
-INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g;`)
-		require.NoError(t, err)
-		return db
-	}
-	dbA, dbB := pool(), pool()
+	rows := `INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g;`
+	dbA, dbB := privatePostgres(ctx, t, rows), privatePostgres(ctx, t, rows)
 	rdb := testutil.Redis(t)
 	shared := testutil.Name("R20s")
 	rA, err := NewPgxResetter(dbA)
 	require.NoError(t, err)
 	rB, err := NewPgxResetter(dbB)
 	require.NoError(t, err)
+	servesA, err := rA.fleetIdentity(ctx)
+	require.NoError(t, err)
+	servesB, err := rB.fleetIdentity(ctx)
+	require.NoError(t, err)
+	require.Equal(t, servesA, servesB, "the two servers' names are alike")
+	serverA, err := rA.serverIdentity(ctx)
+	require.NoError(t, err)
+	serverB, err := rB.serverIdentity(ctx)
+	require.NoError(t, err)
+	require.NotEqual(t, serverA, serverB)
 
+	key := store.FleetKey(shared)
+	require.NoError(t, rdb.HSet(ctx, key, "serves", servesA).Err()) // the release before the server field
 	a, _ := startWorker(t, rdb, rA, "liveA", WithKeyPrefix(shared))
+	assert.Equal(t, serverA, rdb.HGet(ctx, key, "server").Val(), "A's Start accepted the old record and filled the server")
 	take(t, dbA, "liveA", 1, 2, 3, 4, 5)
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4, 5))
 
 	b, _ := newWorker(t, rdb, rB, "deadB", WithKeyPrefix(shared))
 	err = b.Start(ctx)
 	if assert.ErrorIs(t, err, ErrFleetMismatch, "another server's table under the prefix is refused") {
+		assert.Contains(t, err.Error(), serverA)
+		assert.Contains(t, err.Error(), serverB)
+		assert.False(t, registered(t, rdb, shared, "deadB"), "the refused worker wrote nothing")
 		return
 	}
-	setStatus(t, dbB, "inprog", 1, 2, 3, 4, 5)
-	require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
-	b.crash()
-	require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
-	rep, _ := a.RecoverNow(ctx)
-	reset := 0
-	for id := int64(1); id <= 5; id++ {
-		if s, _ := rowState(t, dbA, id); s == "queued" {
-			reset++
-		}
+	secondFleetCost(t, rdb, dbA, dbB, a, b, "a second server's fleet")
+}
+
+// privatePostgres starts a PostgreSQL server of the test's own and returns
+// a pool on it (as superuser) holding testutil.BatchSchema, batch 1 and
+// then sql.
+func privatePostgres(ctx context.Context, t *testing.T, sql string) *pgxpool.Pool {
+	t.Helper()
+	srv, err := servers.StartPostgres(ctx)
+	if err != nil {
+		testutil.Unavailable(t, "start a PostgreSQL server: %v", err)
 	}
-	t.Errorf("a second server's fleet started on the prefix: A's scan found %v dead; rows of live worker liveA reset in A's table: %d of 5",
-		rep.Dead, reset)
+	t.Cleanup(srv.Stop)
+	db, err := pgxpool.New(ctx, srv.URL)
+	require.NoError(t, err)
+	t.Cleanup(db.Close)
+	_, err = db.Exec(ctx, testutil.BatchSchema+"\nINSERT INTO batches (batchid) VALUES (1);\n"+sql)
+	require.NoError(t, err)
+	return db
+}
+
+// A heartbeat that finds the record naming another server (a worker of
+// another server recorded it first, after Redis restarted empty) says so
+// at Error, once, naming both servers.
+func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 5, "F2v")
+	r, err := NewPgxResetter(db)
+	require.NoError(t, err)
+	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+	_, server := w.fleet.served()
+	require.NotEmpty(t, server)
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "server", "system_identifier=1").Err())
+	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		5*time.Second, 10*time.Millisecond)
+	assert.Contains(t, logs.String(), `"recorded_server":"system_identifier=1"`)
+	assert.Contains(t, logs.String(), `"server":"`+server+`"`)
 }
 
 // RecoverNow before Start (recoveryctl recover, an operator's tool) never
@@ -272,7 +315,8 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 //
 // Before the fix: 5 of 5 rows of the live worker reset. Now RecoverNow
 // before Start reads the record's announcements and holds for the longest.
-func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20n")
 
@@ -297,7 +341,8 @@ func TestReview20RecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t
 // announcement's expiry and the longest's due time into the past.)
 //
 // Before the fix: 5 of 5 rows of the live long-TTL worker reset.
-func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t *testing.T) {
+	t.Parallel()
 	ctx := context.Background()
 	srv, db, prefix, long, beats := longTTLWorld(t, "R20o")
 
@@ -329,13 +374,20 @@ func TestReview20AWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLo
 // each of its heartbeats.
 func longTTLWorld(t *testing.T, name string) (srv *testutil.RedisServer, db *pgxpool.Pool, prefix string, long *Worker, beats chan struct{}) {
 	t.Helper()
+	return longTTLWorldBeating(t, name, 4*time.Second)
+}
+
+// longTTLWorldBeating is longTTLWorld with a heartbeat every interval, at
+// a TTL of twice that.
+func longTTLWorldBeating(t *testing.T, name string, interval time.Duration) (srv *testutil.RedisServer, db *pgxpool.Pool, prefix string, long *Worker, beats chan struct{}) {
+	t.Helper()
 	srv = testutil.StartRedis(t)
 	db = testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
 	prefix = testutil.Name(name)
 	beats = make(chan struct{}, 16)
 	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
+		WithHeartbeatTTL(2*interval), WithHeartbeatInterval(interval), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
 		WithObserver(ObserverFunc(func(e Event) {
 			if e.Kind == EventHeartbeat {
 				select {
@@ -372,4 +424,30 @@ func longRowsReset(t *testing.T, db *pgxpool.Pool) int {
 		}
 	}
 	return reset
+}
+
+// The other half of the empty restart (docs/safety.md §13, A2): the fleet
+// record is gone with everything else, so a worker of a second
+// application that starts before any heartbeat of ours recorded the
+// record again records its own table and starts. Documented, not covered:
+// our running workers then log at Error once, and ours that start
+// afterwards are refused until the operator deletes the record.
+func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(t *testing.T) {
+	ctx := context.Background()
+	srv := testutil.StartRedis(t)
+	_, dbB, rA, rB := twoTables(t, 5)
+	prefix := testutil.Name("R20e")
+	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
+		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second))
+
+	srv.Restart()
+	c := srv.Client(t)
+	_, _ = startWorker(t, c, rB, "b1", WithKeyPrefix(prefix)) // accepted: the record was empty
+	recorded := c.HGet(ctx, store.FleetKey(prefix), "serves").Val()
+	assert.Contains(t, recorded, currentSchema(t, dbB), "the second application recorded its table")
+
+	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		10*time.Second, 20*time.Millisecond, "our running worker says so at its next heartbeat")
+	a2, _ := newWorker(t, c, rA, "a2", WithKeyPrefix(prefix))
+	assert.ErrorIs(t, a2.Start(ctx), ErrFleetMismatch, "ours that start afterwards are refused")
 }

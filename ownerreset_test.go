@@ -14,10 +14,11 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// Review of owner mode (issue 14), as an adversary. Each test is an
-// interleaving that resets the rows of a live worker that follows the
-// documented protocol (fetch sets the owner, CheckLease before taking rows,
-// Release when the lease is lost). They fail on the code as it stands.
+// Owner mode's resets against a live worker. Each test is an interleaving,
+// found by an adversarial review of owner mode (issue 14), that once reset
+// the rows of a live worker following the documented protocol (fetch sets
+// the owner, CheckLease before taking rows, Release when the lease is
+// lost); each now asserts that the worker's rows are left alone.
 //
 // The common root: a reset by owner resets whatever the owner value holds
 // when its statement runs, not what the dead process held. A recoverer that
@@ -71,7 +72,7 @@ func newFreezableFleet(t *testing.T, rows int) freezableFleet {
 	return f
 }
 
-// reviewPausedOwnerComesBack runs the paused-worker interleaving with a
+// pausedOwnerComesBack runs the paused-worker interleaving with a
 // victim built with victimOpts and an owner-mode recoverer:
 //
 //  1. A (rows 1, 2) cannot reach Redis past its TTL; its heartbeat expires
@@ -80,7 +81,7 @@ func newFreezableFleet(t *testing.T, rows int) freezableFleet {
 //  3. A reaches Redis again; its heartbeat deletes R's claim; the lease is
 //     valid again. The host fetches rows 1, 2, 3 and tracks them.
 //  4. R resumes: ResetOwnerRows(A) resets rows 1, 2, 3 under live A.
-func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
+func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	f := newFreezableFleet(t, 5)
 	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
@@ -143,9 +144,9 @@ func reviewPausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 // Owner mode: a worker that comes back after its heartbeat expired, and
 // follows the protocol, has the rows it fetched after its lease came back
 // reset by a recovery that claimed it while it was away.
-func TestReview2OwnerModeRecoveryInFlightResetsRowsTheResumedWorkerTookAfterItsLeaseCameBack(t *testing.T) {
+func TestOwnerModeRecoveryInFlightLeavesTheRowsTheResumedWorkerTookAfterItsLeaseCameBack(t *testing.T) {
 	t.Parallel()
-	reviewPausedOwnerComesBack(t)
+	pausedOwnerComesBack(t)
 }
 
 // Mixed fleet: the same with a rows-set worker (WithRowsSets, as a worker of
@@ -153,9 +154,9 @@ func TestReview2OwnerModeRecoveryInFlightResetsRowsTheResumedWorkerTookAfterItsL
 // rows-set recoverer resets only the rows the set listed when it read it;
 // the owner-mode recoverer then resets by owner, which reaches the rows the
 // worker took after it came back.
-func TestReview2MixedFleetOwnerModeRecovererResetsRowsARowsSetWorkerTookAfterItCameBack(t *testing.T) {
+func TestMixedFleetOwnerModeRecovererInFlightLeavesTheRowsARowsSetWorkerTookAfterItCameBack(t *testing.T) {
 	t.Parallel()
-	reviewPausedOwnerComesBack(t, WithRowsSets())
+	pausedOwnerComesBack(t, WithRowsSets())
 }
 
 // Owner mode, a fixed instance ID (a StatefulSet pod) whose predecessor
@@ -166,7 +167,7 @@ func TestReview2MixedFleetOwnerModeRecovererResetsRowsARowsSetWorkerTookAfterItC
 // under a claim), writes its first heartbeat (which deletes the sweeper's
 // claim) and returns; the host fetches rows 1, 2, 3. The sweeper resumes
 // and resets them under the live pod.
-func TestReview2OwnerModeSweepClaimedBeforeAFixedIDRestartResetsTheNewProcesssRows(t *testing.T) {
+func TestOwnerModeSweepClaimedBeforeAFixedIDRestartLeavesTheNewProcesssRows(t *testing.T) {
 	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
@@ -204,7 +205,7 @@ func TestReview2OwnerModeSweepClaimedBeforeAFixedIDRestartResetsTheNewProcesssRo
 // writes its first one and returns; its host fetches rows 1, 2. B's reset
 // then runs and resets A's live rows; only after that does B's first
 // heartbeat find A's value and refuse B.
-func TestReview2OwnerModeTwinStartingTogetherResetsTheRowsOfTheTwinThatWon(t *testing.T) {
+func TestOwnerModeTwinStartingTogetherLeavesTheRowsOfTheTwinThatWon(t *testing.T) {
 	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
@@ -237,7 +238,7 @@ func TestReview2OwnerModeTwinStartingTogetherResetsTheRowsOfTheTwinThatWon(t *te
 // and the sweep finds the same owner again at every turn, forever. Row IDs
 // are any bigint (the rows-set mode takes any int64); a sequence started
 // at its MINVALUE, or IDs derived from a hash, have them.
-func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
+func TestOwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 2)
@@ -270,7 +271,7 @@ func TestReview2OwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testi
 // before live worker L's next heartbeat (up to an interval, 30 s by
 // default, while sweeps come every 60 s), resets L's rows while L's lease
 // is valid.
-func TestReview2OwnerModeSweepAfterTwoEmptyRedisRestartsResetsALiveWorkersRows(t *testing.T) {
+func TestOwnerModeSweepAfterTwoEmptyRedisRestartsLeavesALiveWorkersRows(t *testing.T) {
 	t.Parallel()
 	f := newFreezableFleet(t, 3)
 	srv, lClient, fr, rdb, db, prefix := f.srv, f.victim, f.fr, f.rdb, f.db, f.prefix

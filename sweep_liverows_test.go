@@ -31,7 +31,8 @@ import (
 //     host releases the rest of its block, as docs/safety.md §3 says to.
 //
 // Row 2 is q's and must stay in progress.
-func TestReview1ReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTookAgain(t *testing.T) {
+func TestReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTookAgain(t *testing.T) {
+	t.Parallel()
 	pausedPastRowsTTL(t, func(t *testing.T, rdb redis.UniversalClient, w, q *Worker) {
 		require.NoError(t, w.Release(context.Background(), 2, 3, 4))
 	})
@@ -41,7 +42,8 @@ func TestReview1ReleaseAfterLostLeaseLeavesARowTheBackstopSweepResetAndAPeerTook
 // its set, and Healthy fails while they are tracked (the lease stays lost),
 // so a liveness probe restarts it. q's recovery of w finds row 2 in w's
 // set and no ledger record for it.
-func TestReview1ResumedWorkerKilledAfterTheBackstopSweepResetItsRowsLeavesAPeersRow(t *testing.T) {
+func TestResumedWorkerKilledAfterTheBackstopSweepResetItsRowsLeavesAPeersRow(t *testing.T) {
+	t.Parallel()
 	pausedPastRowsTTL(t, func(t *testing.T, rdb redis.UniversalClient, w, q *Worker) {
 		require.ErrorIs(t, w.Healthy(), ErrLeaseLost, "a liveness probe fails")
 		w.crash()
@@ -110,7 +112,8 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 // reset while it processes it. The sweeper knew better: the slow member
 // announced its heartbeat TTL in the fleet record, which the sweeper keeps
 // in memory.
-func TestReview1BackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfterAFlush(t *testing.T) {
+func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfterAFlush(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	waitUptime(t, rdb, 5*time.Second)
 	ctx := context.Background()
@@ -156,7 +159,8 @@ func (p partialInfos) MasterInfos(ctx context.Context) (map[string]string, error
 // count: that master may have just been promoted without the last writes.
 // (Before review1 the answers of the others were taken, the failure
 // dropped without a log line, and the look counted.)
-func TestReview1BackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
+func TestBackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
+	t.Parallel()
 	rdb, _, _, r := backstopWorld(t, 1)
 	waitUptime(t, rdb, 3*time.Second)
 	w, _ := newWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(testutil.Name("RI")))...)
@@ -175,7 +179,8 @@ func TestReview1BackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
 // live worker processed it; main's fix (the sweep by version leaves the
 // turn to owner-mode members) holds here too, with the old worker holding
 // the turn before the owner-mode worker starts.
-func TestReview1BackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T) {
+func TestBackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 4, "RM")
 	waitUptime(t, rdb, 2*time.Second)
 	ctx := context.Background()
@@ -211,7 +216,8 @@ func TestReview1BackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *tes
 // finished, not queued. It must raise no ErrMisconfigured (an Error line,
 // Stats.Errors) and remember the stuck row. (On review1's snapshot it
 // did; main's heldRowsStale, which reads the held rows' states, fixed it.)
-func TestReview1BackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUntrack(t *testing.T) {
+func TestBackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUntrack(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("RF")))
