@@ -65,6 +65,14 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		w.stats.heartbeatFailures.Add(1)
 		return fmt.Errorf("new incarnation: %w", err)
 	}
+	if w.ownerMode && w.lease.until.Load() > 0 && w.lease.remaining() < w.opts.opTimeout && !mutantNoLateLife {
+		// Answered within the operation timeout, this heartbeat may land
+		// after the lease ended, on an expired key, when a recoverer may
+		// have read the current life under its claim: it must not renew
+		// that life. It records a new one, and the rows of this one are
+		// handled as after any lost lease (owner.go).
+		w.markLeaseLost(nil)
+	}
 	tracked, unremoved, incarnation := w.rows.snapshot()
 	if w.ownerMode {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
@@ -98,6 +106,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		// The key is live for a TTL whatever happened to the rest (on
 		// Cluster the registry may sit on a node that is down).
 		w.lease.renew(sentAt)
+		w.rows.wrote(incarnation)
 	}
 	w.noteRegistry(res.RegistryErr)
 	if err != nil {
@@ -143,7 +152,11 @@ func (h *heartbeater) run(ctx context.Context) {
 			h.restored()
 			// The period runs from send to send: a slow answer must not
 			// push the next heartbeat past the end of the lease.
-			t.Reset(max(0, w.opts.heartbeatInterval-time.Since(sent)))
+			next := max(0, w.opts.heartbeatInterval-time.Since(sent))
+			if _, written := w.rows.writtenLife(); !written {
+				next = 0 // a life begun while this one was in flight: record it now
+			}
+			t.Reset(next)
 			continue
 		}
 		h.failed(err)
@@ -167,8 +180,14 @@ func (h *heartbeater) restored() {
 			w.lease.hold(w.fleetClaimTTL())
 		}
 		w.lease.lost.Store(false)
-		w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
-			slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.fleetClaimTTL()))
+		if w.lease.perLife.Load() {
+			// The held time is counted only for rows under the bare ID.
+			w.log.Info("heartbeat lease regained; worker re-registered in a new life; rows of the ended life must be given back",
+				slog.Int("stale_rows", w.rows.staleRows()), slog.String("owner", w.Owner()))
+		} else {
+			w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
+				slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.fleetClaimTTL()))
+		}
 		w.emit(Event{Kind: EventLeaseRegained})
 	}
 	h.failures = 0
@@ -190,19 +209,32 @@ func (h *heartbeater) failed(err error) {
 }
 
 // retryDelay is the wait before heartbeat retry n (from 1): a tenth of the
-// interval doubled per failure, capped at the interval, with ±20% jitter.
+// interval doubled per failure, with ±20% jitter, never more than the
+// interval: once Redis is back, an owner-mode worker whose lease was lost
+// takes rows again within one interval (docs/safety.md §3).
 func (h *heartbeater) retryDelay(n int) time.Duration {
 	iv := h.w.opts.heartbeatInterval
 	d := iv / 10
 	for i := 1; i < n && d < iv; i++ {
 		d *= 2
 	}
-	return h.w.jitter("heartbeat", min(d, iv), 0.2)
+	return min(h.w.jitter("heartbeat", min(d, iv), 0.2), iv)
 }
 
 // noteLeaseLoss notes, once per loss, that the lease has ended.
 func (w *Worker) noteLeaseLoss(cause error) {
-	if w.lease.valid() || w.lease.lost.Swap(true) {
+	if w.lease.valid() {
+		return
+	}
+	w.markLeaseLost(cause)
+}
+
+// markLeaseLost notes a loss of the lease, once per loss, also before its
+// end (a heartbeat sent too late to renew it in time). In owner mode the
+// worker begins a new life: Owner() changes, and rows of the ended one
+// are refused by TrackAs.
+func (w *Worker) markLeaseLost(cause error) {
+	if w.lease.lost.Swap(true) {
 		return
 	}
 	since := w.lease.sinceRefresh()
@@ -211,7 +243,7 @@ func (w *Worker) noteLeaseLoss(cause error) {
 	// other the loss is not sticky, or it could never work again. The
 	// self-check stops judging those rows either way: a recoverer may have
 	// reset them.
-	w.rows.markLoss(releaseSafeAfterLoss(w.resetter) && !mutantNoStickyLease)
+	w.rows.markLoss(releaseSafeAfterLoss(w.resetter) && !mutantNoStickyLease, w.ownerMode && !mutantOneLife)
 	w.stats.leaseLosses.Add(1)
 	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

@@ -142,6 +142,10 @@ func TestRetryDelayGrowsAndIsCappedAtTheInterval(t *testing.T) {
 		assert.InDelta(t, float64(base), float64(d), float64(base)*0.2+1, "retry %d", n)
 	}
 	assert.Less(t, w.heart.retryDelay(1), interval/5, "the first retry comes well before the next tick")
+	for range 200 {
+		require.LessOrEqual(t, w.heart.retryDelay(10), interval,
+			"a retry comes within an interval: a worker whose lease was lost takes rows again within one interval of Redis coming back")
+	}
 }
 
 func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testing.T) {

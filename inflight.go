@@ -53,6 +53,14 @@ type inflight struct {
 	// lossChecked is set once the first heartbeat after the last loss has
 	// looked for the rows set (abandonStale).
 	lossChecked bool
+	// owners is, in owner mode, the owner value each tracked row was
+	// fetched under (TrackAs): Release resets it under that value, and the
+	// self-check expects it. Rows tracked under the current value are not
+	// in it (ownerOf returns the default the caller gives).
+	owners map[int64]string
+	// written is the incarnation the last heartbeat wrote: in owner mode a
+	// row is tracked only under a life Redis has recorded (owner.go).
+	written string
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
 	// heartbeat, which re-adds ids and removes unremoved, Shutdown's
@@ -73,7 +81,76 @@ func (s *inflight) init() {
 	s.released = make(map[int64]struct{})
 	s.retakenIDs = make(map[int64]struct{})
 	s.abandoned = make(map[int64]struct{})
+	s.owners = make(map[int64]string)
 	s.incarnation = newToken()
+}
+
+// newLife begins a new incarnation (owner mode: a new life, owner.go) and
+// returns it.
+func (s *inflight) newLife() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.incarnation = newToken()
+	return s.incarnation
+}
+
+// wrote records that a heartbeat wrote incarnation.
+func (s *inflight) wrote(incarnation string) {
+	s.mu.Lock()
+	s.written = incarnation
+	s.mu.Unlock()
+}
+
+// writtenLife returns the current incarnation, and whether a heartbeat has
+// written it.
+func (s *inflight) writtenLife() (string, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.incarnation, s.written == s.incarnation
+}
+
+// addOwned tracks ids fetched under owner value owner (owner mode), if the
+// current incarnation is still life: it reports false, tracking nothing,
+// when a new life began since the caller looked.
+func (s *inflight) addOwned(ids []int64, owner, life string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.incarnation != life {
+		return false
+	}
+	s.gen++
+	for _, id := range ids {
+		s.ids[id] = s.gen
+		delete(s.unremoved, id)
+		s.owners[id] = owner
+	}
+	return true
+}
+
+// ownersOf groups the tracked rows among ids by the owner value they were
+// fetched under; rows not tracked go under def.
+func (s *inflight) ownersOf(ids []int64, def string) map[string][]int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make(map[string][]int64)
+	for _, id := range ids {
+		o, ok := s.owners[id]
+		if !ok {
+			o = def
+		}
+		out[o] = append(out[o], id)
+	}
+	return out
+}
+
+// ownerOf returns the owner value row id was fetched under, or def.
+func (s *inflight) ownerOf(id int64, def string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if o, ok := s.owners[id]; ok {
+		return o
+	}
+	return def
 }
 
 // add tracks ids. It reports whether one of them was released under the
@@ -116,6 +193,7 @@ func (s *inflight) removeUnchanged(gens map[int64]uint64, forget bool) []int64 {
 	for id, g := range gens {
 		if cur, ok := s.ids[id]; ok && cur == g {
 			delete(s.ids, id)
+			delete(s.owners, id)
 			delete(s.stale, id)
 			if forget {
 				s.unremoved[id] = struct{}{}
@@ -140,6 +218,7 @@ func (s *inflight) remove(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
 		delete(s.ids, id)
+		delete(s.owners, id)
 		delete(s.stale, id)
 	}
 	s.mu.Unlock()
@@ -147,9 +226,15 @@ func (s *inflight) remove(ids []int64) {
 
 // markLoss records that the lease was lost: no row tracked now is judged
 // by the self-check any more, and with stale they are marked stale too.
-func (s *inflight) markLoss(stale bool) int {
+// With life a new incarnation begins in the same step (owner mode: a new
+// life), so a Track either came before (its rows are marked) or finds the
+// life ended (addOwned).
+func (s *inflight) markLoss(stale, life bool) int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	if life {
+		s.incarnation = newToken()
+	}
 	s.lossGen = s.gen
 	s.lossChecked = false
 	if !stale {

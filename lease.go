@@ -35,6 +35,12 @@ type lease struct {
 	// heldUntil, in nanoseconds since epoch, ends the hold after a lost
 	// lease was regained (hold).
 	heldUntil atomic.Int64
+	// perLife is set while the rows this worker takes carry per-life owner
+	// values (owner mode, the host writing Owner()): a recovery of a life
+	// judged dead reaches none of the rows of a later life, so a regain
+	// needs no hold (check). Cleared for good once the worker learns that
+	// its host writes the bare instance ID (noteBareOwners).
+	perLife atomic.Bool
 }
 
 func newLease(ttl time.Duration) lease {
@@ -51,6 +57,11 @@ func (l *lease) valid() bool {
 	return int64(time.Since(l.epoch)) < l.until.Load()
 }
 
+// remaining is how long the lease has left (negative once it ended).
+func (l *lease) remaining() time.Duration {
+	return time.Duration(l.until.Load()) - time.Since(l.epoch)
+}
+
 // sinceRefresh is how long ago the last successful heartbeat was sent.
 func (l *lease) sinceRefresh() time.Duration {
 	sent := time.Duration(l.until.Load()) - l.length
@@ -63,7 +74,10 @@ func (l *lease) sinceRefresh() time.Duration {
 // that recoverer already has under way still runs, for at most the claim
 // TTL, and would reset rows this worker took meanwhile under its owner
 // (model hole H1, docs/model.md). Taking no new rows for a claim TTL lets
-// every such reset end first.
+// every such reset end first. With per-life owner values (perLife) the
+// reset names the life it judged dead and never reaches rows of the new
+// one: the hold is recorded but not counted, except for rows tracked under
+// the bare instance ID (TrackAs).
 func (l *lease) hold(d time.Duration) {
 	l.heldUntil.Store(int64(time.Since(l.epoch) + d))
 }
@@ -84,7 +98,7 @@ func (l *lease) check(staleRows int) error {
 	if l.ousted.Load() {
 		return errOusted
 	}
-	if !l.valid() || l.lost.Load() || l.held() || staleRows > 0 {
+	if !l.valid() || l.lost.Load() || (l.held() && !l.perLife.Load()) || staleRows > 0 {
 		return ErrLeaseLost
 	}
 	return nil
@@ -104,10 +118,14 @@ func (l *lease) check(staleRows int) error {
 // With neither nothing safe can be done with those rows, and the lease is
 // valid again with the next heartbeat.
 //
-// A lost lease that comes back is held for one recovery claim TTL (reset
-// timeout + 3 × operation timeout) before CheckLease reports nil again: a
-// peer that claimed this worker while it looked dead may still be resetting
-// its rows, and rows taken meanwhile would be reset under it.
+// In rows-set mode, and in owner mode once the host was seen writing the
+// bare instance ID instead of Owner(), a lost lease that comes back is held
+// for one recovery claim TTL (reset timeout + 3 × operation timeout) before
+// CheckLease reports nil again: a peer that claimed this worker while it
+// looked dead may still be resetting its rows, and rows taken meanwhile
+// would be reset under it. In owner mode with per-life owner values the
+// new life's rows are out of that reset's reach, and CheckLease reports nil
+// as soon as a heartbeat has recorded the new life (docs/safety.md §3).
 func (w *Worker) CheckLease() error {
 	switch w.state.Load() {
 	case stateNew:
@@ -115,7 +133,13 @@ func (w *Worker) CheckLease() error {
 	case stateShutdown:
 		return ErrShutdown
 	}
-	return w.lease.check(w.rows.staleRows())
+	if err := w.lease.check(w.rows.staleRows()); err != nil {
+		return err
+	}
+	if _, written := w.rows.writtenLife(); w.ownerMode && !written {
+		return ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
+	}
+	return nil
 }
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and
@@ -135,4 +159,14 @@ func (w *Worker) Healthy() error {
 		return err
 	}
 	return w.untracked()
+}
+
+// noteBareOwners notes that this worker's rows carry its bare instance ID
+// (the host writes InstanceID(), not Owner()): from now on a regained lease
+// is held (lease.hold). Logged once.
+func (w *Worker) noteBareOwners() {
+	if !w.lease.perLife.Swap(false) {
+		return
+	}
+	w.log.Warn("the host writes the bare instance ID into the owner column, not Owner(): every regained lease is held for a claim TTL (docs/safety.md §3); fetch and complete under Owner() and pass it to TrackAs")
 }

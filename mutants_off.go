@@ -41,4 +41,15 @@ const (
 	// mutantNoEvictionHold: issue 20's item 4 reverted: absent heartbeats
 	// are verdicts while the server evicts keys (nodeAges.evictionHold).
 	mutantNoEvictionHold = false
+	// mutantOwnerByID: issue 22 reverted on the reading side: a reset by
+	// owner matches every life of the instance, as a bare instance ID
+	// does (the simulation's resetter, sim_table_test.go).
+	mutantOwnerByID = false
+	// mutantOneLife: an owner-mode worker keeps its life across a lost
+	// lease (markLeaseLost begins no new one), with no hold after the
+	// regain either.
+	mutantOneLife = false
+	// mutantNoLateLife: a heartbeat sent so late it may land on an expired
+	// key renews the current life (heartbeater.runOnce).
+	mutantNoLateLife = false
 )

@@ -12,6 +12,9 @@ var (
 	mutantNoFleetCheck      bool
 	mutantOwnTimingsOnly    bool
 	mutantNoEvictionHold    bool
+	mutantOwnerByID         bool
+	mutantOneLife           bool
+	mutantNoLateLife        bool
 
 	mutantSweepOneLook     bool
 	mutantSweepAnyNode     bool

@@ -9,8 +9,9 @@ import (
 // Owner values (docs/safety.md §2, "Per-life owner values"). The owner
 // column names who holds a row. A bare instance ID names every life of the
 // worker: a recovery by owner of a worker judged dead also reaches rows it
-// took after it came back, which is why a regained lease is held
-// (lease.hold). A per-life value names one life:
+// took after it came back, which is why a regained lease is held when a
+// worker's rows carry bare values (lease.hold). A per-life value names one
+// life:
 //
 //	<instanceID>{<life>}
 //
@@ -18,11 +19,11 @@ import (
 // heartbeat, in the same script as the heartbeat key). Instance IDs cannot
 // contain braces (store.ValidateName), so the value parses back into the
 // instance whose heartbeat says whether it lives, and the life a recoverer
-// read under its claim. This release reads such values everywhere (the
-// sweep, the recovery by owner, Start's predecessor recovery) and writes
-// bare instance IDs (Worker.Owner); the release that writes per-life values
-// needs every member of the fleet to read them first (the rolling upgrade
-// of docs/safety.md §2).
+// read under its claim. Every member reads such values (the sweep, the
+// recovery by owner, Start's predecessor recovery) since the release
+// before this one; owner-mode workers write them (Worker.Owner), rows-set
+// workers write bare instance IDs (the rolling upgrade of docs/safety.md
+// §2).
 
 // lifeWidth is how many characters a life adds to an instance ID in an
 // owner value: the braces and an incarnation (newToken, 32 hex digits).
@@ -56,9 +57,16 @@ func parseOwner(v string) (id, life string, ok bool) {
 //	UPDATE ... SET status = 'inprog', owner = $owner WHERE ...   -- the fetch
 //	UPDATE ... SET status = 'done' WHERE id = $id AND owner = $owner AND status = 'inprog'
 //
-// Read it once per block, inside the fetch, and use that same value for the
-// completion of every row of the block: a later release makes it change
-// whenever the worker may have been presumed dead (Start, a lost lease), so
-// that a recovery resets only the rows of the life it judged dead. In this
-// release it is the instance ID (InstanceID).
-func (w *Worker) Owner() string { return w.opts.instanceID }
+// Read it once per block, before the fetch, pass the same value to TrackAs,
+// and use it for the completion of every row of the block. In owner mode
+// it names the worker's current life, <instance ID>{<incarnation>}: a new
+// life begins at Start, whenever the lease is lost, and before a heartbeat
+// sent so late it could land on an expired key, so that a recovery of a
+// life judged dead never reaches rows taken in a later one (docs/safety.md
+// §2). In rows-set mode it is the instance ID (InstanceID).
+func (w *Worker) Owner() string {
+	if !w.ownerMode {
+		return w.opts.instanceID
+	}
+	return lifeOwner(w.opts.instanceID, w.rows.currentIncarnation())
+}

@@ -40,12 +40,18 @@ func TestParseOwnerSplitsPerLifeValuesAndRefusesOthers(t *testing.T) {
 	assert.Error(t, invalidOwnerReason("po}d{x}"))
 }
 
-func TestOwnerIsTheInstanceIDInThisRelease(t *testing.T) {
+func TestOwnerNamesTheCurrentLifeInOwnerModeAndTheIDInRowsSetMode(t *testing.T) {
 	_, rdb := newMini(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 1)
 	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w")
-	assert.Equal(t, w.InstanceID(), w.Owner(), "every member of a fleet must read per-life values before any writes them")
+	id, life, ok := parseOwner(w.Owner())
+	require.True(t, ok, w.Owner())
+	assert.Equal(t, "w", id)
+	assert.Equal(t, w.rows.currentIncarnation(), life, "the life is the incarnation")
+	assert.Len(t, w.Owner(), len("w")+lifeWidth)
+	rs, _ := newWorker(t, rdb, fencedResetter(t, db), "r", WithRowsSets())
+	assert.Equal(t, "r", rs.Owner(), "rows-set mode writes the bare instance ID")
 }
 
 // A worker of the release that writes per-life values dies holding rows of
@@ -102,7 +108,7 @@ func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
 	take(t, db, lifeOwner("gone", "l2"), 2)
 	take(t, db, "gone", 3)
 	live, _ := startWorker(t, rdb, r, "live", opts...)
-	take(t, db, lifeOwner("live", "l1"), 4)
+	take(t, db, live.Owner(), 4)
 	b, logs := startWorker(t, rdb, r, "B", opts...)
 
 	require.Eventually(t, func() bool {
@@ -115,7 +121,7 @@ func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
 	}, 10*time.Second, 20*time.Millisecond, "the sweep resets every life of a dead instance it saw")
 	require.Eventually(t, func() bool { return b.Stats().PeersRecovered+live.Stats().PeersRecovered == 1 }, 5*time.Second, 10*time.Millisecond)
 	s, _ := rowState(t, db, 4)
-	assert.Equal(t, "inprog", s, "the instance heartbeats: its lives are not judged")
+	assert.Equal(t, "inprog", s, "the instance heartbeats in this life: not judged")
 	assert.Zero(t, logs.Count(`not a valid instance ID`))
 }
 

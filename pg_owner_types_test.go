@@ -26,8 +26,8 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 	}{
 		{"text", `ALTER TABLE batchrows ALTER COLUMN owner TYPE text`, false},
 		{"varchar", `ALTER TABLE batchrows ALTER COLUMN owner TYPE varchar(64)`, false},
-		{"char(40)", `ALTER TABLE batchrows ALTER COLUMN owner TYPE char(40)`, false},
-		{"domain over char(40)", `CREATE DOMAIN owner_id AS char(40); ALTER TABLE batchrows ALTER COLUMN owner TYPE owner_id`, false},
+		{"char(60)", `ALTER TABLE batchrows ALTER COLUMN owner TYPE char(60)`, false},
+		{"domain over char(60)", `CREATE DOMAIN owner_id AS char(60); ALTER TABLE batchrows ALTER COLUMN owner TYPE owner_id`, false},
 		{"uuid", `ALTER TABLE batchrows ALTER COLUMN owner TYPE uuid USING NULL`, true},
 	}
 	for _, c := range cases {
@@ -53,8 +53,9 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			take(t, db, "worker-a", 1, 2)
-			require.NoError(t, a.Track(ctx, 1, 2))
+			fetchedAs := a.Owner() // worker-a{<life>}: 42 characters
+			take(t, db, fetchedAs, 1, 2)
+			require.NoError(t, a.TrackAs(ctx, fetchedAs, 1, 2))
 			a.crash()
 			require.NoError(t, rdb.FlushAll(ctx).Err(), "Redis forgets the dead worker")
 
@@ -97,10 +98,11 @@ func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
 	assert.Equal(t, "inprog", statuses(t, db)[1], "left alone")
 }
 
-// An owner column too narrow for the worker's instance ID (char(n) or
+// An owner column too narrow for the worker's owner value (char(n) or
 // varchar(n), or a domain over one) is refused at Start with ErrSchema
-// naming both lengths: the host's fetch could not write the ID, and a
-// shorter owner would never match it.
+// naming both lengths: the host's fetch could not write the value, and a
+// shorter owner would never match it. In owner mode the value is the
+// instance ID and its life (34 characters more); in rows-set mode the ID.
 func TestStartRefusesAnOwnerColumnNarrowerThanTheInstanceID(t *testing.T) {
 	t.Parallel()
 	for _, ddl := range []string{
@@ -115,16 +117,21 @@ func TestStartRefusesAnOwnerColumnNarrowerThanTheInstanceID(t *testing.T) {
 			_, err := db.Exec(context.Background(), ddl)
 			require.NoError(t, err)
 			prefix := testutil.Name("O")
-			w, _ := newWorker(t, rdb, fencedResetter(t, db), "a-worker-id-of-21-chr", WithKeyPrefix(prefix))
+			w, _ := newWorker(t, rdb, fencedResetter(t, db), "a-worker-id-of-21-chr", WithKeyPrefix(prefix), WithRowsSets())
 			err = w.Start(context.Background())
 			require.ErrorIs(t, err, ErrSchema)
 			assert.Contains(t, err.Error(), "holds at most 8 characters and this worker's instance ID \"a-worker-id-of-21-chr\" has 21")
 			assert.False(t, registered(t, rdb, prefix, "a-worker-id-of-21-chr"))
 
-			ok, logs := newWorker(t, rdb, fencedResetter(t, db), "w-8chars", WithKeyPrefix(prefix))
-			require.NoError(t, ok.Start(context.Background()), "an ID that fits")
-			assert.Equal(t, 1, logs.Count(`too narrow for per-life owner values`), "per-life values need 8 + 34 characters")
-			assert.Contains(t, logs.String(), `"needed":42`)
+			lives, _ := newWorker(t, rdb, fencedResetter(t, db), "w-8chars", WithKeyPrefix(prefix))
+			err = lives.Start(context.Background())
+			require.ErrorIs(t, err, ErrSchema, "owner mode writes <id>{<life>}: 8 + 34 characters")
+			assert.Contains(t, err.Error(), "holds at most 8 characters and this worker's owner value (the instance ID and its life, 34 characters more")
+			assert.Contains(t, err.Error(), "has 42")
+			assert.False(t, registered(t, rdb, prefix, "w-8chars"))
+
+			ok, _ := newWorker(t, rdb, fencedResetter(t, db), "w-8chars", WithKeyPrefix(prefix), WithRowsSets())
+			require.NoError(t, ok.Start(context.Background()), "an ID that fits, in rows-set mode (bare IDs)")
 		})
 	}
 }

@@ -70,7 +70,13 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		// (Track rotates it).
 		w.rows.markReleased(rowIDs)
 	}
-	res, err := resetRows(ctx, w.resetter, req)
+	var res ResetResult
+	var err error
+	if w.ownerMode {
+		res, err = w.releaseByLife(ctx, req)
+	} else {
+		res, err = resetRows(ctx, w.resetter, req)
+	}
 	if err != nil {
 		if !fenced {
 			w.rows.unmarkReleased(rowIDs)
@@ -103,4 +109,43 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
 	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
 	return lockedErr
+}
+
+// releaseByLife resets the rows of req (owner mode) under the owner value
+// each was fetched under (TrackAs), one reset per value: a row of an ended
+// life is matched by that life's value, not the current one. A per-life
+// value is the whole guard, so those resets use no ledger; rows under the
+// bare instance ID are reset as before, under the incarnation.
+func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	var total ResetResult
+	add := func(res ResetResult) int {
+		total.Reset += res.Reset
+		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.NotReset = append(total.NotReset, res.NotReset...)
+		return int(res.Reset) + len(res.NotReset) // quarantined rows included
+	}
+	var bare []int64
+	for owner, ids := range w.rows.ownersOf(req.RowIDs, w.Owner()) {
+		if owner == w.opts.instanceID {
+			bare = append(bare, ids...)
+			continue
+		}
+		res, err := resetRows(ctx, w.resetter, ResetRequest{InstanceID: owner, RowIDs: ids})
+		if err != nil {
+			return total, err
+		}
+		if add(res) < len(ids) {
+			// Some were not this life's: a host that wrote the bare ID
+			// (before the self-check noticed) holds them under it.
+			bare = append(bare, ids...)
+		}
+	}
+	if len(bare) > 0 {
+		res, err := resetRows(ctx, w.resetter, ResetRequest{InstanceID: w.opts.instanceID, Incarnation: req.Incarnation, RowIDs: bare})
+		if err != nil {
+			return total, err
+		}
+		add(res)
+	}
+	return total, nil
 }

@@ -56,7 +56,10 @@ type RowState struct {
 // queue.
 type ResetRequest struct {
 	// InstanceID is the instance the rows belong to: a dead peer, or the
-	// worker itself for Release.
+	// worker itself for Release. An owner-mode Release of rows fetched
+	// under a per-life owner value (Worker.Owner, <id>{<life>}) passes
+	// that value, with no Incarnation: a resetter that fences by owner
+	// matches it as the owner, whole.
 	InstanceID string
 	// Incarnation names the life of the instance's rows set; "" when it is
 	// not known (a worker of an older version). A resetter that records

@@ -31,15 +31,17 @@ import (
 // process is protected from then on, but a crash before that heartbeat
 // strands it unless the backstop sweep is on. The safe reaction to any
 // Track error is to roll the fetch back (and Untrack the IDs).
+//
+// In owner mode Track takes the rows for fetched under the current Owner():
+// a host that reads Owner before its fetch should call TrackAs with that
+// value instead, so that rows fetched under a life that has ended since
+// are refused.
 func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
-	w.trackCalls.Add(1)
-	switch w.state.Load() {
-	case stateNew:
-		return ErrNotStarted
-	case stateShutdown:
-		return ErrShutdown
+	if w.ownerMode {
+		return w.TrackAs(ctx, w.Owner(), rowIDs...)
 	}
-	if err := w.lease.check(w.rows.staleRows()); err != nil {
+	w.trackCalls.Add(1)
+	if err := w.CheckLease(); err != nil {
 		return err
 	}
 	if len(rowIDs) == 0 {
@@ -50,9 +52,6 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 		w.checker.preImages(ctx, rowIDs)
 		w.checker.tracked()
 	}
-	if w.ownerMode {
-		return nil // the owner column says it all
-	}
 	if retaken {
 		if err := w.rotateIncarnation(ctx); err != nil {
 			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
@@ -62,6 +61,62 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 		return fmt.Errorf("track %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
 	return nil
+}
+
+// TrackAs is Track for rows the host fetched under owner, the value Owner
+// returned when it began the fetch (and wrote into the owner column). In
+// owner mode it refuses, with an error wrapping ErrLeaseLost and tracking
+// nothing, rows fetched under a life of this worker that has ended since
+// (the lease was lost meanwhile, docs/safety.md §2): a recovery of that
+// life may reset them at any time. Roll the fetch back and fetch again
+// under the new Owner(). A bare instance ID (a host that writes
+// InstanceID()) is accepted, but such rows belong to every life of the
+// worker, so a regained lease is then held for a claim TTL (CheckLease).
+// In rows-set mode owner must be the instance ID, and TrackAs is Track.
+func (w *Worker) TrackAs(ctx context.Context, owner string, rowIDs ...int64) error {
+	if !w.ownerMode {
+		if owner != w.opts.instanceID {
+			return fmt.Errorf("track %d rows of %s under owner %q: %w: in rows-set mode the owner column holds the instance ID (Owner())",
+				len(rowIDs), w.opts.instanceID, clip(owner), ErrInvalidConfig)
+		}
+		return w.Track(ctx, rowIDs...)
+	}
+	if err := w.CheckLease(); err != nil {
+		return err
+	}
+	life, written := w.rows.writtenLife()
+	switch id, l, ok := parseOwner(owner); {
+	case !ok || id != w.opts.instanceID:
+		return fmt.Errorf("track %d rows of %s under owner %q: %w: not a value of this worker's Owner()",
+			len(rowIDs), w.opts.instanceID, clip(owner), ErrInvalidConfig)
+	case l == "":
+		// A bare ID names every life: a recovery of a life judged dead
+		// resets such rows whenever its statements run.
+		w.noteBareOwners()
+		if w.lease.held() {
+			return fmt.Errorf("track %d rows of %s under its bare instance ID: %w: held after a regained lease (write Owner() to resume at once)",
+				len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+		}
+	case l != life:
+		return fmt.Errorf("track %d rows of %s fetched under %q: %w: that life ended (the lease was lost since); roll the fetch back and fetch under Owner()",
+			len(rowIDs), w.opts.instanceID, clip(owner), ErrLeaseLost)
+	}
+	if !written {
+		// Recorded by the next heartbeat: until then a recoverer could
+		// not tell this life from an ended one.
+		return fmt.Errorf("track %d rows of %s: %w: the new life is not recorded in Redis yet", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+	}
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	if !w.rows.addOwned(rowIDs, owner, life) {
+		return fmt.Errorf("track %d rows of %s fetched under %q: %w: the lease was lost meanwhile", len(rowIDs), w.opts.instanceID, clip(owner), ErrLeaseLost)
+	}
+	if w.checker != nil {
+		w.checker.preImages(ctx, rowIDs)
+		w.checker.tracked()
+	}
+	return nil // the owner column says it all: nothing is sent to Redis
 }
 
 // Untrack records that this worker has finished rowIDs, successfully or not:

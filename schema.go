@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"fmt"
-	"log/slog"
 	"time"
 	"unicode/utf8"
 )
@@ -51,14 +50,15 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("check database session: %w", err)
 		}
+		// Owner() counts the life in owner mode (lifeWidth more characters).
 		n := utf8.RuneCountInString(w.Owner())
 		if s.ownerWidth > 0 && n > s.ownerWidth {
-			return fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's instance ID %q has %d: widen the column (text) or use a shorter WithInstanceID",
-				ErrSchema, s.ownerWidth, clip(w.opts.instanceID), n)
-		}
-		if need := n + lifeWidth; w.ownerMode && s.ownerWidth > 0 && need > s.ownerWidth {
-			w.log.Warn("the owner column is too narrow for per-life owner values (<instance ID>{<life>}, docs/safety.md §2): widen it (text) before upgrading to a release that writes them",
-				slog.Int("owner_width", s.ownerWidth), slog.Int("needed", need))
+			what := "instance ID"
+			if w.ownerMode {
+				what = fmt.Sprintf("owner value (the instance ID and its life, %d characters more: docs/safety.md §2)", lifeWidth)
+			}
+			return fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's %s %q has %d: widen the column (text) or use a shorter WithInstanceID",
+				ErrSchema, s.ownerWidth, what, clip(w.Owner()), n)
 		}
 		if s.idleInTxTimeout == 0 {
 			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")

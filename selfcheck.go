@@ -13,7 +13,7 @@ import (
 
 // The self-check finds the configuration mistakes no catalogue can show:
 // statuses swapped, a misspelt status in a text column, an owner column
-// filled with something other than InstanceID(). Such a worker's rows do
+// filled with something other than Owner() (or InstanceID()). Such a worker's rows do
 // not look like its rows in progress to the resetter, and recovery would
 // leave them alone (swapped: they look queued; foreign owner: they look
 // taken) or keep failing on them. The worker itself reads, off the hot
@@ -264,7 +264,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			delete(c.seen, s.ID) // untracked or taken again during the read
 			continue
 		}
-		if reader.InProgress(s, w.opts.instanceID) {
+		if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); reader.InProgress(s, owner) || w.bareOwned(s, owner) {
 			c.verdict.Store(1)
 			c.fast.Store(false)
 			w.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
@@ -301,7 +301,7 @@ func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 			expect += ": misspelt?)"
 		}
 	}
-	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to InstanceID()) and the status the fetch writes",
+	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to Owner()) and the status the fetch writes",
 		ErrMisconfigured, s.ID, w.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)
@@ -330,6 +330,19 @@ func (w *Worker) misconfigured() error {
 // ErrMisconfigured is wrapped by Healthy's error once the worker's
 // self-check found that the rows it tracks do not look, to its resetter,
 // like rows in progress by this worker: statuses swapped or misspelt, or an
-// owner column not set to InstanceID(). A crash would leave such rows
+// owner column not set to Owner(). A crash would leave such rows
 // stuck.
 var ErrMisconfigured = errors.New("recovery: tracked rows do not match the resetter's configuration")
+
+// bareOwned reports whether row s, tracked under per-life owner value
+// owner, is in progress under the bare instance ID instead: the host writes
+// InstanceID(), which every recovery of this worker resets too, so the
+// configuration is right but a regained lease must be held
+// (noteBareOwners).
+func (w *Worker) bareOwned(s RowState, owner string) bool {
+	if owner == w.opts.instanceID || !w.checker.reader.InProgress(s, w.opts.instanceID) {
+		return false
+	}
+	w.noteBareOwners()
+	return true
+}

@@ -28,9 +28,10 @@ type simProc struct {
 	dead        bool
 	started     time.Time // when Start returned
 	pausedUntil time.Time
-	held        map[int64]bool // rows fetched (committed) and not finished, released or given up
-	rolledBack  map[int64]bool // rows whose fetch rolled back after they were tracked
-	old         bool           // rollout: a worker of the release before the owner column (set at spawn)
+	held        map[int64]bool   // rows fetched (committed) and not finished, released or given up
+	heldAs      map[int64]string // the owner value (Owner()) each held row was fetched under
+	rolledBack  map[int64]bool   // rows whose fetch rolled back after they were tracked
+	old         bool             // rollout: a worker of the release before the owner column (set at spawn)
 
 	deadCh   chan struct{} // closed at the crash
 	hostStop context.CancelFunc
@@ -371,6 +372,7 @@ func (p *simProc) host(ctx context.Context) {
 
 // fetch takes a block: lock queued rows, Track them, commit.
 func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
+	owner := p.w.Owner() // once per block, before the fetch (docs/safety.md §2)
 	ids, err := p.lockBlock(ctx, 1+r.IntN(6))
 	if err != nil || len(ids) == 0 {
 		if len(ids) > 0 {
@@ -383,12 +385,12 @@ func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
 	// host may go on when only the Redis write failed, the next heartbeat
 	// writing the rows: seed 19 showed a crash before that heartbeat
 	// strands them in rows-set mode without the sweep.)
-	if err := p.w.Track(ctx, ids...); err != nil {
+	if err := p.w.TrackAs(ctx, p.ownerValue(owner), ids...); err != nil {
 		p.rollback(ids)
 		_ = p.w.Untrack(ids...)
 		return
 	}
-	if err := p.commitBlock(ctx, ids); err != nil {
+	if err := p.commitBlock(ctx, ids, owner); err != nil {
 		p.logf("host: fetch of %v failed: %v", ids, err)
 		_ = p.w.Untrack(ids...)
 		return
@@ -396,9 +398,10 @@ func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
 	p.world.mu.Lock()
 	for _, id := range ids {
 		p.held[id] = true
+		p.heldAs[id] = owner
 	}
 	p.world.mu.Unlock()
-	p.logf("host: fetched and tracked %v", ids)
+	p.logf("host: fetched and tracked %v as %s", ids, owner)
 }
 
 // logf traces a step of the host; it takes the world's lock.
@@ -419,7 +422,25 @@ func (p *simProc) drop(ids ...int64) {
 	defer p.world.mu.Unlock()
 	for _, id := range ids {
 		delete(p.held, id)
+		delete(p.heldAs, id)
 	}
+}
+
+// ownerValue is what TrackAs is told the block was fetched under: Owner()
+// for a host that sets the owner column, the instance ID for one that
+// does not (a rollout's old worker, rows-set mode without a column).
+func (p *simProc) ownerValue(owner string) string {
+	if p.setsOwner() {
+		return owner
+	}
+	return p.id
+}
+
+// heldOwner returns the owner value row id was fetched under.
+func (p *simProc) heldOwner(id int64) string {
+	p.world.mu.Lock()
+	defer p.world.mu.Unlock()
+	return p.heldAs[id]
 }
 
 // dur draws a duration in [0, d).

@@ -131,7 +131,7 @@ func (t *simTable) settled(r *simRow, owner string, fenced, noUnowned bool) bool
 			return true
 		}
 	}
-	return fenced && (r.owner != "" || noUnowned) && r.owner != owner
+	return fenced && (r.owner != "" || noUnowned) && !sameOwner(r.owner, owner)
 }
 
 // simResetter is one process's PgxResetter over the simulated table.
@@ -249,13 +249,25 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 // matches is the reset's WHERE: the status guard and, fenced, the owner
 // guard (with unowned, a row without an owner passes it).
 func (r *simResetter) matches(row *simRow, instance string, fenced, unowned bool) bool {
-	if fenced && row.owner != instance && !(unowned && row.owner == "") {
+	if fenced && !sameOwner(row.owner, instance) && !(unowned && row.owner == "") {
 		return false
 	}
 	if r.p.world.mut.noStatusGuard {
 		return row.status != stQueued
 	}
 	return row.status == stInprog
+}
+
+// sameOwner is the owner guard's comparison: the row's owner value is the
+// one the reset names. The mutant mutantOwnerByID compares instance IDs
+// only, as a guard that ignored the life would (owner.go).
+func sameOwner(rowOwner, value string) bool {
+	if mutantOwnerByID {
+		a, _, _ := parseOwner(rowOwner)
+		b, _, _ := parseOwner(value)
+		return rowOwner != "" && a == b
+	}
+	return rowOwner == value
 }
 
 // apply resets one row, after checking the safety invariants on it.
@@ -554,7 +566,7 @@ func (p *simProc) lockBlock(ctx context.Context, n int) ([]int64, error) {
 // commitBlock marks the locked rows in progress and owned by p (when p
 // sets the owner column), and commits. On an error the
 // transaction is rolled back.
-func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
+func (p *simProc) commitBlock(ctx context.Context, ids []int64, owner string) error {
 	err := p.conn.pg(ctx, "commit", false, func(t *simTable) {
 		for _, id := range ids {
 			row := t.rows[id]
@@ -562,7 +574,7 @@ func (p *simProc) commitBlock(ctx context.Context, ids []int64) error {
 			row.status = stInprog
 			row.xmin++
 			if p.setsOwner() {
-				row.owner = p.id
+				row.owner = owner
 			}
 			row.takes++
 			row.taker = p
@@ -594,9 +606,10 @@ func (p *simProc) rollback(ids []int64) {
 // row.
 func (p *simProc) complete(ctx context.Context, id int64) (bool, error) {
 	var changed bool
+	owner := p.heldOwner(id)
 	err := p.conn.pg(ctx, "complete", true, func(t *simTable) {
 		row := t.rows[id]
-		changed = row.status == stInprog && (!p.setsOwner() || row.owner == p.id)
+		changed = row.status == stInprog && (!p.setsOwner() || row.owner == owner)
 		if !changed {
 			return
 		}

@@ -414,7 +414,7 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 		w.nextID++
 		id = fmt.Sprintf("w%d", w.nextID)
 	}
-	p := &simProc{world: w, n: w.nextProc, id: id, held: map[int64]bool{}, rolledBack: map[int64]bool{},
+	p := &simProc{world: w, n: w.nextProc, id: id, held: map[int64]bool{}, heldAs: map[int64]string{}, rolledBack: map[int64]bool{},
 		deadCh: make(chan struct{}), hostDone: make(chan struct{})}
 	// A kind per instance ID (a restart keeps it): every other process of
 	// the first fleet is of the old release; the deploy replaces the
@@ -702,7 +702,7 @@ func (simForeignResetter) fleetIdentity(context.Context) (string, error) {
 func (w *simWorld) foreignStrike() {
 	w.mu.Lock()
 	w.nextProc++
-	p := &simProc{world: w, n: w.nextProc, id: "other-app", held: map[int64]bool{}, rolledBack: map[int64]bool{},
+	p := &simProc{world: w, n: w.nextProc, id: "other-app", held: map[int64]bool{}, heldAs: map[int64]string{}, rolledBack: map[int64]bool{},
 		deadCh: make(chan struct{}), hostDone: make(chan struct{})}
 	p.conn = &simConn{world: w, proc: p, streams: map[string]*rand.Rand{},
 		claimAt: map[string]time.Time{}, readAt: map[string]time.Time{}}

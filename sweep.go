@@ -98,6 +98,10 @@ type sweeper struct {
 	// touches it.
 	warned map[string]bool
 	mem    rowsMemory // what absentSince is, without an owner column
+	// endedSince is when each per-life owner value of a live instance was
+	// first seen naming a life that had ended (sweepEndedLives). Only
+	// runOnce touches it.
+	endedSince map[string]time.Time
 }
 
 // maxWarnedOwners bounds the owners that are no instance ID the sweeper
@@ -106,7 +110,8 @@ type sweeper struct {
 const maxWarnedOwners = 1000
 
 func newSweeper(w *Worker, sw OwnerSweeper, rows RowsSweeper) *sweeper {
-	return &sweeper{w: w, sw: sw, rows: rows, token: newToken(), absentSince: make(map[string]time.Time), warned: make(map[string]bool)}
+	return &sweeper{w: w, sw: sw, rows: rows, token: newToken(), absentSince: make(map[string]time.Time), warned: make(map[string]bool),
+		endedSince: make(map[string]time.Time)}
 }
 
 // run sweeps at once and then every recovery interval (±10%), until ctx is
@@ -171,6 +176,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	}
 	if !held {
 		clear(s.absentSince) // observations must be our own and recent
+		clear(s.endedSince)
 		s.mem.clear()
 		return rep, nil
 	}
@@ -196,10 +202,14 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	// lives the sweep saw with the instance's other rows.
 	candidates := owners[:0:0]
 	lives := make(map[string][]string)
+	var own []string // this worker's per-life values
 	for _, o := range owners {
-		id, _, ok := parseOwner(o)
+		id, life, ok := parseOwner(o)
 		switch {
-		case id == w.opts.instanceID:
+		case ok && id == w.opts.instanceID:
+			if life != "" {
+				own = append(own, o)
+			}
 		case !ok:
 			rep.invalidOwners = append(rep.invalidOwners, o)
 			if !s.warned[o] && len(s.warned) < maxWarnedOwners {
@@ -228,7 +238,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			delete(s.absentSince, o) // alive again, or no rows left
 		}
 	}
-	var errs []error
+	errs := []error{s.sweepEndedLives(ctx, livesOfLive(lives, isDead, own), checkedAt, &rep)}
 	for _, o := range dead {
 		since, seen := s.absentSince[o]
 		if !seen {
@@ -248,4 +258,100 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		}
 	}
 	return rep, errors.Join(errs...)
+}
+
+// livesOfLive returns the per-life owner values of the instances not found
+// dead, and own (this worker's).
+func livesOfLive(lives map[string][]string, isDead map[string]bool, own []string) []string {
+	out := own
+	for id, vs := range lives {
+		if isDead[id] {
+			continue // its recovery resets every life listed
+		}
+		for _, v := range vs {
+			if _, life, _ := parseOwner(v); life != "" {
+				out = append(out, v)
+			}
+		}
+	}
+	return out
+}
+
+// sweepEndedLives resets the rows of ended lives of live instances: rows
+// in progress under <id>{<life>} while the instance's current life, as its
+// heartbeats record it, is another. A worker tracks rows only under a life
+// a heartbeat has recorded (TrackAs) and begins a new one at each lost
+// lease, so such rows were committed by a fetch of a life that ended (a
+// COMMIT that landed after the loss, a host that let a refused Track
+// commit, rows left by a host that untracked without finishing): nobody
+// processes them under a valid lease. A value is reset once it was seen
+// ended at two sweeps at least a heartbeat TTL apart and again just before
+// the reset, by owner value alone, with no claim: the reset is guarded by
+// that value, which no live life writes, so it is idempotent whoever runs
+// it. An instance with no recorded life (Redis lost it) is not judged.
+func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedAt time.Time, rep *sweepReport) error {
+	w := s.w
+	seen := make(map[string]bool, len(values))
+	var errs []error
+	for _, v := range values {
+		id, life, _ := parseOwner(v)
+		ended, err := s.lifeEnded(ctx, id, life)
+		if err != nil {
+			errs = append(errs, &PeerError{InstanceID: id, Err: fmt.Errorf("read the current life: %w", err)})
+			_, seen[v] = s.endedSince[v] // keep what was seen
+			continue
+		}
+		if !ended {
+			continue
+		}
+		seen[v] = true
+		since, ok := s.endedSince[v]
+		if !ok {
+			s.endedSince[v] = checkedAt
+			continue
+		}
+		if checkedAt.Sub(since) < w.fleetTTL() {
+			continue
+		}
+		if ended, err = s.lifeEnded(ctx, id, life); err != nil || !ended {
+			continue // read again at the next sweep
+		}
+		dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+		res, err := s.sw.ResetOwnerRows(dbCtx, v)
+		cancel()
+		if err != nil {
+			w.stats.errors.Add(1)
+			errs = append(errs, &PeerError{InstanceID: id, Err: fmt.Errorf("reset the rows of ended life %s: %w", clip(v), err)})
+			continue
+		}
+		delete(s.endedSince, v)
+		pr := PeerRecovery{InstanceID: id, RowsFound: int(res.Reset) + len(res.NotReset), RowsReset: res.Reset,
+			Quarantined: res.Quarantined, NotReset: res.NotReset}
+		w.countRows(pr)
+		rep.recovered = append(rep.recovered, pr)
+		w.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
+			"owner", clip(v), "rows_reset", res.Reset, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))
+	}
+	for v := range s.endedSince {
+		if !seen[v] {
+			delete(s.endedSince, v) // its rows are gone, or the sighting is not ours
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// lifeEnded reports whether life is not instance id's current life, as
+// recorded in Redis (this worker's own, as it knows it).
+func (s *sweeper) lifeEnded(ctx context.Context, id, life string) (bool, error) {
+	w := s.w
+	if id == w.opts.instanceID {
+		return life != w.rows.currentIncarnation(), nil
+	}
+	opCtx, cancel := w.opContext(ctx)
+	defer cancel()
+	cur, _, err := w.store.ReadRows(opCtx, id)
+	if err != nil {
+		return false, err
+	}
+	return cur != "" && cur != life, nil
 }

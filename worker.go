@@ -130,6 +130,7 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 		lease:     newLease(o.heartbeatTTL),
 	}
 	w.rows.init()
+	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs = o.observer
 	w.events.hist = newHistorian(w)
 	w.rlog = newRecoveryLog(w)

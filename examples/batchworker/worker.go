@@ -281,7 +281,7 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 	// block back instead of finishing it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	if err := h.w.Track(ctx, ids...); err != nil {
+	if err := h.w.TrackAs(ctx, owner, ids...); err != nil { // refused if a lost lease ended the life owner names
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) || errors.Is(err, recovery.ErrNotStarted) {
 			// Nothing was tracked; the rollback leaves the rows queued.
 			return nil, fmt.Errorf("track block: %w", err)

@@ -424,7 +424,7 @@ func (d *demo) exited(ex exitEvent) {
 	case p == d.victim && !d.killedAt.IsZero():
 		// What it left behind: rows it owned, still in progress.
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		rows, err := d.pool.Query(ctx, `SELECT rowid FROM batchrows WHERE owner = $1 AND status = 'inprog' ORDER BY rowid`, p.name)
+		rows, err := d.pool.Query(ctx, `SELECT rowid FROM batchrows WHERE split_part(owner, '{', 1) = $1 AND status = 'inprog' ORDER BY rowid`, p.name)
 		if err == nil {
 			d.stranded, _ = pgx.CollectRows(rows, pgx.RowTo[int64])
 		}

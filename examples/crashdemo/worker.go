@@ -246,7 +246,7 @@ func (d *demoWorker) fetch(ctx context.Context, owner string) (ids, recovered []
 	}
 	slices.Sort(ids)
 	slices.Sort(recovered)
-	if err := d.w.Track(ctx, ids...); err != nil &&
+	if err := d.w.TrackAs(ctx, owner, ids...); err != nil && // refused if owner's life ended since
 		(errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown)) {
 		return nil, nil, fmt.Errorf("track block: %w", err)
 	} // any other error: the IDs are kept and the next heartbeat writes them

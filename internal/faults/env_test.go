@@ -424,7 +424,7 @@ func (e *env) inprogOf(id string) []int64 {
 	e.t.Helper()
 	var ids []int64
 	require.NoError(e.t, e.query(&ids,
-		`SELECT coalesce(array_agg(rowid ORDER BY rowid), '{}') FROM `+e.table+` WHERE status = 'inprog' AND owner = $1`, id))
+		`SELECT coalesce(array_agg(rowid ORDER BY rowid), '{}') FROM `+e.table+` WHERE status = 'inprog' AND split_part(owner, '{', 1) = $1`, id))
 	return ids
 }
 
@@ -436,7 +436,7 @@ func (e *env) waitMidBlock(p *proc) {
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		var n int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table+` WHERE status = 'inprog' AND owner = $1`, p.id).Scan(&n)
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table+` WHERE status = 'inprog' AND split_part(owner, '{', 1) = $1`, p.id).Scan(&n)
 		cancel()
 		if err == nil && n >= 3 && n <= block-3 {
 			return
@@ -457,7 +457,7 @@ func (e *env) waitReset(owner string, ids []int64, since time.Time, limit time.D
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
 		var n int
-		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table+` WHERE rowid = ANY($1) AND status = 'inprog' AND owner = $2`,
+		err := e.pool.QueryRow(ctx, `SELECT count(*) FROM `+e.table+` WHERE rowid = ANY($1) AND status = 'inprog' AND split_part(owner, '{', 1) = $2`,
 			ids, owner).Scan(&n)
 		cancel()
 		took := time.Since(since)

@@ -22,8 +22,11 @@ type host struct {
 	cfg  config
 	pool *pgxpool.Pool
 	w    *recovery.Worker
-	me   string
-	log  *slog.Logger
+	me   string // the instance ID, for the ledger
+	// owner is the owner value the current block was fetched under
+	// (Worker.Owner, read once per block); its completions match it.
+	owner string
+	log   *slog.Logger
 
 	fetchSQL    string
 	completeSQL string
@@ -127,7 +130,8 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	rows, err := tx.Query(ctx, h.fetchSQL, h.cfg.block, h.me)
+	owner := h.w.Owner() // once per block: names this worker's current life
+	rows, err := tx.Query(ctx, h.fetchSQL, h.cfg.block, owner)
 	if err != nil {
 		return nil, fmt.Errorf("select block: %w", err)
 	}
@@ -139,10 +143,11 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, nil
 	}
 	slices.Sort(ids)
+	h.owner = owner
 	if h.cfg.track != "before" {
 		return h.commitThenTrack(ctx, tx, ids)
 	}
-	if err := h.w.Track(ctx, ids...); err != nil {
+	if err := h.w.TrackAs(ctx, owner, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) || errors.Is(err, recovery.ErrNotStarted) {
 			return nil, fmt.Errorf("track block: %w", err) // rolled back: still queued
 		}
@@ -173,7 +178,7 @@ func (h *host) commitThenTrack(ctx context.Context, tx pgx.Tx, ids []int64) ([]i
 		select {}
 	}
 	if h.cfg.track == "after" {
-		if err := h.w.Track(ctx, ids...); err != nil {
+		if err := h.w.TrackAs(ctx, h.owner, ids...); err != nil {
 			h.log.Warn("tracking the block failed", "rows", len(ids), "error", err)
 		}
 	}
@@ -253,7 +258,7 @@ func (h *host) complete(id int64) (owned bool, err error) {
 	defer rollback(tx)
 	args := []any{id}
 	if h.guardOwner {
-		args = append(args, h.me)
+		args = append(args, h.owner)
 	}
 	tag, err := tx.Exec(ctx, h.completeSQL, args...)
 	if err != nil {

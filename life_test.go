@@ -1,0 +1,470 @@
+package recovery
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// Issue 22, second half: owner-mode workers write per-life owner values
+// (owner.go). These tests run on a real redis-server and PostgreSQL.
+
+// lifeTimings are short timings for the tests of this file: TTL 1 s, a
+// heartbeat every 250 ms, a claim TTL of reset timeout + 3 × operation
+// timeout.
+func lifeTimings(prefix string) []Option {
+	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
+		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour), WithResetTimeout(500 * time.Millisecond)}
+}
+
+// frozenWorker starts an owner-mode worker whose Redis calls a freezer
+// can stop (a paused process, a network gone).
+func frozenWorker(t *testing.T, rdb *redis.Client, r RowResetter, id string, opts ...Option) (*Worker, *freezer, *testutil.LogBuffer) {
+	t.Helper()
+	wc := redis.NewClient(rdb.Options())
+	t.Cleanup(func() { _ = wc.Close() })
+	fr := &freezer{}
+	wc.AddHook(fr)
+	w, logs := startWorker(t, wc, r, id, opts...)
+	require.True(t, w.OwnerMode())
+	return w, fr, logs
+}
+
+// loseLease freezes w until a peer can see it dead, and thaws it.
+func loseLease(t *testing.T, rdb *redis.Client, w *Worker, fr *freezer) {
+	t.Helper()
+	fr.freeze()
+	waitHeartbeatGone(t, rdb, w.opts.keyPrefix, w.InstanceID())
+	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
+}
+
+// complete is the host's guarded completion; it reports whether it
+// finished the row.
+func complete(t *testing.T, db *pgxpool.Pool, owner string, id int64) bool {
+	t.Helper()
+	tag, err := db.Exec(context.Background(),
+		`UPDATE batchrows SET status = 'done' WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`, id, owner)
+	require.NoError(t, err)
+	return tag.RowsAffected() == 1
+}
+
+// A lost lease begins a new life. The worker takes rows again as soon as
+// a heartbeat has recorded it (no hold), and refuses a block fetched under
+// the ended life: a host that read Owner before the loss and tracks after
+// the regain. (Reverted, TrackAs took rows 1 and 2 under the ended life.)
+func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 4, "LF")
+	ctx := context.Background()
+	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	before := w.Owner()
+
+	loseLease(t, rdb, w, fr)
+	assert.NotEqual(t, before, w.Owner(), "a new life begins at the loss")
+	take(t, db, before, 1, 2) // the host's fetch, under the value it read before the loss
+	fr.thaw()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	regained := time.Now()
+	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lifeOwner("w", life), w.Owner(), "the heartbeat recorded the new life")
+
+	err = w.TrackAs(ctx, before, 1, 2)
+	require.ErrorIs(t, err, ErrLeaseLost, "rows of the ended life")
+	assert.Contains(t, err.Error(), "that life ended")
+	assert.Zero(t, w.Stats().TrackedRows)
+
+	require.NoError(t, w.CheckLease(), "no hold in owner mode with per-life values")
+	take(t, db, w.Owner(), 3, 4)
+	require.NoError(t, w.TrackAs(ctx, w.Owner(), 3, 4))
+	assert.Less(t, time.Since(regained), w.opts.heartbeatInterval, "rows taken again within a heartbeat interval of the regain")
+}
+
+// Release resets each row under the life it was tracked in: rows tracked
+// before a loss are matched by the ended life's value, rows of the new
+// life by the new one. (Reverted to the current Owner(): row 1 stayed in
+// progress, taken for another owner's.)
+func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 3, "LR")
+	ctx := context.Background()
+	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	old := w.Owner()
+	take(t, db, old, 1)
+	require.NoError(t, w.TrackAs(ctx, old, 1))
+
+	loseLease(t, rdb, w, fr)
+	fr.thaw()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is still tracked")
+	require.NoError(t, w.Release(ctx, 1))
+	require.NoError(t, w.CheckLease())
+	take(t, db, w.Owner(), 2)
+	require.NoError(t, w.TrackAs(ctx, w.Owner(), 2))
+	require.NoError(t, w.Release(ctx, 2))
+	assertRequeued(t, db, 1, 2)
+	assert.Zero(t, w.Stats().TrackedRows)
+}
+
+// The self-check expects the value each row was tracked under, and takes
+// a host that writes the bare instance ID for a configuration that works
+// (every recovery resets the bare ID) but holds its regained leases.
+// (Reverted to the instance ID: ErrMisconfigured on the per-life rows.)
+func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 2, "LS")
+	ctx := context.Background()
+	opts := append(lifeTimings(prefix), WithSelfCheckWindow(100*time.Millisecond))
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", opts...)
+	take(t, db, w.Owner(), 1)
+	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1))
+	require.Eventually(t, func() bool { return w.checker.verdict.Load() != 0 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, int32(1), w.checker.verdict.Load(), "verified")
+	assert.True(t, w.lease.perLife.Load())
+	require.NoError(t, w.Healthy())
+
+	bare, logs := startWorker(t, rdb, fencedResetter(t, db), "b", opts...)
+	take(t, db, "b", 2) // a host that writes InstanceID()
+	require.NoError(t, bare.Track(ctx, 2))
+	require.Eventually(t, func() bool { return bare.checker.verdict.Load() != 0 }, 5*time.Second, 5*time.Millisecond)
+	assert.Equal(t, int32(1), bare.checker.verdict.Load(), "verified: the bare ID is recovered too")
+	assert.False(t, bare.lease.perLife.Load(), "its regained leases are held")
+	assert.Equal(t, 1, logs.Count("the host writes the bare instance ID"))
+	require.NoError(t, bare.Healthy())
+}
+
+// The sweep judges an ended life of a live worker: rows in progress under
+// w{old} while w's heartbeats record another life (a fetch committed
+// after the loss, rows its host left) are reset after two sightings a TTL
+// apart; the rows of its current life stay. (Reverted: row 1 stayed in
+// progress for good.)
+func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 3, "LE")
+	r := fencedResetter(t, db)
+	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
+		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	live, liveLogs := startWorker(t, rdb, r, "live", opts...)
+	take(t, db, lifeOwner("live", "ended0000000000000000000000000000"), 1)
+	take(t, db, live.Owner(), 2)
+	require.NoError(t, live.TrackAs(context.Background(), live.Owner(), 2))
+	_, logs := startWorker(t, rdb, r, "B", opts...)
+
+	require.Eventually(t, func() bool { s, _ := rowState(t, db, 1); return s == "queued" }, 10*time.Second, 20*time.Millisecond,
+		"the ended life's row is reset")
+	s, _ := rowState(t, db, 2)
+	assert.Equal(t, "inprog", s, "the current life's row stays")
+	require.NoError(t, live.CheckLease())
+	const msg = "reset the rows of an ended life of a live worker"
+	assert.Equal(t, 1, logs.Count(msg)+liveLogs.Count(msg), "logged once, by the holder of the sweep turn")
+}
+
+// A heartbeat sent when less than an operation timeout of the lease is
+// left may land on an expired key, after a recoverer read the current
+// life under its claim: it records a new life instead of renewing that
+// one, and the rows of the old life are handled as after a loss.
+// (Reverted: the incarnation written is the old life, Owner() unchanged.)
+func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 1, "LL")
+	ctx := context.Background()
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	old := w.Owner()
+	take(t, db, old, 1)
+	require.NoError(t, w.TrackAs(ctx, old, 1))
+
+	// The last heartbeat was sent so long ago that less than an operation
+	// timeout of the lease is left.
+	w.lease.until.Store(int64(time.Since(w.lease.epoch) + w.opts.opTimeout/2))
+	require.NoError(t, w.heart.runOnce(ctx))
+	w.heart.restored()
+	assert.NotEqual(t, old, w.Owner())
+	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lifeOwner("w", life), w.Owner(), "the late heartbeat recorded the new life")
+	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, of the old life, is stale")
+	require.ErrorIs(t, w.TrackAs(ctx, old, 1), ErrLeaseLost)
+	require.NoError(t, w.Release(ctx, 1))
+	require.NoError(t, w.CheckLease())
+	assertRequeued(t, db, 1)
+}
+
+// gatedOwnerResetter is a PgxResetter whose first ResetOwnerRows waits
+// until open is closed, then runs with a context of its own: a recoverer
+// whose reset statements reach PostgreSQL after its context should have
+// ended them (a process stopped in the driver, a COMMIT in flight).
+type gatedOwnerResetter struct {
+	*PgxResetter
+	once    sync.Once
+	entered chan struct{}
+	open    chan struct{}
+}
+
+func newGatedOwnerResetter(r *PgxResetter) *gatedOwnerResetter {
+	return &gatedOwnerResetter{PgxResetter: r, entered: make(chan struct{}), open: make(chan struct{})}
+}
+
+func (g *gatedOwnerResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+	first := false
+	g.once.Do(func() { first = true })
+	if first {
+		close(g.entered)
+		<-g.open
+	}
+	return g.PgxResetter.ResetOwnerRows(context.Background(), owner)
+}
+
+// recoverBlocked has p recover w in the background; it returns once p's
+// reset by owner has begun (and waits at the gate) and a channel closed
+// when the recovery returns.
+func recoverBlocked(t *testing.T, p *Worker, g *gatedOwnerResetter) <-chan struct{} {
+	t.Helper()
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		_, _ = p.RecoverNow(context.Background())
+	}()
+	select {
+	case <-g.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the recovery never reached its reset")
+	}
+	return done
+}
+
+// Residual 1 of docs/safety.md §12: a reset whose statements reach
+// PostgreSQL more than a claim TTL after its claim. p claims w while w is
+// away and reads w's life; its reset is stopped before it runs. w comes
+// back, and takes rows 3 and 4 once CheckLease lets it (with the bare ID,
+// after the hold, a claim TTL). Then p's reset runs: it resets the dead
+// life's rows 1 and 2, never rows 3 and 4. (Reverted, Owner() the bare ID:
+// rows 3 and 4 reset under live w.)
+func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 4, "R1")
+	ctx := context.Background()
+	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	take(t, db, w.Owner(), 1, 2)
+	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1, 2))
+	g := newGatedOwnerResetter(fencedResetter(t, db))
+	p, _ := newWorker(t, rdb, g, "p", lifeTimings(prefix)...)
+
+	loseLease(t, rdb, w, fr)
+	done := recoverBlocked(t, p, g)
+	fr.thaw()
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, w.Release(ctx, 1, 2), "the host gives back its block")
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
+	owner := w.Owner()
+	take(t, db, owner, 3, 4)
+	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
+	time.Sleep(w.opts.claimTTL()) // past p's claim TTL
+
+	close(g.open)
+	<-done
+	for _, id := range []int64{3, 4} {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, "row %d of w's new life", id)
+		require.NotNil(t, o)
+		assert.Equal(t, owner, *o)
+		assert.True(t, complete(t, db, owner, id), "w completes row %d", id)
+	}
+}
+
+// Residual 3 of docs/safety.md §12: a worker paused past its TTL resumes
+// while a recoverer's reset still runs, and takes rows at once (there is
+// no hold in owner mode any more); the reset, which goes on after, reaches
+// only the dead life. (Reverted, Owner() the bare ID with no hold: rows 3
+// and 4 reset under live w.)
+func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 4, "R3")
+	ctx := context.Background()
+	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	old := w.Owner()
+	take(t, db, old, 1, 2)
+	require.NoError(t, w.TrackAs(ctx, old, 1, 2))
+	g := newGatedOwnerResetter(fencedResetter(t, db))
+	p, _ := newWorker(t, rdb, g, "p", lifeTimings(prefix)...)
+
+	loseLease(t, rdb, w, fr) // paused past its TTL
+	done := recoverBlocked(t, p, g)
+	fr.thaw() // resumed while p's reset runs
+	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	require.NoError(t, w.Untrack(1, 2), "the host drops the block of its ended life (p resets it)")
+	require.NoError(t, w.CheckLease(), "no hold")
+	owner := w.Owner()
+	take(t, db, owner, 3, 4)
+	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
+
+	close(g.open)
+	<-done
+	assertRequeued(t, db, 1, 2)
+	assert.False(t, complete(t, db, old, 1), "the ended life's completion guard finds nothing")
+	for _, id := range []int64{3, 4} {
+		assert.True(t, complete(t, db, owner, id), "w completes row %d of its new life", id)
+	}
+}
+
+// Residual 2 of docs/safety.md §12 (§10): one instance ID taking a row
+// twice. Process A of ID w takes row 1 and is paused in the middle of it.
+// Process B of the same ID starts, waits A's heartbeat out, recovers A's
+// rows as its predecessor's and takes row 1 again, under its own life.
+// A resumes and completes row 1: its guard names A's life, and finds
+// nothing. (Reverted, both write the bare ID: A's completion matched B's
+// row, processed twice.)
+func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 1, "R2")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	a, fr, _ := frozenWorker(t, rdb, r, "w", lifeTimings(prefix)...)
+	ownerA := a.Owner()
+	take(t, db, ownerA, 1)
+	require.NoError(t, a.TrackAs(ctx, ownerA, 1))
+
+	fr.freeze() // A paused mid-row
+	b, _ := startWorker(t, rdb, r, "w", lifeTimings(prefix)...)
+	assertRequeued(t, db, 1)
+	ownerB := b.Owner()
+	assert.NotEqual(t, ownerA, ownerB)
+	take(t, db, ownerB, 1)
+	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
+
+	fr.thaw() // A resumes and finishes its row
+	assert.False(t, complete(t, db, ownerA, 1), "A's completion finds no row of its life")
+	assert.True(t, complete(t, db, ownerB, 1), "B's does")
+	require.Eventually(t, func() bool { return a.CheckLease() != nil }, 5*time.Second, 5*time.Millisecond)
+}
+
+// prevReleaseRecover is one recovery of peer by an owner-mode worker of the
+// release before this one (the reading side of issue 22, bare IDs written),
+// as its deadpeer.go sent it: claim, read the incarnation, claim again
+// (the life read is the dead one only if the claim still holds), reset by
+// owner the bare ID and the life read, finish, deregister. It reports
+// whether it claimed.
+func prevReleaseRecover(t *testing.T, via *Worker, r OwnerSweeper, peer string) bool {
+	t.Helper()
+	ctx := context.Background()
+	s, token := via.store, "prev-release"
+	c, err := s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.rowsTTL())
+	require.NoError(t, err)
+	if !c.Taken() {
+		return false
+	}
+	life, _, err := s.ReadRows(ctx, peer)
+	require.NoError(t, err)
+	c, err = s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.rowsTTL())
+	require.NoError(t, err)
+	if !c.Taken() {
+		return false
+	}
+	values := []string{peer}
+	if life != "" {
+		values = append(values, lifeOwner(peer, life))
+	}
+	for _, v := range values {
+		_, err := r.ResetOwnerRows(ctx, v)
+		require.NoError(t, err)
+	}
+	_, err = s.FinishRecovery(ctx, peer, token, via.tombstoneTTL())
+	require.NoError(t, err)
+	require.NoError(t, s.Deregister(ctx, peer))
+	return true
+}
+
+// A rolling upgrade from the release that reads per-life values and writes
+// bare IDs to this one, which writes them: workers of both recover each
+// other, and neither resets a live member's rows. The previous release's
+// worker is played by a Worker whose host writes InstanceID() (what
+// Owner() returned there) and, for its recoveries, by the previous
+// release's recovery steps (prevReleaseRecover).
+func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 8, "UL")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
+		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+
+	oldLive, _ := startWorker(t, rdb, r, "old-live", opts...)
+	take(t, db, "old-live", 1)
+	require.NoError(t, oldLive.TrackAs(ctx, "old-live", 1))
+	newLive, _ := startWorker(t, rdb, r, "new-live", opts...)
+	take(t, db, newLive.Owner(), 2)
+	require.NoError(t, newLive.TrackAs(ctx, newLive.Owner(), 2))
+
+	// A new worker dies holding rows of its life; an old one recovers it.
+	newDead, _ := startWorker(t, rdb, r, "new-dead", opts...)
+	take(t, db, newDead.Owner(), 3, 4)
+	require.NoError(t, newDead.TrackAs(ctx, newDead.Owner(), 3, 4))
+	newDead.crash()
+	waitHeartbeatGone(t, rdb, prefix, "new-dead")
+	require.True(t, prevReleaseRecover(t, oldLive, r, "new-dead"))
+	assertRequeued(t, db, 3, 4)
+
+	// An old worker dies holding rows under its bare ID; a new one
+	// recovers it.
+	oldDead, _ := startWorker(t, rdb, r, "old-dead", opts...)
+	take(t, db, "old-dead", 5, 6)
+	require.NoError(t, oldDead.TrackAs(ctx, "old-dead", 5, 6))
+	oldDead.crash()
+	waitHeartbeatGone(t, rdb, prefix, "old-dead")
+	rep, err := newLive.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assertRequeued(t, db, 5, 6)
+
+	// An old recoverer finds the live new worker alive; the sweeps (every
+	// member runs one, the new workers' judging ended lives too) leave
+	// both live workers' rows alone for several TTLs.
+	assert.False(t, prevReleaseRecover(t, oldLive, r, "new-live"))
+	time.Sleep(3 * time.Second)
+	for _, id := range []int64{1, 2} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, "row %d of a live worker", id)
+	}
+	require.NoError(t, oldLive.CheckLease())
+	require.NoError(t, newLive.CheckLease())
+}
+
+// midLossStore notes a lost lease while one armed heartbeat is in flight
+// (the self-check or a resumed process noting it concurrently): that
+// heartbeat writes the life it was sent with, not the one just begun.
+type midLossStore struct {
+	store.Store
+	w     *Worker
+	armed atomic.Bool
+	done  chan struct{}
+}
+
+func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (store.BeatResult, error) {
+	if s.armed.Swap(false) {
+		defer close(s.done)
+		s.w.markLeaseLost(nil)
+	}
+	return s.Store.Beat(ctx, id, b)
+}
+
+// A life begun while a heartbeat was in flight is recorded by the next
+// heartbeat at once, not an interval later; until then CheckLease reports
+// ErrLeaseLost, as TrackAs would refuse. (Reverted: CheckLease nil while
+// TrackAs refused, for a whole interval.)
+func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 1, "LM")
+	ctx := context.Background()
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithHeartbeatTTL(6*time.Second),
+		WithHeartbeatInterval(2*time.Second), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	mid := &midLossStore{Store: w.store, w: w, done: make(chan struct{})}
+	w.store = mid
+	require.NoError(t, w.Start(ctx))
+	mid.armed.Store(true)
+	<-mid.done
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, time.Second, time.Millisecond,
+		"the new life is recorded well within the 2 s interval")
+	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
+	require.NoError(t, err)
+	assert.Equal(t, lifeOwner("w", life), w.Owner())
+	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1), "CheckLease nil: TrackAs works too")
+}
