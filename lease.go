@@ -115,6 +115,10 @@ func (l *lease) check(staleRows int) error {
 // was lost are tracked: peers may have recovered them meanwhile (a worker
 // resuming from a long pause sees its heartbeat succeed within
 // milliseconds). Untrack or Release them and the lease is valid again.
+// Rows a worker without an owner column left to the backstop sweep (its
+// rows set was gone when its heartbeat came back, docs/safety.md §3) count
+// among them: they are no longer written back, but the lease stays lost
+// until the host releases or untracks them.
 // With neither nothing safe can be done with those rows, and the lease is
 // valid again with the next heartbeat.
 //

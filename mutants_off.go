@@ -52,4 +52,9 @@ const (
 	// mutantNoLateLife: a heartbeat sent so late it may land on an expired
 	// key renews the current life (heartbeater.runOnce).
 	mutantNoLateLife = false
+	// mutantAbandonedFreeLease: rows left to the backstop sweep after a
+	// lost lease (inflight.abandoned) no longer keep the lease lost, so a
+	// host that did not see the loss goes on processing them while the
+	// sweep may reset them.
+	mutantAbandonedFreeLease = false
 )

@@ -294,14 +294,6 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 			// harmless only under owner fencing.
 			w.known[knownRolledBack]++
 			w.tracef("KNOWN row %d reset under %s: %s tracked it in a fetch that rolled back (no owner fencing, docs/safety.md §2)", id, h, instance)
-		case instance == "" && h.w.rows.anyAbandoned([]int64{id}):
-			// docs/safety.md §3: a worker whose rows set was gone when its
-			// lost lease came back leaves the rows it held to the backstop
-			// sweep, but its lease is valid again and its host may go on
-			// with them; one processed for longer than the sweep's gap is
-			// reset under it (found with the youngRedis class).
-			w.known[knownAbandoned]++
-			w.tracef("KNOWN row %d reset by the sweep under %s, which left it to the sweep after a lost lease and still processes it (docs/safety.md §3)", id, h)
 		case h.id == instance && row.takenAt.After(ref):
 			// Issue 10's closing note: owner fencing cannot tell two
 			// takes by one instance ID apart; closing it needs a per-take

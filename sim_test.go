@@ -206,7 +206,6 @@ const (
 	knownRolledBack = "no fencing: a fetch rolled back after Track, its row reset under its next taker (safety.md §2)"
 	knownTwoTakes   = "one instance ID, two takes: a row taken after the recoverer's claim or read (issue 10's note)"
 	knownForeign    = "a second fleet started right after Redis restarted empty, before our heartbeats recorded the fleet again (safety.md §13, A2)"
-	knownAbandoned  = "a row left to the backstop sweep after a lost lease (its rows set gone) and still processed by its host when the sweep reset it (safety.md §3)"
 )
 
 // freshAfterPromotion reports whether p started less than a TTL after a
@@ -927,9 +926,8 @@ func (w *simWorld) checkBound(t *testing.T) {
 		for _, p := range w.live() {
 			// Not a worker holding rows it left to the backstop sweep (its
 			// rows set was gone when its lease came back: docs/safety.md
-			// §3): they are in no set, and come back within the sweep's
-			// bound, which the liveness check covers.
-			if r := p.heldRows(); len(r) > 0 && p.w.CheckLease() == nil && !p.w.rows.anyAbandoned(r) {
+			// §3): its lease stays lost until it releases them.
+			if r := p.heldRows(); len(r) > 0 && p.w.CheckLease() == nil {
 				victim, rows = p, r
 				break
 			}
@@ -1185,16 +1183,3 @@ func TestSimulationIsDeterministic(t *testing.T) {
 }
 
 var _ = store.FailedClaim
-
-// anyAbandoned reports whether one of ids is a row left to the backstop
-// sweep (inflight.abandoned).
-func (s *inflight) anyAbandoned(ids []int64) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, id := range ids {
-		if _, ok := s.abandoned[id]; ok {
-			return true
-		}
-	}
-	return false
-}
