@@ -138,9 +138,8 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 	}
 	switch {
 	case err != nil:
-		w.stats.errors.Add(1)
-		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
-		if ctx.Err() == nil {
+		if w.countFailure(ctx) {
+			w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
 			w.rlog.peerFailed(peer, err)
 		}
 	case claimed:

@@ -69,8 +69,8 @@ func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 	defer func() {
 		rep.Duration = time.Since(start)
 		w.stats.scans.Add(1)
-		if err != nil && len(rep.Dead) == 0 {
-			w.stats.errors.Add(1) // the scan itself failed; peer failures are counted by recoverDead
+		if err != nil && len(rep.Dead) == 0 && w.countFailure(ctx) {
+			// The scan itself failed; peer failures are counted by recoverDead.
 			w.emit(Event{Kind: EventRecoveryFailed, Err: err})
 		}
 		w.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,

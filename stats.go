@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"context"
 	"sync/atomic"
 	"time"
 )
@@ -56,7 +57,8 @@ type Stats struct {
 	// worker tracks do not look in progress by it to the resetter (see
 	// ErrMisconfigured); Healthy then fails.
 	Misconfigured bool
-	// Errors counts failed scans, failed peer recoveries and failed sweeps.
+	// Errors counts failed scans, failed peer recoveries and failed sweeps;
+	// one that Shutdown (or the context of RecoverNow) cut short is none.
 	Errors uint64
 	// RegistryBroken reports whether the last registry command found the
 	// registry key holding something other than a set: scans cannot find
@@ -136,4 +138,16 @@ func (w *Worker) Stats() Stats {
 		s.LastHeartbeat = time.Unix(0, ns)
 	}
 	return s
+}
+
+// countFailure counts a failed scan, sweep or peer recovery in
+// Stats.Errors, and reports whether it did: a failure whose context ended
+// (Shutdown, or the caller of RecoverNow giving up) is no failure of
+// recovery, and is neither counted nor reported.
+func (w *Worker) countFailure(ctx context.Context) bool {
+	if ctx.Err() != nil {
+		return false
+	}
+	w.stats.errors.Add(1)
+	return true
 }

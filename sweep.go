@@ -157,7 +157,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		// whose sweep by owner covers their rows.
 		peers, err := w.ownerModePeers(ctx)
 		if err != nil {
-			w.stats.errors.Add(1)
+			w.countFailure(ctx)
 			s.mem.clear()
 			return rep, err
 		}
@@ -171,7 +171,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	held, err := w.store.TakeSweepTurn(opCtx, s.token, w.opts.sweepTurnTTL())
 	cancel()
 	if err != nil {
-		w.stats.errors.Add(1)
+		w.countFailure(ctx)
 		return rep, fmt.Errorf("take sweep turn: %w", err)
 	}
 	if !held {
@@ -183,7 +183,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	rep.turnHeld = true
 	if s.rows != nil {
 		if err := s.rowsLook(ctx, &rep); err != nil {
-			w.stats.errors.Add(1)
+			w.countFailure(ctx)
 			return rep, err
 		}
 		return rep, nil
@@ -193,7 +193,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	owners, err := s.sw.InProgressOwners(dbCtx)
 	cancel()
 	if err != nil {
-		w.stats.errors.Add(1)
+		w.countFailure(ctx)
 		return rep, err
 	}
 	rep.owners = len(owners)
@@ -226,7 +226,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	checkedAt := time.Now()
 	dead, err := w.deadOwners(ctx, candidates)
 	if err != nil {
-		w.stats.errors.Add(1)
+		w.countFailure(ctx)
 		return rep, err
 	}
 	isDead := make(map[string]bool, len(dead))
@@ -320,7 +320,7 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 		res, err := s.sw.ResetOwnerRows(dbCtx, v)
 		cancel()
 		if err != nil {
-			w.stats.errors.Add(1)
+			w.countFailure(ctx)
 			errs = append(errs, &PeerError{InstanceID: id, Err: fmt.Errorf("reset the rows of ended life %s: %w", clip(v), err)})
 			continue
 		}
