@@ -60,8 +60,9 @@ func TestCheckNamesEachCitationOfATestThatDoesNotExist(t *testing.T) {
 			"\tgo test -run $(RUN) .\n",
 		"scripts/x.sh": "go test -run TestSub ./sub/...\n",
 		"c.go":         "package a\n\n// Covered by TestAlpha; see TestGoneToo.\nfunc f() {}\n\n/*\nTestGoneThree\n*/\n",
-		// Nothing under testdata is read.
-		"testdata/d.md": "`TestInTestdata`\n",
+		// Nothing under testdata is read, nor plans of work not built yet.
+		"testdata/d.md":   "`TestInTestdata`\n",
+		"docs/plans/v.md": "`TestToBeWritten`\n",
 	})
 	problems, err := check(root)
 	require.NoError(t, err)

@@ -140,6 +140,8 @@ func check(root string) ([]problem, error) {
 				}
 				sources = append(sources, source{file: rel, line: fset.Position(cg.Pos()).Line, text: commentText(cg)})
 			}
+		case strings.HasPrefix(rel, "docs/plans/"):
+			// Plans of work not built yet name the tests it will add.
 		case strings.HasSuffix(name, ".md"), name == "Makefile", strings.HasSuffix(name, ".sh"),
 			strings.HasPrefix(rel, ".ci/"):
 			b, err := os.ReadFile(path)
