@@ -57,4 +57,12 @@ const (
 	// host that did not see the loss goes on processing them while the
 	// sweep may reset them.
 	mutantAbandonedFreeLease = false
+	// mutantOwnLivesByMemory: the sweep judges every life of its own
+	// instance ID but the current one ended from memory, without the
+	// record (sweeper.lifeEnded): a twin's live rows look ended.
+	mutantOwnLivesByMemory = false
+	// mutantTrackCurrentLife: a plain Track in owner mode takes its rows
+	// for the current life, whatever value the host read from Owner and
+	// wrote in its fetch (Worker.trackOwner).
+	mutantTrackCurrentLife = false
 )

@@ -16,6 +16,8 @@ var (
 	mutantOneLife            bool
 	mutantNoLateLife         bool
 	mutantAbandonedFreeLease bool
+	mutantOwnLivesByMemory   bool
+	mutantTrackCurrentLife   bool
 
 	mutantSweepOneLook     bool
 	mutantSweepAnyNode     bool

@@ -68,5 +68,29 @@ func (w *Worker) Owner() string {
 	if !w.ownerMode {
 		return w.opts.instanceID
 	}
+	life := w.rows.currentIncarnation()
+	w.ownerRead.Store(&life)
+	return lifeOwner(w.opts.instanceID, life)
+}
+
+// currentOwner is Owner for the library's own use: it leaves alone the
+// value a plain Track takes (trackOwner), which only the host's reads set.
+func (w *Worker) currentOwner() string {
+	if !w.ownerMode {
+		return w.opts.instanceID
+	}
 	return lifeOwner(w.opts.instanceID, w.rows.currentIncarnation())
+}
+
+// trackOwner is the owner value a plain Track takes its rows for in owner
+// mode: the value Owner last returned, which a host that reads Owner once
+// per block and then calls Track (the quickstart of the release before
+// TrackAs) wrote in its fetch. Should a loss have begun a new life since,
+// TrackAs refuses it as an ended life's. A host that never called Owner
+// gets the current life's value.
+func (w *Worker) trackOwner() string {
+	if p := w.ownerRead.Load(); p != nil && !mutantTrackCurrentLife {
+		return lifeOwner(w.opts.instanceID, *p)
+	}
+	return w.currentOwner()
 }

@@ -125,7 +125,7 @@ func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResu
 		return int(res.Reset) + len(res.NotReset) // quarantined rows included
 	}
 	var bare []int64
-	for owner, ids := range w.rows.ownersOf(req.RowIDs, w.Owner()) {
+	for owner, ids := range w.rows.ownersOf(req.RowIDs, w.currentOwner()) {
 		if owner == w.opts.instanceID {
 			bare = append(bare, ids...)
 			continue

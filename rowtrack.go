@@ -32,13 +32,14 @@ import (
 // strands it unless the backstop sweep is on. The safe reaction to any
 // Track error is to roll the fetch back (and Untrack the IDs).
 //
-// In owner mode Track takes the rows for fetched under the current Owner():
-// a host that reads Owner before its fetch should call TrackAs with that
-// value instead, so that rows fetched under a life that has ended since
-// are refused.
+// In owner mode Track takes the rows for fetched under the value Owner
+// last returned, and refuses them (ErrLeaseLost) if that life has ended
+// since. Hosts that fetch blocks concurrently, each under its own read of
+// Owner, must call TrackAs with each block's value instead: the last value
+// read may be another goroutine's, read after the loss.
 func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 	if w.ownerMode {
-		return w.TrackAs(ctx, w.Owner(), rowIDs...)
+		return w.TrackAs(ctx, w.trackOwner(), rowIDs...)
 	}
 	w.trackCalls.Add(1)
 	if err := w.CheckLease(); err != nil {

@@ -51,14 +51,14 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 			return fmt.Errorf("check database session: %w", err)
 		}
 		// Owner() counts the life in owner mode (lifeWidth more characters).
-		n := utf8.RuneCountInString(w.Owner())
+		n := utf8.RuneCountInString(w.currentOwner())
 		if s.ownerWidth > 0 && n > s.ownerWidth {
 			what := "instance ID"
 			if w.ownerMode {
 				what = fmt.Sprintf("owner value (the instance ID and its life, %d characters more: docs/safety.md §2)", lifeWidth)
 			}
 			return fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's %s %q has %d: widen the column (text) or use a shorter WithInstanceID",
-				ErrSchema, s.ownerWidth, what, clip(w.Owner()), n)
+				ErrSchema, s.ownerWidth, what, clip(w.currentOwner()), n)
 		}
 		if s.idleInTxTimeout == 0 {
 			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")

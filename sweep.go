@@ -149,6 +149,15 @@ func invalidOwnerReason(o string) error {
 // each owner's recovery counts its own.
 func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	w := s.w
+	if w.lease.ousted.Load() {
+		// Another process holds this instance ID now: this one judges no
+		// one (its memory of its own lives is not the ID's any more), and
+		// leaves the turn to expire for a live member.
+		clear(s.absentSince)
+		clear(s.endedSince)
+		s.mem.clear()
+		return rep, nil
+	}
 	if s.rows != nil {
 		// Without an owner column, the fleet's owner-mode members (an
 		// owner-column rollout) hold rows that no rows set lists: a sweep
@@ -341,11 +350,18 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 }
 
 // lifeEnded reports whether life is not instance id's current life, as
-// recorded in Redis (this worker's own, as it knows it).
+// recorded in Redis. This worker's own current life is never ended; its
+// other lives are judged by the record like anyone's: a value of its ID
+// that it does not know may be the life of another process that took the
+// ID since (this one paused past its TTL, then ousted), whose heartbeats
+// record it as current.
 func (s *sweeper) lifeEnded(ctx context.Context, id, life string) (bool, error) {
 	w := s.w
-	if id == w.opts.instanceID {
-		return life != w.rows.currentIncarnation(), nil
+	if id == w.opts.instanceID && life == w.rows.currentIncarnation() && !mutantOwnLivesByMemory {
+		return false, nil
+	}
+	if id == w.opts.instanceID && mutantOwnLivesByMemory {
+		return true, nil
 	}
 	opCtx, cancel := w.opContext(ctx)
 	defer cancel()

@@ -57,6 +57,9 @@ type Worker struct {
 	// without any Track has been logged (rowsweep.go).
 	untrackedNote atomic.Value
 	trackCalls    atomic.Uint64
+	// ownerRead is the life the last call of Owner named (owner mode):
+	// the value a plain Track takes its rows for (trackOwner).
+	ownerRead     atomic.Pointer[string]
 	untrackCalled atomic.Bool
 
 	loops // what Start runs
