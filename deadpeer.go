@@ -360,11 +360,46 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 			return err
 		}
 		r.life, r.lifeRead = incarnation, true
+		if incarnation == "" && len(r.lives) == 0 && !mutantNoLifeListing {
+			// Redis no longer has the peer's life (an evicted key): list
+			// the lives of the peer in progress in the table instead, as
+			// the sweep does. Each was written by a fetch committed before
+			// this listing, made under the claim: a life the peer begins
+			// later needs a heartbeat, which cancels the claim, and the
+			// claim sent again below then finds it gone.
+			lives, err := r.listLives(ctx)
+			if err != nil {
+				return err
+			}
+			r.lives = lives
+		}
 	}
 	if r.confirmed {
 		return nil
 	}
 	return r.claimAgain(ctx)
+}
+
+// listLives returns the per-life owner values of the peer in progress in
+// the table, read through the resetter's OwnerSweeper (none without one).
+func (r *peerRecovery) listLives(ctx context.Context) ([]string, error) {
+	sw, ok := r.w.resetter.(OwnerSweeper)
+	if !ok {
+		return nil, nil
+	}
+	dbCtx, cancel := context.WithTimeout(ctx, r.w.opts.resetTimeout)
+	owners, err := sw.InProgressOwners(dbCtx)
+	cancel()
+	if err != nil {
+		return nil, fmt.Errorf("list the lives of %s in progress (its life is not in Redis): %w", r.peer, err)
+	}
+	var out []string
+	for _, o := range owners {
+		if id, life, ok := parseOwner(o); ok && id == r.peer && life != "" {
+			out = append(out, o)
+		}
+	}
+	return out, nil
 }
 
 // claimAgain sends the claim again after a read made under it: still ours,

@@ -191,6 +191,9 @@ func (s *inflight) removeUnchanged(gens map[int64]uint64, forget bool) []int64 {
 	defer s.mu.Unlock()
 	var out []int64
 	for id, g := range gens {
+		// A row left to the sweep is no longer tracked; the host is done
+		// with it all the same (staleRows).
+		delete(s.abandoned, id)
 		if cur, ok := s.ids[id]; ok && cur == g {
 			delete(s.ids, id)
 			delete(s.owners, id)
@@ -325,7 +328,9 @@ func (s *inflight) forget(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
 		delete(s.ids, id)
+		delete(s.owners, id)
 		delete(s.stale, id)
+		delete(s.abandoned, id)
 		s.unremoved[id] = struct{}{}
 	}
 	s.mu.Unlock()

@@ -468,3 +468,32 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	assert.Equal(t, lifeOwner("w", life), w.Owner())
 	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1), "CheckLease nil: TrackAs works too")
 }
+
+// A recovery by owner whose peer's life Redis no longer has (its
+// incarnation key evicted, as by a managed Redis's volatile-lru) lists the
+// peer's lives in progress in the table under its claim and resets them,
+// at the scan's pace: before, it reset the bare ID only and left the
+// per-life rows to the sweep (fault scenario E1: 9.1 s against a bound of
+// 8.3 s; mutantNoLifeListing).
+func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 3, "LL")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	dead, _ := startWorker(t, rdb, r, "dead", lifeTimings(prefix)...)
+	owner := dead.Owner()
+	take(t, db, owner, 1, 2)
+	require.NoError(t, dead.TrackAs(ctx, owner, 1, 2))
+	take(t, db, "other{0123456789abcdef0123456789abcdef}", 3) // another instance's life: not dead's
+	dead.crash()
+	require.NoError(t, rdb.Del(ctx, store.InstanceKeys(prefix, "dead").Incarnation).Err())
+	waitHeartbeatGone(t, rdb, prefix, "dead")
+
+	p, _ := newWorker(t, rdb, r, "p", append(lifeTimings(prefix), WithoutBackstopSweep())...)
+	rep, err := p.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset)
+	assertRequeued(t, db, 1, 2)
+	s, _ := rowState(t, db, 3)
+	assert.Equal(t, "inprog", s, "another instance's row is left alone")
+}

@@ -65,4 +65,25 @@ const (
 	// for the current life, whatever value the host read from Owner and
 	// wrote in its fetch (Worker.trackOwner).
 	mutantTrackCurrentLife = false
+	// mutantMisspeltOnAnyChange: the short-block self-check takes any new
+	// version of a row at its Untrack for a misspelt status
+	// (selfChecker.judgeLeaving), even one with the status the look saw or
+	// the queued one.
+	mutantMisspeltOnAnyChange = false
+	// mutantUnboundedUnverifiedHold: a worker that has not verified its
+	// configuration holds a suspect recovery for as long as it stays
+	// unverified (unverifiedHold), not a heartbeat TTL after Start.
+	mutantUnboundedUnverifiedHold = false
+	// mutantSwappedBeatsInProgress: the short-block self-check raises the
+	// swapped-statuses alarm even when the same look sees another tracked
+	// row in progress by this worker (selfChecker look).
+	mutantSwappedBeatsInProgress = false
+	// mutantAccuseUnregistered: the backstop sweep names a worker that
+	// tracked a row after its COMMIT even when the worker was not
+	// registered at the look that found the row in no set (rowsLook).
+	mutantAccuseUnregistered = false
+	// mutantNoLifeListing: a recovery by owner whose peer's life Redis no
+	// longer has resets the bare ID only (peerRecovery.confirmLife), and
+	// leaves the per-life rows to the sweep.
+	mutantNoLifeListing = false
 )

@@ -70,6 +70,8 @@ type rowsMemory struct {
 	stray  map[int64]strayRow
 	prev   map[int64]string // rows in progress at the previous look, by ID: version
 	prevAt time.Time        // when the previous look's database read began
+	// registered are the instances the registry listed at the previous look.
+	registered map[string]bool
 }
 
 func (m *rowsMemory) clear() { *m = rowsMemory{} }
@@ -86,7 +88,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return err
 	}
 	setsAt := time.Now()
-	held, gap, err := w.heldRows(ctx)
+	held, gap, registered, err := w.heldRows(ctx)
 	if err != nil {
 		s.mem.clear()
 		return err
@@ -121,9 +123,13 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		now[r.ID] = r.Version
 		st, seen := m.stray[r.ID]
 		if holder, ok := held[r.ID]; ok {
-			if seen && st.fresh && st.version == r.Version {
+			if seen && st.fresh && st.version == r.Version && (m.registered[holder] || mutantAccuseUnregistered) {
 				// Tracked after the COMMIT: in no set at the last look,
-				// unchanged since, and in holder's set now.
+				// unchanged since, and in holder's set now. Only a holder
+				// registered at the last look: one that was not (Redis
+				// flushed, or its keys lost) had no set to hold the row
+				// then, however early it tracked it, and its heartbeat
+				// has written the set back since.
 				rep.untracked = append(rep.untracked, r.ID)
 				rep.untrackedBy[holder] = append(rep.untrackedBy[holder], r.ID)
 			}
@@ -154,7 +160,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		}
 		stray[r.ID] = st
 	}
-	m.stray, m.prev, m.prevAt = stray, now, dbAt
+	m.stray, m.prev, m.prevAt, m.registered = stray, now, dbAt, registered
 	rep.strayWaiting = len(stray)
 	if len(rep.untracked) > 0 {
 		w.untrackedFound(ctx, rep.untracked, rep.untrackedBy)
@@ -271,12 +277,16 @@ func suspect(rows []RowVersion, held map[int64]string) bool {
 // instance whose set holds it, and the gap two looks need: the longest
 // rows TTL in the fleet (see above), and at least the longest heartbeat
 // TTL a live member announced.
-func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration, error) {
+func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration, map[string]bool, error) {
 	opCtx, cancel := w.opContext(ctx)
 	ids, err := w.store.RegistryMembers(opCtx)
 	cancel()
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, nil, err
+	}
+	registered := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		registered[id] = true
 	}
 	// A live member not registered at this look (Redis flushed, the
 	// registry evicted) is known by the heartbeat TTL it announced, longer
@@ -287,7 +297,7 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 		insts, err := w.store.Describe(opCtx, ids)
 		cancel()
 		if err != nil {
-			return nil, 0, err
+			return nil, 0, nil, err
 		}
 		for _, in := range insts {
 			gap = max(gap, in.HeartbeatTTL, in.RowsTTL)
@@ -301,7 +311,7 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 		// read; one tracked meanwhile is read at the next look.
 		members, err := w.store.LiveRows(ctx, id)
 		if err != nil {
-			return nil, 0, fmt.Errorf("read rows set of %s: %w", id, err)
+			return nil, 0, nil, fmt.Errorf("read rows set of %s: %w", id, err)
 		}
 		for _, m := range members {
 			if n, err := strconv.ParseInt(m, 10, 64); err == nil {
@@ -309,7 +319,7 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 			}
 		}
 	}
-	return held, gap, nil
+	return held, gap, registered, nil
 }
 
 // mastersTrusted reports whether every Redis master has been up, with the

@@ -254,8 +254,26 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	}
 	after := w.rows.generations(ids)
 	c.skipped = len(states) < len(after)
-	if s, _, bad := c.sawFetch(images); c.images != nil && bad {
-		c.raiseBecause(s, "was committed by its fetch with the status the resetter takes for queued, and had the one it takes for in progress before the fetch", len(images))
+	swapped, _, bad := c.sawFetch(images)
+	if bad = bad && c.images != nil; bad && !mutantSwappedBeatsInProgress {
+		// A row of the same look in progress by this worker is the
+		// stronger evidence: a correct fetch may take a row left in
+		// progress by a dead run (a visibility timeout) and give it back
+		// to the queue inside the fetch, which reads like swapped
+		// statuses for that row alone.
+		for _, s := range states {
+			g, ok := before[s.ID]
+			if !ok || after[s.ID] != g {
+				continue
+			}
+			if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); reader.InProgress(s, owner) || w.bareOwned(s, owner) {
+				bad = false
+				break
+			}
+		}
+	}
+	if bad {
+		c.raiseBecause(swapped, "was committed by its fetch with the status the resetter takes for queued, and had the one it takes for in progress before the fetch", len(images))
 		return true
 	}
 	for _, s := range states {

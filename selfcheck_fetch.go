@@ -228,9 +228,19 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 	for _, m := range ims {
 		by[m.ID] = m
 	}
+	_, queued := c.statuses.configuredStatuses()
 	for _, r := range rows {
 		m, ok := by[r.id]
 		if !ok || m.locked || r.im.gen <= loss || m.version == r.im.after || c.reader.InProgress(m.RowState, w.opts.instanceID) {
+			continue
+		}
+		// Evidence only if the status itself moved on, and not back to
+		// the queue: a completion in two statements (a status, then a
+		// column of its own) changes the version only, and a retry job
+		// may give a row the fetch failed back to the queue before the
+		// host's Untrack. What the look saw may then have been the
+		// completion's status, not the fetch's.
+		if (m.Status == r.im.state.Status || m.Status == queued) && !mutantMisspeltOnAnyChange {
 			continue
 		}
 		c.raiseBecause(r.im.state, fmt.Sprintf("was committed by its fetch with a status not in progress and changed again (to %q) before its Untrack, so the fetch's status is the one the table uses for rows in progress",
@@ -251,13 +261,23 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 // none reads as in progress and one reads as the queued status it is held (an error: the claim goes back, the set and the
 // registry entry stay) until this worker has seen a row of its own in
 // progress, or a worker whose configuration is verified takes the scan
-// turn. In a correct fleet such a row is one whose fetch rolled back, or
-// that its host gave back, before it untracked it: the hold only delays
-// it. Start's recovery of its own predecessor is not held.
+// turn, for at most a heartbeat TTL after Start. In a correct fleet such a
+// row is one whose fetch rolled back, or that its host gave back, before
+// it untracked it: the hold only delays it. Start's recovery of its own
+// predecessor is not held.
 func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) error {
 	c := w.checker
 	if c == nil || c.verdict.Load() != 0 || w.state.Load() != stateRunning {
 		return nil // verified, alarmed (recoverDeadLives holds), or RecoverNow before Start
+	}
+	if time.Since(time.Unix(0, w.runningSince.Load())) >= w.fleetTTL() && !mutantUnboundedUnverifiedHold {
+		// Long enough: a worker that fetched nothing in a TTL (an idle
+		// fleet) would otherwise hold the peer for good, and its rows
+		// set would hold the backstop sweep too. A worker whose statuses
+		// are swapped and that has not fetched yet now counts the
+		// peer's rows settled: they are then in progress in no set, and
+		// a worker configured right resets them with its backstop sweep.
+		return nil
 	}
 	qr, ok := w.resetter.(queuedReader)
 	if !ok {

@@ -8,6 +8,7 @@ import (
 	"reflect"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -59,7 +60,11 @@ type Worker struct {
 	trackCalls    atomic.Uint64
 	// ownerRead is the life the last call of Owner named (owner mode):
 	// the value a plain Track takes its rows for (trackOwner).
-	ownerRead     atomic.Pointer[string]
+	ownerRead atomic.Pointer[string]
+	// runningSince is when Start ended (Unix nanoseconds): a worker that
+	// has not verified its configuration holds suspect recoveries only
+	// for a heartbeat TTL after it (unverifiedHold).
+	runningSince  atomic.Int64
 	untrackCalled atomic.Bool
 
 	loops // what Start runs
@@ -252,6 +257,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.stopLoops = cancel
 	w.loopsDone = make(chan struct{})
 	w.started = true
+	w.runningSince.Store(time.Now().UnixNano())
 	w.state.Store(stateRunning)
 
 	var wg sync.WaitGroup
