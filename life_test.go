@@ -476,6 +476,7 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 // per-life rows to the sweep (fault scenario E1: 9.1 s against a bound of
 // 8.3 s; mutantNoLifeListing).
 func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 3, "LL")
 	ctx := context.Background()
 	r := fencedResetter(t, db)

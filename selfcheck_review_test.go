@@ -26,6 +26,7 @@ import (
 // retry job does. Untrack's hook then reads the row at a new version, not
 // in progress, and raises "misspelt?".
 func TestRowFailedInsideTheFetchAndRequeuedByARetryJobBeforeUntrackIsNoAlarm(t *testing.T) {
+	t.Parallel()
 	db, w, _, alarms := jobsWorld(t, resetterImpls[0], false, "running", "pending", "RVA")
 	ctx := context.Background()
 	fetchJobs(t, db, w, 0, "error", 1, 2, 3)
@@ -55,6 +56,7 @@ func TestRowFailedInsideTheFetchAndRequeuedByARetryJobBeforeUntrackIsNoAlarm(t *
 // worker's at the next, same version. The worker's Healthy then fails
 // with ErrUntrackedRows for a rows TTL (a liveness probe restarts it).
 func TestCorrectWorkerIsNotAccusedOfUntrackedRowsAfterAFlush(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	prefix := testutil.Name("RVC")
@@ -100,6 +102,7 @@ func TestCorrectWorkerIsNotAccusedOfUntrackedRowsAfterAFlush(t *testing.T) {
 // for the fetch's outcome; the second write gives the row a new version,
 // and Untrack's hook raises "misspelt?". No other party is involved.
 func TestCompletionInTwoStatementsIsNoAlarm(t *testing.T) {
+	t.Parallel()
 	db, w, _, alarms := jobsWorld(t, resetterImpls[0], false, "running", "pending", "RVD")
 	ctx := context.Background()
 	ids := []int64{1, 2, 3}
@@ -222,6 +225,7 @@ func TestAnUnverifiedWorkerRecoversAPeerOfManyRowsWithinABound(t *testing.T) {
 // SERIALIZABLE fetches, a fetch that updates its rows twice, two
 // concurrent fetchers with SKIP LOCKED, on text and enum statuses.
 func TestCorrectFetchShapesRaiseNoAlarm(t *testing.T) {
+	t.Parallel()
 	shapes := []struct {
 		name  string
 		iso   string
@@ -320,6 +324,7 @@ func updateTwiceOrOnce(t *testing.T, twice bool) func(ctx context.Context, tx pg
 // alarm holds verdicts, deadpeer.go): a peer's rows, tracked correctly,
 // stay in progress.
 func TestACompletionInTwoStatementsLeavesPeerRecoveriesUnheld(t *testing.T) {
+	t.Parallel()
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	publicJobsTable(t, db, false)
@@ -364,6 +369,7 @@ func TestACompletionInTwoStatementsLeavesPeerRecoveriesUnheld(t *testing.T) {
 // a row in progress in no set (row 7) is never reset either. Control
 // (row 4 done): the peer recovered at once, row 7 reset in 1.1 s.
 func TestAnIdleUnverifiedFleetRecoversADeadPeerWithARequeuedRow(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 10, "RVK")
 	waitUptime(t, rdb, 2*time.Second)
 	r := resetterImpls[0].mustResetter(t, db)
@@ -401,6 +407,7 @@ func TestAnIdleUnverifiedFleetRecoversADeadPeerWithARequeuedRow(t *testing.T) {
 // commit 'pending': "statuses swapped?" (with one Untrack per block; a
 // host that untracks the given-back row at once is not judged).
 func TestFetchGivingBackAStaleRunningRowIsNotStatusesSwapped(t *testing.T) {
+	t.Parallel()
 	db, w, _, alarms := jobsWorld(t, resetterImpls[0], false, "running", "pending", "RVL")
 	ctx := context.Background()
 	_, err := db.Exec(ctx, `UPDATE jobs SET state = 'running' WHERE id = 7`) // stuck long ago, in no set
@@ -430,6 +437,7 @@ func TestFetchGivingBackAStaleRunningRowIsNotStatusesSwapped(t *testing.T) {
 // swapped statuses are caught on the first block of 50 ms; a correct
 // configuration raises no alarm and is verified.
 func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
+	t.Parallel()
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		for _, swapped := range []bool{true, false} {
 			t.Run(fmt.Sprintf("swapped=%v", swapped), func(t *testing.T) {
@@ -467,6 +475,7 @@ func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
 // still unverified (the fast looks are spent), so its recovery holds of
 // item 3 last as long as such a fleet runs.
 func TestFastCorrectHostIsVerified(t *testing.T) {
+	t.Parallel()
 	db, w, _, alarms := jobsWorld(t, resetterImpls[0], false, "running", "pending", "RVN")
 	for block := range 200 {
 		fastBlock(t, db, w, block)
