@@ -6,6 +6,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"slices"
 	"strconv"
@@ -360,16 +361,21 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 			return err
 		}
 		r.life, r.lifeRead = incarnation, true
-		if incarnation == "" && len(r.lives) == 0 && !mutantNoLifeListing {
+		if incarnation == "" && len(r.lives) == 0 && r.foundBy != foundByRestart && !mutantNoLifeListing {
 			// Redis no longer has the peer's life (an evicted key): list
 			// the lives of the peer in progress in the table instead, as
 			// the sweep does. Each was written by a fetch committed before
 			// this listing, made under the claim: a life the peer begins
 			// later needs a heartbeat, which cancels the claim, and the
-			// claim sent again below then finds it gone.
+			// claim sent again below then finds it gone. A listing that
+			// fails leaves those rows to the sweep, which judges them by
+			// the instance's heartbeat; so does Start's recovery of its
+			// own predecessor (its lives are ended ones of a live
+			// instance once this worker's heartbeat records its own).
 			lives, err := r.listLives(ctx)
 			if err != nil {
-				return err
+				r.w.log.Warn("recovery: cannot list the lives of a dead peer in progress; its per-life rows are left to the backstop sweep",
+					slog.String("peer_id", r.peer), slog.Any("error", err))
 			}
 			r.lives = lives
 		}
