@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
+	"slices"
 	"strings"
 	"time"
 
@@ -273,7 +275,10 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 // dead, and own (this worker's).
 func livesOfLive(lives map[string][]string, isDead map[string]bool, own []string) []string {
 	out := own
-	for id, vs := range lives {
+	// In a fixed order: each value costs a read of Redis, and a run of the
+	// simulation must replay step for step.
+	for _, id := range slices.Sorted(maps.Keys(lives)) {
+		vs := lives[id]
 		if isDead[id] {
 			continue // its recovery resets every life listed
 		}
