@@ -183,10 +183,10 @@ func (h *heartbeater) restored() {
 		if w.lease.perLife.Load() {
 			// The held time is counted only for rows under the bare ID.
 			w.log.Info("heartbeat lease regained; worker re-registered in a new life; rows of the ended life must be given back",
-				slog.Int("stale_rows", w.rows.staleRows()), slog.String("owner", w.currentOwner()))
+				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.String("owner", w.currentOwner()))
 		} else {
 			w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
-				slog.Int("stale_rows", w.rows.staleRows()), slog.Duration("held_for", w.fleetClaimTTL()))
+				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.Duration("held_for", w.fleetClaimTTL()))
 		}
 		w.emit(Event{Kind: EventLeaseRegained})
 	}

@@ -298,12 +298,12 @@ func (s *inflight) takeAbandoned(ids []int64) (rest []int64, n int) {
 	return rest, n
 }
 
-// staleRows returns how many rows held at the last loss the host has not
+// heldAtLoss returns how many rows held at the last loss the host has not
 // released or untracked yet: the stale rows still tracked, and the rows
 // left to the backstop sweep (abandoned), which the sweep may reset under
 // a host that went on processing them. The lease stays lost while there
 // are any.
-func (s *inflight) staleRows() int {
+func (s *inflight) heldAtLoss() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if mutantAbandonedFreeLease {

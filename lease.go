@@ -137,7 +137,7 @@ func (w *Worker) CheckLease() error {
 	case stateShutdown:
 		return ErrShutdown
 	}
-	if err := w.lease.check(w.rows.staleRows()); err != nil {
+	if err := w.lease.check(w.rows.heldAtLoss()); err != nil {
 		return err
 	}
 	if _, written := w.rows.writtenLife(); w.ownerMode && !written {

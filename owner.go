@@ -69,7 +69,7 @@ func (w *Worker) Owner() string {
 		return w.opts.instanceID
 	}
 	life := w.rows.currentIncarnation()
-	w.ownerRead.Store(&life)
+	w.ownerRead.Store(&life) // what a plain Track takes (trackOwner)
 	return lifeOwner(w.opts.instanceID, life)
 }
 

@@ -51,7 +51,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		switch {
 		case w.state.Load() == stateShutdown:
 			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
-		case w.state.Load() == stateRunning && w.lease.check(w.rows.staleRows()) != nil:
+		case w.state.Load() == stateRunning && w.lease.check(w.rows.heldAtLoss()) != nil:
 			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	}
