@@ -192,7 +192,7 @@ func (s *inflight) removeUnchanged(gens map[int64]uint64, forget bool) []int64 {
 	var out []int64
 	for id, g := range gens {
 		// A row left to the sweep is no longer tracked; the host is done
-		// with it all the same (staleRows).
+		// with it all the same (heldAtLoss).
 		delete(s.abandoned, id)
 		if cur, ok := s.ids[id]; ok && cur == g {
 			delete(s.ids, id)

@@ -91,14 +91,14 @@ func (l *lease) held() bool {
 // ErrLeaseLost while the lease has ended or its loss is noted and not yet
 // followed by the hold (a heartbeat renews the lease just before
 // heartbeater.restored holds it), while it is held after a regain,
-// or while staleRows (rows tracked when it was lost) are still tracked:
+// or while heldAtLoss rows (tracked when it was lost, or left to the sweep) are the host's:
 // peers may have recovered those, and a host that went on with them would
 // process them twice.
-func (l *lease) check(staleRows int) error {
+func (l *lease) check(heldAtLoss int) error {
 	if l.ousted.Load() {
 		return errOusted
 	}
-	if !l.valid() || l.lost.Load() || (l.held() && !l.perLife.Load()) || staleRows > 0 {
+	if !l.valid() || l.lost.Load() || (l.held() && !l.perLife.Load()) || heldAtLoss > 0 {
 		return ErrLeaseLost
 	}
 	return nil
