@@ -332,8 +332,8 @@ func BenchmarkResetRows100000Modes(b *testing.B) {
 				}
 				b.StartTimer()
 				res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids})
-				if err != nil || res.Reset != 100000 {
-					b.Fatalf("reset %d: %v", res.Reset, err)
+				if err != nil || res.Changed != 100000 {
+					b.Fatalf("reset %d: %v", res.Changed, err)
 				}
 			}
 		})

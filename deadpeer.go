@@ -482,7 +482,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		// it too: one more "of <peer>" would repeat it.
 		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}
-	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Reset, res.Quarantined, res.NotReset
+	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Changed, res.Quarantined, res.NotReset
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
 	return notResetError(r.peer, len(ids), res.NotReset, fencesByOwner(w.resetter))
@@ -557,9 +557,9 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 			}
 			return fmt.Errorf("reset by owner: %w", err) // PeerError names the peer
 		}
-		r.rep.RowsReset += res.Reset
+		r.rep.RowsReset += res.Changed
 		r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)
-		found += int(res.Reset) + len(res.NotReset) // quarantined rows included
+		found += int(res.Changed) + len(res.NotReset) // quarantined rows included
 		notReset = append(notReset, res.NotReset...)
 	}
 	r.rep.RowsFound += found

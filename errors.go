@@ -1,6 +1,10 @@
 package recovery
 
-import "errors"
+import (
+	"errors"
+
+	"github.com/alya/recovery/internal/contract"
+)
 
 // Sentinel errors. Errors returned by this package wrap them, so test with
 // errors.Is.
@@ -38,7 +42,7 @@ var (
 	// ends it, see docs/operations.md). A reset whose statement waited out
 	// lock_timeout on a table lock, or found another session resetting the
 	// same rows set, wraps it too.
-	ErrRowsLocked = errors.New("recovery: rows locked by another session")
+	ErrRowsLocked = contract.ErrRowsLocked
 
 	// ErrReadOnly is wrapped by the error Start returns when the resetter's
 	// database session cannot write: the server is a standby
@@ -46,7 +50,7 @@ var (
 	// (default_transaction_read_only, set for the role, the database or the
 	// server: a replica or a read endpoint). A reset refused for the same
 	// reason wraps it too.
-	ErrReadOnly = errors.New("recovery: database session is read-only")
+	ErrReadOnly = contract.ErrReadOnly
 
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
@@ -87,14 +91,14 @@ var (
 
 	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
 	// return for a bad option or argument.
-	ErrInvalidConfig = errors.New("recovery: invalid configuration")
+	ErrInvalidConfig = contract.ErrInvalidConfig
 
 	// ErrSchema is wrapped by every error of a SchemaChecker that found the
 	// database different from what the resetter was configured for: a
 	// missing table or column, a column of an unusable type, a status that
 	// is not a label of the status column's enum, a missing privilege.
 	// Start returns it, before writing anything to Redis.
-	ErrSchema = errors.New("recovery: table does not match the configuration")
+	ErrSchema = contract.ErrSchema
 
 	// ErrRedisAuth is wrapped by the error Start returns when Redis
 	// refuses the client before anything is written: a password is

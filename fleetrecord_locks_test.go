@@ -159,7 +159,7 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 				rctx, cancel := context.WithTimeout(ctx, time.Second)
 				last, lastErr = mode.verify(rctx, r)
 				cancel()
-				reset += last.Reset
+				reset += last.Changed
 				if reset < 5 {
 					time.Sleep(100 * time.Millisecond)
 				}

@@ -233,13 +233,13 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			// reset, and not settled either.
 			rel, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 4}})
 			require.NoError(t, err)
-			assert.Equal(t, int64(1), rel.Reset, "row 4 only")
+			assert.Equal(t, int64(1), rel.Changed, "row 4 only")
 			assert.Equal(t, []RowState{{ID: 1, Status: "inprog"}}, rel.NotReset)
 			take(t, db, "dead", 4)
 
 			res, err := r.ResetIncarnation(ctx, req)
 			require.NoError(t, err)
-			assert.Equal(t, int64(4), res.Reset, "rows 1, 2, 3 (no owner) and 4 (owned by the dead worker)")
+			assert.Equal(t, int64(4), res.Changed, "rows 1, 2, 3 (no owner) and 4 (owned by the dead worker)")
 			assert.Empty(t, res.NotReset, "row 5 is another worker's, row 6 queued")
 			assertRequeued(t, db, 1, 2, 3, 4)
 			s, o := rowState(t, db, 5)
@@ -255,7 +255,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			setStatus(t, db, "inprog", 1)
 			res, err = r.ResetIncarnation(ctx, req)
 			require.NoError(t, err)
-			assert.Zero(t, res.Reset, "the ledger says the dead worker's rows were reset")
+			assert.Zero(t, res.Changed, "the ledger says the dead worker's rows were reset")
 			assert.Empty(t, res.NotReset)
 			s, _ = rowState(t, db, 1)
 			assert.Equal(t, "inprog", s, "the live old worker keeps its row")
@@ -265,7 +265,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			setStatus(t, db, "inprog", 2)
 			res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "v1", RowIDs: []int64{2}, FromRowsSet: true})
 			require.NoError(t, err)
-			assert.Equal(t, int64(1), res.Reset)
+			assert.Equal(t, int64(1), res.Changed)
 
 			// Without the ledger table: kept and reported.
 			_, err = db.Exec(ctx, `DROP TABLE recovery_ledger`)
@@ -274,14 +274,14 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			take(t, db, "dead2", 4)
 			res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3, 4}, FromRowsSet: true})
 			require.NoError(t, err)
-			assert.Equal(t, int64(1), res.Reset, "row 4, which the dead worker owns")
+			assert.Equal(t, int64(1), res.Changed, "row 4, which the dead worker owns")
 			assert.Equal(t, []RowState{{ID: 3, Status: "inprog"}}, res.NotReset)
 
 			// WithoutResetLedger: the host said rows are idempotent.
 			noLedger := impl.mustResetter(t, db, WithOwnerColumn("owner"), WithoutResetLedger())
 			res, err = noLedger.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3}, FromRowsSet: true})
 			require.NoError(t, err)
-			assert.Equal(t, int64(1), res.Reset)
+			assert.Equal(t, int64(1), res.Changed)
 		})
 	}
 }

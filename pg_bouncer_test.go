@@ -88,7 +88,7 @@ func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
 		for i, ids := range [][]int64{{13}, {14}, {15}} {
 			res, err := lr.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead-4", Incarnation: fmt.Sprint(i), RowIDs: ids})
 			require.NoError(t, err, "reset %d", i)
-			assert.Equal(t, int64(1), res.Reset)
+			assert.Equal(t, int64(1), res.Changed)
 		}
 		owners, err := r.InProgressOwners(ctx)
 		require.NoError(t, err)

@@ -90,7 +90,7 @@ func TestResetNeverWaitsOnARowLockAnotherSessionHolds(t *testing.T) {
 				took := time.Since(start)
 				require.NoError(t, err, "after %v", took)
 				assert.Less(t, took, time.Second, "the reset did not wait for the lock")
-				assert.Equal(t, int64(4), res.Reset)
+				assert.Equal(t, int64(4), res.Changed)
 				require.Len(t, res.NotReset, 1)
 				assert.Equal(t, int64(3), res.NotReset[0].ID)
 				assert.Equal(t, "inprog", res.NotReset[0].Status)
@@ -101,7 +101,7 @@ func TestResetNeverWaitsOnARowLockAnotherSessionHolds(t *testing.T) {
 				release()
 				res, err = p.reset(ctx, r)
 				require.NoError(t, err)
-				assert.Equal(t, int64(1), res.Reset, "the locked row, once its lock is gone")
+				assert.Equal(t, int64(1), res.Changed, "the locked row, once its lock is gone")
 				assert.Empty(t, res.NotReset)
 				assert.Equal(t, "queued", statuses(t, db)[3])
 			})
@@ -156,7 +156,7 @@ func TestResetWithTheLedgerDoesNotWaitForAnotherSessionsIncarnationLock(t *testi
 	end()
 	res, err := r.ResetIncarnation(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
 	require.NoError(t, err)
-	assert.Equal(t, int64(2), res.Reset)
+	assert.Equal(t, int64(2), res.Changed)
 }
 
 // A dead peer with a row locked by a transaction still open (its host

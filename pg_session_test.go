@@ -86,7 +86,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 			require.NoError(t, err)
 			res, err := r.ResetOwnerRows(context.Background(), "dead")
 			require.NoError(t, err)
-			assert.Equal(t, int64(2), res.Reset)
+			assert.Equal(t, int64(2), res.Changed)
 			return
 		}
 		require.ErrorIs(t, err, ErrReadOnly)

@@ -73,9 +73,9 @@ func (r *pgResetter) PlanReset(ctx context.Context, req ResetRequest) (plan Rese
 			plan.Reset = append(plan.Reset, id)
 		}
 	}
-	if int64(len(plan.Reset)) != res.Reset {
+	if int64(len(plan.Reset)) != res.Changed {
 		return ResetPlan{}, fmt.Errorf("plan reset of %s: the reset reports %d rows changed, their statuses show %d",
-			req.InstanceID, res.Reset, len(plan.Reset))
+			req.InstanceID, res.Changed, len(plan.Reset))
 	}
 	plan.Quarantined = slices.Sorted(slices.Values(res.Quarantined))
 	plan.NotReset = res.NotReset
@@ -148,8 +148,8 @@ func (r *pgResetter) PlanOwnerReset(ctx context.Context, owner string) (plan Res
 		locked[s.ID] = true
 	}
 	ids = slices.DeleteFunc(ids, func(id int64) bool { return locked[id] })
-	if int64(len(ids)) != res.Reset {
-		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %d rows in progress and not locked, the reset reports %d changed", owner, len(ids), res.Reset)
+	if int64(len(ids)) != res.Changed {
+		return ResetPlan{}, fmt.Errorf("plan reset of rows owned by %s: %d rows in progress and not locked, the reset reports %d changed", owner, len(ids), res.Changed)
 	}
 	plan.Reset = ids
 	plan.Quarantined = slices.Sorted(slices.Values(res.Quarantined))

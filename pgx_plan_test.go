@@ -43,7 +43,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 		// The reset then does what the plan said.
 		res, err := r.ResetIncarnation(ctx, req)
 		require.NoError(t, err)
-		assert.EqualValues(t, len(plan.Reset), res.Reset)
+		assert.EqualValues(t, len(plan.Reset), res.Changed)
 		assert.Equal(t, plan.Quarantined, res.Quarantined)
 		assert.Equal(t, plan.NotReset, res.NotReset)
 

@@ -430,7 +430,7 @@ const rollbackTimeout = 5 * time.Second
 // returns how many it changed, quarantined rows included.
 func (r *pgResetter) ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
 	res, err := r.ResetRowsReport(ctx, deadInstanceID, rowIDs)
-	return res.Reset, err
+	return res.Changed, err
 }
 
 // ResetRowsReport is ResetRows that also returns the rows quarantined by
@@ -500,7 +500,7 @@ func (r *pgResetter) resetInTx(ctx context.Context, tx pgTx, req ResetRequest, i
 		if err != nil {
 			return ResetResult{}, err
 		}
-		total.Reset += res.Reset
+		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.NotReset = append(total.NotReset, notReset...)
 	}
@@ -649,7 +649,7 @@ func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (R
 			if err != nil {
 				return ResetResult{}, err
 			}
-			total.Reset += res.Reset
+			total.Changed += res.Changed
 			total.Quarantined = append(total.Quarantined, res.Quarantined...)
 			total.NotReset = append(total.NotReset, locked...)
 		}
@@ -694,12 +694,12 @@ func (r *pgResetter) resetOwnedInTx(ctx context.Context, tx pgTx, owner string) 
 			res    ResetResult
 			locked int
 		)
-		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Reset, &res.Quarantined, &locked, &v.after)
+		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &locked, &v.after)
 		q = r.byOwnerAfter
 		if err != nil {
 			return ResetResult{}, err
 		}
-		all.Reset += res.Reset
+		all.Changed += res.Changed
 		all.Quarantined = append(all.Quarantined, res.Quarantined...)
 		if locked < r.o.chunkSize {
 			break
@@ -717,7 +717,7 @@ func (r *pgResetter) resetOwnedInTx(ctx context.Context, tx pgTx, owner string) 
 
 func (r *pgResetter) run(ctx context.Context, tx pgTx, q query, v resetValues) (ResetResult, error) {
 	var res ResetResult
-	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Reset, &res.Quarantined); err != nil {
+	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined); err != nil {
 		return ResetResult{}, err
 	}
 	return res, nil

@@ -273,13 +273,13 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 
 		res, err := r.ResetRowsReport(ctx, "dead", []int64{1, 2})
 		require.NoError(t, err)
-		assert.Equal(t, int64(2), res.Reset)
+		assert.Equal(t, int64(2), res.Changed)
 		assert.Equal(t, []int64{1}, res.Quarantined)
 		_, err = db.Exec(ctx, `UPDATE jobs SET state = 'inprog', owner = 'gone' WHERE id = 2`)
 		require.NoError(t, err)
 		res, err = r.ResetOwnerRows(ctx, "gone")
 		require.NoError(t, err, "the sweep's statement too")
-		assert.Equal(t, int64(1), res.Reset)
+		assert.Equal(t, int64(1), res.Changed)
 		var states []string
 		require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(state::text ORDER BY id) FROM jobs`).Scan(&states))
 		assert.Equal(t, []string{"failed", "queued"}, states)
@@ -290,7 +290,7 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 		require.NoError(t, err)
 		res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{3}, FromRowsSet: true})
 		require.NoError(t, err)
-		assert.Equal(t, int64(1), res.Reset, "an unknown incarnation: as a rows-set recovery, without the ledger")
+		assert.Equal(t, int64(1), res.Changed, "an unknown incarnation: as a rows-set recovery, without the ledger")
 		res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i", RowIDs: []int64{4}, FromRowsSet: true})
 		require.NoError(t, err)
 		assert.Equal(t, []RowState{{ID: 4, Status: "inprog"}}, res.NotReset, "no ledger table: kept")
@@ -388,12 +388,12 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		require.NoError(t, err)
 		res1, err := late.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err)
-		require.Equal(t, int64(3), res1.Reset, "R1's reset, not committed yet")
+		require.Equal(t, int64(3), res1.Changed, "R1's reset, not committed yet")
 
 		r2 := impl.mustResetter(t, db, WithOwnerColumn("owner"))
 		got, err := r2.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err, "R2 does not wait on R1's row locks")
-		assert.Zero(t, got.Reset)
+		assert.Zero(t, got.Changed)
 		require.Len(t, got.NotReset, 3)
 		for _, s := range got.NotReset {
 			assert.True(t, s.Locked, "row %d: skipped as locked, no misconfiguration", s.ID)
@@ -402,7 +402,7 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		require.NoError(t, tx.Commit(ctx))
 		got, err = r2.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err)
-		assert.Zero(t, got.Reset)
+		assert.Zero(t, got.Changed)
 		assert.Empty(t, got.NotReset, "rows 1-3 are queued and ownerless: settled, not 'not reset'")
 	})
 }

@@ -100,14 +100,14 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 		lockedErr = fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
 			len(rowIDs), w.opts.instanceID, ErrRowsLocked, n, res.NotReset[0].ID)
 	}
-	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Reset),
+	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Changed),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
 	if err := w.untrackUnchanged(gens); err != nil {
 		attrs = append(attrs, slog.String("untrack_error", err.Error()))
 	}
 	w.log.Info("released rows", attrs...)
 	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
-	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Reset, RowsQuarantined: len(res.Quarantined)})
+	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
 	return lockedErr
 }
 
@@ -119,10 +119,10 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResult, error) {
 	var total ResetResult
 	add := func(res ResetResult) int {
-		total.Reset += res.Reset
+		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.NotReset = append(total.NotReset, res.NotReset...)
-		return int(res.Reset) + len(res.NotReset) // quarantined rows included
+		return int(res.Changed) + len(res.NotReset) // quarantined rows included
 	}
 	var bare []int64
 	for owner, ids := range w.rows.ownersOf(req.RowIDs, w.currentOwner()) {

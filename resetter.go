@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"log/slog"
 	"strings"
+
+	"github.com/alya/recovery/internal/contract"
 )
 
 // A RowResetter returns a dead worker's rows to the queue. PgxResetter
@@ -18,67 +20,63 @@ type RowResetter interface {
 	ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (reset int64, err error)
 }
 
-// ResetResult says what a reset changed.
-type ResetResult struct {
-	// Reset is how many rows changed: queued again or quarantined.
-	Reset int64
-	// Quarantined lists the rows that reached their recovery limit and were
-	// set to the terminal status instead of queued (see WithMaxRecoveries).
-	Quarantined []int64
-	// NotReset lists the rows that were neither reset nor shown to be
-	// settled: not queued, not done (WithDoneStatuses), not quarantined,
-	// not held by another owner and not reset before under the same
-	// incarnation. A misspelled status is the usual cause; a row another
-	// session held locked is one too (RowState.Locked). Recovery keeps
-	// the rows set of a peer with such rows, and tries again, instead of
-	// forgetting rows it could not reset.
-	NotReset []RowState
+// A Resetter is everything a Worker needs from the store its rows live
+// in. New takes nothing else; a wrapper that embeds a Resetter keeps every
+// guarantee, because what the resetter guarantees travels in Info's value,
+// not in the wrapper's method set. pgxreset.Resetter (pgx) and
+// sqlreset.Resetter (database/sql) are the implementations for PostgreSQL;
+// hosts with another store implement their own.
+//
+// Every method must return soon after ctx ends: recovery runs them under a
+// claim that expires, and Shutdown cancels them.
+type Resetter interface {
+	// Info says what the resetter guarantees. New calls it once; it must
+	// not do I/O.
+	Info() ResetterInfo
+	// Check compares the configuration with the store and reads what it
+	// serves (ResetterInfo's Serves, Server, OwnerWidth,
+	// IdleInTxTimeout). Start calls it before writing to Redis. With
+	// schema false (WithoutSchemaCheck) only the identity is read. Its
+	// errors wrap ErrSchema or ErrReadOnly.
+	Check(ctx context.Context, schema bool) (ResetterInfo, error)
+	// Reset returns rows to the queue: req.RowIDs (rows-set recovery,
+	// Release), every row in progress owned by req.Owner (owner mode, the
+	// sweep), or req.Versions (the sweep without an owner column). It must
+	// only change rows that are still in progress. With req.DryRun it
+	// changes nothing and fills ChangedIDs.
+	Reset(ctx context.Context, req ResetRequest) (ResetResult, error)
+	// InProgressOwners returns the distinct owners of rows in progress
+	// (with ResetterInfo.OwnerFencing and ListsInProgress).
+	InProgressOwners(ctx context.Context) ([]string, error)
+	// InProgressRows returns every row in progress with its version
+	// (without OwnerFencing, with ListsInProgress).
+	InProgressRows(ctx context.Context) ([]RowState, error)
+	// RowStates reads the committed state, version and lock of each
+	// existing row of ids; a row that does not exist is left out.
+	RowStates(ctx context.Context, ids []int64) ([]RowState, error)
 }
 
-// RowState is a row as a resetter found it.
-type RowState struct {
-	// ID is the row's ID.
-	ID int64
-	// Status is the row's status, as text.
-	Status string
-	// Owner is the row's owner, when the resetter knows owners (and the
-	// row has one).
-	Owner string
-	// Locked is set on a row a reset left in progress because another
-	// session held it locked: a transaction still open, perhaps on a host
-	// that vanished. The reset does not wait for it (PgxResetter and
-	// SQLResetter lock with SKIP LOCKED); recovery tries it again at the
-	// next scan.
-	Locked bool
-}
+// ResetterInfo says what a Resetter guarantees and how its rows read: its
+// fields are documented on internal/contract.ResetterInfo. Info fills the
+// guarantees; Check also fills what it read from the server (Serves,
+// Server, OwnerWidth, IdleInTxTimeout).
+type ResetterInfo = contract.ResetterInfo
 
-// A ResetRequest asks for the rows of one instance to be returned to the
-// queue.
-type ResetRequest struct {
-	// InstanceID is the instance the rows belong to: a dead peer, or the
-	// worker itself for Release. An owner-mode Release of rows fetched
-	// under a per-life owner value (Worker.Owner, <id>{<life>}) passes
-	// that value, with no Incarnation: a resetter that fences by owner
-	// matches it as the owner, whole.
-	InstanceID string
-	// Incarnation names the life of the instance's rows set; "" when it is
-	// not known (a worker of an older version). A resetter that records
-	// its resets (PgxResetter's ledger) records them under InstanceID and
-	// Incarnation, and never resets a row twice for the same pair.
-	Incarnation string
-	// RowIDs are the rows to reset.
-	RowIDs []int64
-	// FromRowsSet is set by recovery when RowIDs were read from the dead
-	// instance's rows set under a recovery claim; Release leaves it
-	// unset. A resetter that fences by owner then also resets the rows
-	// among them that are in progress with no owner: rows taken by a
-	// worker that does not set the owner column (a rows-set worker of a
-	// release from before the column was added), which a rows-set
-	// recovery would reset, under the guards it uses (the status, the
-	// claim, and the reset ledger for a known incarnation). Without it
-	// such rows are reported as not reset, never counted as settled.
-	FromRowsSet bool
-}
+// ResetRequest asks a Resetter to return rows to the queue: RowIDs of one
+// instance (and incarnation), every row in progress of an Owner, or rows
+// at given Versions; DryRun asks what would change. Its fields are
+// documented on internal/contract.ResetRequest.
+type ResetRequest = contract.ResetRequest
+
+// ResetResult says what a reset changed (Changed, Quarantined), what it
+// could not settle (NotReset), or what a dry run would change
+// (ChangedIDs). Its fields are documented on internal/contract.ResetResult.
+type ResetResult = contract.ResetResult
+
+// RowState is a row as a Resetter found it: ID, Status, Owner, Version and
+// whether another session held it Locked. Its fields are documented on
+// internal/contract.RowState.
+type RowState = contract.RowState
 
 // An IncarnationResetter is a RowResetter that takes the whole
 // ResetRequest, so it can record each reset under the incarnation of the
@@ -148,7 +146,7 @@ func resetRows(ctx context.Context, r RowResetter, req ResetRequest) (ResetResul
 		return rr.ResetRowsReport(ctx, req.InstanceID, req.RowIDs)
 	}
 	n, err := r.ResetRows(ctx, req.InstanceID, req.RowIDs)
-	return ResetResult{Reset: n}, err
+	return ResetResult{Changed: n}, err
 }
 
 // An OwnerFencer is a RowResetter that can say whether its resets are

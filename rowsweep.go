@@ -174,7 +174,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	if err != nil {
 		return err
 	}
-	rep.strayFound, rep.strayReset, rep.strayQuarantined = len(due), res.Reset, len(res.Quarantined)
+	rep.strayFound, rep.strayReset, rep.strayQuarantined = len(due), res.Changed, len(res.Quarantined)
 	// A row another session held locked is still due: remembered as it
 	// was, it is tried again at the next look, not a gap later.
 	for _, s := range res.NotReset {
@@ -183,10 +183,10 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 			rep.strayLocked++
 		}
 	}
-	w.stats.rowsRecovered.Add(uint64(res.Reset))
+	w.stats.rowsRecovered.Add(uint64(res.Changed))
 	w.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
-	w.stats.strayRowsReset.Add(uint64(res.Reset))
-	w.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Reset,
+	w.stats.strayRowsReset.Add(uint64(res.Changed))
+	w.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
 		RowsQuarantined: len(res.Quarantined), Duration: gap})
 	return nil
 }

@@ -171,7 +171,7 @@ func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger && !r.fe
 
 func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
 	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
-	return res.Reset, err
+	return res.Changed, err
 }
 
 func (r *simResetter) ResetRowsReport(ctx context.Context, dead string, ids []int64) (ResetResult, error) {
@@ -235,7 +235,7 @@ func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (R
 			}
 		}
 		r.p.world.tracef("%s reset %s/%s rows %v: changed %d, quarantined %v, not reset %d",
-			r.p, req.InstanceID, short(req.Incarnation), ids, res.Reset, res.Quarantined, len(res.NotReset))
+			r.p, req.InstanceID, short(req.Incarnation), ids, res.Changed, res.Quarantined, len(res.NotReset))
 	})
 	if err == nil {
 		err = r.waitOnLock(ctx, waited)
@@ -318,7 +318,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 	if t.fenced {
 		row.owner = ""
 	}
-	res.Reset++
+	res.Changed++
 }
 
 // ResetOwnerRows is PgxResetter.ResetOwnerRows: every row in progress

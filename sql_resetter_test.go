@@ -269,7 +269,7 @@ func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.
 			require.NoError(t, r.CreateLedger(context.Background()))
 			res, err := r.ResetIncarnation(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
 			require.NoError(t, err)
-			assert.Equal(t, int64(1), res.Reset)
+			assert.Equal(t, int64(1), res.Changed)
 		})
 	}
 }
@@ -360,7 +360,7 @@ func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 			setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
 			res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "victim", Incarnation: inc, RowIDs: []int64{1, 2, 3}})
 			require.NoError(t, err)
-			assert.Zero(t, res.Reset, "a late retry of the same life resets nothing")
+			assert.Zero(t, res.Changed, "a late retry of the same life resets nothing")
 			assert.Empty(t, res.NotReset)
 			assert.Equal(t, map[int64]int{1: 1, 2: 1, 3: 1}, pick(recoveries(t, db), 1, 2, 3))
 		})

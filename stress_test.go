@@ -48,9 +48,9 @@ type ownerSpy struct {
 
 func (s *ownerSpy) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
 	res, err := s.PgxResetter.ResetOwnerRows(ctx, owner)
-	if res.Reset > 0 {
+	if res.Changed > 0 {
 		s.before(owner)
-		s.resets.Add(res.Reset)
+		s.resets.Add(res.Changed)
 	}
 	return res, err
 }

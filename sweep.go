@@ -339,12 +339,12 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 			continue
 		}
 		delete(s.endedSince, v)
-		pr := PeerRecovery{InstanceID: id, RowsFound: int(res.Reset) + len(res.NotReset), RowsReset: res.Reset,
+		pr := PeerRecovery{InstanceID: id, RowsFound: int(res.Changed) + len(res.NotReset), RowsReset: res.Changed,
 			Quarantined: res.Quarantined, NotReset: res.NotReset}
 		w.countRows(pr)
 		rep.recovered = append(rep.recovered, pr)
 		w.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
-			"owner", clip(v), "rows_reset", res.Reset, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))
+			"owner", clip(v), "rows_reset", res.Changed, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))
 	}
 	for v := range s.endedSince {
 		if !seen[v] {

@@ -30,19 +30,19 @@ type faultyResetter struct {
 // fault when the reset was of the chosen peer and changed rows.
 func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
 	res, err := f.PgxResetter.ResetIncarnation(ctx, req)
-	if err != nil || res.Reset == 0 {
+	if err != nil || res.Changed == 0 {
 		return res, err
 	}
 	f.once.Do(func() {
 		switch req.InstanceID {
 		case f.cfg.dieAfterResetOf:
 			f.log.Warn("fault: killing this process after its reset committed, before the finish script",
-				"peer_id", req.InstanceID, "rows_reset", res.Reset)
+				"peer_id", req.InstanceID, "rows_reset", res.Changed)
 			_ = syscall.Kill(os.Getpid(), syscall.SIGKILL)
 			select {} // never returns: the kernel ends the process
 		case f.cfg.delayFinishOf:
 			f.log.Warn("fault: holding the finish script after the reset committed",
-				"peer_id", req.InstanceID, "rows_reset", res.Reset, "delay", f.cfg.finishDelay)
+				"peer_id", req.InstanceID, "rows_reset", res.Changed, "delay", f.cfg.finishDelay)
 			time.Sleep(f.cfg.finishDelay)
 			f.log.Info("fault: finish script released", "peer_id", req.InstanceID)
 		}

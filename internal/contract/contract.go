@@ -1,0 +1,147 @@
+// Package contract holds the data types and error values of the contract
+// between a recovery.Worker and its Resetter. The root package aliases
+// each of them, and users name them there (recovery.ResetRequest,
+// recovery.ErrSchema, ...). They live here so that the PostgreSQL
+// resetters (internal/pgcore and the packages under postgres/) can build
+// and return them without importing the root package.
+package contract
+
+import (
+	"errors"
+	"time"
+)
+
+// Error values a resetter wraps. Their messages are part of what users
+// see and must not change.
+var (
+	// ErrInvalidConfig: see recovery.ErrInvalidConfig.
+	ErrInvalidConfig = errors.New("recovery: invalid configuration")
+	// ErrSchema: see recovery.ErrSchema.
+	ErrSchema = errors.New("recovery: table does not match the configuration")
+	// ErrReadOnly: see recovery.ErrReadOnly.
+	ErrReadOnly = errors.New("recovery: database session is read-only")
+	// ErrRowsLocked: see recovery.ErrRowsLocked.
+	ErrRowsLocked = errors.New("recovery: rows locked by another session")
+)
+
+// ResetRequest asks a resetter to return rows to the queue. Exactly one
+// of RowIDs, Owner and Versions says which rows.
+type ResetRequest struct {
+	// InstanceID is the instance the rows belong to: a dead peer, or the
+	// worker itself for Release. An owner-mode Release of rows fetched
+	// under a per-life owner value (<id>{<life>}) passes that value, with
+	// no Incarnation: a resetter that fences by owner matches it as the
+	// owner, whole.
+	InstanceID string
+	// Incarnation names the life of the instance's rows set; "" when it is
+	// not known (a worker of an older version). A resetter with a ledger
+	// records its resets under InstanceID and Incarnation, and never
+	// resets a row twice for the same pair.
+	Incarnation string
+	// RowIDs are the rows to reset (rows-set recovery, Release).
+	RowIDs []int64
+	// FromRowsSet is set by recovery when RowIDs were read from the dead
+	// instance's rows set under a recovery claim; Release leaves it
+	// unset. A resetter that fences by owner then also resets the rows
+	// among them that are in progress with no owner (a rows-set worker of
+	// a release from before the owner column), under the guards it uses.
+	// Without it such rows are reported as not reset, never counted as
+	// settled.
+	FromRowsSet bool
+	// Owner, when set (and RowIDs and Versions are empty), asks for every
+	// row still in progress and owned by Owner, whole: owner mode, the
+	// backstop sweep by owner, a Worker's own predecessor at Start. It
+	// needs ResetterInfo.OwnerFencing.
+	Owner string
+	// Versions, when set, asks for the rows still in progress at the
+	// version given (RowState.Version), and no other: the backstop sweep
+	// without an owner column. Rows that moved on are left alone and not
+	// reported; rows still at their version that another session held
+	// locked may be listed in NotReset (Locked). Resetting the same
+	// versions again changes nothing.
+	Versions []RowState
+	// DryRun asks the resetter to run the very statements of the reset in
+	// a transaction it always rolls back, and to fill ResetResult's
+	// ChangedIDs with the rows the reset would change. It needs
+	// ResetterInfo.DryRun.
+	DryRun bool
+}
+
+// ResetResult says what a reset changed, or would change (DryRun).
+type ResetResult struct {
+	// Changed is how many rows changed: queued again or quarantined.
+	Changed int64
+	// ChangedIDs lists the rows a dry run would change; a reset may leave
+	// it empty.
+	ChangedIDs []int64
+	// Quarantined lists the rows that reached their recovery limit and were
+	// set to the terminal status instead of queued.
+	Quarantined []int64
+	// NotReset lists the rows that were neither reset nor shown to be
+	// settled: not queued, not done, not quarantined, not held by another
+	// owner and not reset before under the same incarnation. A misspelled
+	// status is the usual cause; a row another session held locked is one
+	// too (RowState.Locked). Recovery keeps the rows set of a peer with
+	// such rows, and tries again, instead of forgetting rows it could not
+	// reset.
+	NotReset []RowState
+}
+
+// RowState is a row as a resetter found it.
+type RowState struct {
+	// ID is the row's ID.
+	ID int64
+	// Status is the row's status, as text.
+	Status string
+	// Owner is the row's owner, when the resetter knows owners (and the
+	// row has one).
+	Owner string
+	// Version changes whenever the row is written (PostgreSQL: xmin).
+	// InProgressRows and RowStates fill it; a reset by Versions matches
+	// it.
+	Version string
+	// Locked is set on a row another session held locked: a transaction
+	// still open, perhaps on a host that vanished. A reset does not wait
+	// for it and leaves it in progress; recovery tries it again later.
+	Locked bool
+}
+
+// ResetterInfo says what a resetter guarantees and how its rows read. A
+// Worker asks for it once, in New (Info, no I/O), and again at Start
+// (Check, which fills the fields read from the server).
+type ResetterInfo struct {
+	// Name names the resetter in messages, as "pgxreset.Resetter".
+	Name string
+	// OwnerFencing: the resetter resets a row only while the instance
+	// named (ResetRequest.InstanceID or Owner) still owns it. Owner mode
+	// needs it, and so does Release after a lost lease (or Ledger).
+	OwnerFencing bool
+	// Ledger: Reset records (InstanceID, Incarnation) with each row it
+	// resets and never resets a row twice for the same pair.
+	Ledger bool
+	// DryRun: Reset honours ResetRequest.DryRun.
+	DryRun bool
+	// ListsInProgress: InProgressOwners (with OwnerFencing) or
+	// InProgressRows (without) work, so the backstop sweep can run.
+	ListsInProgress bool
+	// InProgressStatus is the status of a row being processed, as
+	// RowState.Status reads.
+	InProgressStatus string
+	// QueuedStatus is the status a reset writes, as RowState.Status reads.
+	QueuedStatus string
+
+	// Filled by Check only.
+
+	// Serves names the table the resetter serves, as "schema.table on
+	// database db", for the fleet record; "" when unknown.
+	Serves string
+	// Server names the database server ("system_identifier=<n>"); "" when
+	// the session may not read it.
+	Server string
+	// OwnerWidth is the owner column's width in characters; 0 when it has
+	// none (text) or there is no owner column.
+	OwnerWidth int
+	// IdleInTxTimeout is the session's idle_in_transaction_session_timeout;
+	// 0 when it is off.
+	IdleInTxTimeout time.Duration
+}
