@@ -1,0 +1,275 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+)
+
+// decoration wraps a bundled resetter as a host would, or not at all.
+type decoration struct {
+	name string
+	wrap func(r pgResetterAPI) resetterUnderTest
+}
+
+// guaranteeImpls are the bundled resetters the decorator test runs on:
+// PgxResetter, and SQLResetter (through pgx's stdlib).
+func guaranteeImpls() []resetterImpl {
+	var out []resetterImpl
+	for _, impl := range resetterImpls {
+		if impl.name == "pgx" || impl.name == "stdlib" {
+			out = append(out, impl)
+		}
+	}
+	return out
+}
+
+// runGuarantees runs every guarantee of §2c for each bundled resetter,
+// with and without an owner column, bare and through each decoration.
+func runGuarantees(t *testing.T, decorations []decoration) {
+	for _, impl := range guaranteeImpls() {
+		for _, ownerCol := range []bool{true, false} {
+			for _, d := range decorations {
+				t.Run(fmt.Sprintf("%s/owner=%v/%s", impl.name, ownerCol, d.name), func(t *testing.T) {
+					t.Parallel()
+					g := guarantee{impl: impl, ownerCol: ownerCol, wrap: d.wrap}
+					t.Run("OwnerMode", g.ownerMode)
+					t.Run("Ledger", g.ledger)
+					t.Run("StartRefuses", g.startRefuses)
+					t.Run("SelfCheck", g.selfCheck)
+					t.Run("Report", g.report)
+					t.Run("Sweep", g.sweep)
+					t.Run("DryRun", g.dryRun)
+					t.Run("ReleaseAfterLoss", g.releaseAfterLoss)
+				})
+			}
+		}
+	}
+}
+
+// guarantee is one resetter configuration under one decoration.
+type guarantee struct {
+	impl     resetterImpl
+	ownerCol bool
+	wrap     func(r pgResetterAPI) resetterUnderTest
+}
+
+// resetter returns the decorated resetter on db's batch table.
+func (g guarantee) resetter(t *testing.T, db *pgxpool.Pool, extra ...ResetterOption) resetterUnderTest {
+	t.Helper()
+	var opts []ResetterOption
+	if g.ownerCol {
+		opts = append(opts, WithOwnerColumn("owner"))
+	}
+	return g.wrap(g.impl.mustResetter(t, db, append(opts, WithRecoveryCountColumn("recoveries"))...))
+}
+
+// deadVictim starts a worker, has it take and track ids as a host would
+// (the owner column set to its owner value), and kills it.
+func (g guarantee) deadVictim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, opts []Option, ids ...int64) {
+	t.Helper()
+	v, _ := startWorker(t, rdb, g.resetter(t, db), "victim", opts...)
+	take(t, db, v.Owner(), ids...)
+	require.NoError(t, v.Track(context.Background(), ids...))
+	v.crash()
+	// Its heartbeat expired; so did the claim its Start took on its own ID.
+	require.NoError(t, rdb.Del(context.Background(), v.ownKeys().Heartbeat, v.ownKeys().Claim).Err())
+}
+
+func (g guarantee) ownerMode(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	w, _ := newWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix))
+	assert.Equal(t, g.ownerCol, w.OwnerMode(), "owner mode whenever the resetter fences by owner")
+}
+
+// ledger: a recoverer's reset commits and the recoverer dies before Redis
+// hears of it; the rows are taken again by a live worker; the next
+// recoverer, of the same incarnation, changes nothing.
+func (g guarantee) ledger(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(), WithResetTimeout(5 * time.Second)}
+	g.deadVictim(t, rdb, db, opts, 1, 2, 3)
+	before := dumpKeys(t, rdb, prefix)
+
+	r1, _ := newWorker(t, rdb, g.resetter(t, db), "r1", opts...)
+	rep, err := r1.RecoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assertQueued(t, db, 1, 2, 3)
+
+	restoreKeys(t, rdb, prefix, before) // r1's finish never reached Redis
+	take(t, db, "live", 1, 2, 3)        // a live worker takes them again
+
+	r2, _ := newWorker(t, rdb, g.resetter(t, db), "r2", opts...)
+	rep, err = r2.RecoverNow(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, rep.RowsReset, "the second reset of the same incarnation changes nothing")
+	for id, s := range statuses(t, db) {
+		if id <= 3 {
+			assert.Equal(t, "inprog", s, "row %d stays with the live worker", id)
+		}
+	}
+}
+
+func (g guarantee) startRefuses(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+
+	// A status the table does not know (an enum status column).
+	schema, ropts := jobsTable(t, db, true, 2)
+	if g.ownerCol {
+		_, err := db.Exec(ctx, "ALTER TABLE "+schema+".jobs ADD owner text")
+		require.NoError(t, err)
+		ropts = append(ropts, WithOwnerColumn("owner"))
+	}
+	bad := g.wrap(g.impl.mustResetter(t, db, append(ropts, WithStatuses("running", "pendng"))...))
+	w, _ := newWorker(t, rdb, bad, "bad-status", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
+	assert.ErrorIs(t, w.Start(ctx), ErrSchema, "a misspelt status")
+
+	// A session that cannot write.
+	ro := g.resetter(t, poolAsReadOnlyRole(t, db))
+	w, _ = newWorker(t, rdb, ro, "read-only", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
+	assert.ErrorIs(t, w.Start(ctx), ErrReadOnly, "a read-only session")
+
+	// Another fleet's record under the prefix.
+	startWorker(t, rdb, g.resetter(t, db), "a", WithKeyPrefix(prefix))
+	other := testutil.Postgres(t)
+	testutil.CreateBatch(t, other, 4)
+	w, _ = newWorker(t, rdb, g.resetter(t, other), "b", WithKeyPrefix(prefix))
+	assert.ErrorIs(t, w.Start(ctx), ErrFleetMismatch, "another table under the prefix")
+}
+
+// selfCheck: rows tracked with a status the resetter does not take for
+// in progress raise the alarm.
+func (g guarantee) selfCheck(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix), WithSelfCheckWindow(100*time.Millisecond))
+	take(t, db, w.Owner(), 1, 2)
+	setStatus(t, db, "in_progress", 1, 2) // the host's status, misspelt
+	require.NoError(t, w.Track(ctx, 1, 2))
+	assert.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 10*time.Second, 20*time.Millisecond,
+		"the self-check raises the alarm")
+}
+
+// report: a quarantined row and a row not reset are reported.
+func (g guarantee) report(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets()}
+	g.deadVictim(t, rdb, db, opts, 1, 2, 3)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 5 WHERE rowid = 1`)
+	require.NoError(t, err)
+	setStatus(t, db, "weird", 2)
+
+	var limit []ResetterOption
+	if g.ownerCol {
+		limit = append(limit, WithOwnerColumn("owner"))
+	}
+	limit = append(limit, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, "failed"))
+	r, _ := newWorker(t, rdb, g.wrap(g.impl.mustResetter(t, db, limit...)), "r", opts...)
+	rep, err := r.RecoverNow(ctx)
+	require.ErrorIs(t, err, ErrRowsNotReset, "row 2 is neither reset nor settled")
+	require.Len(t, rep.Failed, 1)
+	assert.Equal(t, []int64{1}, rep.Failed[0].Quarantined)
+	if assert.Len(t, rep.Failed[0].NotReset, 1) {
+		assert.Equal(t, int64(2), rep.Failed[0].NotReset[0].ID)
+	}
+	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 3, "rows set kept")
+}
+
+// sweep: rows in progress that nothing in Redis knows go back to the
+// queue: by owner with an owner column, by row version without.
+func (g guarantee) sweep(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	waitUptime(t, rdb, 2*time.Second)
+	take(t, db, "gone", 1, 2)
+	w, _ := newWorker(t, rdb, g.resetter(t, db), "sweeper", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	require.NotNil(t, w.sweeper, "the backstop sweep runs")
+	require.Eventually(t, func() bool {
+		_, err := w.sweeper.runOnce(ctx)
+		st := statuses(t, db)
+		return err == nil && st[1] == "queued" && st[2] == "queued"
+	}, 10*time.Second, 50*time.Millisecond, "the sweep resets rows no one tracks")
+}
+
+// dryRun: PlanRecovery says what a reset would change.
+func (g guarantee) dryRun(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	g.deadVictim(t, rdb, db, []Option{WithKeyPrefix(prefix)}, 1, 2, 3)
+	w, _ := newWorker(t, rdb, g.resetter(t, db), "planner", WithKeyPrefix(prefix))
+	plan, err := w.PlanRecovery(ctx)
+	require.NoError(t, err)
+	require.Len(t, plan.Peers, 1)
+	assert.NotEqual(t, PlanUnknown, plan.Peers[0].Action)
+	assert.Equal(t, 3, plan.RowsToReset, "%+v", plan)
+	assert.Equal(t, "inprog", statuses(t, db)[1], "nothing changed")
+}
+
+// releaseAfterLoss: owner fencing or the ledger make Release safe after
+// the lease was lost.
+func (g guarantee) releaseAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 4)
+	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithHeartbeatTTL(400*time.Millisecond),
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	take(t, db, w.Owner(), 1)
+	require.NoError(t, w.Track(ctx, 1))
+	mr.SetError("ERR down")
+	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+	assert.NoError(t, w.Release(ctx, 1), "safe after a lost lease")
+	assertQueued(t, db, 1)
+	mr.SetError("")
+}
+
+// dumpKeys returns a DUMP of every key under prefix.
+func dumpKeys(t *testing.T, rdb *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, k := range keys {
+		v, err := rdb.Dump(ctx, k).Result()
+		require.NoError(t, err)
+		out[k] = v
+	}
+	return out
+}
+
+// restoreKeys replaces every key under prefix with the dump.
+func restoreKeys(t *testing.T, rdb *redis.Client, prefix string, dump map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	require.NoError(t, err)
+	if len(keys) > 0 {
+		require.NoError(t, rdb.Del(ctx, keys...).Err())
+	}
+	for k, v := range dump {
+		require.NoError(t, rdb.Restore(ctx, k, 0, v).Err())
+	}
+}
+
+// assertQueued asserts that each of ids is queued.
+func assertQueued(t *testing.T, db *pgxpool.Pool, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+	}
+}
