@@ -119,8 +119,27 @@ type TrackedRows struct {
 // Inspect and friends, which never resets anything.
 type inspectResetter struct{}
 
-func (inspectResetter) ResetRows(context.Context, string, []int64) (int64, error) {
-	return 0, errors.New("recovery: inspection resets nothing")
+// errInspection is what every method of inspectResetter but Info returns.
+var errInspection = fmt.Errorf("recovery: inspection resets nothing: %w", errors.ErrUnsupported)
+
+func (inspectResetter) Info() ResetterInfo {
+	return ResetterInfo{Name: "inspection", InProgressStatus: "in progress", QueuedStatus: "queued"}
+}
+
+func (inspectResetter) Check(context.Context, bool) (ResetterInfo, error) {
+	return ResetterInfo{}, errInspection
+}
+
+func (inspectResetter) Reset(context.Context, ResetRequest) (ResetResult, error) {
+	return ResetResult{}, errInspection
+}
+
+func (inspectResetter) InProgressOwners(context.Context) ([]string, error) { return nil, errInspection }
+
+func (inspectResetter) InProgressRows(context.Context) ([]RowState, error) { return nil, errInspection }
+
+func (inspectResetter) RowStates(context.Context, []int64) ([]RowState, error) {
+	return nil, errInspection
 }
 
 // inspector returns a Worker that is never started, under an ID no worker
@@ -337,9 +356,8 @@ func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {
 	if err != nil {
 		return plan, err
 	}
-	planner, canPlan := w.resetter.(ResetPlanner)
-	owners, byOwner := w.resetter.(OwnerPlanner)
-	byOwner = byOwner && w.ownerMode
+	canPlan := w.info.DryRun
+	byOwner := canPlan && w.ownerMode
 	for _, st := range states {
 		p := PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
 		switch {
@@ -351,7 +369,7 @@ func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {
 				p.Action = PlanLost
 			}
 		default:
-			if err := w.planPeer(ctx, &p, st, planner, canPlan); err != nil {
+			if err := w.planPeer(ctx, &p, st, canPlan); err != nil {
 				return plan, err
 			}
 			if byOwner && p.Action != PlanUnknown && p.Action != PlanKeep {
@@ -364,12 +382,12 @@ func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {
 				}
 				for _, v := range values {
 					resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-					op, err := owners.PlanOwnerReset(resetCtx, v)
+					op, err := w.resetter.Reset(resetCtx, ResetRequest{Owner: v, DryRun: true})
 					cancel()
 					if err != nil {
 						return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 					}
-					p.Reset = mergeIDs(p.Reset, op.Reset)
+					p.Reset = mergeIDs(p.Reset, op.ChangedIDs)
 					p.Quarantined = mergeIDs(p.Quarantined, op.Quarantined)
 				}
 				if p.Action == PlanDeregister && len(p.Reset) > 0 {
@@ -385,7 +403,7 @@ func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {
 
 // planPeer plans the recovery of one dead peer from its rows set, as a
 // recovery in rows-set mode would do it.
-func (w *Worker) planPeer(ctx context.Context, p *PeerPlan, st InstanceState, planner ResetPlanner, canPlan bool) error {
+func (w *Worker) planPeer(ctx context.Context, p *PeerPlan, st InstanceState, canPlan bool) error {
 	var err error
 	p.Action = PlanDeregister
 	if !st.RowsPresent && st.Incarnation == "" {
@@ -402,14 +420,14 @@ func (w *Worker) planPeer(ctx context.Context, p *PeerPlan, st InstanceState, pl
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	rp, err := planner.PlanReset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
-		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs, FromRowsSet: true})
+	rp, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
+		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs, FromRowsSet: true, DryRun: true})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 	}
 	p.Action = PlanReset
-	p.Reset, p.Quarantined, p.NotReset = rp.Reset, rp.Quarantined, rp.NotReset
+	p.Reset, p.Quarantined, p.NotReset = rp.ChangedIDs, rp.Quarantined, rp.NotReset
 	if len(rp.NotReset) > 0 {
 		p.Action = PlanKeep
 	}
