@@ -15,20 +15,24 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// noopResetter stands in for a PgxResetter in examples that recover nothing.
+// noopResetter stands in for a pgxreset.Resetter in examples that recover nothing.
 type noopResetter struct{}
 
 func (noopResetter) Info() recovery.ResetterInfo {
 	return recovery.ResetterInfo{Name: "noop", InProgressStatus: "inprog", QueuedStatus: "queued"}
 }
 
-func (r noopResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) { return r.Info(), nil }
+func (r noopResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return r.Info(), nil
+}
 
 func (noopResetter) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 
-func (noopResetter) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
+func (noopResetter) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
 
 func (noopResetter) InProgressRows(context.Context) ([]recovery.RowState, error) {
 	return nil, errors.ErrUnsupported

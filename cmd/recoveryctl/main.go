@@ -52,10 +52,10 @@
 // one block per frame.
 //
 // recover resets rows in PostgreSQL through the library itself: a
-// recovery.PgxResetter built from the flags below and one scan of a
+// pgxreset.Resetter built from the flags below and one scan of a
 // recovery.Worker that is never started (Worker.RecoverNow: no heartbeat,
 // no registration). It needs --database-url or $DATABASE_URL, and first
-// checks the resetter against the catalogue (PgxResetter.CheckSchema;
+// checks the resetter against the catalogue (pgxreset.Resetter.CheckSchema;
 // --no-schema-check skips it). A dead instance whose tracked rows could be
 // neither reset nor shown finished keeps its rows set and registry entry,
 // and recover exits 1 naming the rows and their statuses.
@@ -63,11 +63,11 @@
 // recover --dry-run changes nothing: it finds the dead instances as a scan
 // does and asks PostgreSQL which rows a reset would change, by running the
 // reset in a transaction that is rolled back (Worker.PlanRecovery,
-// PgxResetter.PlanReset).
+// pgxreset.Resetter.PlanReset).
 //
-// The resetter flags are those of the fleet's PgxResetter, and each
-// defaults to the RECOVERY_* variable recovery.PgxConfigFromEnv reads, so
-// a host that configures itself with PgxConfigFromEnv and recoveryctl
+// The resetter flags are those of the fleet's pgxreset.Resetter, and each
+// defaults to the RECOVERY_* variable postgres.ConfigFromEnv reads, so
+// a host that configures itself with postgres.ConfigFromEnv and recoveryctl
 // share one configuration:
 //
 //	--schema                 RECOVERY_SCHEMA                 WithSchema
@@ -104,6 +104,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/postgres"
 )
 
 // Exit statuses.
@@ -143,9 +144,9 @@ type options struct {
 	heartbeatTTL, heartbeatInterval time.Duration
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
 	// environment variables the host reads too, then the flags.
-	pgx recovery.PgxConfig
+	pgx postgres.Config
 	// getenv is the environment the configuration came from: errors name
-	// the RECOVERY_* variable of a setting it gave (PgxConfig.OptionsNamingEnv).
+	// the RECOVERY_* variable of a setting it gave (postgres.Config.OptionsNamingEnv).
 	getenv func(string) string
 }
 
@@ -163,7 +164,7 @@ func (o *options) registerCommon(fs *flag.FlagSet) {
 		"the fleet's heartbeat interval (recovery.WithHeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
 }
 
-// registerRecover defines the flags of recover: one for every PgxResetter
+// registerRecover defines the flags of recover: one for every pgxreset.Resetter
 // option, each defaulting to its RECOVERY_* variable (already in o.pgx).
 func (o *options) registerRecover(fs *flag.FlagSet) {
 	c := &o.pgx
@@ -173,25 +174,25 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	str := func(p *string, name, env, def, usage string) {
 		fs.StringVar(p, name, *p, fmt.Sprintf("%s (recovery.%s; default $%s, else %s)", usage, optionName(name), env, def))
 	}
-	str(&c.Schema, "schema", recovery.EnvSchema, "the search_path", "schema of the table")
-	str(&c.Table, "table", recovery.EnvTable, recovery.DefaultTable, "table of the rows")
-	str(&c.IDColumn, "id-column", recovery.EnvIDColumn, recovery.DefaultIDColumn, "bigint row ID column")
-	str(&c.StatusColumn, "status-column", recovery.EnvStatusColumn, recovery.DefaultStatusColumn, "status column, text or enum")
-	str(&c.InProgressStatus, "inprog-status", recovery.EnvInProgressStatus, recovery.DefaultInProgressStatus, "status of a row in progress")
-	str(&c.QueuedStatus, "queued-status", recovery.EnvQueuedStatus, recovery.DefaultQueuedStatus, "status of a queued row")
+	str(&c.Schema, "schema", postgres.EnvSchema, "the search_path", "schema of the table")
+	str(&c.Table, "table", postgres.EnvTable, postgres.DefaultTable, "table of the rows")
+	str(&c.IDColumn, "id-column", postgres.EnvIDColumn, postgres.DefaultIDColumn, "bigint row ID column")
+	str(&c.StatusColumn, "status-column", postgres.EnvStatusColumn, postgres.DefaultStatusColumn, "status column, text or enum")
+	str(&c.InProgressStatus, "inprog-status", postgres.EnvInProgressStatus, postgres.DefaultInProgressStatus, "status of a row in progress")
+	str(&c.QueuedStatus, "queued-status", postgres.EnvQueuedStatus, postgres.DefaultQueuedStatus, "status of a queued row")
 	fs.Func("done-statuses", fmt.Sprintf("comma-separated statuses of a finished row (recovery.WithDoneStatuses; default $%s, else %s)",
-		recovery.EnvDoneStatuses, recovery.DefaultDoneStatus), func(v string) error {
+		postgres.EnvDoneStatuses, postgres.DefaultDoneStatus), func(v string) error {
 		c.DoneStatuses = splitAddrs(v)
 		return nil
 	})
-	str(&c.OwnerColumn, "owner-column", recovery.EnvOwnerColumn, "off", "owner column, if the fleet fences by owner")
-	str(&c.RecoveryCountColumn, "recovery-count-column", recovery.EnvRecoveryCountColumn, "off", "recovery counter column, if the fleet counts")
+	str(&c.OwnerColumn, "owner-column", postgres.EnvOwnerColumn, "off", "owner column, if the fleet fences by owner")
+	str(&c.RecoveryCountColumn, "recovery-count-column", postgres.EnvRecoveryCountColumn, "off", "recovery counter column, if the fleet counts")
 	fs.IntVar(&c.MaxRecoveries, "max-recoveries", c.MaxRecoveries, fmt.Sprintf(
-		"quarantine a row at this many recoveries (recovery.WithMaxRecoveries; default $%s, else off)", recovery.EnvMaxRecoveries))
-	str(&c.TerminalStatus, "terminal-status", recovery.EnvTerminalStatus, recovery.DefaultTerminalStatus, "status of a quarantined row, with --max-recoveries")
-	str(&c.ResetLedger, "reset-ledger", recovery.EnvResetLedger, recovery.DefaultLedgerTable, "reset ledger table, used without --owner-column")
+		"quarantine a row at this many recoveries (recovery.WithMaxRecoveries; default $%s, else off)", postgres.EnvMaxRecoveries))
+	str(&c.TerminalStatus, "terminal-status", postgres.EnvTerminalStatus, postgres.DefaultTerminalStatus, "status of a quarantined row, with --max-recoveries")
+	str(&c.ResetLedger, "reset-ledger", postgres.EnvResetLedger, postgres.DefaultLedgerTable, "reset ledger table, used without --owner-column")
 	fs.BoolVar(&c.NoResetLedger, "no-reset-ledger", c.NoResetLedger, fmt.Sprintf(
-		"reset without the reset ledger (recovery.WithoutResetLedger; default $%s)", recovery.EnvNoResetLedger))
+		"reset without the reset ledger (recovery.WithoutResetLedger; default $%s)", postgres.EnvNoResetLedger))
 }
 
 // registerHistory defines the flags of history.
@@ -207,7 +208,7 @@ func (o *options) registerWatch(fs *flag.FlagSet) {
 	fs.IntVar(&o.count, "count", 0, "stop after N frames (default: until interrupted)")
 	fs.BoolVar(&o.plain, "plain", false, "plain lines, one block per frame, even on a terminal")
 	fs.StringVar(&o.pgx.OwnerColumn, "owner-column", o.pgx.OwnerColumn, fmt.Sprintf(
-		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", recovery.EnvOwnerColumn))
+		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", postgres.EnvOwnerColumn))
 }
 
 // optionName names the library option behind a recover flag.
@@ -299,7 +300,7 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 	if p := getenv(recovery.EnvKeyPrefix); p != "" {
 		o.prefix = p
 	}
-	cfg, err := recovery.PgxConfigFromEnv(getenv)
+	cfg, err := postgres.ConfigFromEnv(getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
 		return "", nil, nil, exitUsage

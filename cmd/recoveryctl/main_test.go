@@ -27,6 +27,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
 )
 
 // These tests run recoveryctl's run function against a real redis-server
@@ -456,7 +457,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 }
 
 func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
-	want := recovery.PgxConfig{
+	want := postgres.Config{
 		Schema: "work", Table: "items", IDColumn: "item_id", StatusColumn: "state",
 		InProgressStatus: "running", QueuedStatus: "pending", DoneStatuses: []string{"done", "cancelled"},
 		OwnerColumn: "worker", RecoveryCountColumn: "retries", MaxRecoveries: 3, TerminalStatus: "dead",
@@ -474,11 +475,11 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	assert.Equal(t, "FLEET", o.prefix)
 
 	env := map[string]string{
-		recovery.EnvSchema: "work", recovery.EnvTable: "items", recovery.EnvIDColumn: "item_id",
-		recovery.EnvStatusColumn: "state", recovery.EnvInProgressStatus: "running", recovery.EnvQueuedStatus: "pending",
-		recovery.EnvDoneStatuses: "done,cancelled", recovery.EnvOwnerColumn: "worker",
-		recovery.EnvRecoveryCountColumn: "retries", recovery.EnvMaxRecoveries: "3", recovery.EnvTerminalStatus: "dead",
-		recovery.EnvResetLedger: "my_ledger", recovery.EnvNoResetLedger: "true", recovery.EnvKeyPrefix: "FLEET",
+		postgres.EnvSchema: "work", postgres.EnvTable: "items", postgres.EnvIDColumn: "item_id",
+		postgres.EnvStatusColumn: "state", postgres.EnvInProgressStatus: "running", postgres.EnvQueuedStatus: "pending",
+		postgres.EnvDoneStatuses: "done,cancelled", postgres.EnvOwnerColumn: "worker",
+		postgres.EnvRecoveryCountColumn: "retries", postgres.EnvMaxRecoveries: "3", postgres.EnvTerminalStatus: "dead",
+		postgres.EnvResetLedger: "my_ledger", postgres.EnvNoResetLedger: "true", recovery.EnvKeyPrefix: "FLEET",
 	}
 	_, _, o, code = parseArgs([]string{"recover"}, func(k string) string { return env[k] }, &errOut)
 	require.Equal(t, -1, code, errOut.String())
@@ -492,7 +493,7 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	assert.Equal(t, "P", o.prefix)
 
 	// A variable that cannot be parsed is a usage error naming it.
-	_, errS, c := ctl(t, map[string]string{recovery.EnvMaxRecoveries: "many"}, "recover")
+	_, errS, c := ctl(t, map[string]string{postgres.EnvMaxRecoveries: "many"}, "recover")
 	assert.Equal(t, exitUsage, c)
 	assert.Contains(t, errS, `RECOVERY_MAX_RECOVERIES="many" is not an integer`)
 
@@ -743,8 +744,8 @@ func TestWorkersShowsTheFleetRecord(t *testing.T) {
 func TestErrorsNameTheVariableASettingCameFrom(t *testing.T) {
 	url := testutil.RedisURL(t)
 	testutil.Postgres(t)
-	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t), recovery.EnvSchema: "no_such_schema",
-		recovery.EnvMaxRecoveries: "3", recovery.EnvTerminalStatus: "dead"}
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t), postgres.EnvSchema: "no_such_schema",
+		postgres.EnvMaxRecoveries: "3", postgres.EnvTerminalStatus: "dead"}
 	base := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "recover"}
 
 	_, errOut, code := ctl(t, env, append(base, "--recovery-count-column", "n")...)
