@@ -22,13 +22,17 @@ func (noopResetter) Info() recovery.ResetterInfo {
 	return recovery.ResetterInfo{Name: "noop", InProgressStatus: "inprog", QueuedStatus: "queued"}
 }
 
-func (r noopResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) { return r.Info(), nil }
+func (r noopResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return r.Info(), nil
+}
 
 func (noopResetter) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 
-func (noopResetter) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
+func (noopResetter) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
 
 func (noopResetter) InProgressRows(context.Context) ([]recovery.RowState, error) {
 	return nil, errors.ErrUnsupported

@@ -16,9 +16,10 @@ import (
 // rows committed (-die-after-reset-of: a recoverer that dies between its
 // COMMIT and the finish script), or hold the recovery there for a while
 // (-delay-finish-of: a recoverer whose finish comes late). Each fault
-// fires once, on the first reset of that peer that changed rows. Every
-// other method is PgxResetter's own, so the worker sees the same
-// interfaces (ledger, owner fencing, schema check) as without faults.
+// fires once, on the first reset of that peer's rows by ID that changed
+// rows. Every other method is PgxResetter's own, and its Info with them,
+// so the worker sees the same guarantees (ledger, owner fencing, schema
+// check) as without faults.
 type faultyResetter struct {
 	*recovery.PgxResetter
 	cfg  config
@@ -26,11 +27,12 @@ type faultyResetter struct {
 	once sync.Once
 }
 
-// ResetIncarnation resets through the PgxResetter, then injects the
-// fault when the reset was of the chosen peer and changed rows.
-func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
-	res, err := f.PgxResetter.ResetIncarnation(ctx, req)
-	if err != nil || res.Changed == 0 {
+// Reset resets through the PgxResetter, then injects the fault when the
+// reset was of the chosen peer's rows by ID (not a dry run) and changed
+// rows.
+func (f *faultyResetter) Reset(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+	res, err := f.PgxResetter.Reset(ctx, req)
+	if err != nil || res.Changed == 0 || len(req.RowIDs) == 0 || req.DryRun {
 		return res, err
 	}
 	f.once.Do(func() {
@@ -51,7 +53,7 @@ func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.Rese
 }
 
 // resetterWithFaults returns r, wrapped when a recoverer fault is asked for.
-func resetterWithFaults(r *recovery.PgxResetter, cfg config, log *slog.Logger) recovery.RowResetter {
+func resetterWithFaults(r *recovery.PgxResetter, cfg config, log *slog.Logger) recovery.Resetter {
 	if cfg.dieAfterResetOf == "" && cfg.delayFinishOf == "" {
 		return r
 	}
