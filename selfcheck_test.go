@@ -6,6 +6,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -21,9 +22,8 @@ func selfCheckTimings(prefix string) []Option {
 
 // takeBlock marks rows in progress with the given status and owner, as a
 // host's fetch would, and tracks them.
-func takeBlock(t *testing.T, w *Worker, status, owner string, ids ...int64) {
+func takeBlock(t *testing.T, db *pgxpool.Pool, w *Worker, status, owner string, ids ...int64) {
 	t.Helper()
-	db := w.resetter.(*PgxResetter).db
 	_, err := db.Exec(context.Background(), `UPDATE batchrows SET status = $1, owner = $2 WHERE rowid = ANY($3)`, status, owner, ids)
 	require.NoError(t, err)
 	require.NoError(t, w.Track(context.Background(), ids...))
@@ -54,7 +54,7 @@ func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *tes
 			w, logs := startWorker(t, rdb, r, "w", append(selfCheckTimings(testutil.Name("SC")), WithObserver(rec))...)
 			require.NoError(t, w.Healthy())
 			start := time.Now()
-			takeBlock(t, w, c.status, c.owner(w), 1, 2, 3)
+			takeBlock(t, db, w, c.status, c.owner(w), 1, 2, 3)
 
 			require.Eventually(t, func() bool { return w.Healthy() != nil }, 3*time.Second, 20*time.Millisecond,
 				"Healthy fails within about two heartbeat intervals")
@@ -79,7 +79,7 @@ func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
 	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	w, _ := startWorker(t, rdb, r, "w", selfCheckTimings(testutil.Name("SC"))...)
-	takeBlock(t, w, "inprog", w.InstanceID(), 1, 2, 3)
+	takeBlock(t, db, w, "inprog", w.InstanceID(), 1, 2, 3)
 
 	require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
 	checks := w.checker.checks.Load()
@@ -105,7 +105,7 @@ func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.
 	ctx := context.Background()
 
 	for id := int64(1); id <= 8; id++ {
-		takeBlock(t, w, "inprog", w.InstanceID(), id)
+		takeBlock(t, db, w, "inprog", w.InstanceID(), id)
 		_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1`, id)
 		require.NoError(t, err)
 		checks := w.checker.checks.Load() // finished, not yet untracked, until a check has read it so
@@ -132,7 +132,7 @@ func TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone(t *testing.T) {
 	r, err := NewPgxResetter(db, WithStatuses("queued", "inprog")) // swapped
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", selfCheckTimings(prefix)...)
-	takeBlock(t, w, "inprog", "", 5, 6)
+	takeBlock(t, db, w, "inprog", "", 5, 6)
 	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 20*time.Millisecond)
 
 	// A peer dies holding rows 1-4 (no heartbeat, its rows set left).
@@ -186,7 +186,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	assert.True(t, rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead").Val(), "and its registry entry")
 	assert.Equal(t, 1, logs.Count("recovery of dead peer held until this worker has seen a row of its own in progress"))
 
-	takeBlock(t, w, "inprog", "", 5, 6) // its first block: the alarm
+	takeBlock(t, db, w, "inprog", "", 5, 6) // its first block: the alarm
 	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 10*time.Millisecond)
 	_, err = w.RecoverNow(ctx)
 	require.ErrorIs(t, err, ErrMisconfigured)
@@ -194,7 +194,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	right, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	c, _ := startWorker(t, rdb, right, "c", selfCheckTimings(prefix)...)
-	takeBlock(t, c, "inprog", "", 7, 8)
+	takeBlock(t, db, c, "inprog", "", 7, 8)
 	require.Eventually(t, func() bool { return c.checker.verdict.Load() == 1 }, 3*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		_, _ = c.RecoverNow(ctx)
