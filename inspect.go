@@ -289,8 +289,8 @@ const (
 	PlanLost PlanAction = "lost"
 	// PlanSkip: another worker holds the claim (or just finished).
 	PlanSkip PlanAction = "skip"
-	// PlanUnknown: the resetter cannot tell what it would change (it is
-	// not a ResetPlanner); the tracked rows would be handed to it.
+	// PlanUnknown: the resetter cannot tell what it would change (its
+	// Info says no DryRun); the tracked rows would be handed to it.
 	PlanUnknown PlanAction = "unknown"
 )
 
@@ -304,8 +304,8 @@ type PeerPlan struct {
 	Claim ClaimState
 	// Tracked are the rows its rows set holds.
 	Tracked TrackedRows
-	// Reset, Quarantined and NotReset are the resetter's answer
-	// (ResetPlanner): the rows a reset would change, those of them it
+	// Reset, Quarantined and NotReset are the resetter's answer (a
+	// Reset with DryRun): the rows a reset would change, those of them it
 	// would quarantine, and the rows it could neither reset nor show
 	// settled.
 	Reset       []int64
@@ -331,8 +331,8 @@ type RecoveryPlan struct {
 // PlanRecovery says what RecoverNow would do now, changing nothing: it
 // finds the dead peers as a scan does (registry, heartbeats, the age of
 // the Redis node), reads each one's claim, incarnation and rows set as a
-// recovery does, and asks the resetter, when it is a ResetPlanner, which
-// rows a reset would actually change. It takes no claim, so a recovery
+// recovery does, and asks the resetter, when its Info says DryRun, which
+// rows a reset would actually change (Reset with DryRun). It takes no claim, so a recovery
 // running meanwhile may change the answer. Like RecoverNow it may be
 // called before Start; after Shutdown it returns ErrShutdown.
 func (w *Worker) PlanRecovery(ctx context.Context) (RecoveryPlan, error) {

@@ -16,20 +16,23 @@ import (
 )
 
 // checkingResetter is a fakeResetter whose schema check fails while bad is
-// set. It is a type of its own because a SchemaChecker changes what Start
-// does: were every fakeResetter one, every test's Start would run a check.
+// set, and counts the schema checks.
 type checkingResetter struct {
 	fakeResetter
 	bad    atomic.Bool
 	checks atomic.Int32
 }
 
-func (c *checkingResetter) CheckSchema(context.Context) error {
+func (c *checkingResetter) Check(ctx context.Context, schema bool) (ResetterInfo, error) {
+	info, err := c.fakeResetter.Check(ctx, schema)
+	if !schema || err != nil {
+		return info, err
+	}
 	c.checks.Add(1)
 	if c.bad.Load() {
-		return fmt.Errorf("%w: column t.c does not exist", ErrSchema)
+		return info, fmt.Errorf("check schema: %w: column t.c does not exist", ErrSchema)
 	}
-	return nil
+	return info, nil
 }
 
 func TestStartRunsTheSchemaCheckBeforeWritingAnything(t *testing.T) {

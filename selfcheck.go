@@ -66,12 +66,12 @@ type sighting struct {
 
 // selfChecker is the self-check loop.
 type selfChecker struct {
-	w      *Worker
-	alarm  atomic.Pointer[error] // set once a mismatch is confirmed
+	w     *Worker
+	alarm atomic.Pointer[error] // set once a mismatch is confirmed
 	// off is set once the resetter said it cannot read rows
 	// (errors.ErrUnsupported): the self-check has stopped.
 	off    atomic.Bool
-	checks atomic.Uint64         // row-state reads made
+	checks atomic.Uint64 // row-state reads made
 	// sightings counts rows seen tracked and not in progress.
 	sightings atomic.Uint64
 	verdict   atomic.Int32 // 0 pending, 1 verified, 2 alarm
@@ -87,10 +87,10 @@ type selfChecker struct {
 	backoff time.Duration // the delay of the next quick look
 
 	// The look at short blocks (selfcheck_fetch.go).
-	quick    atomic.Bool // a look is asked for soon (quickLook)
-	imu      sync.Mutex
-	pre      map[int64]*fetchImage // guarded by imu
-	leaving  []leavingRow          // guarded by imu
+	quick   atomic.Bool // a look is asked for soon (quickLook)
+	imu     sync.Mutex
+	pre     map[int64]*fetchImage // guarded by imu
+	leaving []leavingRow          // guarded by imu
 }
 
 func newSelfChecker(w *Worker) *selfChecker {

@@ -139,15 +139,7 @@ type simResetter struct {
 	p *simProc
 }
 
-var (
-	_ IncarnationResetter  = (*simResetter)(nil)
-	_ ResetReporter        = (*simResetter)(nil)
-	_ OwnerFencer          = (*simResetter)(nil)
-	_ OwnerSweeper         = (*simResetter)(nil)
-	_ RowStateReader       = (*simResetter)(nil)
-	_ RowsSweeper          = (*simResetter)(nil)
-	_ versionedStateReader = (*simResetter)(nil)
-)
+var _ Resetter = (*simResetter)(nil)
 
 // fenced reports whether this process's resetter has the owner column:
 // with it, during a rollout, only the new workers' (setsOwner).
@@ -163,19 +155,39 @@ func (r *simResetter) fleetIdentity(context.Context) (string, error) {
 	return "", nil
 }
 
-func (r *simResetter) FencesByOwner() bool { return r.fenced() }
-
-// UsesLedger reports whether resets are recorded in the reset ledger: then
-// Release is safe after a lost lease without fencing too (releaseSafeAfterLoss).
-func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger && !r.fenced() }
-
-func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
-	res, err := r.Reset(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
-	return res.Changed, err
+// Info is pgxreset.Resetter.Info: owner fencing with the owner column, the
+// ledger without it (then Release is safe after a lost lease without
+// fencing too: releaseSafeAfterLoss), both lists of rows in progress, and
+// no dry run.
+func (r *simResetter) Info() ResetterInfo {
+	return ResetterInfo{Name: "simResetter", OwnerFencing: r.fenced(), Ledger: r.p.world.table.ledger && !r.fenced(),
+		ListsInProgress: true, InProgressStatus: stInprog, QueuedStatus: stQueued}
 }
 
-func (r *simResetter) ResetRowsReport(ctx context.Context, dead string, ids []int64) (ResetResult, error) {
-	return r.Reset(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
+// Check checks no schema and no session: it tells what the fleet serves
+// (fleetIdentity). The simulated sessions never idle in a transaction.
+func (r *simResetter) Check(ctx context.Context, _ bool) (ResetterInfo, error) {
+	info := r.Info()
+	serves, err := r.fleetIdentity(ctx)
+	if err != nil {
+		return info, err
+	}
+	info.Serves, info.IdleInTxTimeout = serves, time.Minute
+	return info, nil
+}
+
+// Reset is pgxreset.Resetter.Reset: by owner (ResetOwnerRows), by row version
+// (ResetRowVersions), or by row IDs (ResetIncarnation). It has no dry run.
+func (r *simResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	switch {
+	case req.DryRun:
+		return ResetResult{}, fmt.Errorf("simResetter has no dry run: %w", errors.ErrUnsupported)
+	case req.Owner != "":
+		return r.Reset(ctx, ResetRequest{Owner: req.Owner})
+	case len(req.Versions) > 0:
+		return r.ResetRowVersions(ctx, req.Versions)
+	}
+	return r.Reset(ctx, req)
 }
 
 // ResetIncarnation is pgxreset.Resetter.ResetIncarnation: one transaction.
@@ -358,16 +370,16 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 
 // InProgressRows is pgxreset.Resetter.InProgressRows: the rows in progress and
 // their xmin.
-func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
+func (r *simResetter) InProgressRows(ctx context.Context) ([]RowState, error) {
 	if r.fenced() {
 		return nil, fmt.Errorf("%w: a resetter WithOwnerColumn sweeps by owner", ErrInvalidConfig)
 	}
-	var out []RowVersion
+	var out []RowState
 	err := r.p.conn.pg(ctx, "inprogress", false, func(t *simTable) {
 		out = out[:0]
 		for _, id := range t.ids() {
 			if row := t.rows[id]; row.status == stInprog {
-				out = append(out, RowVersion{ID: id, Version: strconv.Itoa(row.xmin)})
+				out = append(out, RowState{ID: id, Version: strconv.Itoa(row.xmin)})
 			}
 		}
 	})
@@ -380,7 +392,7 @@ func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) 
 // ResetRowVersions is pgxreset.Resetter.ResetRowVersions: the rows still in
 // progress at the version given, in one transaction. The mutation
 // noVersionGuard drops the version from the WHERE clause.
-func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
+func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowState) (ResetResult, error) {
 	var res ResetResult
 	var waited bool
 	extra := r.operatorRequeues(rows)
@@ -424,7 +436,7 @@ func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (
 // re-queued by an operator as the reset is sent, and the reset arrives
 // 100 to 600 ms later: a host has usually taken them again by then. It
 // returns the delay.
-func (r *simResetter) operatorRequeues(rows []RowVersion) time.Duration {
+func (r *simResetter) operatorRequeues(rows []RowState) time.Duration {
 	w := r.p.world
 	if !w.cfg.operator {
 		return 0
@@ -478,48 +490,18 @@ func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 	return out, nil
 }
 
+// RowStates is pgResetter.RowStates: each row's committed state and
+// version, and whether an open fetch holds it (Locked: its state is then
+// the one before the fetch: a fetch changes the row only at its commit
+// here). The mutation readLocked reports no row locked.
 func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
-	return r.rowStates(ctx, ids, false)
-}
-
-func (r *simResetter) isQueued(status string) bool { return status == stQueued }
-
-// committedRowStates is RowStates without the rows an open fetch holds, as
-// FOR SHARE SKIP LOCKED reads them (the self-check's reads).
-func (r *simResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
-	return r.rowStates(ctx, ids, !r.p.world.mut.readLocked)
-}
-
-func (r *simResetter) rowStates(ctx context.Context, ids []int64, skipLocked bool) ([]RowState, error) {
 	var out []RowState
-	err := r.p.conn.pg(ctx, "rowstates", false, func(t *simTable) {
-		out = nil
-		for _, id := range slices.Sorted(slices.Values(ids)) {
-			if row := t.rows[id]; row != nil && !(skipLocked && (row.lockedBy != nil || row.locked())) {
-				out = append(out, RowState{ID: id, Status: row.status, Owner: row.owner})
-			}
-		}
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read row states: %w", err)
-	}
-	return out, nil
-}
-
-func (r *simResetter) configuredStatuses() (inprog, queued string) { return stInprog, stQueued }
-
-// rowImages is pgResetter.rowImages: each row's committed state and
-// version, and whether an open fetch holds it (its state is then the one
-// before the fetch: a fetch changes the row only at its commit here). The
-// mutation readLocked reports no row locked.
-func (r *simResetter) rowImages(ctx context.Context, ids []int64) ([]rowImage, error) {
-	var out []rowImage
 	err := r.p.conn.pg(ctx, "rowimages", false, func(t *simTable) {
 		out = nil
 		for _, id := range slices.Sorted(slices.Values(ids)) {
 			if row := t.rows[id]; row != nil {
-				out = append(out, rowImage{RowState: RowState{ID: id, Status: row.status, Owner: row.owner},
-					version: strconv.Itoa(row.xmin), locked: row.lockedBy != nil && !r.p.world.mut.readLocked})
+				out = append(out, RowState{ID: id, Status: row.status, Owner: row.owner,
+					Version: strconv.Itoa(row.xmin), Locked: row.lockedBy != nil && !r.p.world.mut.readLocked})
 			}
 		}
 	})
@@ -527,10 +509,6 @@ func (r *simResetter) rowImages(ctx context.Context, ids []int64) ([]rowImage, e
 		return nil, fmt.Errorf("read row versions: %w", err)
 	}
 	return out, nil
-}
-
-func (r *simResetter) InProgress(s RowState, owner string) bool {
-	return s.Status == stInprog && (!r.fenced() || s.Owner == owner)
 }
 
 // The host's statements.

@@ -46,6 +46,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"flag"
 	"fmt"
 	"hash/fnv"
@@ -683,12 +684,33 @@ const (
 // modelled; a reset there changes nothing of ours.
 type simForeignResetter struct{}
 
-func (simForeignResetter) ResetRows(_ context.Context, _ string, ids []int64) (int64, error) {
-	return int64(len(ids)), nil
+func (simForeignResetter) Info() ResetterInfo {
+	return ResetterInfo{Name: "simForeignResetter", InProgressStatus: stInprog, QueuedStatus: stQueued}
 }
 
-func (simForeignResetter) fleetIdentity(context.Context) (string, error) {
-	return simForeignServes, nil
+// Check tells what the second fleet serves.
+func (r simForeignResetter) Check(context.Context, bool) (ResetterInfo, error) {
+	info := r.Info()
+	info.Serves, info.IdleInTxTimeout = simForeignServes, time.Minute
+	return info, nil
+}
+
+func (simForeignResetter) Reset(_ context.Context, req ResetRequest) (ResetResult, error) {
+	return ResetResult{Changed: int64(len(req.RowIDs))}, nil
+}
+
+func (simForeignResetter) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (simForeignResetter) InProgressRows(context.Context) ([]RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+// RowStates is not supported: the second fleet's worker runs no
+// self-check.
+func (simForeignResetter) RowStates(context.Context, []int64) ([]RowState, error) {
+	return nil, errors.ErrUnsupported
 }
 
 // foreignStrike starts a worker of a second fleet under the prefix. Start

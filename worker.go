@@ -37,8 +37,8 @@ type Worker struct {
 	target    redisTarget // how the user's client reaches Redis, for messages
 	resetter  Resetter
 	info      ResetterInfo // resetter.Info(), read once by New
-	ownerMode bool   // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
-	beatValue string // this process's heartbeat value (twin.go)
+	ownerMode bool         // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
+	beatValue string       // this process's heartbeat value (twin.go)
 
 	lifecycle // Start, Shutdown
 

@@ -380,7 +380,27 @@ func TestTheDocumentedDeferOrderExportsTheFinalCounts(t *testing.T) {
 	assert.Equal(t, int64(final.Scans), exp.last["recovery.scans"], "the final scan count")
 }
 
-// noReset is a RowResetter that never recovers anything.
+// noReset is a Resetter that never recovers anything.
 type noReset struct{}
 
-func (noReset) ResetRows(context.Context, string, []int64) (int64, error) { return 0, nil }
+func (noReset) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "noReset", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (noReset) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return recovery.ResetterInfo{Name: "noReset", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
+}
+
+func (noReset) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noReset) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
+
+func (noReset) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (noReset) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}

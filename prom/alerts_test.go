@@ -319,7 +319,7 @@ func newFleet(t *testing.T, name string) *fleet {
 
 // start starts a watched worker with short timings: a recovery scan every
 // 200ms.
-func (f *fleet) start(t *testing.T, rdb *redis.Client, resetter recovery.RowResetter, id string, opts ...recovery.Option) *recovery.Worker {
+func (f *fleet) start(t *testing.T, rdb *redis.Client, resetter recovery.Resetter, id string, opts ...recovery.Option) *recovery.Worker {
 	t.Helper()
 	opts = append([]recovery.Option{recovery.WithObserver(f.c), recovery.WithKeyPrefix(f.prefix),
 		recovery.WithInstanceID(id), recovery.WithHeartbeatTTL(2 * time.Second),

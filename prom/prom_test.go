@@ -2,6 +2,7 @@ package recoveryprom_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -118,10 +119,30 @@ func TestDescribeListsEveryMetric(t *testing.T) {
 	}
 }
 
-// noReset is a RowResetter for tests that never recover anything.
+// noReset is a Resetter for tests that never recover anything.
 type noReset struct{}
 
-func (noReset) ResetRows(context.Context, string, []int64) (int64, error) { return 0, nil }
+func (noReset) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "noReset", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (noReset) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return recovery.ResetterInfo{Name: "noReset", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
+}
+
+func (noReset) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noReset) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
+
+func (noReset) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (noReset) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
 
 // scrape returns the collector's metrics as the text format.
 func scrape(t *testing.T, c *recoveryprom.Collector) string {

@@ -18,15 +18,33 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// picky is the RowResetter of a recovering test worker: it resets every
+// picky is the Resetter of a recovering test worker: it resets every
 // row it is given, except those of the peer fail, whose reset fails.
 type picky struct{ fail string }
 
-func (p picky) ResetRows(_ context.Context, peer string, ids []int64) (int64, error) {
-	if peer == p.fail {
-		return 0, errors.New("connection refused by the test")
+func (picky) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "picky", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (picky) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return recovery.ResetterInfo{Name: "picky", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
+}
+
+func (p picky) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+	if req.InstanceID == p.fail {
+		return recovery.ResetResult{}, errors.New("connection refused by the test")
 	}
-	return int64(len(ids)), nil
+	return recovery.ResetResult{Changed: int64(len(req.RowIDs))}, nil
+}
+
+func (picky) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
+
+func (picky) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (picky) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
 }
 
 // recoveringFleet plants two dead peers under a fresh prefix, dead-1 with

@@ -74,14 +74,34 @@ func ctl(t *testing.T, env map[string]string, args ...string) (stdout, stderr st
 	return out.String(), errOut.String(), code
 }
 
-// refuser is the RowResetter of a live test worker: it refuses every reset,
+// refuser is the Resetter of a live test worker: it refuses every reset,
 // so a peer planted as dead keeps its rows set and registry entry whatever
 // the worker's own scan does (a failed recovery releases its claim).
 type refuser struct{ calls atomic.Int32 }
 
-func (r *refuser) ResetRows(context.Context, string, []int64) (int64, error) {
+func (r *refuser) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "refuser", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (r *refuser) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return recovery.ResetterInfo{Name: "refuser", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
+}
+
+func (r *refuser) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
 	r.calls.Add(1)
-	return 0, errors.New("test workers do not reset rows")
+	return recovery.ResetResult{}, errors.New("test workers do not reset rows")
+}
+
+func (r *refuser) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (r *refuser) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (r *refuser) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
 }
 
 // liveWorker starts a real worker of the library that tracks rows, shut

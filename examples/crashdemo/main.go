@@ -119,7 +119,7 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	// worker. New does no I/O, so the client is never used.
 	idle := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer idle.Close()
-	if _, err := recovery.New(idle, noResetter{}, recovery.WithLogger(slog.New(slog.DiscardHandler)), // it has no interface to warn about
+	if _, err := recovery.New(idle, noResetter{}, recovery.WithLogger(slog.New(slog.DiscardHandler)),
 		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.beat),
 		recovery.WithRecoveryInterval(c.recovery), recovery.WithRowsTTL(rowsTTL(c.ttl, c.recovery))); err != nil {
 		return c, err
@@ -131,7 +131,29 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 // noResetter stands in for a resetter when only validating options.
 type noResetter struct{}
 
-func (noResetter) ResetRows(context.Context, string, []int64) (int64, error) { return 0, nil }
+func (noResetter) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "noResetter", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (noResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return recovery.ResetterInfo{Name: "noResetter", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
+}
+
+func (noResetter) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noResetter) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (noResetter) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (noResetter) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
 
 // runDemo is the program; it returns the exit status.
 func runDemo(ctx context.Context, args []string, getenv func(string) string, stdout, stderr io.Writer) int {

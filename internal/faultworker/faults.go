@@ -17,9 +17,10 @@ import (
 // rows committed (-die-after-reset-of: a recoverer that dies between its
 // COMMIT and the finish script), or hold the recovery there for a while
 // (-delay-finish-of: a recoverer whose finish comes late). Each fault
-// fires once, on the first reset of that peer that changed rows. Every
-// other method is pgxreset.Resetter's own, so the worker sees the same
-// interfaces (ledger, owner fencing, schema check) as without faults.
+// fires once, on the first reset of that peer's rows by ID that changed
+// rows. Every other method is pgxreset.Resetter's own, and its Info with them,
+// so the worker sees the same guarantees (ledger, owner fencing, schema
+// check) as without faults.
 type faultyResetter struct {
 	*pgxreset.Resetter
 	cfg  config
@@ -27,11 +28,12 @@ type faultyResetter struct {
 	once sync.Once
 }
 
-// ResetIncarnation resets through the pgxreset.Resetter, then injects the
-// fault when the reset was of the chosen peer and changed rows.
-func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+// Reset resets through the pgxreset.Resetter, then injects the fault when the
+// reset was of the chosen peer's rows by ID (not a dry run) and changed
+// rows.
+func (f *faultyResetter) Reset(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
 	res, err := f.Resetter.Reset(ctx, req)
-	if err != nil || res.Changed == 0 {
+	if err != nil || res.Changed == 0 || len(req.RowIDs) == 0 || req.DryRun {
 		return res, err
 	}
 	f.once.Do(func() {
@@ -52,7 +54,7 @@ func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.Rese
 }
 
 // resetterWithFaults returns r, wrapped when a recoverer fault is asked for.
-func resetterWithFaults(r *pgxreset.Resetter, cfg config, log *slog.Logger) recovery.RowResetter {
+func resetterWithFaults(r *pgxreset.Resetter, cfg config, log *slog.Logger) recovery.Resetter {
 	if cfg.dieAfterResetOf == "" && cfg.delayFinishOf == "" {
 		return r
 	}

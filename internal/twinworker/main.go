@@ -32,8 +32,26 @@ import (
 // not recover the test's rows.
 type refuse struct{}
 
-func (refuse) ResetRows(context.Context, string, []int64) (int64, error) {
-	return 0, errors.New("twinworker resets nothing")
+func (refuse) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "refuse", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (refuse) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return recovery.ResetterInfo{Name: "refuse", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
+}
+
+func (refuse) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.New("twinworker resets nothing")
+}
+
+func (refuse) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
+
+func (refuse) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (refuse) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
 }
 
 func main() {
