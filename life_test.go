@@ -210,14 +210,18 @@ func newGatedOwnerResetter(r *pgxreset.Resetter) *gatedOwnerResetter {
 	return &gatedOwnerResetter{Resetter: r, entered: make(chan struct{}), open: make(chan struct{})}
 }
 
-func (g *gatedOwnerResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+// Reset gates the first reset by owner; others go straight through.
+func (g *gatedOwnerResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if req.Owner == "" || req.DryRun {
+		return g.Resetter.Reset(ctx, req)
+	}
 	first := false
 	g.once.Do(func() { first = true })
 	if first {
 		close(g.entered)
 		<-g.open
 	}
-	return g.Resetter.Reset(context.Background(), ResetRequest{Owner: owner})
+	return g.Resetter.Reset(context.Background(), req)
 }
 
 // recoverBlocked has p recover w in the background; it returns once p's

@@ -22,9 +22,11 @@ import (
 // WithOwnerColumn does: a Worker given one runs in owner mode.
 type ownerFake struct{ fakeResetter }
 
-func (*ownerFake) FencesByOwner() bool                                { return true }
+func (*ownerFake) Info() ResetterInfo {
+	return ResetterInfo{Name: "ownerFake", OwnerFencing: true, ListsInProgress: true, InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
 func (*ownerFake) InProgressOwners(context.Context) ([]string, error) { return nil, nil }
-func (*ownerFake) ResetOwnerRows(context.Context, string) (ResetResult, error) {
+func (*ownerFake) Reset(context.Context, ResetRequest) (ResetResult, error) {
 	return ResetResult{}, nil
 }
 

@@ -28,16 +28,19 @@ import (
 // a long chunked reset); a heartbeat written meanwhile only deletes the
 // claim key, which the holder never looks at again before it resets.
 
-// ownerGatedResetter is a pgxreset.Resetter whose first ResetOwnerRows waits at
-// g before it runs: a recoverer paused between its claim and its reset.
+// ownerGatedResetter is a pgxreset.Resetter whose first reset by owner
+// waits at g before it runs: a recoverer paused between its claim and its
+// reset.
 type ownerGatedResetter struct {
 	*pgxreset.Resetter
 	g *gate
 }
 
-func (r *ownerGatedResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
-	r.g.pass()
-	return r.Resetter.Reset(ctx, ResetRequest{Owner: owner})
+func (r *ownerGatedResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if req.Owner != "" && !req.DryRun {
+		r.g.pass()
+	}
+	return r.Resetter.Reset(ctx, req)
 }
 
 // assertHeldBy asserts that each row is in progress and owned by owner.
