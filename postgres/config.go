@@ -88,11 +88,14 @@ func ConfigFromEnv(getenv func(string) string) (Config, error) {
 		}
 		c.NoResetLedger = b
 	}
-	c.fromEnv = map[string]string{}
 	for name, v := range c.named() {
-		if getenv(name) != "" {
-			c.fromEnv[name] = v
+		if getenv(name) == "" {
+			continue
 		}
+		if c.fromEnv == nil {
+			c.fromEnv = map[string]string{}
+		}
+		c.fromEnv[name] = v
 	}
 	return c, nil
 }

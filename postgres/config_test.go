@@ -34,7 +34,10 @@ func TestConfigOptionsSetEveryResetterOption(t *testing.T) {
 	}
 	assert.Equal(t, want, apply(c.Options()...))
 
-	// The zero value is every default.
+	// The zero value is every default, and what an empty environment gives.
+	empty, err := ConfigFromEnv(func(string) string { return "" })
+	require.NoError(t, err)
+	assert.Equal(t, Config{}, empty)
 	assert.Equal(t, pgcore.Defaults(), apply(Config{}.Options()...))
 
 	// One status alone keeps the other's default.

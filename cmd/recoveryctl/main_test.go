@@ -476,6 +476,15 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	assert.Equal(t, 2, n)
 }
 
+// configValues is c as plain values, without what postgres.ConfigFromEnv
+// remembers of where they came from.
+func configValues(c postgres.Config) postgres.Config {
+	return postgres.Config{Schema: c.Schema, Table: c.Table, IDColumn: c.IDColumn, StatusColumn: c.StatusColumn,
+		InProgressStatus: c.InProgressStatus, QueuedStatus: c.QueuedStatus, DoneStatuses: c.DoneStatuses,
+		OwnerColumn: c.OwnerColumn, RecoveryCountColumn: c.RecoveryCountColumn, MaxRecoveries: c.MaxRecoveries,
+		TerminalStatus: c.TerminalStatus, ResetLedger: c.ResetLedger, NoResetLedger: c.NoResetLedger}
+}
+
 func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	want := postgres.Config{
 		Schema: "work", Table: "items", IDColumn: "item_id", StatusColumn: "state",
@@ -503,7 +512,10 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	}
 	_, _, o, code = parseArgs([]string{"recover"}, func(k string) string { return env[k] }, &errOut)
 	require.Equal(t, -1, code, errOut.String())
-	assert.Equal(t, want, o.pgx, "the host's RECOVERY_* variables")
+	fromEnv, err := postgres.ConfigFromEnv(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	assert.Equal(t, fromEnv, o.pgx, "the host's RECOVERY_* variables, and that they came from there")
+	assert.Equal(t, want, configValues(o.pgx), "the host's RECOVERY_* variables")
 	assert.Equal(t, "FLEET", o.prefix)
 
 	// A flag overrides its variable.

@@ -206,7 +206,7 @@ import (
 
 	"github.com/jackc/pgx/v5/pgxpool"
 
-	"github.com/alya/recovery"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func main() {
