@@ -16,7 +16,7 @@ import (
 
 // Resetter is the PostgreSQL resetter both pgxreset.Resetter and
 // sqlreset.Resetter wrap: its statements and flows, run over a DB
-// (pg_db.go). It resets rows with a guarded UPDATE, in effect:
+// (db.go). It resets rows with a guarded UPDATE, in effect:
 //
 //	UPDATE <table> SET <status> = $queued
 //	WHERE <id> = ANY($1::bigint[]) AND <status> = $inprog

@@ -6,7 +6,7 @@ import (
 	"strings"
 )
 
-// The resetter's SQL (pgx_sql.go) and its flows (the reset, the plan, the
+// The resetter's SQL (statements.go) and its flows (the reset, the plan, the
 // ledger, the owner sweep and the schema check) are written once, on
 // Resetter, over DB: a handle that runs statements and begins
 // transactions. It has one implementation per Go database API: pgx's
@@ -17,22 +17,22 @@ import (
 // DB is a database handle as the shared resetter uses it.
 type DB interface {
 	Querier
-	// begin starts a transaction, or a savepoint when the handle is a
+	// Begin starts a transaction, or a savepoint when the handle is a
 	// transaction already.
 	Begin(ctx context.Context) (Tx, error)
-	// exec runs sql, which may hold several statements when args is empty.
+	// Exec runs sql, which may hold several statements when args is empty.
 	Exec(ctx context.Context, sql string, args ...any) error
 }
 
-// Tx is a transaction (or savepoint) begun by DB.begin.
+// Tx is a transaction (or savepoint) begun by DB.Begin.
 type Tx interface {
 	Querier
 	Exec(ctx context.Context, sql string, args ...any) error
 	Commit(ctx context.Context) error
-	// nested reports whether this is a savepoint of the caller's
+	// Nested reports whether this is a savepoint of the caller's
 	// transaction rather than a transaction of the resetter's own.
 	Nested() bool
-	// rollback undoes the transaction; the caller bounds ctx, which may
+	// Rollback undoes the transaction; the caller bounds ctx, which may
 	// outlive the transaction's own.
 	Rollback(ctx context.Context) error
 }
