@@ -183,11 +183,11 @@ func (r *simResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult,
 	case req.DryRun:
 		return ResetResult{}, fmt.Errorf("simResetter has no dry run: %w", errors.ErrUnsupported)
 	case req.Owner != "":
-		return r.Reset(ctx, ResetRequest{Owner: req.Owner})
+		return r.ResetOwnerRows(ctx, req.Owner)
 	case len(req.Versions) > 0:
 		return r.ResetRowVersions(ctx, req.Versions)
 	}
-	return r.Reset(ctx, req)
+	return r.ResetIncarnation(ctx, req)
 }
 
 // ResetIncarnation is pgxreset.Resetter.ResetIncarnation: one transaction.
