@@ -194,7 +194,7 @@ func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	assertRequeued(t, db, 1)
 }
 
-// gatedOwnerResetter is a PgxResetter whose first ResetOwnerRows waits
+// gatedOwnerResetter is a PgxResetter whose first reset by owner waits
 // until open is closed, then runs with a context of its own: a recoverer
 // whose reset statements reach PostgreSQL after its context should have
 // ended them (a process stopped in the driver, a COMMIT in flight).
@@ -209,14 +209,17 @@ func newGatedOwnerResetter(r *PgxResetter) *gatedOwnerResetter {
 	return &gatedOwnerResetter{PgxResetter: r, entered: make(chan struct{}), open: make(chan struct{})}
 }
 
-func (g *gatedOwnerResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+func (g *gatedOwnerResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if req.Owner == "" || req.DryRun {
+		return g.PgxResetter.Reset(ctx, req)
+	}
 	first := false
 	g.once.Do(func() { first = true })
 	if first {
 		close(g.entered)
 		<-g.open
 	}
-	return g.PgxResetter.ResetOwnerRows(context.Background(), owner)
+	return g.PgxResetter.Reset(context.Background(), req)
 }
 
 // recoverBlocked has p recover w in the background; it returns once p's

@@ -27,16 +27,18 @@ import (
 // a long chunked reset); a heartbeat written meanwhile only deletes the
 // claim key, which the holder never looks at again before it resets.
 
-// ownerGatedResetter is a PgxResetter whose first ResetOwnerRows waits at
+// ownerGatedResetter is a PgxResetter whose first reset by owner waits at
 // g before it runs: a recoverer paused between its claim and its reset.
 type ownerGatedResetter struct {
 	*PgxResetter
 	g *gate
 }
 
-func (r *ownerGatedResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
-	r.g.pass()
-	return r.PgxResetter.ResetOwnerRows(ctx, owner)
+func (r *ownerGatedResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if req.Owner != "" && !req.DryRun {
+		r.g.pass()
+	}
+	return r.PgxResetter.Reset(ctx, req)
 }
 
 // assertHeldBy asserts that each row is in progress and owned by owner.
