@@ -195,7 +195,7 @@ func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	assertRequeued(t, db, 1)
 }
 
-// gatedOwnerResetter is a pgxreset.Resetter whose first ResetOwnerRows waits
+// gatedOwnerResetter is a pgxreset.Resetter whose first reset by owner waits
 // until open is closed, then runs with a context of its own: a recoverer
 // whose reset statements reach PostgreSQL after its context should have
 // ended them (a process stopped in the driver, a COMMIT in flight).
@@ -210,7 +210,6 @@ func newGatedOwnerResetter(r *pgxreset.Resetter) *gatedOwnerResetter {
 	return &gatedOwnerResetter{Resetter: r, entered: make(chan struct{}), open: make(chan struct{})}
 }
 
-// Reset gates the first reset by owner; others go straight through.
 func (g *gatedOwnerResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
 	if req.Owner == "" || req.DryRun {
 		return g.Resetter.Reset(ctx, req)

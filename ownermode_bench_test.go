@@ -25,9 +25,17 @@ type ownerFake struct{ fakeResetter }
 func (*ownerFake) Info() ResetterInfo {
 	return ResetterInfo{Name: "ownerFake", OwnerFencing: true, ListsInProgress: true, InProgressStatus: "inprog", QueuedStatus: "queued"}
 }
+
+func (f *ownerFake) Check(context.Context, bool) (ResetterInfo, error) { return f.Info(), nil }
+
 func (*ownerFake) InProgressOwners(context.Context) ([]string, error) { return nil, nil }
-func (*ownerFake) Reset(context.Context, ResetRequest) (ResetResult, error) {
-	return ResetResult{}, nil
+
+// Reset resets nothing by owner; by row IDs it is the fakeResetter's.
+func (f *ownerFake) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if req.Owner != "" {
+		return ResetResult{}, nil
+	}
+	return f.fakeResetter.Reset(ctx, req)
 }
 
 // BenchmarkHostLoopOwnerMode: the host loop of BenchmarkHostLoop (blocks

@@ -28,9 +28,8 @@ import (
 // a long chunked reset); a heartbeat written meanwhile only deletes the
 // claim key, which the holder never looks at again before it resets.
 
-// ownerGatedResetter is a pgxreset.Resetter whose first reset by owner
-// waits at g before it runs: a recoverer paused between its claim and its
-// reset.
+// ownerGatedResetter is a pgxreset.Resetter whose first reset by owner waits at
+// g before it runs: a recoverer paused between its claim and its reset.
 type ownerGatedResetter struct {
 	*pgxreset.Resetter
 	g *gate

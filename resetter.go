@@ -39,7 +39,10 @@ type Resetter interface {
 	// (without OwnerFencing, with ListsInProgress).
 	InProgressRows(ctx context.Context) ([]RowState, error)
 	// RowStates reads the committed state, version and lock of each
-	// existing row of ids; a row that does not exist is left out.
+	// existing row of ids; a row that does not exist is left out. The
+	// Worker's self-check reads its own rows with it; a resetter that
+	// cannot read rows returns an error wrapping errors.ErrUnsupported,
+	// and the self-check is then off.
 	RowStates(ctx context.Context, ids []int64) ([]RowState, error)
 }
 

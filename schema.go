@@ -19,7 +19,8 @@ func WithoutSchemaCheck() Option {
 // checkSchema runs the resetter's Check, bounded by ctx and the reset
 // timeout: with the schema check on (not WithoutSchemaCheck), the session
 // (it must be able to write; a session without
-// idle_in_transaction_session_timeout is warned about), the owner column's
+// idle_in_transaction_session_timeout is warned about, when the resetter
+// tells what it serves: a database), the owner column's
 // width against this worker's owner value, and the table; either way,
 // what the resetter serves, which checkFleet then records. It runs before
 // anything is written to Redis: a failure leaves no heartbeat and no
