@@ -53,7 +53,7 @@ type PeerRecovery struct {
 	// sweep, which resets by owner: how many rows it reset or quarantined,
 	// or found locked).
 	RowsFound int
-	// RowsReset is how many rows the RowResetter returned to the queue
+	// RowsReset is how many rows the Resetter returned to the queue
 	// (rows that had already finished are not counted).
 	RowsReset int64
 	// Quarantined lists rows that reached their recovery limit and were set

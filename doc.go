@@ -7,7 +7,7 @@
 // heartbeat key in Redis, registers in a shared registry set, and records
 // the row IDs it is processing in a rows set. Every worker periodically
 // looks for registered peers whose heartbeat expired and returns their rows
-// to the queue through a RowResetter, so a dead worker's rows are queued
+// to the queue through a Resetter, so a dead worker's rows are queued
 // again within heartbeat TTL + 1.1 × recovery interval (the scans' jitter)
 // + the scan lease: 174 s at worst by default, when the worker holding the
 // scan lease dies right after scanning; 126 s while it lives.

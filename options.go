@@ -178,7 +178,7 @@ func WithScanLease(enabled bool) Option {
 // that row is reset under its holder and processed twice. So: with
 // PgxResetter nothing is processed twice if finished rows are never
 // re-queued, or with owner fencing (and instance IDs never reused, which
-// the default ID ensures); a custom RowResetter must guard the same way.
+// the default ID ensures); a custom Resetter must guard the same way.
 // See docs/safety.md, "Finished rows left in a dead worker's set". linger
 // must be positive and shorter than the heartbeat interval. In owner mode
 // Untrack sends nothing, so there is nothing to defer and the option has

@@ -42,7 +42,8 @@ type Resetter interface {
 	// existing row of ids; a row that does not exist is left out. The
 	// Worker's self-check reads its own rows with it; a resetter that
 	// cannot read rows returns an error wrapping errors.ErrUnsupported,
-	// and the self-check is then off.
+	// and the self-check is then off. Start asks it for no row (ids
+	// empty) to learn that: it should then do no I/O.
 	RowStates(ctx context.Context, ids []int64) ([]RowState, error)
 }
 

@@ -106,6 +106,18 @@ func (c *selfChecker) inProgress(s RowState, owner string) bool {
 	return inProgress(c.w.info, s, owner)
 }
 
+// probe asks the resetter, at Start, whether it reads rows at all:
+// RowStates of no row. One that cannot (errors.ErrUnsupported) gets no
+// self-check; any other answer leaves the self-check to its first look.
+func (c *selfChecker) probe(ctx context.Context) {
+	if c.off.Load() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.w.opts.resetTimeout)
+	defer cancel()
+	_, _ = c.readRows(ctx, nil)
+}
+
 // readRows reads the rows of ids through the resetter. A resetter that
 // cannot read rows (errors.ErrUnsupported) turns the self-check off.
 func (c *selfChecker) readRows(ctx context.Context, ids []int64) ([]RowState, error) {

@@ -495,6 +495,9 @@ func (r *simResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 // the one before the fetch: a fetch changes the row only at its commit
 // here). The mutation readLocked reports no row locked.
 func (r *simResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	if len(ids) == 0 {
+		return nil, nil // as pgResetter: no round trip
+	}
 	var out []RowState
 	err := r.p.conn.pg(ctx, "rowimages", false, func(t *simTable) {
 		out = nil

@@ -219,6 +219,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
+	w.checker.probe(ctx)
 	if err := w.ping(ctx); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -273,7 +274,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.sweeper != nil {
 		wg.Go(func() { w.sweeper.run(loopCtx) })
 	}
-	if w.checker != nil {
+	if !w.checker.off.Load() {
 		wg.Go(func() { w.checker.run(loopCtx) })
 	}
 	if expiry != nil {

@@ -315,6 +315,9 @@ func (r *Resetter) checkLedger(ctx context.Context, tx Tx, _ *pgTable) error {
 // the fetch). Each share lock lasts the statement. It implements Resetter,
 // for the worker's self-check.
 func (r *Resetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
+	if len(ids) == 0 {
+		return nil, nil
+	}
 	owner := "NULL::text"
 	if r.o.OwnerColumn != "" {
 		owner = "t." + ident(r.o.OwnerColumn) + "::text"
