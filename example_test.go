@@ -15,6 +15,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
 )
 
 // queue is a tiny RowResetter over an in-memory table of row statuses: the
@@ -197,7 +198,7 @@ func ExampleWorker_Shutdown() {
 	// Track after Shutdown: recovery: shut down
 }
 
-func ExampleWorker_RecoverNow() {
+func Example_recoverNow() { // ops.RecoverNow on a Worker never started
 	mr, rdb := redisForExample()
 	defer mr.Close()
 	defer rdb.Close()
@@ -222,7 +223,7 @@ func ExampleWorker_RecoverNow() {
 	// Worker B's scan (it also runs every recovery interval once B is
 	// started) finds A dead and resets A's unfinished rows.
 	b, _ := recovery.New(rdb, rows, recovery.WithInstanceID("worker-b"))
-	report, err := b.RecoverNow(ctx)
+	report, err := ops.RecoverNow(ctx, b)
 	if err != nil {
 		fmt.Println(err)
 		return

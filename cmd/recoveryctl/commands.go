@@ -19,6 +19,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/ops"
 )
 
 // instanceJSON is one instance in JSON output. TTLs are milliseconds; null
@@ -47,7 +48,7 @@ type instanceJSON struct {
 	Mode           string `json:"mode,omitempty"`
 }
 
-func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
+func (o *options) toJSON(i ops.InstanceState) instanceJSON {
 	j := instanceJSON{
 		InstanceID:     i.InstanceID,
 		Registered:     i.Registered,
@@ -57,7 +58,7 @@ func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
 		RowsTTLMs:      ttlMs(i.RowsPresent, i.RowsTTL),
 		Incarnation:    i.Incarnation,
 		Claim:          string(i.Claim),
-		BeingRecovered: i.Claim == recovery.ClaimHeld,
+		BeingRecovered: i.Claim == ops.ClaimHeld,
 		AnnouncedTTLMs: i.AnnouncedTTL.Milliseconds(),
 		Mode:           i.Mode,
 	}
@@ -87,7 +88,7 @@ type beat struct {
 // flag is not the fleet's TTL. An instance is late when no heartbeat came
 // for 1.5 heartbeat intervals (--heartbeat-interval): past the ±20% jitter
 // of the heartbeat loop, and its key expires at the TTL unless one comes.
-func (o *options) lastBeat(i recovery.InstanceState) beat {
+func (o *options) lastBeat(i ops.InstanceState) beat {
 	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > o.heartbeatTTL {
 		return beat{}
 	}
@@ -99,7 +100,7 @@ func (o *options) lastBeat(i recovery.InstanceState) beat {
 func (o *options) lateAfter() time.Duration { return o.heartbeatInterval * 3 / 2 }
 
 // lastBeatText shows lastBeat for people.
-func (o *options) lastBeatText(i recovery.InstanceState) string {
+func (o *options) lastBeatText(i ops.InstanceState) string {
 	b := o.lastBeat(i)
 	switch {
 	case b.known:
@@ -126,7 +127,7 @@ func durText(d time.Duration) string {
 
 // beatLegend says how LAST BEAT and "late" are worked out, and which
 // instances' last beat cannot be known with --heartbeat-ttl.
-func (o *options) beatLegend(insts []recovery.InstanceState) []string {
+func (o *options) beatLegend(insts []ops.InstanceState) []string {
 	lines := []string{fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
 		durText(o.heartbeatTTL), durText(o.lateAfter()), durText(o.heartbeatInterval))}
 	var odd []string
@@ -143,7 +144,7 @@ func (o *options) beatLegend(insts []recovery.InstanceState) []string {
 }
 
 // fleetCounts counts the alive instances, the late among them, and the dead.
-func (o *options) fleetCounts(insts []recovery.InstanceState) (alive, late, dead int) {
+func (o *options) fleetCounts(insts []ops.InstanceState) (alive, late, dead int) {
 	for _, i := range insts {
 		switch {
 		case !i.Alive():
@@ -167,7 +168,7 @@ func countsText(alive, late, dead int) string {
 }
 
 // writeWorkers writes the table of instances.
-func (o *options) writeWorkers(w io.Writer, insts []recovery.InstanceState) {
+func (o *options) writeWorkers(w io.Writer, insts []ops.InstanceState) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tSTATE\tLAST BEAT\tHEARTBEAT TTL\tROWS\tROWS TTL")
 	for _, i := range insts {
@@ -202,7 +203,7 @@ func ttlText(present bool, ttl time.Duration) string {
 	}
 }
 
-func (o *options) stateText(i recovery.InstanceState) string {
+func (o *options) stateText(i ops.InstanceState) string {
 	s := "dead"
 	switch {
 	case !i.Alive():
@@ -212,11 +213,11 @@ func (o *options) stateText(i recovery.InstanceState) string {
 		s = "alive"
 	}
 	switch i.Claim {
-	case recovery.ClaimHeld:
+	case ops.ClaimHeld:
 		s += ", being recovered"
-	case recovery.ClaimFailed:
+	case ops.ClaimFailed:
 		s += ", last recovery failed"
-	case recovery.ClaimFinished:
+	case ops.ClaimFinished:
 		s += ", just recovered"
 	}
 	if !i.Registered {
@@ -240,7 +241,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	fleet, err := recovery.Inspect(ctx, rdb, o.prefix)
+	fleet, err := ops.Inspect(ctx, rdb, o.prefix)
 	if err != nil {
 		return usageIfConfig(err)
 	}
@@ -251,7 +252,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 // else as a table with a legend and the counts. An empty registry is said
 // on stderr, with the prefix: a wrong --prefix looks exactly like an idle
 // fleet otherwise.
-func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetState) error {
+func printWorkers(stdout, stderr io.Writer, o *options, fleet ops.FleetState) error {
 	insts, invalid := fleet.Instances, fleet.InvalidMembers
 	if len(insts) == 0 && len(invalid) == 0 {
 		fmt.Fprintf(stderr, "no worker registered under prefix %q: %s is empty or absent; is --prefix the fleet's WithKeyPrefix?\n",
@@ -314,7 +315,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	inst, err := recovery.InspectInstance(ctx, rdb, o.prefix, id)
+	inst, err := ops.InspectInstance(ctx, rdb, o.prefix, id)
 	if err != nil {
 		return usageIfConfig(err)
 	}
@@ -322,7 +323,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 		return fmt.Errorf("unknown instance %q: not in %s and no keys of it under prefix %q",
 			id, store.RegistryKey(o.prefix), o.prefix)
 	}
-	tracked, err := recovery.ReadTrackedRows(ctx, rdb, o.prefix, id)
+	tracked, err := ops.ReadTrackedRows(ctx, rdb, o.prefix, id)
 	if err != nil {
 		return err
 	}
@@ -330,7 +331,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 }
 
 // printRows shows an instance and the rows it tracks.
-func printRows(stdout io.Writer, o *options, inst recovery.InstanceState, tracked recovery.TrackedRows) error {
+func printRows(stdout io.Writer, o *options, inst ops.InstanceState, tracked ops.TrackedRows) error {
 	ids, invalid := tracked.RowIDs, tracked.InvalidMembers
 	if o.json {
 		out := struct {
@@ -364,7 +365,7 @@ type rowJSON struct {
 // peerJSON is one dead instance in the output of recover.
 type peerJSON struct {
 	InstanceID string `json:"instance_id"`
-	// Action is, in a dry run, what a scan would do (recovery.PlanAction):
+	// Action is, in a dry run, what a scan would do (ops.PlanAction):
 	// "reset" (the rows in rows_to_reset, then delete the rows set and
 	// deregister), "keep" (rows_not_reset cannot be reset: the rows set
 	// and registry entry would be kept), "deregister" (no rows), "lost"
@@ -494,7 +495,7 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 // of those rows a reset would change.
 func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	out := recoverJSON{DryRun: true}
-	p, err := w.PlanRecovery(ctx)
+	p, err := ops.PlanRecovery(ctx, w)
 	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
 	out.RowsReset = int64(p.RowsToReset)
 	var (
@@ -504,15 +505,15 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	for _, pp := range p.Peers {
 		pj := peerJSON{
 			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
-			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.Reset,
+			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.WouldReset,
 			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: pp.Tracked.InvalidMembers,
 		}
 		out.RowsNotReset += len(pp.NotReset)
 		out.Peers = append(out.Peers, pj)
 		switch pp.Action {
-		case recovery.PlanKeep:
+		case ops.PlanKeep:
 			kept++
-		case recovery.PlanLost:
+		case ops.PlanLost:
 			lost = append(lost, pp.InstanceID)
 		}
 	}
@@ -539,7 +540,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 // says which rows and what to check.
 func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSON, error) {
 	out := recoverJSON{}
-	rep, scanErr := w.RecoverNow(ctx)
+	rep, scanErr := ops.RecoverNow(ctx, w)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
 		rep.PeersChecked, len(rep.Dead), rep.RowsReset, rep.InvalidMembers
 	for _, pr := range rep.Recovered {
@@ -552,13 +553,13 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 	for _, id := range rep.Skipped {
 		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: "skipped"})
 	}
-	failed := map[string]recovery.PeerRecovery{}
+	failed := map[string]ops.PeerRecovery{}
 	for _, pr := range rep.Failed {
 		failed[pr.InstanceID] = pr
 	}
 	var nFailed, notReset int
 	for _, e := range unjoin(scanErr) {
-		var pe *recovery.PeerError
+		var pe *ops.PeerError
 		if !errors.As(e, &pe) {
 			return out, e // the scan itself failed
 		}
@@ -608,19 +609,19 @@ func printRecover(w io.Writer, out recoverJSON) {
 	for _, p := range out.Peers {
 		settled := len(p.RowIDs) - len(p.RowsToReset) - len(p.RowsNotReset)
 		switch p.Action {
-		case string(recovery.PlanReset):
+		case string(ops.PlanReset):
 			fmt.Fprintf(w, "would reset %s: %d of %d tracked rows (%s); %d are settled (finished, queued or another worker's); then delete its rows set and deregister it\n",
 				p.InstanceID, len(p.RowsToReset), p.RowsFound, idList(p.RowsToReset), settled)
-		case string(recovery.PlanKeep):
+		case string(ops.PlanKeep):
 			fmt.Fprintf(w, "would keep %s: %d of %d tracked rows can be neither reset nor shown finished (%s); %d would be reset (%s); its rows set and registry entry would stay\n",
 				p.InstanceID, len(p.RowsNotReset), p.RowsFound, rowList(p.RowsNotReset), len(p.RowsToReset), idList(p.RowsToReset))
-		case string(recovery.PlanDeregister):
+		case string(ops.PlanDeregister):
 			fmt.Fprintf(w, "would deregister %s: it tracks no rows\n", p.InstanceID)
-		case string(recovery.PlanLost):
+		case string(ops.PlanLost):
 			fmt.Fprintf(w, "would deregister %s: its rows set vanished after a failed recovery; rows it held may stay in progress\n", p.InstanceID)
-		case string(recovery.PlanSkip):
+		case string(ops.PlanSkip):
 			fmt.Fprintf(w, "would skip %s: another worker is recovering it now\n", p.InstanceID)
-		case string(recovery.PlanUnknown):
+		case string(ops.PlanUnknown):
 			fmt.Fprintf(w, "would hand %d tracked rows of %s to the resetter, which cannot say what it would change\n", p.RowsFound, p.InstanceID)
 		case "recovered":
 			back := ""
@@ -707,7 +708,7 @@ func unjoin(err error) []error {
 // announcedTTLs lists the distinct heartbeat TTLs the instances announced,
 // with their instances, when they differ: a rolling change of timings,
 // during which verdicts wait for the longest (docs/safety.md).
-func announcedTTLs(insts []recovery.InstanceState) string {
+func announcedTTLs(insts []ops.InstanceState) string {
 	by := map[time.Duration][]string{}
 	var order []time.Duration
 	for _, i := range insts {

@@ -16,6 +16,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
 )
 
 // picky is the RowResetter of a recovering test worker: it resets every
@@ -45,7 +46,7 @@ func recoveringFleet(t *testing.T, rdb redis.UniversalClient, prefix string) *re
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
 	// Only rec-1's entries count: a test may have planted older ones.
 	require.Eventually(t, func() bool {
-		h, err := recovery.ReadHistory(context.Background(), rdb, prefix, recovery.HistoryQuery{})
+		h, err := ops.ReadHistory(context.Background(), rdb, prefix, ops.HistoryQuery{})
 		n := 0
 		for _, e := range h {
 			if e.InstanceID == "rec-1" {
