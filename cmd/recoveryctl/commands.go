@@ -78,7 +78,7 @@ type beat struct {
 
 // lastBeat reads the time since an instance's last heartbeat from its
 // heartbeat key's TTL left: every heartbeat sets the key's TTL back to the
-// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's WithHeartbeatTTL), so
+// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's Timings.HeartbeatTTL), so
 // what has run off since is the time since that heartbeat. PTTL answers
 // to the millisecond on every Redis version and changes nothing. (OBJECT
 // IDLETIME is not used: a read of the key such as GET resets it, it counts whole
@@ -137,7 +137,7 @@ func (o *options) beatLegend(insts []ops.InstanceState) []string {
 		}
 	}
 	if len(odd) > 0 {
-		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's WithHeartbeatTTL",
+		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's Timings.HeartbeatTTL",
 			strings.Join(odd, ", ")))
 	}
 	return lines
@@ -450,7 +450,7 @@ type noDB struct{ recovery.PgxExecer }
 // newWorker returns a recovery.Worker over the fleet's Redis and a
 // PgxResetter built from the flags, after checking the resetter against
 // the catalogue (unless --no-schema-check). The Worker is never started:
-// no heartbeat, no registration; RecoverNow and PlanRecovery only.
+// no heartbeat, no registration; ops.RecoverNow and ops.PlanRecovery only.
 func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (*recovery.Worker, func(), error) {
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
@@ -489,7 +489,7 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 	return w, pool.Close, nil
 }
 
-// plan asks the library what a scan would do now (Worker.PlanRecovery):
+// plan asks the library what a scan would do now (ops.PlanRecovery):
 // the dead peers as a scan finds them, their rows as a recovery reads
 // them, and from PostgreSQL, in a transaction that is rolled back, which
 // of those rows a reset would change.
@@ -534,7 +534,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	return out, errors.Join(errs...)
 }
 
-// recoverNow runs one scan through the library (Worker.RecoverNow). A peer
+// recoverNow runs one scan through the library (ops.RecoverNow). A peer
 // whose rows could be neither reset nor shown settled keeps its rows set
 // and registry entry (recovery.ErrRowsNotReset): that is a failure, and
 // says which rows and what to check.
@@ -592,7 +592,7 @@ func rowsJSON(rs []recovery.RowState) []rowJSON {
 	return out
 }
 
-// ctlInstanceID is the identity RecoverNow runs under. It never heartbeats
+// ctlInstanceID is the identity ops.RecoverNow runs under. It never heartbeats
 // or registers; it only has to differ from every worker's.
 func ctlInstanceID() string {
 	host, _ := os.Hostname()

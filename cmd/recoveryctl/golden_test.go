@@ -12,7 +12,6 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/ops"
 )
@@ -68,7 +67,7 @@ func goldenFleet() ops.FleetState {
 
 func goldenOptions() *options {
 	return &options{prefix: "ALYA", timeout: 30 * time.Second, last: 10,
-		heartbeatTTL: recovery.DefaultHeartbeatTTL, heartbeatInterval: recovery.DefaultHeartbeatInterval}
+		heartbeatTTL: defaultHeartbeatTTL, heartbeatInterval: defaultHeartbeatInterval}
 }
 
 func TestGoldenWorkers(t *testing.T) {

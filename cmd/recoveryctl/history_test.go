@@ -92,7 +92,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	assert.Regexp(t, `^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\s+lease_lost\s+-\s+gone-1\s+no heartbeat for 1m1s: peers may recover its rows$`, lines[1])
 	assert.Contains(t, out, "rows_recovered")
 	assert.Regexp(t, `rows_recovered\s+dead-1\s+rec-1\s+3 rows: 3 reset, 0 quarantined, \S+ after found`, out)
-	assert.Regexp(t, `peer_dead\s+dead-1\s+rec-1\s+found by registry, claimed \S+ later`, out)
+	assert.Regexp(t, `peer_claimed\s+dead-1\s+rec-1\s+found by registry, claimed \S+ later`, out)
 	assert.Regexp(t, `recovery_failed\s+dead-2\s+rec-1\s+failed: .*connection refused by the test`, out)
 
 	// --since leaves out the old entry; --json has every field.
@@ -102,7 +102,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	assert.Equal(t, prefix+"_HISTORY", got.Stream)
 	require.Len(t, got.Entries, 4)
-	assert.Equal(t, map[string][]string{"dead-1": {"peer_dead", "rows_recovered"}, "dead-2": {"peer_dead", "recovery_failed"}},
+	assert.Equal(t, map[string][]string{"dead-1": {"peer_claimed", "rows_recovered"}, "dead-2": {"peer_claimed", "recovery_failed"}},
 		byPeer(got.Entries))
 	for _, e := range got.Entries {
 		assert.Equal(t, "rec-1", e.InstanceID)
@@ -123,7 +123,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	require.Len(t, got.Entries, 1)
-	assert.NotEqual(t, "peer_dead", got.Entries[0].Kind, "the newest entry ends a recovery")
+	assert.NotEqual(t, "peer_claimed", got.Entries[0].Kind, "the newest entry ends a recovery")
 
 	// Another prefix has no history, and says so on stderr.
 	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", testutil.Name("OTHER"), "history")
@@ -143,7 +143,7 @@ func TestHistoryOnRedisCluster(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	var got historyOut
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
-	assert.Equal(t, map[string][]string{"dead-1": {"peer_dead", "rows_recovered"}, "dead-2": {"peer_dead", "recovery_failed"}},
+	assert.Equal(t, map[string][]string{"dead-1": {"peer_claimed", "rows_recovered"}, "dead-2": {"peer_claimed", "recovery_failed"}},
 		byPeer(got.Entries))
 }
 
