@@ -198,7 +198,9 @@ func ExampleWorker_Shutdown() {
 	// Track after Shutdown: recovery: shut down
 }
 
-func Example_recoverNow() { // ops.RecoverNow on a Worker never started
+// ops.RecoverNow runs one scan of a Worker that is never started (moved to
+// package ops in v2; the example stays here beside queue, its resetter).
+func Example_recoverNow() {
 	mr, rdb := redisForExample()
 	defer mr.Close()
 	defer rdb.Close()
