@@ -306,11 +306,32 @@ func (r *pgResetter) checkLedger(ctx context.Context, tx pgTx, _ *pgTable) error
 	return nil
 }
 
-// RowStates returns the status, as text, and the owner (with
-// WithOwnerColumn) of each of ids that exists. It implements
-// RowStateReader, for the worker's self-check.
+// RowStates returns, in one statement and in ascending ID order, the
+// committed status (as text), the owner (with WithOwnerColumn) and the
+// version (xmin) of each of ids that exists, and whether another session
+// held a lock on it then (Locked): FOR SHARE SKIP LOCKED, in a CTE, skips
+// such a row instead of waiting for it, and the row is still read, with
+// its last committed state (for a row a fetch is writing, its state before
+// the fetch). Each share lock lasts the statement. It implements Resetter,
+// for the worker's self-check.
 func (r *pgResetter) RowStates(ctx context.Context, ids []int64) ([]RowState, error) {
-	return r.rowStates(ctx, ids, "")
+	owner := "NULL::text"
+	if r.o.ownerColumn != "" {
+		owner = "t." + ident(r.o.ownerColumn) + "::text"
+	}
+	id := ident(r.o.idColumn)
+	sql := fmt.Sprintf(`WITH free AS (SELECT %[1]s FROM %[2]s WHERE %[1]s = ANY($1::bigint[]) FOR SHARE SKIP LOCKED)
+SELECT t.%[1]s, coalesce(t.%[3]s::text, ''), coalesce(%[4]s, ''), t.xmin::text, t.%[1]s NOT IN (SELECT %[1]s FROM free)
+FROM %[2]s t WHERE t.%[1]s = ANY($1::bigint[]) ORDER BY 1`, id, r.o.tableIdent(), ident(r.o.statusColumn), owner)
+	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (RowState, error) {
+		var s RowState
+		err := row.Scan(&s.ID, &s.Status, &s.Owner, &s.Version, &s.Locked)
+		return s, err
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read row versions: %w", err)
+	}
+	return out, nil
 }
 
 func (r *pgResetter) rowStates(ctx context.Context, ids []int64, locking string) ([]RowState, error) {
@@ -343,28 +364,16 @@ func (r *pgResetter) committedRowStates(ctx context.Context, ids []int64) ([]Row
 	return r.rowStates(ctx, ids, " FOR SHARE SKIP LOCKED")
 }
 
-// rowImages reads, in one statement, the committed state and version
-// (xmin) of each of ids that exists, and whether another session held a
-// lock on it then (FOR SHARE SKIP LOCKED skips it). A locked row shows its
-// last committed state: for a row a fetch is writing, its state before the
-// fetch. It implements versionedStateReader, for the self-check's look at
-// short blocks (selfcheck.go). Each share lock lasts the statement.
+// rowImages is RowStates as the self-check's look at short blocks reads
+// it (selfcheck.go): it implements versionedStateReader.
 func (r *pgResetter) rowImages(ctx context.Context, ids []int64) ([]rowImage, error) {
-	owner := "NULL::text"
-	if r.o.ownerColumn != "" {
-		owner = "t." + ident(r.o.ownerColumn) + "::text"
-	}
-	id := ident(r.o.idColumn)
-	sql := fmt.Sprintf(`WITH free AS (SELECT %[1]s FROM %[2]s WHERE %[1]s = ANY($1::bigint[]) FOR SHARE SKIP LOCKED)
-SELECT t.%[1]s, coalesce(t.%[3]s::text, ''), coalesce(%[4]s, ''), t.xmin::text, t.%[1]s NOT IN (SELECT %[1]s FROM free)
-FROM %[2]s t WHERE t.%[1]s = ANY($1::bigint[]) ORDER BY 1`, id, r.o.tableIdent(), ident(r.o.statusColumn), owner)
-	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (rowImage, error) {
-		var m rowImage
-		err := row.Scan(&m.ID, &m.Status, &m.Owner, &m.version, &m.locked)
-		return m, err
-	})
+	states, err := r.RowStates(ctx, ids)
 	if err != nil {
-		return nil, fmt.Errorf("read row versions: %w", err)
+		return nil, err
+	}
+	out := make([]rowImage, len(states))
+	for i, s := range states {
+		out[i] = rowImage{RowState: s, version: s.Version, locked: s.Locked}
 	}
 	return out, nil
 }

@@ -600,14 +600,15 @@ func (r *pgResetter) InProgressOwners(ctx context.Context) ([]string, error) {
 }
 
 // InProgressRows returns every row in progress with its version, the
-// row's xmin: it changes whenever the row is written. It needs a resetter
+// row's xmin: it changes whenever the row is written. Each row's Status is
+// the in-progress status. It implements Resetter. It needs a resetter
 // without WithOwnerColumn (with one, the backstop sweep goes by owner).
-func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
+func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowState, error) {
 	if r.inProgress == "" {
 		return nil, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
 	}
-	rows, err := collect(ctx, r.conn, r.inProgress, []any{r.o.inprog}, func(row pgRows) (RowVersion, error) {
-		var v RowVersion
+	rows, err := collect(ctx, r.conn, r.inProgress, []any{r.o.inprog}, func(row pgRows) (RowState, error) {
+		v := RowState{Status: r.o.inprog}
 		err := row.Scan(&v.ID, &v.Version)
 		return v, err
 	})
@@ -632,33 +633,46 @@ func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (R
 	if len(rows) == 0 {
 		return ResetResult{}, nil
 	}
-	sorted := slices.Clone(rows)
-	slices.SortFunc(sorted, func(a, b RowVersion) int { return cmp.Compare(a.ID, b.ID) })
+	sorted := sortedVersions(rows)
 	res, err := r.withRetry(ctx, func(tx pgTx) (ResetResult, error) {
-		var total ResetResult
-		for chunk := range slices.Chunk(sorted, r.o.chunkSize) {
-			v := resetValues{ids: make([]int64, len(chunk)), versions: make([]string, len(chunk))}
-			for i, rv := range chunk {
-				v.ids[i], v.versions[i] = rv.ID, rv.Version
-			}
-			res, err := r.run(ctx, tx, r.byVersion, v)
-			if err != nil {
-				return ResetResult{}, err
-			}
-			locked, err := r.unsettled(ctx, tx, r.versionRest, v)
-			if err != nil {
-				return ResetResult{}, err
-			}
-			total.Changed += res.Changed
-			total.Quarantined = append(total.Quarantined, res.Quarantined...)
-			total.NotReset = append(total.NotReset, locked...)
-		}
-		return total, nil
+		return r.resetVersionsInTx(ctx, tx, sorted)
 	})
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
 	}
 	return res, nil
+}
+
+// sortedVersions returns a copy of rows in ascending ID order.
+func sortedVersions(rows []RowState) []RowState {
+	sorted := slices.Clone(rows)
+	slices.SortFunc(sorted, func(a, b RowState) int { return cmp.Compare(a.ID, b.ID) })
+	return sorted
+}
+
+// resetVersionsInTx resets the rows of sorted (in ascending ID order) that
+// are still in progress at their version, chunk after chunk, in tx:
+// ResetRowVersions commits it, a dry run rolls it back.
+func (r *pgResetter) resetVersionsInTx(ctx context.Context, tx pgTx, sorted []RowState) (ResetResult, error) {
+	var total ResetResult
+	for chunk := range slices.Chunk(sorted, r.o.chunkSize) {
+		v := resetValues{ids: make([]int64, len(chunk)), versions: make([]string, len(chunk))}
+		for i, rv := range chunk {
+			v.ids[i], v.versions[i] = rv.ID, rv.Version
+		}
+		res, err := r.run(ctx, tx, r.byVersion, v)
+		if err != nil {
+			return ResetResult{}, err
+		}
+		locked, err := r.unsettled(ctx, tx, r.versionRest, v)
+		if err != nil {
+			return ResetResult{}, err
+		}
+		total.Changed += res.Changed
+		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.NotReset = append(total.NotReset, locked...)
+	}
+	return total, nil
 }
 
 // ResetOwnerRows returns every row still in progress and owned by owner to

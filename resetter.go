@@ -129,13 +129,10 @@ type RowsSweeper interface {
 	ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error)
 }
 
-// RowVersion is a row in progress as a RowsSweeper saw it.
-type RowVersion struct {
-	// ID is the row's ID.
-	ID int64
-	// Version changes whenever the row is written (PostgreSQL: xmin).
-	Version string
-}
+// RowVersion is a row in progress as a RowsSweeper saw it: its ID and
+// Version (RowState.Version, which changes whenever the row is written;
+// PostgreSQL: xmin).
+type RowVersion = RowState
 
 // resetRows calls the resetter, preferring the richest interface it has.
 func resetRows(ctx context.Context, r RowResetter, req ResetRequest) (ResetResult, error) {
