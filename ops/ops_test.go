@@ -17,6 +17,7 @@ import (
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/ops"
+	"github.com/alya/recovery/postgres"
 )
 
 func TestMain(m *testing.M) { os.Exit(testutil.Main(m)) }
@@ -268,4 +269,30 @@ func TestRecoverNowAndPlanRecoveryRunTheWorkersScan(t *testing.T) {
 	assert.ErrorIs(t, err, recovery.ErrInvalidConfig)
 	_, err = ops.PlanRecovery(ctx, nil)
 	assert.ErrorIs(t, err, recovery.ErrInvalidConfig)
+}
+
+// TestFromEnvReadsThePrefixAndTheResetterConfiguration: the prefix from
+// RECOVERY_KEY_PREFIX, else the default; the resetter's variables through
+// postgres.ConfigFromEnv, whose errors name the variable.
+func TestFromEnvReadsThePrefixAndTheResetterConfiguration(t *testing.T) {
+	env := map[string]string{ops.EnvKeyPrefix: "JOBS", postgres.EnvTable: "jobs", postgres.EnvMaxRecoveries: "3"}
+	e, err := ops.FromEnv(func(k string) string { return env[k] })
+	require.NoError(t, err)
+	assert.Equal(t, "JOBS", e.KeyPrefix)
+	assert.Equal(t, "jobs", e.Postgres.Table)
+	assert.Equal(t, 3, e.Postgres.MaxRecoveries)
+
+	e, err = ops.FromEnv(func(string) string { return "" })
+	require.NoError(t, err)
+	assert.Equal(t, ops.DefaultKeyPrefix, e.KeyPrefix)
+	assert.Equal(t, postgres.Config{}.Table, e.Postgres.Table)
+
+	_, err = ops.FromEnv(func(k string) string {
+		if k == postgres.EnvMaxRecoveries {
+			return "three"
+		}
+		return ""
+	})
+	require.ErrorIs(t, err, recovery.ErrInvalidConfig)
+	assert.Contains(t, err.Error(), postgres.EnvMaxRecoveries)
 }
