@@ -338,14 +338,14 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 }
 
 // listLives returns the per-life owner values of the peer in progress in
-// the table, read through the resetter's OwnerSweeper (none without one).
+// the table, read through the resetter's InProgressOwners (none when it
+// does not fence by owner or cannot list the rows in progress).
 func (r *peerRecovery) listLives(ctx context.Context) ([]string, error) {
-	sw, ok := r.w.resetter.(OwnerSweeper)
-	if !ok {
+	if !r.w.info.OwnerFencing || !r.w.info.ListsInProgress {
 		return nil, nil
 	}
 	dbCtx, cancel := context.WithTimeout(ctx, r.w.opts.resetTimeout)
-	owners, err := sw.InProgressOwners(dbCtx)
+	owners, err := r.w.resetter.InProgressOwners(dbCtx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("list the lives of %s in progress (its life is not in Redis): %w", r.peer, err)
@@ -426,7 +426,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		}
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := resetRows(resetCtx, w.resetter, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
+	res, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
 		// The peer is named by report.PeerError, and PgxResetter's error names
@@ -436,7 +436,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Changed, res.Quarantined, res.NotReset
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
-	return notResetError(r.peer, len(ids), res.NotReset, fencesByOwner(w.resetter))
+	return notResetError(r.peer, len(ids), res.NotReset, w.info.OwnerFencing)
 }
 
 // notResetError returns nil when no row is left not reset, else an error
@@ -493,15 +493,14 @@ func lockedRows(notReset []RowState) int {
 // and adds them to what resetTracked found.
 func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	w := r.w
-	sw, ok := w.resetter.(OwnerSweeper)
-	if !ok {
-		return fmt.Errorf("%w: resetting rows by owner needs an OwnerSweeper resetter", ErrInvalidConfig)
+	if !w.info.OwnerFencing {
+		return fmt.Errorf("%w: resetting rows by owner needs a resetter that fences by owner (Info().OwnerFencing); %T does not", ErrInvalidConfig, w.resetter)
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	defer cancel()
 	found, notReset := 0, []RowState(nil)
 	for _, owner := range r.ownerValues() {
-		res, err := sw.ResetOwnerRows(resetCtx, owner)
+		res, err := w.resetter.Reset(resetCtx, ResetRequest{Owner: owner})
 		if err != nil {
 			if owner != r.peer {
 				return fmt.Errorf("reset by owner %s: %w", clip(owner), err)

@@ -18,7 +18,29 @@ import (
 // noopResetter stands in for a PgxResetter in examples that recover nothing.
 type noopResetter struct{}
 
-func (noopResetter) ResetRows(context.Context, string, []int64) (int64, error) { return 0, nil }
+func (noopResetter) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "noop", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (r noopResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) {
+	return r.Info(), nil
+}
+
+func (noopResetter) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noopResetter) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (noopResetter) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (noopResetter) RowStates(context.Context, []int64) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
 
 // healthHandler answers 200 while the worker holds its heartbeat lease and
 // 503 otherwise: wire it to a Kubernetes liveness or readiness probe.

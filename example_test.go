@@ -2,6 +2,7 @@ package recovery_test
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/signal"
@@ -18,9 +19,11 @@ import (
 	"github.com/alya/recovery/ops"
 )
 
-// queue is a tiny RowResetter over an in-memory table of row statuses: the
+// queue is a tiny Resetter over an in-memory table of row statuses: the
 // contract a host without PostgreSQL implements. Only rows still in
-// progress go back to the queue.
+// progress go back to the queue. It has no owners, no ledger and no dry
+// run, and cannot list the rows in progress (no backstop sweep): its Info
+// says so.
 type queue struct {
 	mu     sync.Mutex
 	status map[int64]string
@@ -34,17 +37,46 @@ func newQueue(ids ...int64) *queue {
 	return q
 }
 
-func (q *queue) ResetRows(_ context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
+func (q *queue) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "queue", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (q *queue) Check(context.Context, bool) (recovery.ResetterInfo, error) { return q.Info(), nil }
+
+func (q *queue) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+	if req.Owner != "" || len(req.Versions) > 0 || req.DryRun {
+		return recovery.ResetResult{}, errors.ErrUnsupported
+	}
 	q.mu.Lock()
 	defer q.mu.Unlock()
-	var n int64
-	for _, id := range rowIDs {
+	var res recovery.ResetResult
+	for _, id := range req.RowIDs {
 		if q.status[id] == "inprog" {
 			q.status[id] = "queued"
-			n++
+			res.Changed++
 		}
 	}
-	return n, nil
+	return res, nil
+}
+
+func (q *queue) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (q *queue) InProgressRows(context.Context) ([]recovery.RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+func (q *queue) RowStates(_ context.Context, ids []int64) ([]recovery.RowState, error) {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	var out []recovery.RowState
+	for _, id := range ids {
+		if s, ok := q.status[id]; ok {
+			out = append(out, recovery.RowState{ID: id, Status: s})
+		}
+	}
+	return out, nil
 }
 
 // set gives rows a status, as FetchBlockOfRows and the host's commits do.

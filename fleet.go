@@ -33,18 +33,6 @@ import (
 // not shorten them. Workers of older versions announce nothing: a fleet
 // mixing them gets their timings only from workers that share them.
 
-// fleetIdentifier is a resetter that can tell what it serves. PgxResetter
-// and SQLResetter are.
-type fleetIdentifier interface {
-	fleetIdentity(ctx context.Context) (string, error)
-}
-
-// serverIdentifier is a resetter that can tell which PostgreSQL server it
-// serves its table on. PgxResetter and SQLResetter are.
-type serverIdentifier interface {
-	serverIdentity(ctx context.Context) (string, error)
-}
-
 // serverIdentity returns "system_identifier=<n>" from pg_control_system():
 // the identifier initdb gave the cluster, the same on its physical
 // replicas (they serve the same rows) and through any pooler, another on
@@ -89,33 +77,17 @@ SELECT current_database()::text,
 // records both under the prefix, or returns an error wrapping
 // ErrFleetMismatch when the prefix serves something else, or the same
 // names on another server. A record of the release before the server
-// field is filled, not refused (a rolling upgrade). A resetter that cannot
-// tell is not checked; nor, with WithoutSchemaCheck (which lets a worker
-// start while PostgreSQL is down), is a worker whose resetter could not
-// ask the database: that is logged at Warn. Start calls it before it
-// writes anything else. It reports whether it read the fleet record (f):
-// Start learns the members' timings from it.
-func (w *Worker) checkFleet(ctx context.Context) (f store.Fleet, read bool, err error) {
-	fi, ok := w.resetter.(fleetIdentifier)
-	if !ok || mutantNoFleetCheck {
-		return f, false, nil
-	}
-	idCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	serves, err := fi.fleetIdentity(idCtx)
-	var server string
-	if si, ok := w.resetter.(serverIdentifier); ok && err == nil && serves != "" {
-		server, err = si.serverIdentity(idCtx)
-	}
-	cancel()
-	if err != nil && w.opts.noSchemaCheck {
-		w.log.Warn("cannot tell what this worker serves; the key prefix is not checked against the fleet's record",
-			slog.Any("error", err))
-		return f, false, nil
-	}
-	if err != nil {
-		return f, false, err
-	}
-	if serves == "" {
+// field is filled, not refused (a rolling upgrade). What it serves and
+// where are what the resetter's Check read (checked: ResetterInfo's Serves
+// and Server); a resetter that cannot tell (Serves empty) is not checked;
+// nor, with WithoutSchemaCheck (which lets a worker start while
+// PostgreSQL is down), is a worker whose resetter could not ask the
+// database (checkSchema logged it). Start calls it before it writes
+// anything else. It reports whether it read the fleet record (f): Start
+// learns the members' timings from it.
+func (w *Worker) checkFleet(ctx context.Context, checked ResetterInfo) (f store.Fleet, read bool, err error) {
+	serves, server := checked.Serves, checked.Server
+	if serves == "" || mutantNoFleetCheck {
 		return f, false, nil // the resetter cannot tell
 	}
 	opCtx, cancel := w.opContext(ctx)

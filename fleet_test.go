@@ -308,18 +308,16 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 	for _, impl := range resetterImpls {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()
-			got, err := impl.mustResetter(t, db).(fleetIdentifier).fleetIdentity(ctx)
+			got, err := impl.mustResetter(t, db).Check(ctx, false)
 			require.NoError(t, err)
-			assert.Equal(t, want, got)
-			got, err = impl.mustResetter(t, db, WithSchema(schema)).(fleetIdentifier).fleetIdentity(ctx)
+			assert.Equal(t, want, got.Serves)
+			assert.Equal(t, "system_identifier="+sysID, got.Server, "the server's identifier")
+			got, err = impl.mustResetter(t, db, WithSchema(schema)).Check(ctx, false)
 			require.NoError(t, err)
-			assert.Equal(t, want, got)
-			got, err = impl.mustResetter(t, db, WithTable("nope")).(fleetIdentifier).fleetIdentity(ctx)
+			assert.Equal(t, want, got.Serves)
+			got, err = impl.mustResetter(t, db, WithTable("nope")).Check(ctx, false)
 			require.NoError(t, err)
-			assert.Equal(t, "database="+dbName+" schema= table=nope", got)
-			server, err := impl.mustResetter(t, db).(serverIdentifier).serverIdentity(ctx)
-			require.NoError(t, err)
-			assert.Equal(t, "system_identifier="+sysID, server, "the server's identifier")
+			assert.Equal(t, "database="+dbName+" schema= table=nope", got.Serves)
 		})
 	}
 }

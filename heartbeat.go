@@ -243,7 +243,7 @@ func (w *Worker) markLeaseLost(cause error) {
 	// other the loss is not sticky, or it could never work again. The
 	// self-check stops judging those rows either way: a recoverer may have
 	// reset them.
-	w.rows.markLoss(releaseSafeAfterLoss(w.resetter) && !mutantNoStickyLease, w.ownerMode && !mutantOneLife)
+	w.rows.markLoss(releaseSafeAfterLoss(w.info) && !mutantNoStickyLease, w.ownerMode && !mutantOneLife)
 	w.stats.leaseLosses.Add(1)
 	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

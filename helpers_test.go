@@ -2,6 +2,8 @@ package recovery
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"os"
 	"runtime"
@@ -58,7 +60,7 @@ func fast(extra ...Option) []Option {
 
 // newWorker builds a Worker with the fast timings, a test logger and the
 // given ID, and shuts it down when the test ends.
-func newWorker(t *testing.T, rdb redis.UniversalClient, r RowResetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
+func newWorker(t *testing.T, rdb redis.UniversalClient, r Resetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
 	t.Helper()
 	log, buf := testutil.Logger(t)
 	all := append(fast(WithInstanceID(id), WithLogger(log)), opts...)
@@ -73,28 +75,35 @@ func newWorker(t *testing.T, rdb redis.UniversalClient, r RowResetter, id string
 }
 
 // startWorker is newWorker followed by a successful Start.
-func startWorker(t *testing.T, rdb redis.UniversalClient, r RowResetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
+func startWorker(t *testing.T, rdb redis.UniversalClient, r Resetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
 	t.Helper()
 	w, buf := newWorker(t, rdb, r, id, opts...)
 	require.NoError(t, w.Start(context.Background()))
 	return w, buf
 }
 
-// fakeResetter is the one RowResetter double of the unit tests. It records
-// every ResetRows call (peer, rows, time, outcome); what a call does is set
-// by its fields, all optional, each for the tests that need it:
+// fakeResetter is the one Resetter double of the unit tests. It records
+// every reset of rows by ID (peer, rows, time, outcome); what a call does
+// is set by its fields, all optional, each for the tests that need it:
 //
 //   - inner does the reset (a PgxResetter, say); without it every row passed
-//     counts as reset. Only ResetRows is exposed, whatever else inner has.
+//     counts as reset. Only the rows and the instance reach inner (no
+//     incarnation, so no ledger), and only the count of rows changed comes
+//     back, whatever else inner has.
 //   - setFail makes the calls for one peer fail with an error.
 //   - delay waits before each reset, ending early with the call's context.
 //   - hold, a gate, stops the first call until the test opens it, ignoring
 //     the call's context as a driver stuck in a system call would.
 //   - before runs at each call before the reset (a peer coming back, a
 //     check that fails the test).
-//   - fenced makes it an OwnerFencer whose resets are guarded by owner.
+//   - fenced makes its Info say that its resets are guarded by owner.
+//   - info, when set, is what Info returns instead.
+//
+// It has no schema check, lists no rows in progress and reads no rows
+// (errors.ErrUnsupported): no owner mode, no backstop sweep, no self-check.
 type fakeResetter struct {
-	inner  RowResetter
+	inner  Resetter
+	info   *ResetterInfo
 	delay  time.Duration
 	hold   *gate
 	before func(peer string)
@@ -105,7 +114,7 @@ type fakeResetter struct {
 	calls []resetCall
 }
 
-// resetCall is one ResetRows call: when it came, with what, and whether it
+// resetCall is one reset: when it came, with what, and whether it
 // succeeded.
 type resetCall struct {
 	peer string
@@ -114,14 +123,45 @@ type resetCall struct {
 	ok   bool
 }
 
-func (f *fakeResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	call := resetCall{peer: peer, ids: slices.Clone(ids), at: time.Now()}
-	n, err := f.reset(ctx, peer, ids)
+// Info says what the fake guarantees: owner fencing when fenced, nothing
+// else.
+func (f *fakeResetter) Info() ResetterInfo {
+	if f.info != nil {
+		return *f.info
+	}
+	return ResetterInfo{Name: "fakeResetter", OwnerFencing: f.fenced, InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+// Check checks nothing and tells nothing of what the fake serves.
+func (f *fakeResetter) Check(context.Context, bool) (ResetterInfo, error) { return f.Info(), nil }
+
+// Reset resets the rows of req.RowIDs for req.InstanceID (see reset).
+func (f *fakeResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	if req.Owner != "" || len(req.Versions) > 0 || req.DryRun {
+		return ResetResult{}, fmt.Errorf("fakeResetter resets by row IDs only: %w", errors.ErrUnsupported)
+	}
+	call := resetCall{peer: req.InstanceID, ids: slices.Clone(req.RowIDs), at: time.Now()}
+	n, err := f.reset(ctx, req.InstanceID, req.RowIDs)
 	call.ok = err == nil
 	f.mu.Lock()
 	f.calls = append(f.calls, call)
 	f.mu.Unlock()
-	return n, err
+	return ResetResult{Changed: n}, err
+}
+
+// InProgressOwners is not supported.
+func (f *fakeResetter) InProgressOwners(context.Context) ([]string, error) {
+	return nil, errors.ErrUnsupported
+}
+
+// InProgressRows is not supported.
+func (f *fakeResetter) InProgressRows(context.Context) ([]RowState, error) {
+	return nil, errors.ErrUnsupported
+}
+
+// RowStates is not supported: the self-check stops at its first read.
+func (f *fakeResetter) RowStates(context.Context, []int64) ([]RowState, error) {
+	return nil, errors.ErrUnsupported
 }
 
 func (f *fakeResetter) reset(ctx context.Context, peer string, ids []int64) (int64, error) {
@@ -145,13 +185,11 @@ func (f *fakeResetter) reset(ctx context.Context, peer string, ids []int64) (int
 	case err != nil:
 		return 0, err
 	case f.inner != nil:
-		return f.inner.ResetRows(ctx, peer, ids)
+		res, err := f.inner.Reset(ctx, ResetRequest{InstanceID: peer, RowIDs: ids})
+		return res.Changed, err
 	}
 	return int64(len(ids)), nil
 }
-
-// FencesByOwner makes the fake an OwnerFencer; it answers fenced.
-func (f *fakeResetter) FencesByOwner() bool { return f.fenced }
 
 // setFail makes every later call for peer fail with err; nil ends that.
 func (f *fakeResetter) setFail(peer string, err error) {
@@ -201,7 +239,7 @@ func (f *fakeResetter) of(peer string) []resetCall {
 	return out
 }
 
-// perRow returns how many times each row was passed to ResetRows, failed
+// perRow returns how many times each row was passed to Reset, failed
 // calls included.
 func (f *fakeResetter) perRow() map[int64]int {
 	f.mu.Lock()
@@ -439,7 +477,7 @@ func registered(t *testing.T, rdb redis.UniversalClient, prefix, id string) bool
 // victim starts a worker that takes rows ids (in progress in the table and
 // tracked) and is then killed, as SIGKILL would; its heartbeat is deleted,
 // as if its TTL had run out.
-func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowResetter, id string, opts []Option, ids ...int64) *Worker {
+func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r Resetter, id string, opts []Option, ids ...int64) *Worker {
 	t.Helper()
 	v, _ := startWorker(t, rdb, r, id, opts...)
 	setStatus(t, db, "inprog", ids...)
@@ -450,17 +488,20 @@ func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r RowRese
 }
 
 // hookResetter is a PgxResetter or SQLResetter that runs after once, right
-// after a reset of the rows of a dead peer committed. It is not a
-// fakeResetter with an inner resetter: the Worker must see everything the
-// resetter is (ResetIncarnation with its ledger, owner fencing), and the
-// hook sits in ResetIncarnation, which a fake does not have.
+// after a reset of rows by ID (a dead peer's, a Release) committed. It is
+// not a fakeResetter with an inner resetter: the Worker must see
+// everything the resetter is (its ledger, owner fencing), which embedding
+// the Resetter keeps.
 type hookResetter struct {
 	pgResetterAPI
 	after func()
 }
 
-func (h *hookResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	res, err := h.pgResetterAPI.ResetIncarnation(ctx, req)
+func (h *hookResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	res, err := h.pgResetterAPI.Reset(ctx, req)
+	if len(req.RowIDs) == 0 || req.DryRun {
+		return res, err
+	}
 	if err == nil && h.after != nil {
 		h.after()
 		h.after = nil

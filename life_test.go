@@ -29,7 +29,7 @@ func lifeTimings(prefix string) []Option {
 
 // frozenWorker starts an owner-mode worker whose Redis calls a freezer
 // can stop (a paused process, a network gone).
-func frozenWorker(t *testing.T, rdb *redis.Client, r RowResetter, id string, opts ...Option) (*Worker, *freezer, *testutil.LogBuffer) {
+func frozenWorker(t *testing.T, rdb *redis.Client, r Resetter, id string, opts ...Option) (*Worker, *freezer, *testutil.LogBuffer) {
 	t.Helper()
 	wc := redis.NewClient(rdb.Options())
 	t.Cleanup(func() { _ = wc.Close() })
@@ -345,7 +345,7 @@ func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t
 // (the life read is the dead one only if the claim still holds), reset by
 // owner the bare ID and the life read, finish, deregister. It reports
 // whether it claimed.
-func prevReleaseRecover(t *testing.T, via *Worker, r OwnerSweeper, peer string) bool {
+func prevReleaseRecover(t *testing.T, via *Worker, r Resetter, peer string) bool {
 	t.Helper()
 	ctx := context.Background()
 	s, token := via.store, "prev-release"
@@ -366,7 +366,7 @@ func prevReleaseRecover(t *testing.T, via *Worker, r OwnerSweeper, peer string) 
 		values = append(values, lifeOwner(peer, life))
 	}
 	for _, v := range values {
-		_, err := r.ResetOwnerRows(ctx, v)
+		_, err := r.Reset(ctx, ResetRequest{Owner: v})
 		require.NoError(t, err)
 	}
 	_, err = s.FinishRecovery(ctx, peer, token, via.tombstoneTTL())

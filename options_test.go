@@ -92,7 +92,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 	cases := []struct {
 		name string
 		rdb  redis.UniversalClient
-		r    RowResetter
+		r    Resetter
 		opts []Option
 		want string
 	}{

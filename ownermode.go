@@ -1,6 +1,7 @@
 package recovery
 
-// Owner mode. When the resetter fences by owner and can reset by owner (a
+// Owner mode. When the resetter fences by owner and lists the owners of
+// rows in progress (ResetterInfo's OwnerFencing and ListsInProgress: a
 // PgxResetter WithOwnerColumn), PostgreSQL knows which rows each worker
 // holds, atomically with the fetch that set the owner column: the worker
 // mirrors nothing into Redis. Track and Untrack keep the worker's own view
@@ -31,18 +32,16 @@ func WithRowsSets() Option {
 	return optionFunc(func(o *options) { o.rowsSets = true })
 }
 
-// ownerModeOf reports whether a Worker with resetter r and options o runs
-// in owner mode: r fences by owner and can reset and list rows by owner.
-func ownerModeOf(r RowResetter, o options) bool {
-	if o.rowsSets || !fencesByOwner(r) {
-		return false
-	}
-	_, ok := r.(OwnerSweeper)
-	return ok
+// ownerModeOf reports whether a Worker whose resetter says info, with
+// options o, runs in owner mode: the resetter fences by owner (it resets
+// by owner) and lists the owners of rows in progress, and WithRowsSets is
+// not set.
+func ownerModeOf(info ResetterInfo, o options) bool {
+	return !o.rowsSets && info.OwnerFencing && info.ListsInProgress
 }
 
 // OwnerMode reports whether the worker runs in owner mode: its resetter
-// fences by owner (a PgxResetter WithOwnerColumn) and WithRowsSets is not
+// fences by owner and lists rows in progress (a PgxResetter WithOwnerColumn) and WithRowsSets is not
 // set. In owner mode no row costs a Redis command and recovery resets a
 // dead peer's rows by owner.
 func (w *Worker) OwnerMode() bool { return w.ownerMode }

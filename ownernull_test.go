@@ -93,7 +93,7 @@ type rolloutHost struct {
 	done     chan struct{}
 }
 
-func startRolloutHost(t *testing.T, env ownerNullEnv, r RowResetter, id string, owner bool) *rolloutHost {
+func startRolloutHost(t *testing.T, env ownerNullEnv, r Resetter, id string, owner bool) *rolloutHost {
 	t.Helper()
 	w, _ := startWorker(t, env.rdb, r, id, WithKeyPrefix(env.prefix))
 	require.Equal(t, owner, w.OwnerMode())

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"time"
 )
 
 // The PostgreSQL resetter implements the Resetter contract by delegating
@@ -17,6 +18,16 @@ var (
 	_ Resetter = (*PgxResetter)(nil)
 	_ Resetter = (*SQLResetter)(nil)
 )
+
+// sessionInfo is what checkSession learns about the resetter's database
+// session.
+type sessionInfo struct {
+	// idleInTxTimeout is idle_in_transaction_session_timeout; 0 is none.
+	idleInTxTimeout time.Duration
+	// ownerWidth is how many characters the owner column holds; 0 is no
+	// limit (text, or no owner column).
+	ownerWidth int
+}
 
 // Info says what the resetter guarantees: owner fencing with
 // WithOwnerColumn, the reset ledger (UsesLedger), dry runs, and the lists

@@ -334,53 +334,6 @@ FROM %[2]s t WHERE t.%[1]s = ANY($1::bigint[]) ORDER BY 1`, id, r.o.tableIdent()
 	return out, nil
 }
 
-func (r *pgResetter) rowStates(ctx context.Context, ids []int64, locking string) ([]RowState, error) {
-	owner := "NULL::text"
-	if r.o.ownerColumn != "" {
-		owner = ident(r.o.ownerColumn) + "::text"
-	}
-	sql := fmt.Sprintf("SELECT %s, coalesce(%s::text, ''), coalesce(%s, '') FROM %s WHERE %s = ANY($1::bigint[]) ORDER BY 1%s",
-		ident(r.o.idColumn), ident(r.o.statusColumn), owner, r.o.tableIdent(), ident(r.o.idColumn), locking)
-	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row pgRows) (RowState, error) {
-		var s RowState
-		err := row.Scan(&s.ID, &s.Status, &s.Owner)
-		return s, err
-	})
-	if err != nil {
-		return nil, fmt.Errorf("read row states: %w", err)
-	}
-	return out, nil
-}
-
-// isQueued reports whether status, as RowStates gives it, is the queued
-// status.
-func (r *pgResetter) isQueued(status string) bool { return status == r.o.queued }
-
-// committedRowStates is RowStates without the rows an open transaction
-// is writing or has locked (a fetch not committed yet, a completion under
-// way): FOR SHARE SKIP LOCKED never waits and returns only committed
-// states no one is changing. Each share lock lasts the statement.
-func (r *pgResetter) committedRowStates(ctx context.Context, ids []int64) ([]RowState, error) {
-	return r.rowStates(ctx, ids, " FOR SHARE SKIP LOCKED")
-}
-
-// rowImages is RowStates as the self-check's look at short blocks reads
-// it (selfcheck.go): it implements versionedStateReader.
-func (r *pgResetter) rowImages(ctx context.Context, ids []int64) ([]rowImage, error) {
-	states, err := r.RowStates(ctx, ids)
-	if err != nil {
-		return nil, err
-	}
-	out := make([]rowImage, len(states))
-	for i, s := range states {
-		out[i] = rowImage{RowState: s, version: s.Version, locked: s.Locked}
-	}
-	return out, nil
-}
-
-// configuredStatuses returns the in-progress and queued statuses configured.
-func (r *pgResetter) configuredStatuses() (inprog, queued string) { return r.o.inprog, r.o.queued }
-
 // InProgress reports whether a row in state s is one this resetter would
 // reset as in progress for instance owner: the in-progress status and,
 // with WithOwnerColumn, owned by owner. It implements RowStateReader.

@@ -21,21 +21,13 @@ type ResetPlan struct {
 	NotReset []RowState
 }
 
-// A ResetPlanner is a RowResetter that can say what a reset would change
-// without changing anything. Worker.PlanRecovery uses it, so a dry run
-// never promises a reset that would not happen. PgxResetter and SQLResetter implement it.
-type ResetPlanner interface {
-	RowResetter
-	PlanReset(ctx context.Context, req ResetRequest) (ResetPlan, error)
-}
-
 // PlanReset runs the very statements ResetIncarnation runs for req, ledger
 // included, in a transaction that is always rolled back, and returns what
 // they changed: the rows a reset would change now, and the rows it could
 // neither reset nor show settled. Nothing is committed. While it runs it
 // locks the rows it changes, as a reset does; triggers on the table fire
 // and are rolled back with it (what they do outside the transaction, such
-// as taking sequence values, is not). It implements ResetPlanner.
+// as taking sequence values, is not). Reset runs it for a DryRun by RowIDs.
 func (r *pgResetter) PlanReset(ctx context.Context, req ResetRequest) (plan ResetPlan, err error) {
 	if len(req.RowIDs) == 0 {
 		return ResetPlan{}, nil
@@ -101,19 +93,11 @@ func (r *pgResetter) statuses(ctx context.Context, tx pgTx, ids []int64) (map[in
 	return out, nil
 }
 
-// An OwnerPlanner is a ResetPlanner that can also say what a reset by
-// owner (owner mode, the backstop sweep) would change. PgxResetter and
-// SQLResetter implement it when configured WithOwnerColumn.
-type OwnerPlanner interface {
-	ResetPlanner
-	PlanOwnerReset(ctx context.Context, owner string) (ResetPlan, error)
-}
-
 // PlanOwnerReset runs the statements ResetOwnerRows runs for owner in a
 // transaction that is always rolled back, and returns the rows they would
 // change (in ascending order) and quarantine, and those they would skip
-// because another session holds them locked (NotReset). It implements
-// OwnerPlanner.
+// because another session holds them locked (NotReset). Reset runs it for
+// a DryRun by Owner.
 func (r *pgResetter) PlanOwnerReset(ctx context.Context, owner string) (plan ResetPlan, err error) {
 	if err := r.needOwnerColumn("planning a reset by owner"); err != nil {
 		return ResetPlan{}, err

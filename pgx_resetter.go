@@ -626,7 +626,7 @@ func (r *pgResetter) InProgressRows(ctx context.Context) ([]RowState, error) {
 // LOCKED) and listed in NotReset (Locked), for the sweep to try again. The
 // ledger is not used: the version guard alone makes a second reset of the
 // same row version impossible.
-func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {
+func (r *pgResetter) ResetRowVersions(ctx context.Context, rows []RowState) (ResetResult, error) {
 	if r.inProgress == "" {
 		return ResetResult{}, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
 	}

@@ -15,8 +15,8 @@ import (
 // planRecovery says what recoverNow would do now, changing nothing: it
 // finds the dead peers as a scan does (registry, heartbeats, the age of
 // the Redis node), reads each one's claim, incarnation and rows set as a
-// recovery does, and asks the resetter, when it is a ResetPlanner, which
-// rows a reset would actually change. It takes no claim, so a recovery
+// recovery does, and asks the resetter, when it can do a dry run
+// (ResetterInfo.DryRun), which rows a reset would actually change. It takes no claim, so a recovery
 // running meanwhile may change the answer. Like recoverNow it may be
 // called before Start; after Shutdown it returns ErrShutdown.
 // ops.PlanRecovery calls it (bridge.go).
@@ -41,9 +41,8 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 	if err != nil {
 		return plan, err
 	}
-	planner, canPlan := w.resetter.(ResetPlanner)
-	owners, byOwner := w.resetter.(OwnerPlanner)
-	byOwner = byOwner && w.ownerMode
+	canPlan := w.info.DryRun
+	byOwner := canPlan && w.ownerMode
 	for _, st := range states {
 		p := report.PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
 		switch {
@@ -55,7 +54,7 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 				p.Action = report.PlanLost
 			}
 		default:
-			if err := w.planPeer(ctx, &p, st, planner, canPlan); err != nil {
+			if err := w.planPeer(ctx, &p, st, canPlan); err != nil {
 				return plan, err
 			}
 			if byOwner && p.Action != report.PlanUnknown && p.Action != report.PlanKeep {
@@ -68,12 +67,12 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 				}
 				for _, v := range values {
 					resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-					op, err := owners.PlanOwnerReset(resetCtx, v)
+					op, err := w.resetter.Reset(resetCtx, ResetRequest{Owner: v, DryRun: true})
 					cancel()
 					if err != nil {
 						return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 					}
-					p.WouldReset = mergeIDs(p.WouldReset, op.Reset)
+					p.WouldReset = mergeIDs(p.WouldReset, op.ChangedIDs)
 					p.Quarantined = mergeIDs(p.Quarantined, op.Quarantined)
 				}
 				if p.Action == report.PlanDeregister && len(p.WouldReset) > 0 {
@@ -89,7 +88,7 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 
 // planPeer plans the recovery of one dead peer from its rows set, as a
 // recovery in rows-set mode would do it.
-func (w *Worker) planPeer(ctx context.Context, p *report.PeerPlan, st peerKeys, planner ResetPlanner, canPlan bool) error {
+func (w *Worker) planPeer(ctx context.Context, p *report.PeerPlan, st peerKeys, canPlan bool) error {
 	p.Action = report.PlanDeregister
 	if !st.RowsPresent && st.Incarnation == "" {
 		return nil
@@ -106,14 +105,14 @@ func (w *Worker) planPeer(ctx context.Context, p *report.PeerPlan, st peerKeys, 
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	rp, err := planner.PlanReset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
-		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs, FromRowsSet: true})
+	rp, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
+		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs, FromRowsSet: true, DryRun: true})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 	}
 	p.Action = report.PlanReset
-	p.WouldReset, p.Quarantined, p.NotReset = rp.Reset, rp.Quarantined, rp.NotReset
+	p.WouldReset, p.Quarantined, p.NotReset = rp.ChangedIDs, rp.Quarantined, rp.NotReset
 	if len(rp.NotReset) > 0 {
 		p.Action = report.PlanKeep
 	}

@@ -13,7 +13,7 @@ import (
 // Shutdown). The rows go through the resetter like any reset, then they are
 // untracked.
 //
-// With owner fencing (a resetter whose FencesByOwner reports true, such as
+// With owner fencing (a resetter whose Info reports OwnerFencing, such as
 // a PgxResetter WithOwnerColumn) a row another worker holds now is left
 // alone, so Release is safe in any state, also with the lease lost and
 // after Shutdown. So it is with the reset ledger (a PgxResetter or
@@ -47,7 +47,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	if !releaseSafeAfterLoss(w.resetter) {
+	if !releaseSafeAfterLoss(w.info) {
 		switch {
 		case w.state.Load() == stateShutdown:
 			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
@@ -63,7 +63,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if mutantReleaseUnrecorded {
 		req.Incarnation = ""
 	}
-	fenced := fencesByOwner(w.resetter)
+	fenced := w.info.OwnerFencing
 	if !fenced {
 		// The reset is recorded under this incarnation: a row taken again,
 		// even before this call returns, must be tracked under a new one
@@ -75,7 +75,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if w.ownerMode {
 		res, err = w.releaseByLife(ctx, req)
 	} else {
-		res, err = resetRows(ctx, w.resetter, req)
+		res, err = w.resetter.Reset(ctx, req)
 	}
 	if err != nil {
 		if !fenced {
@@ -130,7 +130,7 @@ func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResu
 			bare = append(bare, ids...)
 			continue
 		}
-		res, err := resetRows(ctx, w.resetter, ResetRequest{InstanceID: owner, RowIDs: ids})
+		res, err := w.resetter.Reset(ctx, ResetRequest{InstanceID: owner, RowIDs: ids})
 		if err != nil {
 			return total, err
 		}
@@ -141,7 +141,7 @@ func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResu
 		}
 	}
 	if len(bare) > 0 {
-		res, err := resetRows(ctx, w.resetter, ResetRequest{InstanceID: w.opts.instanceID, Incarnation: req.Incarnation, RowIDs: bare})
+		res, err := w.resetter.Reset(ctx, ResetRequest{InstanceID: w.opts.instanceID, Incarnation: req.Incarnation, RowIDs: bare})
 		if err != nil {
 			return total, err
 		}

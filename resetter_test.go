@@ -2,53 +2,342 @@ package recovery
 
 import (
 	"context"
-	"strings"
+	"errors"
+	"fmt"
+	"sync/atomic"
 	"testing"
+	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// metricsResetter is a host's plain decorator: it counts resets and
-// forwards ResetRows, and nothing else.
-type metricsResetter struct {
-	inner RowResetter
-	calls int
+// metered is a host's plain decorator (docs/plans/v2.md §2c): it embeds
+// the Resetter it wraps, so it forwards all six methods, and overrides
+// Reset only, to count the resets.
+type metered struct {
+	Resetter
+	n atomic.Int64
 }
 
-func (m *metricsResetter) ResetRows(ctx context.Context, peer string, ids []int64) (int64, error) {
-	m.calls++
-	return m.inner.ResetRows(ctx, peer, ids)
+func (m *metered) Reset(ctx context.Context, r ResetRequest) (ResetResult, error) {
+	m.n.Add(1)
+	return m.Resetter.Reset(ctx, r)
 }
 
-// fullWrapper forwards every method of the bundled resetters.
-type fullWrapper struct{ pgResetterAPI }
+// A decorated resetter keeps every guarantee of the resetter it wraps:
+// what a resetter guarantees travels in Info's value, and the Worker finds
+// nothing by type assertion. Each guarantee is checked for PgxResetter and
+// SQLResetter, with and without an owner column, bare and wrapped in
+// metered. Before the contract, a wrapper that forwarded only ResetRows
+// lost all of them but the owner fencing done inside the statement, and
+// one that forwarded every exported method lost ErrReadOnly and
+// ErrFleetMismatch.
+func TestDecoratedResetterKeepsEveryGuarantee(t *testing.T) {
+	var resets atomic.Int64
+	runGuarantees(t, []decoration{
+		{"bare", func(r pgResetterAPI) Resetter { return r }},
+		{"metered", func(r pgResetterAPI) Resetter {
+			m := &metered{Resetter: r}
+			t.Cleanup(func() { resets.Add(m.n.Load()) })
+			return m
+		}},
+	})
+	t.Cleanup(func() { assert.NotZero(t, resets.Load(), "the resets went through the decorator") })
+}
 
-func TestNewWarnsOnceWhatAWrappedResetterLoses(t *testing.T) {
+// A resetter whose Info cannot work, and the backstop sweep asked of a
+// resetter that cannot list the rows in progress, are refused by New,
+// naming the resetter's type and the field.
+func TestNewRefusesWhatTheResetterInfoRulesOut(t *testing.T) {
 	_, rdb := newMini(t)
-	db := testutil.Postgres(t)
-	const warning = "the resetter lacks optional interfaces"
+	cases := []struct {
+		name string
+		info ResetterInfo
+		opts []Option
+		want string
+	}{
+		{"no in-progress status", ResetterInfo{QueuedStatus: "queued"}, nil, "resetter *recovery.fakeResetter: Info().InProgressStatus is empty"},
+		{"no queued status", ResetterInfo{InProgressStatus: "inprog"}, nil, "resetter *recovery.fakeResetter: Info().QueuedStatus is empty"},
+		{"same statuses", ResetterInfo{InProgressStatus: "inprog", QueuedStatus: "inprog"}, nil,
+			`resetter *recovery.fakeResetter: Info().QueuedStatus "inprog" equals InProgressStatus`},
+		{"sweep without listing", ResetterInfo{InProgressStatus: "inprog", QueuedStatus: "queued"}, []Option{WithBackstopSweep()},
+			"needs a resetter that lists rows in progress (Info().ListsInProgress); *recovery.fakeResetter does not"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			info := c.info
+			_, err := New(rdb, &fakeResetter{info: &info}, c.opts...)
+			require.ErrorIs(t, err, ErrInvalidConfig)
+			assert.Contains(t, err.Error(), c.want)
+		})
+	}
+	var nilFake *fakeResetter
+	_, err := New(rdb, nilFake)
+	require.ErrorIs(t, err, ErrInvalidConfig)
+	assert.Contains(t, err.Error(), "row resetter is nil")
+}
 
-	_, logs := newWorker(t, rdb, &metricsResetter{inner: fencedResetter(t, db)}, "wrapped")
-	assert.Equal(t, 1, logs.Count(warning), "one Warn")
-	line := ""
-	for l := range strings.SplitSeq(logs.String(), "\n") {
-		if strings.Contains(l, warning) {
-			line = l
+// decoration wraps a bundled resetter as a host would, or not at all.
+type decoration struct {
+	name string
+	wrap func(r pgResetterAPI) Resetter
+}
+
+// guaranteeImpls are the bundled resetters the decorator test runs on:
+// PgxResetter, and SQLResetter (through pgx's stdlib).
+func guaranteeImpls() []resetterImpl {
+	var out []resetterImpl
+	for _, impl := range resetterImpls {
+		if impl.name == "pgx" || impl.name == "stdlib" {
+			out = append(out, impl)
 		}
 	}
-	assert.Contains(t, line, `"level":"WARN"`)
-	assert.Contains(t, line, `"resetter_type":"*recovery.metricsResetter"`)
-	assert.Contains(t, line, `"missing":"IncarnationResetter, ResetReporter, OwnerFencer, UsesLedger() bool, OwnerSweeper, RowsSweeper, SchemaChecker, RowStateReader, OwnerPlanner, ResetPlanner"`)
-	assert.Contains(t, line, "a recoverer dying after its COMMIT can have the same rows reset twice", "each loss says what it costs")
+	return out
+}
 
-	for _, impl := range resetterImpls {
-		_, logs := newWorker(t, rdb, impl.mustResetter(t, db), "bare-"+impl.name)
-		assert.Zero(t, logs.Count(warning), "%s: ours have everything", impl.name)
-		_, logs = newWorker(t, rdb, impl.mustResetter(t, db, WithOwnerColumn("owner")), "fenced-"+impl.name)
-		assert.Zero(t, logs.Count(warning), impl.name)
+// runGuarantees runs every guarantee of §2c for each bundled resetter,
+// with and without an owner column, bare and through each decoration.
+func runGuarantees(t *testing.T, decorations []decoration) {
+	for _, impl := range guaranteeImpls() {
+		for _, ownerCol := range []bool{true, false} {
+			for _, d := range decorations {
+				t.Run(fmt.Sprintf("%s/owner=%v/%s", impl.name, ownerCol, d.name), func(t *testing.T) {
+					t.Parallel()
+					g := guarantee{impl: impl, ownerCol: ownerCol, wrap: d.wrap}
+					t.Run("OwnerMode", g.ownerMode)
+					t.Run("Ledger", g.ledger)
+					t.Run("StartRefuses", g.startRefuses)
+					t.Run("SelfCheck", g.selfCheck)
+					t.Run("Report", g.report)
+					t.Run("Sweep", g.sweep)
+					t.Run("DryRun", g.dryRun)
+					t.Run("ReleaseAfterLoss", g.releaseAfterLoss)
+				})
+			}
+		}
 	}
-	_, logs = newWorker(t, rdb, fullWrapper{fencedResetter(t, db)}, "complete")
-	assert.Zero(t, logs.Count(warning), "a wrapper that forwards everything")
+}
+
+// guarantee is one resetter configuration under one decoration.
+type guarantee struct {
+	impl     resetterImpl
+	ownerCol bool
+	wrap     func(r pgResetterAPI) Resetter
+}
+
+// resetter returns the decorated resetter on db's batch table.
+func (g guarantee) resetter(t *testing.T, db *pgxpool.Pool, extra ...ResetterOption) Resetter {
+	t.Helper()
+	var opts []ResetterOption
+	if g.ownerCol {
+		opts = append(opts, WithOwnerColumn("owner"))
+	}
+	return g.wrap(g.impl.mustResetter(t, db, append(opts, WithRecoveryCountColumn("recoveries"))...))
+}
+
+// deadVictim starts a worker, has it take and track ids as a host would
+// (the owner column set to its owner value), and kills it.
+func (g guarantee) deadVictim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, opts []Option, ids ...int64) {
+	t.Helper()
+	v, _ := startWorker(t, rdb, g.resetter(t, db), "victim", opts...)
+	take(t, db, v.Owner(), ids...)
+	require.NoError(t, v.Track(context.Background(), ids...))
+	v.crash()
+	// Its heartbeat expired; so did the claim its Start took on its own ID.
+	require.NoError(t, rdb.Del(context.Background(), v.ownKeys().Heartbeat, v.ownKeys().Claim).Err())
+}
+
+func (g guarantee) ownerMode(t *testing.T) {
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	w, _ := newWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix))
+	assert.Equal(t, g.ownerCol, w.OwnerMode(), "owner mode whenever the resetter fences by owner")
+}
+
+// ledger: a recoverer's reset commits and the recoverer dies before Redis
+// hears of it; the rows are taken again by a live worker; the next
+// recoverer, of the same incarnation, changes nothing.
+func (g guarantee) ledger(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(), WithResetTimeout(5 * time.Second)}
+	g.deadVictim(t, rdb, db, opts, 1, 2, 3)
+	before := dumpKeys(t, rdb, prefix)
+
+	r1, _ := newWorker(t, rdb, g.resetter(t, db), "r1", opts...)
+	rep, err := r1.recoverNow(ctx)
+	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1)
+	assertQueued(t, db, 1, 2, 3)
+
+	restoreKeys(t, rdb, prefix, before) // r1's finish never reached Redis
+	take(t, db, "live", 1, 2, 3)        // a live worker takes them again
+
+	r2, _ := newWorker(t, rdb, g.resetter(t, db), "r2", opts...)
+	rep, err = r2.recoverNow(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, rep.RowsReset, "the second reset of the same incarnation changes nothing")
+	for id, s := range statuses(t, db) {
+		if id <= 3 {
+			assert.Equal(t, "inprog", s, "row %d stays with the live worker", id)
+		}
+	}
+}
+
+func (g guarantee) startRefuses(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+
+	// A status the table does not know (an enum status column).
+	schema, ropts := jobsTable(t, db, true, 2)
+	if g.ownerCol {
+		_, err := db.Exec(ctx, "ALTER TABLE "+schema+".jobs ADD owner text")
+		require.NoError(t, err)
+		ropts = append(ropts, WithOwnerColumn("owner"))
+	}
+	bad := g.wrap(g.impl.mustResetter(t, db, append(ropts, WithStatuses("running", "pendng"))...))
+	w, _ := newWorker(t, rdb, bad, "bad-status", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
+	assert.ErrorIs(t, w.Start(ctx), ErrSchema, "a misspelt status")
+
+	// A session that cannot write.
+	ro := g.resetter(t, poolAsReadOnlyRole(t, db))
+	w, _ = newWorker(t, rdb, ro, "read-only", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
+	assert.ErrorIs(t, w.Start(ctx), ErrReadOnly, "a read-only session")
+
+	// Another fleet's record under the prefix.
+	startWorker(t, rdb, g.resetter(t, db), "a", WithKeyPrefix(prefix))
+	other := testutil.Postgres(t)
+	testutil.CreateBatch(t, other, 4)
+	w, _ = newWorker(t, rdb, g.resetter(t, other), "b", WithKeyPrefix(prefix))
+	assert.ErrorIs(t, w.Start(ctx), ErrFleetMismatch, "another table under the prefix")
+}
+
+// selfCheck: rows tracked with a status the resetter does not take for
+// in progress raise the alarm.
+func (g guarantee) selfCheck(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix), WithSelfCheckWindow(100*time.Millisecond))
+	take(t, db, w.Owner(), 1, 2)
+	setStatus(t, db, "in_progress", 1, 2) // the host's status, misspelt
+	require.NoError(t, w.Track(ctx, 1, 2))
+	assert.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 10*time.Second, 20*time.Millisecond,
+		"the self-check raises the alarm")
+}
+
+// report: a quarantined row and a row not reset are reported.
+func (g guarantee) report(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets()}
+	g.deadVictim(t, rdb, db, opts, 1, 2, 3)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 5 WHERE rowid = 1`)
+	require.NoError(t, err)
+	setStatus(t, db, "weird", 2)
+
+	var limit []ResetterOption
+	if g.ownerCol {
+		limit = append(limit, WithOwnerColumn("owner"))
+	}
+	limit = append(limit, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, "failed"))
+	r, _ := newWorker(t, rdb, g.wrap(g.impl.mustResetter(t, db, limit...)), "r", opts...)
+	rep, err := r.recoverNow(ctx)
+	require.ErrorIs(t, err, ErrRowsNotReset, "row 2 is neither reset nor settled")
+	require.Len(t, rep.Failed, 1)
+	assert.Equal(t, []int64{1}, rep.Failed[0].Quarantined)
+	if assert.Len(t, rep.Failed[0].NotReset, 1) {
+		assert.Equal(t, int64(2), rep.Failed[0].NotReset[0].ID)
+	}
+	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 3, "rows set kept")
+}
+
+// sweep: rows in progress that nothing in Redis knows go back to the
+// queue: by owner with an owner column, by row version without.
+func (g guarantee) sweep(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	waitUptime(t, rdb, 2*time.Second)
+	take(t, db, "gone", 1, 2)
+	w, _ := newWorker(t, rdb, g.resetter(t, db), "sweeper", rowsSweepTimings(WithKeyPrefix(prefix))...)
+	require.NotNil(t, w.sweeper, "the backstop sweep runs")
+	require.Eventually(t, func() bool {
+		_, err := w.sweeper.runOnce(ctx)
+		st := statuses(t, db)
+		return err == nil && st[1] == "queued" && st[2] == "queued"
+	}, 10*time.Second, 50*time.Millisecond, "the sweep resets rows no one tracks")
+}
+
+// dryRun: PlanRecovery says what a reset would change.
+func (g guarantee) dryRun(t *testing.T) {
+	ctx := context.Background()
+	rdb, db, prefix := onRealServers(t, 4, "DG")
+	g.deadVictim(t, rdb, db, []Option{WithKeyPrefix(prefix)}, 1, 2, 3)
+	w, _ := newWorker(t, rdb, g.resetter(t, db), "planner", WithKeyPrefix(prefix))
+	plan, err := w.planRecovery(ctx)
+	require.NoError(t, err)
+	require.Len(t, plan.Peers, 1)
+	assert.NotEqual(t, report.PlanUnknown, plan.Peers[0].Action)
+	assert.Equal(t, 3, plan.RowsToReset, "%+v", plan)
+	assert.Equal(t, "inprog", statuses(t, db)[1], "nothing changed")
+}
+
+// releaseAfterLoss: owner fencing or the ledger make Release safe after
+// the lease was lost.
+func (g guarantee) releaseAfterLoss(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 4)
+	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithHeartbeatTTL(400*time.Millisecond),
+		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	take(t, db, w.Owner(), 1)
+	require.NoError(t, w.Track(ctx, 1))
+	mr.SetError("ERR down")
+	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+	assert.NoError(t, w.Release(ctx, 1), "safe after a lost lease")
+	assertQueued(t, db, 1)
+	mr.SetError("")
+}
+
+// dumpKeys returns a DUMP of every key under prefix.
+func dumpKeys(t *testing.T, rdb *redis.Client, prefix string) map[string]string {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	require.NoError(t, err)
+	out := map[string]string{}
+	for _, k := range keys {
+		v, err := rdb.Dump(ctx, k).Result()
+		require.NoError(t, err)
+		out[k] = v
+	}
+	return out
+}
+
+// restoreKeys replaces every key under prefix with the dump.
+func restoreKeys(t *testing.T, rdb *redis.Client, prefix string, dump map[string]string) {
+	t.Helper()
+	ctx := context.Background()
+	keys, err := rdb.Keys(ctx, prefix+"*").Result()
+	require.NoError(t, err)
+	if len(keys) > 0 {
+		require.NoError(t, rdb.Del(ctx, keys...).Err())
+	}
+	for k, v := range dump {
+		require.NoError(t, rdb.Restore(ctx, k, 0, v).Err())
+	}
+}
+
+// assertQueued asserts that each of ids is queued.
+func assertQueued(t *testing.T, db *pgxpool.Pool, ids ...int64) {
+	t.Helper()
+	for _, id := range ids {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+	}
 }

@@ -17,7 +17,7 @@ import (
 // progress. Each look of the sweep, by the one worker holding the sweep
 // turn, reads:
 //
-//  1. the rows in progress with their version (RowsSweeper.InProgressRows;
+//  1. the rows in progress with their version (Resetter.InProgressRows;
 //     PostgreSQL: xmin), then
 //  2. every rows set of every registered instance, and the TTLs of their
 //     heartbeats and sets, then
@@ -117,7 +117,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= w.opts.rowsTTL-w.opts.heartbeatTTL
 	stray := make(map[int64]strayRow)
 	now := make(map[int64]string, len(rows))
-	var due []RowVersion
+	var due []RowState
 	dueAs := make(map[int64]strayRow) // what each due row was remembered as
 	for _, r := range rows {
 		now[r.ID] = r.Version
@@ -169,7 +169,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := s.rows.ResetRowVersions(resetCtx, due)
+	res, err := s.rows.Reset(resetCtx, ResetRequest{Versions: due})
 	cancel()
 	if err != nil {
 		return err
@@ -191,13 +191,6 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	return nil
 }
 
-// queuedReader is a resetter that tells whether a status is the queued
-// one. PgxResetter and SQLResetter are.
-type queuedReader interface {
-	RowStateReader
-	isQueued(status string) bool
-}
-
 // maxStaleSample bounds the rows heldRowsStale reads.
 const maxStaleSample = 100
 
@@ -207,13 +200,9 @@ const maxStaleSample = 100
 // queued (it is the table's real in-progress one); entries an Untrack
 // whose reply was lost left in a set (docs/safety.md §7) show a finished
 // one. It reads the states of up to maxStaleSample held rows and reports
-// true when none of them is queued. A resetter that cannot tell, or a
-// failed read, keeps the hold.
+// true when none of them is queued (ResetterInfo.QueuedStatus). A failed
+// read keeps the hold.
 func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool {
-	qr, ok := w.resetter.(queuedReader)
-	if !ok {
-		return false
-	}
 	ids := make([]int64, 0, min(len(held), maxStaleSample))
 	for id := range held {
 		if len(ids) == maxStaleSample {
@@ -222,14 +211,14 @@ func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool 
 		ids = append(ids, id)
 	}
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	states, err := qr.RowStates(dbCtx, ids)
+	states, err := w.resetter.RowStates(dbCtx, ids)
 	cancel()
 	if err != nil {
 		w.log.Debug("backstop sweep: cannot read the states of rows the sets hold", slog.Any("error", err))
 		return false
 	}
 	for _, st := range states {
-		if qr.isQueued(st.Status) {
+		if st.Status == w.info.QueuedStatus {
 			return false
 		}
 	}
@@ -260,7 +249,7 @@ func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
 // hold rows, and not one of them is in progress by the resetter's statuses
 // while other rows are (statuses swapped or misspelt: the sweep would
 // "reset" rows that are not in progress at all).
-func suspect(rows []RowVersion, held map[int64]string) bool {
+func suspect(rows []RowState, held map[int64]string) bool {
 	if len(held) == 0 || len(rows) == 0 {
 		return false
 	}

@@ -129,7 +129,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				assert.Contains(t, logs.String(), `"first_row":4`)
 
 				// The same versions again change nothing: no double reset.
-				again, err := r.(RowsSweeper).ResetRowVersions(ctx, []RowVersion{{ID: 1, Version: "1"}, {ID: 4, Version: "1"}})
+				again, err := r.Reset(ctx, ResetRequest{Versions: []RowState{{ID: 1, Version: "1"}, {ID: 4, Version: "1"}}})
 				require.NoError(t, err)
 				assert.Zero(t, again.Changed)
 			})

@@ -42,25 +42,11 @@ import (
 // writing: the PostgreSQL resetters read with FOR SHARE SKIP LOCKED, so an
 // uncommitted fetch shows nothing rather than its rows' queued state.
 
-// A RowStateReader is a RowResetter that can read the state of rows, for
-// the worker's self-check. PgxResetter implements it.
-type RowStateReader interface {
-	RowResetter
-	// RowStates returns the status (and owner, if the resetter knows
-	// owners) of each of ids that exists.
-	RowStates(ctx context.Context, ids []int64) ([]RowState, error)
-	// InProgress reports whether a row in state s is one the resetter
-	// would reset as in progress for instance owner.
-	InProgress(s RowState, owner string) bool
-}
-
-// committedStateReader is a RowStateReader that can leave out the rows an
-// open transaction is writing (the PostgreSQL resetters).
-type committedStateReader interface {
-	committedRowStates(ctx context.Context, ids []int64) ([]RowState, error)
-	// configuredStatuses returns the in-progress and queued statuses.
-	configuredStatuses() (inprog, queued string)
-}
+// The self-check reads rows through the resetter's RowStates: their
+// committed state and version, and whether another session held them
+// locked. A resetter that cannot read rows returns an error wrapping
+// errors.ErrUnsupported: the self-check then stops, and Healthy never
+// reports ErrMisconfigured.
 
 const (
 	// selfCheckSample bounds how many rows one look reads.
@@ -80,10 +66,12 @@ type sighting struct {
 
 // selfChecker is the self-check loop.
 type selfChecker struct {
-	w      *Worker
-	reader RowStateReader
-	alarm  atomic.Pointer[error] // set once a mismatch is confirmed
-	checks atomic.Uint64         // row-state reads made
+	w     *Worker
+	alarm atomic.Pointer[error] // set once a mismatch is confirmed
+	// off is set once the resetter said it cannot read rows
+	// (errors.ErrUnsupported): the self-check has stopped.
+	off    atomic.Bool
+	checks atomic.Uint64 // row-state reads made
 	// sightings counts rows seen tracked and not in progress.
 	sightings atomic.Uint64
 	verdict   atomic.Int32 // 0 pending, 1 verified, 2 alarm
@@ -98,26 +86,35 @@ type selfChecker struct {
 	skipped bool
 	backoff time.Duration // the delay of the next quick look
 
-	// The look at short blocks (selfcheck_fetch.go); images is nil when
-	// the resetter cannot read row versions.
-	images   versionedStateReader
-	statuses committedStateReader
-	quick    atomic.Bool // a look is asked for soon (quickLook)
-	imu      sync.Mutex
-	pre      map[int64]*fetchImage // guarded by imu
-	leaving  []leavingRow          // guarded by imu
+	// The look at short blocks (selfcheck_fetch.go).
+	quick   atomic.Bool // a look is asked for soon (quickLook)
+	imu     sync.Mutex
+	pre     map[int64]*fetchImage // guarded by imu
+	leaving []leavingRow          // guarded by imu
 }
 
-func newSelfChecker(w *Worker, reader RowStateReader) *selfChecker {
-	c := &selfChecker{w: w, reader: reader, fresh: make(chan struct{}, 1), fastLeft: selfCheckFastLooks,
-		seen: make(map[int64]sighting)}
+func newSelfChecker(w *Worker) *selfChecker {
+	c := &selfChecker{w: w, fresh: make(chan struct{}, 1), fastLeft: selfCheckFastLooks,
+		seen: make(map[int64]sighting), pre: make(map[int64]*fetchImage)}
 	c.fast.Store(true)
-	if vr, ok := reader.(versionedStateReader); ok {
-		if cr, ok := reader.(committedStateReader); ok {
-			c.images, c.statuses, c.pre = vr, cr, make(map[int64]*fetchImage)
-		}
-	}
 	return c
+}
+
+// inProgress reports whether a row in state s is one the resetter would
+// reset as in progress for owner.
+func (c *selfChecker) inProgress(s RowState, owner string) bool {
+	return inProgress(c.w.info, s, owner)
+}
+
+// readRows reads the rows of ids through the resetter. A resetter that
+// cannot read rows (errors.ErrUnsupported) turns the self-check off.
+func (c *selfChecker) readRows(ctx context.Context, ids []int64) ([]RowState, error) {
+	states, err := c.w.resetter.RowStates(ctx, ids)
+	if errors.Is(err, errors.ErrUnsupported) {
+		c.off.Store(true)
+		c.fast.Store(false)
+	}
+	return states, err
 }
 
 // tracked tells the loop that rows were just tracked; it never blocks.
@@ -170,13 +167,13 @@ func (c *selfChecker) run(ctx context.Context) {
 			}
 		case <-slow.C:
 		}
-		if c.runOnce(ctx) {
+		if c.runOnce(ctx) || c.off.Load() {
 			return
 		}
 		if c.fastLeft <= 0 {
 			continue
 		}
-		if c.skipped && c.images != nil && c.pendingFetches() {
+		if c.skipped && c.pendingFetches() {
 			// A fetch still open: look again soon, backing off.
 			c.backoff = min(2*c.backoff, c.window()/10)
 			arm(time.Now().Add(max(c.backoff, time.Millisecond)))
@@ -202,8 +199,8 @@ func (c *selfChecker) confirmAt() (time.Time, bool) {
 
 // runOnce is one look; it reports whether the self-check is over.
 func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
-	w, reader := c.w, c.reader
-	if c.images != nil && w.lease.valid() && c.judgeLeaving(ctx) {
+	w := c.w
+	if w.lease.valid() && c.judgeLeaving(ctx) {
 		return true
 	}
 	ids := make([]int64, 0, selfCheckSample)
@@ -228,19 +225,11 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	start := time.Now()
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	var states []RowState
-	var images []rowImage
-	var err error
-	if c.images != nil {
-		images, err = c.images.rowImages(dbCtx, ids)
-		for _, m := range images {
-			if !m.locked {
-				states = append(states, m.RowState)
-			}
+	images, err := c.readRows(dbCtx, ids)
+	for _, m := range images {
+		if !m.Locked {
+			states = append(states, m)
 		}
-	} else if cr, ok := reader.(committedStateReader); ok {
-		states, err = cr.committedRowStates(dbCtx, ids)
-	} else {
-		states, err = reader.RowStates(dbCtx, ids)
 	}
 	cancel()
 	if err != nil {
@@ -255,7 +244,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	after := w.rows.generations(ids)
 	c.skipped = len(states) < len(after)
 	swapped, _, bad := c.sawFetch(images)
-	if bad = bad && c.images != nil; bad && !mutantSwappedBeatsInProgress {
+	if bad && !mutantSwappedBeatsInProgress {
 		// A row of the same look in progress by this worker is the
 		// stronger evidence: a correct fetch may take a row left in
 		// progress by a dead run (a visibility timeout) and give it back
@@ -266,7 +255,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			if !ok || after[s.ID] != g {
 				continue
 			}
-			if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); reader.InProgress(s, owner) || w.bareOwned(s, owner) {
+			if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); c.inProgress(s, owner) || w.bareOwned(s, owner) {
 				bad = false
 				break
 			}
@@ -282,7 +271,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			delete(c.seen, s.ID) // untracked or taken again during the read
 			continue
 		}
-		if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); reader.InProgress(s, owner) || w.bareOwned(s, owner) {
+		if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); c.inProgress(s, owner) || w.bareOwned(s, owner) {
 			c.verdict.Store(1)
 			c.fast.Store(false)
 			w.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
@@ -306,18 +295,15 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 // it, and read rows were read.
 func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 	w := c.w
-	expect := ""
-	if cr, ok := c.reader.(committedStateReader); ok {
-		inprog, queued := cr.configuredStatuses()
-		expect = fmt.Sprintf(" (the resetter takes status %q for in progress", inprog)
-		switch s.Status {
-		case queued:
-			expect += fmt.Sprintf(", and %q for queued: statuses swapped?)", queued)
-		case inprog:
-			expect += ": the owner differs)"
-		default:
-			expect += ": misspelt?)"
-		}
+	inprog, queued := w.info.InProgressStatus, w.info.QueuedStatus
+	expect := fmt.Sprintf(" (the resetter takes status %q for in progress", inprog)
+	switch s.Status {
+	case queued:
+		expect += fmt.Sprintf(", and %q for queued: statuses swapped?)", queued)
+	case inprog:
+		expect += ": the owner differs)"
+	default:
+		expect += ": misspelt?)"
 	}
 	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to Owner()) and the status the fetch writes",
 		ErrMisconfigured, s.ID, w.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
@@ -358,7 +344,7 @@ var ErrMisconfigured = errors.New("recovery: tracked rows do not match the reset
 // configuration is right but a regained lease must be held
 // (noteBareOwners).
 func (w *Worker) bareOwned(s RowState, owner string) bool {
-	if owner == w.opts.instanceID || !w.checker.reader.InProgress(s, w.opts.instanceID) {
+	if owner == w.opts.instanceID || !inProgress(w.info, s, w.opts.instanceID) {
 		return false
 	}
 	w.noteBareOwners()

@@ -40,19 +40,6 @@ import (
 // call Untrack's hook) and rows tracked again are never judged, as in the
 // two-look rule.
 
-// rowImage is a row's committed state and version as one statement saw
-// it, and whether another session held a lock on it then.
-type rowImage struct {
-	RowState
-	version string
-	locked  bool
-}
-
-// versionedStateReader reads row images (the PostgreSQL resetters).
-type versionedStateReader interface {
-	rowImages(ctx context.Context, ids []int64) ([]rowImage, error)
-}
-
 const (
 	// preImageSample bounds the rows Track reads before the fetch commits.
 	preImageSample = 8
@@ -85,7 +72,7 @@ type leavingRow struct {
 // preImages reads the state of ids (the rows of one Track) before the
 // fetch commits; it runs in Track, while the configuration is unverified.
 func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
-	if c.images == nil || c.verdict.Load() != 0 || !c.fast.Load() {
+	if c.off.Load() || c.verdict.Load() != 0 || !c.fast.Load() {
 		return
 	}
 	c.imu.Lock()
@@ -101,22 +88,22 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 	// path, inside its fetch, and a pool the fetch has exhausted must not
 	// hold it up; a read that does not answer in time judges nothing.
 	opCtx, cancel := context.WithTimeout(ctx, min(w.opts.opTimeout, max(c.window()/10, 10*time.Millisecond)))
-	ims, err := c.images.rowImages(opCtx, sample)
+	ims, err := c.readRows(opCtx, sample)
 	cancel()
 	if err != nil {
 		w.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
 		return
 	}
-	inprog, _ := c.statuses.configuredStatuses()
+	inprog := w.info.InProgressStatus
 	c.imu.Lock()
 	for _, m := range ims {
 		g, ok := gens[m.ID]
-		if !ok || !m.locked {
+		if !ok || !m.Locked {
 			// Not locked: Track after the COMMIT, or before the fetch's
 			// UPDATE: the state read is not the one before the fetch.
 			continue
 		}
-		c.pre[m.ID] = &fetchImage{gen: g, before: m.version, wasInprog: m.Status == inprog}
+		c.pre[m.ID] = &fetchImage{gen: g, before: m.Version, wasInprog: m.Status == inprog}
 	}
 	c.imu.Unlock()
 	c.quick.Store(true)
@@ -125,11 +112,11 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 // untracking is Untrack's hook: rows whose fetch a look saw committed with
 // a status not in progress are read once more.
 func (c *selfChecker) untracking(ids []int64) {
-	if c.images == nil || c.verdict.Load() != 0 {
+	if c.off.Load() || c.verdict.Load() != 0 {
 		return
 	}
 	gens := c.w.rows.generations(ids)
-	_, queued := c.statuses.configuredStatuses()
+	queued := c.w.info.QueuedStatus
 	asked := false
 	c.imu.Lock()
 	for _, id := range ids {
@@ -156,12 +143,9 @@ func (c *selfChecker) untracking(ids []int64) {
 // sawFetch records what a look saw of the rows with images: the fetch's
 // committed version. It returns the row whose fetch swapped the statuses,
 // if any. states are the rows read unlocked; the caller checked the lease.
-func (c *selfChecker) sawFetch(states []rowImage) (RowState, *fetchImage, bool) {
-	if c.images == nil {
-		return RowState{}, nil, false
-	}
+func (c *selfChecker) sawFetch(states []RowState) (RowState, *fetchImage, bool) {
 	w := c.w
-	_, queued := c.statuses.configuredStatuses()
+	queued := w.info.QueuedStatus
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	for _, s := range states {
@@ -173,12 +157,12 @@ func (c *selfChecker) sawFetch(states []rowImage) (RowState, *fetchImage, bool) 
 			delete(c.pre, s.ID) // untracked, released or taken again
 			continue
 		}
-		if im.fetched || s.locked || s.version == im.before {
+		if im.fetched || s.Locked || s.Version == im.before {
 			continue // judged already, or the fetch not committed (or rolled back)
 		}
-		im.fetched, im.after, im.state = true, s.version, s.RowState
-		if im.wasInprog && s.Status == queued && !c.reader.InProgress(s.RowState, w.opts.instanceID) {
-			return s.RowState, im, true
+		im.fetched, im.after, im.state = true, s.Version, s
+		if im.wasInprog && s.Status == queued && !c.inProgress(s, w.opts.instanceID) {
+			return s, im, true
 		}
 	}
 	return RowState{}, nil, false
@@ -214,7 +198,7 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 		ids[i] = r.id
 	}
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	ims, err := c.images.rowImages(dbCtx, ids)
+	ims, err := c.readRows(dbCtx, ids)
 	cancel()
 	if err != nil {
 		w.log.Debug("self-check: cannot read the state of rows just untracked", slog.Any("error", err))
@@ -224,14 +208,14 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 	if !w.lease.valid() || w.rows.lossGeneration() != loss {
 		return false // a recoverer may have reset them
 	}
-	by := make(map[int64]rowImage, len(ims))
+	by := make(map[int64]RowState, len(ims))
 	for _, m := range ims {
 		by[m.ID] = m
 	}
-	_, queued := c.statuses.configuredStatuses()
+	queued := w.info.QueuedStatus
 	for _, r := range rows {
 		m, ok := by[r.id]
-		if !ok || m.locked || r.im.gen <= loss || m.version == r.im.after || c.reader.InProgress(m.RowState, w.opts.instanceID) {
+		if !ok || m.Locked || r.im.gen <= loss || m.Version == r.im.after || c.inProgress(m, w.opts.instanceID) {
 			continue
 		}
 		// Evidence only if the status itself moved on, and not back to
@@ -267,7 +251,7 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 // predecessor is not held.
 func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) error {
 	c := w.checker
-	if c == nil || c.verdict.Load() != 0 || w.state.Load() != stateRunning {
+	if c == nil || c.off.Load() || c.verdict.Load() != 0 || w.state.Load() != stateRunning {
 		return nil // verified, alarmed (recoverDeadLives holds), or RecoverNow before Start
 	}
 	if time.Since(time.Unix(0, w.runningSince.Load())) >= w.fleetTTL() && !mutantUnboundedUnverifiedHold {
@@ -279,12 +263,8 @@ func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) e
 		// a worker configured right resets them with its backstop sweep.
 		return nil
 	}
-	qr, ok := w.resetter.(queuedReader)
-	if !ok {
-		return nil
-	}
 	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	states, err := qr.RowStates(dbCtx, ids[:min(len(ids), maxStaleSample)])
+	states, err := c.readRows(dbCtx, ids[:min(len(ids), maxStaleSample)])
 	cancel()
 	if err != nil {
 		// The reset reports what is wrong with the table; the hold is
@@ -294,10 +274,10 @@ func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) e
 	}
 	var queued *RowState
 	for i, s := range states {
-		if qr.InProgress(s, peer) {
+		if inProgress(w.info, s, peer) {
 			return nil // one row as the resetter expects: nothing swapped
 		}
-		if queued == nil && qr.isQueued(s.Status) {
+		if queued == nil && s.Status == w.info.QueuedStatus {
 			queued = &states[i]
 		}
 	}

@@ -22,18 +22,21 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// pgResetterAPI is what PgxResetter and SQLResetter both offer: every
-// optional interface a Worker looks for, and the ledger's methods.
+// pgResetterAPI is what PgxResetter and SQLResetter both offer: the
+// Resetter contract, the flows Reset dispatches to, and the ledger's
+// methods.
 type pgResetterAPI interface {
-	IncarnationResetter
-	ResetReporter
-	OwnerSweeper
-	RowsSweeper
-	OwnerFencer
-	ResetPlanner
-	OwnerPlanner
-	RowStateReader
-	SchemaChecker
+	Resetter
+	ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error)
+	ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error)
+	ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error)
+	ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error)
+	ResetRowVersions(ctx context.Context, rows []RowState) (ResetResult, error)
+	FencesByOwner() bool
+	PlanReset(ctx context.Context, req ResetRequest) (ResetPlan, error)
+	PlanOwnerReset(ctx context.Context, owner string) (ResetPlan, error)
+	InProgress(s RowState, owner string) bool
+	CheckSchema(ctx context.Context) error
 	UsesLedger() bool
 	LedgerDDL() string
 	CreateLedger(ctx context.Context) error

@@ -46,10 +46,10 @@ type ownerSpy struct {
 	resets atomic.Int64
 }
 
-func (s *ownerSpy) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
-	res, err := s.PgxResetter.ResetOwnerRows(ctx, owner)
-	if res.Changed > 0 {
-		s.before(owner)
+func (s *ownerSpy) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	res, err := s.PgxResetter.Reset(ctx, req)
+	if req.Owner != "" && res.Changed > 0 {
+		s.before(req.Owner)
 		s.resets.Add(res.Changed)
 	}
 	return res, err
@@ -75,7 +75,7 @@ func stressFleet(t *testing.T, ownerMode bool) {
 		}
 	}
 	var (
-		r         RowResetter
+		r         Resetter
 		recovered func() int
 	)
 	if ownerMode {

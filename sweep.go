@@ -16,13 +16,13 @@ import (
 // The backstop sweep finds rows in progress whose owner is gone even when
 // Redis has nothing left about them: the whole fleet was down for longer
 // than the rows TTL, or Redis lost the registry and the rows sets. It asks
-// the database (an OwnerSweeper) for the distinct owners of rows in
+// the database (Resetter.InProgressOwners) for the distinct owners of rows in
 // progress, and hands every owner whose heartbeat was absent at two sweeps
 // at least a heartbeat TTL apart to the one dead-peer path, which resets
 // its rows by owner. One worker of the fleet sweeps at a time: the holder
 // of the sweep turn, which it renews every recovery interval.
 
-// Without an owner column (rows-set mode, a RowsSweeper) the same turn runs
+// Without an owner column (rows-set mode, Resetter.InProgressRows) the same turn runs
 // the look of rowsweep.go instead: the rows in progress that no rows set
 // holds, seen unchanged at two looks a rows TTL apart.
 
@@ -90,9 +90,9 @@ type sweepReport struct {
 // sweeper is the backstop sweep's loop.
 type sweeper struct {
 	w     *Worker
-	sw    OwnerSweeper // by owner; nil without an owner column
-	rows  RowsSweeper  // without an owner column; nil with one
-	token string       // holds the sweep turn
+	sw    Resetter // by owner (InProgressOwners, Reset by Owner); nil without an owner column
+	rows  Resetter // by row version (InProgressRows, Reset by Versions); nil with an owner column
+	token string   // holds the sweep turn
 	// absentSince is when each owner was first seen without a heartbeat
 	// by this holder of the turn. Only runOnce touches it.
 	absentSince map[string]time.Time
@@ -112,7 +112,7 @@ type sweeper struct {
 // line per row every sweep.
 const maxWarnedOwners = 1000
 
-func newSweeper(w *Worker, sw OwnerSweeper, rows RowsSweeper) *sweeper {
+func newSweeper(w *Worker, sw, rows Resetter) *sweeper {
 	return &sweeper{w: w, sw: sw, rows: rows, token: newToken(), absentSince: make(map[string]time.Time), warned: make(map[string]bool),
 		endedSince: make(map[string]time.Time)}
 }
@@ -332,7 +332,7 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 			continue // read again at the next sweep
 		}
 		dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-		res, err := s.sw.ResetOwnerRows(dbCtx, v)
+		res, err := s.sw.Reset(dbCtx, ResetRequest{Owner: v})
 		cancel()
 		if err != nil {
 			w.countFailure(ctx)

@@ -99,7 +99,7 @@ func TestSafetyBackstopSweepNeedsASweeper(t *testing.T) {
 	assert.Nil(t, w.sweeper.sw)
 	_, err = New(idleClient(t), &fakeResetter{}, WithBackstopSweep())
 	require.ErrorIs(t, err, ErrInvalidConfig)
-	assert.Contains(t, err.Error(), "backstop sweep needs a resetter that implements OwnerSweeper or RowsSweeper")
+	assert.Contains(t, err.Error(), "needs a resetter that lists rows in progress (Info().ListsInProgress); *recovery.fakeResetter does not")
 	w, err = New(idleClient(t), &fakeResetter{})
 	require.NoError(t, err)
 	assert.Nil(t, w.sweeper, "a resetter that cannot sweep: no sweep")

@@ -43,7 +43,7 @@ return 1
 
 // v1Recover is one recovery of peer by a first-version worker: claim,
 // SMEMBERS, reset by IDs, finish, deregister. It reports whether it claimed.
-func v1Recover(t *testing.T, rdb redis.UniversalClient, r RowResetter, prefix, peer string) bool {
+func v1Recover(t *testing.T, rdb redis.UniversalClient, r Resetter, prefix, peer string) bool {
 	t.Helper()
 	ctx := context.Background()
 	k := store.InstanceKeys(prefix, peer)
@@ -55,7 +55,7 @@ func v1Recover(t *testing.T, rdb redis.UniversalClient, r RowResetter, prefix, p
 	members, err := rdb.SMembers(ctx, k.Rows).Result()
 	require.NoError(t, err)
 	ids, _ := parseRowIDs(members)
-	_, err = r.ResetRows(ctx, peer, ids)
+	_, err = r.Reset(ctx, ResetRequest{InstanceID: peer, RowIDs: ids})
 	require.NoError(t, err)
 	fin, err := v1Finish.Run(ctx, rdb, []string{k.Heartbeat, k.Rows, k.Claim}, "v1-token").Int()
 	require.NoError(t, err)

@@ -35,9 +35,10 @@ type Worker struct {
 	log       *slog.Logger
 	store     store.Store // every Redis command goes through it
 	target    redisTarget // how the user's client reaches Redis, for messages
-	resetter  RowResetter
-	ownerMode bool   // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
-	beatValue string // this process's heartbeat value (twin.go)
+	resetter  Resetter
+	info      ResetterInfo // resetter.Info(), read once by New
+	ownerMode bool         // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
+	beatValue string       // this process's heartbeat value (twin.go)
 
 	lifecycle // Start, Shutdown
 
@@ -87,7 +88,7 @@ type loops struct {
 	recov   *recoverer      // recovery.go
 	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
 	sweeper *sweeper        // sweep.go; nil when no backstop sweep runs
-	checker *selfChecker    // selfcheck.go; nil unless the resetter is a RowStateReader
+	checker *selfChecker    // selfcheck.go
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -99,12 +100,13 @@ type loops struct {
 // closes rdb.
 //
 // New returns an error wrapping ErrInvalidConfig that names the bad value
-// when an argument or option is invalid. A resetter that is not a
-// PgxResetter or SQLResetter and lacks some of the optional interfaces
-// the Worker looks for (IncarnationResetter, OwnerFencer, OwnerSweeper,
-// SchemaChecker, RowStateReader, ...: a host's wrapper that forwards only
-// ResetRows) gets one Warn naming each and what its absence costs.
-func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Worker, error) {
+// when an argument or option is invalid: among them a resetter whose
+// Info names no in-progress or queued status, or the same one for both,
+// and WithBackstopSweep with a resetter that cannot list the rows in
+// progress (Info().ListsInProgress). New calls the resetter's Info once
+// and decides everything from it: a wrapper that embeds a Resetter keeps
+// every guarantee of the resetter it wraps.
+func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker, error) {
 	if isNil(rdb) {
 		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
 	}
@@ -121,18 +123,22 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
-	ownerMode := ownerModeOf(resetter, o)
-	sw, err := sweeperOf(resetter, o.sweep || ownerMode)
+	info := resetter.Info()
+	if err := checkInfo(resetter, info); err != nil {
+		return nil, err
+	}
+	ownerMode := ownerModeOf(info, o)
+	sw, rs, err := sweepOf(resetter, info, o, ownerMode)
 	if err != nil {
 		return nil, err
 	}
-	rs := rowsSweeperOf(resetter, o, ownerMode, sw)
 	w := &Worker{
 		opts:      o,
 		log:       o.logger.With(slog.String("instance_id", o.instanceID)),
 		store:     store.NewRedis(rdb, o.keyPrefix, o.opTimeout),
 		target:    targetOf(rdb),
 		resetter:  resetter,
+		info:      info,
 		ownerMode: ownerMode,
 		beatValue: store.HeartbeatOf(newToken()),
 		lease:     newLease(o.heartbeatTTL),
@@ -150,20 +156,17 @@ func New(rdb redis.UniversalClient, resetter RowResetter, opts ...Option) (*Work
 	if sw != nil || rs != nil {
 		w.sweeper = newSweeper(w, sw, rs)
 	}
-	if reader, ok := resetter.(RowStateReader); ok {
-		w.checker = newSelfChecker(w, reader)
-	}
-	w.warnMissingCapabilities()
+	w.checker = newSelfChecker(w)
 	return w, nil
 }
 
 // InstanceID returns the worker's identity in Redis.
 func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
-// Start checks the resetter's configuration against the database (when it
-// is a SchemaChecker, unless WithoutSchemaCheck), records what the fleet
+// Start checks the resetter's configuration against the database (its
+// Check, unless WithoutSchemaCheck), records what the fleet
 // under the key prefix serves (database, schema, table: PgxResetter and
-// SQLResetter tell) or, when another is recorded, returns an error
+// SQLResetter tell, in Check's ResetterInfo.Serves) or, when another is recorded, returns an error
 // wrapping ErrFleetMismatch that names both, makes sure no other live
 // process heartbeats its instance ID, writes the first heartbeat and
 // registers the worker, then starts the heartbeat loop and
@@ -212,7 +215,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	case stateRunning:
 		return ErrAlreadyStarted
 	}
-	if err := w.checkSchema(ctx); err != nil {
+	checked, err := w.checkSchema(ctx)
+	if err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.ping(ctx); err != nil {
@@ -224,7 +228,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	fleet, read, err := w.checkFleet(ctx)
+	fleet, read, err := w.checkFleet(ctx, checked)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -301,40 +305,28 @@ func isNil(v any) bool {
 	return false
 }
 
-// sweeperOf returns what backs the backstop sweep by owner when it is on:
-// r, which must be an OwnerSweeper that knows owners. A resetter without an
-// owner column that is a RowsSweeper sweeps by row version instead
-// (rowsSweeperOf).
-func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
-	if !on {
-		return nil, nil
-	}
-	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok && p.needOwnerColumn("") != nil {
-		if _, ok := r.(RowsSweeper); ok {
-			return nil, nil
+// sweepOf returns what backs the backstop sweep: by owner (sw) when it
+// is on (WithBackstopSweep, or owner mode) and the resetter fences by
+// owner; by row version (rs) when the resetter does not fence by owner,
+// unless WithoutBackstopSweep. Both need a resetter that lists the rows in
+// progress (Info().ListsInProgress): WithBackstopSweep without one is an
+// error.
+func sweepOf(r Resetter, info ResetterInfo, o options, ownerMode bool) (sw, rs Resetter, err error) {
+	on := o.sweep || ownerMode
+	if !info.ListsInProgress {
+		if on {
+			return nil, nil, fmt.Errorf("%w: WithBackstopSweep(true) needs a resetter that lists rows in progress (Info().ListsInProgress); %T does not",
+				ErrInvalidConfig, r)
 		}
+		return nil, nil, nil
 	}
-	if p, ok := r.(interface{ needOwnerColumn(string) error }); ok {
-		if err := p.needOwnerColumn("backstop sweep"); err != nil {
-			return nil, err
-		}
+	switch {
+	case info.OwnerFencing && on:
+		return r, nil, nil
+	case !info.OwnerFencing && !o.noSweep:
+		return nil, r, nil
 	}
-	sw, ok := r.(OwnerSweeper)
-	if !ok {
-		return nil, fmt.Errorf("%w: backstop sweep needs a resetter that implements OwnerSweeper or RowsSweeper", ErrInvalidConfig)
-	}
-	return sw, nil
-}
-
-// rowsSweeperOf returns what backs the backstop sweep without an owner
-// column: r when it is a RowsSweeper, the worker is in rows-set mode, no
-// sweep by owner runs and WithoutBackstopSweep is not set.
-func rowsSweeperOf(r RowResetter, o options, ownerMode bool, byOwner OwnerSweeper) RowsSweeper {
-	if ownerMode || byOwner != nil || o.noSweep || fencesByOwner(r) {
-		return nil
-	}
-	rs, _ := r.(RowsSweeper)
-	return rs
+	return nil, nil, nil
 }
 
 // ownKeys returns the key names of this worker's instance.

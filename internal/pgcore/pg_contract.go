@@ -1,0 +1,167 @@
+package pgcore
+
+import (
+	"context"
+	"fmt"
+	"slices"
+)
+
+// The PostgreSQL resetter implements the Resetter contract by delegating
+// to its flows: the reset by IDs (resetIncarnation), by owner
+// (resetOwnerRows) and by row version (resetRowVersions), their dry runs
+// (planReset, planOwnerReset, planVersions), the schema and session checks
+// (checkSchema, checkSession) and what it serves (fleetIdentity,
+// serverIdentity).
+
+// Info says what the resetter guarantees: owner fencing with
+// WithOwnerColumn, the reset ledger (usesLedger), dry runs, and the lists
+// of rows in progress (InProgressOwners with an owner column,
+// InProgressRows without); and its in-progress and queued statuses, as
+// RowStates reads them. It does no I/O. It implements Resetter.
+func (r *Resetter) Info() ResetterInfo {
+	return ResetterInfo{
+		Name:             r.kind,
+		OwnerFencing:     r.fencesByOwner(),
+		Ledger:           r.usesLedger(),
+		DryRun:           true,
+		ListsInProgress:  true,
+		InProgressStatus: r.o.InProg,
+		QueuedStatus:     r.o.Queued,
+	}
+}
+
+// Check returns Info filled with what it reads from the server. With
+// schema, it first checks the session (checkSession: an error wrapping
+// ErrReadOnly, prefixed "check database session: ", when it cannot
+// write; it fills OwnerWidth and IdleInTxTimeout), then the table
+// (checkSchema: errors wrapping ErrSchema, prefixed "check schema: ").
+// Then, with schema or without, it reads what it serves (Serves,
+// fleetIdentity) and the server's identifier (Server, serverIdentity: ""
+// when the role may not read it). On an error the info returned holds
+// the fields read before it (OwnerWidth among them, so that a Worker can
+// report an owner column too narrow first, as before). It implements
+// Resetter.
+func (r *Resetter) Check(ctx context.Context, schema bool) (ResetterInfo, error) {
+	info := r.Info()
+	if schema {
+		s, err := r.checkSession(ctx)
+		if err != nil {
+			return info, fmt.Errorf("check database session: %w", err)
+		}
+		info.OwnerWidth, info.IdleInTxTimeout = s.ownerWidth, s.idleInTxTimeout
+		if err := r.checkSchema(ctx); err != nil {
+			return info, fmt.Errorf("check schema: %w", err)
+		}
+	}
+	serves, err := r.fleetIdentity(ctx)
+	if err != nil {
+		return info, err
+	}
+	server, err := r.serverIdentity(ctx)
+	if err != nil {
+		return info, err
+	}
+	info.Serves, info.Server = serves, server
+	return info, nil
+}
+
+// Reset returns the rows req names to the queue (or quarantine):
+//
+//   - req.Owner (RowIDs and Versions empty): every row still in progress
+//     and owned by it (resetOwnerRows; it needs WithOwnerColumn);
+//   - req.Versions: the rows still in progress at the version given
+//     (resetRowVersions; it needs a resetter without WithOwnerColumn);
+//   - else req.RowIDs, under req.InstanceID and req.Incarnation
+//     (resetIncarnation).
+//
+// With req.DryRun it runs the same statements in a transaction it always
+// rolls back (planReset, planOwnerReset) and returns what they changed,
+// the rows in ChangedIDs (ascending) and their count in Changed. A
+// request naming more than one of RowIDs, Owner and Versions is refused
+// with an error wrapping ErrInvalidConfig. It implements Resetter.
+func (r *Resetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	selectors := 0
+	for _, set := range []bool{len(req.RowIDs) > 0, req.Owner != "", len(req.Versions) > 0} {
+		if set {
+			selectors++
+		}
+	}
+	if selectors > 1 {
+		return ResetResult{}, fmt.Errorf("%w: a reset request names rows by one of RowIDs, Owner and Versions, this one by %d", ErrInvalidConfig, selectors)
+	}
+	switch {
+	case req.Owner != "" && req.DryRun:
+		plan, err := r.planOwnerReset(ctx, req.Owner)
+		return plan.result(), err
+	case req.Owner != "":
+		return r.resetOwnerRows(ctx, req.Owner)
+	case len(req.Versions) > 0 && req.DryRun:
+		return r.planVersions(ctx, req.Versions)
+	case len(req.Versions) > 0:
+		return r.resetRowVersions(ctx, req.Versions)
+	case req.DryRun:
+		plan, err := r.planReset(ctx, req)
+		return plan.result(), err
+	default:
+		return r.resetIncarnation(ctx, req)
+	}
+}
+
+// result is the plan as a dry run's ResetResult.
+func (p resetPlan) result() ResetResult {
+	return ResetResult{
+		Changed:     int64(len(p.Reset)),
+		ChangedIDs:  p.Reset,
+		Quarantined: p.Quarantined,
+		NotReset:    p.NotReset,
+	}
+}
+
+// planVersions runs the statements resetRowVersions runs for rows in a
+// transaction that is always rolled back, and returns what they changed,
+// the rows in ChangedIDs (ascending).
+func (r *Resetter) planVersions(ctx context.Context, rows []RowState) (res ResetResult, err error) {
+	if r.inProgress == "" {
+		return ResetResult{}, fmt.Errorf("%w: a %s WithOwnerColumn sweeps by owner, not by row version", ErrInvalidConfig, r.kind)
+	}
+	sorted := sortedVersions(rows)
+	ids := make([]int64, len(sorted))
+	for i, rv := range sorted {
+		ids[i] = rv.ID
+	}
+	ids = slices.Compact(ids)
+	tx, err := r.conn.Begin(ctx)
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("plan reset of %d stray rows: begin: %w", len(rows), err)
+	}
+	defer func() {
+		rbCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), rollbackTimeout)
+		defer cancel()
+		if rbErr := tx.Rollback(rbCtx); rbErr != nil && err == nil {
+			res, err = ResetResult{}, fmt.Errorf("plan reset of %d stray rows: roll back: %w", len(rows), rbErr)
+		}
+	}()
+	before, err := r.statuses(ctx, tx, ids)
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("plan reset of %d stray rows: %w", len(rows), err)
+	}
+	res, err = r.resetVersionsInTx(ctx, tx, sorted)
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("plan reset of %d stray rows: %w", len(rows), err)
+	}
+	after, err := r.statuses(ctx, tx, ids)
+	if err != nil {
+		return ResetResult{}, fmt.Errorf("plan reset of %d stray rows: %w", len(rows), err)
+	}
+	for _, id := range ids {
+		if a, ok := after[id]; ok && a != before[id] {
+			res.ChangedIDs = append(res.ChangedIDs, id)
+		}
+	}
+	if int64(len(res.ChangedIDs)) != res.Changed {
+		return ResetResult{}, fmt.Errorf("plan reset of %d stray rows: the reset reports %d rows changed, their statuses show %d",
+			len(rows), res.Changed, len(res.ChangedIDs))
+	}
+	res.Quarantined = slices.Sorted(slices.Values(res.Quarantined))
+	return res, nil
+}
