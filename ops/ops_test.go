@@ -218,15 +218,34 @@ func TestReadHistorySelectsByTheTimeRedisAppended(t *testing.T) {
 	assert.Empty(t, h, "no stream, no entries")
 }
 
-// failing is a resetter that fails for one peer.
+// failing is a resetter that resets every row but fails for one peer. It
+// cannot do a dry run. It has both the v0.1 method (ResetRows) and the
+// recovery.Resetter contract, so it serves either Worker.
 type failing struct{ peer string }
 
+var _ recovery.Resetter = failing{}
+
 func (f failing) ResetRows(_ context.Context, peer string, ids []int64) (int64, error) {
-	if peer == f.peer {
-		return 0, errors.New("connection refused by the test")
-	}
-	return int64(len(ids)), nil
+	res, err := f.Reset(context.Background(), recovery.ResetRequest{InstanceID: peer, RowIDs: ids})
+	return res.Changed, err
 }
+
+func (f failing) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "failing", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (f failing) Check(context.Context, bool) (recovery.ResetterInfo, error) { return f.Info(), nil }
+
+func (f failing) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+	if req.InstanceID == f.peer {
+		return recovery.ResetResult{}, errors.New("connection refused by the test")
+	}
+	return recovery.ResetResult{Changed: int64(len(req.RowIDs))}, nil
+}
+
+func (failing) InProgressOwners(context.Context) ([]string, error)              { return nil, nil }
+func (failing) InProgressRows(context.Context) ([]recovery.RowState, error)     { return nil, nil }
+func (failing) RowStates(context.Context, []int64) ([]recovery.RowState, error) { return nil, nil }
 
 // TestRecoverNowAndPlanRecoveryRunTheWorkersScan: through ops, a Worker
 // that is never started plans and runs a scan; a failed peer is an

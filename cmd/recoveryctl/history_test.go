@@ -19,16 +19,35 @@ import (
 	"github.com/alya/recovery/ops"
 )
 
-// picky is the RowResetter of a recovering test worker: it resets every
-// row it is given, except those of the peer fail, whose reset fails.
+// picky is the resetter of a recovering test worker: it resets every row
+// it is given, except those of the peer fail, whose reset fails. It has
+// both the v0.1 method (ResetRows) and the recovery.Resetter contract, so
+// it serves either Worker.
 type picky struct{ fail string }
 
+var _ recovery.Resetter = picky{}
+
 func (p picky) ResetRows(_ context.Context, peer string, ids []int64) (int64, error) {
-	if peer == p.fail {
-		return 0, errors.New("connection refused by the test")
-	}
-	return int64(len(ids)), nil
+	res, err := p.Reset(context.Background(), recovery.ResetRequest{InstanceID: peer, RowIDs: ids})
+	return res.Changed, err
 }
+
+func (p picky) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "picky", InProgressStatus: "inprog", QueuedStatus: "queued"}
+}
+
+func (p picky) Check(context.Context, bool) (recovery.ResetterInfo, error) { return p.Info(), nil }
+
+func (p picky) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+	if req.InstanceID == p.fail {
+		return recovery.ResetResult{}, errors.New("connection refused by the test")
+	}
+	return recovery.ResetResult{Changed: int64(len(req.RowIDs))}, nil
+}
+
+func (picky) InProgressOwners(context.Context) ([]string, error)              { return nil, nil }
+func (picky) InProgressRows(context.Context) ([]recovery.RowState, error)     { return nil, nil }
+func (picky) RowStates(context.Context, []int64) ([]recovery.RowState, error) { return nil, nil }
 
 // recoveringFleet plants two dead peers under a fresh prefix, dead-1 with
 // rows 1, 2, 3 and dead-2 with row 9, and starts a real worker, rec-1,
