@@ -106,6 +106,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/ops"
+	"github.com/alya/recovery/postgres"
 )
 
 // Exit statuses.
@@ -175,25 +176,25 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	str := func(p *string, name, env, def, usage string) {
 		fs.StringVar(p, name, *p, fmt.Sprintf("%s (postgres.%s; default $%s, else %s)", usage, optionName(name), env, def))
 	}
-	str(&c.Schema, "schema", recovery.EnvSchema, "the search_path", "schema of the table")
-	str(&c.Table, "table", recovery.EnvTable, recovery.DefaultTable, "table of the rows")
-	str(&c.IDColumn, "id-column", recovery.EnvIDColumn, recovery.DefaultIDColumn, "bigint row ID column")
-	str(&c.StatusColumn, "status-column", recovery.EnvStatusColumn, recovery.DefaultStatusColumn, "status column, text or enum")
-	str(&c.InProgressStatus, "inprog-status", recovery.EnvInProgressStatus, recovery.DefaultInProgressStatus, "status of a row in progress")
-	str(&c.QueuedStatus, "queued-status", recovery.EnvQueuedStatus, recovery.DefaultQueuedStatus, "status of a queued row")
+	str(&c.Schema, "schema", postgres.EnvSchema, "the search_path", "schema of the table")
+	str(&c.Table, "table", postgres.EnvTable, postgres.DefaultTable, "table of the rows")
+	str(&c.IDColumn, "id-column", postgres.EnvIDColumn, postgres.DefaultIDColumn, "bigint row ID column")
+	str(&c.StatusColumn, "status-column", postgres.EnvStatusColumn, postgres.DefaultStatusColumn, "status column, text or enum")
+	str(&c.InProgressStatus, "inprog-status", postgres.EnvInProgressStatus, postgres.DefaultInProgressStatus, "status of a row in progress")
+	str(&c.QueuedStatus, "queued-status", postgres.EnvQueuedStatus, postgres.DefaultQueuedStatus, "status of a queued row")
 	fs.Func("done-statuses", fmt.Sprintf("comma-separated statuses of a finished row (postgres.WithDoneStatuses; default $%s, else %s)",
-		recovery.EnvDoneStatuses, recovery.DefaultDoneStatus), func(v string) error {
+		postgres.EnvDoneStatuses, postgres.DefaultDoneStatus), func(v string) error {
 		c.DoneStatuses = splitAddrs(v)
 		return nil
 	})
-	str(&c.OwnerColumn, "owner-column", recovery.EnvOwnerColumn, "off", "owner column, if the fleet fences by owner")
-	str(&c.RecoveryCountColumn, "recovery-count-column", recovery.EnvRecoveryCountColumn, "off", "recovery counter column, if the fleet counts")
+	str(&c.OwnerColumn, "owner-column", postgres.EnvOwnerColumn, "off", "owner column, if the fleet fences by owner")
+	str(&c.RecoveryCountColumn, "recovery-count-column", postgres.EnvRecoveryCountColumn, "off", "recovery counter column, if the fleet counts")
 	fs.IntVar(&c.MaxRecoveries, "max-recoveries", c.MaxRecoveries, fmt.Sprintf(
-		"quarantine a row at this many recoveries (postgres.WithMaxRecoveries; default $%s, else off)", recovery.EnvMaxRecoveries))
-	str(&c.TerminalStatus, "terminal-status", recovery.EnvTerminalStatus, recovery.DefaultTerminalStatus, "status of a quarantined row, with --max-recoveries")
-	str(&c.ResetLedger, "reset-ledger", recovery.EnvResetLedger, recovery.DefaultLedgerTable, "reset ledger table, used without --owner-column")
+		"quarantine a row at this many recoveries (postgres.WithMaxRecoveries; default $%s, else off)", postgres.EnvMaxRecoveries))
+	str(&c.TerminalStatus, "terminal-status", postgres.EnvTerminalStatus, postgres.DefaultTerminalStatus, "status of a quarantined row, with --max-recoveries")
+	str(&c.ResetLedger, "reset-ledger", postgres.EnvResetLedger, postgres.DefaultLedgerTable, "reset ledger table, used without --owner-column")
 	fs.BoolVar(&c.NoResetLedger, "no-reset-ledger", c.NoResetLedger, fmt.Sprintf(
-		"reset without the reset ledger (postgres.WithoutResetLedger; default $%s)", recovery.EnvNoResetLedger))
+		"reset without the reset ledger (postgres.WithoutResetLedger; default $%s)", postgres.EnvNoResetLedger))
 }
 
 // registerHistory defines the flags of history.
@@ -209,7 +210,7 @@ func (o *options) registerWatch(fs *flag.FlagSet) {
 	fs.IntVar(&o.count, "count", 0, "stop after N frames (default: until interrupted)")
 	fs.BoolVar(&o.plain, "plain", false, "plain lines, one block per frame, even on a terminal")
 	fs.StringVar(&o.pgx.OwnerColumn, "owner-column", o.pgx.OwnerColumn, fmt.Sprintf(
-		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", recovery.EnvOwnerColumn))
+		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", postgres.EnvOwnerColumn))
 }
 
 // The library's default heartbeat TTL and interval (the zero
@@ -303,17 +304,21 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // parseArgs reads the command line and the environment. code is -1 when
 // the command should run, else the exit status to return at once.
 func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd string, pos []string, o *options, code int) {
-	o = &options{prefix: ops.DefaultKeyPrefix, timeout: 30 * time.Second, getenv: getenv,
-		heartbeatTTL: defaultHeartbeatTTL, heartbeatInterval: defaultHeartbeatInterval}
-	if p := getenv(ops.EnvKeyPrefix); p != "" {
-		o.prefix = p
-	}
-	cfg, err := recovery.PgxConfigFromEnv(getenv)
+	env, err := ops.FromEnv(getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
 		return "", nil, nil, exitUsage
 	}
-	o.pgx = cfg
+	o = &options{prefix: env.KeyPrefix, timeout: 30 * time.Second, getenv: getenv,
+		heartbeatTTL: defaultHeartbeatTTL, heartbeatInterval: defaultHeartbeatInterval}
+	// TODO(v2, after pgxreset lands): o.pgx = env.Postgres, the resetter
+	// from pgxreset.New(pool, o.pgx.Options()...). Until then the root's
+	// PgxResetter takes its own options.
+	o.pgx, err = recovery.PgxConfigFromEnv(getenv)
+	if err != nil {
+		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
+		return "", nil, nil, exitUsage
+	}
 	global := flag.NewFlagSet("recoveryctl", flag.ContinueOnError)
 	global.SetOutput(stderr)
 	o.registerCommon(global)
