@@ -20,6 +20,7 @@ import (
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/ops"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // instanceJSON is one instance in JSON output. TTLs are milliseconds; null
@@ -405,7 +406,7 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return &usageError{"recover needs --database-url or DATABASE_URL " + what}
 	}
 	// A bad flag is a usage error, found before any connection.
-	if _, err := recovery.NewPgxResetter(noDB{}, o.pgx.OptionsNamingEnv(o.getenv)...); err != nil {
+	if _, err := pgxreset.New(noDB{}, o.pgx.Options()...); err != nil {
 		return &usageError{err.Error()}
 	}
 	rdb, _, err := connectRedis(ctx, o)
@@ -445,10 +446,10 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 }
 
 // noDB stands in for the database while the flags are checked.
-type noDB struct{ recovery.PgxExecer }
+type noDB struct{ pgxreset.Execer }
 
 // newWorker returns a recovery.Worker over the fleet's Redis and a
-// PgxResetter built from the flags, after checking the resetter against
+// pgxreset.Resetter built from the flags, after checking it against
 // the catalogue (unless --no-schema-check). The Worker is never started:
 // no heartbeat, no registration; ops.RecoverNow and ops.PlanRecovery only.
 func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (*recovery.Worker, func(), error) {
@@ -466,13 +467,13 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 		pool.Close()
 		return nil, nil, fmt.Errorf("PostgreSQL at %s unreachable: %w", redact.URL(o.databaseURL), err)
 	}
-	resetter, err := recovery.NewPgxResetter(pool, o.pgx.OptionsNamingEnv(o.getenv)...)
+	resetter, err := pgxreset.New(pool, o.pgx.Options()...)
 	if err != nil {
 		pool.Close()
 		return nil, nil, &usageError{err.Error()}
 	}
 	if !o.noSchemaCheck {
-		if err := resetter.CheckSchema(ctx); err != nil {
+		if _, err := resetter.Check(ctx, true); err != nil {
 			pool.Close()
 			return nil, nil, fmt.Errorf("%w (fix the flags or RECOVERY_* variables, or skip the check with --no-schema-check)", err)
 		}

@@ -103,7 +103,6 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres"
@@ -145,11 +144,10 @@ type options struct {
 	// since each instance's last heartbeat (workers, rows, watch).
 	heartbeatTTL, heartbeatInterval time.Duration
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
-	// environment variables the host reads too, then the flags.
-	pgx recovery.PgxConfig
-	// getenv is the environment the configuration came from: errors name
-	// the RECOVERY_* variable of a setting it gave (PgxConfig.OptionsNamingEnv).
-	getenv func(string) string
+	// environment variables the host reads too (ops.FromEnv), then the
+	// flags. Its Options make the resetter's errors name the RECOVERY_*
+	// variable of a setting still as the environment gave it.
+	pgx postgres.Config
 }
 
 // registerCommon defines the flags every command accepts, with the current
@@ -166,7 +164,7 @@ func (o *options) registerCommon(fs *flag.FlagSet) {
 		"the fleet's heartbeat interval (recovery.Timings.HeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
 }
 
-// registerRecover defines the flags of recover: one for every PgxResetter
+// registerRecover defines the flags of recover: one for every postgres
 // option, each defaulting to its RECOVERY_* variable (already in o.pgx).
 func (o *options) registerRecover(fs *flag.FlagSet) {
 	c := &o.pgx
@@ -309,16 +307,9 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
 		return "", nil, nil, exitUsage
 	}
-	o = &options{prefix: env.KeyPrefix, timeout: 30 * time.Second, getenv: getenv,
+	o = &options{prefix: env.KeyPrefix, timeout: 30 * time.Second,
 		heartbeatTTL: defaultHeartbeatTTL, heartbeatInterval: defaultHeartbeatInterval}
-	// TODO(v2, after pgxreset lands): o.pgx = env.Postgres, the resetter
-	// from pgxreset.New(pool, o.pgx.Options()...). Until then the root's
-	// PgxResetter takes its own options.
-	o.pgx, err = recovery.PgxConfigFromEnv(getenv)
-	if err != nil {
-		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
-		return "", nil, nil, exitUsage
-	}
+	o.pgx = env.Postgres
 	global := flag.NewFlagSet("recoveryctl", flag.ContinueOnError)
 	global.SetOutput(stderr)
 	o.registerCommon(global)

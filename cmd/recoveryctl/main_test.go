@@ -27,6 +27,8 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
+	"github.com/alya/recovery/postgres"
 )
 
 // These tests run recoveryctl's run function against a real redis-server
@@ -51,7 +53,7 @@ func runVictim() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(recovery.EnvKeyPrefix)),
+	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(ops.EnvKeyPrefix)),
 		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithHeartbeatTTL(3*time.Second),
 		recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Hour))
 	if err == nil {
@@ -78,10 +80,20 @@ func ctl(t *testing.T, env map[string]string, args ...string) (stdout, stderr st
 // the worker's own scan does (a failed recovery releases its claim).
 type refuser struct{ calls atomic.Int32 }
 
-func (r *refuser) ResetRows(context.Context, string, []int64) (int64, error) {
-	r.calls.Add(1)
-	return 0, errors.New("test workers do not reset rows")
+func (r *refuser) Info() recovery.ResetterInfo {
+	return recovery.ResetterInfo{Name: "refuser", InProgressStatus: "inprog", QueuedStatus: "queued"}
 }
+
+func (r *refuser) Check(context.Context, bool) (recovery.ResetterInfo, error) { return r.Info(), nil }
+
+func (r *refuser) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+	r.calls.Add(1)
+	return recovery.ResetResult{}, errors.New("test workers do not reset rows")
+}
+
+func (*refuser) InProgressOwners(context.Context) ([]string, error)              { return nil, nil }
+func (*refuser) InProgressRows(context.Context) ([]recovery.RowState, error)     { return nil, nil }
+func (*refuser) RowStates(context.Context, []int64) ([]recovery.RowState, error) { return nil, nil }
 
 // liveWorker starts a real worker of the library that tracks rows, shut
 // down when the test ends. Plant dead peers with rows before calling it:
@@ -456,7 +468,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 }
 
 func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
-	want := recovery.PgxConfig{
+	want := postgres.Config{
 		Schema: "work", Table: "items", IDColumn: "item_id", StatusColumn: "state",
 		InProgressStatus: "running", QueuedStatus: "pending", DoneStatuses: []string{"done", "cancelled"},
 		OwnerColumn: "worker", RecoveryCountColumn: "retries", MaxRecoveries: 3, TerminalStatus: "dead",
@@ -470,19 +482,19 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	var errOut bytes.Buffer
 	_, _, o, code := parseArgs(flags, func(string) string { return "" }, &errOut)
 	require.Equal(t, -1, code, errOut.String())
-	assert.Equal(t, want, o.pgx)
+	assert.EqualExportedValues(t, want, o.pgx)
 	assert.Equal(t, "FLEET", o.prefix)
 
 	env := map[string]string{
-		recovery.EnvSchema: "work", recovery.EnvTable: "items", recovery.EnvIDColumn: "item_id",
-		recovery.EnvStatusColumn: "state", recovery.EnvInProgressStatus: "running", recovery.EnvQueuedStatus: "pending",
-		recovery.EnvDoneStatuses: "done,cancelled", recovery.EnvOwnerColumn: "worker",
-		recovery.EnvRecoveryCountColumn: "retries", recovery.EnvMaxRecoveries: "3", recovery.EnvTerminalStatus: "dead",
-		recovery.EnvResetLedger: "my_ledger", recovery.EnvNoResetLedger: "true", recovery.EnvKeyPrefix: "FLEET",
+		postgres.EnvSchema: "work", postgres.EnvTable: "items", postgres.EnvIDColumn: "item_id",
+		postgres.EnvStatusColumn: "state", postgres.EnvInProgressStatus: "running", postgres.EnvQueuedStatus: "pending",
+		postgres.EnvDoneStatuses: "done,cancelled", postgres.EnvOwnerColumn: "worker",
+		postgres.EnvRecoveryCountColumn: "retries", postgres.EnvMaxRecoveries: "3", postgres.EnvTerminalStatus: "dead",
+		postgres.EnvResetLedger: "my_ledger", postgres.EnvNoResetLedger: "true", ops.EnvKeyPrefix: "FLEET",
 	}
 	_, _, o, code = parseArgs([]string{"recover"}, func(k string) string { return env[k] }, &errOut)
 	require.Equal(t, -1, code, errOut.String())
-	assert.Equal(t, want, o.pgx, "the host's RECOVERY_* variables")
+	assert.EqualExportedValues(t, want, o.pgx, "the host's RECOVERY_* variables")
 	assert.Equal(t, "FLEET", o.prefix)
 
 	// A flag overrides its variable.
@@ -492,7 +504,7 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	assert.Equal(t, "P", o.prefix)
 
 	// A variable that cannot be parsed is a usage error naming it.
-	_, errS, c := ctl(t, map[string]string{recovery.EnvMaxRecoveries: "many"}, "recover")
+	_, errS, c := ctl(t, map[string]string{postgres.EnvMaxRecoveries: "many"}, "recover")
 	assert.Equal(t, exitUsage, c)
 	assert.Contains(t, errS, `RECOVERY_MAX_RECOVERIES="many" is not an integer`)
 
@@ -743,8 +755,8 @@ func TestWorkersShowsTheFleetRecord(t *testing.T) {
 func TestErrorsNameTheVariableASettingCameFrom(t *testing.T) {
 	url := testutil.RedisURL(t)
 	testutil.Postgres(t)
-	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t), recovery.EnvSchema: "no_such_schema",
-		recovery.EnvMaxRecoveries: "3", recovery.EnvTerminalStatus: "dead"}
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t), postgres.EnvSchema: "no_such_schema",
+		postgres.EnvMaxRecoveries: "3", postgres.EnvTerminalStatus: "dead"}
 	base := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "recover"}
 
 	_, errOut, code := ctl(t, env, append(base, "--recovery-count-column", "n")...)
@@ -770,7 +782,7 @@ func TestWorkersShowsAKilledWorkerLateThenDead(t *testing.T) {
 	url := testutil.RedisURL(t)
 	prefix := testutil.Name("CTL")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), victimEnv+"=victim-1", "REDIS_URL="+url, recovery.EnvKeyPrefix+"="+prefix)
+	cmd.Env = append(os.Environ(), victimEnv+"=victim-1", "REDIS_URL="+url, ops.EnvKeyPrefix+"="+prefix)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr
