@@ -22,7 +22,7 @@ type ResetPlan struct {
 }
 
 // A ResetPlanner is a RowResetter that can say what a reset would change
-// without changing anything. ops.PlanRecovery uses it, so a dry run
+// without changing anything. Worker.PlanRecovery uses it, so a dry run
 // never promises a reset that would not happen. PgxResetter and SQLResetter implement it.
 type ResetPlanner interface {
 	RowResetter

@@ -20,7 +20,9 @@ root_internal_tests=$(grep -l '^package recovery$' *_test.go || true)
 # Report types, in every root file (not after a qualifier).
 perl -pi -e 's/(?<![\w.])(RecoveryReport|PeerRecovery|PeerError)\b/report.$1/g' $root_go
 
-# Root comments name the moved functions by their new package.
+# Root comments name the moved functions by their new package. (Not
+# committed on v2-c outside C's files, to spare merge conflicts: run it
+# after merging.)
 root_src=$(ls *.go | grep -v '_test\.go$')
 # shellcheck disable=SC2086
 perl -pi -e 'if (m{^\s*//}) {
