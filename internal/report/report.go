@@ -47,18 +47,19 @@ type PeerRecovery struct {
 	// (rows that had already finished are not counted).
 	RowsReset int64
 	// Quarantined lists rows that reached their recovery limit and were set
-	// to the terminal status instead of queued (see WithMaxRecoveries).
+	// to the terminal status instead of queued (see
+	// postgres.WithMaxRecoveries).
 	Quarantined []int64
 	// InvalidMembers lists rows-set members that are not decimal int64 row
 	// IDs; they were skipped.
 	InvalidMembers []string
 	// NotReset lists rows that were neither reset nor shown to be settled
-	// (see ResetResult.NotReset). The peer's rows set and registry entry
-	// were kept, and the recovery returned an error wrapping
-	// ErrRowsNotReset (and ErrRowsLocked when every one was locked by
-	// another session), so it is tried again by the next scan. Locked rows
-	// are not counted in Stats.RowsNotReset nor in the rows_not_reset
-	// event: they are no misconfiguration.
+	// (see recovery.ResetResult.NotReset). The peer's rows set and
+	// registry entry were kept, and the recovery returned an error
+	// wrapping recovery.ErrRowsNotReset (and recovery.ErrRowsLocked when
+	// every one was locked by another session), so it is tried again by
+	// the next scan. Locked rows are not counted in Stats.RowsNotReset
+	// nor in the rows_not_reset event: they are no misconfiguration.
 	NotReset []contract.RowState
 	// PeerCameBack is set when the peer's heartbeat reappeared during the
 	// recovery: its rows set was left as the peer keeps it, and it stays
@@ -158,13 +159,14 @@ const (
 	PlanReset PlanAction = "reset"
 	// PlanKeep: some tracked rows could be neither reset nor shown
 	// settled (PeerPlan.NotReset); the recovery would reset the others,
-	// keep the rows set and registry entry, and fail with ErrRowsNotReset.
+	// keep the rows set and registry entry, and fail with
+	// recovery.ErrRowsNotReset.
 	PlanKeep PlanAction = "keep"
 	// PlanDeregister: Redis holds no row IDs of the peer; its keys would
 	// be deleted and it would be deregistered.
 	PlanDeregister PlanAction = "deregister"
 	// PlanLost: an earlier recovery failed and the peer's rows set is gone
-	// since; it would be deregistered with ErrRowsSetLost.
+	// since; it would be deregistered with recovery.ErrRowsSetLost.
 	PlanLost PlanAction = "lost"
 	// PlanSkip: another worker holds the claim (or just finished).
 	PlanSkip PlanAction = "skip"

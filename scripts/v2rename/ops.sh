@@ -20,6 +20,16 @@ root_internal_tests=$(grep -l '^package recovery$' *_test.go || true)
 # Report types, in every root file (not after a qualifier).
 perl -pi -e 's/(?<![\w.])(RecoveryReport|PeerRecovery|PeerError)\b/report.$1/g' $root_go
 
+# Root comments name the moved functions by their new package. (Not
+# committed on v2-c outside C's files, to spare merge conflicts: run it
+# after merging.)
+root_src=$(ls *.go | grep -v '_test\.go$')
+# shellcheck disable=SC2086
+perl -pi -e 'if (m{^\s*//}) {
+	s/\bWorker\.(RecoverNow|PlanRecovery)\b/ops.$1/g;
+	s/(?<![\w.])(RecoverNow|PlanRecovery|Inspect|InspectInstance|ReadTrackedRows|ReadHistory)\b/ops.$1/g;
+}' $root_src
+
 # Internal root tests: the Worker's methods that moved to ops.
 if [ -n "$root_internal_tests" ]; then
 	perl -pi -e 's/\.RecoverNow\(/.recoverNow(/g; s/\.PlanRecovery\(/.planRecovery(/g;
