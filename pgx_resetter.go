@@ -23,7 +23,7 @@ import (
 // CreateLedger. *pgxpool.Pool, *pgx.Conn and pgx.Tx satisfy it. Given a
 // pgx.Tx, the resetter works inside a savepoint of that transaction.
 //
-// Give a Worker a *pgxpool.Pool: its recovery loop, RecoverNow and Release
+// Give a Worker a *pgxpool.Pool: its recovery loop, ops.RecoverNow and Release
 // may reset concurrently, which a *pgx.Conn or a pgx.Tx does not allow, and
 // recovery deletes a dead peer's rows set once ResetRows returns, which
 // with a pgx.Tx is before the caller's transaction commits. A Conn or Tx

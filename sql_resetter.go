@@ -16,7 +16,7 @@ import (
 // inside a savepoint of it, which the caller's COMMIT or ROLLBACK
 // decides.
 //
-// Give a Worker a *sql.DB: its recovery loop, RecoverNow and Release may
+// Give a Worker a *sql.DB: its recovery loop, ops.RecoverNow and Release may
 // reset concurrently, which a *sql.Conn or a *sql.Tx does not allow, and
 // recovery deletes a dead peer's rows set once ResetRows returns, which
 // with a *sql.Tx is before the caller's transaction commits. A Conn or Tx
