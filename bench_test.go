@@ -12,6 +12,8 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Benchmarks against a real redis-server and PostgreSQL, started as the
@@ -270,7 +272,7 @@ func BenchmarkScan10000PeersWith100Dead(b *testing.B) {
 
 // BenchmarkResetRows100000 resets 100,000 rows of one dead peer in
 // PostgreSQL, for a range of chunk sizes (the curve behind
-// DefaultResetChunkSize).
+// postgres.DefaultChunkSize).
 func BenchmarkResetRows100000(b *testing.B) {
 	db := testutil.Postgres(b)
 	testutil.CreateBatch(b, db, 100000)
@@ -281,7 +283,7 @@ func BenchmarkResetRows100000(b *testing.B) {
 	}
 	for _, chunk := range []int{500, 1000, 2000, 5000, 10000, 20000, 100000} {
 		b.Run(fmt.Sprintf("chunk=%d", chunk), func(b *testing.B) {
-			r, err := NewPgxResetter(db, WithOwnerColumn("owner"), WithChunkSize(chunk))
+			r, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"), postgres.WithChunkSize(chunk))
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -291,7 +293,7 @@ func BenchmarkResetRows100000(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				n, err := r.ResetRows(ctx, "dead", ids)
+				n, err := resetRows(r, ctx, "dead", ids)
 				if err != nil || n != 100000 {
 					b.Fatalf("reset %d: %v", n, err)
 				}
@@ -313,15 +315,15 @@ func BenchmarkResetRows100000Modes(b *testing.B) {
 	}
 	modes := []struct {
 		name string
-		opts []ResetterOption
+		opts []postgres.Option
 	}{
-		{"owner", []ResetterOption{WithOwnerColumn("owner")}},
+		{"owner", []postgres.Option{postgres.WithOwnerColumn("owner")}},
 		{"ledger", nil},
-		{"none", []ResetterOption{WithoutResetLedger()}},
+		{"none", []postgres.Option{postgres.WithoutResetLedger()}},
 	}
 	for _, m := range modes {
 		b.Run(m.name, func(b *testing.B) {
-			r, err := NewPgxResetter(db, m.opts...)
+			r, err := pgxreset.New(db, m.opts...)
 			if err != nil {
 				b.Fatal(err)
 			}
@@ -331,7 +333,7 @@ func BenchmarkResetRows100000Modes(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids})
+				res, err := r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids})
 				if err != nil || res.Changed != 100000 {
 					b.Fatalf("reset %d: %v", res.Changed, err)
 				}

@@ -74,26 +74,6 @@ const (
 	MaxDuration = 7 * 24 * time.Hour
 )
 
-// Defaults of the PgxResetter, from the design's schema.
-const (
-	// DefaultTable is the table that holds the rows.
-	DefaultTable = "batchrows"
-	// DefaultIDColumn is the bigint primary key of DefaultTable.
-	DefaultIDColumn = "rowid"
-	// DefaultStatusColumn holds the row's processing state.
-	DefaultStatusColumn = "status"
-	// DefaultInProgressStatus marks a row a worker has taken.
-	DefaultInProgressStatus = "inprog"
-	// DefaultQueuedStatus marks a row any worker may fetch.
-	DefaultQueuedStatus = "queued"
-	// DefaultDoneStatus marks a row a worker has finished.
-	DefaultDoneStatus = "done"
-	// DefaultResetChunkSize is how many IDs one UPDATE statement carries.
-	// Large enough that 100,000 rows take 20 statements, small enough that
-	// one statement's array parameter stays well under a megabyte.
-	DefaultResetChunkSize = 5000
-)
-
-// DefaultTerminalStatus is the status WithMaxRecoveries gives a row that
-// reached its recovery limit, when no other is named.
-const DefaultTerminalStatus = "failed"
+// EnvKeyPrefix is the environment variable of the key prefix
+// (WithKeyPrefix), which cmd/recoveryctl reads too.
+const EnvKeyPrefix = "RECOVERY_KEY_PREFIX"

@@ -25,6 +25,8 @@ import (
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
@@ -314,7 +316,7 @@ func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
 	prefix := testutil.Name("S")
 	take(t, db, "A", 105, 106, 107, 108, 109)
 	plantDeadPeer(t, rdb, prefix, "A", "105", "106", "107", "108", "109")
-	plain, err := NewPgxResetter(db) // no owner fencing
+	plain, err := pgxreset.New(db) // no owner fencing
 	require.NoError(t, err)
 	slowB := &fakeResetter{inner: plain, hold: newGate()} // B stops inside its reset
 	counted := &fakeResetter{inner: plain}
@@ -355,12 +357,12 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	const rowsTTL = 1600 * time.Millisecond
 	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
 		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(rowsTTL), WithResetTimeout(300 * time.Millisecond)}
-	direct, err := NewPgxResetter(db)
+	direct, err := pgxreset.New(db)
 	require.NoError(t, err)
 	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3, 4, 5)
 
 	proxy.Cut() // PostgreSQL unreachable for the recoverer
-	viaProxy, err := NewPgxResetter(testutil.PoolVia(t, db, proxy.Addr))
+	viaProxy, err := pgxreset.New(testutil.PoolVia(t, db, proxy.Addr))
 	require.NoError(t, err)
 	// Started during the outage: without the schema check, which needs
 	// PostgreSQL.
@@ -589,7 +591,7 @@ func TestSafetyAFinishWhoseReplyWasLostReportsItsFirstResult(t *testing.T) {
 func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "NR")
-	right, err := NewPgxResetter(db)
+	right, err := pgxreset.New(db)
 	require.NoError(t, err)
 	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix))
 	setStatus(t, db, "inprog", 1, 2, 3, 4)
@@ -598,7 +600,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	v.crash()
 	require.NoError(t, rdb.Del(ctx, v.ownKeys().Heartbeat).Err())
 
-	misspelled, err := NewPgxResetter(db, WithStatuses("in_progress", "queued"))
+	misspelled, err := pgxreset.New(db, postgres.WithStatuses("in_progress", "queued"))
 	require.NoError(t, err)
 	rec := &recorder{}
 	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec))

@@ -15,7 +15,7 @@ import (
 	"github.com/alya/recovery/internal/testutil"
 )
 
-// noopResetter stands in for a PgxResetter in examples that recover nothing.
+// noopResetter stands in for a pgxreset.Resetter in examples that recover nothing.
 type noopResetter struct{}
 
 func (noopResetter) Info() recovery.ResetterInfo {

@@ -111,7 +111,7 @@ func ExampleNew() {
 	defer rdb.Close()
 
 	// rdb may also be a *redis.ClusterClient; the resetter is usually
-	// recovery.NewPgxResetter(pool).
+	// pgxreset.New(pool).
 	w, err := recovery.New(rdb, newQueue(),
 		recovery.WithInstanceID("worker-1"),
 		recovery.WithHeartbeatTTL(10*time.Second),

@@ -13,6 +13,8 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Issue 20, item 2: two applications (two tables) on one Redis under one
@@ -81,7 +83,7 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 	require.NoError(t, err)
 	require.Empty(t, f.Serves)
 
-	r, err := NewPgxResetter(db)
+	r, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, _ := startWorker(t, rdb, r, "new", WithKeyPrefix(prefix))
 	f, err = s.ReadFleet(ctx)
@@ -103,16 +105,16 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 }
 
 // twoTables returns two batches of n rows in two schemas (two
-// applications' tables of one name), and a PgxResetter on each.
-func twoTables(t *testing.T, n int) (dbA, dbB *pgxpool.Pool, rA, rB *PgxResetter) {
+// applications' tables of one name), and a pgxreset.Resetter on each.
+func twoTables(t *testing.T, n int) (dbA, dbB *pgxpool.Pool, rA, rB *pgxreset.Resetter) {
 	t.Helper()
 	dbA, dbB = testutil.Postgres(t), testutil.Postgres(t)
 	testutil.CreateBatch(t, dbA, n)
 	testutil.CreateBatch(t, dbB, n)
 	var err error
-	rA, err = NewPgxResetter(dbA)
+	rA, err = pgxreset.New(dbA)
 	require.NoError(t, err)
-	rB, err = NewPgxResetter(dbB)
+	rB, err = pgxreset.New(dbB)
 	require.NoError(t, err)
 	return dbA, dbB, rA, rB
 }
@@ -281,7 +283,7 @@ func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 5, "F2h")
-	r, err := NewPgxResetter(db)
+	r, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", "database=x schema=y table=z").Err())
@@ -312,10 +314,10 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, want, got.Serves)
 			assert.Equal(t, "system_identifier="+sysID, got.Server, "the server's identifier")
-			got, err = impl.mustResetter(t, db, WithSchema(schema)).Check(ctx, false)
+			got, err = impl.mustResetter(t, db, postgres.WithSchema(schema)).Check(ctx, false)
 			require.NoError(t, err)
 			assert.Equal(t, want, got.Serves)
-			got, err = impl.mustResetter(t, db, WithTable("nope")).Check(ctx, false)
+			got, err = impl.mustResetter(t, db, postgres.WithTable("nope")).Check(ctx, false)
 			require.NoError(t, err)
 			assert.Equal(t, "database="+dbName+" schema= table=nope", got.Serves)
 		})
@@ -376,11 +378,11 @@ REVOKE EXECUTE ON FUNCTION pg_control_system() FROM PUBLIC;`)
 	require.NoError(t, err)
 	t.Cleanup(db.Close)
 
-	r, err := NewPgxResetter(db)
+	r, err := pgxreset.New(db)
 	require.NoError(t, err)
-	server, err := r.serverIdentity(ctx)
+	info, err := r.Check(ctx, false)
 	require.NoError(t, err)
-	assert.Empty(t, server, "permission denied: no server")
+	assert.Empty(t, info.Server, "permission denied: no server")
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("FSN")
 	startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))

@@ -20,6 +20,8 @@ import (
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Review of issue 20's finished guarantees, as an adversary (review2).
@@ -73,7 +75,7 @@ func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T
 	assert.Zero(t, tag.RowsAffected(), "the owner guard refuses the long worker's completion of a row reset under it")
 }
 
-// vanishingConn is a PgxExecer over one connection whose host vanishes
+// vanishingConn is a pgxreset.Execer over one connection whose host vanishes
 // right before COMMIT: the socket closes without a Terminate message, as
 // a host's power loss leaves it, after every statement of the reset ran.
 type vanishingConn struct{ *pgx.Conn }
@@ -109,14 +111,14 @@ func (t vanishingTx) Commit(context.Context) error {
 func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T) {
 	for _, mode := range []struct {
 		name   string
-		opts   []ResetterOption
-		verify func(ctx context.Context, r *PgxResetter) (ResetResult, error)
+		opts   []postgres.Option
+		verify func(ctx context.Context, r *pgxreset.Resetter) (ResetResult, error)
 	}{
-		{"by owner", []ResetterOption{WithOwnerColumn("owner")}, func(ctx context.Context, r *PgxResetter) (ResetResult, error) {
-			return r.ResetOwnerRows(ctx, "dead")
+		{"by owner", []postgres.Option{postgres.WithOwnerColumn("owner")}, func(ctx context.Context, r *pgxreset.Resetter) (ResetResult, error) {
+			return r.Reset(ctx, ResetRequest{Owner: "dead"})
 		}},
-		{"ledger", nil, func(ctx context.Context, r *PgxResetter) (ResetResult, error) {
-			return r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+		{"ledger", nil, func(ctx context.Context, r *pgxreset.Resetter) (ResetResult, error) {
+			return r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
 		}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
@@ -139,7 +141,7 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 			conn, err := pgx.ConnectConfig(ctx, cfg)
 			require.NoError(t, err)
 
-			vanished, err := NewPgxResetter(vanishingConn{conn}, mode.opts...)
+			vanished, err := pgxreset.New(vanishingConn{conn}, mode.opts...)
 			require.NoError(t, err)
 			rctx, cancel := context.WithTimeout(ctx, time.Second)
 			_, err = mode.verify(rctx, vanished)
@@ -150,7 +152,7 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 			require.Equal(t, 1, open, "its session is still open, idle in its transaction")
 			vanishedAt := time.Now()
 
-			r, err := NewPgxResetter(db, mode.opts...)
+			r, err := pgxreset.New(db, mode.opts...)
 			require.NoError(t, err)
 			var last ResetResult
 			var lastErr error
@@ -236,19 +238,17 @@ func TestTwoServersWithTheSameNamesAreTwoFleets(t *testing.T) {
 	dbA, dbB := privatePostgres(ctx, t, rows), privatePostgres(ctx, t, rows)
 	rdb := testutil.Redis(t)
 	shared := testutil.Name("R20s")
-	rA, err := NewPgxResetter(dbA)
+	rA, err := pgxreset.New(dbA)
 	require.NoError(t, err)
-	rB, err := NewPgxResetter(dbB)
+	rB, err := pgxreset.New(dbB)
 	require.NoError(t, err)
-	servesA, err := rA.fleetIdentity(ctx)
+	infoA, err := rA.Check(ctx, false)
 	require.NoError(t, err)
-	servesB, err := rB.fleetIdentity(ctx)
+	infoB, err := rB.Check(ctx, false)
 	require.NoError(t, err)
+	servesA, servesB := infoA.Serves, infoB.Serves
 	require.Equal(t, servesA, servesB, "the two servers' names are alike")
-	serverA, err := rA.serverIdentity(ctx)
-	require.NoError(t, err)
-	serverB, err := rB.serverIdentity(ctx)
-	require.NoError(t, err)
+	serverA, serverB := infoA.Server, infoB.Server
 	require.NotEqual(t, serverA, serverB)
 
 	key := store.FleetKey(shared)
@@ -293,7 +293,7 @@ func privatePostgres(ctx context.Context, t *testing.T, sql string) *pgxpool.Poo
 func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 5, "F2v")
-	r, err := NewPgxResetter(db)
+	r, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
 	_, server := w.fleet.served()

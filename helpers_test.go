@@ -86,7 +86,7 @@ func startWorker(t *testing.T, rdb redis.UniversalClient, r Resetter, id string,
 // every reset of rows by ID (peer, rows, time, outcome); what a call does
 // is set by its fields, all optional, each for the tests that need it:
 //
-//   - inner does the reset (a PgxResetter, say); without it every row passed
+//   - inner does the reset (a pgxreset.Resetter, say); without it every row passed
 //     counts as reset. Only the rows and the instance reach inner (no
 //     incarnation, so no ledger), and only the count of rows changed comes
 //     back, whatever else inner has.
@@ -487,7 +487,7 @@ func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r Resette
 	return v
 }
 
-// hookResetter is a PgxResetter or SQLResetter that runs after once, right
+// hookResetter is a pgxreset.Resetter or sqlreset.Resetter that runs after once, right
 // after a reset of rows by ID (a dead peer's, a Release) committed. It is
 // not a fakeResetter with an inner resetter: the Worker must see
 // everything the resetter is (its ledger, owner fencing), which embedding

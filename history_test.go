@@ -17,6 +17,8 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration: a real recovery
@@ -30,7 +32,7 @@ func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
 	_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 2 WHERE rowid IN (3, 4)`)
 	require.NoError(t, err)
 	plantDeadPeer(t, rdb, prefix, "dead-1", "1", "2", "3", "4")
-	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+	r := fencedResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 	w, _ := newWorker(t, rdb, r, "rec-1", WithKeyPrefix(prefix), WithRowsSets())
 	began := time.Now()
 	rep, err := w.recoverNow(ctx)
@@ -456,7 +458,7 @@ func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
 func TestHistoryRecordsRowsNotResetOnce(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "HN")
-	right, err := NewPgxResetter(db)
+	right, err := pgxreset.New(db)
 	require.NoError(t, err)
 	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix), WithoutBackstopSweep())
 	setStatus(t, db, "inprog", 1, 2, 3)
@@ -464,7 +466,7 @@ func TestHistoryRecordsRowsNotResetOnce(t *testing.T) {
 	v.crash()
 	require.NoError(t, rdb.Del(ctx, v.ownKeys().Heartbeat).Err())
 
-	misspelled, err := NewPgxResetter(db, WithStatuses("in_progress", "queued"))
+	misspelled, err := pgxreset.New(db, postgres.WithStatuses("in_progress", "queued"))
 	require.NoError(t, err)
 	r, _ := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix))
 	for range 2 {

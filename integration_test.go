@@ -11,6 +11,7 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // These tests run against a real redis-server (standalone and Cluster) and
@@ -37,7 +38,7 @@ func testKilledWorkerRowsAreQueuedAgain(t *testing.T, rdb redis.UniversalClient)
 	ctx := context.Background()
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 20)
-	resetter, err := NewPgxResetter(db)
+	resetter, err := pgxreset.New(db)
 	require.NoError(t, err)
 	prefix := testutil.Name("IT")
 

@@ -14,6 +14,7 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Issue 22, second half: owner-mode workers write per-life owner values
@@ -194,19 +195,19 @@ func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	assertRequeued(t, db, 1)
 }
 
-// gatedOwnerResetter is a PgxResetter whose first ResetOwnerRows waits
+// gatedOwnerResetter is a pgxreset.Resetter whose first ResetOwnerRows waits
 // until open is closed, then runs with a context of its own: a recoverer
 // whose reset statements reach PostgreSQL after its context should have
 // ended them (a process stopped in the driver, a COMMIT in flight).
 type gatedOwnerResetter struct {
-	*PgxResetter
+	*pgxreset.Resetter
 	once    sync.Once
 	entered chan struct{}
 	open    chan struct{}
 }
 
-func newGatedOwnerResetter(r *PgxResetter) *gatedOwnerResetter {
-	return &gatedOwnerResetter{PgxResetter: r, entered: make(chan struct{}), open: make(chan struct{})}
+func newGatedOwnerResetter(r *pgxreset.Resetter) *gatedOwnerResetter {
+	return &gatedOwnerResetter{Resetter: r, entered: make(chan struct{}), open: make(chan struct{})}
 }
 
 func (g *gatedOwnerResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
@@ -216,7 +217,7 @@ func (g *gatedOwnerResetter) ResetOwnerRows(ctx context.Context, owner string) (
 		close(g.entered)
 		<-g.open
 	}
-	return g.PgxResetter.ResetOwnerRows(context.Background(), owner)
+	return g.Resetter.Reset(context.Background(), ResetRequest{Owner: owner})
 }
 
 // recoverBlocked has p recover w in the background; it returns once p's

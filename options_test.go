@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestDefaultsMatchTheDesign(t *testing.T) {
@@ -99,7 +100,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"nil client", nil, r, nil, "redis client is nil"},
 		{"typed nil client", (*redis.Client)(nil), r, nil, "redis client is nil"},
 		{"nil resetter", rdb, nil, nil, "row resetter is nil"},
-		{"typed nil resetter", rdb, (*PgxResetter)(nil), nil, "row resetter is nil"},
+		{"typed nil resetter", rdb, (*pgxreset.Resetter)(nil), nil, "row resetter is nil"},
 		{"nil option", rdb, r, []Option{nil}, "nil option"},
 		{"interval equal to TTL", rdb, r, []Option{WithHeartbeatInterval(60 * time.Second)},
 			"heartbeat interval 1m0s must be shorter than heartbeat TTL 1m0s"},

@@ -14,9 +14,11 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
-// ownerFake is a fakeResetter that resets by owner, as a PgxResetter
+// ownerFake is a fakeResetter that resets by owner, as a pgxreset.Resetter
 // WithOwnerColumn does: a Worker given one runs in owner mode.
 type ownerFake struct{ fakeResetter }
 
@@ -122,7 +124,7 @@ func BenchmarkRecoverDeadPeer100000(b *testing.B) {
 	if _, err := db.Exec(ctx, `CREATE INDEX batchrows_inprog_owner ON batchrows (owner, rowid) WHERE status = 'inprog'`); err != nil {
 		b.Fatal(err)
 	}
-	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))
+	r, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	if err != nil {
 		b.Fatal(err)
 	}

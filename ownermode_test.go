@@ -13,6 +13,8 @@ import (
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Owner mode (ownermode.go), against real Redis and PostgreSQL.
@@ -23,10 +25,10 @@ func TestOwnerModeIsWhatAResetterThatFencesByOwnerGets(t *testing.T) {
 	testutil.CreateBatch(t, db, 1)
 
 	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w")
-	assert.True(t, w.OwnerMode(), "NewPgxResetter(pool, WithOwnerColumn(...)) is all it takes")
+	assert.True(t, w.OwnerMode(), "pgxreset.New(pool, postgres.WithOwnerColumn(...)) is all it takes")
 	assert.NotNil(t, w.sweeper, "the owners in PostgreSQL are always looked at")
 
-	plain, err := NewPgxResetter(db)
+	plain, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, _ = newWorker(t, rdb, plain, "w2")
 	assert.False(t, w.OwnerMode(), "without an owner column: rows sets")
@@ -92,7 +94,7 @@ func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 6)
 	prefix := testutil.Name("O")
-	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"))
+	r := fencedResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
 	ctx := context.Background()
 
 	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))
@@ -274,7 +276,7 @@ func TestOwnerModeConcurrentRecoverersResetEachRowOnce(t *testing.T) {
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 300)
 	prefix := testutil.Name("O")
-	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithChunkSize(7))
+	r := fencedResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithChunkSize(7))
 	ctx := context.Background()
 	ids := make([]int64, 300)
 	for i := range ids {
@@ -311,7 +313,7 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 	testutil.CreateBatch(t, db, 4)
 	prefix := testutil.Name("O")
 	ctx := context.Background()
-	r := fencedResetter(t, db, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(2, "failed"))
+	r := fencedResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(2, "failed"))
 	_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 1 WHERE rowid = 2`)
 	require.NoError(t, err)
 	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))

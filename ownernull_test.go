@@ -15,6 +15,8 @@ import (
 
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Rows without an owner: a worker that does not set the owner column (a
@@ -26,7 +28,7 @@ import (
 // ledger, and its fetch leaves the owner NULL.
 func oldWorker(t *testing.T, env ownerNullEnv, id string) *Worker {
 	t.Helper()
-	r, err := NewPgxResetter(env.db)
+	r, err := pgxreset.New(env.db)
 	require.NoError(t, err)
 	w, _ := startWorker(t, env.rdb, r, id, WithKeyPrefix(env.prefix))
 	require.False(t, w.OwnerMode())
@@ -154,7 +156,7 @@ func TestOwnerColumnRolloutCompletesEveryRowOnceWhenAnOldWorkerDies(t *testing.T
 	require.NoError(t, err)
 
 	// 1. The fleet before the column: rows sets, the reset ledger.
-	plain, err := NewPgxResetter(db)
+	plain, err := pgxreset.New(db)
 	require.NoError(t, err)
 	old1 := startRolloutHost(t, env, plain, "old-1", false)
 	old2 := startRolloutHost(t, env, plain, "old-2", false)
@@ -224,7 +226,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 		t.Run(impl.name, func(t *testing.T) {
 			_, db, _ := onRealServers(t, 6, "N")
 			ctx := context.Background()
-			r := impl.mustResetter(t, db, WithOwnerColumn("owner"))
+			r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
 			setStatus(t, db, "inprog", 1, 2, 3) // no owner
 			take(t, db, "dead", 4)
 			take(t, db, "live", 5)
@@ -232,13 +234,13 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 
 			// Release (no rows set): rows without an owner are not its to
 			// reset, and not settled either.
-			rel, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 4}})
+			rel, err := r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 4}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), rel.Changed, "row 4 only")
 			assert.Equal(t, []RowState{{ID: 1, Status: "inprog"}}, rel.NotReset)
 			take(t, db, "dead", 4)
 
-			res, err := r.ResetIncarnation(ctx, req)
+			res, err := r.Reset(ctx, req)
 			require.NoError(t, err)
 			assert.Equal(t, int64(4), res.Changed, "rows 1, 2, 3 (no owner) and 4 (owned by the dead worker)")
 			assert.Empty(t, res.NotReset, "row 5 is another worker's, row 6 queued")
@@ -254,7 +256,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			// took row 1 (owner still NULL); the next recoverer reads the
 			// same rows set.
 			setStatus(t, db, "inprog", 1)
-			res, err = r.ResetIncarnation(ctx, req)
+			res, err = r.Reset(ctx, req)
 			require.NoError(t, err)
 			assert.Zero(t, res.Changed, "the ledger says the dead worker's rows were reset")
 			assert.Empty(t, res.NotReset)
@@ -264,7 +266,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			// A worker of the first protocol version: no incarnation, no
 			// ledger, as a rows-set recovery of it does.
 			setStatus(t, db, "inprog", 2)
-			res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "v1", RowIDs: []int64{2}, FromRowsSet: true})
+			res, err = r.Reset(ctx, ResetRequest{InstanceID: "v1", RowIDs: []int64{2}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)
 
@@ -273,14 +275,14 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			require.NoError(t, err)
 			setStatus(t, db, "inprog", 3)
 			take(t, db, "dead2", 4)
-			res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3, 4}, FromRowsSet: true})
+			res, err = r.Reset(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3, 4}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed, "row 4, which the dead worker owns")
 			assert.Equal(t, []RowState{{ID: 3, Status: "inprog"}}, res.NotReset)
 
 			// WithoutResetLedger: the host said rows are idempotent.
-			noLedger := impl.mustResetter(t, db, WithOwnerColumn("owner"), WithoutResetLedger())
-			res, err = noLedger.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3}, FromRowsSet: true})
+			noLedger := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"), postgres.WithoutResetLedger())
+			res, err = noLedger.Reset(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)
 		})

@@ -13,6 +13,7 @@ import (
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Owner mode's resets against a live worker. Each test is an interleaving,
@@ -28,16 +29,16 @@ import (
 // a long chunked reset); a heartbeat written meanwhile only deletes the
 // claim key, which the holder never looks at again before it resets.
 
-// ownerGatedResetter is a PgxResetter whose first ResetOwnerRows waits at
+// ownerGatedResetter is a pgxreset.Resetter whose first ResetOwnerRows waits at
 // g before it runs: a recoverer paused between its claim and its reset.
 type ownerGatedResetter struct {
-	*PgxResetter
+	*pgxreset.Resetter
 	g *gate
 }
 
 func (r *ownerGatedResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
 	r.g.pass()
-	return r.PgxResetter.ResetOwnerRows(ctx, owner)
+	return r.Resetter.Reset(ctx, ResetRequest{Owner: owner})
 }
 
 // assertHeldBy asserts that each row is in progress and owned by owner.

@@ -43,7 +43,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			// verified yet when it is paused.
 			r := &blindResetter{pgResetterAPI: impl.mustResetter(t, db)}
 			r.blind.Store(true)
-			require.True(t, r.UsesLedger())
+			require.True(t, r.Info().Ledger)
 			wc := redis.NewClient(rdb.Options())
 			t.Cleanup(func() { _ = wc.Close() })
 			fr := &freezer{}

@@ -14,6 +14,9 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
+	"github.com/alya/recovery/postgres/sqlreset"
 )
 
 // bouncedResetter returns a resetter of impl whose connections go through
@@ -21,13 +24,13 @@ import (
 // default mode (it caches named prepared statements), pgx's stdlib with
 // default_query_exec_mode=exec and lib/pq with binary_parameters=yes, as
 // docs/integration.md says.
-func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr string, opts ...ResetterOption) pgResetterAPI {
+func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr string, opts ...postgres.Option) pgResetterAPI {
 	t.Helper()
 	via := testutil.PoolVia(t, db, addr)
-	opts = append([]ResetterOption{WithSchema(currentSchema(t, db))}, opts...)
+	opts = append([]postgres.Option{postgres.WithSchema(currentSchema(t, db))}, opts...)
 	switch impl.name {
 	case "pgx":
-		r, err := NewPgxResetter(via, opts...)
+		r, err := pgxreset.New(via, opts...)
 		require.NoError(t, err)
 		return r
 	case "stdlib":
@@ -38,14 +41,14 @@ func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr str
 		t.Cleanup(pool.Close)
 		h := stdlib.OpenDBFromPool(pool)
 		t.Cleanup(func() { _ = h.Close() })
-		r, err := NewSQLResetter(h, opts...)
+		r, err := sqlreset.New(h, opts...)
 		require.NoError(t, err)
 		return r
 	}
 	// lib/pq parses and runs a statement with arguments in two round
 	// trips, between which PgBouncer may switch server connections
 	// outside a transaction; binary_parameters=yes sends them in one.
-	r, err := NewSQLResetter(libpqDBWith(t, via, url.Values{"binary_parameters": {"yes"}}), opts...)
+	r, err := sqlreset.New(libpqDBWith(t, via, url.Values{"binary_parameters": {"yes"}}), opts...)
 	require.NoError(t, err)
 	return r
 }
@@ -72,7 +75,7 @@ func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
 			require.NoError(t, rdb.SAdd(ctx, prefix+"_WORKER_REGISTRY", peer).Err())
 		}
 
-		r := bouncedResetter(t, impl, db, b.Addr, WithOwnerColumn("owner"))
+		r := bouncedResetter(t, impl, db, b.Addr, postgres.WithOwnerColumn("owner"))
 		w, logs := startWorker(t, rdb, r, "bounced", WithKeyPrefix(prefix))
 		require.True(t, w.OwnerMode())
 		require.Eventually(t, func() bool { // the first scan runs at Start
@@ -86,7 +89,7 @@ func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
 		setStatus(t, db, "inprog", 13, 14, 15)
 		lr := bouncedResetter(t, impl, db, b.Addr)
 		for i, ids := range [][]int64{{13}, {14}, {15}} {
-			res, err := lr.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead-4", Incarnation: fmt.Sprint(i), RowIDs: ids})
+			res, err := lr.Reset(ctx, ResetRequest{InstanceID: "dead-4", Incarnation: fmt.Sprint(i), RowIDs: ids})
 			require.NoError(t, err, "reset %d", i)
 			assert.Equal(t, int64(1), res.Changed)
 		}

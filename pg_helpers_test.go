@@ -13,6 +13,8 @@ import (
 
 	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // setStatus sets the status of the given rows.
@@ -71,9 +73,9 @@ func assertRequeued(t *testing.T, db *pgxpool.Pool, ids ...int64) {
 	}
 }
 
-func fencedResetter(t *testing.T, db *pgxpool.Pool, opts ...ResetterOption) *PgxResetter {
+func fencedResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) *pgxreset.Resetter {
 	t.Helper()
-	r, err := NewPgxResetter(db, append([]ResetterOption{WithOwnerColumn("owner")}, opts...)...)
+	r, err := pgxreset.New(db, append([]postgres.Option{postgres.WithOwnerColumn("owner")}, opts...)...)
 	require.NoError(t, err)
 	return r
 }

@@ -15,6 +15,8 @@ import (
 
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // otherSession runs sql in a transaction of a session of its own on db's
@@ -62,17 +64,17 @@ const lockTimeoutForTest = 5 * time.Second
 func TestResetNeverWaitsOnARowLockAnotherSessionHolds(t *testing.T) {
 	paths := []struct {
 		name  string
-		opts  []ResetterOption
+		opts  []postgres.Option
 		reset func(ctx context.Context, r pgResetterAPI) (ResetResult, error)
 	}{
-		{"by owner", []ResetterOption{WithOwnerColumn("owner")}, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
-			return r.ResetOwnerRows(ctx, "dead")
+		{"by owner", []postgres.Option{postgres.WithOwnerColumn("owner")}, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
+			return r.Reset(ctx, ResetRequest{Owner: "dead"})
 		}},
-		{"by IDs fenced", []ResetterOption{WithOwnerColumn("owner")}, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
-			return r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+		{"by IDs fenced", []postgres.Option{postgres.WithOwnerColumn("owner")}, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
+			return r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
 		}},
 		{"by IDs with ledger", nil, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
-			return r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+			return r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
 		}},
 	}
 	for _, p := range paths {
@@ -122,10 +124,10 @@ func TestResetWaitingOnATableLockSaysSo(t *testing.T) {
 		take(t, db, "dead", 1, 2)
 		otherSession(t, db, `LOCK TABLE batchrows IN SHARE MODE`)
 
-		r := impl.mustResetter(t, db, WithOwnerColumn("owner"))
+		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := r.ResetOwnerRows(rctx, "dead")
+		_, err := r.Reset(rctx, ResetRequest{Owner: "dead"})
 		require.Error(t, err)
 		assert.ErrorIs(t, err, ErrRowsLocked)
 		assert.Contains(t, err.Error(), "lock_timeout")
@@ -144,18 +146,18 @@ func TestResetWithTheLedgerDoesNotWaitForAnotherSessionsIncarnationLock(t *testi
 	ctx := context.Background()
 	end := otherSession(t, db, `SELECT pg_advisory_xact_lock(hashtextextended($1::text, 0))`, "dead/i1")
 
-	r, err := NewPgxResetter(db)
+	r, err := pgxreset.New(db)
 	require.NoError(t, err)
 	rctx, cancel := context.WithTimeout(ctx, lockTimeoutForTest)
 	defer cancel()
 	start := time.Now()
-	_, err = r.ResetIncarnation(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
+	_, err = r.Reset(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
 	assert.Less(t, time.Since(start), time.Second)
 	require.ErrorIs(t, err, ErrRowsLocked)
 	assert.Contains(t, err.Error(), "advisory lock")
 
 	end()
-	res, err := r.ResetIncarnation(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
+	res, err := r.Reset(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), res.Changed)
 }

@@ -12,6 +12,7 @@ import (
 
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
 )
 
 // poolAsNewRole creates a login role with password (none when empty),
@@ -73,7 +74,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 		testutil.CreateBatch(t, db, 2)
 		take(t, db, "dead", 1, 2)
 		ro := poolAsReadOnlyRole(t, db)
-		r := impl.mustResetter(t, ro, WithOwnerColumn("owner"))
+		r := impl.mustResetter(t, ro, postgres.WithOwnerColumn("owner"))
 		prefix := testutil.Name("RO")
 		// Rows sets: a Start in owner mode also resets rows a predecessor
 		// left under its ID, which would fail on its own.
@@ -84,7 +85,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 			// lib/pq begins every transaction READ WRITE, overriding the
 			// role's default: its resets can write, and Start says so.
 			require.NoError(t, err)
-			res, err := r.ResetOwnerRows(context.Background(), "dead")
+			res, err := r.Reset(context.Background(), ResetRequest{Owner: "dead"})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
 			return
@@ -93,7 +94,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 		assert.Contains(t, err.Error(), "default_transaction_read_only set by the user")
 		assert.False(t, registered(t, rdb, prefix, "ro-worker"), "nothing written to Redis")
 
-		_, err = r.ResetOwnerRows(context.Background(), "dead")
+		_, err = r.Reset(context.Background(), ResetRequest{Owner: "dead"})
 		require.ErrorIs(t, err, ErrReadOnly, "a reset refused as read-only says so")
 		assert.Equal(t, "inprog", statuses(t, db)[1])
 
@@ -164,7 +165,7 @@ func TestStartRefusesAStandby(t *testing.T) {
 	require.True(t, inRecovery, "a standby")
 
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
-		r := impl.mustResetter(t, sdb, WithOwnerColumn("owner"))
+		r := impl.mustResetter(t, sdb, postgres.WithOwnerColumn("owner"))
 		prefix := testutil.Name("SB")
 		w, _ := newWorker(t, testutil.Redis(t), r, "on-standby", WithKeyPrefix(prefix), WithRowsSets())
 		err := w.Start(ctx)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
 )
 
 // F2, crash: the recoverer's reset commits and the recoverer dies before
@@ -21,8 +22,8 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "F2")
-		pg := impl.mustResetter(t, db, WithRecoveryCountColumn("recoveries"))
-		require.True(t, pg.UsesLedger())
+		pg := impl.mustResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
+		require.True(t, pg.Info().Ledger)
 		timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
 		victim(t, rdb, db, pg, "victim", timing, 1, 2, 3, 4, 5)
 
@@ -76,11 +77,11 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "F2")
 		proxy := pgProxy(t, db)
-		direct := impl.mustResetter(t, db, WithRecoveryCountColumn("recoveries"))
+		direct := impl.mustResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
 		timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
 		victim(t, rdb, db, direct, "victim", timing, 1, 2, 3)
 
-		viaProxy := impl.mustResetter(t, testutil.PoolVia(t, db, proxy.Addr), WithRecoveryCountColumn("recoveries"))
+		viaProxy := impl.mustResetter(t, testutil.PoolVia(t, db, proxy.Addr), postgres.WithRecoveryCountColumn("recoveries"))
 		r, _ := newWorker(t, rdb, viaProxy, "recoverer", timing...)
 		dropped := proxy.DropReplyTo(commitMarker(impl))
 		_, err := r.recoverNow(ctx)
@@ -115,7 +116,7 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 // docs/integration.md: "a new recoverer of an old worker finds no
 // incarnation and records its reset under the incarnation ”". So every
 // life of an old-version worker with a fixed ID (a StatefulSet pod during
-// a rolling deploy, or a host calling PgxResetter.ResetRows itself, which
+// a rolling deploy, or a host calling pgxreset.Resetter.ResetRows itself, which
 // also records under "") shares one ledger key:
 //
 //	old-0 (life 1, first version): row 1 in progress; killed
@@ -130,7 +131,7 @@ func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testi
 		rdb, db, prefix := onRealServers(t, 10, "RV4")
 		pg, err := impl.newResetter(t, db)
 		require.NoError(t, err)
-		require.True(t, pg.UsesLedger())
+		require.True(t, pg.Info().Ledger)
 		r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))
 
 		setStatus(t, db, "inprog", 1, 2) // life 1 of old-0 (a first-version worker: no incarnation key)

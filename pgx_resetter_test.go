@@ -14,6 +14,8 @@ import (
 
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
@@ -26,7 +28,7 @@ func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
 		r, err := impl.newResetter(t, db)
 		require.NoError(t, err)
 
-		n, err := r.ResetRows(context.Background(), "dead", []int64{5, 1, 2, 3, 4, 6, 7, 999, 1})
+		n, err := resetRows(r, context.Background(), "dead", []int64{5, 1, 2, 3, 4, 6, 7, 999, 1})
 
 		require.NoError(t, err)
 		assert.Equal(t, int64(5), n, "only in-progress rows are counted")
@@ -39,7 +41,7 @@ func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
 		require.NoError(t, db.QueryRow(context.Background(), `SELECT status FROM batches WHERE batchid = 1`).Scan(&batch))
 		assert.Equal(t, "inprog", batch, "the parent batch is not touched")
 
-		n, err = r.ResetRows(context.Background(), "dead", nil)
+		n, err = resetRows(r, context.Background(), "dead", nil)
 		require.NoError(t, err)
 		assert.Zero(t, n)
 	})
@@ -61,10 +63,10 @@ func TestResetterChunksLargeSetsInOneTransaction(t *testing.T) {
 		setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 		_, err = db.Exec(ctx, `UPDATE stmt_count SET n = 0`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, WithChunkSize(3))
+		r, err := impl.newResetter(t, db, postgres.WithChunkSize(3))
 		require.NoError(t, err)
 
-		n, err := r.ResetRows(ctx, "dead", []int64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
+		n, err := resetRows(r, ctx, "dead", []int64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
 
 		require.NoError(t, err)
 		assert.Equal(t, int64(10), n)
@@ -86,10 +88,10 @@ func TestResetterResetsNothingWhenAChunkFails(t *testing.T) {
 				$$ BEGIN IF NEW.rowid = 5 THEN RAISE EXCEPTION 'row five refused'; END IF; RETURN NEW; END $$;
 			CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, WithChunkSize(2))
+		r, err := impl.newResetter(t, db, postgres.WithChunkSize(2))
 		require.NoError(t, err)
 
-		n, err := r.ResetRows(ctx, "deadpeer", []int64{1, 2, 3, 4, 5, 6})
+		n, err := resetRows(r, ctx, "deadpeer", []int64{1, 2, 3, 4, 5, 6})
 
 		require.Error(t, err)
 		assert.Zero(t, n)
@@ -112,11 +114,11 @@ func TestResetterQuotesIdentifiersFromOptions(t *testing.T) {
 		require.NoError(t, err)
 		_, err = db.Exec(ctx, `INSERT INTO "rows""; DROP TABLE batchrows; --" VALUES (1, 'busy'), (2, 'busy'), (3, 'idle')`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, WithTable(table), WithIDColumn("the id"), WithStatusColumn("St;atus"),
-			WithStatuses("busy", "'; DELETE FROM batches; --"))
+		r, err := impl.newResetter(t, db, postgres.WithTable(table), postgres.WithIDColumn("the id"), postgres.WithStatusColumn("St;atus"),
+			postgres.WithStatuses("busy", "'; DELETE FROM batches; --"))
 		require.NoError(t, err)
 
-		n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+		n, err := resetRows(r, ctx, "dead", []int64{1, 2, 3})
 
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), n)
@@ -128,10 +130,10 @@ func TestResetterQuotesIdentifiersFromOptions(t *testing.T) {
 		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM "rows""; DROP TABLE batchrows; --" WHERE "St;atus" = '''; DELETE FROM batches; --'`).Scan(&count))
 		assert.Equal(t, 2, count)
 
-		_, err = impl.newResetter(t, db, WithTable("no_such_table"))
+		_, err = impl.newResetter(t, db, postgres.WithTable("no_such_table"))
 		require.NoError(t, err, "the table is not checked at construction")
-		bad, _ := impl.newResetter(t, db, WithTable("no_such_table"))
-		_, err = bad.ResetRows(ctx, "dead", []int64{1})
+		bad, _ := impl.newResetter(t, db, postgres.WithTable("no_such_table"))
+		_, err = resetRows(bad, ctx, "dead", []int64{1})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
 	})
@@ -145,11 +147,11 @@ func TestResetterWithSchemaAndCustomStatuses(t *testing.T) {
 			INSERT INTO jobs.items VALUES (1, 'RUNNING'), (2, 'PENDING'), (3, 'RUNNING')`)
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = db.Exec(context.Background(), `DROP SCHEMA jobs CASCADE`) })
-		r, err := impl.newResetter(t, db, WithSchema("jobs"), WithTable("items"), WithIDColumn("id"),
-			WithStatusColumn("state"), WithStatuses("RUNNING", "PENDING"))
+		r, err := impl.newResetter(t, db, postgres.WithSchema("jobs"), postgres.WithTable("items"), postgres.WithIDColumn("id"),
+			postgres.WithStatusColumn("state"), postgres.WithStatuses("RUNNING", "PENDING"))
 		require.NoError(t, err)
 		require.NoError(t, r.CreateLedger(ctx), "the ledger goes into the table's schema")
-		n, err := r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+		n, err := resetRows(r, ctx, "dead", []int64{1, 2, 3})
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), n)
 	})
@@ -166,24 +168,24 @@ func TestPgxResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
 	defer conn.Release()
 	tx, err := conn.Begin(ctx)
 	require.NoError(t, err)
-	r, err := NewPgxResetter(tx)
+	r, err := pgxreset.New(tx)
 	require.NoError(t, err)
-	n, err := r.ResetRows(ctx, "dead", []int64{1})
+	n, err := resetRows(r, ctx, "dead", []int64{1})
 	require.NoError(t, err)
 	assert.Equal(t, int64(1), n)
 	require.NoError(t, tx.Rollback(ctx))
 	assert.Equal(t, "inprog", statuses(t, db)[1], "the caller's transaction decides")
 
-	r, err = NewPgxResetter(conn.Conn())
+	r, err = pgxreset.New(conn.Conn())
 	require.NoError(t, err)
-	n, err = r.ResetRows(ctx, "dead", []int64{1, 2})
+	n, err = resetRows(r, ctx, "dead", []int64{1, 2})
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), n)
 }
 
 // flakyBegin fails Begin with a PostgreSQL error a number of times.
 type flakyBegin struct {
-	PgxExecer
+	pgxreset.Execer
 	code  string
 	fails int
 	calls int
@@ -194,7 +196,7 @@ func (f *flakyBegin) Begin(ctx context.Context) (pgx.Tx, error) {
 	if f.calls <= f.fails {
 		return nil, &pgconn.PgError{Code: f.code, Message: "injected"}
 	}
-	return f.PgxExecer.Begin(ctx)
+	return f.Execer.Begin(ctx)
 }
 
 func TestPgxResetterRetriesDeadlocksAndSerializationFailures(t *testing.T) {
@@ -203,54 +205,54 @@ func TestPgxResetterRetriesDeadlocksAndSerializationFailures(t *testing.T) {
 	testutil.CreateBatch(t, db, 1)
 	setStatus(t, db, "inprog", 1)
 	for _, code := range []string{"40P01", "40001"} {
-		f := &flakyBegin{PgxExecer: db, code: code, fails: 2}
-		r, err := NewPgxResetter(f)
+		f := &flakyBegin{Execer: db, code: code, fails: 2}
+		r, err := pgxreset.New(f)
 		require.NoError(t, err)
-		_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+		_, err = resetRows(r, context.Background(), "dead", []int64{1})
 		require.NoError(t, err, code)
 		assert.Equal(t, 3, f.calls, code)
 	}
 
-	f := &flakyBegin{PgxExecer: db, code: "42P01", fails: 1} // undefined table: not retried
-	r, err := NewPgxResetter(f)
+	f := &flakyBegin{Execer: db, code: "42P01", fails: 1} // undefined table: not retried
+	r, err := pgxreset.New(f)
 	require.NoError(t, err)
-	_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+	_, err = resetRows(r, context.Background(), "dead", []int64{1})
 	require.Error(t, err)
 	assert.Equal(t, 1, f.calls)
 
-	f = &flakyBegin{PgxExecer: db, code: "40P01", fails: 100}
-	r, err = NewPgxResetter(f)
+	f = &flakyBegin{Execer: db, code: "40P01", fails: 100}
+	r, err = pgxreset.New(f)
 	require.NoError(t, err)
-	_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+	_, err = resetRows(r, context.Background(), "dead", []int64{1})
 	var pe *pgconn.PgError
 	require.True(t, errors.As(err, &pe))
-	assert.Equal(t, resetAttempts, f.calls, "gives up after a bounded number of tries")
+	assert.Equal(t, 4, f.calls, "gives up after a bounded number of tries")
 }
 
 func TestNewPgxResetterRejectsBadOptions(t *testing.T) {
 	var pool *pgxpool.Pool
 	cases := []struct {
 		name string
-		db   PgxExecer
-		opts []ResetterOption
+		db   pgxreset.Execer
+		opts []postgres.Option
 		want string
 	}{
 		{"nil db", nil, nil, "database handle is nil"},
 		{"typed nil pool", pool, nil, "database handle is nil"},
-		{"nil option", &pgxpool.Pool{}, []ResetterOption{nil}, "nil resetter option"},
-		{"empty table", &pgxpool.Pool{}, []ResetterOption{WithTable("")}, "table name is empty"},
-		{"empty id column", &pgxpool.Pool{}, []ResetterOption{WithIDColumn("")}, "ID column name is empty"},
-		{"empty status column", &pgxpool.Pool{}, []ResetterOption{WithStatusColumn("")}, "status column name is empty"},
-		{"long name", &pgxpool.Pool{}, []ResetterOption{WithTable(strings.Repeat("t", 64))}, "longer than 63 bytes"},
-		{"NUL byte", &pgxpool.Pool{}, []ResetterOption{WithIDColumn("a\x00b")}, "NUL byte"},
-		{"same columns", &pgxpool.Pool{}, []ResetterOption{WithIDColumn("x"), WithStatusColumn("x")}, `both "x"`},
-		{"same statuses", &pgxpool.Pool{}, []ResetterOption{WithStatuses("a", "a")}, `statuses are both "a"`},
-		{"empty status", &pgxpool.Pool{}, []ResetterOption{WithStatuses("", "queued")}, "statuses must not be empty"},
-		{"zero chunk", &pgxpool.Pool{}, []ResetterOption{WithChunkSize(0)}, "chunk size 0 must be positive"},
+		{"nil option", &pgxpool.Pool{}, []postgres.Option{{}}, "nil resetter option"},
+		{"empty table", &pgxpool.Pool{}, []postgres.Option{postgres.WithTable("")}, "table name is empty"},
+		{"empty id column", &pgxpool.Pool{}, []postgres.Option{postgres.WithIDColumn("")}, "ID column name is empty"},
+		{"empty status column", &pgxpool.Pool{}, []postgres.Option{postgres.WithStatusColumn("")}, "status column name is empty"},
+		{"long name", &pgxpool.Pool{}, []postgres.Option{postgres.WithTable(strings.Repeat("t", 64))}, "longer than 63 bytes"},
+		{"NUL byte", &pgxpool.Pool{}, []postgres.Option{postgres.WithIDColumn("a\x00b")}, "NUL byte"},
+		{"same columns", &pgxpool.Pool{}, []postgres.Option{postgres.WithIDColumn("x"), postgres.WithStatusColumn("x")}, `both "x"`},
+		{"same statuses", &pgxpool.Pool{}, []postgres.Option{postgres.WithStatuses("a", "a")}, `statuses are both "a"`},
+		{"empty status", &pgxpool.Pool{}, []postgres.Option{postgres.WithStatuses("", "queued")}, "statuses must not be empty"},
+		{"zero chunk", &pgxpool.Pool{}, []postgres.Option{postgres.WithChunkSize(0)}, "chunk size 0 must be positive"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
-			r, err := NewPgxResetter(c.db, c.opts...)
+			r, err := pgxreset.New(c.db, c.opts...)
 			require.Error(t, err)
 			assert.Nil(t, r)
 			assert.ErrorIs(t, err, ErrInvalidConfig)
@@ -268,17 +270,17 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 			CREATE TABLE jobs (id bigint PRIMARY KEY, state row_state NOT NULL, owner text, recoveries int NOT NULL DEFAULT 0);
 			INSERT INTO jobs VALUES (1, 'inprog', 'dead', 2), (2, 'inprog', 'dead', 0);`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"),
-			WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+		r, err := impl.newResetter(t, db, postgres.WithTable("jobs"), postgres.WithIDColumn("id"), postgres.WithStatusColumn("state"),
+			postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 		require.NoError(t, err)
 
-		res, err := r.ResetRowsReport(ctx, "dead", []int64{1, 2})
+		res, err := r.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2}})
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), res.Changed)
 		assert.Equal(t, []int64{1}, res.Quarantined)
 		_, err = db.Exec(ctx, `UPDATE jobs SET state = 'inprog', owner = 'gone' WHERE id = 2`)
 		require.NoError(t, err)
-		res, err = r.ResetOwnerRows(ctx, "gone")
+		res, err = r.Reset(ctx, ResetRequest{Owner: "gone"})
 		require.NoError(t, err, "the sweep's statement too")
 		assert.Equal(t, int64(1), res.Changed)
 		var states []string
@@ -289,10 +291,10 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 		// §2): the statements that find and reset it take the enum too.
 		_, err = db.Exec(ctx, `INSERT INTO jobs VALUES (3, 'inprog', NULL, 0), (4, 'inprog', NULL, 0)`)
 		require.NoError(t, err)
-		res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{3}, FromRowsSet: true})
+		res, err = r.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{3}, FromRowsSet: true})
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), res.Changed, "an unknown incarnation: as a rows-set recovery, without the ledger")
-		res, err = r.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i", RowIDs: []int64{4}, FromRowsSet: true})
+		res, err = r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i", RowIDs: []int64{4}, FromRowsSet: true})
 		require.NoError(t, err)
 		assert.Equal(t, []RowState{{ID: 4, Status: "inprog"}}, res.NotReset, "no ledger table: kept")
 	})
@@ -304,9 +306,9 @@ func TestSafetyOwnerFencingNeverResetsARowAnotherWorkerTook(t *testing.T) {
 		testutil.CreateBatch(t, db, 6)
 		take(t, db, "dead", 1, 2, 3)
 		take(t, db, "C", 4, 5) // recovered earlier and fetched again by C
-		r := impl.mustResetter(t, db, WithOwnerColumn("owner"))
+		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
 
-		n, err := r.ResetRows(context.Background(), "dead", []int64{1, 2, 3, 4, 5, 6})
+		n, err := resetRows(r, context.Background(), "dead", []int64{1, 2, 3, 4, 5, 6})
 
 		require.NoError(t, err)
 		assert.Equal(t, int64(3), n)
@@ -326,7 +328,7 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 3)
 		prefix := testutil.Name("S")
-		r := impl.mustResetter(t, db, WithOwnerColumn("owner"), WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, ""))
+		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 		rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
 		ctx := context.Background()
 
@@ -385,14 +387,14 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		tx, err := db.Begin(ctx)
 		require.NoError(t, err)
 		defer func() { _ = tx.Rollback(ctx) }()
-		late, err := NewPgxResetter(tx, WithOwnerColumn("owner"))
+		late, err := pgxreset.New(tx, postgres.WithOwnerColumn("owner"))
 		require.NoError(t, err)
-		res1, err := late.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		res1, err := late.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err)
 		require.Equal(t, int64(3), res1.Changed, "R1's reset, not committed yet")
 
-		r2 := impl.mustResetter(t, db, WithOwnerColumn("owner"))
-		got, err := r2.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		r2 := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		got, err := r2.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err, "R2 does not wait on R1's row locks")
 		assert.Zero(t, got.Changed)
 		require.Len(t, got.NotReset, 3)
@@ -401,7 +403,7 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		}
 
 		require.NoError(t, tx.Commit(ctx))
-		got, err = r2.ResetIncarnation(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		got, err = r2.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err)
 		assert.Zero(t, got.Changed)
 		assert.Empty(t, got.NotReset, "rows 1-3 are queued and ownerless: settled, not 'not reset'")

@@ -15,6 +15,7 @@ import (
 
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
 )
 
 // metered is a host's plain decorator (docs/plans/v2.md §2c): it embeds
@@ -32,8 +33,8 @@ func (m *metered) Reset(ctx context.Context, r ResetRequest) (ResetResult, error
 
 // A decorated resetter keeps every guarantee of the resetter it wraps:
 // what a resetter guarantees travels in Info's value, and the Worker finds
-// nothing by type assertion. Each guarantee is checked for PgxResetter and
-// SQLResetter, with and without an owner column, bare and wrapped in
+// nothing by type assertion. Each guarantee is checked for pgxreset.Resetter and
+// sqlreset.Resetter, with and without an owner column, bare and wrapped in
 // metered. Before the contract, a wrapper that forwarded only ResetRows
 // lost all of them but the owner fencing done inside the statement, and
 // one that forwarded every exported method lost ErrReadOnly and
@@ -90,7 +91,7 @@ type decoration struct {
 }
 
 // guaranteeImpls are the bundled resetters the decorator test runs on:
-// PgxResetter, and SQLResetter (through pgx's stdlib).
+// pgxreset.Resetter, and sqlreset.Resetter (through pgx's stdlib).
 func guaranteeImpls() []resetterImpl {
 	var out []resetterImpl
 	for _, impl := range resetterImpls {
@@ -132,13 +133,13 @@ type guarantee struct {
 }
 
 // resetter returns the decorated resetter on db's batch table.
-func (g guarantee) resetter(t *testing.T, db *pgxpool.Pool, extra ...ResetterOption) Resetter {
+func (g guarantee) resetter(t *testing.T, db *pgxpool.Pool, extra ...postgres.Option) Resetter {
 	t.Helper()
-	var opts []ResetterOption
+	var opts []postgres.Option
 	if g.ownerCol {
-		opts = append(opts, WithOwnerColumn("owner"))
+		opts = append(opts, postgres.WithOwnerColumn("owner"))
 	}
-	return g.wrap(g.impl.mustResetter(t, db, append(opts, WithRecoveryCountColumn("recoveries"))...))
+	return g.wrap(g.impl.mustResetter(t, db, append(opts, postgres.WithRecoveryCountColumn("recoveries"))...))
 }
 
 // deadVictim starts a worker, has it take and track ids as a host would
@@ -198,9 +199,9 @@ func (g guarantee) startRefuses(t *testing.T) {
 	if g.ownerCol {
 		_, err := db.Exec(ctx, "ALTER TABLE "+schema+".jobs ADD owner text")
 		require.NoError(t, err)
-		ropts = append(ropts, WithOwnerColumn("owner"))
+		ropts = append(ropts, postgres.WithOwnerColumn("owner"))
 	}
-	bad := g.wrap(g.impl.mustResetter(t, db, append(ropts, WithStatuses("running", "pendng"))...))
+	bad := g.wrap(g.impl.mustResetter(t, db, append(ropts, postgres.WithStatuses("running", "pendng"))...))
 	w, _ := newWorker(t, rdb, bad, "bad-status", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
 	assert.ErrorIs(t, w.Start(ctx), ErrSchema, "a misspelt status")
 
@@ -240,11 +241,11 @@ func (g guarantee) report(t *testing.T) {
 	require.NoError(t, err)
 	setStatus(t, db, "weird", 2)
 
-	var limit []ResetterOption
+	var limit []postgres.Option
 	if g.ownerCol {
-		limit = append(limit, WithOwnerColumn("owner"))
+		limit = append(limit, postgres.WithOwnerColumn("owner"))
 	}
-	limit = append(limit, WithRecoveryCountColumn("recoveries"), WithMaxRecoveries(3, "failed"))
+	limit = append(limit, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
 	r, _ := newWorker(t, rdb, g.wrap(g.impl.mustResetter(t, db, limit...)), "r", opts...)
 	rep, err := r.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrRowsNotReset, "row 2 is neither reset nor settled")

@@ -15,12 +15,14 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // jobsTable creates <schema>.jobs as the new user had it: no owner
 // column, states 'pending', 'running', 'finished', 'error', as text or as
 // an enum, in a schema other than the pool's own. Rows 1..n are pending.
-func jobsTable(t *testing.T, db *pgxpool.Pool, enum bool, n int) (schema string, opts []ResetterOption) {
+func jobsTable(t *testing.T, db *pgxpool.Pool, enum bool, n int) (schema string, opts []postgres.Option) {
 	t.Helper()
 	ctx := context.Background()
 	schema = testutil.Name("batch_")
@@ -38,9 +40,9 @@ func jobsTable(t *testing.T, db *pgxpool.Pool, enum bool, n int) (schema string,
 		require.NoError(t, err, s)
 	}
 	t.Cleanup(func() { _, _ = db.Exec(context.Background(), "DROP SCHEMA "+schema+" CASCADE") })
-	return schema, []ResetterOption{WithSchema(schema), WithTable("jobs"), WithIDColumn("id"),
-		WithStatusColumn("state"), WithStatuses("running", "pending"), WithDoneStatuses("finished", "error"),
-		WithoutResetLedger()}
+	return schema, []postgres.Option{postgres.WithSchema(schema), postgres.WithTable("jobs"), postgres.WithIDColumn("id"),
+		postgres.WithStatusColumn("state"), postgres.WithStatuses("running", "pending"), postgres.WithDoneStatuses("finished", "error"),
+		postgres.WithoutResetLedger()}
 }
 
 // setJobs sets the state of rows, as a fetch or a finish would commit it.
@@ -56,14 +58,14 @@ func jobStates(t *testing.T, db *pgxpool.Pool, schema string) map[int64]string {
 }
 
 // backstopWorld is a Redis old enough for the sweep to trust and a jobs
-// table of n pending rows (text states) with its PgxResetter.
-func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *PgxResetter) {
+// table of n pending rows (text states) with its pgxreset.Resetter.
+func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *pgxreset.Resetter) {
 	t.Helper()
 	rdb := testutil.Redis(t)
 	waitUptime(t, rdb, 2*time.Second)
 	db := testutil.Postgres(t)
 	schema, ropts := jobsTable(t, db, false, n)
-	r, err := NewPgxResetter(db, ropts...)
+	r, err := pgxreset.New(db, ropts...)
 	require.NoError(t, err)
 	return rdb, db, schema, r
 }
@@ -198,8 +200,8 @@ func TestBackstopSweepHoldsWhileTheRowsSetsHoldNoRowInProgress(t *testing.T) {
 	ctx := context.Background()
 	schema, ropts := jobsTable(t, db, false, 6)
 	// Statuses swapped: 'pending' is what this resetter calls in progress.
-	ropts = append(ropts, WithStatuses("pending", "running"), WithDoneStatuses("finished"))
-	r, err := NewPgxResetter(db, ropts...)
+	ropts = append(ropts, postgres.WithStatuses("pending", "running"), postgres.WithDoneStatuses("finished"))
+	r, err := pgxreset.New(db, ropts...)
 	require.NoError(t, err)
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("W")))
 	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
@@ -221,7 +223,7 @@ func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t
 	db := testutil.Postgres(t)
 	ctx := context.Background()
 	schema, ropts := jobsTable(t, db, false, 3)
-	r, err := NewPgxResetter(db, ropts...)
+	r, err := pgxreset.New(db, ropts...)
 	require.NoError(t, err)
 	setJobs(t, db, schema, "running", 1)
 	w, _ := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("Y")),
@@ -277,7 +279,7 @@ func TestBackstopSweepCostPerLook(t *testing.T) {
 	ctx := context.Background()
 	for _, n := range []int{10, 1000, 100000} {
 		schema, ropts := jobsTable(t, db, false, n)
-		r, err := NewPgxResetter(db, ropts...)
+		r, err := pgxreset.New(db, ropts...)
 		require.NoError(t, err)
 		prefix := testutil.Name("C")
 		opts := []Option{WithKeyPrefix(prefix), WithoutBackstopSweep(), WithRowsTTL(time.Hour)}
@@ -360,9 +362,9 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 	schema, ropts := jobsTable(t, db, false, 4)
 	_, err := db.Exec(ctx, "ALTER TABLE "+schema+".jobs ADD COLUMN owner text")
 	require.NoError(t, err)
-	owned, err := NewPgxResetter(db, append(ropts, WithOwnerColumn("owner"))...)
+	owned, err := pgxreset.New(db, append(ropts, postgres.WithOwnerColumn("owner"))...)
 	require.NoError(t, err)
-	plain, err := NewPgxResetter(db, ropts...)
+	plain, err := pgxreset.New(db, ropts...)
 	require.NoError(t, err)
 	prefix := testutil.Name("R")
 
@@ -435,9 +437,9 @@ func TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet(t *testing.T) {
 func TestSwappedStatusesOverAnIdleFleetStallTheQueueUntilFixed(t *testing.T) {
 	rdb, db, schema, _ := backstopWorld(t, 5)
 	ctx := context.Background()
-	opts := []ResetterOption{WithSchema(schema), WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"),
-		WithDoneStatuses("finished", "error"), WithoutResetLedger()}
-	swapped, err := NewPgxResetter(db, append(opts, WithStatuses("pending", "running"))...)
+	opts := []postgres.Option{postgres.WithSchema(schema), postgres.WithTable("jobs"), postgres.WithIDColumn("id"), postgres.WithStatusColumn("state"),
+		postgres.WithDoneStatuses("finished", "error"), postgres.WithoutResetLedger()}
+	swapped, err := pgxreset.New(db, append(opts, postgres.WithStatuses("pending", "running"))...)
 	require.NoError(t, err)
 	prefix := testutil.Name("SW")
 	w, _ := newWorker(t, rdb, swapped, "swapped", rowsSweepTimings(WithKeyPrefix(prefix))...)
@@ -450,7 +452,7 @@ func TestSwappedStatusesOverAnIdleFleetStallTheQueueUntilFixed(t *testing.T) {
 		assert.Equal(t, "running", s, "row %d: the queue stalls, every row in the table's in-progress status", id)
 	}
 
-	right, err := NewPgxResetter(db, append(opts, WithStatuses("running", "pending"))...)
+	right, err := pgxreset.New(db, append(opts, postgres.WithStatuses("running", "pending"))...)
 	require.NoError(t, err)
 	fixed, _ := newWorker(t, rdb, right, "fixed", rowsSweepTimings(WithKeyPrefix(prefix))...)
 	start := time.Now()

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
@@ -126,7 +127,7 @@ func TestHeartbeatWritesTrackedRowsBackAfterRedisForgetsThem(t *testing.T) {
 func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 10, "RL")
-	pg, err := NewPgxResetter(db)
+	pg, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, _ := startWorker(t, rdb, pg, "w", WithKeyPrefix(prefix))
 	setStatus(t, db, "inprog", 1, 2)

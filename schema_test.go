@@ -11,6 +11,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // checkingResetter is a fakeResetter whose schema check fails while bad is
@@ -65,7 +67,7 @@ func TestStartRefusesAnEnumTableWithoutTheConfiguredStatuses(t *testing.T) {
 	_, err := db.Exec(ctx, userEnumTable) // state job_state ('pending', 'running', 'done')
 	require.NoError(t, err)
 	s := currentSchema(t, db)
-	r, err := NewPgxResetter(db, userEnumOptions(s)...) // statuses left at inprog/queued
+	r, err := pgxreset.New(db, userEnumOptions(s)...) // statuses left at inprog/queued
 	require.NoError(t, err)
 	prefix := testutil.Name("S")
 
@@ -83,7 +85,7 @@ func TestStartRefusesAnEnumTableWithoutTheConfiguredStatuses(t *testing.T) {
 	skipping, _ := newWorker(t, rdb, r, "w-2", WithKeyPrefix(prefix), WithoutSchemaCheck(), WithRowsSets())
 	require.NoError(t, skipping.Start(ctx), "the check is skipped")
 
-	right, err := NewPgxResetter(db, userEnumOptions(s, WithStatuses("running", "pending"))...)
+	right, err := pgxreset.New(db, userEnumOptions(s, postgres.WithStatuses("running", "pending"))...)
 	require.NoError(t, err)
 	startWorker(t, rdb, right, "w-3", WithKeyPrefix(prefix))
 }

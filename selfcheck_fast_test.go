@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
 )
 
 // publicJobsTable is the user's table of issue 21 in the pool's own schema: its own names, statuses
@@ -32,8 +33,8 @@ func publicJobsTable(t *testing.T, db *pgxpool.Pool, enum bool) {
 // and queued, its reset ledger created.
 func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, queued string) pgResetterAPI {
 	t.Helper()
-	r := impl.mustResetter(t, db, WithSchema(currentSchema(t, db)), WithTable("jobs"), WithIDColumn("id"),
-		WithStatusColumn("state"), WithStatuses(inprog, queued))
+	r := impl.mustResetter(t, db, postgres.WithSchema(currentSchema(t, db)), postgres.WithTable("jobs"), postgres.WithIDColumn("id"),
+		postgres.WithStatusColumn("state"), postgres.WithStatuses(inprog, queued))
 	require.NoError(t, r.CreateLedger(context.Background()))
 	return r
 }

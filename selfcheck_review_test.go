@@ -16,6 +16,7 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
 )
 
 // (Review finding A.) a correct configuration (statuses right, Track
@@ -449,7 +450,7 @@ func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
 				if swapped {
 					inprog, queued = queued, inprog
 				}
-				r := bouncedResetter(t, impl, db, b.Addr, WithTable("jobs"), WithIDColumn("id"), WithStatusColumn("state"), WithStatuses(inprog, queued))
+				r := bouncedResetter(t, impl, db, b.Addr, postgres.WithTable("jobs"), postgres.WithIDColumn("id"), postgres.WithStatusColumn("state"), postgres.WithStatuses(inprog, queued))
 				require.NoError(t, r.CreateLedger(context.Background()))
 				obs, alarms := misconfiguredSignal()
 				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("RVM")), obs)...)

@@ -6,11 +6,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // selfCheckTimings check every 300ms.
@@ -21,9 +24,8 @@ func selfCheckTimings(prefix string) []Option {
 
 // takeBlock marks rows in progress with the given status and owner, as a
 // host's fetch would, and tracks them.
-func takeBlock(t *testing.T, w *Worker, status, owner string, ids ...int64) {
+func takeBlock(t *testing.T, db *pgxpool.Pool, w *Worker, status, owner string, ids ...int64) {
 	t.Helper()
-	db := w.resetter.(*PgxResetter).db
 	_, err := db.Exec(context.Background(), `UPDATE batchrows SET status = $1, owner = $2 WHERE rowid = ANY($3)`, status, owner, ids)
 	require.NoError(t, err)
 	require.NoError(t, w.Track(context.Background(), ids...))
@@ -32,15 +34,15 @@ func takeBlock(t *testing.T, w *Worker, status, owner string, ids ...int64) {
 func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *testing.T) {
 	cases := []struct {
 		name   string
-		opts   []ResetterOption
+		opts   []postgres.Option
 		status string
 		owner  func(w *Worker) string
 	}{
-		{"statuses swapped", []ResetterOption{WithStatuses("queued", "inprog")}, "inprog",
+		{"statuses swapped", []postgres.Option{postgres.WithStatuses("queued", "inprog")}, "inprog",
 			func(*Worker) string { return "" }},
-		{"misspelt in-progress status", []ResetterOption{WithStatuses("in_progress", "queued")}, "inprog",
+		{"misspelt in-progress status", []postgres.Option{postgres.WithStatuses("in_progress", "queued")}, "inprog",
 			func(*Worker) string { return "" }},
-		{"owner column filled with the hostname", []ResetterOption{WithOwnerColumn("owner")}, "inprog",
+		{"owner column filled with the hostname", []postgres.Option{postgres.WithOwnerColumn("owner")}, "inprog",
 			func(*Worker) string { return "host-7" }},
 	}
 	for _, c := range cases {
@@ -48,13 +50,13 @@ func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *tes
 			rdb := testutil.Redis(t)
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 10)
-			r, err := NewPgxResetter(db, c.opts...)
+			r, err := pgxreset.New(db, c.opts...)
 			require.NoError(t, err)
 			rec := &recorder{}
 			w, logs := startWorker(t, rdb, r, "w", append(selfCheckTimings(testutil.Name("SC")), WithObserver(rec))...)
 			require.NoError(t, w.Healthy())
 			start := time.Now()
-			takeBlock(t, w, c.status, c.owner(w), 1, 2, 3)
+			takeBlock(t, db, w, c.status, c.owner(w), 1, 2, 3)
 
 			require.Eventually(t, func() bool { return w.Healthy() != nil }, 3*time.Second, 20*time.Millisecond,
 				"Healthy fails within about two heartbeat intervals")
@@ -76,10 +78,10 @@ func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
-	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))
+	r, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	w, _ := startWorker(t, rdb, r, "w", selfCheckTimings(testutil.Name("SC"))...)
-	takeBlock(t, w, "inprog", w.InstanceID(), 1, 2, 3)
+	takeBlock(t, db, w, "inprog", w.InstanceID(), 1, 2, 3)
 
 	require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
 	checks := w.checker.checks.Load()
@@ -99,13 +101,13 @@ func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 200)
-	r, err := NewPgxResetter(db, WithOwnerColumn("owner"))
+	r, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	w, _ := startWorker(t, rdb, r, "w", selfCheckTimings(testutil.Name("SC"))...)
 	ctx := context.Background()
 
 	for id := int64(1); id <= 8; id++ {
-		takeBlock(t, w, "inprog", w.InstanceID(), id)
+		takeBlock(t, db, w, "inprog", w.InstanceID(), id)
 		_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1`, id)
 		require.NoError(t, err)
 		checks := w.checker.checks.Load() // finished, not yet untracked, until a check has read it so
@@ -129,10 +131,10 @@ func TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone(t *testing.T) {
 	ctx := context.Background()
 	testutil.CreateBatch(t, db, 6)
 	prefix := testutil.Name("MC")
-	r, err := NewPgxResetter(db, WithStatuses("queued", "inprog")) // swapped
+	r, err := pgxreset.New(db, postgres.WithStatuses("queued", "inprog")) // swapped
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", selfCheckTimings(prefix)...)
-	takeBlock(t, w, "inprog", "", 5, 6)
+	takeBlock(t, db, w, "inprog", "", 5, 6)
 	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 20*time.Millisecond)
 
 	// A peer dies holding rows 1-4 (no heartbeat, its rows set left).
@@ -167,7 +169,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	ctx := context.Background()
 	testutil.CreateBatch(t, db, 8)
 	prefix := testutil.Name("MV")
-	swapped, err := NewPgxResetter(db, WithStatuses("queued", "inprog"))
+	swapped, err := pgxreset.New(db, postgres.WithStatuses("queued", "inprog"))
 	require.NoError(t, err)
 	// Recoveries by hand only: a scan of w's own loop holding the claim
 	// would make RecoverNow skip the peer.
@@ -186,15 +188,15 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	assert.True(t, rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead").Val(), "and its registry entry")
 	assert.Equal(t, 1, logs.Count("recovery of dead peer held until this worker has seen a row of its own in progress"))
 
-	takeBlock(t, w, "inprog", "", 5, 6) // its first block: the alarm
+	takeBlock(t, db, w, "inprog", "", 5, 6) // its first block: the alarm
 	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 10*time.Millisecond)
 	_, err = w.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrMisconfigured)
 
-	right, err := NewPgxResetter(db)
+	right, err := pgxreset.New(db)
 	require.NoError(t, err)
 	c, _ := startWorker(t, rdb, right, "c", selfCheckTimings(prefix)...)
-	takeBlock(t, c, "inprog", "", 7, 8)
+	takeBlock(t, db, c, "inprog", "", 7, 8)
 	require.Eventually(t, func() bool { return c.checker.verdict.Load() == 1 }, 3*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
 		_, _ = c.recoverNow(ctx)

@@ -14,7 +14,7 @@ import (
 )
 
 // The deterministic simulation's PostgreSQL: the rows table the host
-// fetches from and the resetter resets, with PgxResetter's semantics
+// fetches from and the resetter resets, with pgxreset.Resetter's semantics
 // (pgx_sql.go, pgx_resetter.go, pgx_ledger.go): the status guard, the owner
 // guard and owner = NULL on reset (WithOwnerColumn), the recovery count
 // and quarantine (WithRecoveryCountColumn, WithMaxRecoveries), the reset
@@ -134,7 +134,7 @@ func (t *simTable) settled(r *simRow, owner string, fenced, noUnowned bool) bool
 	return fenced && (r.owner != "" || noUnowned) && !sameOwner(r.owner, owner)
 }
 
-// simResetter is one process's PgxResetter over the simulated table.
+// simResetter is one process's pgxreset.Resetter over the simulated table.
 type simResetter struct {
 	p *simProc
 }
@@ -170,15 +170,15 @@ func (r *simResetter) FencesByOwner() bool { return r.fenced() }
 func (r *simResetter) UsesLedger() bool { return r.p.world.table.ledger && !r.fenced() }
 
 func (r *simResetter) ResetRows(ctx context.Context, dead string, ids []int64) (int64, error) {
-	res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
+	res, err := r.Reset(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
 	return res.Changed, err
 }
 
 func (r *simResetter) ResetRowsReport(ctx context.Context, dead string, ids []int64) (ResetResult, error) {
-	return r.ResetIncarnation(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
+	return r.Reset(ctx, ResetRequest{InstanceID: dead, RowIDs: ids})
 }
 
-// ResetIncarnation is PgxResetter.ResetIncarnation: one transaction.
+// ResetIncarnation is pgxreset.Resetter.ResetIncarnation: one transaction.
 func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
 	if len(req.RowIDs) == 0 {
 		return ResetResult{}, nil
@@ -321,7 +321,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 	res.Changed++
 }
 
-// ResetOwnerRows is PgxResetter.ResetOwnerRows: every row in progress
+// ResetOwnerRows is pgxreset.Resetter.ResetOwnerRows: every row in progress
 // owner owns, in one transaction.
 func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
 	if !r.fenced() {
@@ -356,7 +356,7 @@ func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetRe
 	return res, nil
 }
 
-// InProgressRows is PgxResetter.InProgressRows: the rows in progress and
+// InProgressRows is pgxreset.Resetter.InProgressRows: the rows in progress and
 // their xmin.
 func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) {
 	if r.fenced() {
@@ -377,7 +377,7 @@ func (r *simResetter) InProgressRows(ctx context.Context) ([]RowVersion, error) 
 	return out, nil
 }
 
-// ResetRowVersions is PgxResetter.ResetRowVersions: the rows still in
+// ResetRowVersions is pgxreset.Resetter.ResetRowVersions: the rows still in
 // progress at the version given, in one transaction. The mutation
 // noVersionGuard drops the version from the WHERE clause.
 func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowVersion) (ResetResult, error) {

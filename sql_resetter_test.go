@@ -20,31 +20,23 @@ import (
 
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
+	"github.com/alya/recovery/postgres/sqlreset"
 )
 
-// pgResetterAPI is what PgxResetter and SQLResetter both offer: the
+// pgResetterAPI is what pgxreset.Resetter and sqlreset.Resetter both offer: the
 // Resetter contract, the flows Reset dispatches to, and the ledger's
 // methods.
 type pgResetterAPI interface {
 	Resetter
-	ResetRows(ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error)
-	ResetRowsReport(ctx context.Context, deadInstanceID string, rowIDs []int64) (ResetResult, error)
-	ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error)
-	ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error)
-	ResetRowVersions(ctx context.Context, rows []RowState) (ResetResult, error)
-	FencesByOwner() bool
-	PlanReset(ctx context.Context, req ResetRequest) (ResetPlan, error)
-	PlanOwnerReset(ctx context.Context, owner string) (ResetPlan, error)
-	InProgress(s RowState, owner string) bool
-	CheckSchema(ctx context.Context) error
-	UsesLedger() bool
 	LedgerDDL() string
 	CreateLedger(ctx context.Context) error
 }
 
 var (
-	_ pgResetterAPI = (*PgxResetter)(nil)
-	_ pgResetterAPI = (*SQLResetter)(nil)
+	_ pgResetterAPI = (*pgxreset.Resetter)(nil)
+	_ pgResetterAPI = (*sqlreset.Resetter)(nil)
 )
 
 // resetterImpl builds a resetter of one implementation, through one Go
@@ -56,7 +48,7 @@ type resetterImpl struct {
 }
 
 // resetterImpls are the implementations every resetter test runs on:
-// PgxResetter, and SQLResetter through lib/pq and through pgx's stdlib.
+// pgxreset.Resetter, and sqlreset.Resetter through lib/pq and through pgx's stdlib.
 var resetterImpls = []resetterImpl{
 	{name: "pgx"},
 	{name: "libpq", handle: libpqDB},
@@ -64,16 +56,16 @@ var resetterImpls = []resetterImpl{
 }
 
 // newResetter returns a resetter of this implementation over db's schema.
-func (impl resetterImpl) newResetter(t *testing.T, db *pgxpool.Pool, opts ...ResetterOption) (pgResetterAPI, error) {
+func (impl resetterImpl) newResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) (pgResetterAPI, error) {
 	t.Helper()
 	if impl.handle == nil {
-		r, err := NewPgxResetter(db, opts...)
+		r, err := pgxreset.New(db, opts...)
 		if err != nil {
 			return nil, err
 		}
 		return r, nil
 	}
-	r, err := NewSQLResetter(impl.handle(t, db), opts...)
+	r, err := sqlreset.New(impl.handle(t, db), opts...)
 	if err != nil {
 		return nil, err
 	}
@@ -81,7 +73,7 @@ func (impl resetterImpl) newResetter(t *testing.T, db *pgxpool.Pool, opts ...Res
 }
 
 // mustResetter is newResetter that ends the test on an error.
-func (impl resetterImpl) mustResetter(t *testing.T, db *pgxpool.Pool, opts ...ResetterOption) pgResetterAPI {
+func (impl resetterImpl) mustResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) pgResetterAPI {
 	t.Helper()
 	r, err := impl.newResetter(t, db, opts...)
 	require.NoError(t, err)
@@ -148,12 +140,12 @@ func sqlImpls() []resetterImpl { return resetterImpls[1:] }
 
 func TestNewSQLResetterRefusesANilHandleAndBadOptions(t *testing.T) {
 	var db *sql.DB
-	r, err := NewSQLResetter(db)
+	r, err := sqlreset.New(db)
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Nil(t, r)
 	assert.Contains(t, err.Error(), "database handle is nil")
 
-	r, err = NewSQLResetter(&sql.DB{}, WithMaxRecoveries(3, ""))
+	r, err = sqlreset.New(&sql.DB{}, postgres.WithMaxRecoveries(3, ""))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Nil(t, r)
 	assert.Contains(t, err.Error(), "max recoveries 3 (WithMaxRecoveries) needs a recovery count column (WithRecoveryCountColumn)")
@@ -170,15 +162,15 @@ func TestSQLResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
 
 			tx, err := h.BeginTx(ctx, nil)
 			require.NoError(t, err)
-			r, err := NewSQLResetter(tx, WithOwnerColumn("owner"))
+			r, err := sqlreset.New(tx, postgres.WithOwnerColumn("owner"))
 			require.NoError(t, err)
-			n, err := r.ResetRows(ctx, "dead", []int64{1})
+			n, err := resetRows(r, ctx, "dead", []int64{1})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), n)
 			var inTx string
 			require.NoError(t, tx.QueryRowContext(ctx, `SELECT status FROM batchrows WHERE rowid = 1`).Scan(&inTx))
 			assert.Equal(t, "queued", inTx, "the reset is visible in the caller's transaction")
-			_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT "+savepoint)
+			_, err = tx.ExecContext(ctx, "RELEASE SAVEPOINT recovery_reset")
 			require.Error(t, err, "the resetter released its savepoint")
 			require.NoError(t, tx.Rollback())
 			s, _ := rowState(t, db, 1)
@@ -188,9 +180,9 @@ func TestSQLResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
 			// its savepoint: the transaction stays usable.
 			tx, err = h.BeginTx(ctx, nil)
 			require.NoError(t, err)
-			bad, err := NewSQLResetter(tx, WithTable("no_such_table"), WithOwnerColumn("owner"))
+			bad, err := sqlreset.New(tx, postgres.WithTable("no_such_table"), postgres.WithOwnerColumn("owner"))
 			require.NoError(t, err)
-			_, err = bad.ResetRows(ctx, "dead", []int64{1})
+			_, err = resetRows(bad, ctx, "dead", []int64{1})
 			require.Error(t, err)
 			assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
 			_, err = tx.ExecContext(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = 3`)
@@ -202,9 +194,9 @@ func TestSQLResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
 			conn, err := h.Conn(ctx)
 			require.NoError(t, err)
 			defer conn.Close()
-			r, err = NewSQLResetter(conn, WithOwnerColumn("owner"))
+			r, err = sqlreset.New(conn, postgres.WithOwnerColumn("owner"))
 			require.NoError(t, err)
-			n, err = r.ResetRows(ctx, "dead", []int64{1, 2, 3})
+			n, err = resetRows(r, ctx, "dead", []int64{1, 2, 3})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), n, "rows 1 and 2; row 3 is done")
 		})
@@ -243,17 +235,17 @@ func TestSQLResetterRetriesDeadlocksAndSerializationFailuresOfEitherDriver(t *te
 			for _, code := range []string{"40P01", "40001"} {
 				setStatus(t, db, "inprog", 1)
 				f := &flakySQL{DB: h, err: driverErr[impl.name], code: code, fails: 2}
-				r, err := NewSQLResetter(f, WithoutResetLedger())
+				r, err := sqlreset.New(f, postgres.WithoutResetLedger())
 				require.NoError(t, err)
-				n, err := r.ResetRows(context.Background(), "dead", []int64{1})
+				n, err := resetRows(r, context.Background(), "dead", []int64{1})
 				require.NoError(t, err, code)
 				assert.Equal(t, int64(1), n, code)
 				assert.Equal(t, 3, f.calls, code)
 			}
 			f := &flakySQL{DB: h, err: driverErr[impl.name], code: "42P01", fails: 1}
-			r, err := NewSQLResetter(f)
+			r, err := sqlreset.New(f)
 			require.NoError(t, err)
-			_, err = r.ResetRows(context.Background(), "dead", []int64{1})
+			_, err = resetRows(r, context.Background(), "dead", []int64{1})
 			require.Error(t, err)
 			assert.Equal(t, 1, f.calls, "undefined table: not retried")
 			assert.Equal(t, "42P01", sqlState(err))
@@ -267,18 +259,18 @@ func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 1)
 			setStatus(t, db, "inprog", 1)
-			r := impl.mustResetter(t, db, WithResetLedger("no_ledger_here"))
-			_, err := r.ResetIncarnation(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
-			require.ErrorIs(t, err, ErrNoLedger)
+			r := impl.mustResetter(t, db, postgres.WithResetLedger("no_ledger_here"))
+			_, err := r.Reset(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
+			require.ErrorIs(t, err, postgres.ErrNoLedger)
 			require.NoError(t, r.CreateLedger(context.Background()))
-			res, err := r.ResetIncarnation(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
+			res, err := r.Reset(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)
 		})
 	}
 }
 
-// A Worker given an SQLResetter WithOwnerColumn is in owner mode, and a
+// A Worker given an sqlreset.Resetter WithOwnerColumn is in owner mode, and a
 // dead peer's rows are reset by owner, through each database/sql driver.
 func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 	t.Parallel()
@@ -286,12 +278,12 @@ func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()
 			rdb, db, prefix := onRealServers(t, 20, "SQLO")
-			r, err := NewSQLResetter(impl.handle(t, db), WithOwnerColumn("owner"),
-				WithRecoveryCountColumn("recoveries"), WithChunkSize(4))
+			r, err := sqlreset.New(impl.handle(t, db), postgres.WithOwnerColumn("owner"),
+				postgres.WithRecoveryCountColumn("recoveries"), postgres.WithChunkSize(4))
 			require.NoError(t, err)
 
 			peer, _ := startWorker(t, rdb, r, "peer", WithKeyPrefix(prefix)) // Start runs the schema check
-			require.True(t, peer.OwnerMode(), "an SQLResetter WithOwnerColumn puts the worker in owner mode")
+			require.True(t, peer.OwnerMode(), "an sqlreset.Resetter WithOwnerColumn puts the worker in owner mode")
 			ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 			take(t, db, "peer", ids...)
 			require.NoError(t, peer.Track(ctx, ids...))
@@ -340,9 +332,9 @@ func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 		t.Run(impl.name, func(t *testing.T) {
 			ctx := context.Background()
 			rdb, db, prefix := onRealServers(t, 10, "SQLL")
-			r, err := NewSQLResetter(impl.handle(t, db), WithRecoveryCountColumn("recoveries"))
+			r, err := sqlreset.New(impl.handle(t, db), postgres.WithRecoveryCountColumn("recoveries"))
 			require.NoError(t, err)
-			require.True(t, r.UsesLedger())
+			require.True(t, r.Info().Ledger)
 			v := victim(t, rdb, db, r, "victim", []Option{WithKeyPrefix(prefix)}, 1, 2, 3)
 			require.False(t, v.OwnerMode())
 			inc, err := rdb.Get(ctx, v.ownKeys().Incarnation).Result()
@@ -362,7 +354,7 @@ func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 			assert.Equal(t, 3, recorded, "the reset is in the ledger under the victim's incarnation")
 
 			setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
-			res, err := r.ResetIncarnation(ctx, ResetRequest{InstanceID: "victim", Incarnation: inc, RowIDs: []int64{1, 2, 3}})
+			res, err := r.Reset(ctx, ResetRequest{InstanceID: "victim", Incarnation: inc, RowIDs: []int64{1, 2, 3}})
 			require.NoError(t, err)
 			assert.Zero(t, res.Changed, "a late retry of the same life resets nothing")
 			assert.Empty(t, res.NotReset)
@@ -387,7 +379,7 @@ func TestSQLResetterReadsItsSQLStateFromEitherDriversError(t *testing.T) {
 }
 
 func TestSQLResetterBackstopSweepGoesByOwnerOrByRowVersion(t *testing.T) {
-	plain, err := NewSQLResetter(&sql.DB{})
+	plain, err := sqlreset.New(&sql.DB{})
 	require.NoError(t, err)
 	w, err := New(idleClient(t), plain, WithBackstopSweep())
 	require.NoError(t, err)
@@ -397,7 +389,7 @@ func TestSQLResetterBackstopSweepGoesByOwnerOrByRowVersion(t *testing.T) {
 	require.NoError(t, err)
 	assert.Nil(t, w.sweeper)
 
-	fenced, err := NewSQLResetter(&sql.DB{}, WithOwnerColumn("owner"))
+	fenced, err := sqlreset.New(&sql.DB{}, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	w, err = New(idleClient(t), fenced, WithBackstopSweep())
 	require.NoError(t, err)

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // TestStressRandomCrashesKeepEveryInvariant runs a fleet of in-process
@@ -26,7 +27,7 @@ import (
 // row reset while its owner is live).
 //
 // It runs in rows-set mode (the resetter wrapped so that only ResetRows is
-// seen) and in owner mode (the resetter is an owner-fencing PgxResetter, so
+// seen) and in owner mode (the resetter is an owner-fencing pgxreset.Resetter, so
 // the workers reset by owner and keep no rows sets).
 func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 	t.Parallel()
@@ -38,16 +39,16 @@ func TestStressRandomCrashesKeepEveryInvariant(t *testing.T) {
 	}
 }
 
-// ownerSpy is an owner-fencing PgxResetter that calls before with the
+// ownerSpy is an owner-fencing pgxreset.Resetter that calls before with the
 // owner of every reset that changed rows, and counts them.
 type ownerSpy struct {
-	*PgxResetter
+	*pgxreset.Resetter
 	before func(peer string)
 	resets atomic.Int64
 }
 
 func (s *ownerSpy) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	res, err := s.PgxResetter.Reset(ctx, req)
+	res, err := s.Resetter.Reset(ctx, req)
 	if req.Owner != "" && res.Changed > 0 {
 		s.before(req.Owner)
 		s.resets.Add(res.Changed)
@@ -79,7 +80,7 @@ func stressFleet(t *testing.T, ownerMode bool) {
 		recovered func() int
 	)
 	if ownerMode {
-		spy := &ownerSpy{PgxResetter: fencedResetter(t, db), before: checkDead}
+		spy := &ownerSpy{Resetter: fencedResetter(t, db), before: checkDead}
 		r, recovered = spy, func() int { return int(spy.resets.Load()) }
 	} else {
 		fake := &fakeResetter{inner: fencedResetter(t, db), before: checkDead}

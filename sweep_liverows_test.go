@@ -12,6 +12,7 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // Review of issue 21 (review1). Release after a lost lease relies on the
@@ -62,7 +63,7 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	waitUptime(t, rdb, 2*time.Second)
 	ctx := context.Background()
 	r := resetterImpls[0].mustResetter(t, db)
-	require.True(t, r.UsesLedger())
+	require.True(t, r.Info().Ledger)
 	wc := redis.NewClient(rdb.Options())
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
@@ -185,7 +186,7 @@ func TestBackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T)
 	waitUptime(t, rdb, 2*time.Second)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(prefix))
-	old, err := NewPgxResetter(db) // no owner column: rows sets, the sweep by version
+	old, err := pgxreset.New(db) // no owner column: rows sets, the sweep by version
 	require.NoError(t, err)
 	s, _ := newWorker(t, rdb, old, "old-1", opts...)
 	require.NotNil(t, s.sweeper.rows)

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
@@ -90,7 +91,7 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 
 func TestSafetyBackstopSweepNeedsASweeper(t *testing.T) {
 	db := testutil.Postgres(t)
-	plain, err := NewPgxResetter(db)
+	plain, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, err := New(idleClient(t), plain)
 	require.NoError(t, err)
@@ -105,11 +106,11 @@ func TestSafetyBackstopSweepNeedsASweeper(t *testing.T) {
 	assert.Nil(t, w.sweeper, "a resetter that cannot sweep: no sweep")
 }
 
-// stallingSweeper is a PgxResetter whose listing of owners in progress
+// stallingSweeper is a pgxreset.Resetter whose listing of owners in progress
 // waits for its context to end: a sweep caught by Shutdown in the middle
 // of its database read.
 type stallingSweeper struct {
-	*PgxResetter
+	*pgxreset.Resetter
 	entered chan struct{}
 	once    sync.Once
 }
@@ -128,7 +129,7 @@ func TestSweepInterruptedByShutdownIsNoFailure(t *testing.T) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
-	r := &stallingSweeper{PgxResetter: fencedResetter(t, db), entered: make(chan struct{})}
+	r := &stallingSweeper{Resetter: fencedResetter(t, db), entered: make(chan struct{})}
 	var failed atomic.Int32
 	w, logs := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("SI")), WithBackstopSweep(),
 		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),

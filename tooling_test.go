@@ -68,3 +68,33 @@ func TestEachTargetInstallsOnlyWhatItNeeds(t *testing.T) {
 		assert.Contains(t, string(recipe[1]), "scripts/install-deps.sh "+set+"\n", "make %s installs the %q set", target, set)
 	}
 }
+
+// The PostgreSQL packages keep to their side of the import graph (plan
+// docs/plans/v2.md §1): a database/sql user and recoveryctl's ops link no
+// pgx (go list -deps ./postgres/sqlreset ./ops holds no github.com/jackc/),
+// and nothing under ./postgres/... or internal/pgcore imports the root, so
+// the root's own tests can import pgxreset and sqlreset.
+func TestPostgresPackagesKeepTheirImportGraph(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	out, err := exec.Command("go", "list", "-deps", "./postgres/sqlreset", "./ops").Output()
+	require.NoError(t, err, "go list -deps")
+	for _, dep := range strings.Fields(string(out)) {
+		assert.False(t, strings.HasPrefix(dep, "github.com/jackc/"), "sqlreset or ops links %s", dep)
+	}
+	out, err = exec.Command("go", "list", "-f", `{{.ImportPath}}:{{join .Deps " "}}`,
+		"./postgres/...", "./internal/pgcore").Output()
+	require.NoError(t, err, "go list -f")
+	lines := strings.Split(strings.TrimSpace(string(out)), "\n")
+	require.GreaterOrEqual(t, len(lines), 4, "postgres, pgxreset, sqlreset and pgcore")
+	for _, line := range lines {
+		pkg, deps, _ := strings.Cut(line, ":")
+		for _, dep := range strings.Fields(deps) {
+			assert.NotEqual(t, "github.com/alya/recovery", dep, "%s imports the root package", pkg)
+		}
+	}
+	out, err = exec.Command("go", "list", "-deps", "./postgres/pgxreset").Output()
+	require.NoError(t, err)
+	assert.Contains(t, strings.Fields(string(out)), "github.com/jackc/pgx/v5", "the check sees pgx where it is")
+}

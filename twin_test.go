@@ -25,6 +25,7 @@ import (
 
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // A second Worker with the ID of a running one, in the same process, is
@@ -278,7 +279,7 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 	left := rdb.PTTL(ctx, k.Heartbeat).Val()
 	require.Positive(t, left, "the predecessor's heartbeat still lives")
 
-	resetter, err := NewPgxResetter(db)
+	resetter, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, logs := newWorker(t, rdb, resetter, "pod-0", WithKeyPrefix(prefix))
 	require.NoError(t, w.Start(ctx), "no crash loop: Start waits out its own predecessor")

@@ -15,6 +15,8 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // v1Claim and v1Finish are the first version's claim and finish scripts.
@@ -68,7 +70,7 @@ func TestRollingUpgradeOldAndNewWorkersRecoverEachOther(t *testing.T) {
 	t.Parallel()
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 20, "UP")
-	pg, err := NewPgxResetter(db, WithRecoveryCountColumn("recoveries"))
+	pg, err := pgxreset.New(db, postgres.WithRecoveryCountColumn("recoveries"))
 	require.NoError(t, err)
 
 	t.Run("a new worker recovers a dead old one, which has no incarnation", func(t *testing.T) {

@@ -21,6 +21,8 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
 	recoveryotel "github.com/alya/recovery/otel"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
@@ -105,7 +107,7 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	ctx := context.Background()
 
 	s := newSDK(t)
-	resetter, err := recovery.NewPgxResetter(db, recovery.WithOwnerColumn("owner"))
+	resetter, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	w, err := recovery.New(rdb, resetter, recovery.WithObserver(s.obs), recovery.WithKeyPrefix(prefix),
 		recovery.WithInstanceID("rec-1"), recovery.WithHeartbeatTTL(2*time.Second),

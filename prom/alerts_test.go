@@ -27,6 +27,8 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 	recoveryprom "github.com/alya/recovery/prom"
 )
 
@@ -63,12 +65,12 @@ func TestAlertRulesFireOnFailingRecoveriesAndStaySilentOnAHealthyFleet(t *testin
 	rdb := testutil.Redis(t)
 
 	misspelt := scrapeFailingFleet(t, rdb, "misspelt",
-		[]recovery.ResetterOption{recovery.WithStatuses("in_progress", "queued")})
+		[]postgres.Option{postgres.WithStatuses("in_progress", "queued")})
 	require.Greater(t, last(misspelt, "recovery_rows_not_reset_total"), 0.0, "the misspelt status left rows not reset")
 	// Rows-set mode: in owner mode a fixed instance ID's Start resets the
 	// rows a predecessor left, which a missing table makes fail at Start.
 	missing := scrapeFailingFleet(t, rdb, "missing",
-		[]recovery.ResetterOption{recovery.WithTable("batchrows_gone")}, recovery.WithoutSchemaCheck(), recovery.WithRowsSets())
+		[]postgres.Option{postgres.WithTable("batchrows_gone")}, recovery.WithoutSchemaCheck(), recovery.WithRowsSets())
 	require.Zero(t, last(missing, "recovery_rows_not_reset_total"), "a failed reset is an error, not rows not reset")
 	healthy := scrapeHealthyFleet(t, rdb)
 
@@ -349,13 +351,13 @@ func plantDeadPeer(t *testing.T, rdb *redis.Client, db *pgxpool.Pool, prefix, id
 // scrapeFailingFleet runs a recoverer built with the given resetter
 // options next to a dead worker holding rows 1..3, and scrapes it three
 // times, a second apart, from its first failed recovery on.
-func scrapeFailingFleet(t *testing.T, rdb *redis.Client, name string, ropts []recovery.ResetterOption, opts ...recovery.Option) []scraped {
+func scrapeFailingFleet(t *testing.T, rdb *redis.Client, name string, ropts []postgres.Option, opts ...recovery.Option) []scraped {
 	t.Helper()
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
 	f := newFleet(t, name)
 	plantDeadPeer(t, rdb, db, f.prefix, "dead-1", 1, 2, 3)
-	resetter, err := recovery.NewPgxResetter(db, append([]recovery.ResetterOption{recovery.WithOwnerColumn("owner")}, ropts...)...)
+	resetter, err := pgxreset.New(db, append([]postgres.Option{postgres.WithOwnerColumn("owner")}, ropts...)...)
 	require.NoError(t, err)
 	w := f.start(t, rdb, resetter, name+"-rec", opts...)
 	require.Eventually(t, func() bool { return w.Stats().Errors > 0 }, 10*time.Second, 10*time.Millisecond)
@@ -381,7 +383,7 @@ func scrapeHealthyFleet(t *testing.T, rdb *redis.Client) []scraped {
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 100)
 	f := newFleet(t, "healthy")
-	resetter, err := recovery.NewPgxResetter(db, recovery.WithOwnerColumn("owner"))
+	resetter, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	a := f.start(t, rdb, resetter, "healthy-a")
 	b := f.start(t, rdb, resetter, "healthy-b")

@@ -21,6 +21,8 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 	recoveryprom "github.com/alya/recovery/prom"
 )
 
@@ -35,7 +37,7 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 	prefix := testutil.DeadPeer(t, rdb, db, "dead-1", 3)
 	ctx := context.Background()
 
-	resetter, err := recovery.NewPgxResetter(db, recovery.WithOwnerColumn("owner"))
+	resetter, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	c := recoveryprom.NewCollector()
 	w, err := recovery.New(rdb, resetter, recovery.WithObserver(c), recovery.WithKeyPrefix(prefix),

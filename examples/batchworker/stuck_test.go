@@ -10,6 +10,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // TestRowsStuckForAKilledWorkerIsAtLeastTheTTLAndCloseToTheKill kills a
@@ -25,7 +26,7 @@ func TestRowsStuckForAKilledWorkerIsAtLeastTheTTLAndCloseToTheKill(t *testing.T)
 	)
 	f := setup(t, 60)
 	events := make(chan recovery.Event, 64)
-	resetter, err := recovery.NewPgxResetter(f.pool, resetterOptions()...)
+	resetter, err := pgxreset.New(f.pool, resetterOptions()...)
 	require.NoError(t, err)
 	log, _ := testutil.Logger(t)
 	peer, err := recovery.New(f.rdb, resetter, recovery.WithKeyPrefix(f.prefix),

@@ -15,6 +15,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // maxRecoveries is how often a row may be returned to the queue before it
@@ -32,15 +34,15 @@ const maxRecoveries = 5
 // WithOwnerColumn is owner fencing: a reset only changes rows the dead
 // worker still owns, never one a peer has taken since. It works together
 // with the owner this program sets in fetchBlock and checks in complete.
-func resetterOptions() []recovery.ResetterOption {
-	return []recovery.ResetterOption{
-		recovery.WithTable("batchrows"),
-		recovery.WithIDColumn("rowid"),
-		recovery.WithStatusColumn("status"),
-		recovery.WithStatuses("inprog", "queued"),
-		recovery.WithOwnerColumn("owner"),
-		recovery.WithRecoveryCountColumn("recoveries"),
-		recovery.WithMaxRecoveries(maxRecoveries, "failed"),
+func resetterOptions() []postgres.Option {
+	return []postgres.Option{
+		postgres.WithTable("batchrows"),
+		postgres.WithIDColumn("rowid"),
+		postgres.WithStatusColumn("status"),
+		postgres.WithStatuses("inprog", "queued"),
+		postgres.WithOwnerColumn("owner"),
+		postgres.WithRecoveryCountColumn("recoveries"),
+		postgres.WithMaxRecoveries(maxRecoveries, "failed"),
 	}
 }
 
@@ -76,7 +78,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("seeded a batch", "batch_id", id, "rows", cfg.seed)
 	}
 
-	resetter, err := recovery.NewPgxResetter(pool, resetterOptions()...)
+	resetter, err := pgxreset.New(pool, resetterOptions()...)
 	if err != nil {
 		return err
 	}

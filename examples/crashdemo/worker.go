@@ -18,6 +18,8 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // The worker processes are this program again, started with roleEnv set.
@@ -130,8 +132,8 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
-	resetter, err := recovery.NewPgxResetter(pool,
-		recovery.WithOwnerColumn("owner"), recovery.WithRecoveryCountColumn("recoveries"))
+	resetter, err := pgxreset.New(pool,
+		postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"))
 	if err != nil {
 		return err
 	}

@@ -8,7 +8,7 @@
 // so that a recovery whose outcome was lost is never applied twice
 // (docs/integration.md, "Without an owner column"). -migrate creates the
 // tables and the ledger; for an existing table the migration is the ledger
-// alone (SQLResetter.LedgerDDL gives its statements).
+// alone (sqlreset.Resetter.LedgerDDL gives its statements).
 //
 // It takes blocks of pending jobs, marks them running and tracks them before
 // the commit, does each one and commits its outcome, then untracks it. On
@@ -38,6 +38,8 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/sqlreset"
 )
 
 const schemaSQL = `
@@ -59,13 +61,13 @@ CREATE TABLE IF NOT EXISTS batch.results (
 // resetterOptions tie the library to the table: a dead worker's running
 // jobs go back to pending, and one that was recovered 5 times (it kills
 // every worker that takes it) is set to error instead.
-var resetterOptions = []recovery.ResetterOption{
-	recovery.WithSchema("batch"), recovery.WithTable("jobs"),
-	recovery.WithIDColumn("id"), recovery.WithStatusColumn("state"),
-	recovery.WithStatuses("running", "pending"),
-	recovery.WithDoneStatuses("finished", "error"),
-	recovery.WithRecoveryCountColumn("recoveries"),
-	recovery.WithMaxRecoveries(5, "error"),
+var resetterOptions = []postgres.Option{
+	postgres.WithSchema("batch"), postgres.WithTable("jobs"),
+	postgres.WithIDColumn("id"), postgres.WithStatusColumn("state"),
+	postgres.WithStatuses("running", "pending"),
+	postgres.WithDoneStatuses("finished", "error"),
+	postgres.WithRecoveryCountColumn("recoveries"),
+	postgres.WithMaxRecoveries(5, "error"),
 }
 
 // idleInTransaction is the connections' idle_in_transaction_session_timeout,
@@ -131,7 +133,7 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
-	resetter, err := recovery.NewSQLResetter(db, resetterOptions...)
+	resetter, err := sqlreset.New(db, resetterOptions...)
 	if err != nil {
 		return err
 	}
@@ -201,7 +203,7 @@ func openDB(url string) (*sql.DB, error) {
 
 // migrate creates the tables and the reset ledger the library records its
 // resets in (batch.recovery_ledger); Start refuses to run without it.
-func migrate(ctx context.Context, db *sql.DB, resetter *recovery.SQLResetter) error {
+func migrate(ctx context.Context, db *sql.DB, resetter *sqlreset.Resetter) error {
 	if _, err := db.ExecContext(ctx, schemaSQL); err != nil {
 		return fmt.Errorf("migrate: %w", err)
 	}

@@ -20,11 +20,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // The timings of every scenario, given to the workers as flags.
@@ -210,7 +210,7 @@ func (e *env) setupDatabase(adminURL string) {
 	_, err = e.pool.Exec(ctx, fmt.Sprintf(schemaSQL, e.table))
 	require.NoError(t, err)
 	// The reset ledger, which workers without an owner column need.
-	r, err := recovery.NewPgxResetter(e.pool)
+	r, err := pgxreset.New(e.pool)
 	require.NoError(t, err)
 	require.NoError(t, r.CreateLedger(ctx))
 	_, err = e.pool.Exec(ctx, `INSERT INTO `+e.table+` (rowid, batchid) SELECT g, 1 FROM generate_series(1, $1::bigint) g`, e.cfg.rows)

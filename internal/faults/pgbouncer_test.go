@@ -25,7 +25,7 @@ import (
 // the database URLs the workers connect to through it: the host's,
 // configured as docs/integration.md says for a host's own statements
 // (pgx: default_query_exec_mode=exec), and the resetter's, in pgx's
-// default mode (it caches named prepared statements): PgxResetter must
+// default mode (it caches named prepared statements): pgxreset.Resetter must
 // send its statements unnamed whatever the pool's mode.
 //
 // PgBouncer passes no search_path and no idle_in_transaction_session_timeout

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/postgres"
 )
 
 // Completion guards: how the host's completion UPDATE protects a row.
@@ -98,7 +99,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs := flag.NewFlagSet("faultworker", flag.ContinueOnError)
 	fs.SetOutput(output)
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of the tables (default: the search_path)")
-	fs.StringVar(&c.table, "table", recovery.DefaultTable, "the rows table")
+	fs.StringVar(&c.table, "table", postgres.DefaultTable, "the rows table")
 	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start>-<random>)")
 	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	fs.StringVar(&c.guard, "guard", guardOwner, "completion guard: owner (fencing), status, or none")
@@ -237,19 +238,19 @@ func (c config) options(log *slog.Logger) []recovery.Option {
 	return opts
 }
 
-// resetterOptions are the PgxResetter options of the guard: owner fencing
+// resetterOptions are the pgxreset.Resetter options of the guard: owner fencing
 // adds the owner column. Every reset counts in recoveries, which the
 // fault suite reads to prove a row was reset once.
-func (c config) resetterOptions() []recovery.ResetterOption {
-	opts := []recovery.ResetterOption{
-		recovery.WithTable(c.table),
-		recovery.WithRecoveryCountColumn("recoveries"),
+func (c config) resetterOptions() []postgres.Option {
+	opts := []postgres.Option{
+		postgres.WithTable(c.table),
+		postgres.WithRecoveryCountColumn("recoveries"),
 	}
 	if c.guard == guardOwner {
-		opts = append(opts, recovery.WithOwnerColumn("owner"))
+		opts = append(opts, postgres.WithOwnerColumn("owner"))
 	}
 	if c.resetterInprog != "" {
-		opts = append(opts, recovery.WithStatuses(c.resetterInprog, "queued"))
+		opts = append(opts, postgres.WithStatuses(c.resetterInprog, "queued"))
 	}
 	return opts
 }

@@ -15,6 +15,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 func TestConfigTakesConnectionsFromTheEnvironmentOnly(t *testing.T) {
@@ -113,7 +114,7 @@ func TestDefaultFlagsMakeAValidWorkerForEveryGuard(t *testing.T) {
 	for _, guard := range []string{guardOwner, guardStatus, guardNone} {
 		c, err := parseConfig([]string{"-guard", guard, "-table", `odd"name; --`}, getenv, io.Discard)
 		require.NoError(t, err)
-		r, err := recovery.NewPgxResetter(pool, c.resetterOptions()...)
+		r, err := pgxreset.New(pool, c.resetterOptions()...)
 		require.NoError(t, err, guard)
 		_, err = recovery.New(rdb, r, c.options(slog.New(slog.DiscardHandler))...)
 		require.NoError(t, err, guard)

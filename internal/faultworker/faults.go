@@ -9,27 +9,28 @@ import (
 	"time"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
-// faultyResetter is the PgxResetter with the recoverer's faults of issue
+// faultyResetter is the pgxreset.Resetter with the recoverer's faults of issue
 // 10: it can SIGKILL its own process right after a reset of one peer's
 // rows committed (-die-after-reset-of: a recoverer that dies between its
 // COMMIT and the finish script), or hold the recovery there for a while
 // (-delay-finish-of: a recoverer whose finish comes late). Each fault
 // fires once, on the first reset of that peer that changed rows. Every
-// other method is PgxResetter's own, so the worker sees the same
+// other method is pgxreset.Resetter's own, so the worker sees the same
 // interfaces (ledger, owner fencing, schema check) as without faults.
 type faultyResetter struct {
-	*recovery.PgxResetter
+	*pgxreset.Resetter
 	cfg  config
 	log  *slog.Logger
 	once sync.Once
 }
 
-// ResetIncarnation resets through the PgxResetter, then injects the
+// ResetIncarnation resets through the pgxreset.Resetter, then injects the
 // fault when the reset was of the chosen peer and changed rows.
 func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
-	res, err := f.PgxResetter.ResetIncarnation(ctx, req)
+	res, err := f.Resetter.Reset(ctx, req)
 	if err != nil || res.Changed == 0 {
 		return res, err
 	}
@@ -51,9 +52,9 @@ func (f *faultyResetter) ResetIncarnation(ctx context.Context, req recovery.Rese
 }
 
 // resetterWithFaults returns r, wrapped when a recoverer fault is asked for.
-func resetterWithFaults(r *recovery.PgxResetter, cfg config, log *slog.Logger) recovery.RowResetter {
+func resetterWithFaults(r *pgxreset.Resetter, cfg config, log *slog.Logger) recovery.RowResetter {
 	if cfg.dieAfterResetOf == "" && cfg.delayFinishOf == "" {
 		return r
 	}
-	return &faultyResetter{PgxResetter: r, cfg: cfg, log: log}
+	return &faultyResetter{Resetter: r, cfg: cfg, log: log}
 }

@@ -17,6 +17,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/ops"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // dbTimeout bounds one database call outside the processing of a row.
@@ -50,7 +51,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	defer rdb.Close()
 
-	resetter, err := recovery.NewPgxResetter(resetPool, cfg.resetterOptions()...)
+	resetter, err := pgxreset.New(resetPool, cfg.resetterOptions()...)
 	if err != nil {
 		return fmt.Errorf("resetter: %w", err)
 	}

@@ -215,7 +215,7 @@ func main() {
 		panic(err)
 	}
 	defer pool.Close()
-	_, err = recovery.NewPgxResetter(pool)
+	_, err = pgxreset.New(pool)
 	fmt.Println("resetter:", err == nil)
 }
 `)

@@ -1,0 +1,47 @@
+package recovery
+
+import (
+	"context"
+	"errors"
+	"testing"
+
+	"github.com/alya/recovery/internal/pgtest"
+	"github.com/alya/recovery/postgres"
+	"github.com/jackc/pgx/v5/pgxpool"
+)
+
+// resetRows resets rowIDs of deadInstanceID through r's Reset, and returns
+// how many rows it changed: what the removed RowResetter.ResetRows did
+// (scripts/v2rename/pg.sh rewrites resetRows(r, ctx, id, ids) to it).
+func resetRows(r Resetter, ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
+	res, err := r.Reset(ctx, ResetRequest{InstanceID: deadInstanceID, RowIDs: rowIDs})
+	return res.Changed, err
+}
+
+// sqlState returns the SQLSTATE code PostgreSQL sent with err, or "" when
+// err carries none.
+func sqlState(err error) string {
+	var se interface{ SQLState() string }
+	if errors.As(err, &se) {
+		return se.SQLState()
+	}
+	return ""
+}
+
+// currentSchema returns the schema testutil.Postgres made for the test.
+func currentSchema(t *testing.T, db *pgxpool.Pool) string {
+	t.Helper()
+	return pgtest.CurrentSchema(t, db)
+}
+
+// userEnumTable is the schema of issue 11: a user's own table with an enum
+// status and none of the default names.
+const userEnumTable = `
+CREATE TYPE job_state AS ENUM ('pending', 'running', 'done');
+CREATE TABLE items (item_id bigint PRIMARY KEY, state job_state NOT NULL DEFAULT 'pending', worker text, retries int NOT NULL DEFAULT 0);`
+
+// userEnumOptions configures a resetter for userEnumTable in schema s.
+func userEnumOptions(s string, extra ...postgres.Option) []postgres.Option {
+	return append([]postgres.Option{postgres.WithSchema(s), postgres.WithTable("items"), postgres.WithIDColumn("item_id"),
+		postgres.WithStatusColumn("state"), postgres.WithOwnerColumn("worker")}, extra...)
+}
