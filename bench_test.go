@@ -223,7 +223,7 @@ func BenchmarkScan10000LivePeers(b *testing.B) {
 	w := benchWorker(b, rdb)
 	plantLivePeers(b, rdb, w.opts.keyPrefix, 10000)
 	lib := func() {
-		if _, err := w.RecoverNow(ctx); err != nil {
+		if _, err := w.recoverNow(ctx); err != nil {
 			panic(err)
 		}
 	}
@@ -263,7 +263,7 @@ func BenchmarkScan10000PeersWith100Dead(b *testing.B) {
 			b.Fatal(err)
 		}
 		b.StartTimer()
-		rep, err := w.RecoverNow(ctx)
+		rep, err := w.recoverNow(ctx)
 		if err != nil || len(rep.Recovered) != 100 {
 			b.Fatalf("recovered %d peers: %v", len(rep.Recovered), err)
 		}

@@ -12,6 +12,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 )
 
@@ -45,67 +46,17 @@ const (
 	foundByRestart = "restart"
 )
 
-// PeerRecovery says what recovery did for one dead peer.
-type PeerRecovery struct {
-	// InstanceID is the dead peer's ID.
-	InstanceID string
-	// RowsFound is how many row IDs its rows set held (for the backstop
-	// sweep, which resets by owner: how many rows it reset or quarantined,
-	// or found locked).
-	RowsFound int
-	// RowsReset is how many rows the Resetter returned to the queue
-	// (rows that had already finished are not counted).
-	RowsReset int64
-	// Quarantined lists rows that reached their recovery limit and were set
-	// to the terminal status instead of queued (see WithMaxRecoveries).
-	Quarantined []int64
-	// InvalidMembers lists rows-set members that are not decimal int64 row
-	// IDs; they were skipped.
-	InvalidMembers []string
-	// NotReset lists rows that were neither reset nor shown to be settled
-	// (see ResetResult.NotReset). The peer's rows set and registry entry
-	// were kept, and the recovery returned an error wrapping
-	// ErrRowsNotReset (and ErrRowsLocked when every one was locked by
-	// another session), so it is tried again by the next scan. Locked rows
-	// are not counted in Stats.RowsNotReset nor in the rows_not_reset
-	// event: they are no misconfiguration.
-	NotReset []RowState
-	// PeerCameBack is set when the peer's heartbeat reappeared during the
-	// recovery: its rows set was left as the peer keeps it, and it stays
-	// registered.
-	PeerCameBack bool
-	// NoRecord is set when Redis held neither a rows set nor an
-	// incarnation for the peer: it died without rows, or its keys expired
-	// or were lost before anyone recovered it. It was deregistered and is
-	// not counted as recovered.
-	NoRecord bool
-}
-
-// PeerError is a recovery failure that concerns one peer. The peer's rows
-// set and registry entry are kept, so the next scan tries again.
-type PeerError struct {
-	// InstanceID is the peer whose recovery failed.
-	InstanceID string
-	// Err is why.
-	Err error
-}
-
-func (e *PeerError) Error() string { return "recover " + e.InstanceID + ": " + e.Err.Error() }
-
-// Unwrap returns the underlying error.
-func (e *PeerError) Unwrap() error { return e.Err }
-
 // recoverDead recovers one peer found dead by foundBy, noticed at noticed,
 // and counts, emits and logs what happened. claimed is false when the peer
 // was left alone (alive again, or claimed by another worker). A failure is
 // counted, emitted and logged here, and returned for the caller's report.
-func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (PeerRecovery, bool, error) {
+func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (report.PeerRecovery, bool, error) {
 	return w.recoverDeadLives(ctx, peer, foundBy, noticed, nil)
 }
 
 // recoverDeadLives is recoverDead, resetting by owner also the owner values
 // in lives (values of peer's lives the sweep saw in progress: owner.go).
-func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (PeerRecovery, bool, error) {
+func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (report.PeerRecovery, bool, error) {
 	// A worker whose self-check found its own configuration wrong
 	// (statuses swapped or misspelt) would take the dead peer's rows in
 	// progress for settled ones and drop its rows set: it takes no verdict,
@@ -116,7 +67,7 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 		w.stats.errors.Add(1)
 		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
 		w.rlog.peerFailed(peer, err)
-		return PeerRecovery{InstanceID: peer}, false, err
+		return report.PeerRecovery{InstanceID: peer}, false, err
 	}
 	if foundBy != foundByRestart { // Start's own predecessor is not a peer
 		w.stats.peersDead.Add(1)
@@ -175,7 +126,7 @@ func (w *Worker) rowsStuck(sinceNoticed time.Duration) time.Duration {
 }
 
 // countRows counts the rows a recovery reset and quarantined.
-func (w *Worker) countRows(pr PeerRecovery) {
+func (w *Worker) countRows(pr report.PeerRecovery) {
 	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
 	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
 }
@@ -188,7 +139,7 @@ type peerRecovery struct {
 	noticed time.Time // when the death was noticed
 	byOwner bool      // reset every row the peer owns (the sweep), not its rows set
 	token   string
-	rep     PeerRecovery
+	rep     report.PeerRecovery
 	// back is set when the peer came back between the claim and the read
 	// of its rows set: nothing was reset.
 	back bool
@@ -478,7 +429,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	res, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
-		// The peer is named by PeerError, and PgxResetter's error names
+		// The peer is named by report.PeerError, and PgxResetter's error names
 		// it too: one more "of <peer>" would repeat it.
 		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}
@@ -554,7 +505,7 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 			if owner != r.peer {
 				return fmt.Errorf("reset by owner %s: %w", clip(owner), err)
 			}
-			return fmt.Errorf("reset by owner: %w", err) // PeerError names the peer
+			return fmt.Errorf("reset by owner: %w", err) // report.PeerError names the peer
 		}
 		r.rep.RowsReset += res.Changed
 		r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)

@@ -22,6 +22,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
@@ -34,7 +35,7 @@ func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.Equal(t, []int64{105, 106, 107, 108, 109}, r.resetOf("workerA"))
@@ -42,7 +43,7 @@ func TestRecoveryResetsRowsOfDeadPeerThenDeletesItsKeys(t *testing.T) {
 	assert.Equal(t, 1, len(rep.Dead))
 	assert.Equal(t, int64(5), rep.RowsReset)
 	require.Len(t, rep.Recovered, 1)
-	assert.Equal(t, PeerRecovery{InstanceID: "workerA", RowsFound: 5, RowsReset: 5}, rep.Recovered[0])
+	assert.Equal(t, report.PeerRecovery{InstanceID: "workerA", RowsFound: 5, RowsReset: 5}, rep.Recovered[0])
 	assert.False(t, mr.Exists(keysOf("workerA").Rows), "rows set deleted after the reset")
 	claim, _ := mr.Get(keysOf("workerA").Claim)
 	assert.True(t, strings.HasPrefix(claim, "done:1:"), "the claim became a tombstone holding the result, for a retried Finish: %q", claim)
@@ -58,7 +59,7 @@ func TestDeadPeerWithoutRowsIsSimplyDeregistered(t *testing.T) {
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.Zero(t, r.callCount(), "nothing to reset")
@@ -77,11 +78,11 @@ func TestFailedRecoveryOfOnePeerKeepsItForTheNextScan(t *testing.T) {
 	r.setFail("p1", pgDown)
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.Error(t, err)
 	assert.ErrorIs(t, err, pgDown)
-	var pe *PeerError
+	var pe *report.PeerError
 	require.ErrorAs(t, err, &pe)
 	assert.Equal(t, "p1", pe.InstanceID)
 	assert.Contains(t, err.Error(), "recover p1: reset 2 rows: connection refused")
@@ -96,7 +97,7 @@ func TestFailedRecoveryOfOnePeerKeepsItForTheNextScan(t *testing.T) {
 	assert.Equal(t, "failed", note, "claim replaced by the note of a failed recovery, which any recoverer takes over at once")
 
 	r.setFail("p1", nil)
-	_, err = b.RecoverNow(context.Background())
+	_, err = b.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 2}, r.resetOf("p1"))
 	assert.False(t, mr.Exists(keysOf("p1").Rows))
@@ -108,7 +109,7 @@ func TestNonNumericRowMembersAreSkipped(t *testing.T) {
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.Equal(t, []int64{-3, 1, 2}, r.resetOf("p1"))
@@ -143,13 +144,13 @@ func TestClaimHeldByAnotherRecovererIsRespectedUntilItExpires(t *testing.T) {
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"dead"}, rep.Skipped)
 	assert.Zero(t, r.callCount())
 
 	mr.FastForward(10 * time.Second)
-	rep, err = b.RecoverNow(context.Background())
+	rep, err = b.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Empty(t, rep.Skipped)
 	assert.Equal(t, []int64{1}, r.resetOf("dead"), "taken over once the dead recoverer's claim expired")
@@ -168,7 +169,7 @@ func TestPeerThatComesBackDuringRecoveryKeepsItsRegistrationAndNewRows(t *testin
 	}}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -200,7 +201,7 @@ func TestHugeRowsSetIsReadInPiecesAndRecoveredWhole(t *testing.T) {
 	r := &fakeResetter{}
 	w, _ := newWorker(t, rdb, r, "rec")
 
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -261,7 +262,7 @@ func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) 
 	r := &fakeResetter{}
 	w, _ := newWorker(t, rdb, r, "rec")
 
-	_, err := w.RecoverNow(ctx)
+	_, err := w.recoverNow(ctx)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "members read")
 	assert.Zero(t, r.callCount(), "nothing reset from an incomplete read")
@@ -269,7 +270,7 @@ func TestRowsSetReadWithSkippedMembersIsNotFinishedAndIsReadAgain(t *testing.T) 
 	require.NoError(t, err)
 	assert.EqualValues(t, n, card, "the set is kept")
 
-	rep, err := w.RecoverNow(ctx) // the next read is whole
+	rep, err := w.recoverNow(ctx) // the next read is whole
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Len(t, r.resetOf("moved"), n)
@@ -323,10 +324,10 @@ func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
 	d, _ := newWorker(t, rdb, counted, "D", WithKeyPrefix(prefix))
 
 	bDone := make(chan error)
-	go func() { _, err := b.RecoverNow(context.Background()); bDone <- err }()
+	go func() { _, err := b.recoverNow(context.Background()); bDone <- err }()
 	<-slowB.hold.entered // B holds the claim and is about to reset
 
-	rep, err := d.RecoverNow(context.Background())
+	rep, err := d.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"A"}, rep.Skipped, "D may not touch A while B recovers it")
 
@@ -334,7 +335,7 @@ func TestSafetyTheBCDInterleavingCannotHappen(t *testing.T) {
 	require.NoError(t, <-bDone)
 	take(t, db, "C", 105, 106, 107, 108, 109) // C fetches the recovered rows
 
-	rep, err = d.RecoverNow(context.Background())
+	rep, err = d.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, len(rep.Dead), "A is gone from the registry")
 	assert.Empty(t, counted.perRow(), "D never reset anything")
@@ -413,7 +414,7 @@ func behindProxy(t *testing.T) (direct *redis.Client, proxy *netfault.Proxy, rdb
 // lostReply runs one RecoverNow of dead peer "dead" (rows 1 and 2) by a
 // worker whose connection to Redis loses the reply to the given script
 // once, after the server ran it; go-redis retries it.
-func lostReply(t *testing.T, script *redis.Script) (RecoveryReport, error, *fakeResetter, *redis.Client) {
+func lostReply(t *testing.T, script *redis.Script) (report.RecoveryReport, error, *fakeResetter, *redis.Client) {
 	t.Helper()
 	ctx := context.Background()
 	direct, proxy, rdb := behindProxy(t)
@@ -423,7 +424,7 @@ func lostReply(t *testing.T, script *redis.Script) (RecoveryReport, error, *fake
 	w, _ := newWorker(t, rdb, r, "recoverer")
 
 	dropped := proxy.DropReplyTo([]byte(script.Hash()))
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	select {
 	case <-dropped:
 	default:
@@ -460,7 +461,7 @@ func TestAClaimWhoseReplyTimedOutIsTakenInTheSameScan(t *testing.T) {
 	w, _ := newWorker(t, rdb, r, "recoverer", WithOperationTimeout(200*time.Millisecond))
 
 	held := proxy.DelayReplyTo([]byte(claim.Hash()), 500*time.Millisecond)
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	select {
 	case <-held: // the late reply goes to a connection go-redis gave up on
 	case <-time.After(5 * time.Second):
@@ -535,7 +536,7 @@ func TestARetriedClaimIsJudgedAgainFirst(t *testing.T) {
 	r := &fakeResetter{}
 	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
 		WithOperationTimeout(300*time.Millisecond))
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, r.resetOf("p"), "not judged: the server restarted with data less than a TTL ago")
 	assert.Empty(t, rep.Recovered)
@@ -562,12 +563,12 @@ func TestAClaimGivenUpAfterThreeTimeoutsIsDropped(t *testing.T) {
 
 	r := &fakeResetter{}
 	w, _ := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix))
-	_, err := w.RecoverNow(ctx)
+	_, err := w.recoverNow(ctx)
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 	assert.Equal(t, int32(0), hook.n.Load(), "sent %d times", claimTries)
 	assert.Zero(t, direct.Exists(ctx, store.InstanceKeys(prefix, "p").Claim).Val(), "the claim it took is dropped")
 
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1, "the next try claims at once")
 	assert.Equal(t, []int64{1, 2}, r.resetOf("p"))
@@ -603,7 +604,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	require.NoError(t, err)
 	rec := &recorder{}
 	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec))
-	rep, err := r.RecoverNow(ctx)
+	rep, err := r.recoverNow(ctx)
 
 	require.ErrorIs(t, err, ErrRowsNotReset)
 	assert.Contains(t, err.Error(), `row 1 has status "inprog"`)
@@ -622,7 +623,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	_ = logs
 
 	fixed, _ := newWorker(t, rdb, right, "fixed", WithKeyPrefix(prefix))
-	rep, err = fixed.RecoverNow(ctx)
+	rep, err = fixed.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(3), rep.RowsReset)
@@ -642,14 +643,14 @@ func TestLostRowsSetAfterAFailedRecoveryIsReportedNotCountedAsRecovered(t *testi
 	r.setFail("dead", pgDown)
 	w, logs := newWorker(t, rdb, r, "w")
 
-	rep, err := w.RecoverNow(context.Background())
+	rep, err := w.recoverNow(context.Background())
 	require.ErrorIs(t, err, pgDown)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, "idle", rep.Recovered[0].InstanceID)
 	assert.True(t, rep.Recovered[0].NoRecord, "an idle dead peer is deregistered")
 	mr.Del(keysOf("dead").Rows) // Redis loses it (or it expired) before the next try
 
-	rep, err = w.RecoverNow(context.Background())
+	rep, err = w.recoverNow(context.Background())
 	require.ErrorIs(t, err, ErrRowsSetLost)
 	assert.False(t, registered(t, rdb, "ALYA", "dead"), "nothing left to retry: deregistered")
 	assert.Zero(t, w.Stats().PeersRecovered, "neither the lost peer nor the idle one counts as recovered")
@@ -689,12 +690,12 @@ func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T
 	r.setFail("dead", pgDown)
 	w, _ := newWorker(t, rdb, r, "w")
 
-	_, err := w.RecoverNow(ctx)
+	_, err := w.recoverNow(ctx)
 	require.ErrorIs(t, err, pgDown)
 	require.True(t, mr.Exists(keysOf("dead").Rows))
 	mr.Del(keysOf("dead").Rows) // lost; the incarnation is not
 
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	assert.ErrorIs(t, err, ErrRowsSetLost, "rows 1 and 2 were never reset and nothing knows them any more")
 	assert.Zero(t, w.Stats().PeersRecovered, "not a recovery")
 	assert.Empty(t, rep.Recovered)
@@ -730,7 +731,7 @@ func TestRecoveryLeavesAPeerThatCameBackBetweenTheClaimAndTheRead(t *testing.T) 
 	w, _ := newWorker(t, rdb, r, "scanner", WithRowsSets())
 	w.store = &comebackStore{Store: w.store, peer: "back"}
 
-	rep, err := w.RecoverNow(context.Background())
+	rep, err := w.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []string{"back"}, rep.Skipped, "left alone, as a peer found alive at the claim")
 	assert.Empty(t, rep.Recovered)

@@ -9,7 +9,7 @@ import (
 // Sentinel errors. Errors returned by this package wrap them, so test with
 // errors.Is.
 var (
-	// ErrShutdown is returned by Start, Track, RecoverNow, CheckLease and
+	// ErrShutdown is returned by Start, Track, ops.RecoverNow, CheckLease and
 	// Healthy after Shutdown was called (and by Release without owner
 	// fencing).
 	ErrShutdown = errors.New("recovery: shut down")

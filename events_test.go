@@ -73,7 +73,7 @@ func TestEventsDescribeARecovery(t *testing.T) {
 	rec := &recorder{}
 	w, _ := newWorker(t, rdb, r, "w1", WithObserver(rec))
 
-	_, err := w.RecoverNow(context.Background())
+	_, err := w.recoverNow(context.Background())
 	require.Error(t, err)
 	require.NoError(t, w.Shutdown(context.Background())) // drains the events
 

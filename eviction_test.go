@@ -218,14 +218,14 @@ func TestAcceptedEvictionsHoldVerdictsWhileINFOCannotBeRead(t *testing.T) {
 
 	r := &fakeResetter{}
 	w, logs := newWorker(t, rdb, r, "rec", WithEvictionAccepted())
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, rep.Recovered)
 	assert.Empty(t, r.resetOf("gone"))
 	assert.Equal(t, 1, logs.Count("evicted_keys cannot be read"))
 
 	other, _ := newWorker(t, rdb, r, "rec2")
-	rep, err = other.RecoverNow(ctx)
+	rep, err = other.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Len(t, r.resetOf("gone"), 2)

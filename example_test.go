@@ -16,6 +16,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
 )
 
 // queue is a tiny Resetter over an in-memory table of row statuses: the
@@ -229,7 +230,9 @@ func ExampleWorker_Shutdown() {
 	// Track after Shutdown: recovery: shut down
 }
 
-func ExampleWorker_RecoverNow() {
+// ops.RecoverNow runs one scan of a Worker that is never started (moved to
+// package ops in v2; the example stays here beside queue, its resetter).
+func Example_recoverNow() {
 	mr, rdb := redisForExample()
 	defer mr.Close()
 	defer rdb.Close()
@@ -254,7 +257,7 @@ func ExampleWorker_RecoverNow() {
 	// Worker B's scan (it also runs every recovery interval once B is
 	// started) finds A dead and resets A's unfinished rows.
 	b, _ := recovery.New(rdb, rows, recovery.WithInstanceID("worker-b"))
-	report, err := b.RecoverNow(ctx)
+	report, err := ops.RecoverNow(ctx, b)
 	if err != nil {
 		fmt.Println(err)
 		return

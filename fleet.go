@@ -113,7 +113,7 @@ func (w *Worker) noteFleet(v store.FleetView, err error) {
 
 // learnFleetRecord reads the fleet record and learns every announcement in
 // it, lapsed ones too (a record loaded from an old snapshot still lists
-// the members it had then): a Worker that does not heartbeat (RecoverNow
+// the members it had then): a Worker that does not heartbeat (ops.RecoverNow
 // before Start) learns the fleet's timings no other way, and Start learns
 // them before its first heartbeat's recount drops the lapsed ones. A record that
 // cannot be read leaves the memory as it was; the scan reports Redis

@@ -51,10 +51,10 @@ func TestStartRefusesASecondFleetOnThePrefixAndPrefixesKeepFleetsApart(t *testin
 	other := testutil.Name("F2b")
 	victim(t, rdb, dbB, rB, "deadB2", []Option{WithKeyPrefix(other)}, 1, 2, 3, 4, 5)
 	rb, _ := startWorker(t, rdb, rB, "liveB", WithKeyPrefix(other))
-	rep, err := a.RecoverNow(ctx)
+	rep, err := a.recoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, rep.Dead, "A's scan never sees B's workers")
-	repB, err := rb.RecoverNow(ctx)
+	repB, err := rb.recoverNow(ctx)
 	require.NoError(t, err)
 	if len(repB.Recovered) == 0 { // the loop's first scan may have done it
 		require.Eventually(t, func() bool { return !registered(t, rdb, other, "deadB2") }, 5*time.Second, 20*time.Millisecond)
@@ -90,7 +90,7 @@ func TestFleetRecordIsWrittenByTheFirstNewWorkerAndAgainAfterRedisLosesIt(t *tes
 	require.NoError(t, err)
 	assert.Regexp(t, `^database=\S+ schema=t_\S+ table=batchrows$`, f.Serves)
 	served := f.Serves
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, rep.Dead, "the old worker is alive")
 
@@ -130,7 +130,7 @@ func secondFleetCost(t *testing.T, rdb *redis.Client, dbA, dbB *pgxpool.Pool, a,
 	require.NoError(t, b.Track(ctx, 1, 2, 3, 4, 5))
 	b.crash()
 	require.NoError(t, rdb.Del(ctx, b.ownKeys().Heartbeat).Err())
-	rep, _ := a.RecoverNow(ctx)
+	rep, _ := a.recoverNow(ctx)
 	reset := 0
 	for id := int64(1); id <= 5; id++ {
 		if s, _ := rowState(t, dbA, id); s == "queued" {

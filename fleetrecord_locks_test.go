@@ -327,7 +327,7 @@ func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testin
 	tool, _ := newWorker(t, c, fencedResetter(t, db), "tool", WithKeyPrefix(prefix),
 		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond))
 	require.Zero(t, c.Exists(ctx, long.ownKeys().Heartbeat).Val(), "the long worker has not beaten since the restart")
-	rep, err := tool.RecoverNow(ctx)
+	rep, err := tool.recoverNow(ctx)
 	require.NoError(t, err)
 	reset := longRowsReset(t, db)
 	assert.Zero(t, reset, "rows of the live long-TTL worker reset by RecoverNow before Start (found dead: %v), of 5", rep.Dead)

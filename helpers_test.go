@@ -451,7 +451,7 @@ func recoverAtOnce(t *testing.T, n int, mk func(i int) *Worker) {
 		go func() {
 			defer wg.Done()
 			<-start
-			_, err := w.RecoverNow(context.Background())
+			_, err := w.recoverNow(context.Background())
 			assert.NoError(t, err)
 		}()
 	}

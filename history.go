@@ -2,14 +2,11 @@ package recovery
 
 import (
 	"context"
-	"fmt"
 	"log/slog"
 	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
-
-	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery/internal/store"
 )
@@ -18,7 +15,7 @@ import (
 // after a bad night (which peer died, who recovered it, how many rows, how
 // long it took, what failed, who lost its lease) to one capped Redis stream
 // per prefix, <prefix>_HISTORY. `recoveryctl history` and `recoveryctl
-// watch` read it, as does ReadHistory.
+// watch` read it, as does ops.ReadHistory.
 //
 // Appending is never on the hot path: Worker.emit hands the few events the
 // history records to a bounded queue, and a goroutine of its own (the
@@ -47,126 +44,31 @@ func WithHistory(maxLen int) Option {
 	return optionFunc(func(o *options) { o.historyLen = maxLen })
 }
 
-// Kinds of history entries (HistoryEntry.Kind).
-const (
-	// HistoryPeerDead: PeerID was found dead (FoundBy) and InstanceID
-	// claimed its recovery; Duration from the death being noticed to the
-	// claim. Only the claimer writes it, so a death is one entry however
-	// many workers noticed it.
-	HistoryPeerDead = "peer_dead"
-	// HistoryRowsRecovered: InstanceID reset the rows of dead PeerID:
-	// Rows found, RowsReset reset, RowsQuarantined quarantined, Duration
-	// from the death being noticed to the end of the recovery.
-	HistoryRowsRecovered = "rows_recovered"
-	// HistoryRowsQuarantined: that recovery quarantined RowsQuarantined
-	// rows (they reached their recovery limit); written beside
-	// HistoryRowsRecovered so it stands out.
-	HistoryRowsQuarantined = "rows_quarantined"
-	// HistoryRecoveryFailed: InstanceID's recovery of PeerID failed
-	// (Error); a later scan tries again. A worker writes a recovery that
-	// keeps failing for the same cause once (with its HistoryPeerDead),
-	// not at every attempt, until it succeeds or the cause changes.
-	HistoryRecoveryFailed = "recovery_failed"
-	// HistoryLeaseLost: InstanceID's heartbeat lease ran out (Duration
-	// since its last successful heartbeat): its peers may recover its
-	// rows. Error is the last heartbeat's failure.
-	HistoryLeaseLost = "lease_lost"
-	// HistoryLeaseRegained: InstanceID's heartbeat succeeded again after
-	// its lease was lost.
-	HistoryLeaseRegained = "lease_regained"
-	// HistoryRowsNotReset: InstanceID's recovery of PeerID found
-	// RowsNotReset of its Rows rows neither reset nor settled (RowsReset
-	// were reset), usually a status misconfigured; the recovery_failed
-	// entry that follows says why. Written once while the recovery keeps
-	// failing, like peer_dead.
-	HistoryRowsNotReset = "rows_not_reset"
-	// HistoryStrayRowsReset: InstanceID's backstop sweep (no owner column)
-	// reset RowsReset of Rows rows in progress that no rows set had held
-	// for Duration; PeerID is empty.
-	HistoryStrayRowsReset = "stray_rows_reset"
-	// HistoryUntrackedRows: InstanceID's backstop sweep found Rows rows
-	// committed in progress that no worker had tracked (Error).
-	HistoryUntrackedRows = "untracked_rows"
-)
-
 // historyKind returns the kind of history entry an event makes, and false
 // for the events the history does not record.
 func historyKind(e Event) (string, bool) {
 	switch e.Kind {
 	case EventPeerClaimed:
-		return HistoryPeerDead, true
+		return store.HistoryKindPeerDead, true
 	case EventRowsRecovered:
-		return HistoryRowsRecovered, true
+		return store.HistoryKindRowsRecovered, true
 	case EventRecoveryFailed:
 		// A scan that failed (PeerID empty) is no recovery; its cause is
 		// usually Redis itself.
-		return HistoryRecoveryFailed, e.PeerID != ""
+		return store.HistoryKindRecoveryFailed, e.PeerID != ""
 	case EventLeaseLost:
-		return HistoryLeaseLost, true
+		return store.HistoryKindLeaseLost, true
 	case EventLeaseRegained:
-		return HistoryLeaseRegained, true
+		return store.HistoryKindLeaseRegained, true
 	case EventRowsNotReset:
-		return HistoryRowsNotReset, true
+		return store.HistoryKindRowsNotReset, true
 	case EventStrayRowsReset:
-		return HistoryStrayRowsReset, true
+		return store.HistoryKindStrayRowsReset, true
 	case EventUntrackedRows:
-		return HistoryUntrackedRows, true
+		return store.HistoryKindUntrackedRows, true
 	}
 	return "", false
 }
-
-// A HistoryEntry is one entry of the fleet's history. Only the fields its
-// Kind documents are set.
-type HistoryEntry struct {
-	// ID is the stream entry's ID; Added is when Redis appended it (its
-	// server clock).
-	ID    string
-	Added time.Time
-	// Kind is one of the History* kinds; entries of kinds a later version
-	// writes come through with the fields this version knows.
-	Kind string
-	// Time is when it happened, by the reporting worker's clock.
-	Time time.Time
-	// InstanceID is the reporting worker.
-	InstanceID string
-	// PeerID is the dead peer, for recoveries.
-	PeerID string
-	// FoundBy says how the death was found: "registry" (a scan),
-	// "expiry", "sweep" or "restart" (a worker restarted under the dead
-	// one's ID).
-	FoundBy string
-	// Rows, RowsReset and RowsQuarantined count a recovery's rows: found,
-	// reset (quarantined included), quarantined.
-	Rows            int
-	RowsReset       int64
-	RowsQuarantined int
-	// RowsNotReset counts the rows a recovery could neither reset nor
-	// show settled (HistoryRowsNotReset).
-	RowsNotReset int
-	// Duration is the entry's length; see each kind.
-	Duration time.Duration
-	// Error is the failure's message.
-	Error string
-}
-
-// Stream field names of a history entry.
-const (
-	hfKind        = "kind"
-	hfTime        = "time"
-	hfInstance    = "instance"
-	hfPeer        = "peer"
-	hfFoundBy     = "found_by"
-	hfRows        = "rows"
-	hfRowsReset   = "rows_reset"
-	hfQuarantined = "rows_quarantined"
-	hfNotReset    = "rows_not_reset"
-	hfDurationMs  = "duration_ms"
-	hfError       = "error"
-	// hfUID is the entry's random ID. An XADD whose reply was lost is
-	// sent again (by go-redis, or by the historian's next attempt) and
-	// may append the entry twice: readers keep the first of each uid.
-	hfUID = "uid"
-)
 
 // newUID returns an entry's uid: 16 random hex digits.
 func newUID() string { return newToken()[:16] }
@@ -176,100 +78,37 @@ const maxHistoryError = 1024
 
 // historyFields turns an event into an entry's field-value pairs.
 func historyFields(kind, uid string, e Event) []string {
-	f := []string{hfKind, kind, hfTime, e.Time.UTC().Format(time.RFC3339Nano), hfInstance, e.InstanceID, hfUID, uid}
+	f := []string{store.HistoryFieldKind, kind, store.HistoryFieldTime, e.Time.UTC().Format(time.RFC3339Nano),
+		store.HistoryFieldInstance, e.InstanceID, store.HistoryFieldUID, uid}
 	if e.PeerID != "" {
-		f = append(f, hfPeer, e.PeerID)
+		f = append(f, store.HistoryFieldPeer, e.PeerID)
 	}
 	if e.FoundBy != "" {
-		f = append(f, hfFoundBy, e.FoundBy)
+		f = append(f, store.HistoryFieldFoundBy, e.FoundBy)
 	}
 	switch kind {
-	case HistoryRowsRecovered, HistoryStrayRowsReset:
-		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
-			hfQuarantined, strconv.Itoa(e.RowsQuarantined))
-	case HistoryRowsQuarantined:
-		f = append(f, hfQuarantined, strconv.Itoa(e.RowsQuarantined))
-	case HistoryUntrackedRows:
-		f = append(f, hfRows, strconv.Itoa(e.Rows))
-	case HistoryRowsNotReset:
-		f = append(f, hfRows, strconv.Itoa(e.Rows), hfRowsReset, strconv.FormatInt(e.RowsReset, 10),
-			hfNotReset, strconv.Itoa(e.RowsNotReset))
+	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset:
+		f = append(f, store.HistoryFieldRows, strconv.Itoa(e.Rows), store.HistoryFieldRowsReset, strconv.FormatInt(e.RowsReset, 10),
+			store.HistoryFieldQuarantined, strconv.Itoa(e.RowsQuarantined))
+	case store.HistoryKindRowsQuarantined:
+		f = append(f, store.HistoryFieldQuarantined, strconv.Itoa(e.RowsQuarantined))
+	case store.HistoryKindUntrackedRows:
+		f = append(f, store.HistoryFieldRows, strconv.Itoa(e.Rows))
+	case store.HistoryKindRowsNotReset:
+		f = append(f, store.HistoryFieldRows, strconv.Itoa(e.Rows), store.HistoryFieldRowsReset, strconv.FormatInt(e.RowsReset, 10),
+			store.HistoryFieldNotReset, strconv.Itoa(e.RowsNotReset))
 	}
 	if e.Duration > 0 {
-		f = append(f, hfDurationMs, strconv.FormatFloat(float64(e.Duration)/float64(time.Millisecond), 'f', -1, 64))
+		f = append(f, store.HistoryFieldDurationMs, strconv.FormatFloat(float64(e.Duration)/float64(time.Millisecond), 'f', -1, 64))
 	}
 	if e.Err != nil {
 		msg := e.Err.Error()
 		if len(msg) > maxHistoryError {
 			msg = msg[:maxHistoryError] + "..."
 		}
-		f = append(f, hfError, msg)
+		f = append(f, store.HistoryFieldError, msg)
 	}
 	return f
-}
-
-// historyEntry reads an entry written by historyFields. Fields it cannot
-// parse are left zero: the history is for reading, not for failing.
-func historyEntry(r store.HistoryRecord) HistoryEntry {
-	f := r.Fields
-	e := HistoryEntry{ID: r.ID, Added: r.Added, Kind: f[hfKind], InstanceID: f[hfInstance], PeerID: f[hfPeer],
-		FoundBy: f[hfFoundBy], Error: f[hfError]}
-	e.Time, _ = time.Parse(time.RFC3339Nano, f[hfTime])
-	e.Rows, _ = strconv.Atoi(f[hfRows])
-	e.RowsReset, _ = strconv.ParseInt(f[hfRowsReset], 10, 64)
-	e.RowsQuarantined, _ = strconv.Atoi(f[hfQuarantined])
-	e.RowsNotReset, _ = strconv.Atoi(f[hfNotReset])
-	if ms, err := strconv.ParseFloat(f[hfDurationMs], 64); err == nil {
-		e.Duration = time.Duration(ms * float64(time.Millisecond))
-	}
-	return e
-}
-
-// HistoryQuery says which entries ReadHistory returns.
-type HistoryQuery struct {
-	// Since keeps the entries Redis appended at or after it (by the
-	// server's clock). Zero: from the oldest kept.
-	Since time.Time
-	// Last keeps only the newest Last of those. 0: all.
-	Last int
-}
-
-// ReadHistory reads the history of the fleet under prefix (WithKeyPrefix),
-// oldest first, changing nothing. An entry a retried append wrote twice
-// comes back once. It is bounded by ctx and
-// DefaultOperationTimeout. A fleet without history (every worker
-// WithHistory(0), or older than the history) has no entries.
-func ReadHistory(ctx context.Context, rdb redis.UniversalClient, prefix string, q HistoryQuery) ([]HistoryEntry, error) {
-	if err := store.ValidateName(prefix); err != nil {
-		return nil, fmt.Errorf("%w: key prefix %q %v", ErrInvalidConfig, clip(prefix), err)
-	}
-	if q.Last < 0 {
-		return nil, fmt.Errorf("%w: history query Last %d is negative", ErrInvalidConfig, q.Last)
-	}
-	ctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
-	defer cancel()
-	// Twice Last: room for the duplicates a retried append leaves, which
-	// are dropped below.
-	recs, err := store.NewRedis(rdb, prefix, DefaultOperationTimeout).ReadHistory(ctx,
-		store.HistoryQuery{Since: q.Since, Count: 2 * int64(q.Last), Newest: q.Last > 0})
-	if err != nil {
-		return nil, err
-	}
-	out := make([]HistoryEntry, 0, len(recs))
-	seen := make(map[string]bool, len(recs))
-	for _, r := range recs {
-		if uid := r.Fields[hfUID]; uid != "" { // entries of older versions have none
-			if seen[uid] {
-				continue
-			}
-			seen[uid] = true
-		}
-		out = append(out, historyEntry(r))
-	}
-	if q.Last > 0 && len(out) > q.Last {
-		out = out[len(out)-q.Last:]
-	}
-	return out, nil
 }
 
 // historyQueue is how many entries wait for Redis before new ones are
@@ -290,7 +129,7 @@ type historian struct {
 	maxLen int64
 	// running reports whether the Worker's loops run: only then is there
 	// a Shutdown to stop the historian's goroutine. A Worker used without
-	// Start (RecoverNow from an operator tool) appends inline instead.
+	// Start (ops.RecoverNow from an operator tool) appends inline instead.
 	running func() bool
 	// opTimeout bounds each XADD; retry is the wait before sending again
 	// an entry Redis did not answer.
@@ -333,8 +172,8 @@ func (h *historian) offer(e Event) {
 		return
 	}
 	items := []historyItem{{kind, newUID(), e}}
-	if kind == HistoryRowsRecovered && e.RowsQuarantined > 0 {
-		items = append(items, historyItem{HistoryRowsQuarantined, newUID(), e})
+	if kind == store.HistoryKindRowsRecovered && e.RowsQuarantined > 0 {
+		items = append(items, historyItem{store.HistoryKindRowsQuarantined, newUID(), e})
 	}
 	if inline := h.queue(kind, e, items); inline {
 		// No Start, so maybe no Shutdown: no goroutine of ours may be
@@ -384,9 +223,9 @@ const maxFailing = 1024
 func (h *historian) repeat(kind string, e Event) bool {
 	cause, failed := h.failing[e.PeerID]
 	switch kind {
-	case HistoryPeerDead, HistoryRowsNotReset:
+	case store.HistoryKindPeerDead, store.HistoryKindRowsNotReset:
 		return failed
-	case HistoryRecoveryFailed:
+	case store.HistoryKindRecoveryFailed:
 		msg := ""
 		if e.Err != nil {
 			msg = e.Err.Error()
@@ -401,7 +240,7 @@ func (h *historian) repeat(kind string, e Event) bool {
 		if failed { // a new cause: the attempt's peer_dead was held back
 			return false
 		}
-	case HistoryRowsRecovered:
+	case store.HistoryKindRowsRecovered:
 		delete(h.failing, e.PeerID)
 	}
 	return false

@@ -5,11 +5,13 @@ import (
 	"errors"
 	"fmt"
 	"runtime"
+	"strconv"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
@@ -33,7 +35,7 @@ func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
 	r := fencedResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 	w, _ := newWorker(t, rdb, r, "rec-1", WithKeyPrefix(prefix), WithRowsSets())
 	began := time.Now()
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 
@@ -41,12 +43,11 @@ func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
 	plantDeadPeer(t, rdb, prefix, "dead-2", "9")
 	failing, _ := newWorker(t, rdb, &fakeResetter{fail: map[string]error{"dead-2": errors.New("connection refused")}},
 		"rec-2", WithKeyPrefix(prefix))
-	_, err = failing.RecoverNow(ctx)
+	_, err = failing.recoverNow(ctx)
 	require.Error(t, err)
 	shutdown(t, w, failing) // sends what is queued
 
-	h, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{})
-	require.NoError(t, err)
+	h := readHistory(t, rdb, prefix)
 	var kinds []string
 	for _, e := range h {
 		kinds = append(kinds, e.Kind+" "+e.PeerID+" by "+e.InstanceID)
@@ -71,16 +72,6 @@ func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
 		assert.NotEmpty(t, e.ID)
 	}
 
-	// Since and Last select by the time Redis appended the entry.
-	last, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{Last: 2})
-	require.NoError(t, err)
-	assert.Equal(t, h[3:], last, "the newest two, oldest first")
-	none, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{Since: time.Now().Add(time.Second)})
-	require.NoError(t, err)
-	assert.Empty(t, none)
-	all, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{Since: began.Add(-time.Second)})
-	require.NoError(t, err)
-	assert.Equal(t, h, all)
 }
 
 // shutdown shuts workers down within 10 s.
@@ -101,7 +92,7 @@ func TestHistoryOffAppendsNothing(t *testing.T) {
 	prefix := testutil.Name("H")
 	plantDeadPeer(t, rdb, prefix, "dead-1", "1")
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "rec", WithKeyPrefix(prefix), WithHistory(0))
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	shutdown(t, w)
@@ -130,16 +121,15 @@ func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
 	time.Sleep(300 * time.Millisecond) // the lease_lost entry has failed at least once
 	srv.Restart()
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond)
-	var h []HistoryEntry
+	var h []streamEntry
 	require.Eventually(t, func() bool {
-		var err error
-		h, err = ReadHistory(context.Background(), rdb, prefix, HistoryQuery{})
-		return err == nil && len(h) == 2
+		h = readHistory(t, rdb, prefix)
+		return len(h) == 2
 	}, 5*time.Second, 10*time.Millisecond)
-	assert.Equal(t, HistoryLeaseLost, h[0].Kind)
+	assert.Equal(t, store.HistoryKindLeaseLost, h[0].Kind)
 	assert.Equal(t, "w", h[0].InstanceID)
 	assert.GreaterOrEqual(t, h[0].Duration, 800*time.Millisecond, "since the last heartbeat: the lease's length")
-	assert.Equal(t, HistoryLeaseRegained, h[1].Kind)
+	assert.Equal(t, store.HistoryKindLeaseRegained, h[1].Kind)
 	assert.True(t, h[0].Added.After(h[0].Time), "appended after the fact")
 	assert.Zero(t, w.Stats().HistoryDropped)
 }
@@ -188,8 +178,8 @@ func (s *historyStore) peers() []string {
 	defer s.mu.Unlock()
 	var out []string
 	for _, f := range s.appended {
-		e := historyEntry(store.HistoryRecord{Fields: fieldMap(f)})
-		out = append(out, e.Kind+" "+e.PeerID)
+		m := fieldMap(f)
+		out = append(out, m[store.HistoryFieldKind]+" "+m[store.HistoryFieldPeer])
 	}
 	return out
 }
@@ -200,6 +190,44 @@ func fieldMap(f []string) map[string]string {
 		m[f[i]] = f[i+1]
 	}
 	return m
+}
+
+// streamEntry is a history entry as the stream holds it, decoded for the
+// writer's tests here. The reader, ops.ReadHistory (which also drops the
+// copies of a retried append and names peer_dead peer_claimed), has its
+// own tests in package ops.
+type streamEntry struct {
+	ID, UID                             string
+	Added, Time                         time.Time
+	Kind, InstanceID, PeerID, FoundBy   string
+	Rows, RowsQuarantined, RowsNotReset int
+	RowsReset                           int64
+	Duration                            time.Duration
+	Error                               string
+}
+
+// readHistory reads the fleet's history stream as it is, oldest first.
+func readHistory(t *testing.T, rdb redis.UniversalClient, prefix string) []streamEntry {
+	t.Helper()
+	recs, err := store.NewRedis(rdb, prefix, time.Second).ReadHistory(context.Background(), store.HistoryQuery{})
+	require.NoError(t, err)
+	out := make([]streamEntry, len(recs))
+	for i, r := range recs {
+		f := r.Fields
+		e := streamEntry{ID: r.ID, UID: f[store.HistoryFieldUID], Added: r.Added, Kind: f[store.HistoryFieldKind],
+			InstanceID: f[store.HistoryFieldInstance], PeerID: f[store.HistoryFieldPeer],
+			FoundBy: f[store.HistoryFieldFoundBy], Error: f[store.HistoryFieldError]}
+		e.Time, _ = time.Parse(time.RFC3339Nano, f[store.HistoryFieldTime])
+		e.Rows, _ = strconv.Atoi(f[store.HistoryFieldRows])
+		e.RowsReset, _ = strconv.ParseInt(f[store.HistoryFieldRowsReset], 10, 64)
+		e.RowsQuarantined, _ = strconv.Atoi(f[store.HistoryFieldQuarantined])
+		e.RowsNotReset, _ = strconv.Atoi(f[store.HistoryFieldNotReset])
+		if ms, err := strconv.ParseFloat(f[store.HistoryFieldDurationMs], 64); err == nil {
+			e.Duration = time.Duration(ms * float64(time.Millisecond))
+		}
+		out[i] = e
+	}
+	return out
 }
 
 func newTestHistorian(s store.Store) *historian {
@@ -274,40 +302,44 @@ func TestHistorianNeverMakesARecoveryWait(t *testing.T) {
 	})
 }
 
-// TestHistoryEntryRoundTrip: what historyFields writes historyEntry reads,
-// and an entry of an unknown kind or with garbage fields reads as far as
-// it can.
+// TestHistoryEntryRoundTrip: what historyFields writes, field by field, as
+// the stream holds it. ops.TestHistoryEntryRoundTrip reads these very maps
+// back: the two halves of the round trip meet at the wire format.
 func TestHistoryEntryRoundTrip(t *testing.T) {
 	at := time.Date(2026, 11, 23, 3, 12, 7, 123456789, time.UTC)
 	e := Event{Kind: EventRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2", FoundBy: "expiry",
 		Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}
-	got := historyEntry(store.HistoryRecord{ID: "1-0", Fields: fieldMap(historyFields(HistoryRowsRecovered, "u1", e))})
-	assert.Equal(t, HistoryEntry{ID: "1-0", Kind: HistoryRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2",
-		FoundBy: "expiry", Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}, got)
+	assert.Equal(t, map[string]string{"kind": "rows_recovered", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
+		"uid": "u1", "peer": "w-2", "found_by": "expiry", "rows": "7", "rows_reset": "6", "rows_quarantined": "1",
+		"duration_ms": "1.5"}, fieldMap(historyFields(store.HistoryKindRowsRecovered, "u1", e)))
 
 	// The backstop sweep's two kinds keep their counts too.
 	stray := Event{Kind: EventStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep", Rows: 4, RowsReset: 3, RowsQuarantined: 1}
-	got = historyEntry(store.HistoryRecord{ID: "2-0", Fields: fieldMap(historyFields(HistoryStrayRowsReset, "u3", stray))})
-	assert.Equal(t, HistoryEntry{ID: "2-0", Kind: HistoryStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep",
-		Rows: 4, RowsReset: 3, RowsQuarantined: 1}, got)
+	assert.Equal(t, map[string]string{"kind": "stray_rows_reset", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
+		"uid": "u3", "found_by": "sweep", "rows": "4", "rows_reset": "3", "rows_quarantined": "1"},
+		fieldMap(historyFields(store.HistoryKindStrayRowsReset, "u3", stray)))
 	untracked := Event{Kind: EventUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2}
-	got = historyEntry(store.HistoryRecord{ID: "3-0", Fields: fieldMap(historyFields(HistoryUntrackedRows, "u4", untracked))})
-	assert.Equal(t, HistoryEntry{ID: "3-0", Kind: HistoryUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2}, got,
+	assert.Equal(t, map[string]string{"kind": "untracked_rows", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
+		"uid": "u4", "rows": "2"}, fieldMap(historyFields(store.HistoryKindUntrackedRows, "u4", untracked)),
 		"an untracked_rows entry says how many rows")
 
-	long := errors.New(string(make([]byte, 5000)))
-	f := fieldMap(historyFields(HistoryRecoveryFailed, "u2", Event{Kind: EventRecoveryFailed, Err: long}))
-	assert.Len(t, f[hfError], maxHistoryError+3, "clipped")
+	// A claim is written "peer_dead", the wire value of every release.
+	claimed := Event{Kind: EventPeerClaimed, Time: at, InstanceID: "w-1", PeerID: "w-2", FoundBy: "registry", Duration: 2 * time.Millisecond}
+	kind, ok := historyKind(claimed)
+	require.True(t, ok)
+	assert.Equal(t, map[string]string{"kind": "peer_dead", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
+		"uid": "u5", "peer": "w-2", "found_by": "registry", "duration_ms": "2"}, fieldMap(historyFields(kind, "u5", claimed)))
 
-	odd := historyEntry(store.HistoryRecord{Fields: map[string]string{"kind": "from_the_future", "rows": "many", "extra": "x"}})
-	assert.Equal(t, HistoryEntry{Kind: "from_the_future"}, odd)
+	long := errors.New(string(make([]byte, 5000)))
+	f := fieldMap(historyFields(store.HistoryKindRecoveryFailed, "u2", Event{Kind: EventRecoveryFailed, Err: long}))
+	assert.Len(t, f[store.HistoryFieldError], maxHistoryError+3, "clipped")
 
 	for kind, want := range map[EventKind]bool{EventPeerClaimed: true, EventRowsRecovered: true, EventLeaseLost: true,
 		EventLeaseRegained: true, EventPeerDead: false, EventRowsReset: false, EventHeartbeat: false, EventScanFinished: false} {
 		_, ok := historyKind(Event{Kind: kind})
 		assert.Equal(t, want, ok, kind.String())
 	}
-	_, ok := historyKind(Event{Kind: EventRecoveryFailed})
+	_, ok = historyKind(Event{Kind: EventRecoveryFailed})
 	assert.False(t, ok, "a failed scan is no recovery")
 }
 
@@ -382,19 +414,18 @@ func TestHistoryOfAWorkerWithoutStartLeavesNoGoroutine(t *testing.T) {
 	w, err := New(rdb, &fakeResetter{}, WithKeyPrefix(prefix), WithLogger(discardLogger))
 	require.NoError(t, err)
 
-	rep, err := w.RecoverNow(context.Background())
+	rep, err := w.recoverNow(context.Background())
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 
 	buf := make([]byte, 1<<20)
 	assert.NotContains(t, string(buf[:runtime.Stack(buf, true)]), "recovery.(*historian).run", "no goroutine without Start")
-	h, err := ReadHistory(context.Background(), rdb, prefix, HistoryQuery{})
-	require.NoError(t, err)
-	assert.NotEmpty(t, h, "the entries were appended inline")
+	assert.NotEmpty(t, readHistory(t, rdb, prefix), "the entries were appended inline")
 }
 
 // An XADD whose reply is lost is sent again by go-redis, and Redis
-// appends the entry twice: readers see it once, by its uid.
+// appends the entry twice: both copies carry the entry's uid, so readers
+// see it once (ops.TestReadHistoryDropsTheCopyOfARetriedAppend).
 func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
 	ctx := context.Background()
 	direct, proxy, rdb := behindProxy(t)
@@ -403,7 +434,7 @@ func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "rec", WithKeyPrefix(prefix)) // no Start: entries are appended inline
 
 	dropped := proxy.DropReplyTo([]byte("xadd"))
-	_, err := w.RecoverNow(ctx)
+	_, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	select {
 	case <-dropped:
@@ -413,16 +444,12 @@ func TestHistoryShowsAnEntryAppendedTwiceByARetryOnce(t *testing.T) {
 	require.Equal(t, int64(3), direct.XLen(ctx, store.HistoryKey(prefix)).Val(),
 		"peer_dead twice (the retry) and rows_recovered once")
 
-	h, err := ReadHistory(ctx, direct, prefix, HistoryQuery{})
-	require.NoError(t, err)
-	var kinds []string
-	for _, e := range h {
-		kinds = append(kinds, e.Kind)
-	}
-	assert.Equal(t, []string{HistoryPeerDead, HistoryRowsRecovered}, kinds)
-	last, err := ReadHistory(ctx, direct, prefix, HistoryQuery{Last: 2})
-	require.NoError(t, err)
-	assert.Equal(t, h, last, "Last counts entries, not their copies")
+	h := readHistory(t, direct, prefix)
+	require.Len(t, h, 3)
+	assert.Equal(t, []string{store.HistoryKindPeerDead, store.HistoryKindPeerDead, store.HistoryKindRowsRecovered},
+		[]string{h[0].Kind, h[1].Kind, h[2].Kind})
+	assert.Equal(t, h[0].UID, h[1].UID, "the copy carries the entry's uid, by which ops.ReadHistory drops it")
+	assert.NotEqual(t, h[0].UID, h[2].UID)
 }
 
 // Issue 21: rows a recovery found in a dead peer's set and could not reset
@@ -443,14 +470,13 @@ func TestHistoryRecordsRowsNotResetOnce(t *testing.T) {
 	require.NoError(t, err)
 	r, _ := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix))
 	for range 2 {
-		_, err := r.RecoverNow(ctx)
+		_, err := r.recoverNow(ctx)
 		require.ErrorIs(t, err, ErrRowsNotReset)
 	}
-	entries, err := ReadHistory(ctx, rdb, prefix, HistoryQuery{})
-	require.NoError(t, err)
-	var notReset []HistoryEntry
+	entries := readHistory(t, rdb, prefix)
+	var notReset []streamEntry
 	for _, e := range entries {
-		if e.Kind == HistoryRowsNotReset {
+		if e.Kind == store.HistoryKindRowsNotReset {
 			notReset = append(notReset, e)
 		}
 	}

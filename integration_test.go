@@ -145,7 +145,7 @@ func TestIntegrationNoScanOrKeysCommandIsEverSent(t *testing.T) {
 	plantDeadPeer(t, rdb, prefix, "dead", "1", "2")
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithKeyPrefix(prefix))
 	require.NoError(t, w.Track(context.Background(), 5))
-	_, err := w.RecoverNow(context.Background())
+	_, err := w.recoverNow(context.Background())
 	require.NoError(t, err)
 	require.NoError(t, w.Untrack(5))
 	require.NoError(t, w.Shutdown(context.Background()))

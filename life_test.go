@@ -231,7 +231,7 @@ func recoverBlocked(t *testing.T, p *Worker, g *gatedOwnerResetter) <-chan struc
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		_, _ = p.RecoverNow(context.Background())
+		_, _ = p.recoverNow(context.Background())
 	}()
 	select {
 	case <-g.entered:
@@ -415,7 +415,7 @@ func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 	require.NoError(t, oldDead.TrackAs(ctx, "old-dead", 5, 6))
 	oldDead.crash()
 	waitHeartbeatGone(t, rdb, prefix, "old-dead")
-	rep, err := newLive.RecoverNow(ctx)
+	rep, err := newLive.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assertRequeued(t, db, 5, 6)
@@ -494,7 +494,7 @@ func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
 	waitHeartbeatGone(t, rdb, prefix, "dead")
 
 	p, _ := newWorker(t, rdb, r, "p", append(lifeTimings(prefix), WithoutBackstopSweep())...)
-	rep, err := p.RecoverNow(ctx)
+	rep, err := p.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset)

@@ -65,7 +65,7 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	srv.RestartKeepingData()
 	r.setFail("D", nil)
 	observer, logs := newWorker(t, srv.Client(t), r, "observer", opts...)
-	rep, err := observer.RecoverNow(ctx)
+	rep, err := observer.recoverNow(ctx)
 	for _, f := range frozen {
 		f.thaw()
 	}
@@ -261,7 +261,7 @@ func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
 	r := &fakeResetter{}
 	w, logs := newWorker(t, srv.Client(t), r, "scanner", WithKeyPrefix(prefix), WithHeartbeatTTL(ttl),
 		WithRowsTTL(20*time.Second))
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Empty(t, rep.Dead, "held: the server restarted with data less than a TTL ago")
 	require.Equal(t, 1, logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago"))
@@ -269,7 +269,7 @@ func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
 	assert.Greater(t, rdb.PTTL(ctx, k.Incarnation).Val(), 10*time.Second, "and its incarnation")
 
 	time.Sleep(time.Until(restarted.Add(ttl + 200*time.Millisecond))) // the hold is over; the set's old TTL too
-	rep, err = w.RecoverNow(ctx)
+	rep, err = w.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1, "%+v", rep)
 	assert.Equal(t, []int64{7}, r.resetOf("dead"), "the row comes back")

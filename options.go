@@ -157,7 +157,7 @@ func WithResetTimeout(d time.Duration) Option {
 // interval and the others skip theirs, so the fleet's Redis load grows
 // linearly with its size instead of quadratically (docs/performance.md has
 // the figures). Off, every worker scans every interval, as in the design.
-// RecoverNow always scans. Default: on.
+// ops.RecoverNow always scans. Default: on.
 func WithScanLease(enabled bool) Option {
 	return optionFunc(func(o *options) { o.scanLease = enabled })
 }

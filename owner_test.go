@@ -78,7 +78,7 @@ func TestOwnerModeRecoveryResetsTheLifeReadUnderItsClaimAndNoOther(t *testing.T)
 
 	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
 	waitHeartbeatGone(t, rdb, prefix, "A")
-	rep, err := b.RecoverNow(ctx)
+	rep, err := b.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(4), rep.Recovered[0].RowsReset)
@@ -161,7 +161,7 @@ func TestOwnerModeRecoveryLeavesThePeersNewLifeWhenItCameBackBeforeTheRead(t *te
 	b.store = &returnStore{Store: b.store, peer: "A", life: "l2"}
 	take(t, db, lifeOwner("A", "l2"), 1) // taken in the new life, under a valid lease
 
-	rep, err := b.RecoverNow(ctx)
+	rep, err := b.recoverNow(ctx)
 	s, _ := rowState(t, db, 1)
 	assert.Equal(t, "inprog", s, "the new life's row is never reset")
 	require.NoError(t, err)

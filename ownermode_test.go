@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
@@ -106,7 +107,7 @@ func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
 
 	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
 	waitHeartbeatGone(t, rdb, prefix, "A") // its TTL, 2s
-	rep, err := b.RecoverNow(ctx)
+	rep, err := b.recoverNow(ctx)
 
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -129,7 +130,7 @@ func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
 }
 
 // recoverDeadForTest runs the dead-peer path on peer as the scan would.
-func (w *Worker) recoverDeadForTest(ctx context.Context, peer string) (PeerRecovery, error) {
+func (w *Worker) recoverDeadForTest(ctx context.Context, peer string) (report.PeerRecovery, error) {
 	pr, _, err := w.recoverDead(ctx, peer, foundByScan, time.Now())
 	return pr, err
 }
@@ -200,7 +201,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	old.crash()
 	owner, _ := newWorker(t, rdb, r, "new", WithKeyPrefix(prefix))
 	waitHeartbeatGone(t, rdb, prefix, "old")
-	rep, err := owner.RecoverNow(ctx)
+	rep, err := owner.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(2), rep.Recovered[0].RowsReset)
@@ -216,7 +217,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	gone.crash()
 	oldRec, _ := newWorker(t, rdb, r, "old2", WithKeyPrefix(prefix), WithRowsSets())
 	waitHeartbeatGone(t, rdb, prefix, "gone")
-	_, err = oldRec.RecoverNow(ctx)
+	_, err = oldRec.recoverNow(ctx)
 	require.NoError(t, err)
 	s, _ := rowState(t, db, 3)
 	assert.Equal(t, "inprog", s, "the rows-set worker cannot see them")
@@ -226,7 +227,7 @@ func TestOwnerModeAndRowsSetWorkersRecoverEachOther(t *testing.T) {
 	// sweep as the loop would, every interval, until the turn is ours and
 	// "gone" was seen absent twice a heartbeat TTL (2s) apart.
 	sweeper, _ := newWorker(t, rdb, r, "new2", WithKeyPrefix(prefix))
-	var recovered []PeerRecovery
+	var recovered []report.PeerRecovery
 	require.Eventually(t, func() bool {
 		srep, err := sweeper.sweeper.runOnce(ctx)
 		require.NoError(t, err)
@@ -261,7 +262,7 @@ func TestOwnerModeShutdownWithRowsStillHeldStaysRegisteredWithoutARowsSet(t *tes
 	// next one recovers it.
 	peer, _ := newWorker(t, rdb, fencedResetter(t, db), "peer", WithKeyPrefix(prefix))
 	require.Eventually(t, func() bool {
-		rep, err := peer.RecoverNow(ctx)
+		rep, err := peer.recoverNow(ctx)
 		require.NoError(t, err)
 		return len(rep.Recovered) == 1
 	}, 5*time.Second, 50*time.Millisecond)
@@ -289,7 +290,7 @@ func TestOwnerModeConcurrentRecoverersResetEachRowOnce(t *testing.T) {
 	for i := range 8 {
 		w, _ := newWorker(t, rdb, r, testutil.Name("rec"), WithKeyPrefix(prefix))
 		wg.Go(func() {
-			if _, err := w.RecoverNow(ctx); err != nil {
+			if _, err := w.recoverNow(ctx); err != nil {
 				t.Errorf("recoverer %d: %v", i, err)
 			}
 		})
@@ -326,13 +327,13 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 
 	planner, _ := newWorker(t, rdb, r, "planner", WithKeyPrefix(prefix))
 	waitHeartbeatGone(t, rdb, prefix, "A") // its TTL, 2s
-	plan, err := planner.PlanRecovery(ctx)
+	plan, err := planner.planRecovery(ctx)
 
 	require.NoError(t, err)
 	require.Len(t, plan.Peers, 1)
 	p := plan.Peers[0]
-	assert.Equal(t, PlanReset, p.Action, "no rows set, but rows owned in progress")
-	assert.Equal(t, []int64{1, 2, 4}, p.Reset)
+	assert.Equal(t, report.PlanReset, p.Action, "no rows set, but rows owned in progress")
+	assert.Equal(t, []int64{1, 2, 4}, p.WouldReset)
 	assert.Equal(t, []int64{2}, p.Quarantined, "its second recovery reaches the limit")
 	assert.Equal(t, 3, plan.RowsToReset)
 	for _, id := range []int64{1, 2} {
@@ -341,7 +342,7 @@ func TestOwnerModePlanRecoveryShowsTheRowsADeadPeerOwns(t *testing.T) {
 		assert.Equal(t, "A", *o)
 	}
 
-	rep, err := planner.RecoverNow(ctx)
+	rep, err := planner.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assert.Equal(t, int64(3), rep.Recovered[0].RowsReset, "the plan said what the recovery did")

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -54,12 +55,12 @@ func TestOwnerModeResetsRowsWithoutOwnerOfADeadRowsSetWorker(t *testing.T) {
 	rec, logs := newWorker(t, rdb, fencedResetter(t, db), "new", WithKeyPrefix(prefix))
 	require.True(t, rec.OwnerMode())
 	waitHeartbeatGone(t, rdb, prefix, "old")
-	plan, err := rec.PlanRecovery(ctx)
+	plan, err := rec.planRecovery(ctx)
 	require.NoError(t, err)
 	require.Len(t, plan.Peers, 1)
-	assert.Equal(t, PlanReset, plan.Peers[0].Action, "the dry run says what the recovery does")
-	assert.Equal(t, []int64{1, 2, 3, 4, 5}, plan.Peers[0].Reset)
-	rep, err := rec.RecoverNow(ctx)
+	assert.Equal(t, report.PlanReset, plan.Peers[0].Action, "the dry run says what the recovery does")
+	assert.Equal(t, []int64{1, 2, 3, 4, 5}, plan.Peers[0].WouldReset)
+	rep, err := rec.recoverNow(ctx)
 
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -307,7 +308,7 @@ func TestOwnerModeKeepsADeadWorkersRowsWithoutOwnerWhenTheLedgerIsMissing(t *tes
 	r := fencedResetter(t, db)
 	rec, logs := newWorker(t, rdb, r, "new", WithKeyPrefix(prefix))
 	waitHeartbeatGone(t, rdb, prefix, "old")
-	_, err = rec.RecoverNow(ctx)
+	_, err = rec.recoverNow(ctx)
 
 	require.ErrorIs(t, err, ErrRowsNotReset)
 	assert.Contains(t, err.Error(), "3 of 3 rows of old")
@@ -321,7 +322,7 @@ func TestOwnerModeKeepsADeadWorkersRowsWithoutOwnerWhenTheLedgerIsMissing(t *tes
 	// The failed recovery left a note that holds the claim for the next
 	// scan of this worker only briefly; retry as the loop would.
 	require.Eventually(t, func() bool {
-		rep, err := rec.RecoverNow(ctx)
+		rep, err := rec.recoverNow(ctx)
 		return err == nil && len(rep.Recovered) == 1
 	}, 5*time.Second, 50*time.Millisecond)
 	assertRequeued(t, db, 1, 2, 3)

@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -107,7 +108,7 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	rec, _ := newWorker(t, rdb, &ownerGatedResetter{fencedResetter(t, db), g}, "R", timing...)
 	require.True(t, rec.OwnerMode())
 	type result struct {
-		pr  PeerRecovery
+		pr  report.PeerRecovery
 		err error
 	}
 	done := make(chan result, 1)
@@ -254,7 +255,7 @@ func TestOwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
 
 	rec, _ := newWorker(t, rdb, fencedResetter(t, db), "rec", WithKeyPrefix(prefix))
 	require.True(t, rec.OwnerMode())
-	rep, err := rec.RecoverNow(ctx)
+	rep, err := rec.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 

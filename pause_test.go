@@ -73,7 +73,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 				return err == nil && n == 0
 			}, 5*time.Second, 10*time.Millisecond, "w's heartbeat expires")
 			require.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
-			_, err := p.RecoverNow(ctx)
+			_, err := p.recoverNow(ctx)
 			require.NoError(t, err)
 			require.Equal(t, map[int64]string{1: "done", 2: "queued", 3: "queued", 4: "queued"}, statusesOf(t, db, 1, 2, 3, 4))
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -182,7 +183,7 @@ func TestRecoveryOfAPeerWithALockedRowResetsTheRestAndRetriesIt(t *testing.T) {
 			ctx := context.Background()
 
 			start := time.Now()
-			rep, err := w.RecoverNow(ctx)
+			rep, err := w.recoverNow(ctx)
 			took := time.Since(start)
 			require.Error(t, err)
 			assert.Less(t, took, 2*time.Second, "no wait on the lock")
@@ -199,12 +200,12 @@ func TestRecoveryOfAPeerWithALockedRowResetsTheRestAndRetriesIt(t *testing.T) {
 			assert.Contains(t, logs.String(), `"level":"WARN","msg":"recovery of dead peer left rows another session holds locked`)
 			assert.NotContains(t, logs.String(), "check the resetter's statuses")
 
-			_, err = w.RecoverNow(ctx)
+			_, err = w.recoverNow(ctx)
 			require.ErrorIs(t, err, ErrRowsLocked, "still locked: still kept")
 			assert.True(t, registered(t, rdb, prefix, "dead"))
 
 			release()
-			rep, err = w.RecoverNow(ctx)
+			rep, err = w.recoverNow(ctx)
 			require.NoError(t, err)
 			require.Len(t, rep.Recovered, 1)
 			assert.Equal(t, int64(1), rep.Recovered[0].RowsReset)
@@ -255,11 +256,11 @@ func TestRecoveryErrorNamesTheResetOnce(t *testing.T) {
 			_, err := db.Exec(context.Background(), `ALTER TABLE batchrows RENAME COLUMN status TO state`)
 			require.NoError(t, err)
 			w, _ := newWorker(t, rdb, fencedResetter(t, db), "rec", append([]Option{WithKeyPrefix(prefix)}, mode.opts...)...)
-			_, err = w.RecoverNow(context.Background())
+			_, err = w.recoverNow(context.Background())
 			require.Error(t, err)
 			msg := err.Error()
 			assert.Equal(t, 1, strings.Count(msg, mode.prefix), "prefix once: %s", msg)
-			var pe *PeerError
+			var pe *report.PeerError
 			assert.True(t, errors.As(err, &pe), fmt.Sprint(err))
 		})
 	}

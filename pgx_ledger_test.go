@@ -32,7 +32,7 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 		r1client := redis.NewClient(&redis.Options{Addr: rdb.Options().Addr, ContextTimeoutEnabled: true})
 		killer := &hookResetter{pgResetterAPI: pg, after: func() { r1client.Close() }}
 		r1, _ := newWorker(t, r1client, killer, "r1", timing...)
-		_, err := r1.RecoverNow(ctx)
+		_, err := r1.recoverNow(ctx)
 		require.Error(t, err, "R1 cannot finish")
 		got := statuses(t, db)
 		for id := int64(1); id <= 5; id++ {
@@ -43,7 +43,7 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 
 		r2, _ := newWorker(t, rdb, pg, "r2", timing...)
 		require.Eventually(t, func() bool {
-			rep, err := r2.RecoverNow(ctx)
+			rep, err := r2.recoverNow(ctx)
 			return err == nil && len(rep.Recovered) == 1
 		}, 10*time.Second, 100*time.Millisecond, "R2 recovers the victim once R1's claim expired")
 		got = statuses(t, db)
@@ -84,7 +84,7 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 		viaProxy := impl.mustResetter(t, testutil.PoolVia(t, db, proxy.Addr), postgres.WithRecoveryCountColumn("recoveries"))
 		r, _ := newWorker(t, rdb, viaProxy, "recoverer", timing...)
 		dropped := proxy.DropReplyTo(commitMarker(impl))
-		_, err := r.RecoverNow(ctx)
+		_, err := r.recoverNow(ctx)
 		select {
 		case <-dropped:
 		case <-time.After(5 * time.Second):
@@ -97,7 +97,7 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 		assert.True(t, registered(t, rdb, prefix, "victim"), "kept for the next scan")
 
 		setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
-		rep, err := r.RecoverNow(ctx)
+		rep, err := r.recoverNow(ctx)
 		require.NoError(t, err)
 		require.Len(t, rep.Recovered, 1)
 		assert.Zero(t, rep.RowsReset, "nothing reset twice")
@@ -136,7 +136,7 @@ func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testi
 
 		setStatus(t, db, "inprog", 1, 2) // life 1 of old-0 (a first-version worker: no incarnation key)
 		plantDeadPeer(t, rdb, prefix, "old-0", "1", "2")
-		rep, err := r.RecoverNow(ctx)
+		rep, err := r.recoverNow(ctx)
 		require.NoError(t, err)
 		require.Len(t, rep.Recovered, 1)
 		require.Equal(t, "queued", statuses(t, db)[1])
@@ -144,7 +144,7 @@ func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testi
 		setStatus(t, db, "inprog", 1)       // life 2 of old-0 takes row 1 again, and dies
 		require.Eventually(t, func() bool { // once the tombstone of the first recovery is gone
 			plantDeadPeer(t, rdb, prefix, "old-0", "1")
-			rep, err = r.RecoverNow(ctx)
+			rep, err = r.recoverNow(ctx)
 			return err == nil && len(rep.Recovered) == 1
 		}, 5*time.Second, 100*time.Millisecond)
 		assert.Equal(t, "queued", statuses(t, db)[1], "row 1 of old-0's second life must be recovered; the ledger of its first life skips it")

@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -341,7 +342,7 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 				ids = append(ids, "2", "3")
 			}
 			plantDeadPeer(t, rdb, prefix, dead, ids...)
-			rep, err := rec.RecoverNow(ctx)
+			rep, err := rec.recoverNow(ctx)
 			require.NoError(t, err)
 			require.Len(t, rep.Recovered, 1)
 			if round < 3 {
@@ -361,7 +362,7 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 		assert.Equal(t, 3, count)
 		_ = logs // RecoverNow returns the report; the loop logs it:
 		l := recoveryLog{w: rec}
-		l.recovered(PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry", 0)
+		l.recovered(report.PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry", 0)
 		assert.Contains(t, logs.String(), `"row_id":1`)
 	})
 }

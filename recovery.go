@@ -5,6 +5,8 @@ import (
 	"errors"
 	"log/slog"
 	"time"
+
+	"github.com/alya/recovery/internal/report"
 )
 
 // The recoverer is the recovery loop: at Start and then every recovery
@@ -12,37 +14,13 @@ import (
 // the registry for dead peers; in between it recovers the peers the expiry
 // watcher hands it. Every dead peer goes down the one path (deadpeer.go).
 
-// RecoveryReport says what one recovery scan found and did.
-type RecoveryReport struct {
-	// PeersChecked is how many registered peers (other than this worker)
-	// had their heartbeat checked.
-	PeersChecked int
-	// Dead lists the peers that had no heartbeat.
-	Dead []string
-	// Recovered lists the dead peers whose recovery this scan completed.
-	Recovered []PeerRecovery
-	// Failed lists dead peers whose recovery failed (the error says why),
-	// with what was done before the failure: rows reset, and rows found
-	// but neither reset nor settled (PeerRecovery.NotReset).
-	Failed []PeerRecovery
-	// Skipped lists dead peers left alone: another worker held the
-	// recovery claim, or the heartbeat came back before the claim.
-	Skipped []string
-	// InvalidMembers lists registry members that are not valid instance
-	// IDs. They are left in the registry and ignored.
-	InvalidMembers []string
-	// RowsReset is the sum of RowsReset over Recovered and Failed.
-	RowsReset int64
-	// Duration is how long the scan took.
-	Duration time.Duration
-}
-
-// RecoverNow runs one recovery scan now, bounded by ctx: it finds the
+// recoverNow runs one recovery scan now, bounded by ctx: it finds the
 // registered peers whose heartbeat has expired and, for each, resets the
 // rows in its rows set, then deletes the set and removes the peer from the
 // registry. It may be called before Start (an operator tool that never
 // heartbeats can use it) and concurrently with the background scans: a
 // claim in Redis makes sure one dead peer is recovered by one worker.
+// ops.RecoverNow calls it (bridge.go).
 //
 // Before Start it first reads the timings the fleet's members announce
 // (the fleet record), which a started Worker learns from its heartbeats,
@@ -50,12 +28,12 @@ type RecoveryReport struct {
 // not this Worker's.
 //
 // The error is nil when every dead peer was handled; otherwise it joins a
-// *PeerError for each peer that failed, or reports why the scan itself
-// failed. The report describes what was done either way.
-func (w *Worker) RecoverNow(ctx context.Context) (RecoveryReport, error) {
+// *report.PeerError for each peer that failed, or reports why the scan
+// itself failed. The report describes what was done either way.
+func (w *Worker) recoverNow(ctx context.Context) (report.RecoveryReport, error) {
 	switch w.state.Load() {
 	case stateShutdown:
-		return RecoveryReport{}, ErrShutdown
+		return report.RecoveryReport{}, ErrShutdown
 	case stateNew:
 		w.learnFleetRecord(ctx)
 	}
@@ -64,7 +42,7 @@ func (w *Worker) RecoverNow(ctx context.Context) (RecoveryReport, error) {
 
 // scan is one recovery pass: the registry, the heartbeats, and the one
 // path for every dead peer.
-func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
+func (w *Worker) scan(ctx context.Context) (rep report.RecoveryReport, err error) {
 	start := time.Now()
 	defer func() {
 		rep.Duration = time.Since(start)
@@ -92,13 +70,13 @@ func (w *Worker) scan(ctx context.Context) (rep RecoveryReport, err error) {
 	var errs []error
 	for _, peer := range dead {
 		if err := ctx.Err(); err != nil {
-			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			continue
 		}
 		pr, claimed, err := w.recoverDead(ctx, peer, foundByScan, noticed)
 		switch {
 		case err != nil:
-			errs = append(errs, &PeerError{InstanceID: peer, Err: err})
+			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			rep.Failed = append(rep.Failed, pr)
 			rep.RowsReset += pr.RowsReset
 		case !claimed:

@@ -72,7 +72,7 @@ func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithHeartbeatTTL(20*time.Second),
 		WithHeartbeatInterval(5*time.Second), WithOperationTimeout(5*time.Second), WithRowsTTL(time.Minute))
 
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 
 	require.NoError(t, err)
 	assert.Equal(t, 10000, rep.PeersChecked)
@@ -215,7 +215,7 @@ func TestRecoveryLeavesRowsOfLivePeers(t *testing.T) {
 	require.NoError(t, a.Track(context.Background(), 1, 2, 3))
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.Equal(t, 1, rep.PeersChecked)
@@ -237,13 +237,13 @@ func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
 	b, _ := newWorker(t, rdb, r, "workerB")
 
 	mr.FastForward(1900 * time.Millisecond)
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Zero(t, len(rep.Dead), "heartbeat still there: not dead yet")
 	assert.Zero(t, r.callCount())
 
 	mr.FastForward(100 * time.Millisecond)
-	rep, err = b.RecoverNow(context.Background())
+	rep, err = b.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, 1, len(rep.Dead))
 	assert.Equal(t, []int64{105, 106, 107, 108, 109}, r.resetOf("workerA"))
@@ -256,7 +256,7 @@ func TestWorkerNeverRecoversItself(t *testing.T) {
 	require.NoError(t, w.Track(context.Background(), 1))
 	mr.Del(keysOf("self").Heartbeat) // as if our own key expired in a pause
 
-	rep, err := w.RecoverNow(context.Background())
+	rep, err := w.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.Zero(t, rep.PeersChecked)
@@ -285,12 +285,12 @@ func TestRecoverNowBeforeStartWorksAndAfterShutdownIsRefused(t *testing.T) {
 	r := &fakeResetter{}
 	w, _ := newWorker(t, rdb, r, "operator")
 
-	_, err := w.RecoverNow(context.Background())
+	_, err := w.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1}, r.resetOf("dead"))
 
 	require.NoError(t, w.Shutdown(context.Background()))
-	_, err = w.RecoverNow(context.Background())
+	_, err = w.recoverNow(context.Background())
 	assert.ErrorIs(t, err, ErrShutdown)
 }
 
@@ -298,7 +298,7 @@ func TestRecoveryScanFailsCleanlyWhenRedisIsDown(t *testing.T) {
 	mr, rdb := newMini(t)
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w")
 	mr.SetError("ERR down")
-	_, err := w.RecoverNow(context.Background())
+	_, err := w.recoverNow(context.Background())
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "read registry "+registryKey)
 }

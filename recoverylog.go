@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/alya/recovery/internal/report"
 )
 
 // recoveryLog logs what recovery does, once per outage: a scan that keeps
@@ -27,14 +29,14 @@ type recoveryLog struct {
 
 // scanned logs a scan of the recovery loop; the dead-peer path logged each
 // peer's outcome.
-func (l *recoveryLog) scanned(rep RecoveryReport, err error) {
+func (l *recoveryLog) scanned(rep report.RecoveryReport, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	log := l.w.log
-	var peerErrs []*PeerError
+	var peerErrs []*report.PeerError
 	var scanErr error
 	for _, e := range unjoin(err) {
-		var pe *PeerError
+		var pe *report.PeerError
 		if errors.As(e, &pe) {
 			peerErrs = append(peerErrs, pe)
 		} else {
@@ -130,7 +132,7 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 // recovered logs the recovery of one dead peer this worker claimed: the
 // rows reset, each row quarantined, and the end of a run of failures;
 // source says which mechanism found the peer.
-func (l *recoveryLog) recovered(pr PeerRecovery, source string, stuck time.Duration) {
+func (l *recoveryLog) recovered(pr report.PeerRecovery, source string, stuck time.Duration) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, failed := l.failing[pr.InstanceID]; failed {
@@ -177,7 +179,7 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	for _, e := range unjoin(err) {
-		var pe *PeerError
+		var pe *report.PeerError
 		if errors.As(e, &pe) {
 			continue
 		}

@@ -55,7 +55,7 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	assert.Zero(t, logs.Count("recovery scan failed"), "not logged twice")
 	assert.Zero(t, logs.Count("heartbeat failed"))
 	assert.Zero(t, logs.Count("recovery of dead peer failed"))
-	_, err := watcher.RecoverNow(ctx)
+	_, err := watcher.recoverNow(ctx)
 	assert.ErrorIs(t, err, ErrRegistryWrongType)
 
 	require.NoError(t, rdb.Del(ctx, registryKey).Err()) // the runbook's fix
@@ -106,7 +106,7 @@ func TestInvalidRegistryMembersAreReportedAndLeftAlone(t *testing.T) {
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "workerB")
 
-	rep, err := b.RecoverNow(context.Background())
+	rep, err := b.recoverNow(context.Background())
 
 	require.NoError(t, err)
 	assert.ElementsMatch(t, []string{"", "a{b}c", "with space", long}, rep.InvalidMembers)

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 )
@@ -170,7 +171,7 @@ func (g guarantee) ledger(t *testing.T) {
 	before := dumpKeys(t, rdb, prefix)
 
 	r1, _ := newWorker(t, rdb, g.resetter(t, db), "r1", opts...)
-	rep, err := r1.RecoverNow(ctx)
+	rep, err := r1.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
 	assertQueued(t, db, 1, 2, 3)
@@ -179,7 +180,7 @@ func (g guarantee) ledger(t *testing.T) {
 	take(t, db, "live", 1, 2, 3)        // a live worker takes them again
 
 	r2, _ := newWorker(t, rdb, g.resetter(t, db), "r2", opts...)
-	rep, err = r2.RecoverNow(ctx)
+	rep, err = r2.recoverNow(ctx)
 	require.NoError(t, err)
 	assert.Zero(t, rep.RowsReset, "the second reset of the same incarnation changes nothing")
 	for id, s := range statuses(t, db) {
@@ -246,7 +247,7 @@ func (g guarantee) report(t *testing.T) {
 	}
 	limit = append(limit, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
 	r, _ := newWorker(t, rdb, g.wrap(g.impl.mustResetter(t, db, limit...)), "r", opts...)
-	rep, err := r.RecoverNow(ctx)
+	rep, err := r.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrRowsNotReset, "row 2 is neither reset nor settled")
 	require.Len(t, rep.Failed, 1)
 	assert.Equal(t, []int64{1}, rep.Failed[0].Quarantined)
@@ -278,10 +279,10 @@ func (g guarantee) dryRun(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "DG")
 	g.deadVictim(t, rdb, db, []Option{WithKeyPrefix(prefix)}, 1, 2, 3)
 	w, _ := newWorker(t, rdb, g.resetter(t, db), "planner", WithKeyPrefix(prefix))
-	plan, err := w.PlanRecovery(ctx)
+	plan, err := w.planRecovery(ctx)
 	require.NoError(t, err)
 	require.Len(t, plan.Peers, 1)
-	assert.NotEqual(t, PlanUnknown, plan.Peers[0].Action)
+	assert.NotEqual(t, report.PlanUnknown, plan.Peers[0].Action)
 	assert.Equal(t, 3, plan.RowsToReset, "%+v", plan)
 	assert.Equal(t, "inprog", statuses(t, db)[1], "nothing changed")
 }

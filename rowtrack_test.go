@@ -148,7 +148,7 @@ func TestSafetyARowReleasedAndTakenAgainIsRecoveredWhenItsWorkerDies(t *testing.
 
 	r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))
 	require.Eventually(t, func() bool {
-		_, err := r.RecoverNow(ctx)
+		_, err := r.recoverNow(ctx)
 		return err == nil && statuses(t, db)[1] == "queued"
 	}, 10*time.Second, 100*time.Millisecond, "row 1 is not stuck")
 	assert.Equal(t, "queued", statuses(t, db)[2])

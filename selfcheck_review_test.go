@@ -146,7 +146,7 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 		n, err := rdb.Exists(ctx, w.ownKeys().Heartbeat).Result()
 		return err == nil && n == 0
 	}, 5*time.Second, 10*time.Millisecond, "w's heartbeat expires")
-	_, err := p.RecoverNow(ctx)
+	_, err := p.recoverNow(ctx)
 	require.NoError(t, err)
 	fr.thaw()
 	require.Eventually(t, func() bool {
@@ -352,7 +352,7 @@ func TestACompletionInTwoStatementsLeavesPeerRecoveriesUnheld(t *testing.T) {
 	fetchJobs(t, db, v, 0, "", 500, 501, 502)
 	v.crash()
 	require.NoError(t, rdb.Del(ctx, v.ownKeys().Heartbeat).Err())
-	rep, err := w.RecoverNow(ctx)
+	rep, err := w.recoverNow(ctx)
 	t.Logf("RecoverNow: %+v, %v", rep, err)
 	var states []string
 	require.NoError(t, db.QueryRow(ctx, `SELECT array_agg(state::text ORDER BY id) FROM jobs WHERE id IN (500, 501, 502)`).Scan(&states))

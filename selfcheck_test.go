@@ -144,7 +144,7 @@ func TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone(t *testing.T) {
 	require.NoError(t, rdb.SAdd(ctx, keys.Rows, 1, 2, 3, 4).Err())
 	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err())
 
-	_, err = w.RecoverNow(ctx)
+	_, err = w.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrMisconfigured, "the recovery is held")
 	assert.Equal(t, int64(4), rdb.SCard(ctx, keys.Rows).Val(), "the dead peer's rows set is kept")
 	assert.True(t, rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead").Val(), "and its registry entry")
@@ -182,7 +182,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	require.NoError(t, rdb.SAdd(ctx, keys.Rows, 1, 2, 3, 4).Err())
 	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err())
 
-	_, err = w.RecoverNow(ctx)
+	_, err = w.recoverNow(ctx)
 	require.ErrorIs(t, err, errUnverified, "held before any block of its own")
 	assert.Equal(t, int64(4), rdb.SCard(ctx, keys.Rows).Val(), "the dead peer's rows set is kept")
 	assert.True(t, rdb.SIsMember(ctx, store.RegistryKey(prefix), "dead").Val(), "and its registry entry")
@@ -190,7 +190,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 
 	takeBlock(t, db, w, "inprog", "", 5, 6) // its first block: the alarm
 	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 10*time.Millisecond)
-	_, err = w.RecoverNow(ctx)
+	_, err = w.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrMisconfigured)
 
 	right, err := pgxreset.New(db)
@@ -199,7 +199,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	takeBlock(t, db, c, "inprog", "", 7, 8)
 	require.Eventually(t, func() bool { return c.checker.verdict.Load() == 1 }, 3*time.Second, 10*time.Millisecond)
 	require.Eventually(t, func() bool {
-		_, _ = c.RecoverNow(ctx)
+		_, _ = c.recoverNow(ctx)
 		var n int
 		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows WHERE rowid <= 4 AND status = 'queued'`).Scan(&n))
 		return n == 4

@@ -29,7 +29,7 @@ import (
 // reports ErrInstanceIDInUse) leaves every key to that process.
 //
 // Shutdown is idempotent, safe to call concurrently and safe to call
-// without Start. After it, Start, Track and RecoverNow return ErrShutdown.
+// without Start. After it, Start, Track and ops.RecoverNow return ErrShutdown.
 // It never closes the Redis client or the database handle it was given.
 // With an observer, it also waits for the events already queued to be
 // delivered, and for the fleet history's entries queued to be appended

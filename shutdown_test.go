@@ -115,7 +115,7 @@ func TestShutdownWithRowsStillTrackedLeavesThemForPeers(t *testing.T) {
 
 	r := &fakeResetter{}
 	b, _ := newWorker(t, rdb, r, "B")
-	_, err := b.RecoverNow(context.Background())
+	_, err := b.recoverNow(context.Background())
 	require.NoError(t, err)
 	assert.Equal(t, []int64{101, 102}, r.resetOf("A"), "recovered by the next scan, no TTL to wait for")
 }

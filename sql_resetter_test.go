@@ -18,6 +18,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -295,9 +296,9 @@ func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 			// on peer's claim for 2 × the operation timeout: a scan within
 			// it skips peer, the next recovers it.
 			rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
-			var rep RecoveryReport
+			var rep report.RecoveryReport
 			require.Eventually(t, func() bool {
-				rep, err = rec.RecoverNow(ctx)
+				rep, err = rec.recoverNow(ctx)
 				require.NoError(t, err, logs.String())
 				return len(rep.Recovered) == 1
 			}, 5*time.Second, 50*time.Millisecond)
@@ -340,7 +341,7 @@ func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 			require.NoError(t, err)
 
 			rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
-			rep, err := rec.RecoverNow(ctx)
+			rep, err := rec.recoverNow(ctx)
 			require.NoError(t, err, logs.String())
 			require.Len(t, rep.Recovered, 1)
 			assert.Equal(t, int64(3), rep.RowsReset)

@@ -24,7 +24,7 @@ type Stats struct {
 	Heartbeats, HeartbeatFailures uint64
 	// LeaseLosses counts the times the lease was lost.
 	LeaseLosses uint64
-	// Scans counts finished recovery scans (RecoverNow included).
+	// Scans counts finished recovery scans (ops.RecoverNow included).
 	Scans uint64
 	// PeersDead counts dead peers found, once per scan that found them.
 	PeersDead uint64
@@ -58,7 +58,7 @@ type Stats struct {
 	// ErrMisconfigured); Healthy then fails.
 	Misconfigured bool
 	// Errors counts failed scans, failed peer recoveries and failed sweeps;
-	// one that Shutdown (or the context of RecoverNow) cut short is none.
+	// one that Shutdown (or the context of ops.RecoverNow) cut short is none.
 	Errors uint64
 	// RegistryBroken reports whether the last registry command found the
 	// registry key holding something other than a set: scans cannot find
@@ -142,7 +142,7 @@ func (w *Worker) Stats() Stats {
 
 // countFailure counts a failed scan, sweep or peer recovery in
 // Stats.Errors, and reports whether it did: a failure whose context ended
-// (Shutdown, or the caller of RecoverNow giving up) is no failure of
+// (Shutdown, or the caller of ops.RecoverNow giving up) is no failure of
 // recovery, and is neither counted nor reported.
 func (w *Worker) countFailure(ctx context.Context) bool {
 	if ctx.Err() != nil {

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"time"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 )
 
@@ -55,7 +56,7 @@ type sweepReport struct {
 	// not yet for a whole heartbeat TTL.
 	absent []string
 	// recovered lists owners whose rows were reset.
-	recovered []PeerRecovery
+	recovered []report.PeerRecovery
 	// invalidOwners lists owners that are not valid instance IDs (rows a
 	// host marked by other means); they are left alone.
 	invalidOwners []string
@@ -262,7 +263,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		pr, claimed, err := w.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
 		switch {
 		case err != nil:
-			errs = append(errs, &PeerError{InstanceID: o, Err: err})
+			errs = append(errs, &report.PeerError{InstanceID: o, Err: err})
 		case claimed:
 			delete(s.absentSince, o)
 			rep.recovered = append(rep.recovered, pr)
@@ -311,7 +312,7 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 		id, life, _ := parseOwner(v)
 		ended, err := s.lifeEnded(ctx, id, life)
 		if err != nil {
-			errs = append(errs, &PeerError{InstanceID: id, Err: fmt.Errorf("read the current life: %w", err)})
+			errs = append(errs, &report.PeerError{InstanceID: id, Err: fmt.Errorf("read the current life: %w", err)})
 			_, seen[v] = s.endedSince[v] // keep what was seen
 			continue
 		}
@@ -335,11 +336,11 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 		cancel()
 		if err != nil {
 			w.countFailure(ctx)
-			errs = append(errs, &PeerError{InstanceID: id, Err: fmt.Errorf("reset the rows of ended life %s: %w", clip(v), err)})
+			errs = append(errs, &report.PeerError{InstanceID: id, Err: fmt.Errorf("reset the rows of ended life %s: %w", clip(v), err)})
 			continue
 		}
 		delete(s.endedSince, v)
-		pr := PeerRecovery{InstanceID: id, RowsFound: int(res.Changed) + len(res.NotReset), RowsReset: res.Changed,
+		pr := report.PeerRecovery{InstanceID: id, RowsFound: int(res.Changed) + len(res.NotReset), RowsReset: res.Changed,
 			Quarantined: res.Quarantined, NotReset: res.NotReset}
 		w.countRows(pr)
 		rep.recovered = append(rep.recovered, pr)

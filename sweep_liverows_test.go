@@ -50,7 +50,7 @@ func TestResumedWorkerKilledAfterTheBackstopSweepResetItsRowsLeavesAPeersRow(t *
 		w.crash()
 		ctx := context.Background()
 		require.Eventually(t, func() bool {
-			_, _ = q.RecoverNow(ctx) // a rows set lost is an error; what counts is w gone
+			_, _ = q.recoverNow(ctx) // a rows set lost is an error; what counts is w gone
 			return !rdb.SIsMember(ctx, q.store.Registry(), "w").Val()
 		}, 10*time.Second, 50*time.Millisecond, "q's recovery of w ends")
 	})

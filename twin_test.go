@@ -361,7 +361,7 @@ func TestSafetyFixedInstanceIDRestartedWithinTheTTLGetsItsPredecessorsRowsRecove
 
 	peer, _ := startWorker(t, rdb, fencedResetter(t, db), "peer", WithKeyPrefix(prefix))
 	assert.Eventually(t, func() bool {
-		_, _ = peer.RecoverNow(ctx)
+		_, _ = peer.recoverNow(ctx)
 		got := statuses(t, db)
 		return got[1] == "queued" && got[2] == "queued" && got[3] == "queued"
 	}, 3*2*time.Second, 200*time.Millisecond, // three heartbeat TTLs of the fast timings

@@ -34,7 +34,7 @@ func TestSafetyDeferredUntrackNeverResetsAFinishedRow(t *testing.T) {
 
 	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix), WithRowsSets())
 	require.Eventually(t, func() bool {
-		rep, err := b.RecoverNow(ctx)
+		rep, err := b.recoverNow(ctx)
 		return err == nil && len(rep.Recovered) == 1
 	}, 5*time.Second, 50*time.Millisecond)
 	s, _ := rowState(t, db, 1)
@@ -65,7 +65,7 @@ func TestSafetyDeferredUntrackWithOwnerFencingLeavesARequeuedRowToItsNewHolder(t
 
 	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
 	require.Eventually(t, func() bool {
-		rep, err := b.RecoverNow(ctx)
+		rep, err := b.recoverNow(ctx)
 		return err == nil && len(rep.Recovered) == 1
 	}, 5*time.Second, 50*time.Millisecond)
 	s, owner := rowState(t, db, 1)

@@ -77,7 +77,7 @@ func TestRollingUpgradeOldAndNewWorkersRecoverEachOther(t *testing.T) {
 		plantDeadPeer(t, rdb, prefix, "old-1", "1", "2") // what a first-version worker leaves
 		setStatus(t, db, "inprog", 1, 2)
 		w, _ := newWorker(t, rdb, pg, "new-r", WithKeyPrefix(prefix))
-		rep, err := w.RecoverNow(ctx)
+		rep, err := w.recoverNow(ctx)
 		require.NoError(t, err)
 		require.Len(t, rep.Recovered, 1)
 		assert.Equal(t, int64(2), rep.RowsReset)
@@ -105,12 +105,12 @@ func TestRollingUpgradeOldAndNewWorkersRecoverEachOther(t *testing.T) {
 		failing := &fakeResetter{}
 		failing.setFail("dead-2", assert.AnError)
 		f, _ := newWorker(t, rdb, failing, "new-f", WithKeyPrefix(prefix))
-		_, err := f.RecoverNow(ctx)
+		_, err := f.recoverNow(ctx)
 		require.Error(t, err)
 
 		assert.False(t, v1Recover(t, rdb, pg, prefix, "dead-2"), "the failure note looks held to an old worker")
 		w, _ := newWorker(t, rdb, pg, "new-r2", WithKeyPrefix(prefix))
-		rep, err := w.RecoverNow(ctx)
+		rep, err := w.recoverNow(ctx)
 		require.NoError(t, err)
 		require.Len(t, rep.Recovered, 1)
 		assert.Equal(t, "queued", statuses(t, db)[5])

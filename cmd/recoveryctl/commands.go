@@ -19,6 +19,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres/pgxreset"
 )
 
@@ -48,7 +49,7 @@ type instanceJSON struct {
 	Mode           string `json:"mode,omitempty"`
 }
 
-func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
+func (o *options) toJSON(i ops.InstanceState) instanceJSON {
 	j := instanceJSON{
 		InstanceID:     i.InstanceID,
 		Registered:     i.Registered,
@@ -58,7 +59,7 @@ func (o *options) toJSON(i recovery.InstanceState) instanceJSON {
 		RowsTTLMs:      ttlMs(i.RowsPresent, i.RowsTTL),
 		Incarnation:    i.Incarnation,
 		Claim:          string(i.Claim),
-		BeingRecovered: i.Claim == recovery.ClaimHeld,
+		BeingRecovered: i.Claim == ops.ClaimHeld,
 		AnnouncedTTLMs: i.AnnouncedTTL.Milliseconds(),
 		Mode:           i.Mode,
 	}
@@ -78,7 +79,7 @@ type beat struct {
 
 // lastBeat reads the time since an instance's last heartbeat from its
 // heartbeat key's TTL left: every heartbeat sets the key's TTL back to the
-// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's WithHeartbeatTTL), so
+// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's Timings.HeartbeatTTL), so
 // what has run off since is the time since that heartbeat. PTTL answers
 // to the millisecond on every Redis version and changes nothing. (OBJECT
 // IDLETIME is not used: a read of the key such as GET resets it, it counts whole
@@ -88,7 +89,7 @@ type beat struct {
 // flag is not the fleet's TTL. An instance is late when no heartbeat came
 // for 1.5 heartbeat intervals (--heartbeat-interval): past the ±20% jitter
 // of the heartbeat loop, and its key expires at the TTL unless one comes.
-func (o *options) lastBeat(i recovery.InstanceState) beat {
+func (o *options) lastBeat(i ops.InstanceState) beat {
 	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > o.heartbeatTTL {
 		return beat{}
 	}
@@ -100,7 +101,7 @@ func (o *options) lastBeat(i recovery.InstanceState) beat {
 func (o *options) lateAfter() time.Duration { return o.heartbeatInterval * 3 / 2 }
 
 // lastBeatText shows lastBeat for people.
-func (o *options) lastBeatText(i recovery.InstanceState) string {
+func (o *options) lastBeatText(i ops.InstanceState) string {
 	b := o.lastBeat(i)
 	switch {
 	case b.known:
@@ -127,7 +128,7 @@ func durText(d time.Duration) string {
 
 // beatLegend says how LAST BEAT and "late" are worked out, and which
 // instances' last beat cannot be known with --heartbeat-ttl.
-func (o *options) beatLegend(insts []recovery.InstanceState) []string {
+func (o *options) beatLegend(insts []ops.InstanceState) []string {
 	lines := []string{fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
 		durText(o.heartbeatTTL), durText(o.lateAfter()), durText(o.heartbeatInterval))}
 	var odd []string
@@ -137,14 +138,14 @@ func (o *options) beatLegend(insts []recovery.InstanceState) []string {
 		}
 	}
 	if len(odd) > 0 {
-		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's WithHeartbeatTTL",
+		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's Timings.HeartbeatTTL",
 			strings.Join(odd, ", ")))
 	}
 	return lines
 }
 
 // fleetCounts counts the alive instances, the late among them, and the dead.
-func (o *options) fleetCounts(insts []recovery.InstanceState) (alive, late, dead int) {
+func (o *options) fleetCounts(insts []ops.InstanceState) (alive, late, dead int) {
 	for _, i := range insts {
 		switch {
 		case !i.Alive():
@@ -168,7 +169,7 @@ func countsText(alive, late, dead int) string {
 }
 
 // writeWorkers writes the table of instances.
-func (o *options) writeWorkers(w io.Writer, insts []recovery.InstanceState) {
+func (o *options) writeWorkers(w io.Writer, insts []ops.InstanceState) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
 	fmt.Fprintln(tw, "INSTANCE\tSTATE\tLAST BEAT\tHEARTBEAT TTL\tROWS\tROWS TTL")
 	for _, i := range insts {
@@ -203,7 +204,7 @@ func ttlText(present bool, ttl time.Duration) string {
 	}
 }
 
-func (o *options) stateText(i recovery.InstanceState) string {
+func (o *options) stateText(i ops.InstanceState) string {
 	s := "dead"
 	switch {
 	case !i.Alive():
@@ -213,11 +214,11 @@ func (o *options) stateText(i recovery.InstanceState) string {
 		s = "alive"
 	}
 	switch i.Claim {
-	case recovery.ClaimHeld:
+	case ops.ClaimHeld:
 		s += ", being recovered"
-	case recovery.ClaimFailed:
+	case ops.ClaimFailed:
 		s += ", last recovery failed"
-	case recovery.ClaimFinished:
+	case ops.ClaimFinished:
 		s += ", just recovered"
 	}
 	if !i.Registered {
@@ -241,7 +242,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	fleet, err := recovery.Inspect(ctx, rdb, o.prefix)
+	fleet, err := ops.Inspect(ctx, rdb, o.prefix)
 	if err != nil {
 		return usageIfConfig(err)
 	}
@@ -252,7 +253,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 // else as a table with a legend and the counts. An empty registry is said
 // on stderr, with the prefix: a wrong --prefix looks exactly like an idle
 // fleet otherwise.
-func printWorkers(stdout, stderr io.Writer, o *options, fleet recovery.FleetState) error {
+func printWorkers(stdout, stderr io.Writer, o *options, fleet ops.FleetState) error {
 	insts, invalid := fleet.Instances, fleet.InvalidMembers
 	if len(insts) == 0 && len(invalid) == 0 {
 		fmt.Fprintf(stderr, "no worker registered under prefix %q: %s is empty or absent; is --prefix the fleet's WithKeyPrefix?\n",
@@ -315,7 +316,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	inst, err := recovery.InspectInstance(ctx, rdb, o.prefix, id)
+	inst, err := ops.InspectInstance(ctx, rdb, o.prefix, id)
 	if err != nil {
 		return usageIfConfig(err)
 	}
@@ -323,7 +324,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 		return fmt.Errorf("unknown instance %q: not in %s and no keys of it under prefix %q",
 			id, store.RegistryKey(o.prefix), o.prefix)
 	}
-	tracked, err := recovery.ReadTrackedRows(ctx, rdb, o.prefix, id)
+	tracked, err := ops.ReadTrackedRows(ctx, rdb, o.prefix, id)
 	if err != nil {
 		return err
 	}
@@ -331,7 +332,7 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 }
 
 // printRows shows an instance and the rows it tracks.
-func printRows(stdout io.Writer, o *options, inst recovery.InstanceState, tracked recovery.TrackedRows) error {
+func printRows(stdout io.Writer, o *options, inst ops.InstanceState, tracked ops.TrackedRows) error {
 	ids, invalid := tracked.RowIDs, tracked.InvalidMembers
 	if o.json {
 		out := struct {
@@ -365,7 +366,7 @@ type rowJSON struct {
 // peerJSON is one dead instance in the output of recover.
 type peerJSON struct {
 	InstanceID string `json:"instance_id"`
-	// Action is, in a dry run, what a scan would do (recovery.PlanAction):
+	// Action is, in a dry run, what a scan would do (ops.PlanAction):
 	// "reset" (the rows in rows_to_reset, then delete the rows set and
 	// deregister), "keep" (rows_not_reset cannot be reset: the rows set
 	// and registry entry would be kept), "deregister" (no rows), "lost"
@@ -448,9 +449,9 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 type noDB struct{ pgxreset.Execer }
 
 // newWorker returns a recovery.Worker over the fleet's Redis and a
-// pgxreset.Resetter built from the flags, after checking the resetter against
+// pgxreset.Resetter built from the flags, after checking it against
 // the catalogue (unless --no-schema-check). The Worker is never started:
-// no heartbeat, no registration; RecoverNow and PlanRecovery only.
+// no heartbeat, no registration; ops.RecoverNow and ops.PlanRecovery only.
 func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (*recovery.Worker, func(), error) {
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
@@ -489,13 +490,13 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 	return w, pool.Close, nil
 }
 
-// plan asks the library what a scan would do now (Worker.PlanRecovery):
+// plan asks the library what a scan would do now (ops.PlanRecovery):
 // the dead peers as a scan finds them, their rows as a recovery reads
 // them, and from PostgreSQL, in a transaction that is rolled back, which
 // of those rows a reset would change.
 func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	out := recoverJSON{DryRun: true}
-	p, err := w.PlanRecovery(ctx)
+	p, err := ops.PlanRecovery(ctx, w)
 	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
 	out.RowsReset = int64(p.RowsToReset)
 	var (
@@ -505,15 +506,15 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	for _, pp := range p.Peers {
 		pj := peerJSON{
 			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
-			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.Reset,
+			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.WouldReset,
 			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: pp.Tracked.InvalidMembers,
 		}
 		out.RowsNotReset += len(pp.NotReset)
 		out.Peers = append(out.Peers, pj)
 		switch pp.Action {
-		case recovery.PlanKeep:
+		case ops.PlanKeep:
 			kept++
-		case recovery.PlanLost:
+		case ops.PlanLost:
 			lost = append(lost, pp.InstanceID)
 		}
 	}
@@ -534,13 +535,13 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	return out, errors.Join(errs...)
 }
 
-// recoverNow runs one scan through the library (Worker.RecoverNow). A peer
+// recoverNow runs one scan through the library (ops.RecoverNow). A peer
 // whose rows could be neither reset nor shown settled keeps its rows set
 // and registry entry (recovery.ErrRowsNotReset): that is a failure, and
 // says which rows and what to check.
 func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSON, error) {
 	out := recoverJSON{}
-	rep, scanErr := w.RecoverNow(ctx)
+	rep, scanErr := ops.RecoverNow(ctx, w)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
 		rep.PeersChecked, len(rep.Dead), rep.RowsReset, rep.InvalidMembers
 	for _, pr := range rep.Recovered {
@@ -553,13 +554,13 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 	for _, id := range rep.Skipped {
 		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: "skipped"})
 	}
-	failed := map[string]recovery.PeerRecovery{}
+	failed := map[string]ops.PeerRecovery{}
 	for _, pr := range rep.Failed {
 		failed[pr.InstanceID] = pr
 	}
 	var nFailed, notReset int
 	for _, e := range unjoin(scanErr) {
-		var pe *recovery.PeerError
+		var pe *ops.PeerError
 		if !errors.As(e, &pe) {
 			return out, e // the scan itself failed
 		}
@@ -592,7 +593,7 @@ func rowsJSON(rs []recovery.RowState) []rowJSON {
 	return out
 }
 
-// ctlInstanceID is the identity RecoverNow runs under. It never heartbeats
+// ctlInstanceID is the identity ops.RecoverNow runs under. It never heartbeats
 // or registers; it only has to differ from every worker's.
 func ctlInstanceID() string {
 	host, _ := os.Hostname()
@@ -609,19 +610,19 @@ func printRecover(w io.Writer, out recoverJSON) {
 	for _, p := range out.Peers {
 		settled := len(p.RowIDs) - len(p.RowsToReset) - len(p.RowsNotReset)
 		switch p.Action {
-		case string(recovery.PlanReset):
+		case string(ops.PlanReset):
 			fmt.Fprintf(w, "would reset %s: %d of %d tracked rows (%s); %d are settled (finished, queued or another worker's); then delete its rows set and deregister it\n",
 				p.InstanceID, len(p.RowsToReset), p.RowsFound, idList(p.RowsToReset), settled)
-		case string(recovery.PlanKeep):
+		case string(ops.PlanKeep):
 			fmt.Fprintf(w, "would keep %s: %d of %d tracked rows can be neither reset nor shown finished (%s); %d would be reset (%s); its rows set and registry entry would stay\n",
 				p.InstanceID, len(p.RowsNotReset), p.RowsFound, rowList(p.RowsNotReset), len(p.RowsToReset), idList(p.RowsToReset))
-		case string(recovery.PlanDeregister):
+		case string(ops.PlanDeregister):
 			fmt.Fprintf(w, "would deregister %s: it tracks no rows\n", p.InstanceID)
-		case string(recovery.PlanLost):
+		case string(ops.PlanLost):
 			fmt.Fprintf(w, "would deregister %s: its rows set vanished after a failed recovery; rows it held may stay in progress\n", p.InstanceID)
-		case string(recovery.PlanSkip):
+		case string(ops.PlanSkip):
 			fmt.Fprintf(w, "would skip %s: another worker is recovering it now\n", p.InstanceID)
-		case string(recovery.PlanUnknown):
+		case string(ops.PlanUnknown):
 			fmt.Fprintf(w, "would hand %d tracked rows of %s to the resetter, which cannot say what it would change\n", p.RowsFound, p.InstanceID)
 		case "recovered":
 			back := ""
@@ -708,7 +709,7 @@ func unjoin(err error) []error {
 // announcedTTLs lists the distinct heartbeat TTLs the instances announced,
 // with their instances, when they differ: a rolling change of timings,
 // during which verdicts wait for the longest (docs/safety.md).
-func announcedTTLs(insts []recovery.InstanceState) string {
+func announcedTTLs(insts []ops.InstanceState) string {
 	by := map[time.Duration][]string{}
 	var order []time.Duration
 	for _, i := range insts {

@@ -12,8 +12,8 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/ops"
 )
 
 // The output of every command, for one fixed fleet, against the files in
@@ -43,22 +43,22 @@ func golden(t *testing.T, name, got string) {
 // recovered, dead after a failed recovery, and one whose TTL left does
 // not fit --heartbeat-ttl. Two announced different heartbeat TTLs in the
 // fleet record (a rolling change of timings).
-func goldenFleet() recovery.FleetState {
-	return recovery.FleetState{
+func goldenFleet() ops.FleetState {
+	return ops.FleetState{
 		Registry: "ALYA_WORKER_REGISTRY",
-		Instances: []recovery.InstanceState{
+		Instances: []ops.InstanceState{
 			{InstanceID: "alive-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 55200 * time.Millisecond,
-				RowsPresent: true, Rows: 2, RowsTTL: 179 * time.Second, Incarnation: "i1", Claim: recovery.ClaimNone,
+				RowsPresent: true, Rows: 2, RowsTTL: 179 * time.Second, Incarnation: "i1", Claim: ops.ClaimNone,
 				AnnouncedTTL: time.Minute, Mode: "owner"},
 			{InstanceID: "dead-1", Registered: true, RowsPresent: true, Rows: 3, RowsTTL: 3 * time.Hour,
-				Incarnation: "i2", Claim: recovery.ClaimFailed},
+				Incarnation: "i2", Claim: ops.ClaimFailed},
 			{InstanceID: "held-1", Registered: true, RowsPresent: true, Rows: 1, RowsTTL: 170 * time.Second,
-				Incarnation: "i3", Claim: recovery.ClaimHeld},
+				Incarnation: "i3", Claim: ops.ClaimHeld},
 			{InstanceID: "late-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 9800 * time.Millisecond,
-				RowsPresent: true, Rows: 10, RowsTTL: 130 * time.Second, Incarnation: "i4", Claim: recovery.ClaimNone,
+				RowsPresent: true, Rows: 10, RowsTTL: 130 * time.Second, Incarnation: "i4", Claim: ops.ClaimNone,
 				AnnouncedTTL: 20 * time.Second, Mode: "rows-set"},
 			{InstanceID: "odd-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 90 * time.Second,
-				Claim: recovery.ClaimNone},
+				Claim: ops.ClaimNone},
 		},
 		InvalidMembers: []string{"not valid"},
 		Serves:         "database=app schema=public table=batchrows",
@@ -67,7 +67,7 @@ func goldenFleet() recovery.FleetState {
 
 func goldenOptions() *options {
 	return &options{prefix: "ALYA", timeout: 30 * time.Second, last: 10,
-		heartbeatTTL: recovery.DefaultHeartbeatTTL, heartbeatInterval: recovery.DefaultHeartbeatInterval}
+		heartbeatTTL: defaultHeartbeatTTL, heartbeatInterval: defaultHeartbeatInterval}
 }
 
 func TestGoldenWorkers(t *testing.T) {
@@ -86,17 +86,17 @@ func TestGoldenWorkers(t *testing.T) {
 	// count on stdout.
 	o.json = false
 	out.Reset()
-	require.NoError(t, printWorkers(&out, &errOut, o, recovery.FleetState{Registry: "ALYA_WORKER_REGISTRY"}))
+	require.NoError(t, printWorkers(&out, &errOut, o, ops.FleetState{Registry: "ALYA_WORKER_REGISTRY"}))
 	golden(t, "workers-empty.txt", "stdout:\n"+out.String()+"stderr:\n"+errOut.String())
 }
 
 func TestGoldenRows(t *testing.T) {
 	o := goldenOptions()
 	fleet := goldenFleet()
-	tracked := recovery.TrackedRows{Incarnation: "i4", RowIDs: []int64{7, 8, 30}, InvalidMembers: []string{"junk"}}
+	tracked := ops.TrackedRows{Incarnation: "i4", RowIDs: []int64{7, 8, 30}, InvalidMembers: []string{"junk"}}
 	var out bytes.Buffer
 	require.NoError(t, printRows(&out, o, fleet.Instances[3], tracked))
-	require.NoError(t, printRows(&out, o, fleet.Instances[1], recovery.TrackedRows{RowIDs: []int64{1, 2, 3}}))
+	require.NoError(t, printRows(&out, o, fleet.Instances[1], ops.TrackedRows{RowIDs: []int64{1, 2, 3}}))
 	golden(t, "rows.txt", out.String())
 	o.json = true
 	out.Reset()
@@ -136,10 +136,10 @@ func TestGoldenWatchFrame(t *testing.T) {
 	now := time.Date(2026, 11, 26, 11, 0, 0, 0, time.UTC)
 	f := frame{now: now, fleet: goldenFleet(),
 		scan: store.Turn{Holder: "alive-1", TTL: 50 * time.Second},
-		history: []recovery.HistoryEntry{
-			{Kind: recovery.HistoryPeerDead, Time: now.Add(-3 * time.Second), InstanceID: "alive-1", PeerID: "held-1",
+		history: []ops.HistoryEntry{
+			{Kind: ops.HistoryPeerClaimed, Time: now.Add(-3 * time.Second), InstanceID: "alive-1", PeerID: "held-1",
 				FoundBy: "registry", Duration: 2 * time.Millisecond},
-			{Kind: recovery.HistoryRecoveryFailed, Time: now.Add(-2 * time.Second), InstanceID: "alive-1", PeerID: "dead-1",
+			{Kind: ops.HistoryRecoveryFailed, Time: now.Add(-2 * time.Second), InstanceID: "alive-1", PeerID: "dead-1",
 				Error: "reset 3 rows of dead-1: connection refused"},
 		}}
 	name := "Redis at redis://127.0.0.1:6379"
@@ -156,7 +156,7 @@ func TestGoldenWatchFrame(t *testing.T) {
 	o.pgx.OwnerColumn = ""
 	f.sweep = store.Turn{Holder: "token", TTL: 100 * time.Second}
 	write("no owner column configured, but a sweep turn held", f.lines(o, name))
-	empty := frame{now: now, fleet: recovery.FleetState{Registry: "ALYA_WORKER_REGISTRY"}}
+	empty := frame{now: now, fleet: ops.FleetState{Registry: "ALYA_WORKER_REGISTRY"}}
 	write("an empty fleet", empty.lines(o, name))
 	broken := frame{now: now, fleetErr: errors.New("dial tcp 127.0.0.1:6379: connection refused")}
 	write("Redis down", broken.lines(o, name))

@@ -9,8 +9,8 @@ import (
 	"time"
 	"unicode"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/ops"
 )
 
 // historyJSON is one entry of the fleet's history in JSON output.
@@ -29,13 +29,13 @@ type historyJSON struct {
 	Error           string   `json:"error,omitempty"`
 }
 
-func historyToJSON(e recovery.HistoryEntry) historyJSON {
+func historyToJSON(e ops.HistoryEntry) historyJSON {
 	j := historyJSON{ID: e.ID, Added: e.Added.UTC().Format(time.RFC3339Nano), Time: e.Time.UTC().Format(time.RFC3339Nano),
 		Kind: e.Kind, InstanceID: e.InstanceID, PeerID: e.PeerID, FoundBy: e.FoundBy, Error: e.Error}
 	switch e.Kind {
-	case recovery.HistoryRowsRecovered:
+	case ops.HistoryRowsRecovered:
 		j.Rows, j.RowsReset, j.RowsQuarantined = &e.Rows, &e.RowsReset, &e.RowsQuarantined
-	case recovery.HistoryRowsQuarantined:
+	case ops.HistoryRowsQuarantined:
 		j.RowsQuarantined = &e.RowsQuarantined
 	}
 	if e.Duration > 0 {
@@ -53,11 +53,11 @@ func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	q := recovery.HistoryQuery{Last: o.last}
+	q := ops.HistoryQuery{Last: o.last}
 	if o.since > 0 {
 		q.Since = time.Now().Add(-o.since)
 	}
-	entries, err := recovery.ReadHistory(ctx, rdb, o.prefix, q)
+	entries, err := ops.ReadHistory(ctx, rdb, o.prefix, q)
 	if err != nil {
 		return usageIfConfig(err)
 	}
@@ -85,7 +85,7 @@ func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error
 }
 
 // writeHistory prints entries as a table, their times in layout (UTC).
-func writeHistory(w io.Writer, entries []recovery.HistoryEntry, layout string) {
+func writeHistory(w io.Writer, entries []ops.HistoryEntry, layout string) {
 	if len(entries) == 0 {
 		return
 	}
@@ -103,21 +103,21 @@ func writeHistory(w io.Writer, entries []recovery.HistoryEntry, layout string) {
 }
 
 // historyDetails says what an entry means, in a few words.
-func historyDetails(e recovery.HistoryEntry) string {
+func historyDetails(e ops.HistoryEntry) string {
 	var d string
 	switch e.Kind {
-	case recovery.HistoryPeerDead:
+	case ops.HistoryPeerClaimed:
 		d = fmt.Sprintf("found by %s, claimed %s later", clean(e.FoundBy), roundDuration(e.Duration))
-	case recovery.HistoryRowsRecovered:
+	case ops.HistoryRowsRecovered:
 		d = fmt.Sprintf("%d rows: %d reset, %d quarantined, %s after found", e.Rows, e.RowsReset,
 			e.RowsQuarantined, roundDuration(e.Duration))
-	case recovery.HistoryRowsQuarantined:
+	case ops.HistoryRowsQuarantined:
 		d = fmt.Sprintf("%d rows reached their recovery limit", e.RowsQuarantined)
-	case recovery.HistoryRecoveryFailed:
+	case ops.HistoryRecoveryFailed:
 		d = "failed: " + clean(e.Error)
-	case recovery.HistoryLeaseLost:
+	case ops.HistoryLeaseLost:
 		d = fmt.Sprintf("no heartbeat for %s: peers may recover its rows", roundDuration(e.Duration))
-	case recovery.HistoryLeaseRegained:
+	case ops.HistoryLeaseRegained:
 		d = "heartbeat back"
 	default:
 		d = clean(e.Error)

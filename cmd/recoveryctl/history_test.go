@@ -16,19 +16,20 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
 )
 
-// picky is the Resetter of a recovering test worker: it resets every
-// row it is given, except those of the peer fail, whose reset fails.
+// picky is the resetter of a recovering test worker: it resets every row
+// it is given, except those of the peer fail, whose reset fails.
 type picky struct{ fail string }
 
-func (picky) Info() recovery.ResetterInfo {
+var _ recovery.Resetter = picky{}
+
+func (p picky) Info() recovery.ResetterInfo {
 	return recovery.ResetterInfo{Name: "picky", InProgressStatus: "inprog", QueuedStatus: "queued"}
 }
 
-func (picky) Check(context.Context, bool) (recovery.ResetterInfo, error) {
-	return recovery.ResetterInfo{Name: "picky", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
-}
+func (p picky) Check(context.Context, bool) (recovery.ResetterInfo, error) { return p.Info(), nil }
 
 func (p picky) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
 	if req.InstanceID == p.fail {
@@ -63,7 +64,7 @@ func recoveringFleet(t *testing.T, rdb redis.UniversalClient, prefix string) *re
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
 	// Only rec-1's entries count: a test may have planted older ones.
 	require.Eventually(t, func() bool {
-		h, err := recovery.ReadHistory(context.Background(), rdb, prefix, recovery.HistoryQuery{})
+		h, err := ops.ReadHistory(context.Background(), rdb, prefix, ops.HistoryQuery{})
 		n := 0
 		for _, e := range h {
 			if e.InstanceID == "rec-1" {
@@ -109,7 +110,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	assert.Regexp(t, `^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d\.\d{3}Z\s+lease_lost\s+-\s+gone-1\s+no heartbeat for 1m1s: peers may recover its rows$`, lines[1])
 	assert.Contains(t, out, "rows_recovered")
 	assert.Regexp(t, `rows_recovered\s+dead-1\s+rec-1\s+3 rows: 3 reset, 0 quarantined, \S+ after found`, out)
-	assert.Regexp(t, `peer_dead\s+dead-1\s+rec-1\s+found by registry, claimed \S+ later`, out)
+	assert.Regexp(t, `peer_claimed\s+dead-1\s+rec-1\s+found by registry, claimed \S+ later`, out)
 	assert.Regexp(t, `recovery_failed\s+dead-2\s+rec-1\s+failed: .*connection refused by the test`, out)
 
 	// --since leaves out the old entry; --json has every field.
@@ -119,7 +120,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	assert.Equal(t, prefix+"_HISTORY", got.Stream)
 	require.Len(t, got.Entries, 4)
-	assert.Equal(t, map[string][]string{"dead-1": {"peer_dead", "rows_recovered"}, "dead-2": {"peer_dead", "recovery_failed"}},
+	assert.Equal(t, map[string][]string{"dead-1": {"peer_claimed", "rows_recovered"}, "dead-2": {"peer_claimed", "recovery_failed"}},
 		byPeer(got.Entries))
 	for _, e := range got.Entries {
 		assert.Equal(t, "rec-1", e.InstanceID)
@@ -140,7 +141,7 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	require.Len(t, got.Entries, 1)
-	assert.NotEqual(t, "peer_dead", got.Entries[0].Kind, "the newest entry ends a recovery")
+	assert.NotEqual(t, "peer_claimed", got.Entries[0].Kind, "the newest entry ends a recovery")
 
 	// Another prefix has no history, and says so on stderr.
 	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", testutil.Name("OTHER"), "history")
@@ -160,7 +161,7 @@ func TestHistoryOnRedisCluster(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	var got historyOut
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
-	assert.Equal(t, map[string][]string{"dead-1": {"peer_dead", "rows_recovered"}, "dead-2": {"peer_dead", "recovery_failed"}},
+	assert.Equal(t, map[string][]string{"dead-1": {"peer_claimed", "rows_recovered"}, "dead-2": {"peer_claimed", "recovery_failed"}},
 		byPeer(got.Entries))
 }
 

@@ -17,12 +17,14 @@
 //	--cluster a,b     Redis Cluster seed addresses; credentials and TLS still
 //	                  come from --redis-url / $REDIS_URL when set
 //	--prefix ALYA     key prefix of the fleet (recovery.WithKeyPrefix)
-//	                  (default $RECOVERY_KEY_PREFIX, else ALYA)
+//	                  (default $RECOVERY_KEY_PREFIX, else ALYA: ops.EnvKeyPrefix,
+//	                  ops.DefaultKeyPrefix)
 //	--json            print JSON instead of text
 //	--timeout 30s     bound for the whole command (for watch: for each frame)
 //	--heartbeat-ttl 60s, --heartbeat-interval 30s
-//	                  the fleet's WithHeartbeatTTL and WithHeartbeatInterval
-//	                  (default: the library's defaults), for LAST BEAT
+//	                  the fleet's Timings.HeartbeatTTL and HeartbeatInterval
+//	                  (recovery.WithTimings; default: the library's defaults),
+//	                  for LAST BEAT
 //
 // workers lists every registered instance: its state (alive, late or
 // dead, and its recovery claim), LAST BEAT, the time since its last
@@ -52,23 +54,22 @@
 // one block per frame.
 //
 // recover resets rows in PostgreSQL through the library itself: a
-// pgxreset.Resetter built from the flags below and one scan of a
-// recovery.Worker that is never started (Worker.RecoverNow: no heartbeat,
+// PostgreSQL resetter built from the flags below and one scan of a
+// recovery.Worker that is never started (ops.RecoverNow: no heartbeat,
 // no registration). It needs --database-url or $DATABASE_URL, and first
-// checks the resetter against the catalogue (pgxreset.Resetter.CheckSchema;
-// --no-schema-check skips it). A dead instance whose tracked rows could be
+// checks the resetter against the catalogue (--no-schema-check skips it). A dead instance whose tracked rows could be
 // neither reset nor shown finished keeps its rows set and registry entry,
 // and recover exits 1 naming the rows and their statuses.
 //
 // recover --dry-run changes nothing: it finds the dead instances as a scan
 // does and asks PostgreSQL which rows a reset would change, by running the
-// reset in a transaction that is rolled back (Worker.PlanRecovery,
-// pgxreset.Resetter.PlanReset).
+// reset in a transaction that is rolled back (ops.PlanRecovery, a dry
+// run of the resetter).
 //
-// The resetter flags are those of the fleet's pgxreset.Resetter, and each
-// defaults to the RECOVERY_* variable postgres.ConfigFromEnv reads, so
-// a host that configures itself with postgres.ConfigFromEnv and recoveryctl
-// share one configuration:
+// The resetter flags are the options of the fleet's PostgreSQL resetter
+// (package postgres), and each defaults to the RECOVERY_* variable
+// ops.FromEnv reads, so a host that configures itself with ops.FromEnv and
+// recoveryctl share one configuration:
 //
 //	--schema                 RECOVERY_SCHEMA                 WithSchema
 //	--table                  RECOVERY_TABLE                  WithTable
@@ -102,8 +103,8 @@ import (
 	"syscall"
 	"time"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres"
 )
 
@@ -143,11 +144,10 @@ type options struct {
 	// since each instance's last heartbeat (workers, rows, watch).
 	heartbeatTTL, heartbeatInterval time.Duration
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
-	// environment variables the host reads too, then the flags.
+	// environment variables the host reads too (ops.FromEnv), then the
+	// flags. Its Options make the resetter's errors name the RECOVERY_*
+	// variable of a setting still as the environment gave it.
 	pgx postgres.Config
-	// getenv is the environment the configuration came from: errors name
-	// the RECOVERY_* variable of a setting it gave (postgres.Config.OptionsNamingEnv).
-	getenv func(string) string
 }
 
 // registerCommon defines the flags every command accepts, with the current
@@ -155,16 +155,16 @@ type options struct {
 func (o *options) registerCommon(fs *flag.FlagSet) {
 	fs.StringVar(&o.redisURL, "redis-url", o.redisURL, "Redis URL (default $REDIS_URL, else "+defaultRedisURL+")")
 	fs.StringVar(&o.cluster, "cluster", o.cluster, "comma-separated Redis Cluster seed addresses (host:port,...)")
-	fs.StringVar(&o.prefix, "prefix", o.prefix, "key prefix of the fleet (recovery.WithKeyPrefix; default $"+recovery.EnvKeyPrefix+", else "+recovery.DefaultKeyPrefix+")")
+	fs.StringVar(&o.prefix, "prefix", o.prefix, "key prefix of the fleet (recovery.WithKeyPrefix; default $"+ops.EnvKeyPrefix+", else "+ops.DefaultKeyPrefix+")")
 	fs.BoolVar(&o.json, "json", o.json, "print JSON")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound for the whole command")
 	fs.DurationVar(&o.heartbeatTTL, "heartbeat-ttl", o.heartbeatTTL,
-		"the fleet's heartbeat TTL (recovery.WithHeartbeatTTL), for LAST BEAT: this TTL minus the TTL left")
+		"the fleet's heartbeat TTL (recovery.Timings.HeartbeatTTL), for LAST BEAT: this TTL minus the TTL left")
 	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", o.heartbeatInterval,
-		"the fleet's heartbeat interval (recovery.WithHeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
+		"the fleet's heartbeat interval (recovery.Timings.HeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
 }
 
-// registerRecover defines the flags of recover: one for every pgxreset.Resetter
+// registerRecover defines the flags of recover: one for every postgres
 // option, each defaulting to its RECOVERY_* variable (already in o.pgx).
 func (o *options) registerRecover(fs *flag.FlagSet) {
 	c := &o.pgx
@@ -172,7 +172,7 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	fs.BoolVar(&o.noSchemaCheck, "no-schema-check", false, "do not check table, columns and statuses against the catalogue first")
 	str := func(p *string, name, env, def, usage string) {
-		fs.StringVar(p, name, *p, fmt.Sprintf("%s (recovery.%s; default $%s, else %s)", usage, optionName(name), env, def))
+		fs.StringVar(p, name, *p, fmt.Sprintf("%s (postgres.%s; default $%s, else %s)", usage, optionName(name), env, def))
 	}
 	str(&c.Schema, "schema", postgres.EnvSchema, "the search_path", "schema of the table")
 	str(&c.Table, "table", postgres.EnvTable, postgres.DefaultTable, "table of the rows")
@@ -180,7 +180,7 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	str(&c.StatusColumn, "status-column", postgres.EnvStatusColumn, postgres.DefaultStatusColumn, "status column, text or enum")
 	str(&c.InProgressStatus, "inprog-status", postgres.EnvInProgressStatus, postgres.DefaultInProgressStatus, "status of a row in progress")
 	str(&c.QueuedStatus, "queued-status", postgres.EnvQueuedStatus, postgres.DefaultQueuedStatus, "status of a queued row")
-	fs.Func("done-statuses", fmt.Sprintf("comma-separated statuses of a finished row (recovery.WithDoneStatuses; default $%s, else %s)",
+	fs.Func("done-statuses", fmt.Sprintf("comma-separated statuses of a finished row (postgres.WithDoneStatuses; default $%s, else %s)",
 		postgres.EnvDoneStatuses, postgres.DefaultDoneStatus), func(v string) error {
 		c.DoneStatuses = splitAddrs(v)
 		return nil
@@ -188,11 +188,11 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	str(&c.OwnerColumn, "owner-column", postgres.EnvOwnerColumn, "off", "owner column, if the fleet fences by owner")
 	str(&c.RecoveryCountColumn, "recovery-count-column", postgres.EnvRecoveryCountColumn, "off", "recovery counter column, if the fleet counts")
 	fs.IntVar(&c.MaxRecoveries, "max-recoveries", c.MaxRecoveries, fmt.Sprintf(
-		"quarantine a row at this many recoveries (recovery.WithMaxRecoveries; default $%s, else off)", postgres.EnvMaxRecoveries))
+		"quarantine a row at this many recoveries (postgres.WithMaxRecoveries; default $%s, else off)", postgres.EnvMaxRecoveries))
 	str(&c.TerminalStatus, "terminal-status", postgres.EnvTerminalStatus, postgres.DefaultTerminalStatus, "status of a quarantined row, with --max-recoveries")
 	str(&c.ResetLedger, "reset-ledger", postgres.EnvResetLedger, postgres.DefaultLedgerTable, "reset ledger table, used without --owner-column")
 	fs.BoolVar(&c.NoResetLedger, "no-reset-ledger", c.NoResetLedger, fmt.Sprintf(
-		"reset without the reset ledger (recovery.WithoutResetLedger; default $%s)", postgres.EnvNoResetLedger))
+		"reset without the reset ledger (postgres.WithoutResetLedger; default $%s)", postgres.EnvNoResetLedger))
 }
 
 // registerHistory defines the flags of history.
@@ -211,7 +211,14 @@ func (o *options) registerWatch(fs *flag.FlagSet) {
 		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", postgres.EnvOwnerColumn))
 }
 
-// optionName names the library option behind a recover flag.
+// The library's default heartbeat TTL and interval (the zero
+// recovery.Timings), for LAST BEAT when the flags do not give the fleet's.
+const (
+	defaultHeartbeatTTL      = 60 * time.Second
+	defaultHeartbeatInterval = 30 * time.Second
+)
+
+// optionName names the option of package postgres behind a recover flag.
 func optionName(flag string) string {
 	switch flag {
 	case "schema":
@@ -295,17 +302,14 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // parseArgs reads the command line and the environment. code is -1 when
 // the command should run, else the exit status to return at once.
 func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd string, pos []string, o *options, code int) {
-	o = &options{prefix: recovery.DefaultKeyPrefix, timeout: 30 * time.Second, getenv: getenv,
-		heartbeatTTL: recovery.DefaultHeartbeatTTL, heartbeatInterval: recovery.DefaultHeartbeatInterval}
-	if p := getenv(recovery.EnvKeyPrefix); p != "" {
-		o.prefix = p
-	}
-	cfg, err := postgres.ConfigFromEnv(getenv)
+	env, err := ops.FromEnv(getenv)
 	if err != nil {
 		fmt.Fprintf(stderr, "recoveryctl: %v\n", err)
 		return "", nil, nil, exitUsage
 	}
-	o.pgx = cfg
+	o = &options{prefix: env.KeyPrefix, timeout: 30 * time.Second,
+		heartbeatTTL: defaultHeartbeatTTL, heartbeatInterval: defaultHeartbeatInterval}
+	o.pgx = env.Postgres
 	global := flag.NewFlagSet("recoveryctl", flag.ContinueOnError)
 	global.SetOutput(stderr)
 	o.registerCommon(global)

@@ -27,6 +27,7 @@ import (
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres"
 )
 
@@ -52,7 +53,7 @@ func runVictim() int {
 		fmt.Fprintln(os.Stderr, err)
 		return 1
 	}
-	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(recovery.EnvKeyPrefix)),
+	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(ops.EnvKeyPrefix)),
 		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithHeartbeatTTL(3*time.Second),
 		recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Hour))
 	if err == nil {
@@ -500,7 +501,7 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 	var errOut bytes.Buffer
 	_, _, o, code := parseArgs(flags, func(string) string { return "" }, &errOut)
 	require.Equal(t, -1, code, errOut.String())
-	assert.Equal(t, want, o.pgx)
+	assert.EqualExportedValues(t, want, o.pgx)
 	assert.Equal(t, "FLEET", o.prefix)
 
 	env := map[string]string{
@@ -508,7 +509,7 @@ func TestEveryResetterFlagAndVariableReachesTheResetterConfig(t *testing.T) {
 		postgres.EnvStatusColumn: "state", postgres.EnvInProgressStatus: "running", postgres.EnvQueuedStatus: "pending",
 		postgres.EnvDoneStatuses: "done,cancelled", postgres.EnvOwnerColumn: "worker",
 		postgres.EnvRecoveryCountColumn: "retries", postgres.EnvMaxRecoveries: "3", postgres.EnvTerminalStatus: "dead",
-		postgres.EnvResetLedger: "my_ledger", postgres.EnvNoResetLedger: "true", recovery.EnvKeyPrefix: "FLEET",
+		postgres.EnvResetLedger: "my_ledger", postgres.EnvNoResetLedger: "true", ops.EnvKeyPrefix: "FLEET",
 	}
 	_, _, o, code = parseArgs([]string{"recover"}, func(k string) string { return env[k] }, &errOut)
 	require.Equal(t, -1, code, errOut.String())
@@ -803,7 +804,7 @@ func TestWorkersShowsAKilledWorkerLateThenDead(t *testing.T) {
 	url := testutil.RedisURL(t)
 	prefix := testutil.Name("CTL")
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), victimEnv+"=victim-1", "REDIS_URL="+url, recovery.EnvKeyPrefix+"="+prefix)
+	cmd.Env = append(os.Environ(), victimEnv+"=victim-1", "REDIS_URL="+url, ops.EnvKeyPrefix+"="+prefix)
 	stdout, err := cmd.StdoutPipe()
 	require.NoError(t, err)
 	cmd.Stderr = os.Stderr

@@ -11,8 +11,8 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/ops"
 )
 
 // ANSI sequences watch uses on a terminal.
@@ -81,10 +81,10 @@ func watchFrame(ctx context.Context, rdb redis.UniversalClient, o *options, name
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	f := frame{now: time.Now()}
-	f.fleet, f.fleetErr = recovery.Inspect(ctx, rdb, o.prefix)
+	f.fleet, f.fleetErr = ops.Inspect(ctx, rdb, o.prefix)
 	if f.fleetErr == nil {
 		f.scan, f.sweep, f.turnsErr = store.NewRedis(rdb, o.prefix, o.timeout).Turns(ctx)
-		f.history, f.historyErr = recovery.ReadHistory(ctx, rdb, o.prefix, recovery.HistoryQuery{Last: o.last})
+		f.history, f.historyErr = ops.ReadHistory(ctx, rdb, o.prefix, ops.HistoryQuery{Last: o.last})
 	}
 	return f.lines(o, name)
 }
@@ -92,10 +92,10 @@ func watchFrame(ctx context.Context, rdb redis.UniversalClient, o *options, name
 // frame is what one frame of watch read.
 type frame struct {
 	now                            time.Time
-	fleet                          recovery.FleetState
+	fleet                          ops.FleetState
 	fleetErr, turnsErr, historyErr error
 	scan, sweep                    store.Turn
-	history                        []recovery.HistoryEntry
+	history                        []ops.HistoryEntry
 }
 
 // lines shows a frame. The sweep turn shows only for a fleet that can

@@ -14,6 +14,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
 )
 
 // TestWatchPipedPrintsPlainFrames: piped, watch prints one plain block per
@@ -93,7 +94,7 @@ func TestWatchInATerminal(t *testing.T) {
 
 	// A worker dies while watch runs; rec-1 recovers it.
 	plantDead(t, rdb, prefix, "dead-3", "7", "8")
-	_, err = w.RecoverNow(context.Background())
+	_, err = ops.RecoverNow(context.Background(), w)
 	require.Error(t, err, "dead-2 still fails")
 	var s string
 	require.Eventually(t, func() bool {

@@ -16,6 +16,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres/pgxreset"
 )
 
@@ -162,7 +163,7 @@ func (h *host) serveRecoverNow(sig <-chan os.Signal) (stop func()) {
 func (h *host) recoverNow() {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*h.cfg.resetTimeout)
 	defer cancel()
-	rep, err := h.w.RecoverNow(ctx)
+	rep, err := ops.RecoverNow(ctx, h.w)
 	attrs := []any{"peers_dead", len(rep.Dead), "peers_recovered", len(rep.Recovered),
 		"peers_skipped", len(rep.Skipped), "rows_reset", rep.RowsReset}
 	if err != nil && !errors.Is(err, recovery.ErrShutdown) {
