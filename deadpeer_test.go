@@ -352,8 +352,8 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	rdb, db, prefix := onRealServers(t, 10, "F1")
 	proxy := pgProxy(t, db)
 	const rowsTTL = 1600 * time.Millisecond
-	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
-		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(rowsTTL), WithResetTimeout(300 * time.Millisecond)}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}),
+		WithTimings(Timings{RecoveryInterval: 300 * time.Millisecond}), WithTimings(Timings{RowsTTL: rowsTTL}), WithTimings(Timings{ResetTimeout: 300 * time.Millisecond})}
 	direct, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3, 4, 5)
@@ -455,7 +455,7 @@ func TestAClaimWhoseReplyTimedOutIsTakenInTheSameScan(t *testing.T) {
 	claim := store.Script("claim")
 	require.NoError(t, claim.Load(ctx, direct).Err(), "loaded, so the worker sends EVALSHA with the script's hash")
 	r := &fakeResetter{}
-	w, _ := newWorker(t, rdb, r, "recoverer", WithOperationTimeout(200*time.Millisecond))
+	w, _ := newWorker(t, rdb, r, "recoverer", WithTimings(Timings{OperationTimeout: 200 * time.Millisecond}))
 
 	held := proxy.DelayReplyTo([]byte(claim.Hash()), 500*time.Millisecond)
 	rep, err := w.RecoverNow(ctx)
@@ -531,8 +531,8 @@ func TestARetriedClaimIsJudgedAgainFirst(t *testing.T) {
 	rdb.AddHook(hook)
 
 	r := &fakeResetter{}
-	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
-		WithOperationTimeout(300*time.Millisecond))
+	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second}),
+		WithTimings(Timings{OperationTimeout: 300 * time.Millisecond}))
 	rep, err := w.RecoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, r.resetOf("p"), "not judged: the server restarted with data less than a TTL ago")
@@ -600,7 +600,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	misspelled, err := NewPgxResetter(db, WithStatuses("in_progress", "queued"))
 	require.NoError(t, err)
 	rec := &recorder{}
-	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec))
+	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec.Observe))
 	rep, err := r.RecoverNow(ctx)
 
 	require.ErrorIs(t, err, ErrRowsNotReset)

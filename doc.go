@@ -31,8 +31,8 @@
 //	ALYA_{id}_INCARNATION the rows set's life, for the reset ledger
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
-//	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
-//	ALYA_SWEEP_LEASE      the backstop sweeper (owner mode; rows-set mode without an owner column unless WithoutBackstopSweep; WithBackstopSweep with one)
+//	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanTurn)
+//	ALYA_SWEEP_LEASE      the backstop sweeper (owner mode; rows-set mode without an owner column unless WithBackstopSweep(false); WithBackstopSweep with one)
 //	ALYA_HISTORY          stream of the fleet's recoveries and lease losses (WithHistory)
 //	ALYA_FLEET            what the fleet serves, and the timings each member announces
 //

@@ -81,10 +81,10 @@ func ExampleNew() {
 	// recovery.NewPgxResetter(pool).
 	w, err := recovery.New(rdb, newQueue(),
 		recovery.WithInstanceID("worker-1"),
-		recovery.WithHeartbeatTTL(10*time.Second),
-		recovery.WithHeartbeatInterval(3*time.Second),
-		recovery.WithRecoveryInterval(10*time.Second),
-		recovery.WithRowsTTL(30*time.Second))
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: 10 * time.Second}),
+		recovery.WithTimings(recovery.Timings{HeartbeatInterval: 3 * time.Second}),
+		recovery.WithTimings(recovery.Timings{RecoveryInterval: 10 * time.Second}),
+		recovery.WithTimings(recovery.Timings{RowsTTL: 30 * time.Second}))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -92,7 +92,7 @@ func ExampleNew() {
 	fmt.Println("instance:", w.InstanceID())
 
 	// New checks the options together and names the bad value.
-	_, err = recovery.New(rdb, newQueue(), recovery.WithHeartbeatInterval(90*time.Second))
+	_, err = recovery.New(rdb, newQueue(), recovery.WithTimings(recovery.Timings{HeartbeatInterval: 90 * time.Second}))
 	fmt.Println(err)
 	// Output:
 	// instance: worker-1

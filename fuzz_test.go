@@ -45,7 +45,7 @@ func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Durat
 		return false
 	}
 	if op == 0 {
-		op = min(DefaultOperationTimeout, interval/2)
+		op = min(defaultOperationTimeout, interval/2)
 	}
 	lease := max(min(recovery-recovery/5, ttl), time.Millisecond) // the scan lease, on by default
 	spare := rowsTTL - ttl - lease                                // all at most a week: no overflow
@@ -87,7 +87,7 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 	// derived TTL can be.
 	redisTTL := func(name string, d time.Duration) {
 		t.Helper()
-		if d < time.Millisecond || d > 4*MaxDuration {
+		if d < time.Millisecond || d > 4*maxDuration {
 			t.Fatalf("%s %v is not a Redis expiry in [1ms, 4 weeks]", name, d)
 		}
 	}
@@ -156,7 +156,7 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 // why it refused one with an ErrInvalidConfig error of bounded length (a
 // 10 KB ID is clipped, not echoed).
 func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
-	s, ms, week := int64(time.Second), int64(time.Millisecond), int64(MaxDuration)
+	s, ms, week := int64(time.Second), int64(time.Millisecond), int64(maxDuration)
 	for _, seed := range []struct {
 		id, prefix                                  string
 		ttl, interval, recovery, rowsTTL, op, reset int64
@@ -194,12 +194,12 @@ func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
 		d := func(n int64) time.Duration { return time.Duration(n) }
 		opts := []Option{
 			WithInstanceID(id), WithKeyPrefix(prefix),
-			WithHeartbeatTTL(d(ttl)), WithHeartbeatInterval(d(interval)),
-			WithRecoveryInterval(d(recovery)), WithRowsTTL(d(rowsTTL)),
-			WithResetTimeout(d(reset)),
+			WithTimings(Timings{HeartbeatTTL: d(ttl)}), WithTimings(Timings{HeartbeatInterval: d(interval)}),
+			WithTimings(Timings{RecoveryInterval: d(recovery)}), WithTimings(Timings{RowsTTL: d(rowsTTL)}),
+			WithTimings(Timings{ResetTimeout: d(reset)}),
 		}
 		if op != 0 {
-			opts = append(opts, WithOperationTimeout(d(op)))
+			opts = append(opts, WithTimings(Timings{OperationTimeout: d(op)}))
 		}
 		w, err := New(rdb, &fakeResetter{}, opts...)
 
@@ -236,8 +236,8 @@ func TestNewRejectsARowsTTLShorterThanAnOverflowingDetectionWindow(t *testing.T)
 	defer rdb.Close()
 	half := time.Duration(math.MaxInt64/2 + 1)
 	_, err := New(rdb, &fakeResetter{},
-		WithHeartbeatTTL(half), WithHeartbeatInterval(time.Second),
-		WithRecoveryInterval(half), WithRowsTTL(half+1))
+		WithTimings(Timings{HeartbeatTTL: half}), WithTimings(Timings{HeartbeatInterval: time.Second}),
+		WithTimings(Timings{RecoveryInterval: half}), WithTimings(Timings{RowsTTL: half + 1}))
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("rows TTL %v < TTL %v + recovery interval %v accepted", half+1, half, half)
 	}
@@ -257,18 +257,18 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 		opts []Option
 		want string
 	}{
-		{"no-limit reset timeout", []Option{WithResetTimeout(math.MaxInt64)},
+		{"no-limit reset timeout", []Option{WithTimings(Timings{ResetTimeout: math.MaxInt64})},
 			"reset timeout 2562047h47m16.854775807s exceeds the maximum 168h0m0s"},
-		{"5-year recovery interval", []Option{WithRecoveryInterval(5 * year), WithRowsTTL(10 * year)},
+		{"5-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 5 * year}), WithTimings(Timings{RowsTTL: 10 * year})},
 			"recovery interval 43800h0m0s exceeds the maximum 168h0m0s"},
-		{"20-year recovery interval", []Option{WithRecoveryInterval(20 * year), WithRowsTTL(40 * year)},
+		{"20-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 20 * year}), WithTimings(Timings{RowsTTL: 40 * year})},
 			"recovery interval 175200h0m0s exceeds the maximum"},
-		{"no-limit operation timeout", []Option{WithOperationTimeout(math.MaxInt64)},
+		{"no-limit operation timeout", []Option{WithTimings(Timings{OperationTimeout: math.MaxInt64})},
 			"operation timeout 2562047h47m16.854775807s exceeds the maximum"},
-		{"rows TTL over a week", []Option{WithRowsTTL(MaxDuration + 1)}, "rows TTL 168h0m0.000000001s exceeds the maximum"},
-		{"sub-millisecond reset timeout", []Option{WithResetTimeout(time.Microsecond)},
+		{"rows TTL over a week", []Option{WithTimings(Timings{RowsTTL: maxDuration + 1})}, "rows TTL 168h0m0.000000001s exceeds the maximum"},
+		{"sub-millisecond reset timeout", []Option{WithTimings(Timings{ResetTimeout: time.Microsecond})},
 			"reset timeout 1µs must be at least 1ms"},
-		{"sub-millisecond operation timeout", []Option{WithOperationTimeout(time.Microsecond)},
+		{"sub-millisecond operation timeout", []Option{WithTimings(Timings{OperationTimeout: time.Microsecond})},
 			"operation timeout 1µs must be at least 1ms"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
@@ -286,10 +286,10 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 // intervals, and nothing wrapped around.
 func TestEveryDerivedDurationIsSoundAtTheMaximumTimings(t *testing.T) {
 	for _, opts := range [][]Option{
-		{WithResetTimeout(MaxDuration)},
-		{WithResetTimeout(MaxDuration), WithHeartbeatTTL(MaxDuration / 2), WithHeartbeatInterval(MaxDuration / 8),
-			WithOperationTimeout(MaxDuration / 8), WithRecoveryInterval(MaxDuration / 4), WithRowsTTL(MaxDuration)},
-		{WithRecoveryInterval(MaxDuration / 2), WithRowsTTL(MaxDuration)},
+		{WithTimings(Timings{ResetTimeout: maxDuration})},
+		{WithTimings(Timings{ResetTimeout: maxDuration}), WithTimings(Timings{HeartbeatTTL: maxDuration / 2}), WithTimings(Timings{HeartbeatInterval: maxDuration / 8}),
+			WithTimings(Timings{OperationTimeout: maxDuration / 8}), WithTimings(Timings{RecoveryInterval: maxDuration / 4}), WithTimings(Timings{RowsTTL: maxDuration})},
+		{WithTimings(Timings{RecoveryInterval: maxDuration / 2}), WithTimings(Timings{RowsTTL: maxDuration})},
 	} {
 		w, err := New(idleClient(t), &fakeResetter{}, opts...)
 		require.NoError(t, err)

@@ -27,26 +27,6 @@ import (
 // counts it (Stats.HistoryDropped); a recovery never waits for Redis on
 // its account, and never fails because of it.
 
-// DefaultHistoryLength is about how many entries the history stream keeps
-// (XADD MAXLEN ~). Entries are written only when a peer dies, a recovery
-// fails or a lease is lost, two per recovery: 10,000 are the last 5,000
-// recoveries, 50 days of a fleet that loses 100 workers a day, in about
-// 2 MB of one key (measured on redis-server 7.0.15: 10,022 entries,
-// 1.97 MB). On by default: the history helps only if it was on before the
-// bad night.
-const DefaultHistoryLength = 10_000
-
-// WithHistory sets about how many entries the fleet's history stream
-// (<prefix>_HISTORY) keeps: each append trims it to about maxLen (Redis
-// trims whole stream nodes, so a few more may stay). 0 turns the history
-// off: this worker appends nothing (others of the fleet may). The length
-// is per append, so the fleet's stream follows whichever worker appended
-// last; give every worker the same value. Default: DefaultHistoryLength
-// (10,000).
-func WithHistory(maxLen int) Option {
-	return optionFunc(func(o *options) { o.historyLen = maxLen })
-}
-
 // Kinds of history entries (HistoryEntry.Kind).
 const (
 	// HistoryPeerDead: PeerID was found dead (FoundBy) and InstanceID
@@ -246,11 +226,11 @@ func ReadHistory(ctx context.Context, rdb redis.UniversalClient, prefix string, 
 	if q.Last < 0 {
 		return nil, fmt.Errorf("%w: history query Last %d is negative", ErrInvalidConfig, q.Last)
 	}
-	ctx, cancel := context.WithTimeout(ctx, DefaultOperationTimeout)
+	ctx, cancel := context.WithTimeout(ctx, defaultOperationTimeout)
 	defer cancel()
 	// Twice Last: room for the duplicates a retried append leaves, which
 	// are dropped below.
-	recs, err := store.NewRedis(rdb, prefix, DefaultOperationTimeout).ReadHistory(ctx,
+	recs, err := store.NewRedis(rdb, prefix, defaultOperationTimeout).ReadHistory(ctx,
 		store.HistoryQuery{Since: q.Since, Count: 2 * int64(q.Last), Newest: q.Last > 0})
 	if err != nil {
 		return nil, err

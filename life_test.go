@@ -23,8 +23,8 @@ import (
 // heartbeat every 250 ms, a claim TTL of reset timeout + 3 × operation
 // timeout.
 func lifeTimings(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour), WithResetTimeout(500 * time.Millisecond)}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 250 * time.Millisecond}),
+		WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}), WithTimings(Timings{ResetTimeout: 500 * time.Millisecond})}
 }
 
 // frozenWorker starts an owner-mode worker whose Redis calls a freezer
@@ -36,7 +36,7 @@ func frozenWorker(t *testing.T, rdb *redis.Client, r RowResetter, id string, opt
 	fr := &freezer{}
 	wc.AddHook(fr)
 	w, logs := startWorker(t, wc, r, id, opts...)
-	require.True(t, w.OwnerMode())
+	require.True(t, w.Stats().OwnerMode)
 	return w, fr, logs
 }
 
@@ -66,17 +66,17 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "LF")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	before := w.Owner()
+	before := w.OwnerValue()
 
 	loseLease(t, rdb, w, fr)
-	assert.NotEqual(t, before, w.Owner(), "a new life begins at the loss")
+	assert.NotEqual(t, before, w.OwnerValue(), "a new life begins at the loss")
 	take(t, db, before, 1, 2) // the host's fetch, under the value it read before the loss
 	fr.thaw()
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
 	regained := time.Now()
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lifeOwner("w", life), w.Owner(), "the heartbeat recorded the new life")
+	assert.Equal(t, lifeOwner("w", life), w.OwnerValue(), "the heartbeat recorded the new life")
 
 	err = w.TrackAs(ctx, before, 1, 2)
 	require.ErrorIs(t, err, ErrLeaseLost, "rows of the ended life")
@@ -84,8 +84,8 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 	assert.Zero(t, w.Stats().TrackedRows)
 
 	require.NoError(t, w.CheckLease(), "no hold in owner mode with per-life values")
-	take(t, db, w.Owner(), 3, 4)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 3, 4))
+	take(t, db, w.OwnerValue(), 3, 4)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 3, 4))
 	assert.Less(t, time.Since(regained), w.opts.heartbeatInterval, "rows taken again within a heartbeat interval of the regain")
 }
 
@@ -97,7 +97,7 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 3, "LR")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	old := w.Owner()
+	old := w.OwnerValue()
 	take(t, db, old, 1)
 	require.NoError(t, w.TrackAs(ctx, old, 1))
 
@@ -107,8 +107,8 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is still tracked")
 	require.NoError(t, w.Release(ctx, 1))
 	require.NoError(t, w.CheckLease())
-	take(t, db, w.Owner(), 2)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 2))
+	take(t, db, w.OwnerValue(), 2)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 2))
 	require.NoError(t, w.Release(ctx, 2))
 	assertRequeued(t, db, 1, 2)
 	assert.Zero(t, w.Stats().TrackedRows)
@@ -121,10 +121,10 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 2, "LS")
 	ctx := context.Background()
-	opts := append(lifeTimings(prefix), WithSelfCheckWindow(100*time.Millisecond))
+	opts := append(lifeTimings(prefix), WithTimings(Timings{SelfCheckWindow: 100 * time.Millisecond}))
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", opts...)
-	take(t, db, w.Owner(), 1)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1))
+	take(t, db, w.OwnerValue(), 1)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 1))
 	require.Eventually(t, func() bool { return w.checker.verdict.Load() != 0 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, int32(1), w.checker.verdict.Load(), "verified")
 	assert.True(t, w.lease.perLife.Load())
@@ -148,12 +148,12 @@ func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
 func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 3, "LE")
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond}),
+		WithTimings(Timings{HeartbeatInterval: 100 * time.Millisecond}), WithTimings(Timings{RecoveryInterval: 200 * time.Millisecond})}
 	live, liveLogs := startWorker(t, rdb, r, "live", opts...)
 	take(t, db, lifeOwner("live", "ended0000000000000000000000000000"), 1)
-	take(t, db, live.Owner(), 2)
-	require.NoError(t, live.TrackAs(context.Background(), live.Owner(), 2))
+	take(t, db, live.OwnerValue(), 2)
+	require.NoError(t, live.TrackAs(context.Background(), live.OwnerValue(), 2))
 	_, logs := startWorker(t, rdb, r, "B", opts...)
 
 	require.Eventually(t, func() bool { s, _ := rowState(t, db, 1); return s == "queued" }, 10*time.Second, 20*time.Millisecond,
@@ -174,7 +174,7 @@ func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "LL")
 	ctx := context.Background()
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	old := w.Owner()
+	old := w.OwnerValue()
 	take(t, db, old, 1)
 	require.NoError(t, w.TrackAs(ctx, old, 1))
 
@@ -183,10 +183,10 @@ func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	w.lease.until.Store(int64(time.Since(w.lease.epoch) + w.opts.opTimeout/2))
 	require.NoError(t, w.heart.runOnce(ctx))
 	w.heart.restored()
-	assert.NotEqual(t, old, w.Owner())
+	assert.NotEqual(t, old, w.OwnerValue())
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lifeOwner("w", life), w.Owner(), "the late heartbeat recorded the new life")
+	assert.Equal(t, lifeOwner("w", life), w.OwnerValue(), "the late heartbeat recorded the new life")
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, of the old life, is stale")
 	require.ErrorIs(t, w.TrackAs(ctx, old, 1), ErrLeaseLost)
 	require.NoError(t, w.Release(ctx, 1))
@@ -248,8 +248,8 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "R1")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	take(t, db, w.Owner(), 1, 2)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1, 2))
+	take(t, db, w.OwnerValue(), 1, 2)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 1, 2))
 	g := newGatedOwnerResetter(fencedResetter(t, db))
 	p, _ := newWorker(t, rdb, g, "p", lifeTimings(prefix)...)
 
@@ -259,7 +259,7 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.NoError(t, w.Release(ctx, 1, 2), "the host gives back its block")
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
-	owner := w.Owner()
+	owner := w.OwnerValue()
 	take(t, db, owner, 3, 4)
 	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
 	time.Sleep(w.opts.claimTTL()) // past p's claim TTL
@@ -284,7 +284,7 @@ func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "R3")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	old := w.Owner()
+	old := w.OwnerValue()
 	take(t, db, old, 1, 2)
 	require.NoError(t, w.TrackAs(ctx, old, 1, 2))
 	g := newGatedOwnerResetter(fencedResetter(t, db))
@@ -296,7 +296,7 @@ func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.NoError(t, w.Untrack(1, 2), "the host drops the block of its ended life (p resets it)")
 	require.NoError(t, w.CheckLease(), "no hold")
-	owner := w.Owner()
+	owner := w.OwnerValue()
 	take(t, db, owner, 3, 4)
 	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
 
@@ -321,14 +321,14 @@ func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t
 	ctx := context.Background()
 	r := fencedResetter(t, db)
 	a, fr, _ := frozenWorker(t, rdb, r, "w", lifeTimings(prefix)...)
-	ownerA := a.Owner()
+	ownerA := a.OwnerValue()
 	take(t, db, ownerA, 1)
 	require.NoError(t, a.TrackAs(ctx, ownerA, 1))
 
 	fr.freeze() // A paused mid-row
 	b, _ := startWorker(t, rdb, r, "w", lifeTimings(prefix)...)
 	assertRequeued(t, db, 1)
-	ownerB := b.Owner()
+	ownerB := b.OwnerValue()
 	assert.NotEqual(t, ownerA, ownerB)
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
@@ -385,20 +385,20 @@ func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 8, "UL")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond}),
+		WithTimings(Timings{HeartbeatInterval: 100 * time.Millisecond}), WithTimings(Timings{RecoveryInterval: 200 * time.Millisecond})}
 
 	oldLive, _ := startWorker(t, rdb, r, "old-live", opts...)
 	take(t, db, "old-live", 1)
 	require.NoError(t, oldLive.TrackAs(ctx, "old-live", 1))
 	newLive, _ := startWorker(t, rdb, r, "new-live", opts...)
-	take(t, db, newLive.Owner(), 2)
-	require.NoError(t, newLive.TrackAs(ctx, newLive.Owner(), 2))
+	take(t, db, newLive.OwnerValue(), 2)
+	require.NoError(t, newLive.TrackAs(ctx, newLive.OwnerValue(), 2))
 
 	// A new worker dies holding rows of its life; an old one recovers it.
 	newDead, _ := startWorker(t, rdb, r, "new-dead", opts...)
-	take(t, db, newDead.Owner(), 3, 4)
-	require.NoError(t, newDead.TrackAs(ctx, newDead.Owner(), 3, 4))
+	take(t, db, newDead.OwnerValue(), 3, 4)
+	require.NoError(t, newDead.TrackAs(ctx, newDead.OwnerValue(), 3, 4))
 	newDead.crash()
 	waitHeartbeatGone(t, rdb, prefix, "new-dead")
 	require.True(t, prevReleaseRecover(t, oldLive, r, "new-dead"))
@@ -454,8 +454,8 @@ func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (
 func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "LM")
 	ctx := context.Background()
-	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithHeartbeatTTL(6*time.Second),
-		WithHeartbeatInterval(2*time.Second), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 6 * time.Second}),
+		WithTimings(Timings{HeartbeatInterval: 2 * time.Second}), WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}))
 	mid := &midLossStore{Store: w.store, w: w, done: make(chan struct{})}
 	w.store = mid
 	require.NoError(t, w.Start(ctx))
@@ -465,8 +465,8 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 		"the new life is recorded well within the 2 s interval")
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lifeOwner("w", life), w.Owner())
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1), "CheckLease nil: TrackAs works too")
+	assert.Equal(t, lifeOwner("w", life), w.OwnerValue())
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 1), "CheckLease nil: TrackAs works too")
 }
 
 // A recovery by owner whose peer's life Redis no longer has (its
@@ -481,7 +481,7 @@ func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
 	ctx := context.Background()
 	r := fencedResetter(t, db)
 	dead, _ := startWorker(t, rdb, r, "dead", lifeTimings(prefix)...)
-	owner := dead.Owner()
+	owner := dead.OwnerValue()
 	take(t, db, owner, 1, 2)
 	require.NoError(t, dead.TrackAs(ctx, owner, 1, 2))
 	take(t, db, "other{0123456789abcdef0123456789abcdef}", 3) // another instance's life: not dead's
@@ -489,7 +489,7 @@ func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, store.InstanceKeys(prefix, "dead").Incarnation).Err())
 	waitHeartbeatGone(t, rdb, prefix, "dead")
 
-	p, _ := newWorker(t, rdb, r, "p", append(lifeTimings(prefix), WithoutBackstopSweep())...)
+	p, _ := newWorker(t, rdb, r, "p", append(lifeTimings(prefix), WithBackstopSweep(false))...)
 	rep, err := p.RecoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)

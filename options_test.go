@@ -18,20 +18,20 @@ import (
 )
 
 func TestDefaultsMatchTheDesign(t *testing.T) {
-	assert.Equal(t, 60*time.Second, DefaultHeartbeatTTL)
-	assert.Equal(t, 30*time.Second, DefaultHeartbeatInterval)
-	assert.Equal(t, 60*time.Second, DefaultRecoveryInterval)
-	assert.Equal(t, 180*time.Second, DefaultRowsTTL)
+	assert.Equal(t, 60*time.Second, defaultHeartbeatTTL)
+	assert.Equal(t, 30*time.Second, defaultHeartbeatInterval)
+	assert.Equal(t, 60*time.Second, defaultRecoveryInterval)
+	assert.Equal(t, 180*time.Second, defaultRowsTTL)
 	assert.Equal(t, "ALYA", DefaultKeyPrefix)
 
 	w, err := New(idleClient(t), &fakeResetter{})
 	require.NoError(t, err)
-	assert.Equal(t, DefaultHeartbeatTTL, w.opts.heartbeatTTL)
-	assert.Equal(t, DefaultHeartbeatInterval, w.opts.heartbeatInterval)
-	assert.Equal(t, DefaultRecoveryInterval, w.opts.recoveryInterval)
-	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
-	assert.Equal(t, DefaultOperationTimeout, w.opts.opTimeout)
-	assert.Equal(t, DefaultSelfCheckWindow, w.opts.selfCheckWindow)
+	assert.Equal(t, defaultHeartbeatTTL, w.opts.heartbeatTTL)
+	assert.Equal(t, defaultHeartbeatInterval, w.opts.heartbeatInterval)
+	assert.Equal(t, defaultRecoveryInterval, w.opts.recoveryInterval)
+	assert.Equal(t, defaultRowsTTL, w.opts.rowsTTL)
+	assert.Equal(t, defaultOperationTimeout, w.opts.opTimeout)
+	assert.Equal(t, defaultSelfCheckWindow, w.opts.selfCheckWindow)
 	assert.Equal(t, registryKey, w.store.Registry())
 }
 
@@ -101,32 +101,32 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"nil resetter", rdb, nil, nil, "row resetter is nil"},
 		{"typed nil resetter", rdb, (*PgxResetter)(nil), nil, "row resetter is nil"},
 		{"nil option", rdb, r, []Option{nil}, "nil option"},
-		{"interval equal to TTL", rdb, r, []Option{WithHeartbeatInterval(60 * time.Second)},
+		{"interval equal to TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatInterval: 60 * time.Second})},
 			"heartbeat interval 1m0s must be shorter than heartbeat TTL 1m0s"},
-		{"interval above TTL", rdb, r, []Option{WithHeartbeatInterval(90 * time.Second)},
+		{"interval above TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatInterval: 90 * time.Second})},
 			"heartbeat interval 1m30s must be shorter than heartbeat TTL 1m0s"},
-		{"rows TTL equal to TTL + interval", rdb, r, []Option{WithRowsTTL(120 * time.Second)},
+		{"rows TTL equal to TTL + interval", rdb, r, []Option{WithTimings(Timings{RowsTTL: 120 * time.Second})},
 			"rows TTL 2m0s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter, + the scan lease if on: 2m54s)"},
-		{"rows TTL inside the jitter", rdb, r, []Option{WithRowsTTL(125 * time.Second)},
+		{"rows TTL inside the jitter", rdb, r, []Option{WithTimings(Timings{RowsTTL: 125 * time.Second})},
 			"rows TTL 2m5s must exceed heartbeat TTL 1m0s + recovery interval 1m0s (+10% jitter, + the scan lease if on: 2m54s)"},
-		{"rows TTL inside the scan lease (a dead lease holder)", rdb, r, []Option{WithRowsTTL(170 * time.Second)},
+		{"rows TTL inside the scan lease (a dead lease holder)", rdb, r, []Option{WithTimings(Timings{RowsTTL: 170 * time.Second})},
 			"(+10% jitter, + the scan lease if on: 2m54s)"},
-		{"rows TTL inside the jitter, scan lease off", rdb, r, []Option{WithRowsTTL(125 * time.Second), WithScanLease(false)},
+		{"rows TTL inside the jitter, scan lease off", rdb, r, []Option{WithTimings(Timings{RowsTTL: 125 * time.Second}), WithScanTurn(false)},
 			"(+10% jitter, + the scan lease if on: 2m6s)"},
-		{"rows TTL below window", rdb, r, []Option{WithRecoveryInterval(150 * time.Second), WithRowsTTL(DefaultRowsTTL)},
+		{"rows TTL below window", rdb, r, []Option{WithTimings(Timings{RecoveryInterval: 150 * time.Second}), WithTimings(Timings{RowsTTL: defaultRowsTTL})},
 			"rows TTL 3m0s must exceed heartbeat TTL 1m0s + recovery interval 2m30s"},
-		{"interval too close to the lease end", rdb, r, []Option{WithHeartbeatInterval(50 * time.Second)},
+		{"interval too close to the lease end", rdb, r, []Option{WithTimings(Timings{HeartbeatInterval: 50 * time.Second})},
 			"heartbeat interval 50s + operation timeout 5s must be shorter than 90% of heartbeat TTL 1m0s (54s)"},
-		{"zero TTL", rdb, r, []Option{WithHeartbeatTTL(0)}, "heartbeat TTL 0s must be positive"},
-		{"negative interval", rdb, r, []Option{WithHeartbeatInterval(-time.Second)}, "heartbeat interval -1s must be positive"},
-		{"zero recovery interval", rdb, r, []Option{WithRecoveryInterval(0)}, "recovery interval 0s must be positive"},
-		{"negative rows TTL", rdb, r, []Option{WithRowsTTL(-1)}, "rows TTL -1ns must be positive"},
-		{"zero reset timeout", rdb, r, []Option{WithResetTimeout(0)}, "reset timeout 0s must be positive"},
-		{"zero self-check window", rdb, r, []Option{WithSelfCheckWindow(0)}, "self-check window 0s must be positive"},
-		{"sub-millisecond TTL", rdb, r, []Option{WithHeartbeatTTL(time.Microsecond), WithHeartbeatInterval(time.Nanosecond),
-			WithRecoveryInterval(time.Nanosecond), WithRowsTTL(time.Second)}, "must be at least 1ms"},
-		{"negative operation timeout", rdb, r, []Option{WithOperationTimeout(-time.Second)}, "operation timeout -1s must be positive"},
-		{"operation timeout above interval", rdb, r, []Option{WithOperationTimeout(time.Minute)},
+		{"zero TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatTTL: 0})}, "heartbeat TTL 0s must be positive"},
+		{"negative interval", rdb, r, []Option{WithTimings(Timings{HeartbeatInterval: -time.Second})}, "heartbeat interval -1s must be positive"},
+		{"zero recovery interval", rdb, r, []Option{WithTimings(Timings{RecoveryInterval: 0})}, "recovery interval 0s must be positive"},
+		{"negative rows TTL", rdb, r, []Option{WithTimings(Timings{RowsTTL: -1})}, "rows TTL -1ns must be positive"},
+		{"zero reset timeout", rdb, r, []Option{WithTimings(Timings{ResetTimeout: 0})}, "reset timeout 0s must be positive"},
+		{"zero self-check window", rdb, r, []Option{WithTimings(Timings{SelfCheckWindow: 0})}, "self-check window 0s must be positive"},
+		{"sub-millisecond TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatTTL: time.Microsecond}), WithTimings(Timings{HeartbeatInterval: time.Nanosecond}),
+			WithTimings(Timings{RecoveryInterval: time.Nanosecond}), WithTimings(Timings{RowsTTL: time.Second})}, "must be at least 1ms"},
+		{"negative operation timeout", rdb, r, []Option{WithTimings(Timings{OperationTimeout: -time.Second})}, "operation timeout -1s must be positive"},
+		{"operation timeout above interval", rdb, r, []Option{WithTimings(Timings{OperationTimeout: time.Minute})},
 			"operation timeout 1m0s must not exceed heartbeat interval 30s"},
 		{"empty instance ID", rdb, r, []Option{WithInstanceID("")}, `instance ID "" is empty`},
 		{"instance ID with brace", rdb, r, []Option{WithInstanceID("a{b")}, `instance ID "a{b" contains '{'`},
@@ -139,7 +139,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"prefix with brace", rdb, r, []Option{WithKeyPrefix("AL{YA")}, `key prefix "AL{YA" contains`},
 		{"prefix with space", rdb, r, []Option{WithKeyPrefix("AL YA")}, `key prefix "AL YA" contains`},
 		{"nil logger", rdb, r, []Option{WithLogger(nil)}, "logger is nil"},
-		{"sweep on and off", rdb, r, []Option{WithBackstopSweep(), WithoutBackstopSweep()}, "WithBackstopSweep and WithoutBackstopSweep contradict each other"},
+		{"sweep on and off", rdb, r, []Option{WithBackstopSweep(true), WithBackstopSweep(false)}, "WithBackstopSweep and WithBackstopSweep(false) contradict each other"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
@@ -155,8 +155,8 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 
 func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
 	w, err := New(idleClient(t), &fakeResetter{},
-		WithHeartbeatTTL(2*time.Second), WithHeartbeatInterval(500*time.Millisecond),
-		WithRecoveryInterval(time.Second), WithRowsTTL(3901*time.Millisecond),
+		WithTimings(Timings{HeartbeatTTL: 2 * time.Second}), WithTimings(Timings{HeartbeatInterval: 500 * time.Millisecond}),
+		WithTimings(Timings{RecoveryInterval: time.Second}), WithTimings(Timings{RowsTTL: 3901 * time.Millisecond}),
 		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
 	require.NoError(t, err)
 	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")
@@ -171,31 +171,31 @@ func TestNewDerivesTheHeartbeatIntervalAndRowsTTLUnlessSet(t *testing.T) {
 
 	w, err := New(rdb, r)
 	require.NoError(t, err)
-	assert.Equal(t, DefaultHeartbeatInterval, w.opts.heartbeatInterval, "the defaults are what derivation gives")
-	assert.Equal(t, DefaultRowsTTL, w.opts.rowsTTL)
+	assert.Equal(t, defaultHeartbeatInterval, w.opts.heartbeatInterval, "the defaults are what derivation gives")
+	assert.Equal(t, defaultRowsTTL, w.opts.rowsTTL)
 
-	w, err = New(rdb, r, WithHeartbeatTTL(2*time.Second))
+	w, err = New(rdb, r, WithTimings(Timings{HeartbeatTTL: 2 * time.Second}))
 	require.NoError(t, err, "a short TTL alone is a valid configuration")
 	assert.Equal(t, time.Second, w.opts.heartbeatInterval, "half the TTL")
 	assert.Equal(t, 72*time.Second, w.opts.rowsTTL,
 		"the first scan may come 2s + 66s + 2s (the scan turn) after a death: 3 TTLs are too short, so that + a TTL")
 
-	w, err = New(rdb, r, WithRecoveryInterval(150*time.Second))
+	w, err = New(rdb, r, WithTimings(Timings{RecoveryInterval: 150 * time.Second}))
 	require.NoError(t, err, "a long recovery interval alone is a valid configuration")
-	assert.Equal(t, w.opts.detectionWindow()+DefaultHeartbeatTTL, w.opts.rowsTTL)
+	assert.Equal(t, w.opts.detectionWindow()+defaultHeartbeatTTL, w.opts.rowsTTL)
 
-	w, err = New(rdb, r, WithHeartbeatTTL(2*time.Second), WithHeartbeatInterval(300*time.Millisecond), WithRowsTTL(time.Hour))
+	w, err = New(rdb, r, WithTimings(Timings{HeartbeatTTL: 2 * time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}), WithTimings(Timings{RowsTTL: time.Hour}))
 	require.NoError(t, err)
 	assert.Equal(t, 300*time.Millisecond, w.opts.heartbeatInterval, "a set value overrides the derived one")
 	assert.Equal(t, time.Hour, w.opts.rowsTTL)
 
-	_, err = New(rdb, r, WithHeartbeatInterval(0))
+	_, err = New(rdb, r, WithTimings(Timings{HeartbeatInterval: 0}))
 	assert.ErrorIs(t, err, ErrInvalidConfig, "an explicit zero is refused, not taken for the default")
 }
 
 func TestScanLeaseNeverOutlivesTheHeartbeatTTL(t *testing.T) {
-	w, err := New(idleClient(t), &fakeResetter{}, WithHeartbeatTTL(2*time.Second),
-		WithHeartbeatInterval(time.Second), WithRecoveryInterval(10*time.Second), WithRowsTTL(time.Minute))
+	w, err := New(idleClient(t), &fakeResetter{}, WithTimings(Timings{HeartbeatTTL: 2 * time.Second}),
+		WithTimings(Timings{HeartbeatInterval: time.Second}), WithTimings(Timings{RecoveryInterval: 10 * time.Second}), WithTimings(Timings{RowsTTL: time.Minute}))
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's lease is gone when its heartbeat is")
 	w, err = New(idleClient(t), &fakeResetter{})

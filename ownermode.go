@@ -16,21 +16,6 @@ package recovery
 // in progress in PostgreSQL are part of what recovery looks at, so a Redis
 // that forgets its registry cannot strand a row.
 //
-// WithRowsSets keeps the design's rows sets instead, as releases before
-// owner mode did.
-
-// WithRowsSets keeps the design's rows-set mode even when the resetter
-// fences by owner: Track and Untrack write the worker's rows set in Redis,
-// recovery resets the rows a dead peer's set lists, and the backstop sweep
-// runs only WithBackstopSweep, as in releases before owner mode. Without a
-// resetter that fences by owner the worker is in rows-set mode anyway.
-// Workers of both modes recover each other (docs/integration.md, "Rolling
-// out owner mode"). Default: off (owner mode whenever the resetter allows
-// it).
-func WithRowsSets() Option {
-	return optionFunc(func(o *options) { o.rowsSets = true })
-}
-
 // ownerModeOf reports whether a Worker with resetter r and options o runs
 // in owner mode: r fences by owner and can reset and list rows by owner.
 func ownerModeOf(r RowResetter, o options) bool {
@@ -40,9 +25,3 @@ func ownerModeOf(r RowResetter, o options) bool {
 	_, ok := r.(OwnerSweeper)
 	return ok
 }
-
-// OwnerMode reports whether the worker runs in owner mode: its resetter
-// fences by owner (a PgxResetter WithOwnerColumn) and WithRowsSets is not
-// set. In owner mode no row costs a Redis command and recovery resets a
-// dead peer's rows by owner.
-func (w *Worker) OwnerMode() bool { return w.ownerMode }

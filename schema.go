@@ -21,16 +21,6 @@ type SchemaChecker interface {
 	CheckSchema(ctx context.Context) error
 }
 
-// WithoutSchemaCheck makes Start skip the resetter's CheckSchema, for a
-// database role that may not read the catalogue or a resetter whose check
-// is too slow to run at every start; with a PgxResetter or SQLResetter it
-// also skips the check that the session can write (ErrReadOnly). The first
-// sign of a wrong configuration is then a failed recovery. Default: Start runs the check
-// when the resetter implements SchemaChecker.
-func WithoutSchemaCheck() Option {
-	return optionFunc(func(o *options) { o.noSchemaCheck = true })
-}
-
 // checkSchema runs the resetter's schema check, if it has one and it is on,
 // bounded by ctx and the reset timeout, after its session check (a
 // PgxResetter or SQLResetter: the session must be able to write; a session

@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"log/slog"
 	"strings"
@@ -344,13 +343,6 @@ func (w *Worker) misconfigured() error {
 	}
 	return nil
 }
-
-// ErrMisconfigured is wrapped by Healthy's error once the worker's
-// self-check found that the rows it tracks do not look, to its resetter,
-// like rows in progress by this worker: statuses swapped or misspelt, or an
-// owner column not set to Owner(). A crash would leave such rows
-// stuck.
-var ErrMisconfigured = errors.New("recovery: tracked rows do not match the resetter's configuration")
 
 // bareOwned reports whether row s, tracked under per-life owner value
 // owner, is in progress under the bare instance ID instead: the host writes

@@ -372,7 +372,7 @@ func (p *simProc) host(ctx context.Context) {
 
 // fetch takes a block: lock queued rows, Track them, commit.
 func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
-	owner := p.w.Owner() // once per block, before the fetch (docs/safety.md §2)
+	owner := p.w.OwnerValue() // once per block, before the fetch (docs/safety.md §2)
 	ids, err := p.lockBlock(ctx, 1+r.IntN(6))
 	if err != nil || len(ids) == 0 {
 		if len(ids) > 0 {

@@ -328,7 +328,7 @@ func sweeperOf(r RowResetter, on bool) (OwnerSweeper, error) {
 
 // rowsSweeperOf returns what backs the backstop sweep without an owner
 // column: r when it is a RowsSweeper, the worker is in rows-set mode, no
-// sweep by owner runs and WithoutBackstopSweep is not set.
+// sweep by owner runs and WithBackstopSweep(false) is not set.
 func rowsSweeperOf(r RowResetter, o options, ownerMode bool, byOwner OwnerSweeper) RowsSweeper {
 	if ownerMode || byOwner != nil || o.noSweep || fencesByOwner(r) {
 		return nil

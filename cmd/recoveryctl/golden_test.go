@@ -67,7 +67,7 @@ func goldenFleet() recovery.FleetState {
 
 func goldenOptions() *options {
 	return &options{prefix: "ALYA", timeout: 30 * time.Second, last: 10,
-		heartbeatTTL: recovery.DefaultHeartbeatTTL, heartbeatInterval: recovery.DefaultHeartbeatInterval}
+		heartbeatTTL: 60 * time.Second, heartbeatInterval: 30 * time.Second}
 }
 
 func TestGoldenWorkers(t *testing.T) {

@@ -295,7 +295,7 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 // the command should run, else the exit status to return at once.
 func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd string, pos []string, o *options, code int) {
 	o = &options{prefix: recovery.DefaultKeyPrefix, timeout: 30 * time.Second, getenv: getenv,
-		heartbeatTTL: recovery.DefaultHeartbeatTTL, heartbeatInterval: recovery.DefaultHeartbeatInterval}
+		heartbeatTTL: 60 * time.Second, heartbeatInterval: 30 * time.Second}
 	if p := getenv(recovery.EnvKeyPrefix); p != "" {
 		o.prefix = p
 	}
