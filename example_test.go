@@ -78,13 +78,15 @@ func ExampleNew() {
 	defer rdb.Close()
 
 	// rdb may also be a *redis.ClusterClient; the resetter is usually
-	// recovery.NewPgxResetter(pool).
+	// pgxreset.New(pool, ...).
 	w, err := recovery.New(rdb, newQueue(),
 		recovery.WithInstanceID("worker-1"),
-		recovery.WithTimings(recovery.Timings{HeartbeatTTL: 10 * time.Second}),
-		recovery.WithTimings(recovery.Timings{HeartbeatInterval: 3 * time.Second}),
-		recovery.WithTimings(recovery.Timings{RecoveryInterval: 10 * time.Second}),
-		recovery.WithTimings(recovery.Timings{RowsTTL: 30 * time.Second}))
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      10 * time.Second,
+			HeartbeatInterval: 3 * time.Second,
+			RecoveryInterval:  10 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -96,7 +98,7 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output:
 	// instance: worker-1
-	// recovery: invalid configuration: heartbeat interval 1m30s must be shorter than heartbeat TTL 1m0s
+	// recovery: invalid configuration: Timings.HeartbeatInterval 1m30s must be shorter than Timings.HeartbeatTTL 1m0s
 }
 
 func ExampleWorker_Track() {
