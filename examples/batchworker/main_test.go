@@ -359,7 +359,7 @@ func TestConfigComesFromFlagsAndEnvironment(t *testing.T) {
 	assert.Equal(t, 30*time.Second, c.rowsTTL())
 	c.recoveryInterval = time.Minute
 	assert.Greater(t, c.rowsTTL(), c.heartbeatTTL+c.recoveryInterval*11/10+min(c.recoveryInterval*8/10, c.heartbeatTTL),
-		"rows TTL always outlives detection + recovery + the scan lease")
+		"rows TTL always outlives detection + recovery + the scan turn")
 
 	_, err = parseConfig(nil, func(string) string { return "" }, &out)
 	require.Error(t, err)

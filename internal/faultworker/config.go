@@ -208,11 +208,13 @@ func countSet(bs ...bool) int {
 func (c config) options(log *slog.Logger) []recovery.Option {
 	opts := []recovery.Option{
 		recovery.WithKeyPrefix(c.prefix),
-		recovery.WithTimings(recovery.Timings{HeartbeatTTL: c.heartbeatTTL}),
-		recovery.WithTimings(recovery.Timings{HeartbeatInterval: c.heartbeatInterval}),
-		recovery.WithTimings(recovery.Timings{RecoveryInterval: c.recoveryInterval}),
-		recovery.WithTimings(recovery.Timings{RowsTTL: c.rowsTTL}),
-		recovery.WithTimings(recovery.Timings{ResetTimeout: c.resetTimeout}),
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.heartbeatTTL,
+			HeartbeatInterval: c.heartbeatInterval,
+			RecoveryInterval:  c.recoveryInterval,
+			RowsTTL:           c.rowsTTL,
+			ResetTimeout:      c.resetTimeout,
+		}),
 		recovery.WithScanTurn(c.scanLease),
 		recovery.WithLogger(log),
 	}
