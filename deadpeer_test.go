@@ -352,8 +352,7 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	rdb, db, prefix := onRealServers(t, 10, "F1")
 	proxy := pgProxy(t, db)
 	const rowsTTL = 1600 * time.Millisecond
-	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}),
-		WithTimings(Timings{RecoveryInterval: 300 * time.Millisecond}), WithTimings(Timings{RowsTTL: rowsTTL}), WithTimings(Timings{ResetTimeout: 300 * time.Millisecond})}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, RowsTTL: rowsTTL, ResetTimeout: 300 * time.Millisecond})}
 	direct, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3, 4, 5)
@@ -531,8 +530,7 @@ func TestARetriedClaimIsJudgedAgainFirst(t *testing.T) {
 	rdb.AddHook(hook)
 
 	r := &fakeResetter{}
-	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second}),
-		WithTimings(Timings{OperationTimeout: 300 * time.Millisecond}))
+	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second, OperationTimeout: 300 * time.Millisecond}))
 	rep, err := w.RecoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, r.resetOf("p"), "not judged: the server restarted with data less than a TTL ago")

@@ -21,8 +21,7 @@ func killToReset(t *testing.T, rdb redis.UniversalClient, opts ...Option) time.D
 	t.Helper()
 	prefix := testutil.Name("X")
 	r := &fakeResetter{}
-	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second}),
-		WithTimings(Timings{HeartbeatInterval: 500 * time.Millisecond}), WithTimings(Timings{RowsTTL: 30 * time.Second})}
+	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RowsTTL: 30 * time.Second})}
 	peer, _ := startWorker(t, rdb, r, "peer", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
 	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
 	require.NoError(t, victim.Track(context.Background(), 1, 2, 3))
@@ -89,7 +88,7 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	ctx := context.Background()
 	r := &fakeResetter{}
 	w, _ := startWorker(t, rdb, r, "self", WithExpiryNotifications(),
-		WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}))
+		WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 	keys := []string{"unrelated", keysOf("").Heartbeat, keysOf("a b").Heartbeat, store.InstanceKeys("OTHER", "x").Heartbeat, keysOf("x").Rows}
 	for _, k := range keys {
 		require.NoError(t, rdb.Set(ctx, k, "1", 10*time.Millisecond).Err())
@@ -151,8 +150,7 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 
 	const ttl = 4 * time.Second // longer than the failover (about 2.5 s): no lease lost to it
 	r := &fakeResetter{}
-	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: ttl}), WithTimings(Timings{HeartbeatInterval: time.Second}),
-		WithTimings(Timings{RowsTTL: time.Minute}), WithTimings(Timings{RecoveryInterval: 30 * time.Second})}
+	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: ttl, HeartbeatInterval: time.Second, RowsTTL: time.Minute, RecoveryInterval: 30 * time.Second})}
 	watcher, logs := startWorker(t, rdb, r, watcherID, append(base, WithExpiryNotifications(), WithExpiryConfigSet())...)
 	victim, _ := startWorker(t, rdb, r, victimID, base...)
 

@@ -53,8 +53,7 @@ func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T
 	srv.Restart()
 
 	short, _ := newWorker(t, srv.Client(t), fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}),
-		WithTimings(Timings{RecoveryInterval: 300 * time.Millisecond}), WithTimings(Timings{ResetTimeout: time.Second}))
+		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, ResetTimeout: time.Second}))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.Stats().OwnerMode)
 	ttl, _, _ := short.fleet.longest()
@@ -325,7 +324,7 @@ func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testin
 	waitUptime(t, c, 2*time.Second)
 
 	tool, _ := newWorker(t, c, fencedResetter(t, db), "tool", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}))
+		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond}))
 	require.Zero(t, c.Exists(ctx, long.ownKeys().Heartbeat).Val(), "the long worker has not beaten since the restart")
 	rep, err := tool.RecoverNow(ctx)
 	require.NoError(t, err)
@@ -358,8 +357,7 @@ func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t 
 	require.NoError(t, c.Del(ctx, long.ownKeys().Heartbeat).Err()) // expired since the snapshot
 
 	short, _ := newWorker(t, c, fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}),
-		WithTimings(Timings{RecoveryInterval: 300 * time.Millisecond}), WithTimings(Timings{ResetTimeout: time.Second}))
+		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, ResetTimeout: time.Second}))
 	require.NoError(t, short.Start(ctx))
 	<-beats // the long worker's first heartbeat after the restart
 	waitScans(t, short, 3)
@@ -387,7 +385,7 @@ func longTTLWorldBeating(t *testing.T, name string, interval time.Duration) (srv
 	prefix = testutil.Name(name)
 	beats = make(chan struct{}, 16)
 	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: 2 * interval}), WithTimings(Timings{HeartbeatInterval: interval}), WithTimings(Timings{RecoveryInterval: 2 * time.Second}), WithTimings(Timings{RowsTTL: 30 * time.Second}),
+		WithTimings(Timings{HeartbeatTTL: 2 * interval, HeartbeatInterval: interval, RecoveryInterval: 2 * time.Second, RowsTTL: 30 * time.Second}),
 		WithObserver(func(e Event) {
 			if e.Kind == EventHeartbeat {
 				select {
@@ -438,7 +436,7 @@ func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(
 	_, dbB, rA, rB := twoTables(t, 5)
 	prefix := testutil.Name("R20e")
 	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: 8 * time.Second}), WithTimings(Timings{HeartbeatInterval: 4 * time.Second}), WithTimings(Timings{RecoveryInterval: 2 * time.Second}), WithTimings(Timings{RowsTTL: 30 * time.Second}))
+		WithTimings(Timings{HeartbeatTTL: 8 * time.Second, HeartbeatInterval: 4 * time.Second, RecoveryInterval: 2 * time.Second, RowsTTL: 30 * time.Second}))
 
 	srv.Restart()
 	c := srv.Client(t)

@@ -231,11 +231,13 @@ func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
 		opts := []Option{WithInstanceID(id), WithKeyPrefix(prefix), WithTimings(timings)}
 		if ttl%2 == 0 {
 			// Field by field, the same: WithTimings merges what is set.
-			opts = []Option{WithInstanceID(id), WithKeyPrefix(prefix),
-				WithTimings(Timings{HeartbeatTTL: d(ttl)}), WithTimings(Timings{HeartbeatInterval: d(interval)}),
-				WithTimings(Timings{RecoveryInterval: d(recovery)}), WithTimings(Timings{RowsTTL: d(rowsTTL)}),
-				WithTimings(Timings{OperationTimeout: d(op)}), WithTimings(Timings{ResetTimeout: d(reset)}),
-				WithTimings(Timings{SelfCheckWindow: d(window)})}
+			opts = opts[:2]
+			for _, t := range []Timings{
+				{HeartbeatTTL: d(ttl)}, {HeartbeatInterval: d(interval)}, {RecoveryInterval: d(recovery)},
+				{RowsTTL: d(rowsTTL)}, {OperationTimeout: d(op)}, {ResetTimeout: d(reset)}, {SelfCheckWindow: d(window)},
+			} {
+				opts = append(opts, WithTimings(t))
+			}
 		}
 		w, err := New(rdb, &fakeResetter{}, opts...)
 
@@ -272,15 +274,14 @@ func TestNewRejectsARowsTTLShorterThanAnOverflowingDetectionWindow(t *testing.T)
 	defer rdb.Close()
 	half := time.Duration(math.MaxInt64/2 + 1)
 	_, err := New(rdb, &fakeResetter{},
-		WithTimings(Timings{HeartbeatTTL: half}), WithTimings(Timings{HeartbeatInterval: time.Second}),
-		WithTimings(Timings{RecoveryInterval: half}), WithTimings(Timings{RowsTTL: half + 1}))
+		WithTimings(Timings{HeartbeatTTL: half, HeartbeatInterval: time.Second, RecoveryInterval: half, RowsTTL: half + 1}))
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("rows TTL %v < TTL %v + recovery interval %v accepted", half+1, half, half)
 	}
 }
 
 // TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow reproduces F5 of
-// issue 10: New accepted WithResetTimeout(math.MaxInt64) (a natural "no
+// issue 10: New accepted a reset timeout of math.MaxInt64 (a natural "no
 // limit"), whose claim TTL, reset timeout + 3 × operation timeout, wrapped
 // negative so every recovery failed; and recovery intervals of years, whose
 // sweep lease (2.2 × interval + operation timeout) wraps negative from
@@ -295,9 +296,9 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 	}{
 		{"no-limit reset timeout", []Option{WithTimings(Timings{ResetTimeout: math.MaxInt64})},
 			"Timings.ResetTimeout 2562047h47m16.854775807s exceeds the maximum 168h0m0s (a week)"},
-		{"5-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 5 * year}), WithTimings(Timings{RowsTTL: 10 * year})},
+		{"5-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 5 * year, RowsTTL: 10 * year})},
 			"Timings.RecoveryInterval 43800h0m0s exceeds the maximum 168h0m0s"},
-		{"20-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 20 * year}), WithTimings(Timings{RowsTTL: 40 * year})},
+		{"20-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 20 * year, RowsTTL: 40 * year})},
 			"Timings.RecoveryInterval 175200h0m0s exceeds the maximum"},
 		{"no-limit operation timeout", []Option{WithTimings(Timings{OperationTimeout: math.MaxInt64})},
 			"Timings.OperationTimeout 2562047h47m16.854775807s exceeds the maximum"},
@@ -323,9 +324,8 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 func TestEveryDerivedDurationIsSoundAtTheMaximumTimings(t *testing.T) {
 	for _, opts := range [][]Option{
 		{WithTimings(Timings{ResetTimeout: maxDuration})},
-		{WithTimings(Timings{ResetTimeout: maxDuration}), WithTimings(Timings{HeartbeatTTL: maxDuration / 2}), WithTimings(Timings{HeartbeatInterval: maxDuration / 8}),
-			WithTimings(Timings{OperationTimeout: maxDuration / 8}), WithTimings(Timings{RecoveryInterval: maxDuration / 4}), WithTimings(Timings{RowsTTL: maxDuration})},
-		{WithTimings(Timings{RecoveryInterval: maxDuration / 2}), WithTimings(Timings{RowsTTL: maxDuration})},
+		{WithTimings(Timings{ResetTimeout: maxDuration, HeartbeatTTL: maxDuration / 2, HeartbeatInterval: maxDuration / 8, OperationTimeout: maxDuration / 8, RecoveryInterval: maxDuration / 4, RowsTTL: maxDuration})},
+		{WithTimings(Timings{RecoveryInterval: maxDuration / 2, RowsTTL: maxDuration})},
 	} {
 		w, err := New(idleClient(t), &fakeResetter{}, opts...)
 		require.NoError(t, err)

@@ -217,7 +217,7 @@ type HistoryQuery struct {
 // ReadHistory reads the history of the fleet under prefix (WithKeyPrefix),
 // oldest first, changing nothing. An entry a retried append wrote twice
 // comes back once. It is bounded by ctx and
-// DefaultOperationTimeout. A fleet without history (every worker
+// defaultOperationTimeout. A fleet without history (every worker
 // WithHistory(0), or older than the history) has no entries.
 func ReadHistory(ctx context.Context, rdb redis.UniversalClient, prefix string, q HistoryQuery) ([]HistoryEntry, error) {
 	if err := store.ValidateName(prefix); err != nil {

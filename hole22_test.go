@@ -71,7 +71,7 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 
 	fr.freeze()
 	waitHeartbeatGone(t, rdb, prefix, "w")
-	b, _ := startWorker(t, rdb, r, "w", append(opts[:len(opts):len(opts)], WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}))...)
+	b, _ := startWorker(t, rdb, r, "w", append(opts[:len(opts):len(opts)], WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))...)
 	ownerB := b.OwnerValue()
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
@@ -193,6 +193,5 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 // holeTimings are the tests' short timings: TTL 500 ms, a heartbeat every
 // 100 ms, and the given recovery interval.
 func holeTimings(prefix string, recovery time.Duration) []Option {
-	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond}),
-		WithTimings(Timings{HeartbeatInterval: 100 * time.Millisecond}), WithTimings(Timings{RecoveryInterval: recovery})}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: recovery})}
 }

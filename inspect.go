@@ -134,7 +134,7 @@ func inspector(rdb redis.UniversalClient, prefix string) (*Worker, error) {
 // the fleet under prefix (WithKeyPrefix), changing nothing: the registry
 // as a recovery scan reads it, then the keys of every instance in one
 // pipeline (one round trip per node on Cluster). Each call is bounded by
-// ctx and DefaultOperationTimeout.
+// ctx and defaultOperationTimeout.
 func Inspect(ctx context.Context, rdb redis.UniversalClient, prefix string) (FleetState, error) {
 	w, err := inspector(rdb, prefix)
 	if err != nil {

@@ -113,7 +113,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 			"(+10% jitter, + the scan turn if on: 2m54s)"},
 		{"rows TTL inside the jitter, scan turn off", rdb, r, []Option{WithTimings(Timings{RowsTTL: 125 * time.Second}), WithScanTurn(false)},
 			"(+10% jitter, + the scan turn if on: 2m6s)"},
-		{"rows TTL below window", rdb, r, []Option{WithTimings(Timings{RecoveryInterval: 150 * time.Second}), WithTimings(Timings{RowsTTL: defaultRowsTTL})},
+		{"rows TTL below window", rdb, r, []Option{WithTimings(Timings{RecoveryInterval: 150 * time.Second, RowsTTL: defaultRowsTTL})},
 			"Timings.RowsTTL 3m0s must exceed Timings.HeartbeatTTL 1m0s + Timings.RecoveryInterval 2m30s"},
 		{"interval too close to the lease end", rdb, r, []Option{WithTimings(Timings{HeartbeatInterval: 50 * time.Second})},
 			"Timings.HeartbeatInterval 50s + Timings.OperationTimeout 5s must be shorter than 90% of Timings.HeartbeatTTL 1m0s (54s)"},
@@ -124,8 +124,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"negative reset timeout", rdb, r, []Option{WithTimings(Timings{ResetTimeout: -time.Second})}, "Timings.ResetTimeout -1s must be positive"},
 		{"negative self-check window", rdb, r, []Option{WithTimings(Timings{SelfCheckWindow: -time.Millisecond})}, "Timings.SelfCheckWindow -1ms must be positive"},
 		{"self-check window over a week", rdb, r, []Option{WithTimings(Timings{SelfCheckWindow: 8 * 24 * time.Hour})}, "Timings.SelfCheckWindow 192h0m0s exceeds the maximum 168h0m0s (a week)"},
-		{"sub-millisecond TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatTTL: time.Microsecond}), WithTimings(Timings{HeartbeatInterval: time.Nanosecond}),
-			WithTimings(Timings{RecoveryInterval: time.Nanosecond}), WithTimings(Timings{RowsTTL: time.Second})}, "must be at least 1ms"},
+		{"sub-millisecond TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatTTL: time.Microsecond, HeartbeatInterval: time.Nanosecond, RecoveryInterval: time.Nanosecond, RowsTTL: time.Second})}, "must be at least 1ms"},
 		{"negative operation timeout", rdb, r, []Option{WithTimings(Timings{OperationTimeout: -time.Second})}, "Timings.OperationTimeout -1s must be positive"},
 		{"operation timeout above interval", rdb, r, []Option{WithTimings(Timings{OperationTimeout: time.Minute})},
 			"Timings.OperationTimeout 1m0s must not exceed Timings.HeartbeatInterval 30s"},
@@ -159,8 +158,7 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 
 func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
 	w, err := New(idleClient(t), &fakeResetter{},
-		WithTimings(Timings{HeartbeatTTL: 2 * time.Second}), WithTimings(Timings{HeartbeatInterval: 500 * time.Millisecond}),
-		WithTimings(Timings{RecoveryInterval: time.Second}), WithTimings(Timings{RowsTTL: 3901 * time.Millisecond}),
+		WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 3901 * time.Millisecond}),
 		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
 	require.NoError(t, err)
 	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")
@@ -188,7 +186,7 @@ func TestNewDerivesTheHeartbeatIntervalAndRowsTTLUnlessSet(t *testing.T) {
 	require.NoError(t, err, "a long recovery interval alone is a valid configuration")
 	assert.Equal(t, w.opts.detectionWindow()+defaultHeartbeatTTL, w.opts.rowsTTL)
 
-	w, err = New(rdb, r, WithTimings(Timings{HeartbeatTTL: 2 * time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}), WithTimings(Timings{RowsTTL: time.Hour}))
+	w, err = New(rdb, r, WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RowsTTL: time.Hour}))
 	require.NoError(t, err)
 	assert.Equal(t, 300*time.Millisecond, w.opts.heartbeatInterval, "a set value overrides the derived one")
 	assert.Equal(t, time.Hour, w.opts.rowsTTL)
@@ -269,8 +267,7 @@ func TestOptionSwitchesTakeTheLastCall(t *testing.T) {
 }
 
 func TestScanTurnNeverOutlivesTheHeartbeatTTL(t *testing.T) {
-	w, err := New(idleClient(t), &fakeResetter{}, WithTimings(Timings{HeartbeatTTL: 2 * time.Second}),
-		WithTimings(Timings{HeartbeatInterval: time.Second}), WithTimings(Timings{RecoveryInterval: 10 * time.Second}), WithTimings(Timings{RowsTTL: time.Minute}))
+	w, err := New(idleClient(t), &fakeResetter{}, WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: time.Second, RecoveryInterval: 10 * time.Second, RowsTTL: time.Minute}))
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's turn is gone when its heartbeat is")
 	w, err = New(idleClient(t), &fakeResetter{})

@@ -101,8 +101,7 @@ func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
 	testutil.CreateBatch(t, db, 4)
 	prefix := testutil.Name("O")
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond}),
-		WithTimings(Timings{HeartbeatInterval: 100 * time.Millisecond}), WithTimings(Timings{RecoveryInterval: 200 * time.Millisecond})}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond})}
 
 	take(t, db, lifeOwner("gone", "l1"), 1)
 	take(t, db, lifeOwner("gone", "l2"), 2)

@@ -69,8 +69,7 @@ func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
 	rdb.AddHook(counter)
 	// It counts round trips, not time: a loaded machine with -race may take
 	// longer than the fast timings' 250ms operation timeout for 10,000 EXISTS.
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithTimings(Timings{HeartbeatTTL: 20 * time.Second}),
-		WithTimings(Timings{HeartbeatInterval: 5 * time.Second}), WithTimings(Timings{OperationTimeout: 5 * time.Second}), WithTimings(Timings{RowsTTL: time.Minute}))
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithTimings(Timings{HeartbeatTTL: 20 * time.Second, HeartbeatInterval: 5 * time.Second, OperationTimeout: 5 * time.Second, RowsTTL: time.Minute}))
 
 	rep, err := w.RecoverNow(ctx)
 
@@ -228,7 +227,7 @@ func TestRecoveryLeavesRowsOfLivePeers(t *testing.T) {
 func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
 	mr, rdb := newMini(t)
 	r := &fakeResetter{}
-	a, _ := startWorker(t, rdb, r, "workerA", WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}))
+	a, _ := startWorker(t, rdb, r, "workerA", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 	require.NoError(t, a.Track(context.Background(), 100, 101, 102, 103, 104, 105, 106, 107, 108, 109))
 	for _, id := range []int64{100, 101, 102, 103, 104} {
 		require.NoError(t, a.Untrack(id))
@@ -252,7 +251,7 @@ func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
 func TestWorkerNeverRecoversItself(t *testing.T) {
 	mr, rdb := newMini(t)
 	r := &fakeResetter{}
-	w, _ := startWorker(t, rdb, r, "self", WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}))
+	w, _ := startWorker(t, rdb, r, "self", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 	require.NoError(t, w.Track(context.Background(), 1))
 	mr.Del(keysOf("self").Heartbeat) // as if our own key expired in a pause
 

@@ -28,14 +28,10 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 		name string
 		opts []Option
 	}{
-		{"defaults", []Option{WithTimings(Timings{HeartbeatTTL: defaultHeartbeatTTL}), WithTimings(Timings{HeartbeatInterval: defaultHeartbeatInterval}),
-			WithTimings(Timings{OperationTimeout: defaultOperationTimeout}), WithTimings(Timings{ResetTimeout: defaultResetTimeout}),
-			WithTimings(Timings{RecoveryInterval: defaultRecoveryInterval}), WithTimings(Timings{RowsTTL: defaultRowsTTL})}},
+		{"defaults", []Option{WithTimings(Timings{HeartbeatTTL: defaultHeartbeatTTL, HeartbeatInterval: defaultHeartbeatInterval, OperationTimeout: defaultOperationTimeout, ResetTimeout: defaultResetTimeout, RecoveryInterval: defaultRecoveryInterval, RowsTTL: defaultRowsTTL})}},
 		// Tight timings: TTL 3 s, as in the Sentinel failover,
 		// with the default reset timeout.
-		{"ttl3s", []Option{WithTimings(Timings{HeartbeatTTL: 3 * time.Second}), WithTimings(Timings{HeartbeatInterval: time.Second}),
-			WithTimings(Timings{OperationTimeout: 500 * time.Millisecond}), WithTimings(Timings{ResetTimeout: defaultResetTimeout}),
-			WithTimings(Timings{RecoveryInterval: 2 * time.Second}), WithTimings(Timings{RowsTTL: 10 * time.Second})}},
+		{"ttl3s", []Option{WithTimings(Timings{HeartbeatTTL: 3 * time.Second, HeartbeatInterval: time.Second, OperationTimeout: 500 * time.Millisecond, ResetTimeout: defaultResetTimeout, RecoveryInterval: 2 * time.Second, RowsTTL: 10 * time.Second})}},
 		{"fast", nil}, // the unit tests' timings (helpers_test.go)
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -19,7 +19,7 @@ import (
 // path, the state of rows it tracks, until it has seen one row as the
 // resetter expects: status in progress (and, with an owner column, owned
 // by this worker). A row that fails that at two looks at least the
-// self-check window apart (WithSelfCheckWindow, 500 ms by default),
+// self-check window apart (Timings.SelfCheckWindow, 500 ms by default),
 // tracked all along under the same Track, is an alarm.
 //
 // When it looks. A Track while the configuration is still unverified asks
@@ -130,7 +130,7 @@ func (c *selfChecker) tracked() {
 	}
 }
 
-// window is the self-check window (WithSelfCheckWindow).
+// window is the self-check window (Timings.SelfCheckWindow).
 func (c *selfChecker) window() time.Duration { return c.w.opts.selfCheckWindow }
 
 // run looks at the worker's own rows when a Track or a sighting asks for

@@ -15,8 +15,7 @@ import (
 
 // selfCheckTimings check every 300ms.
 func selfCheckTimings(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 300 * time.Millisecond}),
-		WithTimings(Timings{RecoveryInterval: time.Second}), WithTimings(Timings{RowsTTL: 3 * time.Second})}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 3 * time.Second})}
 }
 
 // takeBlock marks rows in progress with the given status and owner, as a
@@ -171,7 +170,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	require.NoError(t, err)
 	// Recoveries by hand only: a scan of w's own loop holding the claim
 	// would make RecoverNow skip the peer.
-	w, logs := startWorker(t, rdb, swapped, "w", append(selfCheckTimings(prefix), WithTimings(Timings{RecoveryInterval: time.Hour}), WithTimings(Timings{RowsTTL: 2 * time.Hour}))...)
+	w, logs := startWorker(t, rdb, swapped, "w", append(selfCheckTimings(prefix), WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))...)
 
 	// A peer died holding rows 1-4 (no heartbeat, its rows set left).
 	keys := store.InstanceKeys(prefix, "dead")

@@ -383,8 +383,7 @@ func (w *simWorld) options(id string, old, long bool) []Option {
 	}
 	opts := []Option{
 		WithInstanceID(id), WithLogger(discardLogger),
-		WithTimings(Timings{HeartbeatTTL: k * simTTL}), WithTimings(Timings{HeartbeatInterval: k * simInterval}),
-		WithTimings(Timings{RecoveryInterval: k * simRecovery}), WithTimings(Timings{ResetTimeout: k * simReset}),
+		WithTimings(Timings{HeartbeatTTL: k * simTTL, HeartbeatInterval: k * simInterval, RecoveryInterval: k * simRecovery, ResetTimeout: k * simReset}),
 		WithHistory(0), // the fleet history is not part of the protocol modelled
 	}
 	if w.cfg.mode != "owner" || old {
@@ -708,8 +707,7 @@ func (w *simWorld) foreignStrike() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
 	wk, err := New(rdb, simForeignResetter{}, WithInstanceID(p.id), WithLogger(discardLogger),
-		WithTimings(Timings{HeartbeatTTL: simTTL}), WithTimings(Timings{HeartbeatInterval: simInterval}), WithTimings(Timings{RecoveryInterval: simRecovery}),
-		WithTimings(Timings{ResetTimeout: simReset}), WithHistory(0), WithRowsSets())
+		WithTimings(Timings{HeartbeatTTL: simTTL, HeartbeatInterval: simInterval, RecoveryInterval: simRecovery, ResetTimeout: simReset}), WithHistory(0), WithRowsSets())
 	if err != nil {
 		w.violate("New of the second fleet's worker: %v", err)
 		w.mu.Unlock()

@@ -86,8 +86,7 @@ func stressFleet(t *testing.T, ownerMode bool) {
 		r, recovered = fake, func() int { return len(fake.perRow()) }
 	}
 	opts := []Option{WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second}), WithTimings(Timings{HeartbeatInterval: 200 * time.Millisecond}),
-		WithTimings(Timings{RecoveryInterval: 300 * time.Millisecond}), WithTimings(Timings{RowsTTL: 3 * time.Second})}
+		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 200 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, RowsTTL: 3 * time.Second})}
 
 	type member struct {
 		w    *Worker

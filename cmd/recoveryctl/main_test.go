@@ -52,8 +52,7 @@ func runVictim() int {
 		return 1
 	}
 	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(recovery.EnvKeyPrefix)),
-		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 3 * time.Second}),
-		recovery.WithTimings(recovery.Timings{HeartbeatInterval: 100 * time.Millisecond}), recovery.WithTimings(recovery.Timings{RecoveryInterval: time.Hour}))
+		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 3 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Hour}))
 	if err == nil {
 		err = w.Start(context.Background())
 	}
@@ -91,7 +90,7 @@ func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, dead
 	log, _ := testutil.Logger(t)
 	r := &refuser{}
 	w, err := recovery.New(rdb, r, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID(id),
-		recovery.WithTimings(recovery.Timings{RecoveryInterval: time.Hour}), recovery.WithTimings(recovery.Timings{RowsTTL: 3 * time.Hour}), recovery.WithLogger(log))
+		recovery.WithTimings(recovery.Timings{RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}), recovery.WithLogger(log))
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })

@@ -82,10 +82,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	opts := []recovery.Option{
 		recovery.WithKeyPrefix(cfg.prefix),
-		recovery.WithTimings(recovery.Timings{HeartbeatTTL: cfg.heartbeatTTL}),
-		recovery.WithTimings(recovery.Timings{HeartbeatInterval: cfg.heartbeatInterval}),
-		recovery.WithTimings(recovery.Timings{RecoveryInterval: cfg.recoveryInterval}),
-		recovery.WithTimings(recovery.Timings{RowsTTL: cfg.rowsTTL()}),
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: cfg.heartbeatTTL, HeartbeatInterval: cfg.heartbeatInterval, RecoveryInterval: cfg.recoveryInterval, RowsTTL: cfg.rowsTTL()}),
 		recovery.WithLogger(log),
 	}
 	if cfg.instanceID != "" {

@@ -168,6 +168,22 @@ func rewrite(fset *token.FileSet, f *ast.File, src []byte, path string, warn boo
 
 	var visit func(n, parent ast.Node) bool
 	visit = func(n, parent ast.Node) bool {
+		var list []ast.Expr
+		switch n := n.(type) {
+		case *ast.CallExpr:
+			list = n.Args
+		case *ast.CompositeLit:
+			list = n.Elts
+		}
+		for _, run := range timingRuns(list, name, f.Comments) {
+			var fields []string
+			for _, c := range run {
+				kv := c.(*ast.CallExpr).Args[0].(*ast.CompositeLit).Elts[0].(*ast.KeyValueExpr)
+				fields = append(fields, text(kv.Key)+": "+text(kv.Value))
+			}
+			edits = append(edits, edit{off(run[0].Pos()), off(run[len(run)-1].End()),
+				fmt.Sprintf("%sWithTimings(%sTimings{%s})", pfx, pfx, strings.Join(fields, ", "))})
+		}
 		switch n := n.(type) {
 		case *ast.TypeSpec:
 			return n.Name.Name != "ObserverFunc" // v0.1's declaration, if still there
@@ -258,6 +274,65 @@ func rewrite(fset *token.FileSet, f *ast.File, src []byte, path string, warn boo
 		return true
 	})
 	return edits
+}
+
+// timingRuns returns the runs of two or more neighbouring elements of list
+// that are each WithTimings(Timings{Field: v}) with one field, the fields
+// all different and no comment between them: what the rewrite of
+// neighbouring timing options made, and what one WithTimings says alike
+// (it merges the fields set). Calls setting several fields are never
+// merged.
+func timingRuns(list []ast.Expr, name func(ast.Expr) string, comments []*ast.CommentGroup) [][]ast.Expr {
+	single := func(x ast.Expr) (string, bool) {
+		c, ok := x.(*ast.CallExpr)
+		if !ok || name(c.Fun) != "WithTimings" || len(c.Args) != 1 || c.Ellipsis.IsValid() {
+			return "", false
+		}
+		lit, ok := c.Args[0].(*ast.CompositeLit)
+		if !ok || lit.Type == nil || name(lit.Type) != "Timings" || len(lit.Elts) != 1 {
+			return "", false
+		}
+		kv, ok := lit.Elts[0].(*ast.KeyValueExpr)
+		if !ok {
+			return "", false
+		}
+		k, ok := kv.Key.(*ast.Ident)
+		if !ok {
+			return "", false
+		}
+		return k.Name, true
+	}
+	commentBetween := func(a, b token.Pos) bool {
+		for _, c := range comments {
+			if c.Pos() > a && c.Pos() < b {
+				return true
+			}
+		}
+		return false
+	}
+	var runs [][]ast.Expr
+	var run []ast.Expr
+	seen := map[string]bool{}
+	flush := func() {
+		if len(run) >= 2 {
+			runs = append(runs, run)
+		}
+		run, seen = nil, map[string]bool{}
+	}
+	for _, x := range list {
+		k, ok := single(x)
+		if !ok {
+			flush()
+			continue
+		}
+		if seen[k] || (len(run) > 0 && commentBetween(run[len(run)-1].End(), x.Pos())) {
+			flush()
+		}
+		run = append(run, x)
+		seen[k] = true
+	}
+	flush()
+	return runs
 }
 
 // inList reports whether call is an element of a list that takes more: an
