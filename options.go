@@ -381,7 +381,7 @@ func (o *options) validate() error {
 		return err
 	}
 	if o.historyLen < 0 {
-		return fmt.Errorf("%w: WithHistory length %d is negative (0 turns the history off)", ErrInvalidConfig, o.historyLen)
+		return fmt.Errorf("%w: history length %d is negative (0 turns the history off)", ErrInvalidConfig, o.historyLen)
 	}
 	return nil
 }
@@ -457,7 +457,7 @@ func (o *options) validateTimings() error {
 			ErrInvalidConfig, o.heartbeatInterval, o.opTimeout, o.heartbeatTTL, lease)
 	}
 	if o.untrackSet && (o.untrackLinger <= 0 || o.untrackLinger >= o.heartbeatInterval) {
-		return fmt.Errorf("%w: WithDeferredUntrack linger %v must be positive and shorter than Timings.HeartbeatInterval %v",
+		return fmt.Errorf("%w: deferred untrack linger %v must be positive and shorter than Timings.HeartbeatInterval %v",
 			ErrInvalidConfig, o.untrackLinger, o.heartbeatInterval)
 	}
 	return nil

@@ -140,9 +140,9 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"prefix with space", rdb, r, []Option{WithKeyPrefix("AL YA")}, `key prefix "AL YA" contains`},
 		{"nil logger", rdb, r, []Option{WithLogger(nil)}, "logger is nil"},
 		{"expiry CONFIG SET alone", rdb, r, []Option{WithExpiryConfigSet()}, "WithExpiryConfigSet needs WithExpiryNotifications"},
-		{"negative history length", rdb, r, []Option{WithHistory(-1)}, "WithHistory length -1 is negative"},
+		{"negative history length", rdb, r, []Option{WithHistory(-1)}, "history length -1 is negative"},
 		{"deferred untrack linger not under the interval", rdb, r, []Option{WithDeferredUntrack(30 * time.Second)},
-			"WithDeferredUntrack linger 30s must be positive and shorter than Timings.HeartbeatInterval 30s"},
+			"deferred untrack linger 30s must be positive and shorter than Timings.HeartbeatInterval 30s"},
 	}
 	for _, c := range cases {
 		t.Run(c.name, func(t *testing.T) {
