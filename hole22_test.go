@@ -179,7 +179,7 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 		5*time.Second, 5*time.Millisecond)
 	take(t, db, me, 1) // the fetch's UPDATE, under the value read before
 	err := w.Track(ctx, 1)
-	require.ErrorIs(t, err, ErrLeaseLost, "the block was fetched under the life Owner() named before the loss")
+	require.ErrorIs(t, err, ErrLeaseLost, "the block was fetched under the life OwnerValue() named before the loss")
 	// The documented reaction: roll the fetch back and fetch again under
 	// the new value.
 	again := w.OwnerValue()

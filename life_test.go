@@ -90,7 +90,7 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 
 // Release resets each row under the life it was tracked in: rows tracked
 // before a loss are matched by the ended life's value, rows of the new
-// life by the new one. (Reverted to the current Owner(): row 1 stayed in
+// life by the new one. (Reverted to the current OwnerValue(): row 1 stayed in
 // progress, taken for another owner's.)
 func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 3, "LR")
@@ -167,7 +167,7 @@ func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 // left may land on an expired key, after a recoverer read the current
 // life under its claim: it records a new life instead of renewing that
 // one, and the rows of the old life are handled as after a loss.
-// (Reverted: the incarnation written is the old life, Owner() unchanged.)
+// (Reverted: the incarnation written is the old life, OwnerValue() unchanged.)
 func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "LL")
 	ctx := context.Background()
@@ -240,7 +240,7 @@ func recoverBlocked(t *testing.T, p *Worker, g *gatedOwnerResetter) <-chan struc
 // away and reads w's life; its reset is stopped before it runs. w comes
 // back, and takes rows 3 and 4 once CheckLease lets it (with the bare ID,
 // after the hold, a claim TTL). Then p's reset runs: it resets the dead
-// life's rows 1 and 2, never rows 3 and 4. (Reverted, Owner() the bare ID:
+// life's rows 1 and 2, never rows 3 and 4. (Reverted, OwnerValue() the bare ID:
 // rows 3 and 4 reset under live w.)
 func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "R1")
@@ -276,7 +276,7 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 // Residual 3 of docs/safety.md §12: a worker paused past its TTL resumes
 // while a recoverer's reset still runs, and takes rows at once (there is
 // no hold in owner mode any more); the reset, which goes on after, reaches
-// only the dead life. (Reverted, Owner() the bare ID with no hold: rows 3
+// only the dead life. (Reverted, OwnerValue() the bare ID with no hold: rows 3
 // and 4 reset under live w.)
 func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "R3")
@@ -377,7 +377,7 @@ func prevReleaseRecover(t *testing.T, via *Worker, r OwnerSweeper, peer string) 
 // bare IDs to this one, which writes them: workers of both recover each
 // other, and neither resets a live member's rows. The previous release's
 // worker is played by a Worker whose host writes InstanceID() (what
-// Owner() returned there) and, for its recoveries, by the previous
+// OwnerValue() returned there) and, for its recoveries, by the previous
 // release's recovery steps (prevReleaseRecover).
 func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 8, "UL")

@@ -40,7 +40,7 @@ func (w *Worker) checkSchema(ctx context.Context) error {
 		if err != nil {
 			return fmt.Errorf("check database session: %w", err)
 		}
-		// Owner() counts the life in owner mode (lifeWidth more characters).
+		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
 		n := utf8.RuneCountInString(w.currentOwner())
 		if s.ownerWidth > 0 && n > s.ownerWidth {
 			what := "instance ID"

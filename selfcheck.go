@@ -12,7 +12,7 @@ import (
 
 // The self-check finds the configuration mistakes no catalogue can show:
 // statuses swapped, a misspelt status in a text column, an owner column
-// filled with something other than Owner() (or InstanceID()). Such a worker's rows do
+// filled with something other than OwnerValue() (or InstanceID()). Such a worker's rows do
 // not look like its rows in progress to the resetter, and recovery would
 // leave them alone (swapped: they look queued; foreign owner: they look
 // taken) or keep failing on them. The worker itself reads, off the hot
@@ -318,7 +318,7 @@ func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 			expect += ": misspelt?)"
 		}
 	}
-	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to Owner()) and the status the fetch writes",
+	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to OwnerValue()) and the status the fetch writes",
 		ErrMisconfigured, s.ID, w.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)

@@ -213,7 +213,7 @@ func TestTwoWorkersProcessEveryRowExactlyOnce(t *testing.T) {
 	for id, r := range f.rows(t) {
 		require.Equal(t, "done", r.status, "row %d", id)
 		assert.Equal(t, strings.ToUpper(fmt.Sprintf("row %d", id)), r.result, "row %d", id)
-		instance, _, _ := strings.Cut(r.owner, "{") // Owner(): <instance ID>{<life>}
+		instance, _, _ := strings.Cut(r.owner, "{") // OwnerValue(): <instance ID>{<life>}
 		assert.Contains(t, []string{"bw-1", "bw-2"}, instance, "row %d", id)
 	}
 	var batch string

@@ -23,7 +23,7 @@
 #       unexported inside package recovery, their value (60 * time.Second...)
 #       where the root is imported;
 # - names, with sed (word boundaries), in code and comments:
-#     .Owner() -> .OwnerValue(), Worker.Owner -> Worker.OwnerValue
+#     .Owner() and Owner() -> .OwnerValue(), Worker.Owner -> Worker.OwnerValue
 #     .OwnerMode() -> .Stats().OwnerMode
 #     RowsStuck -> StuckFor, LastRowsStuck -> LastStuckFor, MaxRowsStuck -> MaxStuckFor
 #     WithoutBackstopSweep -> WithBackstopSweep(false), WithScanLease -> WithScanTurn (comments)
@@ -53,6 +53,7 @@ cd "$tree"
 
 sedexpr=(
 	-e 's/\.Owner\(\)/.OwnerValue()/g'
+	-e 's/\bOwner\(\)/OwnerValue()/g'
 	-e 's/\bWorker\.Owner\b/Worker.OwnerValue/g'
 	-e 's/\.OwnerMode\(\)/.Stats().OwnerMode/g'
 	-e 's/\bLastRowsStuck\b/LastStuckFor/g'
@@ -63,7 +64,7 @@ sedexpr=(
 	-e 's/\bWithScanLease\b/WithScanTurn/g'
 )
 for f in "${files[@]}"; do
-	if grep -qE '\.Owner\(\)|\bWorker\.Owner\b|\.OwnerMode\(\)|RowsStuck\b|\bWithoutBackstopSweep\b|\bWithScanLease\b' "$f"; then
+	if grep -qE '\bOwner\(\)|\bWorker\.Owner\b|\.OwnerMode\(\)|RowsStuck\b|\bWithoutBackstopSweep\b|\bWithScanLease\b' "$f"; then
 		# The definitions: OwnerValue's is a rename; OwnerMode's goes with
 		# the method (ownermode.go), so leave a tree that still has it alone.
 		before=$(cksum <"$f")
