@@ -225,6 +225,10 @@ func rewrite(fset *token.FileSet, f *ast.File, src []byte, path string, warn boo
 				return false
 			}
 		case *ast.SelectorExpr:
+			if x, ok := n.X.(*ast.Ident); ok && n.Sel.Name == "Observe" && declaredAsFunc(x) {
+				add(n, x.Name) // f.Observe(e) of an ObserverFunc f: f(e)
+				return false
+			}
 			switch fn := name(n); {
 			case fn == "WithScanLease":
 				add(n, pfx+"WithScanTurn")
@@ -407,6 +411,42 @@ func isObserverValue(x ast.Expr) bool {
 		return x.Sel.Name != "Observe"
 	case *ast.UnaryExpr:
 		return x.Op == token.AND
+	}
+	return false
+}
+
+// declaredAsFunc reports whether x is declared in its file as an
+// ObserverFunc or a func: by its type, or by a value that is a function
+// literal or an ObserverFunc conversion.
+func declaredAsFunc(x *ast.Ident) bool {
+	if x.Obj == nil {
+		return false
+	}
+	lit := func(v ast.Expr) bool {
+		switch v := v.(type) {
+		case *ast.FuncLit:
+			return true
+		case *ast.CallExpr:
+			return isFuncType(v.Fun)
+		}
+		return false
+	}
+	switch d := x.Obj.Decl.(type) {
+	case *ast.ValueSpec:
+		if d.Type != nil {
+			return isFuncType(d.Type)
+		}
+		for i, n := range d.Names {
+			if n.Name == x.Name && i < len(d.Values) {
+				return lit(d.Values[i])
+			}
+		}
+	case *ast.AssignStmt:
+		for i, l := range d.Lhs {
+			if id, ok := l.(*ast.Ident); ok && id.Name == x.Name && i < len(d.Rhs) {
+				return lit(d.Rhs[i])
+			}
+		}
 	}
 	return false
 }
