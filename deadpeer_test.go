@@ -352,7 +352,13 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	rdb, db, prefix := onRealServers(t, 10, "F1")
 	proxy := pgProxy(t, db)
 	const rowsTTL = 1600 * time.Millisecond
-	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, RowsTTL: rowsTTL, ResetTimeout: 300 * time.Millisecond})}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RecoveryInterval:  300 * time.Millisecond,
+		RowsTTL:           rowsTTL,
+		ResetTimeout:      300 * time.Millisecond,
+	})}
 	direct, err := NewPgxResetter(db)
 	require.NoError(t, err)
 	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3, 4, 5)

@@ -49,7 +49,12 @@ func TestSlowObserverNeverDelaysAHeartbeat(t *testing.T) {
 	var delivered int
 	obs := func(Event) { <-stuck; delivered++ }
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(obs),
-		WithTimings(Timings{HeartbeatTTL: 400 * time.Millisecond, HeartbeatInterval: 50 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
+		WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 50 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+		}))
 
 	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= 8 }, 3*time.Second, 10*time.Millisecond,
 		"heartbeats go on while the observer is stuck on the first event")
@@ -131,7 +136,13 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	mr, rdb := newMini(t)
 	rec := &recorder{}
 	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec.Observe),
-		WithTimings(Timings{HeartbeatTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour, ResetTimeout: 100 * time.Millisecond}))
+		WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+			ResetTimeout:      100 * time.Millisecond,
+		}))
 	assert.NoError(t, w.Healthy())
 	before := w.Stats().LastHeartbeat
 	require.False(t, before.IsZero())

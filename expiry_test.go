@@ -21,7 +21,11 @@ func killToReset(t *testing.T, rdb redis.UniversalClient, opts ...Option) time.D
 	t.Helper()
 	prefix := testutil.Name("X")
 	r := &fakeResetter{}
-	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RowsTTL: 30 * time.Second})}
+	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
+		RowsTTL:           30 * time.Second,
+	})}
 	peer, _ := startWorker(t, rdb, r, "peer", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
 	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
 	require.NoError(t, victim.Track(context.Background(), 1, 2, 3))
@@ -150,7 +154,12 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 
 	const ttl = 4 * time.Second // longer than the failover (about 2.5 s): no lease lost to it
 	r := &fakeResetter{}
-	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: ttl, HeartbeatInterval: time.Second, RowsTTL: time.Minute, RecoveryInterval: 30 * time.Second})}
+	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      ttl,
+		HeartbeatInterval: time.Second,
+		RowsTTL:           time.Minute,
+		RecoveryInterval:  30 * time.Second,
+	})}
 	watcher, logs := startWorker(t, rdb, r, watcherID, append(base, WithExpiryNotifications(), WithExpiryConfigSet())...)
 	victim, _ := startWorker(t, rdb, r, victimID, base...)
 

@@ -156,7 +156,12 @@ func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.
 
 	beats := make(chan struct{}, 16)
 	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: 8 * time.Second, HeartbeatInterval: 4 * time.Second, RecoveryInterval: 2 * time.Second, RowsTTL: 30 * time.Second}),
+		WithTimings(Timings{
+			HeartbeatTTL:      8 * time.Second,
+			HeartbeatInterval: 4 * time.Second,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}),
 		WithObserver(func(e Event) {
 			if e.Kind == EventHeartbeat {
 				select {
@@ -170,7 +175,12 @@ func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.
 	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
 
 	short, _ := newWorker(t, srv.Client(t), fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, ResetTimeout: time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 300 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			ResetTimeout:      time.Second,
+		}))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.Stats().OwnerMode)
 	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
@@ -243,7 +253,11 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	srv := testutil.StartRedis(t)
 	prefix := testutil.Name("T3c")
 	slow, _ := startWorker(t, srv.Client(t), &fakeResetter{}, "slow", WithKeyPrefix(prefix),
-		WithTimings(Timings{ResetTimeout: 3 * time.Second, RecoveryInterval: 6 * time.Second, RowsTTL: 30 * time.Second}))
+		WithTimings(Timings{
+			ResetTimeout:     3 * time.Second,
+			RecoveryInterval: 6 * time.Second,
+			RowsTTL:          30 * time.Second,
+		}))
 	longClaim := slow.opts.claimTTL()
 	f := &freezer{}
 	c := srv.Client(t)

@@ -53,7 +53,12 @@ func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T
 	srv.Restart()
 
 	short, _ := newWorker(t, srv.Client(t), fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, ResetTimeout: time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 300 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			ResetTimeout:      time.Second,
+		}))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.Stats().OwnerMode)
 	ttl, _, _ := short.fleet.longest()
@@ -357,7 +362,12 @@ func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t 
 	require.NoError(t, c.Del(ctx, long.ownKeys().Heartbeat).Err()) // expired since the snapshot
 
 	short, _ := newWorker(t, c, fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, ResetTimeout: time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 300 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			ResetTimeout:      time.Second,
+		}))
 	require.NoError(t, short.Start(ctx))
 	<-beats // the long worker's first heartbeat after the restart
 	waitScans(t, short, 3)
@@ -385,7 +395,12 @@ func longTTLWorldBeating(t *testing.T, name string, interval time.Duration) (srv
 	prefix = testutil.Name(name)
 	beats = make(chan struct{}, 16)
 	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: 2 * interval, HeartbeatInterval: interval, RecoveryInterval: 2 * time.Second, RowsTTL: 30 * time.Second}),
+		WithTimings(Timings{
+			HeartbeatTTL:      2 * interval,
+			HeartbeatInterval: interval,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}),
 		WithObserver(func(e Event) {
 			if e.Kind == EventHeartbeat {
 				select {
@@ -436,7 +451,12 @@ func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(
 	_, dbB, rA, rB := twoTables(t, 5)
 	prefix := testutil.Name("R20e")
 	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: 8 * time.Second, HeartbeatInterval: 4 * time.Second, RecoveryInterval: 2 * time.Second, RowsTTL: 30 * time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      8 * time.Second,
+			HeartbeatInterval: 4 * time.Second,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}))
 
 	srv.Restart()
 	c := srv.Client(t)

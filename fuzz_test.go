@@ -274,7 +274,12 @@ func TestNewRejectsARowsTTLShorterThanAnOverflowingDetectionWindow(t *testing.T)
 	defer rdb.Close()
 	half := time.Duration(math.MaxInt64/2 + 1)
 	_, err := New(rdb, &fakeResetter{},
-		WithTimings(Timings{HeartbeatTTL: half, HeartbeatInterval: time.Second, RecoveryInterval: half, RowsTTL: half + 1}))
+		WithTimings(Timings{
+			HeartbeatTTL:      half,
+			HeartbeatInterval: time.Second,
+			RecoveryInterval:  half,
+			RowsTTL:           half + 1,
+		}))
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("rows TTL %v < TTL %v + recovery interval %v accepted", half+1, half, half)
 	}
@@ -324,7 +329,14 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 func TestEveryDerivedDurationIsSoundAtTheMaximumTimings(t *testing.T) {
 	for _, opts := range [][]Option{
 		{WithTimings(Timings{ResetTimeout: maxDuration})},
-		{WithTimings(Timings{ResetTimeout: maxDuration, HeartbeatTTL: maxDuration / 2, HeartbeatInterval: maxDuration / 8, OperationTimeout: maxDuration / 8, RecoveryInterval: maxDuration / 4, RowsTTL: maxDuration})},
+		{WithTimings(Timings{
+			ResetTimeout:      maxDuration,
+			HeartbeatTTL:      maxDuration / 2,
+			HeartbeatInterval: maxDuration / 8,
+			OperationTimeout:  maxDuration / 8,
+			RecoveryInterval:  maxDuration / 4,
+			RowsTTL:           maxDuration,
+		})},
 		{WithTimings(Timings{RecoveryInterval: maxDuration / 2, RowsTTL: maxDuration})},
 	} {
 		w, err := New(idleClient(t), &fakeResetter{}, opts...)

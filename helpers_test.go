@@ -48,7 +48,13 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 // recovery every second, rows TTL 4s.
 func fast(extra ...Option) []Option {
 	return append([]Option{
-		WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 4 * time.Second, ResetTimeout: 5 * time.Second}),
+		WithTimings(Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+			ResetTimeout:      5 * time.Second,
+		}),
 	}, extra...)
 }
 

@@ -121,7 +121,12 @@ func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
 	rdb := srv.Client(t)
 	prefix := testutil.Name("H")
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 200 * time.Millisecond, RowsTTL: 4 * time.Second, ResetTimeout: 200 * time.Millisecond})) // the hold after the regain: a claim TTL, 500ms
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RowsTTL:           4 * time.Second,
+			ResetTimeout:      200 * time.Millisecond,
+		})) // the hold after the regain: a claim TTL, 500ms
 	srv.Kill()
 	require.Eventually(t, func() bool { return w.Stats().LeaseLosses == 1 }, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond) // the lease_lost entry has failed at least once

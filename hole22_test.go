@@ -193,5 +193,9 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 // holeTimings are the tests' short timings: TTL 500 ms, a heartbeat every
 // 100 ms, and the given recovery interval.
 func holeTimings(prefix string, recovery time.Duration) []Option {
-	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: recovery})}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  recovery,
+	})}
 }

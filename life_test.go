@@ -23,7 +23,13 @@ import (
 // heartbeat every 250 ms, a claim TTL of reset timeout + 3 × operation
 // timeout.
 func lifeTimings(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 250 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour, ResetTimeout: 500 * time.Millisecond})}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      500 * time.Millisecond,
+	})}
 }
 
 // frozenWorker starts an owner-mode worker whose Redis calls a freezer
@@ -147,7 +153,11 @@ func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
 func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 3, "LE")
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond})}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 	live, liveLogs := startWorker(t, rdb, r, "live", opts...)
 	take(t, db, lifeOwner("live", "ended0000000000000000000000000000"), 1)
 	take(t, db, live.OwnerValue(), 2)
@@ -383,7 +393,11 @@ func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 8, "UL")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond})}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 
 	oldLive, _ := startWorker(t, rdb, r, "old-live", opts...)
 	take(t, db, "old-live", 1)
@@ -451,7 +465,12 @@ func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (
 func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "LM")
 	ctx := context.Background()
-	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 6 * time.Second, HeartbeatInterval: 2 * time.Second, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      6 * time.Second,
+		HeartbeatInterval: 2 * time.Second,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+	}))
 	mid := &midLossStore{Store: w.store, w: w, done: make(chan struct{})}
 	w.store = mid
 	require.NoError(t, w.Start(ctx))

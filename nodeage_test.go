@@ -25,7 +25,12 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	testutil.CreateBatch(t, db, 30)
 	ctx := context.Background()
 	const ttl = time.Second
-	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithTimings(Timings{HeartbeatTTL: ttl, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, RowsTTL: 10 * time.Second})}
+	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithTimings(Timings{
+		HeartbeatTTL:      ttl,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RecoveryInterval:  300 * time.Millisecond,
+		RowsTTL:           10 * time.Second,
+	})}
 	r := &fakeResetter{inner: fencedResetter(t, db)}
 	r.setFail("D", context.DeadlineExceeded) // as PostgreSQL out of reach would: D is still to recover at the restart
 

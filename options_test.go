@@ -124,7 +124,12 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 		{"negative reset timeout", rdb, r, []Option{WithTimings(Timings{ResetTimeout: -time.Second})}, "Timings.ResetTimeout -1s must be positive"},
 		{"negative self-check window", rdb, r, []Option{WithTimings(Timings{SelfCheckWindow: -time.Millisecond})}, "Timings.SelfCheckWindow -1ms must be positive"},
 		{"self-check window over a week", rdb, r, []Option{WithTimings(Timings{SelfCheckWindow: 8 * 24 * time.Hour})}, "Timings.SelfCheckWindow 192h0m0s exceeds the maximum 168h0m0s (a week)"},
-		{"sub-millisecond TTL", rdb, r, []Option{WithTimings(Timings{HeartbeatTTL: time.Microsecond, HeartbeatInterval: time.Nanosecond, RecoveryInterval: time.Nanosecond, RowsTTL: time.Second})}, "must be at least 1ms"},
+		{"sub-millisecond TTL", rdb, r, []Option{WithTimings(Timings{
+			HeartbeatTTL:      time.Microsecond,
+			HeartbeatInterval: time.Nanosecond,
+			RecoveryInterval:  time.Nanosecond,
+			RowsTTL:           time.Second,
+		})}, "must be at least 1ms"},
 		{"negative operation timeout", rdb, r, []Option{WithTimings(Timings{OperationTimeout: -time.Second})}, "Timings.OperationTimeout -1s must be positive"},
 		{"operation timeout above interval", rdb, r, []Option{WithTimings(Timings{OperationTimeout: time.Minute})},
 			"Timings.OperationTimeout 1m0s must not exceed Timings.HeartbeatInterval 30s"},
@@ -158,7 +163,12 @@ func TestNewRejectsBadConfiguration(t *testing.T) {
 
 func TestNewAcceptsConsistentCustomTimings(t *testing.T) {
 	w, err := New(idleClient(t), &fakeResetter{},
-		WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 3901 * time.Millisecond}),
+		WithTimings(Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           3901 * time.Millisecond,
+		}),
 		WithKeyPrefix("MY-FLEET"), WithInstanceID("w1"), WithLogger(slog.Default()))
 	require.NoError(t, err)
 	assert.Equal(t, 250*time.Millisecond, w.opts.opTimeout, "operation timeout derives from a short interval")
@@ -186,12 +196,20 @@ func TestNewDerivesTheHeartbeatIntervalAndRowsTTLUnlessSet(t *testing.T) {
 	require.NoError(t, err, "a long recovery interval alone is a valid configuration")
 	assert.Equal(t, w.opts.detectionWindow()+defaultHeartbeatTTL, w.opts.rowsTTL)
 
-	w, err = New(rdb, r, WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 300 * time.Millisecond, RowsTTL: time.Hour}))
+	w, err = New(rdb, r, WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RowsTTL:           time.Hour,
+	}))
 	require.NoError(t, err)
 	assert.Equal(t, 300*time.Millisecond, w.opts.heartbeatInterval, "a set value overrides the derived one")
 	assert.Equal(t, time.Hour, w.opts.rowsTTL)
 
-	w, err = New(rdb, r, WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 0, RowsTTL: 0}))
+	w, err = New(rdb, r, WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 0,
+		RowsTTL:           0,
+	}))
 	require.NoError(t, err)
 	assert.Equal(t, time.Second, w.opts.heartbeatInterval, "a zero field is derived, as if not set")
 	assert.Equal(t, 72*time.Second, w.opts.rowsTTL)
@@ -267,7 +285,12 @@ func TestOptionSwitchesTakeTheLastCall(t *testing.T) {
 }
 
 func TestScanTurnNeverOutlivesTheHeartbeatTTL(t *testing.T) {
-	w, err := New(idleClient(t), &fakeResetter{}, WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: time.Second, RecoveryInterval: 10 * time.Second, RowsTTL: time.Minute}))
+	w, err := New(idleClient(t), &fakeResetter{}, WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: time.Second,
+		RecoveryInterval:  10 * time.Second,
+		RowsTTL:           time.Minute,
+	}))
 	require.NoError(t, err)
 	assert.Equal(t, 2*time.Second, w.opts.scanTurnTTL(), "capped: a dead holder's turn is gone when its heartbeat is")
 	w, err = New(idleClient(t), &fakeResetter{})

@@ -101,7 +101,11 @@ func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
 	testutil.CreateBatch(t, db, 4)
 	prefix := testutil.Name("O")
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond})}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 
 	take(t, db, lifeOwner("gone", "l1"), 1)
 	take(t, db, lifeOwner("gone", "l2"), 2)

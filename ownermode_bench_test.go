@@ -76,7 +76,12 @@ func TestOwnerModeSendsNoRedisCommandPerRow(t *testing.T) {
 	srv := testutil.StartRedis(t) // a server of its own: no other test's commands
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	w, _ := startWorker(t, rdb, &ownerFake{}, "w", WithTimings(Timings{HeartbeatTTL: time.Hour, HeartbeatInterval: time.Hour / 2, RowsTTL: 4 * time.Hour, RecoveryInterval: time.Hour}))
+	w, _ := startWorker(t, rdb, &ownerFake{}, "w", WithTimings(Timings{
+		HeartbeatTTL:      time.Hour,
+		HeartbeatInterval: time.Hour / 2,
+		RowsTTL:           4 * time.Hour,
+		RecoveryInterval:  time.Hour,
+	}))
 	require.True(t, w.Stats().OwnerMode)
 	// Let the first scan and sweep (run at Start) finish.
 	var before map[string]int64

@@ -47,7 +47,12 @@ func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatInterval: time.Hour / 2, HeartbeatTTL: time.Hour, RowsTTL: 4 * time.Hour, RecoveryInterval: time.Hour})) // after their first turns, no loop sends anything for an hour
+		WithTimings(Timings{
+			HeartbeatInterval: time.Hour / 2,
+			HeartbeatTTL:      time.Hour,
+			RowsTTL:           4 * time.Hour,
+			RecoveryInterval:  time.Hour,
+		})) // after their first turns, no loop sends anything for an hour
 	require.True(t, w.Stats().OwnerMode)
 	ctx := context.Background()
 	// The first scan and sweep run at Start: wait until Redis has heard
@@ -139,7 +144,11 @@ func TestOwnerModeRecoversRowsWhenRedisForgotEverything(t *testing.T) {
 	prefix := testutil.Name("O")
 	r := fencedResetter(t, db)
 	ctx := context.Background()
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond})}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 
 	a, _ := startWorker(t, rdb, r, "A", opts...)
 	take(t, db, "A", 1, 2)

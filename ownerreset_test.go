@@ -86,7 +86,13 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
 	// Claim TTL: 1s reset timeout + 3 × 125ms operation timeout = 1.375s.
-	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 250 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour, ResetTimeout: time.Second})}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      time.Second,
+	})}
 
 	a, logs := startWorker(t, aClient, fencedResetter(t, db), "A", append(timing, victimOpts...)...)
 	take(t, db, "A", 1, 2)
@@ -275,7 +281,12 @@ func TestOwnerModeSweepAfterTwoEmptyRedisRestartsLeavesALiveWorkersRows(t *testi
 	srv, lClient, fr, rdb, db, prefix := f.srv, f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
 
-	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 250 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}))
+	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           3 * time.Hour,
+	}))
 	take(t, db, "L", 1, 2)
 	require.NoError(t, l.Track(ctx, 1, 2))
 	s, _ := newWorker(t, rdb, fencedResetter(t, db), "S", WithKeyPrefix(prefix)) // TTL 2s too

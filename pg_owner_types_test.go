@@ -42,7 +42,11 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 			require.NoError(t, err)
 			r := fencedResetter(t, db)
 			prefix := testutil.Name("O")
-			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond})}
+			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+				HeartbeatTTL:      500 * time.Millisecond,
+				HeartbeatInterval: 100 * time.Millisecond,
+				RecoveryInterval:  200 * time.Millisecond,
+			})}
 
 			a, _ := newWorker(t, rdb, r, "worker-a", opts...)
 			err = a.Start(ctx)

@@ -69,7 +69,12 @@ func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
 	rdb.AddHook(counter)
 	// It counts round trips, not time: a loaded machine with -race may take
 	// longer than the fast timings' 250ms operation timeout for 10,000 EXISTS.
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithTimings(Timings{HeartbeatTTL: 20 * time.Second, HeartbeatInterval: 5 * time.Second, OperationTimeout: 5 * time.Second, RowsTTL: time.Minute}))
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithTimings(Timings{
+		HeartbeatTTL:      20 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		OperationTimeout:  5 * time.Second,
+		RowsTTL:           time.Minute,
+	}))
 
 	rep, err := w.RecoverNow(ctx)
 

@@ -80,7 +80,12 @@ func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
 	prefix := testutil.Name("S")
 	require.NoError(t, rdb.HSet(context.Background(), store.RegistryKey(prefix), "f", "v").Err())
 	sweeper, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(prefix), WithBackstopSweep(true),
-		WithTimings(Timings{HeartbeatTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 100 * time.Millisecond, RowsTTL: time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      300 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  100 * time.Millisecond,
+			RowsTTL:           time.Second,
+		}))
 	require.Eventually(t, func() bool {
 		s1, _ := rowState(t, db, 1)
 		s2, _ := rowState(t, db, 2)

@@ -12,7 +12,12 @@ import (
 func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T) {
 	mr, rdb := newMini(t)
 	ctx := context.Background()
-	timing := []Option{WithTimings(Timings{HeartbeatTTL: 400 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour})}
+	timing := []Option{WithTimings(Timings{
+		HeartbeatTTL:      400 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+	})}
 	plain := &fakeResetter{}
 	a, _ := startWorker(t, rdb, plain, "plain", timing...)
 	fenced := &fakeResetter{fenced: true}

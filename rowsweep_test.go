@@ -73,7 +73,13 @@ func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *
 // allow (the interval; half of it by default), for Redis calls on a loaded
 // machine: the tests that use these timings run in parallel.
 func rowsSweepTimings(extra ...Option) []Option {
-	return append([]Option{WithTimings(Timings{HeartbeatTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, OperationTimeout: 100 * time.Millisecond, RecoveryInterval: 100 * time.Millisecond, RowsTTL: time.Second})}, extra...)
+	return append([]Option{WithTimings(Timings{
+		HeartbeatTTL:      300 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		OperationTimeout:  100 * time.Millisecond,
+		RecoveryInterval:  100 * time.Millisecond,
+		RowsTTL:           time.Second,
+	})}, extra...)
 }
 
 func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLApart(t *testing.T) {
@@ -224,7 +230,12 @@ func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t
 	require.NoError(t, err)
 	setJobs(t, db, schema, "running", 1)
 	w, _ := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("Y")),
-		WithTimings(Timings{HeartbeatTTL: 3 * time.Second, HeartbeatInterval: time.Second, RecoveryInterval: time.Second, RowsTTL: 5 * time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      3 * time.Second,
+			HeartbeatInterval: time.Second,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           5 * time.Second,
+		}))
 	rep, err := w.sweeper.runOnce(ctx)
 	require.NoError(t, err)
 	assert.True(t, rep.nodeHeld, "a server up for less than a heartbeat TTL may have lost live rows sets")

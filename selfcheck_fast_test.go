@@ -41,7 +41,12 @@ func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, que
 // slowBeats makes the heartbeat's own look (the check of the first
 // version) come every 2 s: too seldom for blocks of a second.
 func slowBeats(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 6 * time.Second, HeartbeatInterval: 2 * time.Second, RecoveryInterval: 2 * time.Second, RowsTTL: 20 * time.Second})}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      6 * time.Second,
+		HeartbeatInterval: 2 * time.Second,
+		RecoveryInterval:  2 * time.Second,
+		RowsTTL:           20 * time.Second,
+	})}
 }
 
 // fetchJobs takes ids as a host's fetch does: in one transaction, the

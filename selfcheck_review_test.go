@@ -132,7 +132,14 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
 	wc.AddHook(fr)
-	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 250 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour, ResetTimeout: 500 * time.Millisecond, SelfCheckWindow: 200 * time.Millisecond})}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      500 * time.Millisecond,
+		SelfCheckWindow:   200 * time.Millisecond,
+	})}
 	w, logs := startWorker(t, wc, r, "w", append(timing, WithDeferredUntrack(50*time.Millisecond))...)
 	p, _ := startWorker(t, rdb, r, "p", timing...)
 
@@ -189,7 +196,13 @@ func TestAnUnverifiedWorkerRecoversAPeerOfManyRowsWithinABound(t *testing.T) {
 			rdb, db, prefix := onRealServers(t, 150, "RVG")
 			waitUptime(t, rdb, 2*time.Second)
 			r := resetterImpls[0].mustResetter(t, db)
-			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, OperationTimeout: 100 * time.Millisecond, RecoveryInterval: 100 * time.Millisecond, RowsTTL: 3 * time.Second})}
+			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+				HeartbeatTTL:      300 * time.Millisecond,
+				HeartbeatInterval: 100 * time.Millisecond,
+				OperationTimeout:  100 * time.Millisecond,
+				RecoveryInterval:  100 * time.Millisecond,
+				RowsTTL:           3 * time.Second,
+			})}
 			ids := make([]int64, 150)
 			for i := range ids {
 				ids[i] = int64(i + 1)
@@ -370,7 +383,13 @@ func TestAnIdleUnverifiedFleetRecoversADeadPeerWithARequeuedRow(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 10, "RVK")
 	waitUptime(t, rdb, 2*time.Second)
 	r := resetterImpls[0].mustResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, OperationTimeout: 100 * time.Millisecond, RecoveryInterval: 100 * time.Millisecond, RowsTTL: time.Second})}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      300 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		OperationTimeout:  100 * time.Millisecond,
+		RecoveryInterval:  100 * time.Millisecond,
+		RowsTTL:           time.Second,
+	})}
 	idle, _ := startWorker(t, rdb, r, "idle", opts...)
 	victim(t, rdb, db, r, "dead", opts, 1, 2, 3, 4)
 	setStatus(t, db, "done", 1, 2, 3)

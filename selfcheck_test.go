@@ -15,7 +15,12 @@ import (
 
 // selfCheckTimings check every 300ms.
 func selfCheckTimings(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 3 * time.Second})}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RecoveryInterval:  time.Second,
+		RowsTTL:           3 * time.Second,
+	})}
 }
 
 // takeBlock marks rows in progress with the given status and owner, as a

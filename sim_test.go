@@ -383,7 +383,12 @@ func (w *simWorld) options(id string, old, long bool) []Option {
 	}
 	opts := []Option{
 		WithInstanceID(id), WithLogger(discardLogger),
-		WithTimings(Timings{HeartbeatTTL: k * simTTL, HeartbeatInterval: k * simInterval, RecoveryInterval: k * simRecovery, ResetTimeout: k * simReset}),
+		WithTimings(Timings{
+			HeartbeatTTL:      k * simTTL,
+			HeartbeatInterval: k * simInterval,
+			RecoveryInterval:  k * simRecovery,
+			ResetTimeout:      k * simReset,
+		}),
 		WithHistory(0), // the fleet history is not part of the protocol modelled
 	}
 	if w.cfg.mode != "owner" || old {
@@ -707,7 +712,12 @@ func (w *simWorld) foreignStrike() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
 	wk, err := New(rdb, simForeignResetter{}, WithInstanceID(p.id), WithLogger(discardLogger),
-		WithTimings(Timings{HeartbeatTTL: simTTL, HeartbeatInterval: simInterval, RecoveryInterval: simRecovery, ResetTimeout: simReset}), WithHistory(0), WithRowsSets())
+		WithTimings(Timings{
+			HeartbeatTTL:      simTTL,
+			HeartbeatInterval: simInterval,
+			RecoveryInterval:  simRecovery,
+			ResetTimeout:      simReset,
+		}), WithHistory(0), WithRowsSets())
 	if err != nil {
 		w.violate("New of the second fleet's worker: %v", err)
 		w.mu.Unlock()

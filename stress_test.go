@@ -86,7 +86,12 @@ func stressFleet(t *testing.T, ownerMode bool) {
 		r, recovered = fake, func() int { return len(fake.perRow()) }
 	}
 	opts := []Option{WithKeyPrefix(prefix),
-		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 200 * time.Millisecond, RecoveryInterval: 300 * time.Millisecond, RowsTTL: 3 * time.Second})}
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			RowsTTL:           3 * time.Second,
+		})}
 
 	type member struct {
 		w    *Worker

@@ -67,7 +67,13 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
 	wc.AddHook(fr)
-	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 250 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond, RowsTTL: 2 * time.Second, ResetTimeout: 500 * time.Millisecond})}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+		RowsTTL:           2 * time.Second,
+		ResetTimeout:      500 * time.Millisecond,
+	})}
 	// w runs the sweep too, as every member of a fleet without an owner
 	// column does by default: that is what tells it that a sweep may have
 	// reset the rows it held when its lease was lost.
@@ -118,7 +124,13 @@ func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfter
 	ctx := context.Background()
 	prefix := testutil.Name("RH")
 	slow, _ := startWorker(t, rdb, r, "slow", WithKeyPrefix(prefix), WithBackstopSweep(false),
-		WithTimings(Timings{HeartbeatTTL: 5 * time.Second, HeartbeatInterval: 3 * time.Second, OperationTimeout: 300 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 8 * time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      5 * time.Second,
+			HeartbeatInterval: 3 * time.Second,
+			OperationTimeout:  300 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           8 * time.Second,
+		}))
 	setJobs(t, db, schema, "running", 1)
 	require.NoError(t, slow.Track(ctx, 1))
 	s, _ := startWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(prefix))...)

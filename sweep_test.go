@@ -30,7 +30,12 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	r := fencedResetter(t, db)
 	// Rows-set mode: in owner mode the live worker would sweep too.
 	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(),
-		WithTimings(Timings{HeartbeatTTL: 500 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour})}
+		WithTimings(Timings{
+			HeartbeatTTL:      500 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+		})}
 	live, _ := startWorker(t, rdb, r, "live", opts...) // no sweep of its own
 	opts = append(opts, WithBackstopSweep(true))
 	take(t, db, "live", 5)
@@ -79,7 +84,12 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 	testutil.CreateBatch(t, db, 3)
 	take(t, db, "gone", 1, 2)
 	_, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(true),
-		WithTimings(Timings{HeartbeatTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 100 * time.Millisecond, RowsTTL: time.Second}))
+		WithTimings(Timings{
+			HeartbeatTTL:      300 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  100 * time.Millisecond,
+			RowsTTL:           time.Second,
+		}))
 	// The recovery is logged after its reset committed: wait for the log.
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) }, 5*time.Second, 20*time.Millisecond)
 	s, _ := rowState(t, db, 2)
@@ -129,7 +139,12 @@ func TestSweepInterruptedByShutdownIsNoFailure(t *testing.T) {
 	r := &stallingSweeper{PgxResetter: fencedResetter(t, db), entered: make(chan struct{})}
 	var failed atomic.Int32
 	w, logs := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("SI")), WithBackstopSweep(true),
-		WithTimings(Timings{HeartbeatTTL: 300 * time.Millisecond, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 100 * time.Millisecond, RowsTTL: time.Second}),
+		WithTimings(Timings{
+			HeartbeatTTL:      300 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  100 * time.Millisecond,
+			RowsTTL:           time.Second,
+		}),
 		WithObserver(func(e Event) {
 			if e.Kind == EventRecoveryFailed {
 				failed.Add(1)

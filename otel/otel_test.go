@@ -108,7 +108,12 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	resetter, err := recovery.NewPgxResetter(db, recovery.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	w, err := recovery.New(rdb, resetter, recovery.WithObserver(s.obs.Observe), recovery.WithKeyPrefix(prefix),
-		recovery.WithInstanceID("rec-1"), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 4 * time.Second}))
+		recovery.WithInstanceID("rec-1"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+		}))
 	require.NoError(t, err)
 	s.obs.Watch(w)
 	began := time.Now()
@@ -282,7 +287,12 @@ func TestWithoutInstanceIDSumsTheWatchedWorkers(t *testing.T) {
 	s := newSDK(t, recoveryotel.WithoutInstanceID())
 	for i, rows := range [][]int64{{1, 2}, {3, 4, 5}} {
 		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(s.obs.Observe), recovery.WithKeyPrefix(prefix),
-			recovery.WithInstanceID(fmt.Sprintf("w-%d", i)), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 4 * time.Second}))
+			recovery.WithInstanceID(fmt.Sprintf("w-%d", i)), recovery.WithTimings(recovery.Timings{
+				HeartbeatTTL:      2 * time.Second,
+				HeartbeatInterval: 100 * time.Millisecond,
+				RecoveryInterval:  time.Second,
+				RowsTTL:           4 * time.Second,
+			}))
 		require.NoError(t, err)
 		s.obs.Watch(w)
 		require.NoError(t, w.Start(ctx))
@@ -358,7 +368,12 @@ func TestTheDocumentedDeferOrderExportsTheFinalCounts(t *testing.T) {
 		require.NoError(t, err)
 		defer func() { require.NoError(t, o.Close()) }()
 		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(o.Observe), recovery.WithKeyPrefix(testutil.Name("P")),
-			recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 50 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 4 * time.Second}))
+			recovery.WithTimings(recovery.Timings{
+				HeartbeatTTL:      2 * time.Second,
+				HeartbeatInterval: 50 * time.Millisecond,
+				RecoveryInterval:  time.Second,
+				RowsTTL:           4 * time.Second,
+			}))
 		require.NoError(t, err)
 		o.Watch(w)
 		require.NoError(t, w.Start(ctx))

@@ -320,7 +320,12 @@ func newFleet(t *testing.T, name string) *fleet {
 func (f *fleet) start(t *testing.T, rdb *redis.Client, resetter recovery.RowResetter, id string, opts ...recovery.Option) *recovery.Worker {
 	t.Helper()
 	opts = append([]recovery.Option{recovery.WithObserver(f.c.Observe), recovery.WithKeyPrefix(f.prefix),
-		recovery.WithInstanceID(id), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 200 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond, RowsTTL: 4 * time.Second})}, opts...)
+		recovery.WithInstanceID(id), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RecoveryInterval:  200 * time.Millisecond,
+			RowsTTL:           4 * time.Second,
+		})}, opts...)
 	w, err := recovery.New(rdb, resetter, opts...)
 	require.NoError(t, err)
 	f.c.Watch(w)

@@ -39,7 +39,12 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 	require.NoError(t, err)
 	c := recoveryprom.NewCollector()
 	w, err := recovery.New(rdb, resetter, recovery.WithObserver(c.Observe), recovery.WithKeyPrefix(prefix),
-		recovery.WithInstanceID("rec-1"), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 500 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 4 * time.Second}))
+		recovery.WithInstanceID("rec-1"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+		}))
 	require.NoError(t, err)
 	c.Watch(w)
 	reg := prometheus.NewRegistry()
@@ -144,7 +149,12 @@ func TestScrapeShowsARegistryOfTheWrongType(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, prefix+"_WORKER_REGISTRY", "oops", 0).Err())
 	c := recoveryprom.NewCollector()
 	w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c.Observe), recovery.WithKeyPrefix(prefix),
-		recovery.WithInstanceID("reg-1"), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Second, RowsTTL: 4 * time.Second}))
+		recovery.WithInstanceID("reg-1"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+		}))
 	require.NoError(t, err)
 	c.Watch(w)
 	require.NoError(t, w.Start(ctx))
@@ -235,7 +245,12 @@ func TestWithoutInstanceIDKeepsTheSameSeriesAcrossARestart(t *testing.T) {
 	c := recoveryprom.NewCollector(recoveryprom.WithoutInstanceID())
 	start := func() *recovery.Worker {
 		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c.Observe), recovery.WithKeyPrefix(prefix),
-			recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: 200 * time.Millisecond, RowsTTL: 4 * time.Second}))
+			recovery.WithTimings(recovery.Timings{
+				HeartbeatTTL:      2 * time.Second,
+				HeartbeatInterval: 100 * time.Millisecond,
+				RecoveryInterval:  200 * time.Millisecond,
+				RowsTTL:           4 * time.Second,
+			}))
 		require.NoError(t, err)
 		c.Watch(w)
 		require.NoError(t, w.Start(ctx))

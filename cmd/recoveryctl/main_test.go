@@ -52,7 +52,11 @@ func runVictim() int {
 		return 1
 	}
 	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(recovery.EnvKeyPrefix)),
-		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithTimings(recovery.Timings{HeartbeatTTL: 3 * time.Second, HeartbeatInterval: 100 * time.Millisecond, RecoveryInterval: time.Hour}))
+		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      3 * time.Second,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+		}))
 	if err == nil {
 		err = w.Start(context.Background())
 	}

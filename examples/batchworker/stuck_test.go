@@ -29,7 +29,11 @@ func TestRowsStuckForAKilledWorkerIsAtLeastTheTTLAndCloseToTheKill(t *testing.T)
 	require.NoError(t, err)
 	log, _ := testutil.Logger(t)
 	peer, err := recovery.New(f.rdb, resetter, recovery.WithKeyPrefix(f.prefix),
-		recovery.WithInstanceID("bw-peer"), recovery.WithTimings(recovery.Timings{HeartbeatTTL: ttl, HeartbeatInterval: interval, RecoveryInterval: scan}),
+		recovery.WithInstanceID("bw-peer"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      ttl,
+			HeartbeatInterval: interval,
+			RecoveryInterval:  scan,
+		}),
 		recovery.WithLogger(log), recovery.WithObserver(func(e recovery.Event) {
 			if e.Kind == recovery.EventRowsReset && e.PeerID == "bw-victim" {
 				events <- e

@@ -82,7 +82,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	opts := []recovery.Option{
 		recovery.WithKeyPrefix(cfg.prefix),
-		recovery.WithTimings(recovery.Timings{HeartbeatTTL: cfg.heartbeatTTL, HeartbeatInterval: cfg.heartbeatInterval, RecoveryInterval: cfg.recoveryInterval, RowsTTL: cfg.rowsTTL()}),
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      cfg.heartbeatTTL,
+			HeartbeatInterval: cfg.heartbeatInterval,
+			RecoveryInterval:  cfg.recoveryInterval,
+			RowsTTL:           cfg.rowsTTL(),
+		}),
 		recovery.WithLogger(log),
 	}
 	if cfg.instanceID != "" {

@@ -137,7 +137,12 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 	}
 	w, err := recovery.New(rdb, resetter,
 		recovery.WithInstanceID(c.id), recovery.WithKeyPrefix(c.prefix),
-		recovery.WithTimings(recovery.Timings{HeartbeatTTL: c.ttl, HeartbeatInterval: c.beat, RecoveryInterval: c.recovery, RowsTTL: rowsTTL(c.ttl, c.recovery)}),
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.ttl,
+			HeartbeatInterval: c.beat,
+			RecoveryInterval:  c.recovery,
+			RowsTTL:           rowsTTL(c.ttl, c.recovery),
+		}),
 		recovery.WithLogger(slog.New(warnAndAbove{log.Handler()})), recovery.WithObserver(func(e recovery.Event) {
 			at := slog.Time("event_time", e.Time)
 			switch e.Kind {

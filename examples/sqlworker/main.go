@@ -148,7 +148,11 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		}
 	}
 	opts := []recovery.Option{recovery.WithLogger(log), recovery.WithKeyPrefix(c.prefix),
-		recovery.WithTimings(recovery.Timings{HeartbeatTTL: c.ttl, HeartbeatInterval: c.heartbeat, RecoveryInterval: c.recoveryInterval})}
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.ttl,
+			HeartbeatInterval: c.heartbeat,
+			RecoveryInterval:  c.recoveryInterval,
+		})}
 	if c.instanceID != "" {
 		opts = append(opts, recovery.WithInstanceID(c.instanceID))
 	}

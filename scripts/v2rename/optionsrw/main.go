@@ -193,6 +193,17 @@ func rewrite(fset *token.FileSet, f *ast.File, src []byte, path string, warn boo
 			}
 		case *ast.CallExpr:
 			fn := name(n.Fun)
+			if lit, ok := oneLineTimings(n, name, fset); ok {
+				// Three fields or more: one a line, as gofmt aligns them.
+				var b strings.Builder
+				b.WriteString(text(lit.Type) + "{\n")
+				for _, e := range lit.Elts {
+					b.WriteString(text(e) + ",\n")
+				}
+				b.WriteString("}")
+				add(lit, b.String())
+				return false
+			}
 			if field, ok := timingFields[fn]; ok && len(n.Args) == 1 {
 				add(n, fmt.Sprintf("%sWithTimings(%sTimings{%s: %s})", pfx, pfx, field, text(n.Args[0])))
 				return false
@@ -278,6 +289,19 @@ func rewrite(fset *token.FileSet, f *ast.File, src []byte, path string, warn boo
 		return true
 	})
 	return edits
+}
+
+// oneLineTimings returns the Timings literal of call when call is
+// WithTimings(Timings{...}) with three fields or more on one line.
+func oneLineTimings(call *ast.CallExpr, name func(ast.Expr) string, fset *token.FileSet) (*ast.CompositeLit, bool) {
+	if name(call.Fun) != "WithTimings" || len(call.Args) != 1 {
+		return nil, false
+	}
+	lit, ok := call.Args[0].(*ast.CompositeLit)
+	if !ok || lit.Type == nil || name(lit.Type) != "Timings" || len(lit.Elts) < 3 {
+		return nil, false
+	}
+	return lit, fset.Position(lit.Lbrace).Line == fset.Position(lit.Rbrace).Line
 }
 
 // timingRuns returns the runs of two or more neighbouring elements of list
