@@ -120,9 +120,9 @@ type Timings struct {
 
 	// HeartbeatInterval is how often the heartbeat is refreshed; shorter
 	// than HeartbeatTTL, and with OperationTimeout shorter than 90% of it
-	// (when the lease ends). Default: half HeartbeatTTL (30 s for the
-	// default TTL), so one lost refresh does not cost a live worker its
-	// key.
+	// (when the lease ends). Default: half HeartbeatTTL, at least 1 ms
+	// (30 s for the default TTL), so one lost refresh does not cost a live
+	// worker its key.
 	HeartbeatInterval time.Duration
 
 	// RecoveryInterval is how often the worker scans for dead peers. Each
