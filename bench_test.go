@@ -46,7 +46,7 @@ func paired(b *testing.B, baseName string, lib, base func()) {
 func benchWorker(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Worker {
 	b.Helper()
 	w, err := New(rdb, &fakeResetter{}, append([]Option{WithKeyPrefix(testutil.Name("B")),
-		WithLogger(discardLogger), WithScanLease(false)}, opts...)...)
+		WithLogger(discardLogger), WithScanTurn(false)}, opts...)...)
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -61,7 +61,7 @@ func benchWorker(b *testing.B, rdb redis.UniversalClient, opts ...Option) *Worke
 func floorTrack(ctx context.Context, rdb redis.UniversalClient, key string, ids []any) {
 	pipe := rdb.Pipeline()
 	pipe.SAdd(ctx, key, ids...)
-	pipe.PExpire(ctx, key, DefaultRowsTTL)
+	pipe.PExpire(ctx, key, defaultRowsTTL)
 	if _, err := pipe.Exec(ctx); err != nil {
 		panic(err)
 	}
@@ -74,7 +74,7 @@ func naiveTrack(ctx context.Context, rdb redis.UniversalClient, key string, ids 
 			panic(err)
 		}
 	}
-	if err := rdb.Expire(ctx, key, DefaultRowsTTL).Err(); err != nil {
+	if err := rdb.Expire(ctx, key, defaultRowsTTL).Err(); err != nil {
 		panic(err)
 	}
 }

@@ -100,7 +100,7 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 			w.stats.noteRowsStuck(r.rowsStuck)
 			w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-				Duration: time.Since(noticed), RowsStuck: r.rowsStuck})
+				Duration: time.Since(noticed), StuckFor: r.rowsStuck})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
 			w.rlog.recovered(pr, foundBy, r.rowsStuck)
@@ -202,7 +202,7 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	}
 	w.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
 		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
-		RowsStuck: r.rowsStuck})
+		StuckFor: r.rowsStuck})
 	return true, r.finish(claimCtx, ctx)
 }
 

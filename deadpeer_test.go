@@ -355,8 +355,13 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	rdb, db, prefix := onRealServers(t, 10, "F1")
 	proxy := pgProxy(t, db)
 	const rowsTTL = 1600 * time.Millisecond
-	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
-		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(rowsTTL), WithResetTimeout(300 * time.Millisecond)}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RecoveryInterval:  300 * time.Millisecond,
+		RowsTTL:           rowsTTL,
+		ResetTimeout:      300 * time.Millisecond,
+	})}
 	direct, err := pgxreset.New(db)
 	require.NoError(t, err)
 	victim(t, rdb, db, direct, "victim", timing, 1, 2, 3, 4, 5)
@@ -458,7 +463,7 @@ func TestAClaimWhoseReplyTimedOutIsTakenInTheSameScan(t *testing.T) {
 	claim := store.Script("claim")
 	require.NoError(t, claim.Load(ctx, direct).Err(), "loaded, so the worker sends EVALSHA with the script's hash")
 	r := &fakeResetter{}
-	w, _ := newWorker(t, rdb, r, "recoverer", WithOperationTimeout(200*time.Millisecond))
+	w, _ := newWorker(t, rdb, r, "recoverer", WithTimings(Timings{OperationTimeout: 200 * time.Millisecond}))
 
 	held := proxy.DelayReplyTo([]byte(claim.Hash()), 500*time.Millisecond)
 	rep, err := w.recoverNow(ctx)
@@ -534,8 +539,7 @@ func TestARetriedClaimIsJudgedAgainFirst(t *testing.T) {
 	rdb.AddHook(hook)
 
 	r := &fakeResetter{}
-	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
-		WithOperationTimeout(300*time.Millisecond))
+	w, logs := newWorker(t, rdb, r, "recoverer", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: 2 * time.Second, OperationTimeout: 300 * time.Millisecond}))
 	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	assert.Empty(t, r.resetOf("p"), "not judged: the server restarted with data less than a TTL ago")
@@ -603,7 +607,7 @@ func TestSafetyRecoveryKeepsTheRowsItCouldNotResetAndRecoversThemOnceFixed(t *te
 	misspelled, err := pgxreset.New(db, postgres.WithStatuses("in_progress", "queued"))
 	require.NoError(t, err)
 	rec := &recorder{}
-	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec))
+	r, logs := newWorker(t, rdb, misspelled, "r", WithKeyPrefix(prefix), WithObserver(rec.Observe))
 	rep, err := r.recoverNow(ctx)
 
 	require.ErrorIs(t, err, ErrRowsNotReset)

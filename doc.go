@@ -9,14 +9,22 @@
 // looks for registered peers whose heartbeat expired and returns their rows
 // to the queue through a Resetter, so a dead worker's rows are queued
 // again within heartbeat TTL + 1.1 × recovery interval (the scans' jitter)
-// + the scan lease: 174 s at worst by default, when the worker holding the
-// scan lease dies right after scanning; 126 s while it lives.
+// + the scan turn: 174 s at worst by default, when the worker holding the
+// scan turn dies right after scanning; 126 s while it lives. WithTimings
+// changes the durations (Timings states the defaults and the bounds).
+//
+// The PostgreSQL resetters are in postgres/pgxreset (pgx) and
+// postgres/sqlreset (database/sql), configured with the options of
+// package postgres; operator reads and actions (inspecting a fleet, its
+// history, recovering now) are in package ops.
 //
 // # Owner mode
 //
-// When the resetter fences by owner (NewPgxResetter with WithOwnerColumn),
-// the fetch's owner column already tells PostgreSQL which rows each worker
-// holds, and the Worker runs in owner mode (Worker.OwnerMode): no rows set,
+// When the resetter fences by owner (pgxreset.New with
+// postgres.WithOwnerColumn), the fetch's owner column already tells
+// PostgreSQL which rows each worker holds (the host writes
+// Worker.OwnerValue into it), and the Worker runs in owner mode
+// (Stats.OwnerMode): no rows set,
 // Track and Untrack send nothing to Redis, a dead peer's rows are reset by
 // owner, and the owners of rows in progress are part of what recovery looks
 // at. WithRowsSets keeps the rows sets of the design instead; a resetter
@@ -31,14 +39,16 @@
 //	ALYA_{id}_INCARNATION the rows set's life, for the reset ledger
 //	ALYA_{id}_RECOVERY    claim of the worker recovering id (while it does)
 //	ALYA_WORKER_REGISTRY  set of instance IDs, no TTL
-//	ALYA_SCAN_LEASE       the worker scanning this interval (WithScanLease)
-//	ALYA_SWEEP_LEASE      the backstop sweeper (owner mode; rows-set mode without an owner column unless WithoutBackstopSweep; WithBackstopSweep with one)
+//	ALYA_SCAN_LEASE       the scan turn: the worker scanning this interval (WithScanTurn)
+//	ALYA_SWEEP_LEASE      the sweep turn: the backstop sweeper (owner mode; rows-set mode without an owner column unless WithBackstopSweep(false); WithBackstopSweep(true) with one)
 //	ALYA_HISTORY          stream of the fleet's recoveries and lease losses (WithHistory)
 //	ALYA_FLEET            what the fleet serves, and the timings each member announces
 //
 // The braces are a Redis Cluster hash tag; no SCAN or KEYS is used, and no
 // script or transaction spans two slots, so the same code runs on a single
-// Redis and on Redis Cluster.
+// Redis and on Redis Cluster. The _LEASE suffixes are historical: the
+// keys hold turns, and "lease" in this package means only the heartbeat's
+// self-fencing (CheckLease).
 //
 // # Lifecycle
 //
@@ -59,9 +69,9 @@
 // after the commit leaves a moment in which a crash strands them. In owner
 // mode the order does not matter for recovery.
 //
-// Start first checks the resetter against the database when it can
-// (SchemaChecker: a missing table or column, a status that is not a label
-// of an enum status column; WithoutSchemaCheck skips it), so a wrong
+// Start first checks the resetter against the database (Resetter.Check: a
+// missing table or column, a status that is not a label of an enum status
+// column; WithoutSchemaCheck skips it), so a wrong
 // configuration stops the process at start instead of surfacing when a
 // peer dies. It refuses (ErrFleetMismatch) a worker whose resetter serves
 // another table than the fleet already under the key prefix, and
@@ -69,8 +79,9 @@
 // the ID before taking it. It writes the first heartbeat before it returns and then runs the
 // heartbeat loop and the recovery loop (plus one subscriber per master with
 // WithExpiryNotifications, a flusher with WithDeferredUntrack, the sweeper
-// with WithBackstopSweep or in owner mode, and the self-check; events
-// reach an Observer on a goroutine of their own). None uses the context
+// in owner mode and, unless WithBackstopSweep(false), without an owner
+// column, and the self-check; events reach the
+// WithObserver function on a goroutine of their own). None uses the context
 // given to Start: cancelling the processing context on SIGTERM does
 // not stop the heartbeat, so the worker can finish its block while peers
 // still see it alive. Only Shutdown stops them; it waits for all, deletes

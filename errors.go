@@ -55,7 +55,7 @@ var (
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
 	// failed: the rows it held may stay in progress. The backstop sweep
-	// recovers them (unless WithoutBackstopSweep).
+	// recovers them (unless WithBackstopSweep(false)).
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
 
 	// ErrUntrackedRows is wrapped by Healthy's error, and by the error
@@ -123,4 +123,11 @@ var (
 	// heartbeat would make a live worker look dead. The message names the
 	// node, its policy and the fix (maxmemory-policy noeviction).
 	ErrEvictionPolicy = errors.New("recovery: redis may evict the recovery keys")
+
+	// ErrMisconfigured is wrapped by Healthy's error once the worker's
+	// self-check found that the rows it tracks do not look, to its resetter,
+	// like rows in progress by this worker: statuses swapped or misspelt, or an
+	// owner column not set to OwnerValue(). A crash would leave such rows
+	// stuck.
+	ErrMisconfigured = errors.New("recovery: tracked rows do not match the resetter's configuration")
 )

@@ -10,7 +10,7 @@ import (
 // EventKind says what happened.
 type EventKind int
 
-// The events a Worker reports to its Observer.
+// The events a Worker reports to its observer (WithObserver).
 const (
 	// EventHeartbeat: a heartbeat refresh succeeded.
 	EventHeartbeat EventKind = iota + 1
@@ -143,41 +143,20 @@ type Event struct {
 	Attempt int
 	// Duration is the event's length; see each Kind.
 	Duration time.Duration
-	// RowsStuck, on EventRowsReset and EventRowsRecovered when rows were
+	// StuckFor, on EventRowsReset and EventRowsRecovered when rows were
 	// reset, is how long they had been stuck in progress: from the dead
 	// peer's last heartbeat to the commit of their reset. Nothing records
 	// the last heartbeat, so it is estimated from below as heartbeat TTL +
 	// Duration: the peer's key had expired when its death was noticed, so
 	// its last heartbeat was at least a TTL earlier. Exact to milliseconds
 	// when an expiry notification found the peer; a scan or sweep may
-	// notice up to 1.1 × recovery interval + the scan lease after the
+	// notice up to 1.1 × recovery interval + the scan turn after the
 	// expiry, which the figure leaves out. A peer that shut down holding
 	// rows deleted its key instead: its rows were stuck for up to a TTL
 	// less.
-	RowsStuck time.Duration
+	StuckFor time.Duration
 	// Err is the failure, for failed events.
 	Err error
-}
-
-// An Observer receives the events of a Worker, for metrics or alerting.
-// Observe is called from one goroutine of the Worker's own, in order, never
-// from the heartbeat or recovery loops: a slow observer delays other events
-// (and past a buffer of 1024 events, drops them: Stats.EventsDropped), never
-// a heartbeat. A panic in Observe is recovered and counted as a drop.
-type Observer interface {
-	Observe(Event)
-}
-
-// ObserverFunc adapts a function to Observer.
-type ObserverFunc func(Event)
-
-// Observe calls f(e).
-func (f ObserverFunc) Observe(e Event) { f(e) }
-
-// WithObserver sets the observer that receives the worker's events; it
-// must not be nil. Default: none (events are only logged).
-func WithObserver(o Observer) Option {
-	return optionFunc(func(o2 *options) { o2.observer = o; o2.observerSet = true })
 }
 
 // eventBuffer is how many events wait for a slow observer before new ones
@@ -187,7 +166,7 @@ const eventBuffer = 1024
 // dispatcher hands events to the observer on a goroutine of its own,
 // started with the first event and stopped by Shutdown.
 type dispatcher struct {
-	obs     Observer
+	obs     func(Event)
 	hist    *historian   // nil without history (history.go)
 	mu      sync.RWMutex // guards closed and the send on ch
 	closed  bool
@@ -251,7 +230,7 @@ func (d *dispatcher) deliver(e Event) {
 			d.dropped.Add(1)
 		}
 	}()
-	d.obs.Observe(e)
+	d.obs(e)
 }
 
 // close stops accepting events and waits, within ctx, until the ones

@@ -47,10 +47,14 @@ func TestSlowObserverNeverDelaysAHeartbeat(t *testing.T) {
 	_, rdb := newMini(t)
 	stuck := make(chan struct{})
 	var delivered int
-	obs := ObserverFunc(func(Event) { <-stuck; delivered++ })
+	obs := func(Event) { <-stuck; delivered++ }
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(obs),
-		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(50*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 50 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+		}))
 
 	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= 8 }, 3*time.Second, 10*time.Millisecond,
 		"heartbeats go on while the observer is stuck on the first event")
@@ -71,7 +75,7 @@ func TestEventsDescribeARecovery(t *testing.T) {
 	boom := errors.New("db down")
 	r.setFail("broken", boom)
 	rec := &recorder{}
-	w, _ := newWorker(t, rdb, r, "w1", WithObserver(rec))
+	w, _ := newWorker(t, rdb, r, "w1", WithObserver(rec.Observe))
 
 	_, err := w.recoverNow(context.Background())
 	require.Error(t, err)
@@ -131,9 +135,14 @@ func TestEventsDescribeARecovery(t *testing.T) {
 func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	mr, rdb := newMini(t)
 	rec := &recorder{}
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec),
-		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithResetTimeout(100*time.Millisecond))
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec.Observe),
+		WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+			ResetTimeout:      100 * time.Millisecond,
+		}))
 	assert.NoError(t, w.Healthy())
 	before := w.Stats().LastHeartbeat
 	require.False(t, before.IsZero())
@@ -172,7 +181,7 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 func TestPanickingObserverIsContained(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1",
-		WithObserver(ObserverFunc(func(Event) { panic("observer bug") })))
+		WithObserver(func(Event) { panic("observer bug") }))
 	require.Eventually(t, func() bool { return w.Stats().EventsDropped >= 2 }, 2*time.Second, 5*time.Millisecond)
 	assert.NoError(t, w.Healthy())
 }
@@ -181,7 +190,7 @@ func TestNilObserverIsRefused(t *testing.T) {
 	_, err := New(idleClient(t), &fakeResetter{}, WithObserver(nil))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "observer is nil")
-	var nilFunc ObserverFunc
+	var nilFunc func(Event)
 	_, err = New(idleClient(t), &fakeResetter{}, WithObserver(nilFunc))
 	assert.ErrorIs(t, err, ErrInvalidConfig)
 }

@@ -50,24 +50,6 @@ import (
 // live worker's rows set has a TTL too), and Start's recovery of a
 // predecessor under its instance ID (predecessorHeld).
 
-// WithEvictionAccepted lets Start succeed on a Redis server whose
-// maxmemory-policy can evict the library's keys (any volatile-* or
-// allkeys-* policy with maxmemory set), which Start otherwise refuses
-// with ErrEvictionPolicy. The worker then takes no death verdict while the
-// server is evicting (INFO stats evicted_keys moved less than a heartbeat
-// TTL before) nor while it cannot read that count: a live worker's
-// evicted heartbeat never gets its rows reset, and a dead worker's rows
-// are recovered a heartbeat TTL after the evictions stop. An evicted rows
-// set of a dead worker loses Redis's record of its rows; the backstop
-// sweep finds them in the database (by owner with an owner column, by row
-// version without one: on by default, unless WithoutBackstopSweep; docs/
-// operations.md, "Managed Redis"). The server must still answer
-// INFO (memory and stats) to the worker's user. Default: off; use
-// maxmemory-policy noeviction for the recovery keys instead when you can.
-func WithEvictionAccepted() Option {
-	return optionFunc(func(o *options) { o.evictionAccepted = true })
-}
-
 // memoryFacts is what INFO memory says of a node's eviction.
 type memoryFacts struct {
 	policy    string

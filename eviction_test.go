@@ -95,8 +95,11 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 	rdb := srv.Client(t)
 	// The heartbeat written every 1.5 s is then older than the short-lived
 	// cache keys, and volatile-lru picks it (its clock counts seconds).
-	timing := []Option{WithEvictionAccepted(), WithHeartbeatTTL(4 * time.Second),
-		WithHeartbeatInterval(1500 * time.Millisecond), WithRowsTTL(8 * time.Second)}
+	timing := []Option{WithEvictionAccepted(), WithTimings(Timings{
+		HeartbeatTTL:      4 * time.Second,
+		HeartbeatInterval: 1500 * time.Millisecond,
+		RowsTTL:           8 * time.Second,
+	})}
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 20)
 	ctx := context.Background()
@@ -183,8 +186,12 @@ func TestStartDoesNotRecoverATwinWhoseHeartbeatWasEvicted(t *testing.T) {
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
 	r := fencedResetter(t, db)
-	timing := []Option{WithEvictionAccepted(), WithHeartbeatTTL(4 * time.Second),
-		WithHeartbeatInterval(3 * time.Second), WithOperationTimeout(200 * time.Millisecond), WithRowsTTL(8 * time.Second)}
+	timing := []Option{WithEvictionAccepted(), WithTimings(Timings{
+		HeartbeatTTL:      4 * time.Second,
+		HeartbeatInterval: 3 * time.Second,
+		OperationTimeout:  200 * time.Millisecond,
+		RowsTTL:           8 * time.Second,
+	})}
 	twin, _ := startWorker(t, rdb, r, "pod-0", timing...)
 	take(t, db, "pod-0", 1, 2)
 	require.NoError(t, twin.Track(ctx, 1, 2))

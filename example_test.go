@@ -114,10 +114,12 @@ func ExampleNew() {
 	// pgxreset.New(pool).
 	w, err := recovery.New(rdb, newQueue(),
 		recovery.WithInstanceID("worker-1"),
-		recovery.WithHeartbeatTTL(10*time.Second),
-		recovery.WithHeartbeatInterval(3*time.Second),
-		recovery.WithRecoveryInterval(10*time.Second),
-		recovery.WithRowsTTL(30*time.Second))
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      10 * time.Second,
+			HeartbeatInterval: 3 * time.Second,
+			RecoveryInterval:  10 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}))
 	if err != nil {
 		fmt.Println(err)
 		return
@@ -125,7 +127,7 @@ func ExampleNew() {
 	fmt.Println("instance:", w.InstanceID())
 
 	// New checks the options together and names the bad value.
-	_, err = recovery.New(rdb, newQueue(), recovery.WithHeartbeatInterval(90*time.Second))
+	_, err = recovery.New(rdb, newQueue(), recovery.WithTimings(recovery.Timings{HeartbeatInterval: 90 * time.Second}))
 	fmt.Println(err)
 	// Output:
 	// instance: worker-1

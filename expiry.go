@@ -19,19 +19,6 @@ import (
 // disconnected when one is sent misses it), so the periodic scan stays as
 // the fallback.
 
-// WithExpiryNotifications turns on expiry-driven recovery: the worker
-// subscribes to expired-key events (on every master of a Cluster, checked
-// again every heartbeat interval so that a replica promoted by a failover
-// is subscribed to as well) and recovers a peer as soon as its heartbeat
-// key expires, the periodic scan staying as the fallback. The server must
-// have notify-keyspace-events with "E" and "x"; if configure is true and it
-// has not, Start (or the check, for a newly promoted master) adds them with
-// CONFIG SET and logs a warning; otherwise it logs a warning and the worker
-// relies on scans for that master. Default: off.
-func WithExpiryNotifications(configure bool) Option {
-	return optionFunc(func(o *options) { o.expiry, o.expiryConfigure = true, configure })
-}
-
 // expiryWatcher forwards the peers whose heartbeat expired, as the masters
 // announce them, to the recoverer.
 //

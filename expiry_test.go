@@ -21,12 +21,15 @@ func killToReset(t *testing.T, rdb redis.UniversalClient, opts ...Option) time.D
 	t.Helper()
 	prefix := testutil.Name("X")
 	r := &fakeResetter{}
-	base := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(2 * time.Second),
-		WithHeartbeatInterval(500 * time.Millisecond), WithRowsTTL(30 * time.Second)}
-	peer, _ := startWorker(t, rdb, r, "peer", append(base, WithRecoveryInterval(5*time.Second))...)
-	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithRecoveryInterval(5*time.Second))...)
+	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
+		RowsTTL:           30 * time.Second,
+	})}
+	peer, _ := startWorker(t, rdb, r, "peer", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
+	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
 	require.NoError(t, victim.Track(context.Background(), 1, 2, 3))
-	watcher, _ := startWorker(t, rdb, r, "watcher", append(append(base, WithRecoveryInterval(5*time.Second)), opts...)...)
+	watcher, _ := startWorker(t, rdb, r, "watcher", append(append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second})), opts...)...)
 	require.Eventually(t, func() bool { // the first scan (one per fleet: the scan turn) is done
 		return peer.Stats().Scans+victim.Stats().Scans+watcher.Stats().Scans >= 1
 	}, 5*time.Second, 5*time.Millisecond)
@@ -40,7 +43,7 @@ func TestExpiryNotificationsRecoverWithinTheHeartbeatTTLPlusOneSecond(t *testing
 	srv := testutil.StartRedis(t, "--notify-keyspace-events", "Ex")
 	rdb := srv.Client(t)
 
-	with := killToReset(t, rdb, WithExpiryNotifications(false))
+	with := killToReset(t, rdb, WithExpiryNotifications())
 	t.Logf("kill to reset: %v with expiry notifications (TTL 2s, recovery interval 5s)", with.Round(time.Millisecond))
 	assert.LessOrEqual(t, with, 3*time.Second, "heartbeat TTL + 1s")
 }
@@ -62,13 +65,13 @@ func TestExpiryNotificationsAreConfiguredWhenAllowed(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 
-	_, logs := startWorker(t, rdb, &fakeResetter{}, "cautious", WithExpiryNotifications(false))
+	_, logs := startWorker(t, rdb, &fakeResetter{}, "cautious", WithExpiryNotifications())
 	assert.Equal(t, 1, logs.Count("expiry notifications unavailable"))
 	cfg, err := rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
 	require.NoError(t, err)
 	assert.Empty(t, cfg["notify-keyspace-events"], "left alone without permission")
 
-	_, logs = startWorker(t, rdb, &fakeResetter{}, "bold", WithExpiryNotifications(true))
+	_, logs = startWorker(t, rdb, &fakeResetter{}, "bold", WithExpiryNotifications(), WithExpiryConfigSet())
 	assert.Equal(t, 1, logs.Count("enabled keyspace notifications of expired keys"))
 	cfg, err = rdb.ConfigGet(ctx, "notify-keyspace-events").Result()
 	require.NoError(t, err)
@@ -78,7 +81,7 @@ func TestExpiryNotificationsAreConfiguredWhenAllowed(t *testing.T) {
 func TestExpiryNotificationsOnCluster(t *testing.T) {
 	cluster := testutil.StartCluster(t, 3)
 	rdb := cluster.Client(t)
-	took := killToReset(t, rdb, WithExpiryNotifications(true))
+	took := killToReset(t, rdb, WithExpiryNotifications(), WithExpiryConfigSet())
 	t.Logf("cluster: kill to reset %v with expiry notifications", took.Round(time.Millisecond))
 	assert.LessOrEqual(t, took, 3*time.Second, "heartbeat TTL + 1s")
 }
@@ -88,8 +91,8 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	r := &fakeResetter{}
-	w, _ := startWorker(t, rdb, r, "self", WithExpiryNotifications(false),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	w, _ := startWorker(t, rdb, r, "self", WithExpiryNotifications(),
+		WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 	keys := []string{"unrelated", keysOf("").Heartbeat, keysOf("a b").Heartbeat, store.InstanceKeys("OTHER", "x").Heartbeat, keysOf("x").Rows}
 	for _, k := range keys {
 		require.NoError(t, rdb.Set(ctx, k, "1", 10*time.Millisecond).Err())
@@ -151,9 +154,13 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 
 	const ttl = 4 * time.Second // longer than the failover (about 2.5 s): no lease lost to it
 	r := &fakeResetter{}
-	base := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(ttl), WithHeartbeatInterval(time.Second),
-		WithRowsTTL(time.Minute), WithRecoveryInterval(30 * time.Second)}
-	watcher, logs := startWorker(t, rdb, r, watcherID, append(base, WithExpiryNotifications(true))...)
+	base := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      ttl,
+		HeartbeatInterval: time.Second,
+		RowsTTL:           time.Minute,
+		RecoveryInterval:  30 * time.Second,
+	})}
+	watcher, logs := startWorker(t, rdb, r, watcherID, append(base, WithExpiryNotifications(), WithExpiryConfigSet())...)
 	victim, _ := startWorker(t, rdb, r, victimID, base...)
 
 	killedAt := time.Now()

@@ -166,8 +166,8 @@ func (r *remembered) learn(d time.Duration, now time.Time) {
 
 // maxAnnounced caps an announced timing: a garbage value in Redis must not
 // hold verdicts back for years. The longest a valid worker announces is a
-// claim TTL, at most 4 × MaxDuration.
-const maxAnnounced = 4 * MaxDuration
+// claim TTL, at most 4 × maxDuration.
+const maxAnnounced = 4 * maxDuration
 
 func (m *fleetMemory) learn(a store.Announcement, now time.Time) {
 	if mutantOwnTimingsOnly {

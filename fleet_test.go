@@ -158,24 +158,33 @@ func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.
 
 	beats := make(chan struct{}, 16)
 	long, _ := startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
-		WithObserver(ObserverFunc(func(e Event) {
+		WithTimings(Timings{
+			HeartbeatTTL:      8 * time.Second,
+			HeartbeatInterval: 4 * time.Second,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}),
+		WithObserver(func(e Event) {
 			if e.Kind == EventHeartbeat {
 				select {
 				case beats <- struct{}{}:
 				default:
 				}
 			}
-		})))
-	require.True(t, long.OwnerMode())
+		}))
+	require.True(t, long.Stats().OwnerMode)
 	take(t, db, "long", 1, 2, 3, 4, 5)
 	require.NoError(t, long.Track(ctx, 1, 2, 3, 4, 5))
 
 	short, _ := newWorker(t, srv.Client(t), fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond),
-		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 300 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			ResetTimeout:      time.Second,
+		}))
 	require.NoError(t, short.Start(ctx))
-	require.True(t, short.OwnerMode())
+	require.True(t, short.Stats().OwnerMode)
 	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
 		"the short worker learns the long one's TTL from its heartbeat")
 
@@ -231,7 +240,7 @@ func TestFleetMemoryKeepsTheLongestTimingUntilItLapses(t *testing.T) {
 	m.learn(store.Announcement{TTL: time.Second, Claim: time.Second}, t0.Add(25*time.Second))
 	ttl, _, _ = m.longest()
 	assert.Equal(t, time.Second, ttl, "lapsed after three of itself unrepeated")
-	m.learn(store.Announcement{TTL: 100 * MaxDuration}, t0)
+	m.learn(store.Announcement{TTL: 100 * maxDuration}, t0)
 	ttl, _, _ = m.longest()
 	assert.Equal(t, maxAnnounced, ttl, "a garbage announcement is capped")
 }
@@ -246,13 +255,17 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	srv := testutil.StartRedis(t)
 	prefix := testutil.Name("T3c")
 	slow, _ := startWorker(t, srv.Client(t), &fakeResetter{}, "slow", WithKeyPrefix(prefix),
-		WithResetTimeout(3*time.Second), WithRecoveryInterval(6*time.Second), WithRowsTTL(30*time.Second))
+		WithTimings(Timings{
+			ResetTimeout:     3 * time.Second,
+			RecoveryInterval: 6 * time.Second,
+			RowsTTL:          30 * time.Second,
+		}))
 	longClaim := slow.opts.claimTTL()
 	f := &freezer{}
 	c := srv.Client(t)
 	c.AddHook(f)
 	w, logs := startWorker(t, c, &fakeResetter{}, "w", WithKeyPrefix(prefix),
-		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond))
+		WithTimings(Timings{ResetTimeout: 600 * time.Millisecond, OperationTimeout: 50 * time.Millisecond}))
 	require.Less(t, w.opts.claimTTL(), longClaim/2)
 	require.Eventually(t, func() bool { _, claim, _ := w.fleet.longest(); return claim == longClaim },
 		5*time.Second, 10*time.Millisecond, "w learns the slow member's claim TTL")

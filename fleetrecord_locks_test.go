@@ -55,10 +55,14 @@ func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T
 	srv.Restart()
 
 	short, _ := newWorker(t, srv.Client(t), fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond),
-		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 300 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			ResetTimeout:      time.Second,
+		}))
 	require.NoError(t, short.Start(ctx))
-	require.True(t, short.OwnerMode())
+	require.True(t, short.Stats().OwnerMode)
 	ttl, _, _ := short.fleet.longest()
 	assert.Equal(t, time.Second, max(ttl, short.opts.heartbeatTTL), "the record was empty: the short worker knows only its own TTL")
 
@@ -325,7 +329,7 @@ func TestRecoverNowBeforeStartHoldsForTheFleetsLongestTTLAfterARestart(t *testin
 	waitUptime(t, c, 2*time.Second)
 
 	tool, _ := newWorker(t, c, fencedResetter(t, db), "tool", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond))
+		WithTimings(Timings{HeartbeatTTL: time.Second, HeartbeatInterval: 300 * time.Millisecond}))
 	require.Zero(t, c.Exists(ctx, long.ownKeys().Heartbeat).Val(), "the long worker has not beaten since the restart")
 	rep, err := tool.recoverNow(ctx)
 	require.NoError(t, err)
@@ -358,8 +362,12 @@ func TestAWorkerStartedAfterARestartFromAnOldSnapshotHoldsForTheLapsedLongTTL(t 
 	require.NoError(t, c.Del(ctx, long.ownKeys().Heartbeat).Err()) // expired since the snapshot
 
 	short, _ := newWorker(t, c, fencedResetter(t, db), "short", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300*time.Millisecond),
-		WithRecoveryInterval(300*time.Millisecond), WithResetTimeout(time.Second))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 300 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			ResetTimeout:      time.Second,
+		}))
 	require.NoError(t, short.Start(ctx))
 	<-beats // the long worker's first heartbeat after the restart
 	waitScans(t, short, 3)
@@ -387,16 +395,21 @@ func longTTLWorldBeating(t *testing.T, name string, interval time.Duration) (srv
 	prefix = testutil.Name(name)
 	beats = make(chan struct{}, 16)
 	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(2*interval), WithHeartbeatInterval(interval), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second),
-		WithObserver(ObserverFunc(func(e Event) {
+		WithTimings(Timings{
+			HeartbeatTTL:      2 * interval,
+			HeartbeatInterval: interval,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}),
+		WithObserver(func(e Event) {
 			if e.Kind == EventHeartbeat {
 				select {
 				case beats <- struct{}{}:
 				default:
 				}
 			}
-		})))
-	require.True(t, long.OwnerMode())
+		}))
+	require.True(t, long.Stats().OwnerMode)
 	take(t, db, "long", 1, 2, 3, 4, 5)
 	require.NoError(t, long.Track(context.Background(), 1, 2, 3, 4, 5))
 	return srv, db, prefix, long, beats
@@ -438,7 +451,12 @@ func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(
 	_, dbB, rA, rB := twoTables(t, 5)
 	prefix := testutil.Name("R20e")
 	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(8*time.Second), WithHeartbeatInterval(4*time.Second), WithRecoveryInterval(2*time.Second), WithRowsTTL(30*time.Second))
+		WithTimings(Timings{
+			HeartbeatTTL:      8 * time.Second,
+			HeartbeatInterval: 4 * time.Second,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           30 * time.Second,
+		}))
 
 	srv.Restart()
 	c := srv.Client(t)

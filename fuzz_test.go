@@ -27,17 +27,42 @@ func documentedNameRule(s string) bool {
 	})
 }
 
-// documentedTimingRule is the timing table of docs/design.md and the With*
-// docs: every duration between 1ms (Redis expiries have millisecond
-// resolution) and a week (MaxDuration), interval < TTL, rows TTL > TTL +
-// 1.1 × recovery interval + the scan lease, min(0.8 × recovery interval,
-// TTL) and at least 1ms (in arithmetic that cannot overflow), an
-// operation timeout of 0 meaning min(5s, interval/2) and otherwise at most
-// the heartbeat interval, and interval + operation timeout < 0.9 × TTL.
-func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Duration) bool {
-	const week = 7 * 24 * time.Hour // written out, not MaxDuration: the docs say a week
-	for _, d := range []time.Duration{ttl, interval, recovery, rowsTTL, reset} {
-		if d < time.Millisecond || d > week {
+// documentedTimingRule is the timing table of docs/design.md and the
+// Timings docs: a zero field takes its default (heartbeat TTL 60s,
+// recovery interval 60s, reset timeout 30s, self-check window 500ms) or
+// its derived value (heartbeat interval: half the TTL, at least 1ms; rows
+// TTL: three TTLs, or TTL + 1.1 × recovery interval + the scan turn + a
+// TTL when that is longer, at most a week; operation timeout: min(5s,
+// interval/2)); then every duration lies between 1ms (Redis expiries have
+// millisecond resolution) and a week, the operation timeout at most the
+// heartbeat interval, interval < TTL, rows TTL > TTL + 1.1 × recovery
+// interval + the scan turn, min(0.8 × recovery interval, TTL) and at least
+// 1ms (in arithmetic that cannot overflow), and interval + operation
+// timeout < 0.9 × TTL.
+func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset, window time.Duration) bool {
+	const week = 7 * 24 * time.Hour // written out, not maxDuration: the docs say a week
+	or := func(d, def time.Duration) time.Duration {
+		if d == 0 {
+			return def
+		}
+		return d
+	}
+	ttl, recovery, reset, window = or(ttl, 60*time.Second), or(recovery, 60*time.Second), or(reset, 30*time.Second), or(window, 500*time.Millisecond)
+	inBounds := func(d time.Duration) bool { return d >= time.Millisecond && d <= week }
+	if !inBounds(ttl) || !inBounds(recovery) {
+		return false
+	}
+	lease := max(min(recovery-recovery/5, ttl), time.Millisecond) // the scan turn, on by default
+	interval = or(interval, max(ttl/2, time.Millisecond))
+	if rowsTTL == 0 {
+		rowsTTL = 3 * ttl // at most 3 weeks: no overflow
+		if detection := ttl + recovery + recovery/10 + lease; rowsTTL <= detection {
+			rowsTTL = detection + ttl
+		}
+		rowsTTL = min(rowsTTL, week)
+	}
+	for _, d := range []time.Duration{interval, rowsTTL, reset, window} {
+		if !inBounds(d) {
 			return false
 		}
 	}
@@ -45,10 +70,9 @@ func documentedTimingRule(ttl, interval, recovery, rowsTTL, op, reset time.Durat
 		return false
 	}
 	if op == 0 {
-		op = min(DefaultOperationTimeout, interval/2)
+		op = min(5*time.Second, interval/2)
 	}
-	lease := max(min(recovery-recovery/5, ttl), time.Millisecond) // the scan lease, on by default
-	spare := rowsTTL - ttl - lease                                // all at most a week: no overflow
+	spare := rowsTTL - ttl - lease // all at most a week: no overflow
 	return interval < ttl &&
 		spare > recovery && spare-recovery > recovery/10 &&
 		interval < ttl-ttl/10-op
@@ -87,7 +111,7 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 	// derived TTL can be.
 	redisTTL := func(name string, d time.Duration) {
 		t.Helper()
-		if d < time.Millisecond || d > 4*MaxDuration {
+		if d < time.Millisecond || d > 4*maxDuration {
 			t.Fatalf("%s %v is not a Redis expiry in [1ms, 4 weeks]", name, d)
 		}
 	}
@@ -156,55 +180,69 @@ func checkDerivedDurations(t *testing.T, w *Worker) {
 // why it refused one with an ErrInvalidConfig error of bounded length (a
 // 10 KB ID is clipped, not echoed).
 func FuzzNewAcceptsExactlyTheDocumentedConfigurations(f *testing.F) {
-	s, ms, week := int64(time.Second), int64(time.Millisecond), int64(MaxDuration)
+	s, ms, week := int64(time.Second), int64(time.Millisecond), int64(maxDuration)
 	for _, seed := range []struct {
-		id, prefix                                  string
-		ttl, interval, recovery, rowsTTL, op, reset int64
+		id, prefix                                          string
+		ttl, interval, recovery, rowsTTL, op, reset, window int64
 	}{
-		{"host-1-2", "ALYA", 60 * s, 30 * s, 60 * s, 180 * s, 0, 30 * s},                                     // the design's defaults
-		{"w", "P", 2 * s, s / 2, s, 6 * s, 0, 10 * s},                                                        // the fault suite's timings
-		{"w", "P", 2 * s, s / 2, s, 3 * s, 0, 10 * s},                                                        // rows TTL = TTL + recovery: refused
-		{"w", "P", 2 * s, 2 * s, s, 6 * s, 0, 10 * s},                                                        // interval = TTL: refused
-		{"w", "P", 2 * s, s / 2, s, 6 * s, s, 10 * s},                                                        // op timeout > interval: refused
-		{"w", "P", 2 * s, s / 2, s, 6 * s, -1, 10 * s},                                                       // negative op timeout: refused
-		{"w", "P", int64(time.Millisecond) - 1, 1, 1, 6 * s, 0, s},                                           // TTL under 1ms: refused
-		{"a{b}", "P", 2 * s, s / 2, s, 6 * s, 0, s},                                                          // braces
-		{"", "P", 2 * s, s / 2, s, 6 * s, 0, s},                                                              // empty ID
-		{"w", "A B", 2 * s, s / 2, s, 6 * s, 0, s},                                                           // whitespace in the prefix
-		{"w\u00a0x", "P", 2 * s, s / 2, s, 6 * s, 0, s},                                                      // non-ASCII space
-		{"\xff", "P", 2 * s, s / 2, s, 6 * s, 0, s},                                                          // invalid UTF-8
-		{"höst-1", "ALYA", 2 * s, s / 2, s, 6 * s, 0, s},                                                     // non-ASCII letters are fine
-		{strings.Repeat("x", 512), "P", 2 * s, s / 2, s, 6 * s, 0, s},                                        // longest ID
-		{strings.Repeat("x", 10240), "P", 2 * s, s / 2, s, 6 * s, 0, s},                                      // 10 KB ID
-		{"w", "P", math.MaxInt64 - 1, s, 1, math.MaxInt64, 0, math.MaxInt64},                                 // huge but consistent: refused
-		{"w", "P", 60 * s, 30 * s, 60 * s, 180 * s, 0, math.MaxInt64},                                        // "no limit" reset timeout: refused
-		{"w", "P", 60 * s, 30 * s, 5 * 365 * 24 * 3600 * s, math.MaxInt64, 0, 30 * s},                        // 5-year recovery interval: refused
-		{"w", "P", week, week - 4*week/10, 1, week, 0, week},                                                 // every timing at its maximum
-		{"w", "P", 3 * ms, ms, ms, 7 * ms, ms, ms},                                                           // every timing at its minimum
-		{"w", "P", 3 * ms, ms, ms, 7 * ms, 0, ms},                                                            // derived op timeout of 0.5ms
-		{"w", "P", 2 * s, s / 2, s, 6 * s, 0, 0},                                                             // zero reset timeout
-		{"w", "P", math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64}, // all negative
+		{"host-1-2", "ALYA", 60 * s, 30 * s, 60 * s, 180 * s, 0, 30 * s, 0},                                                 // the design's defaults
+		{"w", "P", 2 * s, s / 2, s, 6 * s, 0, 10 * s, 0},                                                                    // the fault suite's timings
+		{"w", "P", 2 * s, s / 2, s, 3 * s, 0, 10 * s, 0},                                                                    // rows TTL = TTL + recovery: refused
+		{"w", "P", 2 * s, 2 * s, s, 6 * s, 0, 10 * s, 0},                                                                    // interval = TTL: refused
+		{"w", "P", 2 * s, s / 2, s, 6 * s, s, 10 * s, 0},                                                                    // op timeout > interval: refused
+		{"w", "P", 2 * s, s / 2, s, 6 * s, -1, 10 * s, 0},                                                                   // negative op timeout: refused
+		{"w", "P", int64(time.Millisecond) - 1, 1, 1, 6 * s, 0, s, 0},                                                       // TTL under 1ms: refused
+		{"a{b}", "P", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                                      // braces
+		{"", "P", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                                          // empty ID
+		{"w", "A B", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                                       // whitespace in the prefix
+		{"w\u00a0x", "P", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                                  // non-ASCII space
+		{"\xff", "P", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                                      // invalid UTF-8
+		{"höst-1", "ALYA", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                                 // non-ASCII letters are fine
+		{strings.Repeat("x", 512), "P", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                    // longest ID
+		{strings.Repeat("x", 10240), "P", 2 * s, s / 2, s, 6 * s, 0, s, 0},                                                  // 10 KB ID
+		{"w", "P", math.MaxInt64 - 1, s, 1, math.MaxInt64, 0, math.MaxInt64, 0},                                             // huge but consistent: refused
+		{"w", "P", 60 * s, 30 * s, 60 * s, 180 * s, 0, math.MaxInt64, 0},                                                    // "no limit" reset timeout: refused
+		{"w", "P", 60 * s, 30 * s, 5 * 365 * 24 * 3600 * s, math.MaxInt64, 0, 30 * s, 0},                                    // 5-year recovery interval: refused
+		{"w", "P", week, week - 4*week/10, 1, week, 0, week, 0},                                                             // every timing at its maximum
+		{"w", "P", 3 * ms, ms, ms, 7 * ms, ms, ms, 0},                                                                       // every timing at its minimum
+		{"w", "P", 3 * ms, ms, ms, 7 * ms, 0, ms, 0},                                                                        // derived op timeout of 0.5ms
+		{"w", "P", 2 * s, s / 2, s, 6 * s, 0, 0, 0},                                                                         // zero reset timeout
+		{"w", "P", math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64, math.MinInt64}, // all negative
+		{"w", "P", 0, 0, 0, 0, 0, 0, 0},                                                                                     // every field zero: the defaults
+		{"w", "P", 2 * s, 0, s, 0, 0, 0, 0},                                                                                 // the interval and rows TTL derived from a short TTL
+		{"w", "P", 0, 0, 0, 0, 0, 0, -1},                                                                                    // negative self-check window: refused
+		{"w", "P", 0, 0, 0, 0, 0, 0, week + 1},                                                                              // self-check window over a week: refused
+		{"w", "P", 0, 0, 150 * s, 0, 0, 0, 0},                                                                               // a long recovery interval alone: rows TTL derived past it
+		{"w", "P", 0, 0, week, 0, 0, 0, 0},                                                                                  // a week of recovery interval: no rows TTL fits, refused
+		{"w", "P", 3 * ms / 2, 0, ms, 0, 0, 0, 0},                                                                           // a derived interval floored at 1ms
+		{"w", "P", 0, 0, 0, 0, 0, 0, 2 * ms},                                                                                // a short self-check window
 	} {
-		f.Add(seed.id, seed.prefix, seed.ttl, seed.interval, seed.recovery, seed.rowsTTL, seed.op, seed.reset)
+		f.Add(seed.id, seed.prefix, seed.ttl, seed.interval, seed.recovery, seed.rowsTTL, seed.op, seed.reset, seed.window)
 	}
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"}) // New does no I/O
 	f.Cleanup(func() { rdb.Close() })
 
-	f.Fuzz(func(t *testing.T, id, prefix string, ttl, interval, recovery, rowsTTL, op, reset int64) {
+	f.Fuzz(func(t *testing.T, id, prefix string, ttl, interval, recovery, rowsTTL, op, reset, window int64) {
 		d := func(n int64) time.Duration { return time.Duration(n) }
-		opts := []Option{
-			WithInstanceID(id), WithKeyPrefix(prefix),
-			WithHeartbeatTTL(d(ttl)), WithHeartbeatInterval(d(interval)),
-			WithRecoveryInterval(d(recovery)), WithRowsTTL(d(rowsTTL)),
-			WithResetTimeout(d(reset)),
+		timings := Timings{
+			HeartbeatTTL: d(ttl), HeartbeatInterval: d(interval), RecoveryInterval: d(recovery),
+			RowsTTL: d(rowsTTL), OperationTimeout: d(op), ResetTimeout: d(reset), SelfCheckWindow: d(window),
 		}
-		if op != 0 {
-			opts = append(opts, WithOperationTimeout(d(op)))
+		opts := []Option{WithInstanceID(id), WithKeyPrefix(prefix), WithTimings(timings)}
+		if ttl%2 == 0 {
+			// Field by field, the same: WithTimings merges what is set.
+			opts = opts[:2]
+			for _, t := range []Timings{
+				{HeartbeatTTL: d(ttl)}, {HeartbeatInterval: d(interval)}, {RecoveryInterval: d(recovery)},
+				{RowsTTL: d(rowsTTL)}, {OperationTimeout: d(op)}, {ResetTimeout: d(reset)}, {SelfCheckWindow: d(window)},
+			} {
+				opts = append(opts, WithTimings(t))
+			}
 		}
 		w, err := New(rdb, &fakeResetter{}, opts...)
 
 		want := documentedNameRule(id) && documentedNameRule(prefix) &&
-			documentedTimingRule(d(ttl), d(interval), d(recovery), d(rowsTTL), d(op), d(reset))
+			documentedTimingRule(d(ttl), d(interval), d(recovery), d(rowsTTL), d(op), d(reset), d(window))
 		switch {
 		case want && err != nil:
 			t.Fatalf("New refused a configuration the docs allow: %v", err)
@@ -236,15 +274,19 @@ func TestNewRejectsARowsTTLShorterThanAnOverflowingDetectionWindow(t *testing.T)
 	defer rdb.Close()
 	half := time.Duration(math.MaxInt64/2 + 1)
 	_, err := New(rdb, &fakeResetter{},
-		WithHeartbeatTTL(half), WithHeartbeatInterval(time.Second),
-		WithRecoveryInterval(half), WithRowsTTL(half+1))
+		WithTimings(Timings{
+			HeartbeatTTL:      half,
+			HeartbeatInterval: time.Second,
+			RecoveryInterval:  half,
+			RowsTTL:           half + 1,
+		}))
 	if !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("rows TTL %v < TTL %v + recovery interval %v accepted", half+1, half, half)
 	}
 }
 
 // TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow reproduces F5 of
-// issue 10: New accepted WithResetTimeout(math.MaxInt64) (a natural "no
+// issue 10: New accepted a reset timeout of math.MaxInt64 (a natural "no
 // limit"), whose claim TTL, reset timeout + 3 × operation timeout, wrapped
 // negative so every recovery failed; and recovery intervals of years, whose
 // sweep lease (2.2 × interval + operation timeout) wraps negative from
@@ -257,19 +299,19 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 		opts []Option
 		want string
 	}{
-		{"no-limit reset timeout", []Option{WithResetTimeout(math.MaxInt64)},
-			"reset timeout 2562047h47m16.854775807s exceeds the maximum 168h0m0s"},
-		{"5-year recovery interval", []Option{WithRecoveryInterval(5 * year), WithRowsTTL(10 * year)},
-			"recovery interval 43800h0m0s exceeds the maximum 168h0m0s"},
-		{"20-year recovery interval", []Option{WithRecoveryInterval(20 * year), WithRowsTTL(40 * year)},
-			"recovery interval 175200h0m0s exceeds the maximum"},
-		{"no-limit operation timeout", []Option{WithOperationTimeout(math.MaxInt64)},
-			"operation timeout 2562047h47m16.854775807s exceeds the maximum"},
-		{"rows TTL over a week", []Option{WithRowsTTL(MaxDuration + 1)}, "rows TTL 168h0m0.000000001s exceeds the maximum"},
-		{"sub-millisecond reset timeout", []Option{WithResetTimeout(time.Microsecond)},
-			"reset timeout 1µs must be at least 1ms"},
-		{"sub-millisecond operation timeout", []Option{WithOperationTimeout(time.Microsecond)},
-			"operation timeout 1µs must be at least 1ms"},
+		{"no-limit reset timeout", []Option{WithTimings(Timings{ResetTimeout: math.MaxInt64})},
+			"Timings.ResetTimeout 2562047h47m16.854775807s exceeds the maximum 168h0m0s (a week)"},
+		{"5-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 5 * year, RowsTTL: 10 * year})},
+			"Timings.RecoveryInterval 43800h0m0s exceeds the maximum 168h0m0s"},
+		{"20-year recovery interval", []Option{WithTimings(Timings{RecoveryInterval: 20 * year, RowsTTL: 40 * year})},
+			"Timings.RecoveryInterval 175200h0m0s exceeds the maximum"},
+		{"no-limit operation timeout", []Option{WithTimings(Timings{OperationTimeout: math.MaxInt64})},
+			"Timings.OperationTimeout 2562047h47m16.854775807s exceeds the maximum"},
+		{"rows TTL over a week", []Option{WithTimings(Timings{RowsTTL: maxDuration + 1})}, "Timings.RowsTTL 168h0m0.000000001s exceeds the maximum"},
+		{"sub-millisecond reset timeout", []Option{WithTimings(Timings{ResetTimeout: time.Microsecond})},
+			"Timings.ResetTimeout 1µs must be at least 1ms"},
+		{"sub-millisecond operation timeout", []Option{WithTimings(Timings{OperationTimeout: time.Microsecond})},
+			"Timings.OperationTimeout 1µs must be at least 1ms"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			w, err := New(idleClient(t), &fakeResetter{}, c.opts...)
@@ -286,10 +328,16 @@ func TestNewRefusesTimingsWhoseDerivedDurationsWouldOverflow(t *testing.T) {
 // intervals, and nothing wrapped around.
 func TestEveryDerivedDurationIsSoundAtTheMaximumTimings(t *testing.T) {
 	for _, opts := range [][]Option{
-		{WithResetTimeout(MaxDuration)},
-		{WithResetTimeout(MaxDuration), WithHeartbeatTTL(MaxDuration / 2), WithHeartbeatInterval(MaxDuration / 8),
-			WithOperationTimeout(MaxDuration / 8), WithRecoveryInterval(MaxDuration / 4), WithRowsTTL(MaxDuration)},
-		{WithRecoveryInterval(MaxDuration / 2), WithRowsTTL(MaxDuration)},
+		{WithTimings(Timings{ResetTimeout: maxDuration})},
+		{WithTimings(Timings{
+			ResetTimeout:      maxDuration,
+			HeartbeatTTL:      maxDuration / 2,
+			HeartbeatInterval: maxDuration / 8,
+			OperationTimeout:  maxDuration / 8,
+			RecoveryInterval:  maxDuration / 4,
+			RowsTTL:           maxDuration,
+		})},
+		{WithTimings(Timings{RecoveryInterval: maxDuration / 2, RowsTTL: maxDuration})},
 	} {
 		w, err := New(idleClient(t), &fakeResetter{}, opts...)
 		require.NoError(t, err)

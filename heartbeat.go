@@ -231,7 +231,7 @@ func (w *Worker) noteLeaseLoss(cause error) {
 
 // markLeaseLost notes a loss of the lease, once per loss, also before its
 // end (a heartbeat sent too late to renew it in time). In owner mode the
-// worker begins a new life: Owner() changes, and rows of the ended one
+// worker begins a new life: OwnerValue() changes, and rows of the ended one
 // are refused by TrackAs.
 func (w *Worker) markLeaseLost(cause error) {
 	if w.lease.lost.Swap(true) {

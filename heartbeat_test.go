@@ -95,7 +95,7 @@ func (s *beatStore) since(t time.Time) []time.Time {
 // timers and backoff, with a store that fails on demand.
 func TestHeartbeatOutageIsRetriedQuicklyAndLoggedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w, logs := newWorker(t, idleClient(t), &fakeResetter{}, "w1", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		w, logs := newWorker(t, idleClient(t), &fakeResetter{}, "w1", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 		s := &beatStore{}
 		w.store = s
 		ctx, cancel := context.WithCancel(context.Background())
@@ -156,7 +156,7 @@ func TestSafetyRowsComeBackAfterRedisRestartedEmptyAndTheWorkerIsKilled(t *testi
 	testutil.CreateBatch(t, db, 10)
 	r := fencedResetter(t, db)
 	ctx := context.Background()
-	a, _ := startWorker(t, rdb, r, "A", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithRowsSets())
+	a, _ := startWorker(t, rdb, r, "A", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}), WithRowsSets())
 	take(t, db, "A", 1, 2, 3, 4)
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4))
 	require.NoError(t, a.Untrack(1))

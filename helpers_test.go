@@ -50,11 +50,13 @@ func newMini(t *testing.T) (*miniredis.Miniredis, *redis.Client) {
 // recovery every second, rows TTL 4s.
 func fast(extra ...Option) []Option {
 	return append([]Option{
-		WithHeartbeatTTL(2 * time.Second),
-		WithHeartbeatInterval(500 * time.Millisecond),
-		WithRecoveryInterval(time.Second),
-		WithRowsTTL(4 * time.Second),
-		WithResetTimeout(5 * time.Second),
+		WithTimings(Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+			ResetTimeout:      5 * time.Second,
+		}),
 	}, extra...)
 }
 

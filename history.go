@@ -24,26 +24,6 @@ import (
 // counts it (Stats.HistoryDropped); a recovery never waits for Redis on
 // its account, and never fails because of it.
 
-// DefaultHistoryLength is about how many entries the history stream keeps
-// (XADD MAXLEN ~). Entries are written only when a peer dies, a recovery
-// fails or a lease is lost, two per recovery: 10,000 are the last 5,000
-// recoveries, 50 days of a fleet that loses 100 workers a day, in about
-// 2 MB of one key (measured on redis-server 7.0.15: 10,022 entries,
-// 1.97 MB). On by default: the history helps only if it was on before the
-// bad night.
-const DefaultHistoryLength = 10_000
-
-// WithHistory sets about how many entries the fleet's history stream
-// (<prefix>_HISTORY) keeps: each append trims it to about maxLen (Redis
-// trims whole stream nodes, so a few more may stay). 0 turns the history
-// off: this worker appends nothing (others of the fleet may). The length
-// is per append, so the fleet's stream follows whichever worker appended
-// last; give every worker the same value. Default: DefaultHistoryLength
-// (10,000).
-func WithHistory(maxLen int) Option {
-	return optionFunc(func(o *options) { o.historyLen = maxLen })
-}
-
 // historyKind returns the kind of history entry an event makes, and false
 // for the events the history does not record.
 func historyKind(e Event) (string, bool) {

@@ -114,8 +114,12 @@ func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
 	rdb := srv.Client(t)
 	prefix := testutil.Name("H")
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(200*time.Millisecond), WithRowsTTL(4*time.Second),
-		WithResetTimeout(200*time.Millisecond)) // the hold after the regain: a claim TTL, 500ms
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RowsTTL:           4 * time.Second,
+			ResetTimeout:      200 * time.Millisecond,
+		})) // the hold after the regain: a claim TTL, 500ms
 	srv.Kill()
 	require.Eventually(t, func() bool { return w.Stats().LeaseLosses == 1 }, 5*time.Second, 10*time.Millisecond)
 	time.Sleep(300 * time.Millisecond) // the lease_lost entry has failed at least once
@@ -460,7 +464,7 @@ func TestHistoryRecordsRowsNotResetOnce(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 10, "HN")
 	right, err := pgxreset.New(db)
 	require.NoError(t, err)
-	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix), WithoutBackstopSweep())
+	v, _ := startWorker(t, rdb, right, "victim", WithKeyPrefix(prefix), WithBackstopSweep(false))
 	setStatus(t, db, "inprog", 1, 2, 3)
 	require.NoError(t, v.Track(ctx, 1, 2, 3))
 	v.crash()

@@ -40,7 +40,7 @@ func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
 	fr.freeze() // A stalls, holding the sweep turn (TTL about 2.2 s)
 	waitHeartbeatGone(t, rdb, prefix, "w")
 	b, _ := startWorker(t, rdb, r, "w", opts...)
-	ownerB := b.Owner()
+	ownerB := b.OwnerValue()
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
 	fr.thaw() // A resumes
@@ -71,8 +71,8 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 
 	fr.freeze()
 	waitHeartbeatGone(t, rdb, prefix, "w")
-	b, _ := startWorker(t, rdb, r, "w", append(opts[:len(opts):len(opts)], WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))...)
-	ownerB := b.Owner()
+	b, _ := startWorker(t, rdb, r, "w", append(opts[:len(opts):len(opts)], WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))...)
+	ownerB := b.OwnerValue()
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
 	fr.thaw()
@@ -98,7 +98,7 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "HR")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := append(holeTimings(prefix, time.Hour), WithRowsTTL(2*time.Hour))
+	opts := append(holeTimings(prefix, time.Hour), WithTimings(Timings{RowsTTL: 2 * time.Hour}))
 	x, xLogs := startWorker(t, rdb, r, "x", opts...) // sweeps once at Start, holds the turn
 	require.Eventually(t, func() bool { return xLogs.Count("backstop sweep done") >= 1 }, 5*time.Second, 5*time.Millisecond)
 	w, _ := startWorker(t, rdb, r, "w", opts...)
@@ -107,8 +107,8 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	// w loses its lease once and is in a new life, recorded.
 	w.markLeaseLost(nil)
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
-	require.NotEqual(t, lifeOwner("w", old), w.Owner())
-	owner := w.Owner()
+	require.NotEqual(t, lifeOwner("w", old), w.OwnerValue())
+	owner := w.OwnerValue()
 	take(t, db, owner, 1)
 	require.NoError(t, w.TrackAs(ctx, owner, 1))
 
@@ -151,7 +151,7 @@ func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id in
 
 // The previous release's quickstart (README before the merge of life2):
 //
-//	me := w.Owner() // once per block
+//	me := w.OwnerValue() // once per block
 //	UPDATE ... SET status='inprog', owner=$me ...; w.Track(ctx, ids...) before the COMMIT
 //
 // A host written so and upgraded to this release (nothing to change: it
@@ -172,17 +172,17 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 	w, fr, logs := frozenWorker(t, rdb, r, "w", opts...)
 	startWorker(t, rdb, r, "p", opts...) // a peer; its sweep (or w's) judges ended lives
 
-	me := w.Owner() // the host begins a block
+	me := w.OwnerValue() // the host begins a block
 	loseLease(t, rdb, w, fr)
 	fr.thaw() // Redis back during the fetch
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 && w.CheckLease() == nil },
 		5*time.Second, 5*time.Millisecond)
 	take(t, db, me, 1) // the fetch's UPDATE, under the value read before
 	err := w.Track(ctx, 1)
-	require.ErrorIs(t, err, ErrLeaseLost, "the block was fetched under the life Owner() named before the loss")
+	require.ErrorIs(t, err, ErrLeaseLost, "the block was fetched under the life OwnerValue() named before the loss")
 	// The documented reaction: roll the fetch back and fetch again under
 	// the new value.
-	again := w.Owner()
+	again := w.OwnerValue()
 	require.NotEqual(t, me, again, "a new life since the loss")
 	take(t, db, again, 1)
 	require.NoError(t, w.Track(ctx, 1))
@@ -193,6 +193,9 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 // holeTimings are the tests' short timings: TTL 500 ms, a heartbeat every
 // 100 ms, and the given recovery interval.
 func holeTimings(prefix string, recovery time.Duration) []Option {
-	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(recovery)}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  recovery,
+	})}
 }

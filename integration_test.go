@@ -117,8 +117,12 @@ func TestIntegrationCancellingProcessingContextDoesNotStopHeartbeat(t *testing.T
 	prefix := testutil.Name("IT")
 	ctx, cancel := context.WithCancel(context.Background())
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w1", WithKeyPrefix(prefix),
-		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+		WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+		}))
 	require.NoError(t, w.Start(ctx))
 	require.NoError(t, w.Track(ctx, 1))
 	cancel() // SIGTERM: processing context cancelled, the block goes on

@@ -36,7 +36,7 @@ type lease struct {
 	// lease was regained (hold).
 	heldUntil atomic.Int64
 	// perLife is set while the rows this worker takes carry per-life owner
-	// values (owner mode, the host writing Owner()): a recovery of a life
+	// values (owner mode, the host writing OwnerValue()): a recovery of a life
 	// judged dead reaches none of the rows of a later life, so a regain
 	// needs no hold (check). Cleared for good once the worker learns that
 	// its host writes the bare instance ID (noteBareOwners).
@@ -123,7 +123,7 @@ func (l *lease) check(heldAtLoss int) error {
 // valid again with the next heartbeat.
 //
 // In rows-set mode, and in owner mode once the host was seen writing the
-// bare instance ID instead of Owner(), a lost lease that comes back is held
+// bare instance ID instead of OwnerValue(), a lost lease that comes back is held
 // for one recovery claim TTL (reset timeout + 3 × operation timeout) before
 // CheckLease reports nil again: a peer that claimed this worker while it
 // looked dead may still be resetting its rows, and rows taken meanwhile
@@ -166,11 +166,11 @@ func (w *Worker) Healthy() error {
 }
 
 // noteBareOwners notes that this worker's rows carry its bare instance ID
-// (the host writes InstanceID(), not Owner()): from now on a regained lease
+// (the host writes InstanceID(), not OwnerValue()): from now on a regained lease
 // is held (lease.hold). Logged once.
 func (w *Worker) noteBareOwners() {
 	if !w.lease.perLife.Swap(false) {
 		return
 	}
-	w.log.Warn("the host writes the bare instance ID into the owner column, not Owner(): every regained lease is held for a claim TTL (docs/safety.md §3); fetch and complete under Owner() and pass it to TrackAs")
+	w.log.Warn("the host writes the bare instance ID into the owner column, not OwnerValue(): every regained lease is held for a claim TTL (docs/safety.md §3); fetch and complete under OwnerValue() and pass it to TrackAs")
 }

@@ -24,9 +24,13 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 	r := fencedResetter(t, db)
 	ctx := context.Background()
 	a, logs := startWorker(t, frozenClient, r, "A",
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
-		WithResetTimeout(500*time.Millisecond)) // the hold after the regain: a claim TTL, 875ms
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 250 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+			ResetTimeout:      500 * time.Millisecond,
+		})) // the hold after the regain: a claim TTL, 875ms
 	take(t, db, "A", 1, 2, 3)
 	require.NoError(t, a.Track(ctx, 1, 2, 3))
 
@@ -68,9 +72,13 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 	mr, rdb := newMini(t)
 	ctx := context.Background()
 	r := &fakeResetter{fenced: true}
-	w, logs := startWorker(t, rdb, r, "w", WithHeartbeatTTL(400*time.Millisecond),
-		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
-		WithResetTimeout(100*time.Millisecond)) // claim TTL 250ms: the hold after the regain
+	w, logs := startWorker(t, rdb, r, "w", WithTimings(Timings{
+		HeartbeatTTL:      400 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      100 * time.Millisecond,
+	})) // claim TTL 250ms: the hold after the regain
 	require.NoError(t, w.Track(ctx, 1, 2, 3))
 
 	mr.SetError("ERR paused") // the process is stopped, the key expires
@@ -93,8 +101,13 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	mr, rdb := newMini(t)
 	w, logs := startWorker(t, rdb, &fakeResetter{fenced: true}, "w1",
-		WithHeartbeatTTL(400*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour), WithResetTimeout(100*time.Millisecond))
+		WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+			ResetTimeout:      100 * time.Millisecond,
+		}))
 	ctx := context.Background()
 	require.NoError(t, w.Track(ctx, 1))
 
@@ -118,8 +131,12 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 func TestHealthyWorkerWithTheTightestTimingsNeverLosesItsLease(t *testing.T) {
 	_, rdb := newMini(t)
 	// 550ms + the derived 275ms operation timeout: just inside the 900ms lease.
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithHeartbeatTTL(time.Second),
-		WithHeartbeatInterval(550*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 550 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+	}))
 	// Healthy is polled all along, until four heartbeats after Start's.
 	poll := time.NewTicker(5 * time.Millisecond)
 	defer poll.Stop()
@@ -145,9 +162,14 @@ func TestHealthyBeforeStart(t *testing.T) {
 func TestRegainedLeaseIsHeldForAClaimTTL(t *testing.T) {
 	mr, rdb := newMini(t)
 	ctx := context.Background()
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w", WithHeartbeatTTL(400*time.Millisecond),
-		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
-		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond)) // claim TTL 750ms
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w", WithTimings(Timings{
+		HeartbeatTTL:      400 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      600 * time.Millisecond,
+		OperationTimeout:  50 * time.Millisecond,
+	})) // claim TTL 750ms
 	require.Equal(t, 750*time.Millisecond, w.opts.claimTTL())
 
 	mr.SetError("ERR paused")
@@ -198,9 +220,14 @@ func (s *lateBeatStore) Beat(ctx context.Context, id string, b store.Heartbeat) 
 func TestALateHeartbeatThatRenewsAnEndedLeaseIsHeldAsARegain(t *testing.T) {
 	rdb := testutil.Redis(t)
 	ctx := context.Background()
-	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(testutil.Name("L")), WithHeartbeatTTL(400*time.Millisecond),
-		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour),
-		WithResetTimeout(600*time.Millisecond), WithOperationTimeout(50*time.Millisecond)) // claim TTL 750ms
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(testutil.Name("L")), WithTimings(Timings{
+		HeartbeatTTL:      400 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      600 * time.Millisecond,
+		OperationTimeout:  50 * time.Millisecond,
+	})) // claim TTL 750ms
 	late := &lateBeatStore{Store: w.store, w: w, done: make(chan struct{})}
 	w.store = late
 	require.NoError(t, w.Start(ctx))

@@ -24,8 +24,13 @@ import (
 // heartbeat every 250 ms, a claim TTL of reset timeout + 3 × operation
 // timeout.
 func lifeTimings(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour), WithResetTimeout(500 * time.Millisecond)}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      500 * time.Millisecond,
+	})}
 }
 
 // frozenWorker starts an owner-mode worker whose Redis calls a freezer
@@ -37,7 +42,7 @@ func frozenWorker(t *testing.T, rdb *redis.Client, r Resetter, id string, opts .
 	fr := &freezer{}
 	wc.AddHook(fr)
 	w, logs := startWorker(t, wc, r, id, opts...)
-	require.True(t, w.OwnerMode())
+	require.True(t, w.Stats().OwnerMode)
 	return w, fr, logs
 }
 
@@ -67,17 +72,17 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "LF")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	before := w.Owner()
+	before := w.OwnerValue()
 
 	loseLease(t, rdb, w, fr)
-	assert.NotEqual(t, before, w.Owner(), "a new life begins at the loss")
+	assert.NotEqual(t, before, w.OwnerValue(), "a new life begins at the loss")
 	take(t, db, before, 1, 2) // the host's fetch, under the value it read before the loss
 	fr.thaw()
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
 	regained := time.Now()
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lifeOwner("w", life), w.Owner(), "the heartbeat recorded the new life")
+	assert.Equal(t, lifeOwner("w", life), w.OwnerValue(), "the heartbeat recorded the new life")
 
 	err = w.TrackAs(ctx, before, 1, 2)
 	require.ErrorIs(t, err, ErrLeaseLost, "rows of the ended life")
@@ -85,20 +90,20 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 	assert.Zero(t, w.Stats().TrackedRows)
 
 	require.NoError(t, w.CheckLease(), "no hold in owner mode with per-life values")
-	take(t, db, w.Owner(), 3, 4)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 3, 4))
+	take(t, db, w.OwnerValue(), 3, 4)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 3, 4))
 	assert.Less(t, time.Since(regained), w.opts.heartbeatInterval, "rows taken again within a heartbeat interval of the regain")
 }
 
 // Release resets each row under the life it was tracked in: rows tracked
 // before a loss are matched by the ended life's value, rows of the new
-// life by the new one. (Reverted to the current Owner(): row 1 stayed in
+// life by the new one. (Reverted to the current OwnerValue(): row 1 stayed in
 // progress, taken for another owner's.)
 func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 3, "LR")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	old := w.Owner()
+	old := w.OwnerValue()
 	take(t, db, old, 1)
 	require.NoError(t, w.TrackAs(ctx, old, 1))
 
@@ -108,8 +113,8 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is still tracked")
 	require.NoError(t, w.Release(ctx, 1))
 	require.NoError(t, w.CheckLease())
-	take(t, db, w.Owner(), 2)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 2))
+	take(t, db, w.OwnerValue(), 2)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 2))
 	require.NoError(t, w.Release(ctx, 2))
 	assertRequeued(t, db, 1, 2)
 	assert.Zero(t, w.Stats().TrackedRows)
@@ -122,10 +127,10 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 2, "LS")
 	ctx := context.Background()
-	opts := append(lifeTimings(prefix), WithSelfCheckWindow(100*time.Millisecond))
+	opts := append(lifeTimings(prefix), WithTimings(Timings{SelfCheckWindow: 100 * time.Millisecond}))
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", opts...)
-	take(t, db, w.Owner(), 1)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1))
+	take(t, db, w.OwnerValue(), 1)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 1))
 	require.Eventually(t, func() bool { return w.checker.verdict.Load() != 0 }, 5*time.Second, 5*time.Millisecond)
 	assert.Equal(t, int32(1), w.checker.verdict.Load(), "verified")
 	assert.True(t, w.lease.perLife.Load())
@@ -149,12 +154,15 @@ func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
 func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 3, "LE")
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 	live, liveLogs := startWorker(t, rdb, r, "live", opts...)
 	take(t, db, lifeOwner("live", "ended0000000000000000000000000000"), 1)
-	take(t, db, live.Owner(), 2)
-	require.NoError(t, live.TrackAs(context.Background(), live.Owner(), 2))
+	take(t, db, live.OwnerValue(), 2)
+	require.NoError(t, live.TrackAs(context.Background(), live.OwnerValue(), 2))
 	_, logs := startWorker(t, rdb, r, "B", opts...)
 
 	require.Eventually(t, func() bool { s, _ := rowState(t, db, 1); return s == "queued" }, 10*time.Second, 20*time.Millisecond,
@@ -170,12 +178,12 @@ func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 // left may land on an expired key, after a recoverer read the current
 // life under its claim: it records a new life instead of renewing that
 // one, and the rows of the old life are handled as after a loss.
-// (Reverted: the incarnation written is the old life, Owner() unchanged.)
+// (Reverted: the incarnation written is the old life, OwnerValue() unchanged.)
 func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "LL")
 	ctx := context.Background()
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	old := w.Owner()
+	old := w.OwnerValue()
 	take(t, db, old, 1)
 	require.NoError(t, w.TrackAs(ctx, old, 1))
 
@@ -184,10 +192,10 @@ func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
 	w.lease.until.Store(int64(time.Since(w.lease.epoch) + w.opts.opTimeout/2))
 	require.NoError(t, w.heart.runOnce(ctx))
 	w.heart.restored()
-	assert.NotEqual(t, old, w.Owner())
+	assert.NotEqual(t, old, w.OwnerValue())
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lifeOwner("w", life), w.Owner(), "the late heartbeat recorded the new life")
+	assert.Equal(t, lifeOwner("w", life), w.OwnerValue(), "the late heartbeat recorded the new life")
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, of the old life, is stale")
 	require.ErrorIs(t, w.TrackAs(ctx, old, 1), ErrLeaseLost)
 	require.NoError(t, w.Release(ctx, 1))
@@ -246,14 +254,14 @@ func recoverBlocked(t *testing.T, p *Worker, g *gatedOwnerResetter) <-chan struc
 // away and reads w's life; its reset is stopped before it runs. w comes
 // back, and takes rows 3 and 4 once CheckLease lets it (with the bare ID,
 // after the hold, a claim TTL). Then p's reset runs: it resets the dead
-// life's rows 1 and 2, never rows 3 and 4. (Reverted, Owner() the bare ID:
+// life's rows 1 and 2, never rows 3 and 4. (Reverted, OwnerValue() the bare ID:
 // rows 3 and 4 reset under live w.)
 func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "R1")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	take(t, db, w.Owner(), 1, 2)
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1, 2))
+	take(t, db, w.OwnerValue(), 1, 2)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 1, 2))
 	g := newGatedOwnerResetter(fencedResetter(t, db))
 	p, _ := newWorker(t, rdb, g, "p", lifeTimings(prefix)...)
 
@@ -263,7 +271,7 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.NoError(t, w.Release(ctx, 1, 2), "the host gives back its block")
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
-	owner := w.Owner()
+	owner := w.OwnerValue()
 	take(t, db, owner, 3, 4)
 	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
 	time.Sleep(w.opts.claimTTL()) // past p's claim TTL
@@ -282,13 +290,13 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 // Residual 3 of docs/safety.md §12: a worker paused past its TTL resumes
 // while a recoverer's reset still runs, and takes rows at once (there is
 // no hold in owner mode any more); the reset, which goes on after, reaches
-// only the dead life. (Reverted, Owner() the bare ID with no hold: rows 3
+// only the dead life. (Reverted, OwnerValue() the bare ID with no hold: rows 3
 // and 4 reset under live w.)
 func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "R3")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
-	old := w.Owner()
+	old := w.OwnerValue()
 	take(t, db, old, 1, 2)
 	require.NoError(t, w.TrackAs(ctx, old, 1, 2))
 	g := newGatedOwnerResetter(fencedResetter(t, db))
@@ -300,7 +308,7 @@ func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
 	require.NoError(t, w.Untrack(1, 2), "the host drops the block of its ended life (p resets it)")
 	require.NoError(t, w.CheckLease(), "no hold")
-	owner := w.Owner()
+	owner := w.OwnerValue()
 	take(t, db, owner, 3, 4)
 	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
 
@@ -325,14 +333,14 @@ func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t
 	ctx := context.Background()
 	r := fencedResetter(t, db)
 	a, fr, _ := frozenWorker(t, rdb, r, "w", lifeTimings(prefix)...)
-	ownerA := a.Owner()
+	ownerA := a.OwnerValue()
 	take(t, db, ownerA, 1)
 	require.NoError(t, a.TrackAs(ctx, ownerA, 1))
 
 	fr.freeze() // A paused mid-row
 	b, _ := startWorker(t, rdb, r, "w", lifeTimings(prefix)...)
 	assertRequeued(t, db, 1)
-	ownerB := b.Owner()
+	ownerB := b.OwnerValue()
 	assert.NotEqual(t, ownerA, ownerB)
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
@@ -383,26 +391,29 @@ func prevReleaseRecover(t *testing.T, via *Worker, r Resetter, peer string) bool
 // bare IDs to this one, which writes them: workers of both recover each
 // other, and neither resets a live member's rows. The previous release's
 // worker is played by a Worker whose host writes InstanceID() (what
-// Owner() returned there) and, for its recoveries, by the previous
+// OwnerValue() returned there) and, for its recoveries, by the previous
 // release's recovery steps (prevReleaseRecover).
 func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 8, "UL")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 
 	oldLive, _ := startWorker(t, rdb, r, "old-live", opts...)
 	take(t, db, "old-live", 1)
 	require.NoError(t, oldLive.TrackAs(ctx, "old-live", 1))
 	newLive, _ := startWorker(t, rdb, r, "new-live", opts...)
-	take(t, db, newLive.Owner(), 2)
-	require.NoError(t, newLive.TrackAs(ctx, newLive.Owner(), 2))
+	take(t, db, newLive.OwnerValue(), 2)
+	require.NoError(t, newLive.TrackAs(ctx, newLive.OwnerValue(), 2))
 
 	// A new worker dies holding rows of its life; an old one recovers it.
 	newDead, _ := startWorker(t, rdb, r, "new-dead", opts...)
-	take(t, db, newDead.Owner(), 3, 4)
-	require.NoError(t, newDead.TrackAs(ctx, newDead.Owner(), 3, 4))
+	take(t, db, newDead.OwnerValue(), 3, 4)
+	require.NoError(t, newDead.TrackAs(ctx, newDead.OwnerValue(), 3, 4))
 	newDead.crash()
 	waitHeartbeatGone(t, rdb, prefix, "new-dead")
 	require.True(t, prevReleaseRecover(t, oldLive, r, "new-dead"))
@@ -458,8 +469,12 @@ func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (
 func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 1, "LM")
 	ctx := context.Background()
-	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithHeartbeatTTL(6*time.Second),
-		WithHeartbeatInterval(2*time.Second), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      6 * time.Second,
+		HeartbeatInterval: 2 * time.Second,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+	}))
 	mid := &midLossStore{Store: w.store, w: w, done: make(chan struct{})}
 	w.store = mid
 	require.NoError(t, w.Start(ctx))
@@ -469,8 +484,8 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 		"the new life is recorded well within the 2 s interval")
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
-	assert.Equal(t, lifeOwner("w", life), w.Owner())
-	require.NoError(t, w.TrackAs(ctx, w.Owner(), 1), "CheckLease nil: TrackAs works too")
+	assert.Equal(t, lifeOwner("w", life), w.OwnerValue())
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 1), "CheckLease nil: TrackAs works too")
 }
 
 // A recovery by owner whose peer's life Redis no longer has (its
@@ -485,7 +500,7 @@ func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
 	ctx := context.Background()
 	r := fencedResetter(t, db)
 	dead, _ := startWorker(t, rdb, r, "dead", lifeTimings(prefix)...)
-	owner := dead.Owner()
+	owner := dead.OwnerValue()
 	take(t, db, owner, 1, 2)
 	require.NoError(t, dead.TrackAs(ctx, owner, 1, 2))
 	take(t, db, "other{0123456789abcdef0123456789abcdef}", 3) // another instance's life: not dead's
@@ -493,7 +508,7 @@ func TestOwnerModeRecoveryListsThePeersLivesWhenRedisLostItsLife(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, store.InstanceKeys(prefix, "dead").Incarnation).Err())
 	waitHeartbeatGone(t, rdb, prefix, "dead")
 
-	p, _ := newWorker(t, rdb, r, "p", append(lifeTimings(prefix), WithoutBackstopSweep())...)
+	p, _ := newWorker(t, rdb, r, "p", append(lifeTimings(prefix), WithBackstopSweep(false))...)
 	rep, err := p.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)

@@ -25,9 +25,12 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	testutil.CreateBatch(t, db, 30)
 	ctx := context.Background()
 	const ttl = time.Second
-	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithHeartbeatTTL(ttl),
-		WithHeartbeatInterval(300 * time.Millisecond), WithRecoveryInterval(300 * time.Millisecond),
-		WithRowsTTL(10 * time.Second)}
+	opts := []Option{WithKeyPrefix(testutil.Name("R")), WithTimings(Timings{
+		HeartbeatTTL:      ttl,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RecoveryInterval:  300 * time.Millisecond,
+		RowsTTL:           10 * time.Second,
+	})}
 	r := &fakeResetter{inner: fencedResetter(t, db)}
 	r.setFail("D", context.DeadlineExceeded) // as PostgreSQL out of reach would: D is still to recover at the restart
 
@@ -117,8 +120,7 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 	prefix := testutil.Name("R")
 	r := &fakeResetter{}
 	// A long recovery interval: only the expiry event could act soon.
-	_, logs := startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithRecoveryInterval(10*time.Second),
-		WithRowsTTL(time.Minute), WithExpiryNotifications(false))
+	_, logs := startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithTimings(Timings{RecoveryInterval: 10 * time.Second, RowsTTL: time.Minute}), WithExpiryNotifications())
 
 	plantDeadPeer(t, rdb, prefix, "peer", "7")
 	require.NoError(t, rdb.Set(ctx, store.InstanceKeys(prefix, "peer").Heartbeat, "alive", 1200*time.Millisecond).Err())
@@ -259,8 +261,7 @@ func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
 	srv.RestartKeepingData()
 
 	r := &fakeResetter{}
-	w, logs := newWorker(t, srv.Client(t), r, "scanner", WithKeyPrefix(prefix), WithHeartbeatTTL(ttl),
-		WithRowsTTL(20*time.Second))
+	w, logs := newWorker(t, srv.Client(t), r, "scanner", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatTTL: ttl, RowsTTL: 20 * time.Second}))
 	rep, err := w.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Empty(t, rep.Dead, "held: the server restarted with data less than a TTL ago")

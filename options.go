@@ -34,13 +34,13 @@ type options struct {
 	logger            *slog.Logger
 	loggerSet         bool
 	sweep             bool
-	noSweep           bool // WithoutBackstopSweep
-	scanLease         bool
+	noSweep           bool // WithBackstopSweep(false)
+	scanLease         bool // WithScanTurn
 	expiry            bool
 	untrackLinger     time.Duration
 	untrackSet        bool
 	expiryConfigure   bool
-	observer          Observer
+	observer          func(Event)
 	observerSet       bool
 	noSchemaCheck     bool
 	rowsSets          bool // WithRowsSets: no owner mode
@@ -54,12 +54,12 @@ func defaultOptions() options {
 	return options{
 		instanceID:       defaultInstanceID(),
 		keyPrefix:        DefaultKeyPrefix,
-		heartbeatTTL:     DefaultHeartbeatTTL,
-		recoveryInterval: DefaultRecoveryInterval,
-		resetTimeout:     DefaultResetTimeout,
+		heartbeatTTL:     defaultHeartbeatTTL,
+		recoveryInterval: defaultRecoveryInterval,
+		resetTimeout:     defaultResetTimeout,
 		scanLease:        true,
-		historyLen:       DefaultHistoryLength,
-		selfCheckWindow:  DefaultSelfCheckWindow,
+		historyLen:       defaultHistoryLength,
+		selfCheckWindow:  defaultSelfCheckWindow,
 	}
 }
 
@@ -90,75 +90,126 @@ func WithInstanceID(id string) Option {
 
 // WithKeyPrefix sets the first part of every Redis key. Workers that must
 // recover each other need the same prefix; fleets that must not, a different
-// one. Same character rules as WithInstanceID. Default: DefaultKeyPrefix ("ALYA").
+// one. Same character rules as WithInstanceID. Default: "ALYA".
 func WithKeyPrefix(prefix string) Option {
 	return optionFunc(func(o *options) { o.keyPrefix = prefix })
 }
 
-// WithHeartbeatTTL sets how long a heartbeat key lives without a refresh,
-// which is how long a dead worker goes unnoticed. The heartbeat interval
-// and the rows TTL are derived from it unless set. Like every timing option
-// it must lie between MinDuration (1ms) and MaxDuration (a week), so that
-// no duration derived from it can overflow. Default: DefaultHeartbeatTTL (60s).
-func WithHeartbeatTTL(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.heartbeatTTL = d })
+// Timings are the worker's durations, set with WithTimings. A zero field
+// keeps its default, or the value derived from the other fields where the
+// field says so; every field set must lie between 1 ms (Redis expiries
+// have millisecond resolution) and a week, so that no duration derived
+// from them (the largest, the recovery claim's TTL, is at most four weeks)
+// can overflow, and New checks their relations:
+// HeartbeatInterval < HeartbeatTTL; HeartbeatInterval + OperationTimeout
+// < 90% of HeartbeatTTL (when the lease ends); OperationTimeout ≤
+// HeartbeatInterval; RowsTTL > HeartbeatTTL + 1.1 × RecoveryInterval +
+// the scan turn. A value out of bounds or relation makes New fail with an
+// ErrInvalidConfig error that names the field.
+//
+// With every field zero, a dead worker's rows are back in the queue within
+// 174 s: HeartbeatTTL + 1.1 × RecoveryInterval (the jitter) + the scan
+// turn (0.8 × RecoveryInterval); the key must expire, then the next scan
+// must run, and a scan-turn holder that dies right after scanning holds
+// that scan back by up to its turn; 126 s while the holder lives.
+type Timings struct {
+	// HeartbeatTTL is how long a heartbeat key lives without a refresh:
+	// how long a dead worker goes unnoticed. HeartbeatInterval, RowsTTL
+	// and OperationTimeout are derived from it unless set. Default: 60 s.
+	HeartbeatTTL time.Duration
+
+	// HeartbeatInterval is how often the heartbeat is refreshed; shorter
+	// than HeartbeatTTL, and with OperationTimeout shorter than 90% of it
+	// (when the lease ends). Default: half HeartbeatTTL, at least 1 ms
+	// (30 s for the default TTL), so one lost refresh does not cost a live
+	// worker its key.
+	HeartbeatInterval time.Duration
+
+	// RecoveryInterval is how often the worker scans for dead peers. Each
+	// wait is jittered by ±10% so a fleet started together does not scan
+	// in lockstep. The scan and sweep turns are derived from it (the
+	// sweep turn is 2.2 × the interval). Default: 60 s.
+	RecoveryInterval time.Duration
+
+	// RowsTTL is the TTL of the worker's rows set, refreshed by every
+	// heartbeat and every Track, and by every recovery attempt once the
+	// worker is dead. It must exceed the longest wait for the first
+	// recovery scan: HeartbeatTTL + RecoveryInterval + 10% (the jitter) +
+	// the scan turn (min(0.8 × RecoveryInterval, HeartbeatTTL), when
+	// WithScanTurn is on), so a dead worker's rows set is still there when
+	// a peer first comes to recover it; it bounds how long an orphaned set
+	// can stay in Redis when no peer ever does. Default: three heartbeat
+	// TTLs, or that wait + one HeartbeatTTL when three TTLs are not longer
+	// (180 s for the default TTL and recovery interval).
+	RowsTTL time.Duration
+
+	// OperationTimeout bounds each Redis call made by the background loops
+	// and by Untrack; at most HeartbeatInterval. Default: 5 s, or half
+	// HeartbeatInterval if shorter, so a hung call never costs a whole
+	// refresh.
+	OperationTimeout time.Duration
+
+	// ResetTimeout bounds each reset made by recovery. There is no "no
+	// limit": the recovery claim lives ResetTimeout + 3 × OperationTimeout
+	// and must expire, or a recoverer that died holding it would block the
+	// dead peer's recovery for ever; a reset that hangs is cancelled
+	// before another worker may take over the peer. Default: 30 s.
+	ResetTimeout time.Duration
+
+	// SelfCheckWindow is how long a row the worker tracks may stay not in
+	// progress before the self-check raises ErrMisconfigured: until it has
+	// seen one of its rows in progress, the worker reads the committed
+	// state of its newest tracked rows shortly after each Track (a tenth
+	// of the window), and a row not in progress at two reads at least the
+	// window apart, tracked all along, is the alarm. Raise it if your host
+	// may take longer than that from the COMMIT that finishes a row (done,
+	// failed or queued again) to its Untrack; lower it to judge shorter
+	// blocks (a block whose rows leave the in-progress status sooner than
+	// about 1.1 windows after their COMMIT is not judged). Default:
+	// 500 ms, long enough for a host to untrack a row it just completed,
+	// short enough that the first block of about a second is judged.
+	SelfCheckWindow time.Duration
 }
 
-// WithHeartbeatInterval sets how often the heartbeat is refreshed; it must be
-// shorter than the heartbeat TTL, and with the operation timeout shorter
-// than 90% of it (when the lease ends); at least MinDuration (1ms).
-// Default: half the heartbeat TTL (DefaultHeartbeatInterval, 30s, for the
-// default TTL), so one lost refresh does not cost a live worker its key.
-func WithHeartbeatInterval(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.heartbeatInterval, o.intervalSet = d, true })
+// WithTimings sets the worker's durations: each non-zero field of t
+// replaces the value set before (by the defaults or an earlier
+// WithTimings), so WithTimings(Timings{HeartbeatTTL: d}) changes the
+// heartbeat TTL alone, and repeated calls compose. A negative field is
+// kept and refused by New. See Timings for the defaults and bounds.
+func WithTimings(t Timings) Option {
+	return optionFunc(func(o *options) {
+		if t.HeartbeatTTL != 0 {
+			o.heartbeatTTL = t.HeartbeatTTL
+		}
+		if t.HeartbeatInterval != 0 {
+			o.heartbeatInterval, o.intervalSet = t.HeartbeatInterval, true
+		}
+		if t.RecoveryInterval != 0 {
+			o.recoveryInterval = t.RecoveryInterval
+		}
+		if t.RowsTTL != 0 {
+			o.rowsTTL, o.rowsTTLSet = t.RowsTTL, true
+		}
+		if t.OperationTimeout != 0 {
+			o.opTimeout = t.OperationTimeout
+		}
+		if t.ResetTimeout != 0 {
+			o.resetTimeout = t.ResetTimeout
+		}
+		if t.SelfCheckWindow != 0 {
+			o.selfCheckWindow = t.SelfCheckWindow
+		}
+	})
 }
 
-// WithRecoveryInterval sets how often the worker scans for dead peers. Each
-// wait is jittered by ±10% so a fleet started together does not scan in
-// lockstep. It must lie between MinDuration (1ms) and MaxDuration (a
-// week): the scan and sweep leases are derived from it (the sweep lease is
-// 2.2 × the interval) and must not overflow. Default:
-// DefaultRecoveryInterval (60s).
-func WithRecoveryInterval(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.recoveryInterval = d })
-}
-
-// WithRowsTTL sets the TTL of the worker's rows set, refreshed by every
-// heartbeat and every Track, and by every recovery attempt once the worker
-// is dead. It must exceed the longest wait for the first recovery scan:
-// heartbeat TTL + recovery interval + 10% (the jitter) + the scan lease
-// (min(0.8 × recovery interval, heartbeat TTL), when WithScanLease is on);
-// and not exceed MaxDuration (a week). Default: three heartbeat TTLs, or
-// that wait + one heartbeat TTL when three TTLs are not longer
-// (DefaultRowsTTL, 180s, for the default TTL and recovery interval).
-func WithRowsTTL(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.rowsTTL, o.rowsTTLSet = d, true })
-}
-
-// WithOperationTimeout bounds each Redis call made by the background loops
-// and by Untrack; it must be at least MinDuration (1ms) and must not exceed
-// the heartbeat interval. Default: DefaultOperationTimeout (5s), or half
-// the heartbeat interval if shorter.
-func WithOperationTimeout(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.opTimeout = d })
-}
-
-// WithResetTimeout bounds each ResetRows call made by recovery. It must lie
-// between MinDuration (1ms) and MaxDuration (a week): there is no "no
-// limit", because the recovery claim lives reset timeout + 3 × operation
-// timeout and must expire, or a recoverer that died holding it would block
-// the dead peer's recovery for ever. Default: DefaultResetTimeout (30s).
-func WithResetTimeout(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.resetTimeout = d })
-}
-
-// WithScanLease turns the scan lease on or off. With it, one worker of the
+// WithScanTurn turns the scan turn on or off. With it, one worker of the
 // fleet (whichever ticks first) runs the recovery scan each recovery
 // interval and the others skip theirs, so the fleet's Redis load grows
 // linearly with its size instead of quadratically (docs/performance.md has
 // the figures). Off, every worker scans every interval, as in the design.
-// ops.RecoverNow always scans. Default: on.
-func WithScanLease(enabled bool) Option {
+// ops.RecoverNow always scans. The turn is held in the Redis key
+// <prefix>_SCAN_LEASE (a name kept from earlier releases). Default: on.
+func WithScanTurn(enabled bool) Option {
 	return optionFunc(func(o *options) { o.scanLease = enabled })
 }
 
@@ -170,42 +221,136 @@ func WithScanLease(enabled bool) Option {
 // within the linger leaves finished rows in its set (a crash between the
 // host's completion COMMIT and a synchronous Untrack does too, for one
 // round trip), and recovery passes them to the resetter. While such a row
-// stays finished, PgxResetter's status guard leaves it alone. If the
-// application can put finished rows back in the queue (retries, a batch
-// run again) and another worker takes one before the dead worker's set is
-// recovered, only owner fencing (WithOwnerColumn, the host setting the
-// owner when it takes rows) keeps the reset off the new holder; without it
-// that row is reset under its holder and processed twice. So: with
-// PgxResetter nothing is processed twice if finished rows are never
-// re-queued, or with owner fencing (and instance IDs never reused, which
-// the default ID ensures); a custom Resetter must guard the same way.
-// See docs/safety.md, "Finished rows left in a dead worker's set". linger
-// must be positive and shorter than the heartbeat interval. In owner mode
-// Untrack sends nothing, so there is nothing to defer and the option has
-// no effect. Default: off (Untrack waits for its SREM).
+// stays finished, the PostgreSQL resetters' status guard leaves it alone.
+// If the application can put finished rows back in the queue (retries, a
+// batch run again) and another worker takes one before the dead worker's
+// set is recovered, only owner fencing (postgres.WithOwnerColumn, the host
+// setting the owner when it takes rows) keeps the reset off the new
+// holder; without it that row is reset under its holder and processed
+// twice. So: with the PostgreSQL resetters nothing is processed twice if
+// finished rows are never re-queued, or with owner fencing (and instance
+// IDs never reused, which the default ID ensures); a custom Resetter must
+// guard the same way. See docs/safety.md, "Finished rows left in a dead
+// worker's set". linger must be positive and shorter than the heartbeat
+// interval. In owner mode Untrack sends nothing, so there is nothing to
+// defer and the option has no effect. Default: off (Untrack waits for its
+// SREM).
 func WithDeferredUntrack(linger time.Duration) Option {
 	return optionFunc(func(o *options) { o.untrackLinger = linger; o.untrackSet = true })
-}
-
-// WithSelfCheckWindow sets how long a row the worker tracks may stay not
-// in progress before the self-check raises ErrMisconfigured: until it has
-// seen one of its rows in progress, the worker reads the committed state
-// of its newest tracked rows shortly after each Track (a tenth of the
-// window), and a row not in progress at two reads at least the window
-// apart, tracked all along, is the alarm. Raise it if your host may take
-// longer than that from the COMMIT that finishes a row (done, failed or
-// queued again) to its Untrack; lower it to judge shorter blocks (a block
-// whose rows leave the in-progress status sooner than about 1.1 windows
-// after their COMMIT is not judged). It must be between MinDuration and
-// MaxDuration. Default: DefaultSelfCheckWindow (500 ms).
-func WithSelfCheckWindow(d time.Duration) Option {
-	return optionFunc(func(o *options) { o.selfCheckWindow = d })
 }
 
 // WithLogger sets the logger; it must not be nil. Default: slog.Default(),
 // read when New is called.
 func WithLogger(l *slog.Logger) Option {
 	return optionFunc(func(o *options) { o.logger = l; o.loggerSet = true })
+}
+
+// WithObserver sets the function that receives the worker's events, for
+// metrics or alerting; it must not be nil. It is called from one goroutine
+// of the Worker's own, in order, never from the heartbeat or recovery
+// loops: a slow observer delays other events (and past a buffer of 1024
+// events, drops them: Stats.EventsDropped), never a heartbeat. A panic in
+// it is recovered and counted as a drop. A collector with an Observe
+// method (prom.Collector, otel.Observer) is passed as c.Observe; to feed
+// two, pass a func that calls both. Default: none (events are only
+// logged).
+func WithObserver(observe func(Event)) Option {
+	return optionFunc(func(o *options) { o.observer = observe; o.observerSet = true })
+}
+
+// WithEvictionAccepted lets Start succeed on a Redis server whose
+// maxmemory-policy can evict the library's keys (any volatile-* or
+// allkeys-* policy with maxmemory set), which Start otherwise refuses
+// with ErrEvictionPolicy. The worker then takes no death verdict while the
+// server is evicting (INFO stats evicted_keys moved less than a heartbeat
+// TTL before) nor while it cannot read that count: a live worker's
+// evicted heartbeat never gets its rows reset, and a dead worker's rows
+// are recovered a heartbeat TTL after the evictions stop. An evicted rows
+// set of a dead worker loses Redis's record of its rows; the backstop
+// sweep finds them in the database (by owner with an owner column, by row
+// version without one: on by default, unless WithBackstopSweep(false); docs/
+// operations.md, "Managed Redis"). The server must still answer
+// INFO (memory and stats) to the worker's user. Default: off; use
+// maxmemory-policy noeviction for the recovery keys instead when you can.
+func WithEvictionAccepted() Option {
+	return optionFunc(func(o *options) { o.evictionAccepted = true })
+}
+
+// WithExpiryNotifications turns on expiry-driven recovery: the worker
+// subscribes to expired-key events (on every master of a Cluster, checked
+// again every heartbeat interval so that a replica promoted by a failover
+// is subscribed to as well) and recovers a peer as soon as its heartbeat
+// key expires, the periodic scan staying as the fallback. Detection then
+// takes about the heartbeat TTL instead of TTL + recovery interval. The
+// server must have notify-keyspace-events with "E" and "x"; a master that
+// has not is logged with a warning and the worker relies on scans for it,
+// unless WithExpiryConfigSet is given too. This option never changes the
+// server's configuration. Default: off.
+func WithExpiryNotifications() Option {
+	return optionFunc(func(o *options) { o.expiry = true })
+}
+
+// WithExpiryConfigSet lets Start (and the check, for a newly promoted
+// master) add "E" and "x" to a master's notify-keyspace-events with
+// CONFIG SET, logging a warning, where WithExpiryNotifications finds them
+// missing. New refuses it without WithExpiryNotifications. Default: off
+// (the server's configuration is left alone).
+func WithExpiryConfigSet() Option {
+	return optionFunc(func(o *options) { o.expiryConfigure = true })
+}
+
+// WithHistory sets about how many entries the fleet's history stream
+// (<prefix>_HISTORY) keeps: each append trims it to about maxLen (Redis
+// trims whole stream nodes, so a few more may stay). 0 turns the history
+// off: this worker appends nothing (others of the fleet may). The length
+// is per append, so the fleet's stream follows whichever worker appended
+// last; give every worker the same value. Entries are written only when a
+// peer dies, a recovery fails or a lease is lost, two per recovery: the
+// default, 10,000, keeps the last 5,000 recoveries, 50 days of a fleet
+// that loses 100 workers a day, in about 2 MB of one key. It must not be
+// negative. Default: 10,000 (on: the history helps only if it was on
+// before the bad night).
+func WithHistory(maxLen int) Option {
+	return optionFunc(func(o *options) { o.historyLen = maxLen })
+}
+
+// WithRowsSets keeps the design's rows-set mode even when the resetter
+// fences by owner: Track and Untrack write the worker's rows set in Redis,
+// recovery resets the rows a dead peer's set lists, and the backstop sweep
+// runs only WithBackstopSweep(true), as in releases before owner mode.
+// Without a resetter that fences by owner the worker is in rows-set mode
+// anyway. Workers of both modes recover each other (docs/integration.md,
+// "Rolling out owner mode"). Stats.OwnerMode tells which mode a worker
+// runs in. Default: off (owner mode whenever the resetter allows it).
+func WithRowsSets() Option {
+	return optionFunc(func(o *options) { o.rowsSets = true })
+}
+
+// WithBackstopSweep turns the backstop sweep on or off; of several calls
+// the last wins. The sweep runs every recovery interval on the one worker
+// holding the sweep turn. With an owner column it finds the rows in
+// progress of owners no live worker has, and in owner mode it is always
+// on; WithBackstopSweep(true) turns it on in rows-set mode (WithRowsSets)
+// too. Without an owner column it looks for rows in progress that no rows
+// set holds, seen unchanged at two looks a rows TTL apart, and is on by
+// default whenever the resetter lists rows in progress
+// (ResetterInfo.ListsInProgress); WithBackstopSweep(false) turns it off,
+// and rows whose rows set is gone before a peer reset them then stay in
+// progress until someone resets them by hand (docs/safety.md §5).
+// WithBackstopSweep(true) makes New refuse a resetter that cannot sweep.
+// Default: on, except with an owner column in rows-set mode.
+func WithBackstopSweep(on bool) Option {
+	return optionFunc(func(o *options) { o.sweep, o.noSweep = on, !on })
+}
+
+// WithoutSchemaCheck makes Start skip the resetter's Check, for a
+// database role that may not read the catalogue or a resetter whose check
+// is too slow to run at every start; with the PostgreSQL resetters it also
+// skips the check that the session can write (ErrReadOnly). The first sign
+// of a wrong configuration is then a failed recovery. Default: Start runs
+// the check.
+func WithoutSchemaCheck() Option {
+	return optionFunc(func(o *options) { o.noSchemaCheck = true })
 }
 
 // validate checks the options after all were applied and fills in derived
@@ -217,8 +362,8 @@ func (o *options) validate() error {
 	if err := store.ValidateName(o.keyPrefix); err != nil {
 		return fmt.Errorf("%w: key prefix %q %v", ErrInvalidConfig, clip(o.keyPrefix), err)
 	}
-	if o.sweep && o.noSweep {
-		return fmt.Errorf("%w: WithBackstopSweep and WithoutBackstopSweep contradict each other", ErrInvalidConfig)
+	if o.expiryConfigure && !o.expiry {
+		return fmt.Errorf("%w: WithExpiryConfigSet needs WithExpiryNotifications", ErrInvalidConfig)
 	}
 	if err := o.validateTimings(); err != nil {
 		return err
@@ -229,10 +374,10 @@ func (o *options) validate() error {
 	if o.logger == nil {
 		o.logger = slog.Default()
 	}
-	if o.observerSet && isNil(o.observer) {
+	if o.observerSet && o.observer == nil {
 		return fmt.Errorf("%w: observer is nil", ErrInvalidConfig)
 	}
-	if err := checkBounds("self-check window", o.selfCheckWindow); err != nil {
+	if err := checkBounds("Timings.SelfCheckWindow", o.selfCheckWindow); err != nil {
 		return err
 	}
 	if o.historyLen < 0 {
@@ -248,30 +393,30 @@ func (o *options) deriveTimings() {
 		// Half the TTL: one lost refresh does not cost a live worker its
 		// key, and with the operation timeout (at most a quarter of the
 		// TTL, derived below) the next is answered before the lease ends.
-		o.heartbeatInterval = max(o.heartbeatTTL/2, MinDuration)
+		o.heartbeatInterval = max(o.heartbeatTTL/2, minDuration)
 	}
-	if !o.rowsTTLSet && checkBounds("recovery interval", o.recoveryInterval) == nil {
+	if !o.rowsTTLSet && checkBounds("Timings.RecoveryInterval", o.recoveryInterval) == nil {
 		// Three TTLs, as the design has it, unless the first scan after a
 		// death may come later than that: then that wait + a TTL.
 		o.rowsTTL = satMul(o.heartbeatTTL, 3)
 		if window := o.detectionWindow(); o.rowsTTL <= window {
 			o.rowsTTL = satAdd(window, o.heartbeatTTL)
 		}
-		o.rowsTTL = min(o.rowsTTL, MaxDuration)
+		o.rowsTTL = min(o.rowsTTL, maxDuration)
 	}
 	if o.opTimeout == 0 {
-		o.opTimeout = min(DefaultOperationTimeout, o.heartbeatInterval/2)
+		o.opTimeout = min(defaultOperationTimeout, o.heartbeatInterval/2)
 	}
 }
 
 // validateTimings derives what is not set and checks every timing and
 // their relations.
 func (o *options) validateTimings() error {
-	if err := checkBounds("heartbeat TTL", o.heartbeatTTL); err != nil {
+	if err := checkBounds("Timings.HeartbeatTTL", o.heartbeatTTL); err != nil {
 		return err
 	}
 	if o.opTimeout != 0 { // 0 means derived, which may be under a millisecond
-		if err := checkBounds("operation timeout", o.opTimeout); err != nil {
+		if err := checkBounds("Timings.OperationTimeout", o.opTimeout); err != nil {
 			return err
 		}
 	}
@@ -280,62 +425,62 @@ func (o *options) validateTimings() error {
 		name string
 		v    time.Duration
 	}{
-		{"heartbeat interval", o.heartbeatInterval},
-		{"recovery interval", o.recoveryInterval},
-		{"rows TTL", o.rowsTTL},
-		{"reset timeout", o.resetTimeout},
+		{"Timings.HeartbeatInterval", o.heartbeatInterval},
+		{"Timings.RecoveryInterval", o.recoveryInterval},
+		{"Timings.RowsTTL", o.rowsTTL},
+		{"Timings.ResetTimeout", o.resetTimeout},
 	} {
 		if err := checkBounds(d.name, d.v); err != nil {
 			return err
 		}
 	}
 	if o.heartbeatInterval >= o.heartbeatTTL {
-		return fmt.Errorf("%w: heartbeat interval %v must be shorter than heartbeat TTL %v",
+		return fmt.Errorf("%w: Timings.HeartbeatInterval %v must be shorter than Timings.HeartbeatTTL %v",
 			ErrInvalidConfig, o.heartbeatInterval, o.heartbeatTTL)
 	}
 	// The first scan after a death comes at most heartbeat TTL + 1.1 ×
 	// recovery interval (jitter) + the scan turn later; the rows set must
 	// still be there.
 	if window := o.detectionWindow(); o.rowsTTL <= window {
-		return fmt.Errorf("%w: rows TTL %v must exceed heartbeat TTL %v + recovery interval %v (+10%% jitter, + the scan lease if on: %v)",
+		return fmt.Errorf("%w: Timings.RowsTTL %v must exceed Timings.HeartbeatTTL %v + Timings.RecoveryInterval %v (+10%% jitter, + the scan turn if on: %v)",
 			ErrInvalidConfig, o.rowsTTL, o.heartbeatTTL, o.recoveryInterval, window)
 	}
 	if o.opTimeout > o.heartbeatInterval {
-		return fmt.Errorf("%w: operation timeout %v must not exceed heartbeat interval %v",
+		return fmt.Errorf("%w: Timings.OperationTimeout %v must not exceed Timings.HeartbeatInterval %v",
 			ErrInvalidConfig, o.opTimeout, o.heartbeatInterval)
 	}
 	// The lease ends at 90% of the TTL after a heartbeat is sent (see
 	// CheckLease); the next one must be sent and answered before that, or
 	// a healthy worker would lose its lease every cycle.
 	if lease := leaseLength(o.heartbeatTTL); o.heartbeatInterval >= lease-o.opTimeout {
-		return fmt.Errorf("%w: heartbeat interval %v + operation timeout %v must be shorter than 90%% of heartbeat TTL %v (%v), when the lease ends",
+		return fmt.Errorf("%w: Timings.HeartbeatInterval %v + Timings.OperationTimeout %v must be shorter than 90%% of Timings.HeartbeatTTL %v (%v), when the lease ends",
 			ErrInvalidConfig, o.heartbeatInterval, o.opTimeout, o.heartbeatTTL, lease)
 	}
 	if o.untrackSet && (o.untrackLinger <= 0 || o.untrackLinger >= o.heartbeatInterval) {
-		return fmt.Errorf("%w: deferred untrack linger %v must be positive and shorter than heartbeat interval %v",
+		return fmt.Errorf("%w: deferred untrack linger %v must be positive and shorter than Timings.HeartbeatInterval %v",
 			ErrInvalidConfig, o.untrackLinger, o.heartbeatInterval)
 	}
 	return nil
 }
 
 // checkBounds refuses a timing that is not positive or lies outside
-// [MinDuration, MaxDuration].
+// [minDuration, maxDuration].
 func checkBounds(name string, d time.Duration) error {
 	switch {
 	case d <= 0:
 		return fmt.Errorf("%w: %s %v must be positive", ErrInvalidConfig, name, d)
-	case d < MinDuration:
-		return fmt.Errorf("%w: %s %v must be at least 1ms (MinDuration): Redis expiries have millisecond resolution",
+	case d < minDuration:
+		return fmt.Errorf("%w: %s %v must be at least 1ms: Redis expiries have millisecond resolution",
 			ErrInvalidConfig, name, d)
-	case d > MaxDuration:
-		return fmt.Errorf("%w: %s %v exceeds the maximum %v (MaxDuration, a week)", ErrInvalidConfig, name, d, MaxDuration)
+	case d > maxDuration:
+		return fmt.Errorf("%w: %s %v exceeds the maximum %v (a week)", ErrInvalidConfig, name, d, maxDuration)
 	}
 	return nil
 }
 
 // Durations derived from the options, in one place. validate keeps every
-// option within [MinDuration, MaxDuration], so none of these can overflow
-// (the largest, claimTTL, is at most 4 × MaxDuration); they saturate all
+// option within [minDuration, maxDuration], so none of these can overflow
+// (the largest, claimTTL, is at most 4 × maxDuration); they saturate all
 // the same, so their correctness does not rest on that bound alone. The
 // option fuzzer checks each of them for every configuration New accepts.
 
@@ -347,9 +492,9 @@ func (o *options) claimTTL() time.Duration {
 }
 
 // scanTurnTTL is 0.8 × the recovery interval, so the holder's own next
-// tick (at least 0.9 × the interval later) finds the lease free, but never
+// tick (at least 0.9 × the interval later) finds the turn free, but never
 // more than the heartbeat TTL: a holder that dies right after taking the
-// lease has released it by the time its heartbeat expires, so the next
+// turn has released it by the time its heartbeat expires, so the next
 // tick of any peer after that scans, and worst-case recovery stays
 // heartbeat TTL + recovery interval (+ jitter) whatever the ratio of the
 // two. It is at least 1ms, the shortest expiry Redis can hold.
@@ -366,8 +511,8 @@ func (o *options) sweepTurnTTL() time.Duration {
 
 // detectionWindow is the longest time from a worker's last heartbeat to the
 // first scan after its key expired: heartbeat TTL + 1.1 × recovery interval
-// (the jitter), + the scan lease when it is on (a holder that dies right
-// after scanning holds the next scan back by up to its lease). The rows set
+// (the jitter), + the scan turn when it is on (a holder that dies right
+// after scanning holds the next scan back by up to its turn). The rows set
 // must outlive it: from the first claim on, every recovery attempt renews
 // it, but nothing does before.
 func (o *options) detectionWindow() time.Duration {

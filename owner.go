@@ -21,7 +21,7 @@ import (
 // instance whose heartbeat says whether it lives, and the life a recoverer
 // read under its claim. Every member reads such values (the sweep, the
 // recovery by owner, Start's predecessor recovery) since the release
-// before this one; owner-mode workers write them (Worker.Owner), rows-set
+// before this one; owner-mode workers write them (Worker.OwnerValue), rows-set
 // workers write bare instance IDs (the rolling upgrade of docs/safety.md
 // §2).
 
@@ -51,7 +51,7 @@ func parseOwner(v string) (id, life string, ok bool) {
 	return id, life, true
 }
 
-// Owner returns the value the host writes into the owner column when it
+// OwnerValue returns the value the host writes into the owner column when it
 // takes rows, and matches in its completion guard:
 //
 //	UPDATE ... SET status = 'inprog', owner = $owner WHERE ...   -- the fetch
@@ -64,7 +64,7 @@ func parseOwner(v string) (id, life string, ok bool) {
 // sent so late it could land on an expired key, so that a recovery of a
 // life judged dead never reaches rows taken in a later one (docs/safety.md
 // §2). In rows-set mode it is the instance ID (InstanceID).
-func (w *Worker) Owner() string {
+func (w *Worker) OwnerValue() string {
 	if !w.ownerMode {
 		return w.opts.instanceID
 	}
@@ -73,7 +73,7 @@ func (w *Worker) Owner() string {
 	return lifeOwner(w.opts.instanceID, life)
 }
 
-// currentOwner is Owner for the library's own use: it leaves alone the
+// currentOwner is OwnerValue for the library's own use: it leaves alone the
 // value a plain Track takes (trackOwner), which only the host's reads set.
 func (w *Worker) currentOwner() string {
 	if !w.ownerMode {
@@ -83,10 +83,10 @@ func (w *Worker) currentOwner() string {
 }
 
 // trackOwner is the owner value a plain Track takes its rows for in owner
-// mode: the value Owner last returned, which a host that reads Owner once
+// mode: the value OwnerValue last returned, which a host that reads Owner once
 // per block and then calls Track (the quickstart of the release before
 // TrackAs) wrote in its fetch. Should a loss have begun a new life since,
-// TrackAs refuses it as an ended life's. A host that never called Owner
+// TrackAs refuses it as an ended life's. A host that never called OwnerValue
 // gets the current life's value.
 func (w *Worker) trackOwner() string {
 	if p := w.ownerRead.Load(); p != nil && !mutantTrackCurrentLife {

@@ -45,13 +45,13 @@ func TestOwnerNamesTheCurrentLifeInOwnerModeAndTheIDInRowsSetMode(t *testing.T) 
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 1)
 	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w")
-	id, life, ok := parseOwner(w.Owner())
-	require.True(t, ok, w.Owner())
+	id, life, ok := parseOwner(w.OwnerValue())
+	require.True(t, ok, w.OwnerValue())
 	assert.Equal(t, "w", id)
 	assert.Equal(t, w.rows.currentIncarnation(), life, "the life is the incarnation")
-	assert.Len(t, w.Owner(), len("w")+lifeWidth)
+	assert.Len(t, w.OwnerValue(), len("w")+lifeWidth)
 	rs, _ := newWorker(t, rdb, fencedResetter(t, db), "r", WithRowsSets())
-	assert.Equal(t, "r", rs.Owner(), "rows-set mode writes the bare instance ID")
+	assert.Equal(t, "r", rs.OwnerValue(), "rows-set mode writes the bare instance ID")
 }
 
 // A worker of the release that writes per-life values dies holding rows of
@@ -101,14 +101,17 @@ func TestOwnerModeSweepRecoversPerLifeOwnerValuesOfADeadInstance(t *testing.T) {
 	testutil.CreateBatch(t, db, 4)
 	prefix := testutil.Name("O")
 	r := fencedResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 
 	take(t, db, lifeOwner("gone", "l1"), 1)
 	take(t, db, lifeOwner("gone", "l2"), 2)
 	take(t, db, "gone", 3)
 	live, _ := startWorker(t, rdb, r, "live", opts...)
-	take(t, db, live.Owner(), 4)
+	take(t, db, live.OwnerValue(), 4)
 	b, logs := startWorker(t, rdb, r, "B", opts...)
 
 	require.Eventually(t, func() bool {

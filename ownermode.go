@@ -20,18 +20,6 @@ package recovery
 // WithRowsSets keeps the design's rows sets instead, as releases before
 // owner mode did.
 
-// WithRowsSets keeps the design's rows-set mode even when the resetter
-// fences by owner: Track and Untrack write the worker's rows set in Redis,
-// recovery resets the rows a dead peer's set lists, and the backstop sweep
-// runs only WithBackstopSweep, as in releases before owner mode. Without a
-// resetter that fences by owner the worker is in rows-set mode anyway.
-// Workers of both modes recover each other (docs/integration.md, "Rolling
-// out owner mode"). Default: off (owner mode whenever the resetter allows
-// it).
-func WithRowsSets() Option {
-	return optionFunc(func(o *options) { o.rowsSets = true })
-}
-
 // ownerModeOf reports whether a Worker whose resetter says info, with
 // options o, runs in owner mode: the resetter fences by owner (it resets
 // by owner) and lists the owners of rows in progress, and WithRowsSets is
@@ -39,9 +27,3 @@ func WithRowsSets() Option {
 func ownerModeOf(info ResetterInfo, o options) bool {
 	return !o.rowsSets && info.OwnerFencing && info.ListsInProgress
 }
-
-// OwnerMode reports whether the worker runs in owner mode: its resetter
-// fences by owner and lists rows in progress (a PgxResetter WithOwnerColumn) and WithRowsSets is not
-// set. In owner mode no row costs a Redis command and recovery resets a
-// dead peer's rows by owner.
-func (w *Worker) OwnerMode() bool { return w.ownerMode }

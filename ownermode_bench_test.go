@@ -53,7 +53,7 @@ func BenchmarkHostLoopOwnerMode(b *testing.B) {
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { _ = w.Shutdown(context.Background()) })
-	if !w.OwnerMode() {
+	if !w.Stats().OwnerMode {
 		b.Fatal("not in owner mode")
 	}
 	pairedHostLoop(b, w)
@@ -88,9 +88,13 @@ func TestOwnerModeSendsNoRedisCommandPerRow(t *testing.T) {
 	srv := testutil.StartRedis(t) // a server of its own: no other test's commands
 	rdb := srv.Client(t)
 	ctx := context.Background()
-	w, _ := startWorker(t, rdb, &ownerFake{}, "w", WithHeartbeatTTL(time.Hour),
-		WithHeartbeatInterval(time.Hour/2), WithRowsTTL(4*time.Hour), WithRecoveryInterval(time.Hour))
-	require.True(t, w.OwnerMode())
+	w, _ := startWorker(t, rdb, &ownerFake{}, "w", WithTimings(Timings{
+		HeartbeatTTL:      time.Hour,
+		HeartbeatInterval: time.Hour / 2,
+		RowsTTL:           4 * time.Hour,
+		RecoveryInterval:  time.Hour,
+	}))
+	require.True(t, w.Stats().OwnerMode)
 	// Let the first scan and sweep (run at Start) finish.
 	var before map[string]int64
 	require.Eventually(t, func() bool {

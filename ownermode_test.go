@@ -25,20 +25,20 @@ func TestOwnerModeIsWhatAResetterThatFencesByOwnerGets(t *testing.T) {
 	testutil.CreateBatch(t, db, 1)
 
 	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w")
-	assert.True(t, w.OwnerMode(), "pgxreset.New(pool, postgres.WithOwnerColumn(...)) is all it takes")
+	assert.True(t, w.Stats().OwnerMode, "pgxreset.New(pool, postgres.WithOwnerColumn(...)) is all it takes")
 	assert.NotNil(t, w.sweeper, "the owners in PostgreSQL are always looked at")
 
 	plain, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, _ = newWorker(t, rdb, plain, "w2")
-	assert.False(t, w.OwnerMode(), "without an owner column: rows sets")
+	assert.False(t, w.Stats().OwnerMode, "without an owner column: rows sets")
 
 	w, _ = newWorker(t, rdb, fencedResetter(t, db), "w3", WithRowsSets())
-	assert.False(t, w.OwnerMode(), "WithRowsSets keeps the rows-set mode")
+	assert.False(t, w.Stats().OwnerMode, "WithRowsSets keeps the rows-set mode")
 	assert.Nil(t, w.sweeper)
 
 	w, _ = newWorker(t, rdb, &fakeResetter{fenced: true}, "w4")
-	assert.False(t, w.OwnerMode(), "fencing alone is not enough: the resetter must reset by owner")
+	assert.False(t, w.Stats().OwnerMode, "fencing alone is not enough: the resetter must reset by owner")
 }
 
 func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
@@ -50,9 +50,13 @@ func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix),
-		WithHeartbeatInterval(time.Hour/2), WithHeartbeatTTL(time.Hour), WithRowsTTL(4*time.Hour),
-		WithRecoveryInterval(time.Hour)) // after their first turns, no loop sends anything for an hour
-	require.True(t, w.OwnerMode())
+		WithTimings(Timings{
+			HeartbeatInterval: time.Hour / 2,
+			HeartbeatTTL:      time.Hour,
+			RowsTTL:           4 * time.Hour,
+			RecoveryInterval:  time.Hour,
+		})) // after their first turns, no loop sends anything for an hour
+	require.True(t, w.Stats().OwnerMode)
 	ctx := context.Background()
 	// The first scan and sweep run at Start: wait until Redis has heard
 	// nothing for 300ms (each takes a few milliseconds).
@@ -143,8 +147,11 @@ func TestOwnerModeRecoversRowsWhenRedisForgotEverything(t *testing.T) {
 	prefix := testutil.Name("O")
 	r := fencedResetter(t, db)
 	ctx := context.Background()
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-		WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      500 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+	})}
 
 	a, _ := startWorker(t, rdb, r, "A", opts...)
 	take(t, db, "A", 1, 2)

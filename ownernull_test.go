@@ -31,7 +31,7 @@ func oldWorker(t *testing.T, env ownerNullEnv, id string) *Worker {
 	r, err := pgxreset.New(env.db)
 	require.NoError(t, err)
 	w, _ := startWorker(t, env.rdb, r, id, WithKeyPrefix(env.prefix))
-	require.False(t, w.OwnerMode())
+	require.False(t, w.Stats().OwnerMode)
 	return w
 }
 
@@ -53,7 +53,7 @@ func TestOwnerModeResetsRowsWithoutOwnerOfADeadRowsSetWorker(t *testing.T) {
 	old.crash()
 
 	rec, logs := newWorker(t, rdb, fencedResetter(t, db), "new", WithKeyPrefix(prefix))
-	require.True(t, rec.OwnerMode())
+	require.True(t, rec.Stats().OwnerMode)
 	waitHeartbeatGone(t, rdb, prefix, "old")
 	plan, err := rec.planRecovery(ctx)
 	require.NoError(t, err)
@@ -98,7 +98,7 @@ type rolloutHost struct {
 func startRolloutHost(t *testing.T, env ownerNullEnv, r Resetter, id string, owner bool) *rolloutHost {
 	t.Helper()
 	w, _ := startWorker(t, env.rdb, r, id, WithKeyPrefix(env.prefix))
-	require.Equal(t, owner, w.OwnerMode())
+	require.Equal(t, owner, w.Stats().OwnerMode)
 	h := &rolloutHost{w: w, owner: owner, midBlock: make(chan struct{}), done: make(chan struct{})}
 	go func() {
 		defer close(h.done)

@@ -90,9 +90,13 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
 	// Claim TTL: 1s reset timeout + 3 × 125ms operation timeout = 1.375s.
-	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second),
-		WithHeartbeatInterval(250 * time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour),
-		WithResetTimeout(time.Second)}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      time.Second,
+	})}
 
 	a, logs := startWorker(t, aClient, fencedResetter(t, db), "A", append(timing, victimOpts...)...)
 	take(t, db, "A", 1, 2)
@@ -106,7 +110,7 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 
 	g := newGate()
 	rec, _ := newWorker(t, rdb, &ownerGatedResetter{fencedResetter(t, db), g}, "R", timing...)
-	require.True(t, rec.OwnerMode())
+	require.True(t, rec.Stats().OwnerMode)
 	type result struct {
 		pr  report.PeerRecovery
 		err error
@@ -190,7 +194,7 @@ func TestOwnerModeSweepClaimedBeforeAFixedIDRestartLeavesTheNewProcesssRows(t *t
 	<-g.entered // the sweeper holds the claim on pod-0
 
 	pod, _ := startWorker(t, rdb, fencedResetter(t, db), "pod-0", WithKeyPrefix(prefix))
-	require.True(t, pod.OwnerMode())
+	require.True(t, pod.Stats().OwnerMode)
 	take(t, db, "pod-0", 1, 2, 3) // the host's first block
 	require.NoError(t, pod.Track(ctx, 1, 2, 3))
 	require.NoError(t, pod.CheckLease())
@@ -254,7 +258,7 @@ func TestOwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
 	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "dead").Err()) // registered, no heartbeat
 
 	rec, _ := newWorker(t, rdb, fencedResetter(t, db), "rec", WithKeyPrefix(prefix))
-	require.True(t, rec.OwnerMode())
+	require.True(t, rec.Stats().OwnerMode)
 	rep, err := rec.recoverNow(ctx)
 	require.NoError(t, err)
 	require.Len(t, rep.Recovered, 1)
@@ -281,12 +285,16 @@ func TestOwnerModeSweepAfterTwoEmptyRedisRestartsLeavesALiveWorkersRows(t *testi
 	srv, lClient, fr, rdb, db, prefix := f.srv, f.victim, f.fr, f.rdb, f.db, f.prefix
 	ctx := context.Background()
 
-	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithHeartbeatTTL(2*time.Second),
-		WithHeartbeatInterval(250*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+	l, _ := startWorker(t, lClient, fencedResetter(t, db), "L", WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           3 * time.Hour,
+	}))
 	take(t, db, "L", 1, 2)
 	require.NoError(t, l.Track(ctx, 1, 2))
 	s, _ := newWorker(t, rdb, fencedResetter(t, db), "S", WithKeyPrefix(prefix)) // TTL 2s too
-	require.True(t, s.OwnerMode())
+	require.True(t, s.Stats().OwnerMode)
 
 	// Redis restarts empty; a sweep runs before L's next heartbeat reaches
 	// it (here: L's next heartbeat is held until the sweep is done).

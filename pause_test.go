@@ -48,10 +48,14 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			t.Cleanup(func() { _ = wc.Close() })
 			fr := &freezer{}
 			wc.AddHook(fr)
-			timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
-				WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour),
-				WithResetTimeout(500 * time.Millisecond), // the hold after the regain: a claim TTL, 875ms
-				WithSelfCheckWindow(200 * time.Millisecond)}
+			timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+				HeartbeatTTL:      time.Second,
+				HeartbeatInterval: 250 * time.Millisecond,
+				RecoveryInterval:  time.Hour,
+				RowsTTL:           2 * time.Hour,
+				ResetTimeout:      500 * time.Millisecond,
+			}), // the hold after the regain: a claim TTL, 875ms
+				WithTimings(Timings{SelfCheckWindow: 200 * time.Millisecond})}
 			w, logs := startWorker(t, wc, r, "w", timing...)
 			p, _ := startWorker(t, rdb, r, "p", timing...)
 			processed := map[int64][]string{}

@@ -77,7 +77,7 @@ func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
 
 		r := bouncedResetter(t, impl, db, b.Addr, postgres.WithOwnerColumn("owner"))
 		w, logs := startWorker(t, rdb, r, "bounced", WithKeyPrefix(prefix))
-		require.True(t, w.OwnerMode())
+		require.True(t, w.Stats().OwnerMode)
 		require.Eventually(t, func() bool { // the first scan runs at Start
 			return w.Stats().PeersRecovered == 3 || w.Stats().Errors > 0
 		}, 10*time.Second, 10*time.Millisecond)

@@ -42,8 +42,11 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 			require.NoError(t, err)
 			r := fencedResetter(t, db)
 			prefix := testutil.Name("O")
-			opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(500 * time.Millisecond),
-				WithHeartbeatInterval(100 * time.Millisecond), WithRecoveryInterval(200 * time.Millisecond)}
+			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+				HeartbeatTTL:      500 * time.Millisecond,
+				HeartbeatInterval: 100 * time.Millisecond,
+				RecoveryInterval:  200 * time.Millisecond,
+			})}
 
 			a, _ := newWorker(t, rdb, r, "worker-a", opts...)
 			err = a.Start(ctx)
@@ -53,7 +56,7 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 				return
 			}
 			require.NoError(t, err)
-			fetchedAs := a.Owner() // worker-a{<life>}: 42 characters
+			fetchedAs := a.OwnerValue() // worker-a{<life>}: 42 characters
 			take(t, db, fetchedAs, 1, 2)
 			require.NoError(t, a.TrackAs(ctx, fetchedAs, 1, 2))
 			a.crash()
@@ -84,7 +87,7 @@ func TestSweepWarnsOnceAboutAnOwnerThatIsNoInstanceID(t *testing.T) {
 	take(t, db, "batch job 7", 1)
 	take(t, db, "{tagged}", 2)
 	r := fencedResetter(t, db)
-	w, logs := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("S")), WithRowsSets(), WithBackstopSweep())
+	w, logs := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("S")), WithRowsSets(), WithBackstopSweep(true))
 	ctx := context.Background()
 	for range 3 {
 		rep, err := w.sweeper.runOnce(ctx)

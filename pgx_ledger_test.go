@@ -24,7 +24,7 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 		rdb, db, prefix := onRealServers(t, 10, "F2")
 		pg := impl.mustResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
 		require.True(t, pg.Info().Ledger)
-		timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
+		timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{ResetTimeout: time.Second})}
 		victim(t, rdb, db, pg, "victim", timing, 1, 2, 3, 4, 5)
 
 		// R1's Redis client dies right after the COMMIT: no finish, no
@@ -78,7 +78,7 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 		rdb, db, prefix := onRealServers(t, 10, "F2")
 		proxy := pgProxy(t, db)
 		direct := impl.mustResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
-		timing := []Option{WithKeyPrefix(prefix), WithResetTimeout(time.Second)}
+		timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{ResetTimeout: time.Second})}
 		victim(t, rdb, db, direct, "victim", timing, 1, 2, 3)
 
 		viaProxy := impl.mustResetter(t, testutil.PoolVia(t, db, proxy.Addr), postgres.WithRecoveryCountColumn("recoveries"))

@@ -151,7 +151,7 @@ func (r *recoverer) hand(peer string) {
 }
 
 // takeScanTurn reports whether this worker should scan now. With the scan
-// turn on (WithScanLease, the default), one worker of the fleet scans per
+// turn on (WithScanTurn, the default), one worker of the fleet scans per
 // recovery interval: the first whose tick finds <prefix>_SCAN_LEASE free
 // takes it for the scan turn's TTL, so the fleet's scan load stays that of
 // one worker instead of growing with the square of its size. The key holds

@@ -23,7 +23,7 @@ func TestScanLeaseLetsOneWorkerScanPerInterval(t *testing.T) {
 		prefix := testutil.Name("L")
 		var fleet []*Worker
 		for i := range 5 {
-			w, _ := newWorker(t, rdb, &fakeResetter{}, fmt.Sprintf("w%d", i), WithKeyPrefix(prefix), WithScanLease(lease))
+			w, _ := newWorker(t, rdb, &fakeResetter{}, fmt.Sprintf("w%d", i), WithKeyPrefix(prefix), WithScanTurn(lease))
 			fleet = append(fleet, w)
 		}
 		for _, w := range fleet {
@@ -69,8 +69,12 @@ func TestScanOfTenThousandLivePeersTakesTwoRoundTrips(t *testing.T) {
 	rdb.AddHook(counter)
 	// It counts round trips, not time: a loaded machine with -race may take
 	// longer than the fast timings' 250ms operation timeout for 10,000 EXISTS.
-	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithHeartbeatTTL(20*time.Second),
-		WithHeartbeatInterval(5*time.Second), WithOperationTimeout(5*time.Second), WithRowsTTL(time.Minute))
+	w, _ := newWorker(t, rdb, &fakeResetter{}, "scanner", WithTimings(Timings{
+		HeartbeatTTL:      20 * time.Second,
+		HeartbeatInterval: 5 * time.Second,
+		OperationTimeout:  5 * time.Second,
+		RowsTTL:           time.Minute,
+	}))
 
 	rep, err := w.recoverNow(ctx)
 
@@ -111,7 +115,7 @@ func fleetMinute(t testing.TB, rdb *redis.Client, n int, lease bool) int64 {
 	fleet := make([]*Worker, n)
 	for i := range fleet {
 		w, err := New(rdb, &fakeResetter{}, WithKeyPrefix(prefix), WithInstanceID(fmt.Sprintf("w%d", i)),
-			WithScanLease(lease), WithLogger(discardLogger))
+			WithScanTurn(lease), WithLogger(discardLogger))
 		require.NoError(t, err)
 		fleet[i] = w
 		require.NoError(t, w.heart.runOnce(ctx))
@@ -228,7 +232,7 @@ func TestRecoveryLeavesRowsOfLivePeers(t *testing.T) {
 func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
 	mr, rdb := newMini(t)
 	r := &fakeResetter{}
-	a, _ := startWorker(t, rdb, r, "workerA", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	a, _ := startWorker(t, rdb, r, "workerA", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 	require.NoError(t, a.Track(context.Background(), 100, 101, 102, 103, 104, 105, 106, 107, 108, 109))
 	for _, id := range []int64{100, 101, 102, 103, 104} {
 		require.NoError(t, a.Untrack(id))
@@ -252,7 +256,7 @@ func TestKilledWorkerIsRecoveredOnceItsHeartbeatExpires(t *testing.T) {
 func TestWorkerNeverRecoversItself(t *testing.T) {
 	mr, rdb := newMini(t)
 	r := &fakeResetter{}
-	w, _ := startWorker(t, rdb, r, "self", WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
+	w, _ := startWorker(t, rdb, r, "self", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 	require.NoError(t, w.Track(context.Background(), 1))
 	mr.Del(keysOf("self").Heartbeat) // as if our own key expired in a pause
 
@@ -270,7 +274,7 @@ func TestRecoveryRunsAtStartAndEveryInterval(t *testing.T) {
 	plantDeadPeer(t, rdb, "ALYA", "early", "1")
 	r := &fakeResetter{}
 	// miniredis expires keys only when told to: no scan lease here.
-	_, _ = startWorker(t, rdb, r, "workerB", WithRecoveryInterval(300*time.Millisecond), WithScanLease(false))
+	_, _ = startWorker(t, rdb, r, "workerB", WithTimings(Timings{RecoveryInterval: 300 * time.Millisecond}), WithScanTurn(false))
 	require.Eventually(t, func() bool { return len(r.resetOf("early")) == 1 }, time.Second, 5*time.Millisecond,
 		"the first scan runs at Start")
 

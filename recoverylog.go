@@ -218,7 +218,7 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 // invalidOwner logs an owner of rows in progress that the sweep cannot use
 // as an instance ID: its rows are never recovered by the sweep.
 func (l *recoveryLog) invalidOwner(owner string, why error) {
-	l.w.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what Owner() returns?)",
+	l.w.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what OwnerValue() returns?)",
 		slog.String("owner", clip(owner)), slog.String("reason", why.Error()))
 }
 

@@ -14,7 +14,7 @@ func TestRecoveryLoopLogsAFailingPeerOncePerOutage(t *testing.T) {
 	plantDeadPeer(t, rdb, "ALYA", "p1", "1")
 	r := &fakeResetter{}
 	r.setFail("p1", errors.New("db down"))
-	_, logs := startWorker(t, rdb, r, "workerB", WithRecoveryInterval(100*time.Millisecond), WithScanLease(false))
+	_, logs := startWorker(t, rdb, r, "workerB", WithTimings(Timings{RecoveryInterval: 100 * time.Millisecond}), WithScanTurn(false))
 
 	require.Eventually(t, func() bool { return logs.Count("recovery scan done") >= 5 }, 3*time.Second, 5*time.Millisecond)
 	assert.Equal(t, 1, logs.Count("recovery of dead peer failed"))

@@ -31,8 +31,8 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	require.NoError(t, rdb.Set(ctx, registryKey, "oops", 0).Err()) // by hand, by mistake
 
 	events := &recorder{}
-	watcher, logs := startWorker(t, rdb, r, "watcher", WithExpiryNotifications(false),
-		WithRecoveryInterval(200*time.Millisecond), WithObserver(events)) // Start works
+	watcher, logs := startWorker(t, rdb, r, "watcher", WithExpiryNotifications(),
+		WithTimings(Timings{RecoveryInterval: 200 * time.Millisecond}), WithObserver(events.Observe)) // Start works
 	bystander, _ := startWorker(t, rdb, &fakeResetter{}, "bystander")
 	require.NoError(t, bystander.Shutdown(ctx), "Shutdown works: there is no registry entry to remove")
 
@@ -79,9 +79,13 @@ func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
 	take(t, db, "gone", 1, 2)
 	prefix := testutil.Name("S")
 	require.NoError(t, rdb.HSet(context.Background(), store.RegistryKey(prefix), "f", "v").Err())
-	sweeper, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(prefix), WithBackstopSweep(),
-		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(100*time.Millisecond), WithRowsTTL(time.Second))
+	sweeper, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(prefix), WithBackstopSweep(true),
+		WithTimings(Timings{
+			HeartbeatTTL:      300 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  100 * time.Millisecond,
+			RowsTTL:           time.Second,
+		}))
 	require.Eventually(t, func() bool {
 		s1, _ := rowState(t, db, 1)
 		s2, _ := rowState(t, db, 2)

@@ -12,8 +12,12 @@ import (
 func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T) {
 	mr, rdb := newMini(t)
 	ctx := context.Background()
-	timing := []Option{WithHeartbeatTTL(400 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
+	timing := []Option{WithTimings(Timings{
+		HeartbeatTTL:      400 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+	})}
 	plain := &fakeResetter{}
 	a, _ := startWorker(t, rdb, plain, "plain", timing...)
 	fenced := &fakeResetter{fenced: true}
@@ -91,7 +95,7 @@ func TestSafetyReleaseRacingWithATrackOfTheSameRowLeavesItTracked(t *testing.T) 
 func TestReleaseIsCountedAndReported(t *testing.T) {
 	_, rdb := newMini(t)
 	rec := &recorder{}
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec))
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1", WithObserver(rec.Observe))
 	require.NoError(t, w.Track(context.Background(), 1, 2, 3))
 	require.NoError(t, w.Release(context.Background(), 1, 2))
 	require.NoError(t, w.Shutdown(context.Background()))

@@ -67,7 +67,7 @@ func TestNewRefusesWhatTheResetterInfoRulesOut(t *testing.T) {
 		{"no queued status", ResetterInfo{InProgressStatus: "inprog"}, nil, "resetter *recovery.fakeResetter: Info().QueuedStatus is empty"},
 		{"same statuses", ResetterInfo{InProgressStatus: "inprog", QueuedStatus: "inprog"}, nil,
 			`resetter *recovery.fakeResetter: Info().QueuedStatus "inprog" equals InProgressStatus`},
-		{"sweep without listing", ResetterInfo{InProgressStatus: "inprog", QueuedStatus: "queued"}, []Option{WithBackstopSweep()},
+		{"sweep without listing", ResetterInfo{InProgressStatus: "inprog", QueuedStatus: "queued"}, []Option{WithBackstopSweep(true)},
 			"needs a resetter that lists rows in progress (Info().ListsInProgress); *recovery.fakeResetter does not"},
 	}
 	for _, c := range cases {
@@ -147,7 +147,7 @@ func (g guarantee) resetter(t *testing.T, db *pgxpool.Pool, extra ...postgres.Op
 func (g guarantee) deadVictim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, opts []Option, ids ...int64) {
 	t.Helper()
 	v, _ := startWorker(t, rdb, g.resetter(t, db), "victim", opts...)
-	take(t, db, v.Owner(), ids...)
+	take(t, db, v.OwnerValue(), ids...)
 	require.NoError(t, v.Track(context.Background(), ids...))
 	v.crash()
 	// Its heartbeat expired; so did the claim its Start took on its own ID.
@@ -157,7 +157,7 @@ func (g guarantee) deadVictim(t *testing.T, rdb redis.UniversalClient, db *pgxpo
 func (g guarantee) ownerMode(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "DG")
 	w, _ := newWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix))
-	assert.Equal(t, g.ownerCol, w.OwnerMode(), "owner mode whenever the resetter fences by owner")
+	assert.Equal(t, g.ownerCol, w.Stats().OwnerMode, "owner mode whenever the resetter fences by owner")
 }
 
 // ledger: a recoverer's reset commits and the recoverer dies before Redis
@@ -166,7 +166,7 @@ func (g guarantee) ownerMode(t *testing.T) {
 func (g guarantee) ledger(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 4, "DG")
-	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(), WithResetTimeout(5 * time.Second)}
+	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(), WithTimings(Timings{ResetTimeout: 5 * time.Second})}
 	g.deadVictim(t, rdb, db, opts, 1, 2, 3)
 	before := dumpKeys(t, rdb, prefix)
 
@@ -223,8 +223,8 @@ func (g guarantee) startRefuses(t *testing.T) {
 func (g guarantee) selfCheck(t *testing.T) {
 	ctx := context.Background()
 	rdb, db, prefix := onRealServers(t, 4, "DG")
-	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix), WithSelfCheckWindow(100*time.Millisecond))
-	take(t, db, w.Owner(), 1, 2)
+	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{SelfCheckWindow: 100 * time.Millisecond}))
+	take(t, db, w.OwnerValue(), 1, 2)
 	setStatus(t, db, "in_progress", 1, 2) // the host's status, misspelt
 	require.NoError(t, w.Track(ctx, 1, 2))
 	assert.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 10*time.Second, 20*time.Millisecond,
@@ -294,9 +294,13 @@ func (g guarantee) releaseAfterLoss(t *testing.T) {
 	mr, rdb := newMini(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 4)
-	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithHeartbeatTTL(400*time.Millisecond),
-		WithHeartbeatInterval(100*time.Millisecond), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))
-	take(t, db, w.Owner(), 1)
+	w, _ := startWorker(t, rdb, g.resetter(t, db), "w", WithTimings(Timings{
+		HeartbeatTTL:      400 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+	}))
+	take(t, db, w.OwnerValue(), 1)
 	require.NoError(t, w.Track(ctx, 1))
 	mr.SetError("ERR down")
 	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)

@@ -28,14 +28,24 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 		name string
 		opts []Option
 	}{
-		{"defaults", []Option{WithHeartbeatTTL(DefaultHeartbeatTTL), WithHeartbeatInterval(DefaultHeartbeatInterval),
-			WithOperationTimeout(DefaultOperationTimeout), WithResetTimeout(DefaultResetTimeout),
-			WithRecoveryInterval(DefaultRecoveryInterval), WithRowsTTL(DefaultRowsTTL)}},
+		{"defaults", []Option{WithTimings(Timings{
+			HeartbeatTTL:      defaultHeartbeatTTL,
+			HeartbeatInterval: defaultHeartbeatInterval,
+			OperationTimeout:  defaultOperationTimeout,
+			ResetTimeout:      defaultResetTimeout,
+			RecoveryInterval:  defaultRecoveryInterval,
+			RowsTTL:           defaultRowsTTL,
+		})}},
 		// Tight timings: TTL 3 s, as in the Sentinel failover,
 		// with the default reset timeout.
-		{"ttl3s", []Option{WithHeartbeatTTL(3 * time.Second), WithHeartbeatInterval(time.Second),
-			WithOperationTimeout(500 * time.Millisecond), WithResetTimeout(DefaultResetTimeout),
-			WithRecoveryInterval(2 * time.Second), WithRowsTTL(10 * time.Second)}},
+		{"ttl3s", []Option{WithTimings(Timings{
+			HeartbeatTTL:      3 * time.Second,
+			HeartbeatInterval: time.Second,
+			OperationTimeout:  500 * time.Millisecond,
+			ResetTimeout:      defaultResetTimeout,
+			RecoveryInterval:  2 * time.Second,
+			RowsTTL:           10 * time.Second,
+		})}},
 		{"fast", nil}, // the unit tests' timings (helpers_test.go)
 	} {
 		t.Run(c.name, func(t *testing.T) {

@@ -42,16 +42,6 @@ import (
 // progress by a worker that had not tracked it. Healthy fails with
 // ErrUntrackedRows, long before the row is reset.
 
-// WithoutBackstopSweep turns off the backstop sweep of rows-set mode
-// without an owner column, which is on by default whenever the resetter is
-// a RowsSweeper (PgxResetter and SQLResetter without WithOwnerColumn). With
-// it off, rows whose rows set is gone before a peer reset them stay in
-// progress until someone resets them by hand (docs/safety.md §5). Default:
-// the sweep is on.
-func WithoutBackstopSweep() Option {
-	return optionFunc(func(o *options) { o.noSweep = true })
-}
-
 // strayRow is a row in progress that no rows set held at a look.
 type strayRow struct {
 	version string

@@ -75,8 +75,13 @@ func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *
 // allow (the interval; half of it by default), for Redis calls on a loaded
 // machine: the tests that use these timings run in parallel.
 func rowsSweepTimings(extra ...Option) []Option {
-	return append([]Option{WithHeartbeatTTL(300 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
-		WithOperationTimeout(100 * time.Millisecond), WithRecoveryInterval(100 * time.Millisecond), WithRowsTTL(time.Second)}, extra...)
+	return append([]Option{WithTimings(Timings{
+		HeartbeatTTL:      300 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		OperationTimeout:  100 * time.Millisecond,
+		RecoveryInterval:  100 * time.Millisecond,
+		RowsTTL:           time.Second,
+	})}, extra...)
 }
 
 func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLApart(t *testing.T) {
@@ -92,7 +97,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				r := impl.mustResetter(t, db, ropts...)
 				prefix := testutil.Name("B")
 				opts := rowsSweepTimings(WithKeyPrefix(prefix))
-				live, _ := startWorker(t, rdb, r, "live", append(opts, WithoutBackstopSweep())...)
+				live, _ := startWorker(t, rdb, r, "live", append(opts, WithBackstopSweep(false))...)
 				require.NoError(t, live.Track(ctx, 3))
 				setJobs(t, db, schema, "running", 1, 2, 3, 4) // 1, 2: a fleet gone; 3: live's; 4: fetched again below
 				setJobs(t, db, schema, "finished", 5)
@@ -144,7 +149,7 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("U")))
-	host, hostLogs := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	host, hostLogs := startWorker(t, rdb, r, "host", append(opts, WithBackstopSweep(false))...)
 	w, logs := newWorker(t, rdb, r, "sweeper", opts...)
 	look := func() sweepReport {
 		t.Helper()
@@ -204,7 +209,7 @@ func TestBackstopSweepHoldsWhileTheRowsSetsHoldNoRowInProgress(t *testing.T) {
 	r, err := pgxreset.New(db, ropts...)
 	require.NoError(t, err)
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("W")))
-	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	host, _ := startWorker(t, rdb, r, "host", append(opts, WithBackstopSweep(false))...)
 	require.NoError(t, host.Track(ctx, 1))
 	setJobs(t, db, schema, "running", 1)
 	w, _ := newWorker(t, rdb, r, "sweeper", opts...)
@@ -227,8 +232,12 @@ func TestBackstopSweepJudgesNothingFromARedisRestartedLessThanAHeartbeatTTLAgo(t
 	require.NoError(t, err)
 	setJobs(t, db, schema, "running", 1)
 	w, _ := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("Y")),
-		WithHeartbeatTTL(3*time.Second), WithHeartbeatInterval(time.Second), WithRecoveryInterval(time.Second),
-		WithRowsTTL(5*time.Second))
+		WithTimings(Timings{
+			HeartbeatTTL:      3 * time.Second,
+			HeartbeatInterval: time.Second,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           5 * time.Second,
+		}))
 	rep, err := w.sweeper.runOnce(ctx)
 	require.NoError(t, err)
 	assert.True(t, rep.nodeHeld, "a server up for less than a heartbeat TTL may have lost live rows sets")
@@ -282,7 +291,7 @@ func TestBackstopSweepCostPerLook(t *testing.T) {
 		r, err := pgxreset.New(db, ropts...)
 		require.NoError(t, err)
 		prefix := testutil.Name("C")
-		opts := []Option{WithKeyPrefix(prefix), WithoutBackstopSweep(), WithRowsTTL(time.Hour)}
+		opts := []Option{WithKeyPrefix(prefix), WithBackstopSweep(false), WithTimings(Timings{RowsTTL: time.Hour})}
 		live, _ := startWorker(t, rdb, r, "live", opts...)
 		tracked := make([]int64, 0, n/2)
 		for id := int64(1); id <= int64(n/2); id++ {
@@ -297,7 +306,7 @@ func TestBackstopSweepCostPerLook(t *testing.T) {
 		c := redis.NewClient(rdb.Options())
 		c.AddHook(counter)
 		t.Cleanup(func() { c.Close() })
-		w, _ := newWorker(t, c, r, "sweeper", WithKeyPrefix(prefix), WithRowsTTL(time.Hour))
+		w, _ := newWorker(t, c, r, "sweeper", WithKeyPrefix(prefix), WithTimings(Timings{RowsTTL: time.Hour}))
 		for look := 1; look <= 2; look++ {
 			counter.reset()
 			start := time.Now()
@@ -377,7 +386,7 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 	require.True(t, rep.turnHeld)
 
 	ow, _ := startWorker(t, rdb, owned, "owner-1", rowsSweepTimings(WithKeyPrefix(prefix))...)
-	require.True(t, ow.OwnerMode())
+	require.True(t, ow.Stats().OwnerMode)
 	_, err = db.Exec(ctx, "UPDATE "+schema+".jobs SET state = 'running', owner = $1 WHERE id IN (1, 2)", ow.InstanceID())
 	require.NoError(t, err)
 	deadline := time.Now().Add(3 * time.Second) // three rows TTLs
@@ -413,7 +422,7 @@ func TestBackstopSweepIsNotHeldByFinishedRowsLeftInASet(t *testing.T) {
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("S")))
-	host, _ := startWorker(t, rdb, r, "host", append(opts, WithoutBackstopSweep())...)
+	host, _ := startWorker(t, rdb, r, "host", append(opts, WithBackstopSweep(false))...)
 	require.NoError(t, host.Track(ctx, 1))
 	setJobs(t, db, schema, "finished", 1) // finished; its Untrack never arrived
 	setJobs(t, db, schema, "running", 2)  // a dead worker's, its set gone

@@ -70,14 +70,14 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 // nothing, rows fetched under a life of this worker that has ended since
 // (the lease was lost meanwhile, docs/safety.md §2): a recovery of that
 // life may reset them at any time. Roll the fetch back and fetch again
-// under the new Owner(). A bare instance ID (a host that writes
+// under the new OwnerValue(). A bare instance ID (a host that writes
 // InstanceID()) is accepted, but such rows belong to every life of the
 // worker, so a regained lease is then held for a claim TTL (CheckLease).
 // In rows-set mode owner must be the instance ID, and TrackAs is Track.
 func (w *Worker) TrackAs(ctx context.Context, owner string, rowIDs ...int64) error {
 	if !w.ownerMode {
 		if owner != w.opts.instanceID {
-			return fmt.Errorf("track %d rows of %s under owner %q: %w: in rows-set mode the owner column holds the instance ID (Owner())",
+			return fmt.Errorf("track %d rows of %s under owner %q: %w: in rows-set mode the owner column holds the instance ID (OwnerValue())",
 				len(rowIDs), w.opts.instanceID, clip(owner), ErrInvalidConfig)
 		}
 		return w.Track(ctx, rowIDs...)
@@ -88,18 +88,18 @@ func (w *Worker) TrackAs(ctx context.Context, owner string, rowIDs ...int64) err
 	life, written := w.rows.writtenLife()
 	switch id, l, ok := parseOwner(owner); {
 	case !ok || id != w.opts.instanceID:
-		return fmt.Errorf("track %d rows of %s under owner %q: %w: not a value of this worker's Owner()",
+		return fmt.Errorf("track %d rows of %s under owner %q: %w: not a value of this worker's OwnerValue()",
 			len(rowIDs), w.opts.instanceID, clip(owner), ErrInvalidConfig)
 	case l == "":
 		// A bare ID names every life: a recovery of a life judged dead
 		// resets such rows whenever its statements run.
 		w.noteBareOwners()
 		if w.lease.held() {
-			return fmt.Errorf("track %d rows of %s under its bare instance ID: %w: held after a regained lease (write Owner() to resume at once)",
+			return fmt.Errorf("track %d rows of %s under its bare instance ID: %w: held after a regained lease (write OwnerValue() to resume at once)",
 				len(rowIDs), w.opts.instanceID, ErrLeaseLost)
 		}
 	case l != life:
-		return fmt.Errorf("track %d rows of %s fetched under %q: %w: that life ended (the lease was lost since); roll the fetch back and fetch under Owner()",
+		return fmt.Errorf("track %d rows of %s fetched under %q: %w: that life ended (the lease was lost since); roll the fetch back and fetch under OwnerValue()",
 			len(rowIDs), w.opts.instanceID, clip(owner), ErrLeaseLost)
 	}
 	if !written {

@@ -18,8 +18,8 @@ func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
 	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1",
-		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), // no tick during the count
-		WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+		WithTimings(Timings{HeartbeatTTL: time.Hour, HeartbeatInterval: 30 * time.Minute}), // no tick during the count
+		WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}))
 	require.Eventually(t, func() bool { return logs.Count("recovery scan done") == 1 }, 2*time.Second, 5*time.Millisecond)
 	ids := make([]int64, 100)
 	want := make([]string, 100)

@@ -7,15 +7,6 @@ import (
 	"unicode/utf8"
 )
 
-// WithoutSchemaCheck makes Start skip the resetter's schema check, for a
-// database role that may not read the catalogue or a resetter whose check
-// is too slow to run at every start; with a PgxResetter or SQLResetter it
-// also skips the check that the session can write (ErrReadOnly). The first
-// sign of a wrong configuration is then a failed recovery. Default: Start runs the check.
-func WithoutSchemaCheck() Option {
-	return optionFunc(func(o *options) { o.noSchemaCheck = true })
-}
-
 // checkSchema runs the resetter's Check, bounded by ctx and the reset
 // timeout: with the schema check on (not WithoutSchemaCheck), the session
 // (it must be able to write; a session without
@@ -34,7 +25,7 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 	defer cancel()
 	info, err := w.resetter.Check(ctx, schema)
 	if schema {
-		// Owner() counts the life in owner mode (lifeWidth more characters).
+		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
 		n := utf8.RuneCountInString(w.currentOwner())
 		if info.OwnerWidth > 0 && n > info.OwnerWidth {
 			what := "instance ID"

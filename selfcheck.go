@@ -13,14 +13,14 @@ import (
 
 // The self-check finds the configuration mistakes no catalogue can show:
 // statuses swapped, a misspelt status in a text column, an owner column
-// filled with something other than Owner() (or InstanceID()). Such a worker's rows do
+// filled with something other than OwnerValue() (or InstanceID()). Such a worker's rows do
 // not look like its rows in progress to the resetter, and recovery would
 // leave them alone (swapped: they look queued; foreign owner: they look
 // taken) or keep failing on them. The worker itself reads, off the hot
 // path, the state of rows it tracks, until it has seen one row as the
 // resetter expects: status in progress (and, with an owner column, owned
 // by this worker). A row that fails that at two looks at least the
-// self-check window apart (WithSelfCheckWindow, 500 ms by default),
+// self-check window apart (Timings.SelfCheckWindow, 500 ms by default),
 // tracked all along under the same Track, is an alarm.
 //
 // When it looks. A Track while the configuration is still unverified asks
@@ -140,7 +140,7 @@ func (c *selfChecker) tracked() {
 	}
 }
 
-// window is the self-check window (WithSelfCheckWindow).
+// window is the self-check window (Timings.SelfCheckWindow).
 func (c *selfChecker) window() time.Duration { return c.w.opts.selfCheckWindow }
 
 // run looks at the worker's own rows when a Track or a sighting asks for
@@ -317,7 +317,7 @@ func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 	default:
 		expect += ": misspelt?)"
 	}
-	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to Owner()) and the status the fetch writes",
+	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to OwnerValue()) and the status the fetch writes",
 		ErrMisconfigured, s.ID, w.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)
@@ -342,13 +342,6 @@ func (w *Worker) misconfigured() error {
 	}
 	return nil
 }
-
-// ErrMisconfigured is wrapped by Healthy's error once the worker's
-// self-check found that the rows it tracks do not look, to its resetter,
-// like rows in progress by this worker: statuses swapped or misspelt, or an
-// owner column not set to Owner(). A crash would leave such rows
-// stuck.
-var ErrMisconfigured = errors.New("recovery: tracked rows do not match the resetter's configuration")
 
 // bareOwned reports whether row s, tracked under per-life owner value
 // owner, is in progress under the bare instance ID instead: the host writes

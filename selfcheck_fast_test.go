@@ -42,8 +42,12 @@ func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, que
 // slowBeats makes the heartbeat's own look (the check of the first
 // version) come every 2 s: too seldom for blocks of a second.
 func slowBeats(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(6 * time.Second), WithHeartbeatInterval(2 * time.Second),
-		WithRecoveryInterval(2 * time.Second), WithRowsTTL(20 * time.Second)}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      6 * time.Second,
+		HeartbeatInterval: 2 * time.Second,
+		RecoveryInterval:  2 * time.Second,
+		RowsTTL:           20 * time.Second,
+	})}
 }
 
 // fetchJobs takes ids as a host's fetch does: in one transaction, the
@@ -107,14 +111,14 @@ func requireMisconfigured(t *testing.T, w *Worker, logs *testutil.LogBuffer, wan
 // alarm.
 func misconfiguredSignal() (Option, <-chan Event) {
 	ch := make(chan Event, 1)
-	return WithObserver(ObserverFunc(func(e Event) {
+	return WithObserver(func(e Event) {
 		if e.Kind == EventMisconfigured {
 			select {
 			case ch <- e:
 			default:
 			}
 		}
-	})), ch
+	}), ch
 }
 
 // Issue 21: a row had to stay tracked across two heartbeat intervals (60 s
@@ -188,7 +192,7 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
 				t.Parallel()
 				window := 500 * time.Millisecond
-				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SN", WithSelfCheckWindow(window))
+				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SN", WithTimings(Timings{SelfCheckWindow: window}))
 
 				outcomes := []string{"finished", "error", "pending"}
 				for block := range 30 {

@@ -62,7 +62,7 @@ func TestCorrectWorkerIsNotAccusedOfUntrackedRowsAfterAFlush(t *testing.T) {
 	ctx := context.Background()
 	prefix := testutil.Name("RVC")
 	opts := rowsSweepTimings(WithKeyPrefix(prefix))
-	good, goodLogs := startWorker(t, rdb, r, "good", append(opts, WithoutBackstopSweep())...)
+	good, goodLogs := startWorker(t, rdb, r, "good", append(opts, WithBackstopSweep(false))...)
 	sw, _ := newWorker(t, rdb, r, "sweeper", opts...)
 	look := func() sweepReport {
 		t.Helper()
@@ -133,9 +133,14 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
 	wc.AddHook(fr)
-	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour),
-		WithResetTimeout(500 * time.Millisecond), WithSelfCheckWindow(200 * time.Millisecond)}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2 * time.Hour,
+		ResetTimeout:      500 * time.Millisecond,
+		SelfCheckWindow:   200 * time.Millisecond,
+	})}
 	w, logs := startWorker(t, wc, r, "w", append(timing, WithDeferredUntrack(50*time.Millisecond))...)
 	p, _ := startWorker(t, rdb, r, "p", timing...)
 
@@ -192,8 +197,13 @@ func TestAnUnverifiedWorkerRecoversAPeerOfManyRowsWithinABound(t *testing.T) {
 			rdb, db, prefix := onRealServers(t, 150, "RVG")
 			waitUptime(t, rdb, 2*time.Second)
 			r := resetterImpls[0].mustResetter(t, db)
-			opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(300 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
-				WithOperationTimeout(100 * time.Millisecond), WithRecoveryInterval(100 * time.Millisecond), WithRowsTTL(3 * time.Second)}
+			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+				HeartbeatTTL:      300 * time.Millisecond,
+				HeartbeatInterval: 100 * time.Millisecond,
+				OperationTimeout:  100 * time.Millisecond,
+				RecoveryInterval:  100 * time.Millisecond,
+				RowsTTL:           3 * time.Second,
+			})}
 			ids := make([]int64, 150)
 			for i := range ids {
 				ids[i] = int64(i + 1)
@@ -374,8 +384,13 @@ func TestAnIdleUnverifiedFleetRecoversADeadPeerWithARequeuedRow(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 10, "RVK")
 	waitUptime(t, rdb, 2*time.Second)
 	r := resetterImpls[0].mustResetter(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(300 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
-		WithOperationTimeout(100 * time.Millisecond), WithRecoveryInterval(100 * time.Millisecond), WithRowsTTL(time.Second)}
+	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      300 * time.Millisecond,
+		HeartbeatInterval: 100 * time.Millisecond,
+		OperationTimeout:  100 * time.Millisecond,
+		RecoveryInterval:  100 * time.Millisecond,
+		RowsTTL:           time.Second,
+	})}
 	idle, _ := startWorker(t, rdb, r, "idle", opts...)
 	victim(t, rdb, db, r, "dead", opts, 1, 2, 3, 4)
 	setStatus(t, db, "done", 1, 2, 3)

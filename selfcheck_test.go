@@ -18,8 +18,12 @@ import (
 
 // selfCheckTimings check every 300ms.
 func selfCheckTimings(prefix string) []Option {
-	return []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(300 * time.Millisecond),
-		WithRecoveryInterval(time.Second), WithRowsTTL(3 * time.Second)}
+	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 300 * time.Millisecond,
+		RecoveryInterval:  time.Second,
+		RowsTTL:           3 * time.Second,
+	})}
 }
 
 // takeBlock marks rows in progress with the given status and owner, as a
@@ -53,7 +57,7 @@ func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *tes
 			r, err := pgxreset.New(db, c.opts...)
 			require.NoError(t, err)
 			rec := &recorder{}
-			w, logs := startWorker(t, rdb, r, "w", append(selfCheckTimings(testutil.Name("SC")), WithObserver(rec))...)
+			w, logs := startWorker(t, rdb, r, "w", append(selfCheckTimings(testutil.Name("SC")), WithObserver(rec.Observe))...)
 			require.NoError(t, w.Healthy())
 			start := time.Now()
 			takeBlock(t, db, w, c.status, c.owner(w), 1, 2, 3)
@@ -173,7 +177,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	require.NoError(t, err)
 	// Recoveries by hand only: a scan of w's own loop holding the claim
 	// would make RecoverNow skip the peer.
-	w, logs := startWorker(t, rdb, swapped, "w", append(selfCheckTimings(prefix), WithRecoveryInterval(time.Hour), WithRowsTTL(2*time.Hour))...)
+	w, logs := startWorker(t, rdb, swapped, "w", append(selfCheckTimings(prefix), WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))...)
 
 	// A peer died holding rows 1-4 (no heartbeat, its rows set left).
 	keys := store.InstanceKeys(prefix, "dead")

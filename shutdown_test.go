@@ -33,7 +33,7 @@ func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 
 func TestShutdownStopsEveryGoroutine(t *testing.T) {
 	_, rdb := newMini(t)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithRecoveryInterval(50*time.Millisecond))
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithTimings(Timings{RecoveryInterval: 50 * time.Millisecond}))
 	require.Eventually(t, func() bool { return w.Stats().Scans >= 3 }, 5*time.Second, 5*time.Millisecond,
 		"the loops are running: the recovery loop has scanned a few times")
 	require.Equal(t, 3, workerGoroutines(), "two loops and their waiter")
@@ -175,7 +175,7 @@ func TestShutdownNeverWritesBackARowAConcurrentUntrackRemoved(t *testing.T) {
 	gate := newPipelineGate(keysOf("w1").Heartbeat)
 	rdb.AddHook(gate)
 	// An operation timeout longer than the gate's hold below.
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithOperationTimeout(500*time.Millisecond))
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithTimings(Timings{OperationTimeout: 500 * time.Millisecond}))
 	require.NoError(t, w.Track(context.Background(), 7))
 
 	shutdownDone := make(chan error, 1)
@@ -210,7 +210,7 @@ func TestShutdownCleanupIsBoundedByTheOperationTimeout(t *testing.T) {
 	mr, rdb := newMini(t)
 	fr := &freezer{}
 	rdb.AddHook(fr)
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithOperationTimeout(100*time.Millisecond))
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithTimings(Timings{OperationTimeout: 100 * time.Millisecond}))
 	fr.freeze() // Redis hangs: the clean-up's reply never comes
 
 	start := time.Now()
@@ -238,7 +238,7 @@ func TestSafetyHungPostgresCannotBlockShutdown(t *testing.T) {
 	require.NoError(t, err)
 	prefix := testutil.Name("S")
 	plantDeadPeer(t, rdb, prefix, "dead", "1")
-	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithResetTimeout(time.Minute))
+	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{ResetTimeout: time.Minute}))
 	require.Eventually(t, func() bool {
 		var n int
 		_ = db.QueryRow(ctx, `SELECT count(*) FROM pg_stat_activity WHERE query LIKE 'WITH locked%'`).Scan(&n)

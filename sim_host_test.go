@@ -29,7 +29,7 @@ type simProc struct {
 	started     time.Time // when Start returned
 	pausedUntil time.Time
 	held        map[int64]bool   // rows fetched (committed) and not finished, released or given up
-	heldAs      map[int64]string // the owner value (Owner()) each held row was fetched under
+	heldAs      map[int64]string // the owner value (OwnerValue()) each held row was fetched under
 	rolledBack  map[int64]bool   // rows whose fetch rolled back after they were tracked
 	old         bool             // rollout: a worker of the release before the owner column (set at spawn)
 
@@ -372,7 +372,7 @@ func (p *simProc) host(ctx context.Context) {
 
 // fetch takes a block: lock queued rows, Track them, commit.
 func (p *simProc) fetch(ctx context.Context, r *rand.Rand) {
-	owner := p.w.Owner() // once per block, before the fetch (docs/safety.md §2)
+	owner := p.w.OwnerValue() // once per block, before the fetch (docs/safety.md §2)
 	ids, err := p.lockBlock(ctx, 1+r.IntN(6))
 	if err != nil || len(ids) == 0 {
 		if len(ids) > 0 {
@@ -426,7 +426,7 @@ func (p *simProc) drop(ids ...int64) {
 	}
 }
 
-// ownerValue is what TrackAs is told the block was fetched under: Owner()
+// ownerValue is what TrackAs is told the block was fetched under: OwnerValue()
 // for a host that sets the owner column, the instance ID for one that
 // does not (a rollout's old worker, rows-set mode without a column).
 func (p *simProc) ownerValue(owner string) string {

@@ -65,7 +65,7 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		// A row lock held by a vanished session (the vanish fault class).
 		{name: "issue 20.5 reverted: a reset waits on a row lock another session holds", sim: simMutations{lockWait: true}},
 		{name: "mutation: a reset counts a row another session holds locked as settled", sim: simMutations{lockedSettled: true}},
-		// Issue 22: owner-mode hosts fetch and complete under Owner(), one
+		// Issue 22: owner-mode hosts fetch and complete under OwnerValue(), one
 		// life of the worker; there is no hold after a regained lease.
 		{name: "issue 22 reverted: the owner guard matches by instance ID only, every life", set: []*bool{&mutantOwnerByID}},
 		{name: "issue 22 reverted: an owner-mode worker keeps its life across a lost lease", set: []*bool{&mutantOneLife}},

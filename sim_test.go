@@ -384,18 +384,22 @@ func (w *simWorld) options(id string, old, long bool) []Option {
 	}
 	opts := []Option{
 		WithInstanceID(id), WithLogger(discardLogger),
-		WithHeartbeatTTL(k * simTTL), WithHeartbeatInterval(k * simInterval),
-		WithRecoveryInterval(k * simRecovery), WithResetTimeout(k * simReset),
+		WithTimings(Timings{
+			HeartbeatTTL:      k * simTTL,
+			HeartbeatInterval: k * simInterval,
+			RecoveryInterval:  k * simRecovery,
+			ResetTimeout:      k * simReset,
+		}),
 		WithHistory(0), // the fleet history is not part of the protocol modelled
 	}
 	if w.cfg.mode != "owner" || old {
 		opts = append(opts, WithRowsSets())
 	}
 	if w.cfg.mode == "rows+fenced+sweep" {
-		opts = append(opts, WithBackstopSweep())
+		opts = append(opts, WithBackstopSweep(true))
 	}
 	if w.cfg.mode == "rows" {
-		opts = append(opts, WithoutBackstopSweep())
+		opts = append(opts, WithBackstopSweep(false))
 	}
 	if w.cfg.deferred {
 		opts = append(opts, WithDeferredUntrack(100*time.Millisecond))
@@ -436,7 +440,7 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.procs = append(w.procs, p)
-	w.tracef("%s spawned (owner mode %v, old release %v, TTL %v)", p, wk.OwnerMode(), p.old, wk.opts.heartbeatTTL)
+	w.tracef("%s spawned (owner mode %v, old release %v, TTL %v)", p, wk.Stats().OwnerMode, p.old, wk.opts.heartbeatTTL)
 	w.mu.Unlock()
 
 	hostCtx, cancel := context.WithCancel(context.Background())
@@ -730,8 +734,12 @@ func (w *simWorld) foreignStrike() {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
 	wk, err := New(rdb, simForeignResetter{}, WithInstanceID(p.id), WithLogger(discardLogger),
-		WithHeartbeatTTL(simTTL), WithHeartbeatInterval(simInterval), WithRecoveryInterval(simRecovery),
-		WithResetTimeout(simReset), WithHistory(0), WithRowsSets())
+		WithTimings(Timings{
+			HeartbeatTTL:      simTTL,
+			HeartbeatInterval: simInterval,
+			RecoveryInterval:  simRecovery,
+			ResetTimeout:      simReset,
+		}), WithHistory(0), WithRowsSets())
 	if err != nil {
 		w.violate("New of the second fleet's worker: %v", err)
 		w.mu.Unlock()

@@ -283,7 +283,7 @@ func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 			require.NoError(t, err)
 
 			peer, _ := startWorker(t, rdb, r, "peer", WithKeyPrefix(prefix)) // Start runs the schema check
-			require.True(t, peer.OwnerMode(), "an sqlreset.Resetter WithOwnerColumn puts the worker in owner mode")
+			require.True(t, peer.Stats().OwnerMode, "an sqlreset.Resetter WithOwnerColumn puts the worker in owner mode")
 			ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 			take(t, db, "peer", ids...)
 			require.NoError(t, peer.Track(ctx, ids...))
@@ -336,7 +336,7 @@ func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 			require.NoError(t, err)
 			require.True(t, r.Info().Ledger)
 			v := victim(t, rdb, db, r, "victim", []Option{WithKeyPrefix(prefix)}, 1, 2, 3)
-			require.False(t, v.OwnerMode())
+			require.False(t, v.Stats().OwnerMode)
 			inc, err := rdb.Get(ctx, v.ownKeys().Incarnation).Result()
 			require.NoError(t, err)
 
@@ -381,17 +381,17 @@ func TestSQLResetterReadsItsSQLStateFromEitherDriversError(t *testing.T) {
 func TestSQLResetterBackstopSweepGoesByOwnerOrByRowVersion(t *testing.T) {
 	plain, err := sqlreset.New(&sql.DB{})
 	require.NoError(t, err)
-	w, err := New(idleClient(t), plain, WithBackstopSweep())
+	w, err := New(idleClient(t), plain, WithBackstopSweep(true))
 	require.NoError(t, err)
 	require.NotNil(t, w.sweeper)
 	assert.NotNil(t, w.sweeper.rows, "without an owner column the sweep goes by row version")
-	w, err = New(idleClient(t), plain, WithoutBackstopSweep())
+	w, err = New(idleClient(t), plain, WithBackstopSweep(false))
 	require.NoError(t, err)
 	assert.Nil(t, w.sweeper)
 
 	fenced, err := sqlreset.New(&sql.DB{}, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
-	w, err = New(idleClient(t), fenced, WithBackstopSweep())
+	w, err = New(idleClient(t), fenced, WithBackstopSweep(true))
 	require.NoError(t, err)
-	assert.True(t, w.OwnerMode())
+	assert.True(t, w.Stats().OwnerMode)
 }

@@ -12,6 +12,11 @@ import (
 type Stats struct {
 	// InstanceID is the worker's identity.
 	InstanceID string
+	// OwnerMode reports whether the worker runs in owner mode: its
+	// resetter fences by owner (postgres.WithOwnerColumn) and WithRowsSets
+	// is not set. In owner mode no row costs a Redis command and recovery
+	// resets a dead peer's rows by owner. It is fixed by New.
+	OwnerMode bool
 	// TrackedRows is how many rows are tracked now.
 	TrackedRows int
 	// LastHeartbeat is when the last successful heartbeat was sent; zero
@@ -35,12 +40,12 @@ type Stats struct {
 	RowsRecovered uint64
 	// RowsQuarantined counts rows set to the terminal status.
 	RowsQuarantined uint64
-	// LastRowsStuck is how long the rows of the last peer this worker
+	// LastStuckFor is how long the rows of the last peer this worker
 	// recovered had been stuck in progress, from the peer's last heartbeat
-	// to their reset (Event.RowsStuck says how it is estimated);
-	// MaxRowsStuck is the longest since the Worker was created. Zero
+	// to their reset (Event.StuckFor says how it is estimated);
+	// MaxStuckFor is the longest since the Worker was created. Zero
 	// before the first recovery that reset rows.
-	LastRowsStuck, MaxRowsStuck time.Duration
+	LastStuckFor, MaxStuckFor time.Duration
 	// RowsReleased counts rows handed back by Release.
 	RowsReleased uint64
 	// RowsNotReset counts rows recovery found but could neither reset nor
@@ -109,6 +114,7 @@ func (c *counters) noteRowsStuck(d time.Duration) {
 func (w *Worker) Stats() Stats {
 	s := Stats{
 		InstanceID:        w.opts.instanceID,
+		OwnerMode:         w.ownerMode,
 		TrackedRows:       w.rows.len(),
 		LeaseValid:        w.CheckLease() == nil,
 		Heartbeats:        w.stats.heartbeats.Load(),
@@ -119,8 +125,8 @@ func (w *Worker) Stats() Stats {
 		PeersRecovered:    w.stats.peersRecovered.Load(),
 		RowsRecovered:     w.stats.rowsRecovered.Load(),
 		RowsQuarantined:   w.stats.rowsQuarantined.Load(),
-		LastRowsStuck:     time.Duration(w.stats.lastRowsStuck.Load()),
-		MaxRowsStuck:      time.Duration(w.stats.maxRowsStuck.Load()),
+		LastStuckFor:      time.Duration(w.stats.lastRowsStuck.Load()),
+		MaxStuckFor:       time.Duration(w.stats.maxRowsStuck.Load()),
 		RowsReleased:      w.stats.rowsReleased.Load(),
 		RowsNotReset:      w.stats.rowsNotReset.Load(),
 		StrayRowsReset:    w.stats.strayRowsReset.Load(),

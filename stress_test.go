@@ -87,8 +87,12 @@ func stressFleet(t *testing.T, ownerMode bool) {
 		r, recovered = fake, func() int { return len(fake.perRow()) }
 	}
 	opts := []Option{WithKeyPrefix(prefix),
-		WithHeartbeatTTL(time.Second), WithHeartbeatInterval(200 * time.Millisecond),
-		WithRecoveryInterval(300 * time.Millisecond), WithRowsTTL(3 * time.Second)}
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RecoveryInterval:  300 * time.Millisecond,
+			RowsTTL:           3 * time.Second,
+		})}
 
 	type member struct {
 		w    *Worker
@@ -105,8 +109,8 @@ func stressFleet(t *testing.T, ownerMode bool) {
 		defer fleetMu.Unlock()
 		spawned++
 		w, _ := startWorker(t, rdb, r, testutil.Name("st"), opts...)
-		if w.OwnerMode() != ownerMode {
-			t.Errorf("owner mode %v, want %v", w.OwnerMode(), ownerMode)
+		if w.Stats().OwnerMode != ownerMode {
+			t.Errorf("owner mode %v, want %v", w.Stats().OwnerMode, ownerMode)
 		}
 		m := &member{w: w, done: make(chan struct{})}
 		fleet = append(fleet, m)

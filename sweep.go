@@ -26,17 +26,6 @@ import (
 // the look of rowsweep.go instead: the rows in progress that no rows set
 // holds, seen unchanged at two looks a rows TTL apart.
 
-// WithBackstopSweep turns on the backstop sweep by owner in rows-set mode
-// (WithRowsSets) with a resetter WithOwnerColumn, run every recovery
-// interval by the one worker holding the sweep turn: the resetter must be
-// an OwnerSweeper. In owner mode the sweep is always on; without an owner
-// column it is on by default (see WithoutBackstopSweep) and this option
-// only makes New refuse a resetter that is not a RowsSweeper. Default: off
-// with an owner column in rows-set mode.
-func WithBackstopSweep() Option {
-	return optionFunc(func(o *options) { o.sweep = true })
-}
-
 // sweepsByOwner reports whether the worker runs the backstop sweep by
 // owner (an owner column), which finds rows by owner in PostgreSQL.
 func (w *Worker) sweepsByOwner() bool { return w.sweeper != nil && w.sweeper.sw != nil }

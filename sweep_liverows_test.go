@@ -68,8 +68,13 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
 	wc.AddHook(fr)
-	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
-		WithRecoveryInterval(200 * time.Millisecond), WithRowsTTL(2 * time.Second), WithResetTimeout(500 * time.Millisecond)}
+	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
+		HeartbeatTTL:      time.Second,
+		HeartbeatInterval: 250 * time.Millisecond,
+		RecoveryInterval:  200 * time.Millisecond,
+		RowsTTL:           2 * time.Second,
+		ResetTimeout:      500 * time.Millisecond,
+	})}
 	// w runs the sweep too, as every member of a fleet without an owner
 	// column does by default: that is what tells it that a sweep may have
 	// reset the rows it held when its lease was lost.
@@ -91,7 +96,7 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	}, 10*time.Second, 50*time.Millisecond)
 	require.Equal(t, map[int64]string{2: "queued", 3: "queued", 4: "queued"}, statusesOf(t, db, 2, 3, 4), "the sweep reset w's rows")
 
-	q, _ := startWorker(t, rdb, r, "q", append(timing, WithoutBackstopSweep())...)
+	q, _ := startWorker(t, rdb, r, "q", append(timing, WithBackstopSweep(false))...)
 	setStatus(t, db, "inprog", 2) // q's fetch
 	require.NoError(t, q.Track(ctx, 2))
 
@@ -119,9 +124,14 @@ func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfter
 	waitUptime(t, rdb, 5*time.Second)
 	ctx := context.Background()
 	prefix := testutil.Name("RH")
-	slow, _ := startWorker(t, rdb, r, "slow", WithKeyPrefix(prefix), WithoutBackstopSweep(),
-		WithHeartbeatTTL(5*time.Second), WithHeartbeatInterval(3*time.Second), WithOperationTimeout(300*time.Millisecond),
-		WithRecoveryInterval(time.Second), WithRowsTTL(8*time.Second))
+	slow, _ := startWorker(t, rdb, r, "slow", WithKeyPrefix(prefix), WithBackstopSweep(false),
+		WithTimings(Timings{
+			HeartbeatTTL:      5 * time.Second,
+			HeartbeatInterval: 3 * time.Second,
+			OperationTimeout:  300 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           8 * time.Second,
+		}))
 	setJobs(t, db, schema, "running", 1)
 	require.NoError(t, slow.Track(ctx, 1))
 	s, _ := startWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(prefix))...)
@@ -195,7 +205,7 @@ func TestBackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T)
 	require.True(t, rep.turnHeld, "an old worker holds the sweep turn")
 
 	owner, _ := startWorker(t, rdb, fencedResetter(t, db), "new-1", opts...)
-	require.True(t, owner.OwnerMode())
+	require.True(t, owner.Stats().OwnerMode)
 	take(t, db, "new-1", 1) // the owner-mode worker's fetch
 	require.NoError(t, owner.Track(ctx, 1))
 	deadline := time.Now().Add(3 * time.Second) // three rows TTLs
@@ -222,7 +232,7 @@ func TestBackstopSweepRaisesNoMisconfigurationForARowFinishedBeforeItsUntrack(t 
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
 	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("RF")))
-	live, _ := startWorker(t, rdb, r, "live", append(opts, WithoutBackstopSweep())...)
+	live, _ := startWorker(t, rdb, r, "live", append(opts, WithBackstopSweep(false))...)
 	setJobs(t, db, schema, "running", 1, 5) // 1: a fleet gone; 5: live's
 	require.NoError(t, live.Track(ctx, 5))
 	setJobs(t, db, schema, "finished", 5) // live's COMMIT; its Untrack comes next

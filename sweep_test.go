@@ -31,10 +31,14 @@ func TestSafetyBackstopSweepRecoversRowsAfterADayLongOutage(t *testing.T) {
 	r := fencedResetter(t, db)
 	// Rows-set mode: in owner mode the live worker would sweep too.
 	opts := []Option{WithKeyPrefix(prefix), WithRowsSets(),
-		WithHeartbeatTTL(500 * time.Millisecond), WithHeartbeatInterval(100 * time.Millisecond),
-		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour)}
+		WithTimings(Timings{
+			HeartbeatTTL:      500 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+		})}
 	live, _ := startWorker(t, rdb, r, "live", opts...) // no sweep of its own
-	opts = append(opts, WithBackstopSweep())
+	opts = append(opts, WithBackstopSweep(true))
 	take(t, db, "live", 5)
 	require.NoError(t, live.Track(ctx, 5))
 	// Sweeps are driven by hand here; the loop's part is tested below.
@@ -80,9 +84,13 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
 	take(t, db, "gone", 1, 2)
-	_, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(),
-		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(100*time.Millisecond), WithRowsTTL(time.Second))
+	_, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(true),
+		WithTimings(Timings{
+			HeartbeatTTL:      300 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  100 * time.Millisecond,
+			RowsTTL:           time.Second,
+		}))
 	// The recovery is logged after its reset committed: wait for the log.
 	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) }, 5*time.Second, 20*time.Millisecond)
 	s, _ := rowState(t, db, 2)
@@ -98,7 +106,7 @@ func TestSafetyBackstopSweepNeedsASweeper(t *testing.T) {
 	require.NotNil(t, w.sweeper, "on by default without an owner column")
 	assert.NotNil(t, w.sweeper.rows)
 	assert.Nil(t, w.sweeper.sw)
-	_, err = New(idleClient(t), &fakeResetter{}, WithBackstopSweep())
+	_, err = New(idleClient(t), &fakeResetter{}, WithBackstopSweep(true))
 	require.ErrorIs(t, err, ErrInvalidConfig)
 	assert.Contains(t, err.Error(), "needs a resetter that lists rows in progress (Info().ListsInProgress); *recovery.fakeResetter does not")
 	w, err = New(idleClient(t), &fakeResetter{})
@@ -131,14 +139,18 @@ func TestSweepInterruptedByShutdownIsNoFailure(t *testing.T) {
 	testutil.CreateBatch(t, db, 3)
 	r := &stallingSweeper{Resetter: fencedResetter(t, db), entered: make(chan struct{})}
 	var failed atomic.Int32
-	w, logs := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("SI")), WithBackstopSweep(),
-		WithHeartbeatTTL(300*time.Millisecond), WithHeartbeatInterval(100*time.Millisecond),
-		WithRecoveryInterval(100*time.Millisecond), WithRowsTTL(time.Second),
-		WithObserver(ObserverFunc(func(e Event) {
+	w, logs := newWorker(t, rdb, r, "sweeper", WithKeyPrefix(testutil.Name("SI")), WithBackstopSweep(true),
+		WithTimings(Timings{
+			HeartbeatTTL:      300 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  100 * time.Millisecond,
+			RowsTTL:           time.Second,
+		}),
+		WithObserver(func(e Event) {
 			if e.Kind == EventRecoveryFailed {
 				failed.Add(1)
 			}
-		})))
+		}))
 	require.NoError(t, w.Start(context.Background()))
 	select {
 	case <-r.entered:

@@ -96,7 +96,7 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("twin")
 	events := &recorder{}
-	w, logs := startWorker(t, rdb, &fakeResetter{}, "pod-1", WithKeyPrefix(prefix), WithObserver(events))
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "pod-1", WithKeyPrefix(prefix), WithObserver(events.Observe))
 	require.NoError(t, w.Track(ctx, 1, 2))
 	hb := store.InstanceKeys(prefix, "pod-1").Heartbeat
 	require.NoError(t, rdb.Set(ctx, hb, "alive", time.Minute).Err())                 // an old-version twin's heartbeat
@@ -127,7 +127,7 @@ func TestShutdownLeavesAHeartbeatAnotherProcessWrote(t *testing.T) {
 	ctx := context.Background()
 	rdb := testutil.Redis(t)
 	prefix := testutil.Name("twin")
-	w, _ := startWorker(t, rdb, &fakeResetter{}, "pod-2", WithKeyPrefix(prefix), WithHeartbeatInterval(time.Second))
+	w, _ := startWorker(t, rdb, &fakeResetter{}, "pod-2", WithKeyPrefix(prefix), WithTimings(Timings{HeartbeatInterval: time.Second}))
 	hb := store.InstanceKeys(prefix, "pod-2").Heartbeat
 	require.NoError(t, rdb.Set(ctx, hb, "alive:other", time.Minute).Err())
 	require.NoError(t, w.Shutdown(ctx))

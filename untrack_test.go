@@ -81,7 +81,12 @@ func TestDeferredUntrackRemovesABlockInOneCommand(t *testing.T) {
 	counter := &commandCounter{}
 	rdb.AddHook(counter)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(50*time.Millisecond),
-		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Hour,
+			HeartbeatInterval: 30 * time.Minute,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           3 * time.Hour,
+		}))
 	ids := []int64{1, 2, 3, 4, 5, 6, 7, 8, 9, 10}
 	require.NoError(t, w.Track(context.Background(), ids...))
 	counter.reset()
@@ -123,7 +128,12 @@ func TestDeferredUntrackLingerIsValidated(t *testing.T) {
 func TestRowTrackedAgainWhileItsRemovalIsPendingStaysTracked(t *testing.T) {
 	mr, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithDeferredUntrack(50*time.Millisecond),
-		WithHeartbeatTTL(time.Hour), WithHeartbeatInterval(30*time.Minute), WithRecoveryInterval(time.Hour), WithRowsTTL(3*time.Hour))
+		WithTimings(Timings{
+			HeartbeatTTL:      time.Hour,
+			HeartbeatInterval: 30 * time.Minute,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           3 * time.Hour,
+		}))
 	ctx := context.Background()
 	require.NoError(t, w.Track(ctx, 7))
 	require.NoError(t, w.Untrack(7)) // SREM 7 pending

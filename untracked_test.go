@@ -20,7 +20,7 @@ import (
 func TestUntrackWithoutAnyTrackTellsTheHostThatForgotTrack(t *testing.T) {
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
-	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("UT")), WithoutBackstopSweep())
+	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("UT")), WithBackstopSweep(false))
 
 	forgot, logs := startWorker(t, rdb, r, "forgot", opts...)
 	setJobs(t, db, schema, "running", 1) // its fetch, no Track

@@ -309,7 +309,7 @@ func isNil(v any) bool {
 // sweepOf returns what backs the backstop sweep: by owner (sw) when it
 // is on (WithBackstopSweep, or owner mode) and the resetter fences by
 // owner; by row version (rs) when the resetter does not fence by owner,
-// unless WithoutBackstopSweep. Both need a resetter that lists the rows in
+// unless WithBackstopSweep(false). Both need a resetter that lists the rows in
 // progress (Info().ListsInProgress): WithBackstopSweep without one is an
 // error.
 func sweepOf(r Resetter, info ResetterInfo, o options, ownerMode bool) (sw, rs Resetter, err error) {

@@ -7,7 +7,7 @@
 //	defer mp.Shutdown(ctx) // runs last: its final export has every count
 //	o, err := recoveryotel.New(recoveryotel.WithMeterProvider(mp))
 //	defer o.Close() // keeps the final counts for that export
-//	w, err := recovery.New(rdb, resetter, recovery.WithObserver(o))
+//	w, err := recovery.New(rdb, resetter, recovery.WithObserver(o.Observe))
 //	o.Watch(w)
 //	defer w.Shutdown(ctx)
 //
@@ -15,9 +15,9 @@
 // are used. Close may run before or after the provider's Shutdown: after
 // Close the Observer reports the watched workers' final Stats.
 //
-// The Observer is also the recovery.Observer that feeds its two
-// histograms and its spans; a host with an observer of its own passes
-// both through one recovery.ObserverFunc.
+// The Observer's Observe method is also the observer (recovery.WithObserver)
+// that feeds its two histograms and its spans; a host with an observer of
+// its own passes one func that calls both.
 //
 // # Metrics
 //
@@ -48,7 +48,7 @@
 //
 // recovery.rows.stuck.duration is the time users wait: per recovered peer
 // whose rows were reset, from its last heartbeat to the commit of the
-// reset (recovery.Event.RowsStuck: heartbeat TTL + time from the death
+// reset (recovery.Event.StuckFor: heartbeat TTL + time from the death
 // being noticed to the commit, a lower bound).
 //
 // Every data point carries recovery.instance.id, the reporting worker,
@@ -120,7 +120,8 @@ const (
 // SpanName is the name of the span of one peer's recovery.
 const SpanName = "recover dead peer"
 
-// Observer is a recovery.Observer that records scan and recovery durations
+// Observer is an observer of recovery events (pass its Observe method to
+// recovery.WithObserver) that records scan and recovery durations
 // and traces recoveries, and reports the Stats of watched Workers through
 // asynchronous instruments.
 type Observer struct {
@@ -369,7 +370,7 @@ func (o *Observer) observeStats(_ context.Context, obs metric.Observer) error {
 	return nil
 }
 
-// Observe implements recovery.Observer: it records scan durations
+// Observe is the observer to pass to recovery.WithObserver: it records scan durations
 // (EventScanFinished) and recovery durations (EventRowsRecovered), notes
 // the steps of a recovery (EventPeerDead, EventPeerClaimed,
 // EventRowsReset, EventRowsNotReset), and ends its span when the recovery
@@ -404,8 +405,8 @@ func (o *Observer) Observe(e recovery.Event) {
 		o.mu.Unlock()
 	case recovery.EventRowsRecovered:
 		o.recoveryDuration.Record(ctx, e.Duration.Seconds(), opts...)
-		if e.RowsStuck > 0 {
-			o.rowsStuck.Record(ctx, e.RowsStuck.Seconds(), opts...)
+		if e.StuckFor > 0 {
+			o.rowsStuck.Record(ctx, e.StuckFor.Seconds(), opts...)
 		}
 		o.mu.Lock()
 		d := o.dead[key]

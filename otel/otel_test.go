@@ -109,10 +109,13 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	s := newSDK(t)
 	resetter, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
-	w, err := recovery.New(rdb, resetter, recovery.WithObserver(s.obs), recovery.WithKeyPrefix(prefix),
-		recovery.WithInstanceID("rec-1"), recovery.WithHeartbeatTTL(2*time.Second),
-		recovery.WithHeartbeatInterval(500*time.Millisecond), recovery.WithRecoveryInterval(time.Second),
-		recovery.WithRowsTTL(4*time.Second))
+	w, err := recovery.New(rdb, resetter, recovery.WithObserver(s.obs.Observe), recovery.WithKeyPrefix(prefix),
+		recovery.WithInstanceID("rec-1"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+		}))
 	require.NoError(t, err)
 	s.obs.Watch(w)
 	began := time.Now()
@@ -170,7 +173,7 @@ func TestMetricsAndSpanAfterARealRecovery(t *testing.T) {
 	stuck := histogram(t, metrics["recovery.rows.stuck.duration"])
 	assert.Equal(t, uint64(1), stuck.Count)
 	assert.Equal(t, recoveryotel.RowsStuckBuckets, stuck.Bounds)
-	assert.Equal(t, w.Stats().LastRowsStuck.Seconds(), stuck.Sum)
+	assert.Equal(t, w.Stats().LastStuckFor.Seconds(), stuck.Sum)
 	assert.GreaterOrEqual(t, stuck.Sum, 2.0, "the dead peer's key had expired: stuck at least the 2s TTL")
 	assert.Equal(t, "s", metrics["recovery.rows.stuck.duration"].Unit)
 
@@ -285,10 +288,13 @@ func TestWithoutInstanceIDSumsTheWatchedWorkers(t *testing.T) {
 	prefix := testutil.Name("P")
 	s := newSDK(t, recoveryotel.WithoutInstanceID())
 	for i, rows := range [][]int64{{1, 2}, {3, 4, 5}} {
-		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(s.obs), recovery.WithKeyPrefix(prefix),
-			recovery.WithInstanceID(fmt.Sprintf("w-%d", i)), recovery.WithHeartbeatTTL(2*time.Second),
-			recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Second),
-			recovery.WithRowsTTL(4*time.Second))
+		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(s.obs.Observe), recovery.WithKeyPrefix(prefix),
+			recovery.WithInstanceID(fmt.Sprintf("w-%d", i)), recovery.WithTimings(recovery.Timings{
+				HeartbeatTTL:      2 * time.Second,
+				HeartbeatInterval: 100 * time.Millisecond,
+				RecoveryInterval:  time.Second,
+				RowsTTL:           4 * time.Second,
+			}))
 		require.NoError(t, err)
 		s.obs.Watch(w)
 		require.NoError(t, w.Start(ctx))
@@ -363,9 +369,13 @@ func TestTheDocumentedDeferOrderExportsTheFinalCounts(t *testing.T) {
 		o, err := recoveryotel.New(recoveryotel.WithMeterProvider(mp))
 		require.NoError(t, err)
 		defer func() { require.NoError(t, o.Close()) }()
-		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(o), recovery.WithKeyPrefix(testutil.Name("P")),
-			recovery.WithHeartbeatTTL(2*time.Second), recovery.WithHeartbeatInterval(50*time.Millisecond),
-			recovery.WithRecoveryInterval(time.Second), recovery.WithRowsTTL(4*time.Second))
+		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(o.Observe), recovery.WithKeyPrefix(testutil.Name("P")),
+			recovery.WithTimings(recovery.Timings{
+				HeartbeatTTL:      2 * time.Second,
+				HeartbeatInterval: 50 * time.Millisecond,
+				RecoveryInterval:  time.Second,
+				RowsTTL:           4 * time.Second,
+			}))
 		require.NoError(t, err)
 		o.Watch(w)
 		require.NoError(t, w.Start(ctx))

@@ -321,10 +321,13 @@ func newFleet(t *testing.T, name string) *fleet {
 // 200ms.
 func (f *fleet) start(t *testing.T, rdb *redis.Client, resetter recovery.Resetter, id string, opts ...recovery.Option) *recovery.Worker {
 	t.Helper()
-	opts = append([]recovery.Option{recovery.WithObserver(f.c), recovery.WithKeyPrefix(f.prefix),
-		recovery.WithInstanceID(id), recovery.WithHeartbeatTTL(2 * time.Second),
-		recovery.WithHeartbeatInterval(200 * time.Millisecond), recovery.WithRecoveryInterval(200 * time.Millisecond),
-		recovery.WithRowsTTL(4 * time.Second)}, opts...)
+	opts = append([]recovery.Option{recovery.WithObserver(f.c.Observe), recovery.WithKeyPrefix(f.prefix),
+		recovery.WithInstanceID(id), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 200 * time.Millisecond,
+			RecoveryInterval:  200 * time.Millisecond,
+			RowsTTL:           4 * time.Second,
+		})}, opts...)
 	w, err := recovery.New(rdb, resetter, opts...)
 	require.NoError(t, err)
 	f.c.Watch(w)

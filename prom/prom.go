@@ -3,13 +3,14 @@
 // never depends on the Prometheus client.
 //
 //	c := recoveryprom.NewCollector()
-//	w, err := recovery.New(rdb, resetter, recovery.WithObserver(c))
+//	w, err := recovery.New(rdb, resetter, recovery.WithObserver(c.Observe))
 //	c.Watch(w)
 //	prometheus.MustRegister(c)
 //
-// The Collector is also the Observer that feeds its three histograms (scan
-// durations, recovery latency and how long rows were stuck); a host with an observer of its own
-// passes both through one recovery.ObserverFunc (see ExampleCollector_Observe).
+// The Collector's Observe method is also the observer that feeds its three
+// histograms (scan durations, recovery latency and how long rows were
+// stuck); a host with an observer of its own passes one func that calls
+// both to recovery.WithObserver (see ExampleCollector_Observe).
 //
 // By default every metric carries an instance_id label naming the
 // reporting worker. A fleet that keeps the default instance IDs (a new one
@@ -45,8 +46,8 @@ var RecoveryLatencyBuckets = []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30,
 var RowsStuckBuckets = []float64{1, 5, 10, 30, 60, 90, 120, 180, 240, 300, 600, 1800, 3600, 7200}
 
 // Collector is a prometheus.Collector over the Stats of watched Workers,
-// and a recovery.Observer that records scan durations and recovery
-// latencies.
+// and, through its Observe method passed to recovery.WithObserver, an
+// observer that records scan durations and recovery latencies.
 type Collector struct {
 	mu      sync.Mutex
 	workers map[string]*recovery.Worker
@@ -147,7 +148,7 @@ func (c *Collector) Watch(w *recovery.Worker) {
 	c.workers[w.InstanceID()] = w
 }
 
-// Observe implements recovery.Observer: it records scan durations
+// Observe is the observer to pass to recovery.WithObserver: it records scan durations
 // (EventScanFinished), recovery latencies and how long the recovered rows
 // were stuck (EventRowsRecovered).
 func (c *Collector) Observe(e recovery.Event) {
@@ -156,8 +157,8 @@ func (c *Collector) Observe(e recovery.Event) {
 		c.scanDuration.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.Duration.Seconds())
 	case recovery.EventRowsRecovered:
 		c.recoveryLatency.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.Duration.Seconds())
-		if e.RowsStuck > 0 {
-			c.rowsStuck.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.RowsStuck.Seconds())
+		if e.StuckFor > 0 {
+			c.rowsStuck.WithLabelValues(c.labels(e.InstanceID)...).Observe(e.StuckFor.Seconds())
 		}
 	}
 }

@@ -41,10 +41,13 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 	resetter, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
 	c := recoveryprom.NewCollector()
-	w, err := recovery.New(rdb, resetter, recovery.WithObserver(c), recovery.WithKeyPrefix(prefix),
-		recovery.WithInstanceID("rec-1"), recovery.WithHeartbeatTTL(2*time.Second),
-		recovery.WithHeartbeatInterval(500*time.Millisecond), recovery.WithRecoveryInterval(time.Second),
-		recovery.WithRowsTTL(4*time.Second))
+	w, err := recovery.New(rdb, resetter, recovery.WithObserver(c.Observe), recovery.WithKeyPrefix(prefix),
+		recovery.WithInstanceID("rec-1"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 500 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+		}))
 	require.NoError(t, err)
 	c.Watch(w)
 	reg := prometheus.NewRegistry()
@@ -88,7 +91,7 @@ func TestScrapeAfterARealRecovery(t *testing.T) {
 	require.Len(t, stuck, 2, text)
 	secs, err := strconv.ParseFloat(stuck[1], 64)
 	require.NoError(t, err)
-	assert.Equal(t, w.Stats().LastRowsStuck.Seconds(), secs)
+	assert.Equal(t, w.Stats().LastStuckFor.Seconds(), secs)
 	assert.GreaterOrEqual(t, secs, 2.0, "the dead peer's key had expired: at least the TTL")
 	assert.Regexp(t, regexp.MustCompile(`recovery_heartbeats_total\{instance_id="rec-1"\} [1-9]`), text)
 	assert.Regexp(t, regexp.MustCompile(`recovery_scan_duration_seconds_count\{instance_id="rec-1"\} [1-9]`), text)
@@ -168,10 +171,13 @@ func TestScrapeShowsARegistryOfTheWrongType(t *testing.T) {
 	prefix := testutil.Name("P")
 	require.NoError(t, rdb.Set(ctx, prefix+"_WORKER_REGISTRY", "oops", 0).Err())
 	c := recoveryprom.NewCollector()
-	w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c), recovery.WithKeyPrefix(prefix),
-		recovery.WithInstanceID("reg-1"), recovery.WithHeartbeatTTL(2*time.Second),
-		recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Second),
-		recovery.WithRowsTTL(4*time.Second))
+	w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c.Observe), recovery.WithKeyPrefix(prefix),
+		recovery.WithInstanceID("reg-1"), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      2 * time.Second,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Second,
+			RowsTTL:           4 * time.Second,
+		}))
 	require.NoError(t, err)
 	c.Watch(w)
 	require.NoError(t, w.Start(ctx))
@@ -197,8 +203,8 @@ func TestScrapeShowsARegistryOfTheWrongType(t *testing.T) {
 func TestLatencyHistogramRecordsEachRecoveredPeersDuration(t *testing.T) {
 	c := recoveryprom.NewCollector()
 	for _, e := range []recovery.Event{
-		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 1500 * time.Millisecond, RowsStuck: 61500 * time.Millisecond},
-		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 40 * time.Second, RowsStuck: 100 * time.Second},
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 1500 * time.Millisecond, StuckFor: 61500 * time.Millisecond},
+		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 40 * time.Second, StuckFor: 100 * time.Second},
 		{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: time.Second}, // no rows reset: nothing stuck
 		{Kind: recovery.EventRowsNotReset, InstanceID: "w-1", Duration: time.Hour},
 		{Kind: recovery.EventRecoveryFailed, InstanceID: "w-1", Duration: time.Hour},
@@ -261,9 +267,13 @@ func TestWithoutInstanceIDKeepsTheSameSeriesAcrossARestart(t *testing.T) {
 	prefix := testutil.Name("P")
 	c := recoveryprom.NewCollector(recoveryprom.WithoutInstanceID())
 	start := func() *recovery.Worker {
-		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c), recovery.WithKeyPrefix(prefix),
-			recovery.WithHeartbeatTTL(2*time.Second), recovery.WithHeartbeatInterval(100*time.Millisecond),
-			recovery.WithRecoveryInterval(200*time.Millisecond), recovery.WithRowsTTL(4*time.Second))
+		w, err := recovery.New(rdb, noReset{}, recovery.WithObserver(c.Observe), recovery.WithKeyPrefix(prefix),
+			recovery.WithTimings(recovery.Timings{
+				HeartbeatTTL:      2 * time.Second,
+				HeartbeatInterval: 100 * time.Millisecond,
+				RecoveryInterval:  200 * time.Millisecond,
+				RowsTTL:           4 * time.Second,
+			}))
 		require.NoError(t, err)
 		c.Watch(w)
 		require.NoError(t, w.Start(ctx))
@@ -304,18 +314,18 @@ func TestWithoutInstanceIDKeepsTheSameSeriesAcrossARestart(t *testing.T) {
 func ExampleCollector_Observe() {
 	c := recoveryprom.NewCollector()
 	var recovered int
-	mine := recovery.ObserverFunc(func(e recovery.Event) {
+	mine := func(e recovery.Event) {
 		if e.Kind == recovery.EventRowsRecovered {
 			recovered++
 		}
-	})
-	both := recovery.ObserverFunc(func(e recovery.Event) {
+	}
+	both := func(e recovery.Event) {
 		c.Observe(e)
-		mine.Observe(e)
-	})
+		mine(e)
+	}
 	// w, err := recovery.New(rdb, resetter, recovery.WithObserver(both))
 	// c.Watch(w)
-	both.Observe(recovery.Event{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 3 * time.Second})
+	both(recovery.Event{Kind: recovery.EventRowsRecovered, InstanceID: "w-1", Duration: 3 * time.Second})
 	fmt.Println(recovered, promtestutil.CollectAndCount(c, "recovery_latency_seconds"))
 	// Output: 1 1
 }

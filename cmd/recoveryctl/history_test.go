@@ -58,7 +58,7 @@ func recoveringFleet(t *testing.T, rdb redis.UniversalClient, prefix string) *re
 	plantDead(t, rdb, prefix, "dead-2", "9")
 	log, _ := testutil.Logger(t)
 	w, err := recovery.New(rdb, picky{fail: "dead-2"}, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID("rec-1"),
-		recovery.WithRecoveryInterval(time.Hour), recovery.WithRowsTTL(3*time.Hour), recovery.WithLogger(log))
+		recovery.WithTimings(recovery.Timings{RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}), recovery.WithLogger(log))
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })

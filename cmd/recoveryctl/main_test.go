@@ -54,8 +54,11 @@ func runVictim() int {
 		return 1
 	}
 	w, err := recovery.New(redis.NewClient(opt), &refuser{}, recovery.WithKeyPrefix(os.Getenv(ops.EnvKeyPrefix)),
-		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithHeartbeatTTL(3*time.Second),
-		recovery.WithHeartbeatInterval(100*time.Millisecond), recovery.WithRecoveryInterval(time.Hour))
+		recovery.WithInstanceID(os.Getenv(victimEnv)), recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      3 * time.Second,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+		}))
 	if err == nil {
 		err = w.Start(context.Background())
 	}
@@ -113,7 +116,7 @@ func liveWorker(t *testing.T, rdb redis.UniversalClient, prefix, id string, dead
 	log, _ := testutil.Logger(t)
 	r := &refuser{}
 	w, err := recovery.New(rdb, r, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID(id),
-		recovery.WithRecoveryInterval(time.Hour), recovery.WithRowsTTL(3*time.Hour), recovery.WithLogger(log))
+		recovery.WithTimings(recovery.Timings{RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}), recovery.WithLogger(log))
 	require.NoError(t, err)
 	require.NoError(t, w.Start(context.Background()))
 	t.Cleanup(func() { _ = w.Shutdown(context.Background()) })

@@ -213,7 +213,7 @@ func TestTwoWorkersProcessEveryRowExactlyOnce(t *testing.T) {
 	for id, r := range f.rows(t) {
 		require.Equal(t, "done", r.status, "row %d", id)
 		assert.Equal(t, strings.ToUpper(fmt.Sprintf("row %d", id)), r.result, "row %d", id)
-		instance, _, _ := strings.Cut(r.owner, "{") // Owner(): <instance ID>{<life>}
+		instance, _, _ := strings.Cut(r.owner, "{") // OwnerValue(): <instance ID>{<life>}
 		assert.Contains(t, []string{"bw-1", "bw-2"}, instance, "row %d", id)
 	}
 	var batch string
@@ -359,7 +359,7 @@ func TestConfigComesFromFlagsAndEnvironment(t *testing.T) {
 	assert.Equal(t, 30*time.Second, c.rowsTTL())
 	c.recoveryInterval = time.Minute
 	assert.Greater(t, c.rowsTTL(), c.heartbeatTTL+c.recoveryInterval*11/10+min(c.recoveryInterval*8/10, c.heartbeatTTL),
-		"rows TTL always outlives detection + recovery + the scan lease")
+		"rows TTL always outlives detection + recovery + the scan turn")
 
 	_, err = parseConfig(nil, func(string) string { return "" }, &out)
 	require.Error(t, err)

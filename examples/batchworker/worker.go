@@ -84,10 +84,12 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	}
 	opts := []recovery.Option{
 		recovery.WithKeyPrefix(cfg.prefix),
-		recovery.WithHeartbeatTTL(cfg.heartbeatTTL),
-		recovery.WithHeartbeatInterval(cfg.heartbeatInterval),
-		recovery.WithRecoveryInterval(cfg.recoveryInterval),
-		recovery.WithRowsTTL(cfg.rowsTTL()),
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      cfg.heartbeatTTL,
+			HeartbeatInterval: cfg.heartbeatInterval,
+			RecoveryInterval:  cfg.recoveryInterval,
+			RowsTTL:           cfg.rowsTTL(),
+		}),
 		recovery.WithLogger(log),
 	}
 	if cfg.instanceID != "" {
@@ -168,7 +170,7 @@ type row struct {
 	id      int64
 	batchID int64
 	payload string
-	// owner is the owner value the block was taken under (Worker.Owner,
+	// owner is the owner value the block was taken under (Worker.OwnerValue,
 	// read once per block in the fetch); the completion guard matches it.
 	owner string
 }
@@ -259,7 +261,7 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	owner := h.w.Owner() // once per block: the completion guard uses the same value
+	owner := h.w.OwnerValue() // once per block: the completion guard uses the same value
 	rows, err := tx.Query(ctx, fetchBlockSQL, h.cfg.block, owner)
 	if err != nil {
 		return nil, fmt.Errorf("select block: %w", err)

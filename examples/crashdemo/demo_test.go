@@ -208,7 +208,7 @@ func TestBadFlagsAreUsageErrors(t *testing.T) {
 		{[]string{"-workers", "1"}, "need at least 2"},
 		{[]string{"-block", "1"}, "need at least 2 rows"},
 		{[]string{"-rows", "5"}, "need at least -block × -workers"},
-		{[]string{"-ttl", "1s", "-heartbeat", "1s"}, "heartbeat interval 1s must be shorter than heartbeat TTL 1s"},
+		{[]string{"-ttl", "1s", "-heartbeat", "1s"}, "Timings.HeartbeatInterval 1s must be shorter than Timings.HeartbeatTTL 1s"},
 		{[]string{"extra"}, "unexpected arguments"},
 	} {
 		var out, errOut bytes.Buffer

@@ -120,8 +120,12 @@ func parseConfig(args []string, getenv func(string) string, stderr io.Writer) (c
 	idle := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1", ContextTimeoutEnabled: true})
 	defer idle.Close()
 	if _, err := recovery.New(idle, noResetter{}, recovery.WithLogger(slog.New(slog.DiscardHandler)),
-		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.beat),
-		recovery.WithRecoveryInterval(c.recovery), recovery.WithRowsTTL(rowsTTL(c.ttl, c.recovery))); err != nil {
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.ttl,
+			HeartbeatInterval: c.beat,
+			RecoveryInterval:  c.recovery,
+			RowsTTL:           rowsTTL(c.ttl, c.recovery),
+		})); err != nil {
 		return c, err
 	}
 	c.redisURL, c.databaseURL = getenv("REDIS_URL"), getenv("DATABASE_URL")

@@ -139,9 +139,13 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 	}
 	w, err := recovery.New(rdb, resetter,
 		recovery.WithInstanceID(c.id), recovery.WithKeyPrefix(c.prefix),
-		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.beat),
-		recovery.WithRecoveryInterval(c.recovery), recovery.WithRowsTTL(rowsTTL(c.ttl, c.recovery)),
-		recovery.WithLogger(slog.New(warnAndAbove{log.Handler()})), recovery.WithObserver(recovery.ObserverFunc(func(e recovery.Event) {
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.ttl,
+			HeartbeatInterval: c.beat,
+			RecoveryInterval:  c.recovery,
+			RowsTTL:           rowsTTL(c.ttl, c.recovery),
+		}),
+		recovery.WithLogger(slog.New(warnAndAbove{log.Handler()})), recovery.WithObserver(func(e recovery.Event) {
 			at := slog.Time("event_time", e.Time)
 			switch e.Kind {
 			case recovery.EventPeerDead:
@@ -151,7 +155,7 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 			case recovery.EventLeaseLost:
 				log.Info(evLeaseLost, at)
 			}
-		})))
+		}))
 	if err != nil {
 		return err
 	}
@@ -175,7 +179,7 @@ func runWorker(ctx context.Context, c workerConfig, log *slog.Logger) error {
 func (d *demoWorker) loop(ctx context.Context) error {
 	idle := false
 	for ctx.Err() == nil {
-		owner := d.w.Owner() // once per block, for the fetch and every completion
+		owner := d.w.OwnerValue() // once per block, for the fetch and every completion
 		ids, recovered, err := d.fetch(ctx, owner)
 		if err != nil {
 			if ctx.Err() != nil {

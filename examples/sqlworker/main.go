@@ -96,9 +96,9 @@ func main() {
 	flag.DurationVar(&c.work, "work", 20*time.Millisecond, "simulated work per job")
 	flag.DurationVar(&c.poll, "poll", time.Second, "wait when no job is pending")
 	flag.DurationVar(&c.shutdown, "shutdown-timeout", 10*time.Second, "deadline for Shutdown after the last block")
-	flag.DurationVar(&c.ttl, "heartbeat-ttl", recovery.DefaultHeartbeatTTL, "how long a dead worker goes unnoticed")
-	flag.DurationVar(&c.heartbeat, "heartbeat-interval", recovery.DefaultHeartbeatInterval, "heartbeat refresh interval (< TTL)")
-	flag.DurationVar(&c.recoveryInterval, "recovery-interval", recovery.DefaultRecoveryInterval, "how often to look for dead peers")
+	flag.DurationVar(&c.ttl, "heartbeat-ttl", 60*time.Second, "how long a dead worker goes unnoticed")
+	flag.DurationVar(&c.heartbeat, "heartbeat-interval", 30*time.Second, "heartbeat refresh interval (< TTL)")
+	flag.DurationVar(&c.recoveryInterval, "recovery-interval", 60*time.Second, "how often to look for dead peers")
 	flag.StringVar(&c.instanceID, "instance-id", "", "this worker's ID (default <hostname>-<pid>-<start>-<random>)")
 	flag.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	flag.BoolVar(&c.migrate, "migrate", false, "create the schema, tables and reset ledger if they do not exist")
@@ -150,8 +150,11 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 		}
 	}
 	opts := []recovery.Option{recovery.WithLogger(log), recovery.WithKeyPrefix(c.prefix),
-		recovery.WithHeartbeatTTL(c.ttl), recovery.WithHeartbeatInterval(c.heartbeat),
-		recovery.WithRecoveryInterval(c.recoveryInterval)}
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.ttl,
+			HeartbeatInterval: c.heartbeat,
+			RecoveryInterval:  c.recoveryInterval,
+		})}
 	if c.instanceID != "" {
 		opts = append(opts, recovery.WithInstanceID(c.instanceID))
 	}

@@ -19,7 +19,7 @@ import (
 // column: rows-set mode, the backstop sweep on by default) and a fault
 // after which no rows set holds some rows in progress. Their rows must be
 // back in the queue within backstopBound. With FAULTS_NO_BACKSTOP=1 the
-// workers run WithoutBackstopSweep, as releases before it did: the
+// workers run WithBackstopSweep(false), as releases before it did: the
 // scenarios then fail, and say how many rows stayed in progress.
 
 // backstopBound is the longest from the moment no rows set holds a row

@@ -87,7 +87,7 @@ type config struct {
 	track          string
 	dieAfterCommit bool
 	resetterInprog string
-	noBackstop     bool // WithoutBackstopSweep: the sweep's "before" figures
+	noBackstop     bool // WithBackstopSweep(false): the sweep's "before" figures
 
 	logLevel slog.Level
 }
@@ -126,7 +126,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.track, "track", "before", "when the host calls Track: before the fetch's COMMIT (the design), after it, or never")
 	fs.BoolVar(&c.dieAfterCommit, "die-after-commit", false, "SIGKILL this process right after its first fetch commits, before a Track that comes after it (with -track after)")
 	fs.StringVar(&c.resetterInprog, "resetter-inprog", "", "the in-progress status the resetter is told (default 'inprog'; a misspelt one for issue 21)")
-	fs.BoolVar(&c.noBackstop, "no-backstop", false, "WithoutBackstopSweep: no sweep without an owner column")
+	fs.BoolVar(&c.noBackstop, "no-backstop", false, "WithBackstopSweep(false): no sweep without an owner column")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -209,31 +209,33 @@ func countSet(bs ...bool) int {
 func (c config) options(log *slog.Logger) []recovery.Option {
 	opts := []recovery.Option{
 		recovery.WithKeyPrefix(c.prefix),
-		recovery.WithHeartbeatTTL(c.heartbeatTTL),
-		recovery.WithHeartbeatInterval(c.heartbeatInterval),
-		recovery.WithRecoveryInterval(c.recoveryInterval),
-		recovery.WithRowsTTL(c.rowsTTL),
-		recovery.WithResetTimeout(c.resetTimeout),
-		recovery.WithScanLease(c.scanLease),
+		recovery.WithTimings(recovery.Timings{
+			HeartbeatTTL:      c.heartbeatTTL,
+			HeartbeatInterval: c.heartbeatInterval,
+			RecoveryInterval:  c.recoveryInterval,
+			RowsTTL:           c.rowsTTL,
+			ResetTimeout:      c.resetTimeout,
+		}),
+		recovery.WithScanTurn(c.scanLease),
 		recovery.WithLogger(log),
 	}
 	if c.instanceID != "" {
 		opts = append(opts, recovery.WithInstanceID(c.instanceID))
 	}
 	if c.expiry {
-		opts = append(opts, recovery.WithExpiryNotifications(true))
+		opts = append(opts, recovery.WithExpiryNotifications(), recovery.WithExpiryConfigSet())
 	}
 	if c.rowsSets {
 		opts = append(opts, recovery.WithRowsSets())
 	}
 	if c.noBackstop {
-		opts = append(opts, recovery.WithoutBackstopSweep())
+		opts = append(opts, recovery.WithBackstopSweep(false))
 	}
 	if c.acceptEviction {
 		opts = append(opts, recovery.WithEvictionAccepted())
 	}
 	if c.opTimeout != 0 {
-		opts = append(opts, recovery.WithOperationTimeout(c.opTimeout))
+		opts = append(opts, recovery.WithTimings(recovery.Timings{OperationTimeout: c.opTimeout}))
 	}
 	return opts
 }

@@ -24,7 +24,7 @@ type host struct {
 	w    *recovery.Worker
 	me   string // the instance ID, for the ledger
 	// owner is the owner value the current block was fetched under
-	// (Worker.Owner, read once per block); its completions match it.
+	// (Worker.OwnerValue, read once per block); its completions match it.
 	owner string
 	log   *slog.Logger
 
@@ -130,7 +130,7 @@ func (h *host) fetchBlock(ctx context.Context) ([]int64, error) {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	owner := h.w.Owner() // once per block: names this worker's current life
+	owner := h.w.OwnerValue() // once per block: names this worker's current life
 	rows, err := tx.Query(ctx, h.fetchSQL, h.cfg.block, owner)
 	if err != nil {
 		return nil, fmt.Errorf("select block: %w", err)

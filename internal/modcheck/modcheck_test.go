@@ -180,8 +180,8 @@ func main() {
 	if err != nil {
 		panic(err)
 	}
-	both := recovery.ObserverFunc(func(e recovery.Event) { c.Observe(e); o.Observe(e) })
-	both.Observe(recovery.Event{Kind: recovery.EventScanFinished})
+	both := func(e recovery.Event) { c.Observe(e); o.Observe(e) }
+	both(recovery.Event{Kind: recovery.EventScanFinished})
 	fmt.Println("built against", recovery.EventScanFinished)
 }
 `)

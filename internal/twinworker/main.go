@@ -65,9 +65,12 @@ func main() {
 
 	rdb := redis.NewClient(&redis.Options{Addr: *addr, ContextTimeoutEnabled: true})
 	defer rdb.Close()
-	opts := []recovery.Option{recovery.WithKeyPrefix(*prefix), recovery.WithHeartbeatTTL(*ttl),
-		recovery.WithHeartbeatInterval(*interval), recovery.WithRecoveryInterval(time.Hour),
-		recovery.WithRowsTTL(2**ttl + 2*time.Hour)}
+	opts := []recovery.Option{recovery.WithKeyPrefix(*prefix), recovery.WithTimings(recovery.Timings{
+		HeartbeatTTL:      *ttl,
+		HeartbeatInterval: *interval,
+		RecoveryInterval:  time.Hour,
+		RowsTTL:           2**ttl + 2*time.Hour,
+	})}
 	if *id != "" {
 		opts = append(opts, recovery.WithInstanceID(*id))
 	}
