@@ -61,8 +61,9 @@ const (
 	defaultHistoryLength = 10_000
 )
 
-// DefaultKeyPrefix is the first part of every Redis key, as in the design.
-const DefaultKeyPrefix = "ALYA"
+// defaultKeyPrefix is the first part of every Redis key, as in the design
+// (ops.DefaultKeyPrefix says the same to operators' tools).
+const defaultKeyPrefix = "ALYA"
 
 // Bounds of every timing (the Timings fields). New refuses a value outside
 // them with an ErrInvalidConfig error that names the field and the bound.
@@ -83,7 +84,3 @@ const (
 	// blocks the dead peer's recovery forever.
 	maxDuration = 7 * 24 * time.Hour
 )
-
-// EnvKeyPrefix is the environment variable of the key prefix
-// (WithKeyPrefix), which cmd/recoveryctl reads too.
-const EnvKeyPrefix = "RECOVERY_KEY_PREFIX"

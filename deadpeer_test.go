@@ -730,7 +730,7 @@ func (s *comebackStore) ReadRows(ctx context.Context, peer string) (string, []st
 // again after the read and leaves such a peer alone.
 func TestRecoveryLeavesAPeerThatCameBackBetweenTheClaimAndTheRead(t *testing.T) {
 	_, rdb := newMini(t)
-	plantDeadPeer(t, rdb, DefaultKeyPrefix, "back", "7", "8")
+	plantDeadPeer(t, rdb, defaultKeyPrefix, "back", "7", "8")
 	r := &fakeResetter{fenced: true}
 	w, _ := newWorker(t, rdb, r, "scanner", WithRowsSets())
 	w.store = &comebackStore{Store: w.store, peer: "back"}
@@ -740,6 +740,6 @@ func TestRecoveryLeavesAPeerThatCameBackBetweenTheClaimAndTheRead(t *testing.T) 
 	assert.Equal(t, []string{"back"}, rep.Skipped, "left alone, as a peer found alive at the claim")
 	assert.Empty(t, rep.Recovered)
 	assert.Zero(t, r.callCount(), "nothing read after the peer came back is reset")
-	assert.ElementsMatch(t, []string{"7", "8"}, rowsOf(t, rdb, DefaultKeyPrefix, "back"), "its rows set is its own again")
-	assert.True(t, registered(t, rdb, DefaultKeyPrefix, "back"))
+	assert.ElementsMatch(t, []string{"7", "8"}, rowsOf(t, rdb, defaultKeyPrefix, "back"), "its rows set is its own again")
+	assert.True(t, registered(t, rdb, defaultKeyPrefix, "back"))
 }

@@ -126,7 +126,7 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 	evictedSeen := time.Since(start)
 	// dead: a worker that died holding rows 11..15 while the server
 	// evicts (registered; its heartbeat gone).
-	plantDeadPeer(t, rdb, DefaultKeyPrefix, "dead")
+	plantDeadPeer(t, rdb, defaultKeyPrefix, "dead")
 	take(t, db, "dead", 11, 12, 13, 14, 15)
 	// Keep the server evicting for three TTLs: every scan meanwhile finds
 	// the heartbeat absent at some point, or the evictions moving.
@@ -220,7 +220,7 @@ func TestStartDoesNotRecoverATwinWhoseHeartbeatWasEvicted(t *testing.T) {
 // before (the restart check skipped, said once).
 func TestAcceptedEvictionsHoldVerdictsWhileINFOCannotBeRead(t *testing.T) {
 	_, rdb := newMini(t) // miniredis has no INFO server section: NodeInfo fails
-	plantDeadPeer(t, rdb, DefaultKeyPrefix, "gone", 1, 2)
+	plantDeadPeer(t, rdb, defaultKeyPrefix, "gone", 1, 2)
 	ctx := context.Background()
 
 	r := &fakeResetter{}

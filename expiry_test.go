@@ -107,7 +107,7 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	}, 5*time.Second, 10*time.Millisecond)
 	// Then a real peer's heartbeat expires: its event comes after all the
 	// others on the subscription, so once it is recovered they were handled.
-	plantDeadPeer(t, rdb, DefaultKeyPrefix, "last", "1")
+	plantDeadPeer(t, rdb, defaultKeyPrefix, "last", "1")
 	require.NoError(t, rdb.Set(ctx, keysOf("last").Heartbeat, "alive", 10*time.Millisecond).Err())
 	require.Eventually(t, func() bool { return len(r.resetOf("last")) == 1 }, 5*time.Second, 10*time.Millisecond,
 		"recovered through its expiry event (the recovery interval is an hour)")

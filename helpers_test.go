@@ -270,10 +270,10 @@ func (g *gate) pass() {
 }
 
 // keysOf returns the key names of instance id under the default prefix.
-func keysOf(id string) store.Keys { return store.InstanceKeys(DefaultKeyPrefix, id) }
+func keysOf(id string) store.Keys { return store.InstanceKeys(defaultKeyPrefix, id) }
 
 // registryKey is the name of the registry under the default prefix.
-var registryKey = store.RegistryKey(DefaultKeyPrefix)
+var registryKey = store.RegistryKey(defaultKeyPrefix)
 
 // plantDeadPeer writes what a worker that was killed leaves behind: a
 // registry entry and a rows set, and no heartbeat.

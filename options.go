@@ -53,7 +53,7 @@ type options struct {
 func defaultOptions() options {
 	return options{
 		instanceID:       defaultInstanceID(),
-		keyPrefix:        DefaultKeyPrefix,
+		keyPrefix:        defaultKeyPrefix,
 		heartbeatTTL:     defaultHeartbeatTTL,
 		recoveryInterval: defaultRecoveryInterval,
 		resetTimeout:     defaultResetTimeout,

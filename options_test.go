@@ -23,7 +23,7 @@ func TestDefaultsMatchTheDesign(t *testing.T) {
 	assert.Equal(t, 30*time.Second, defaultHeartbeatInterval)
 	assert.Equal(t, 60*time.Second, defaultRecoveryInterval)
 	assert.Equal(t, 180*time.Second, defaultRowsTTL)
-	assert.Equal(t, "ALYA", DefaultKeyPrefix)
+	assert.Equal(t, "ALYA", defaultKeyPrefix)
 
 	w, err := New(idleClient(t), &fakeResetter{})
 	require.NoError(t, err)

@@ -436,7 +436,7 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 		w.mu.Unlock()
 		t.Fatalf("New: %v", err)
 	}
-	wk.store = &simStore{c: p.conn, prefix: DefaultKeyPrefix}
+	wk.store = &simStore{c: p.conn, prefix: defaultKeyPrefix}
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.procs = append(w.procs, p)
@@ -745,7 +745,7 @@ func (w *simWorld) foreignStrike() {
 		w.mu.Unlock()
 		return
 	}
-	wk.store = &simStore{c: p.conn, prefix: DefaultKeyPrefix}
+	wk.store = &simStore{c: p.conn, prefix: defaultKeyPrefix}
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.tracef("SECOND FLEET %s starts under the prefix", p)
@@ -761,7 +761,7 @@ func (w *simWorld) foreignStrike() {
 		return
 	}
 	recorded := ""
-	if e := w.redis.get(store.FleetKey(DefaultKeyPrefix)); e != nil {
+	if e := w.redis.get(store.FleetKey(defaultKeyPrefix)); e != nil {
 		recorded = e.hash["serves"]
 	}
 	if recorded == simForeignServes {
@@ -775,7 +775,7 @@ func (w *simWorld) foreignStrike() {
 		// Starts, gives that application its own prefix and deletes the
 		// record (docs/operations.md): our fleet records its table again.
 		w.mu.Lock()
-		w.redis.del(store.FleetKey(DefaultKeyPrefix))
+		w.redis.del(store.FleetKey(defaultKeyPrefix))
 		w.tracef("operator deletes the fleet record")
 		w.mu.Unlock()
 		return
@@ -1108,7 +1108,7 @@ func (w *simWorld) describe() string {
 		if e.isSet {
 			v = fmt.Sprint(w.redis.smembers(k))
 		}
-		parts = append(parts, fmt.Sprintf("%s=%s", strings.TrimPrefix(k, DefaultKeyPrefix+"_"), v))
+		parts = append(parts, fmt.Sprintf("%s=%s", strings.TrimPrefix(k, defaultKeyPrefix+"_"), v))
 	}
 	return strings.Join(parts, " ")
 }

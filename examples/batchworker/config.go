@@ -10,7 +10,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/alya/recovery"
+	"github.com/alya/recovery/ops"
 )
 
 // config is everything the worker can be told.
@@ -48,7 +48,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of the tables (default: the search_path)")
 	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start time>-<random>)")
-	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
+	fs.StringVar(&c.prefix, "prefix", ops.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	fs.IntVar(&c.block, "block", 50, "rows per block")
 	fs.DurationVar(&c.poll, "poll", time.Second, "wait between fetches when no row is queued")
 	fs.DurationVar(&c.work, "work", 20*time.Millisecond, "simulated work per row")

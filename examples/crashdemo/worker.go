@@ -18,6 +18,7 @@ import (
 
 	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/redact"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
 )
@@ -73,7 +74,7 @@ func workerMain(args []string) int {
 	fs := flag.NewFlagSet("crashdemo worker", flag.ContinueOnError)
 	fs.StringVar(&c.id, "id", "", "instance ID")
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema")
-	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "key prefix")
+	fs.StringVar(&c.prefix, "prefix", ops.DefaultKeyPrefix, "key prefix")
 	fs.IntVar(&c.block, "block", 10, "rows per block")
 	fs.DurationVar(&c.work, "work", 100*time.Millisecond, "work per row")
 	fs.DurationVar(&c.ttl, "ttl", 2*time.Second, "heartbeat TTL")

@@ -38,6 +38,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/sqlreset"
 )
@@ -100,7 +101,7 @@ func main() {
 	flag.DurationVar(&c.heartbeat, "heartbeat-interval", 30*time.Second, "heartbeat refresh interval (< TTL)")
 	flag.DurationVar(&c.recoveryInterval, "recovery-interval", 60*time.Second, "how often to look for dead peers")
 	flag.StringVar(&c.instanceID, "instance-id", "", "this worker's ID (default <hostname>-<pid>-<start>-<random>)")
-	flag.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
+	flag.StringVar(&c.prefix, "prefix", ops.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	flag.BoolVar(&c.migrate, "migrate", false, "create the schema, tables and reset ledger if they do not exist")
 	flag.IntVar(&c.seed, "seed", 0, "insert this many pending jobs at start")
 	flag.BoolVar(&c.exitWhenDone, "exit-when-done", false, "exit once no job is pending or running, with a verdict")

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/ops"
 	"github.com/alya/recovery/postgres"
 )
 
@@ -101,7 +102,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.schema, "schema", "", "PostgreSQL schema of the tables (default: the search_path)")
 	fs.StringVar(&c.table, "table", postgres.DefaultTable, "the rows table")
 	fs.StringVar(&c.instanceID, "instance-id", "", "this worker's ID in Redis (default <hostname>-<pid>-<start>-<random>)")
-	fs.StringVar(&c.prefix, "prefix", recovery.DefaultKeyPrefix, "Redis key prefix of the fleet")
+	fs.StringVar(&c.prefix, "prefix", ops.DefaultKeyPrefix, "Redis key prefix of the fleet")
 	fs.StringVar(&c.guard, "guard", guardOwner, "completion guard: owner (fencing), status, or none")
 	fs.IntVar(&c.block, "block", 10, "rows per block")
 	fs.DurationVar(&c.work, "work", 50*time.Millisecond, "simulated work per row")
