@@ -129,16 +129,16 @@ func TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist(t *testing.T) {
 	}
 	assert.Equal(t, []string{
 		"docs/migrating.md:10: ops.Nope: package ops (ops) has no exported Nope",
-		"docs/migrating.md:12: NewOld: not in the root since v2; use `pgxreset.New` (docs/migrating.md)",
+		"docs/migrating.md:12: NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
 		"docs/x.md:3: recovery.InTest: package recovery (.) has no exported InTest",
 		"docs/x.md:3: recovery.Worker.Stop: recovery.Worker has no method or field Stop",
 		"docs/x.md:3: ops.Gone: package ops (ops) has no exported Gone",
 		"docs/x.md:3: sqlreset.New: package sqlreset (postgres/sqlreset) has no exported New",
 		"docs/x.md:4: Stats.Nope: no type Stats (in .) has a method or field Nope",
 		"docs/x.md:4: Resetter.Nope: no type Resetter (in ., postgres/pgxreset) has a method or field Nope",
-		"docs/x.md:7: recovery.NewOld: not in the root since v2; use `pgxreset.New` (docs/migrating.md)",
-		"docs/x.md:8: NewOld: not in the root since v2; use `pgxreset.New` (docs/migrating.md)",
-		"docs/x.md:11: recovery.Worker.Old: not in the root since v2; use `ops.Nope(ctx, w)` (docs/migrating.md)",
-		"docs/x.md:11: Worker.Old: not in the root since v2; use `ops.Nope(ctx, w)` (docs/migrating.md)",
+		"docs/x.md:7: recovery.NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
+		"docs/x.md:8: NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
+		"docs/x.md:11: recovery.Worker.Old: not in the v2 root (docs/migrating.md: `ops.Nope(ctx, w)`)",
+		"docs/x.md:11: Worker.Old: not in the v2 root (docs/migrating.md: `ops.Nope(ctx, w)`)",
 	}, got)
 }

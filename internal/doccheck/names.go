@@ -445,7 +445,7 @@ func (nc *nameChecker) check(s source) ([]problem, error) {
 		problems = append(problems, problem{file: s.file, line: s.line + strings.Count(text[:off], "\n"), msg: fmt.Sprintf(format, args...)})
 	}
 	retiredMsg := func(off int, cited string, r retired) {
-		add(off, "%s: not in the root since v2; use %s (%s)", cited, r.replacement, migrationDoc)
+		add(off, "%s: not in the v2 root (%s: %s)", cited, migrationDoc, r.replacement)
 	}
 
 	for _, m := range qualifiedName.FindAllStringSubmatchIndex(text, -1) {
