@@ -91,7 +91,7 @@ fuzz: ## run each fuzz target for a few seconds (FUZZTIME=5s)
 fmt: ## fail if a file needs gofmt
 	@out=$$(gofmt -l .); if [ -n "$$out" ]; then echo "gofmt needed:"; echo "$$out"; exit 1; fi
 
-lint: fmt ## gofmt, go vet and doccheck (every test the docs cite exists), without running tests (make test runs both too); internal/containers: make test-containers
+lint: fmt ## gofmt, go vet and doccheck (every test and Go identifier the docs cite exists), without running tests (make test runs both too); internal/containers: make test-containers
 	$(GO) vet $(PKGS)
 	$(GO) run ./internal/doccheck
 	for m in $(NESTED) internal/modcheck; do (cd $$m && $(GO) vet ./...) || exit 1; done

@@ -85,3 +85,60 @@ func TestCheckNamesEachCitationOfATestThatDoesNotExist(t *testing.T) {
 		"docs/x.md:12: gone_test.go: no such test file",
 	}, got)
 }
+
+// TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist plants good and
+// bad citations of identifiers, qualified and not, and retired names in
+// and out of docs/migrating.md's old-names regions, and expects exactly
+// the bad ones.
+func TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist(t *testing.T) {
+	root := writeTree(t, map[string]string{
+		"go.mod": "module example.com/m\n\ngo 1.26\n",
+		"a.go": "package recovery\n\nimport \"example.com/m/internal/contract\"\n\n" +
+			"type Worker struct{ Name string }\n\nfunc (*Worker) Start() {}\nfunc New() *Worker { return nil }\n" +
+			"type Info = contract.Info\ntype Stats struct{ contract.Base }\n" +
+			"type Resetter interface{ Reset() }\nconst EventX = 1\nvar ErrX error\n",
+		// Files another build selects count: parsed, not built.
+		"b.go":                   "//go:build sim\n\npackage recovery\n\nfunc Tagged() {}\n",
+		"c_test.go":              "package recovery\n\nfunc InTest() {}\n",
+		"internal/contract/c.go": "package contract\n\ntype Info struct{ Ledger bool }\ntype Base struct{ Count int }\n",
+		"ops/o.go":               "package ops\n\nfunc Inspect() {}\nconst PlanReset = 1\n",
+		"postgres/pgxreset/p.go": "package pgxreset\n\ntype Resetter struct{}\n\nfunc (*Resetter) LedgerDDL() string { return \"\" }\nfunc New() {}\n",
+		"docs/migrating.md": "# Migrating\n" +
+			"<!-- doccheck:old-names -->\n" + // line 2
+			"```go\nw, _ := recovery.NewOld(recovery.WithGone())\n```\n" + // lines 3-5: not checked
+			"| before | after |\n|---|---|\n" + // lines 6, 7
+			"| `recovery.NewOld` | `pgxreset.New` |\n" + // line 8
+			"| `recovery.PlanReset` | `ops.PlanReset` |\n" + // line 9
+			"| `recovery.Worker.Old` | `ops.Nope(ctx, w)` |\n" + // line 10: ops.Nope does not exist
+			"<!-- doccheck:end -->\n" + // line 11
+			"Use `pgxreset.New`, not `NewOld`.\n", // line 12: a retired name outside the region
+		"docs/x.md": "# Names\n" +
+			"`recovery.New`, `recovery.Worker.Start`, `recovery.Worker.Name`, `ops.Inspect`, `recovery.Tagged`.\n" + // line 2
+			"`recovery.InTest`, `recovery.Worker.Stop`, `ops.Gone`, `sqlreset.New`.\n" + // line 3
+			"`recovery.Info.Ledger`, `Info.Ledger`, `Stats.Count`, `Stats.Nope`, `Resetter.Reset`, `Resetter.LedgerDDL`, `Resetter.Nope`.\n" + // line 4
+			"`recovery.ErrX.Error`, `Unknown.Thing`, github.com/x/recovery.Nope, `recovery.EventX`.\n" + // line 5
+			"```go\nr := recovery.NewOld()\nNewOld(PlanReset)\nw.Old()\n```\n" + // lines 6-10
+			"Prose: NewOld, `Worker.Old`, `recovery.Worker.Old`.\n", // line 11: bare names are checked only in code
+		"docs/plans/p.md": "`recovery.Planned`, `NewOld`\n",
+	})
+	problems, err := check(root)
+	require.NoError(t, err)
+	var got []string
+	for _, p := range problems {
+		got = append(got, p.String())
+	}
+	assert.Equal(t, []string{
+		"docs/migrating.md:10: ops.Nope: package ops (ops) has no exported Nope",
+		"docs/migrating.md:12: NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
+		"docs/x.md:3: recovery.InTest: package recovery (.) has no exported InTest",
+		"docs/x.md:3: recovery.Worker.Stop: recovery.Worker has no method or field Stop",
+		"docs/x.md:3: ops.Gone: package ops (ops) has no exported Gone",
+		"docs/x.md:3: sqlreset.New: package sqlreset (postgres/sqlreset) has no exported New",
+		"docs/x.md:4: Stats.Nope: no type Stats (in .) has a method or field Nope",
+		"docs/x.md:4: Resetter.Nope: no type Resetter (in ., postgres/pgxreset) has a method or field Nope",
+		"docs/x.md:7: recovery.NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
+		"docs/x.md:8: NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
+		"docs/x.md:11: recovery.Worker.Old: not in the v2 root (docs/migrating.md: `ops.Nope(ctx, w)`)",
+		"docs/x.md:11: Worker.Old: not in the v2 root (docs/migrating.md: `ops.Nope(ctx, w)`)",
+	}, got)
+}

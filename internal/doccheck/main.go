@@ -1,6 +1,7 @@
-// Command doccheck fails when the repository's prose cites a test that does
-// not exist: a renamed or removed test leaves docs that send a reader (or a
-// reviewer checking a claim) to nothing.
+// Command doccheck fails when the repository's prose cites a test or an
+// identifier that does not exist: a renamed or removed test or API name
+// leaves docs that send a reader (or a reviewer checking a claim) to
+// nothing.
 //
 // It collects every top-level Test, Benchmark, Example and Fuzz function of
 // every _test.go file under the root, whatever its build tags (sim,
@@ -24,6 +25,13 @@
 //     same line when there is one. Alternatives that match the empty string
 //     ('^$': run nothing) and shell variables are left alone, and so is an
 //     unquoted pattern of lower-case letters only (prose: "-run or -bench").
+//
+// It also checks the Go identifiers the Markdown files cite
+// (`recovery.New`, `ops.Inspect`, `recovery.Worker.Start`, `Stats.OwnerMode`)
+// against the packages' sources, and that no Markdown file but the
+// migration notes cites a name v2 took out of the root: names.go says how,
+// and how docs/migrating.md marks its "before" column (<!--
+// doccheck:old-names --> regions).
 //
 // Usage: go run ./internal/doccheck [root] (root defaults to "."). It prints
 // one line per bad citation, file:line first, and exits 1 if there is any.
@@ -59,7 +67,7 @@ func main() {
 		fmt.Println(p)
 	}
 	if len(problems) > 0 {
-		fmt.Fprintf(os.Stderr, "doccheck: %d citation(s) of tests that do not exist\n", len(problems))
+		fmt.Fprintf(os.Stderr, "doccheck: %d bad citation(s) of tests or identifiers\n", len(problems))
 		os.Exit(1)
 	}
 }
@@ -98,7 +106,7 @@ type source struct {
 // check walks root and returns every bad citation, in file and line order.
 func check(root string) ([]problem, error) {
 	var tests tree
-	var sources []source
+	var sources, docs []source // docs: the Markdown files
 	fset := token.NewFileSet()
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
 		if err != nil {
@@ -148,7 +156,11 @@ func check(root string) ([]problem, error) {
 			if err != nil {
 				return err
 			}
-			sources = append(sources, source{file: rel, line: 1, text: string(b)})
+			src := source{file: rel, line: 1, text: string(b)}
+			sources = append(sources, src)
+			if strings.HasSuffix(name, ".md") {
+				docs = append(docs, src)
+			}
 		}
 		return nil
 	})
@@ -158,6 +170,17 @@ func check(root string) ([]problem, error) {
 	var problems []problem
 	for _, s := range sources {
 		problems = append(problems, checkSource(s, tests)...)
+	}
+	names, err := newNameChecker(root, docs)
+	if err != nil {
+		return nil, err
+	}
+	for _, d := range docs {
+		ps, err := names.check(d)
+		if err != nil {
+			return nil, err
+		}
+		problems = append(problems, ps...)
 	}
 	sort.SliceStable(problems, func(i, j int) bool {
 		if problems[i].file != problems[j].file {
