@@ -124,6 +124,7 @@ func TestCompletionInTwoStatementsIsNoAlarm(t *testing.T) {
 // after it (the documented way on for finished rows) keeps a lost lease
 // for good: CheckLease and Track refuse, Healthy fails.
 func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 10, "RVE")
 	ctx := context.Background()
 	r := &blindResetter{pgResetterAPI: resetterImpls[0].mustResetter(t, db)}
@@ -132,7 +133,9 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
 	wc.AddHook(fr)
-	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(time.Second), WithHeartbeatInterval(250 * time.Millisecond),
+	// lifeTimings' TTL 2 s and heartbeat every 500 ms: p's lease and w's
+	// stay valid beside other tests until the freeze.
+	timing := []Option{WithKeyPrefix(prefix), WithHeartbeatTTL(2 * time.Second), WithHeartbeatInterval(500 * time.Millisecond),
 		WithRecoveryInterval(time.Hour), WithRowsTTL(2 * time.Hour),
 		WithResetTimeout(500 * time.Millisecond), WithSelfCheckWindow(200 * time.Millisecond)}
 	w, logs := startWorker(t, wc, r, "w", append(timing, WithDeferredUntrack(50*time.Millisecond))...)
