@@ -20,7 +20,7 @@ import (
 // of its own instance ID by its own memory (sweeper.lifeEnded: id ==
 // w.opts.instanceID). Process A of ID w holds the sweep turn and is paused
 // past its heartbeat TTL (but not past the sweep turn's TTL, 2.2 × the
-// recovery interval). Process B of the same ID starts (a restart of its
+// recovery interval; 2 s and 8.8 s here). Process B of the same ID starts (a restart of its
 // pod while A is stalled), recovers A's rows and takes row 1 under its own
 // life. A resumes: its heartbeat finds B's value (ousted), but its sweep
 // renews the turn it still holds, lists w{B's life} as "its own", finds it
@@ -29,15 +29,16 @@ import (
 // follows the protocol (it sees ErrLeaseLost and releases; it has nothing
 // to release).
 func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 2, "HO")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := holeTimings(prefix, time.Second)
+	opts := holeTimings(prefix, 4*time.Second)
 	a, fr, _ := frozenWorker(t, rdb, r, "w", opts...)
 	// A's sweep ran at Start and holds the turn.
-	time.Sleep(200 * time.Millisecond)
+	time.Sleep(800 * time.Millisecond)
 
-	fr.freeze() // A stalls, holding the sweep turn (TTL about 2.2 s)
+	fr.freeze() // A stalls, holding the sweep turn (TTL about 9 s)
 	waitHeartbeatGone(t, rdb, prefix, "w")
 	b, _ := startWorker(t, rdb, r, "w", opts...)
 	ownerB := b.OwnerValue()
@@ -46,7 +47,7 @@ func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
 	fr.thaw() // A resumes
 
 	require.Eventually(t, func() bool { return a.CheckLease() != nil }, 5*time.Second, 5*time.Millisecond)
-	s := watchLiveRow(t, db, b, ownerB, 1, 5*time.Second)
+	s := watchLiveRow(t, db, b, ownerB, 1, 20*time.Second)
 	assert.True(t, complete(t, db, ownerB, 1), "B completes its row")
 	t.Logf("A ousted: %v; A stats errors=%d; row 1 status %q", a.lease.ousted.Load(), a.Stats().Errors, s)
 }
@@ -61,12 +62,13 @@ func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
 // the turn goes to A deterministically; with equal timings it is a coin
 // toss at every change of holder.)
 func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 2, "HT")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := holeTimings(prefix, 300*time.Millisecond)
+	opts := holeTimings(prefix, 1200*time.Millisecond)
 	c, _ := startWorker(t, rdb, r, "c", opts...) // sweeps at once: holds the turn
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(400 * time.Millisecond)
 	a, fr, aLogs := frozenWorker(t, rdb, r, "w", opts...)
 
 	fr.freeze()
@@ -78,12 +80,12 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 	fr.thaw()
 	require.Eventually(t, func() bool { return a.lease.ousted.Load() }, 5*time.Second, 5*time.Millisecond, "A learns it is ousted")
 
-	time.Sleep(time.Second) // A, ousted, goes on; C sweeps
+	time.Sleep(4 * time.Second) // A, ousted, goes on; C sweeps
 	s, _ := rowState(t, db, 1)
 	require.Equal(t, "inprog", s, "while C holds the turn B's row is safe")
-	c.crash() // C leaves; its turn expires (2.2 × 300 ms + op timeout)
+	c.crash() // C leaves; its turn expires (2.2 × 1.2 s + op timeout)
 
-	watchLiveRow(t, db, b, ownerB, 1, 6*time.Second)
+	watchLiveRow(t, db, b, ownerB, 1, 24*time.Second)
 	assert.Zero(t, aLogs.Count("reset the rows of an ended life of a live worker"), "the ousted process A reset them")
 }
 
@@ -95,6 +97,7 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 // interval before a sweep of one holder, would give two sightings: that
 // case is not covered (docs/safety.md §2).
 func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 1, "HR")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
@@ -117,7 +120,7 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	}
 	rollback()
 	_, _ = x.sweeper.runOnce(ctx) // sighting 1
-	time.Sleep(700 * time.Millisecond)
+	time.Sleep(x.opts.heartbeatTTL + 700*time.Millisecond)
 	cur, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
 	require.Equal(t, owner, lifeOwner("w", cur), "w's heartbeat rewrote its life between the sightings")
@@ -165,10 +168,11 @@ func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id in
 // completion (owner = me) finds nothing: processed twice. With the previous
 // release the hold refused this Track for a claim TTL.
 func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 1, "HK")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
-	opts := holeTimings(prefix, 300*time.Millisecond)
+	opts := holeTimings(prefix, 1200*time.Millisecond)
 	w, fr, logs := frozenWorker(t, rdb, r, "w", opts...)
 	startWorker(t, rdb, r, "p", opts...) // a peer; its sweep (or w's) judges ended lives
 
@@ -186,16 +190,23 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 	require.NotEqual(t, me, again, "a new life since the loss")
 	take(t, db, again, 1)
 	require.NoError(t, w.Track(ctx, 1))
-	watchLiveRow(t, db, w, again, 1, 2*time.Second)
+	watchLiveRow(t, db, w, again, 1, 8*time.Second)
 	assert.True(t, complete(t, db, again, 1), "the host completes its row once")
 }
 
-// holeTimings are the tests' short timings: TTL 500 ms, a heartbeat every
-// 100 ms, and the given recovery interval.
+// holeTimings are the tests' short timings: TTL 2 s, a heartbeat every
+// 400 ms (an operation timeout of 200 ms), a rows TTL of 16 s, and the
+// given recovery interval. The tests run in parallel: they were written
+// with four times shorter timings (TTL 500 ms, rows TTL 4 s, recovery
+// intervals of 300 ms and 1 s, the waits and watches after them), which a
+// loaded machine does not keep (the live worker's lease of 450 ms, Redis
+// calls of 50 ms); every timing and wait of the interleavings is four
+// times the original.
 func holeTimings(prefix string, recovery time.Duration) []Option {
 	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      500 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 400 * time.Millisecond,
 		RecoveryInterval:  recovery,
+		RowsTTL:           16 * time.Second,
 	})}
 }

@@ -20,13 +20,15 @@ import (
 // Issue 22, second half: owner-mode workers write per-life owner values
 // (owner.go). These tests run on a real redis-server and PostgreSQL.
 
-// lifeTimings are short timings for the tests of this file: TTL 1 s, a
-// heartbeat every 250 ms, a claim TTL of reset timeout + 3 × operation
-// timeout.
+// lifeTimings are short timings for the tests of this file: TTL 2 s, a
+// heartbeat every 500 ms (an operation timeout of 250 ms), a claim TTL of
+// reset timeout + 3 × operation timeout (1.25 s). The tests run in
+// parallel: a lease of 1.8 s and Redis calls of 250 ms stay valid on a
+// loaded machine, where 900 ms and 125 ms did not always.
 func lifeTimings(prefix string) []Option {
 	return []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      time.Second,
-		HeartbeatInterval: 250 * time.Millisecond,
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
 		RecoveryInterval:  time.Hour,
 		RowsTTL:           2 * time.Hour,
 		ResetTimeout:      500 * time.Millisecond,
@@ -69,6 +71,7 @@ func complete(t *testing.T, db *pgxpool.Pool, owner string, id int64) bool {
 // the ended life: a host that read Owner before the loss and tracks after
 // the regain. (Reverted, TrackAs took rows 1 and 2 under the ended life.)
 func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 4, "LF")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
@@ -100,6 +103,7 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 // life by the new one. (Reverted to the current OwnerValue(): row 1 stayed in
 // progress, taken for another owner's.)
 func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 3, "LR")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
@@ -125,6 +129,7 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 // (every recovery resets the bare ID) but holds its regained leases.
 // (Reverted to the instance ID: ErrMisconfigured on the per-life rows.)
 func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 2, "LS")
 	ctx := context.Background()
 	opts := append(lifeTimings(prefix), WithTimings(Timings{SelfCheckWindow: 100 * time.Millisecond}))
@@ -152,12 +157,17 @@ func TestSelfCheckAcceptsTheWorkersLivesAndNotesABareIDHost(t *testing.T) {
 // apart; the rows of its current life stay. (Reverted: row 1 stayed in
 // progress for good.)
 func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 3, "LE")
 	r := fencedResetter(t, db)
+	// Four times the timings of a sequential run (TTL 500 ms, a heartbeat
+	// every 100 ms, a sweep every 200 ms, rows TTL 4 s): live's lease must stay valid
+	// beside other tests.
 	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      500 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
-		RecoveryInterval:  200 * time.Millisecond,
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 400 * time.Millisecond,
+		RecoveryInterval:  800 * time.Millisecond,
+		RowsTTL:           16 * time.Second,
 	})}
 	live, liveLogs := startWorker(t, rdb, r, "live", opts...)
 	take(t, db, lifeOwner("live", "ended0000000000000000000000000000"), 1)
@@ -165,7 +175,7 @@ func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 	require.NoError(t, live.TrackAs(context.Background(), live.OwnerValue(), 2))
 	_, logs := startWorker(t, rdb, r, "B", opts...)
 
-	require.Eventually(t, func() bool { s, _ := rowState(t, db, 1); return s == "queued" }, 10*time.Second, 20*time.Millisecond,
+	require.Eventually(t, func() bool { s, _ := rowState(t, db, 1); return s == "queued" }, 20*time.Second, 20*time.Millisecond,
 		"the ended life's row is reset")
 	s, _ := rowState(t, db, 2)
 	assert.Equal(t, "inprog", s, "the current life's row stays")
@@ -180,6 +190,7 @@ func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 // one, and the rows of the old life are handled as after a loss.
 // (Reverted: the incarnation written is the old life, OwnerValue() unchanged.)
 func TestOwnerModeALateHeartbeatBeginsANewLife(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 1, "LL")
 	ctx := context.Background()
 	w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
@@ -257,6 +268,7 @@ func recoverBlocked(t *testing.T, p *Worker, g *gatedOwnerResetter) <-chan struc
 // life's rows 1 and 2, never rows 3 and 4. (Reverted, OwnerValue() the bare ID:
 // rows 3 and 4 reset under live w.)
 func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 4, "R1")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
@@ -293,6 +305,7 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 // only the dead life. (Reverted, OwnerValue() the bare ID with no hold: rows 3
 // and 4 reset under live w.)
 func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 4, "R3")
 	ctx := context.Background()
 	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
@@ -329,6 +342,7 @@ func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 // nothing. (Reverted, both write the bare ID: A's completion matched B's
 // row, processed twice.)
 func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 1, "R2")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
@@ -394,13 +408,18 @@ func prevReleaseRecover(t *testing.T, via *Worker, r Resetter, peer string) bool
 // OwnerValue() returned there) and, for its recoveries, by the previous
 // release's recovery steps (prevReleaseRecover).
 func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 8, "UL")
 	ctx := context.Background()
 	r := fencedResetter(t, db)
+	// Four times the timings of a sequential run (TTL 500 ms, a heartbeat
+	// every 100 ms, a sweep every 200 ms, rows TTL 4 s): the live workers' leases must
+	// stay valid beside other tests.
 	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      500 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
-		RecoveryInterval:  200 * time.Millisecond,
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 400 * time.Millisecond,
+		RecoveryInterval:  800 * time.Millisecond,
+		RowsTTL:           16 * time.Second,
 	})}
 
 	oldLive, _ := startWorker(t, rdb, r, "old-live", opts...)
@@ -433,9 +452,9 @@ func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 
 	// An old recoverer finds the live new worker alive; the sweeps (every
 	// member runs one, the new workers' judging ended lives too) leave
-	// both live workers' rows alone for several TTLs.
+	// both live workers' rows alone for several TTLs (six).
 	assert.False(t, prevReleaseRecover(t, oldLive, r, "new-live"))
-	time.Sleep(3 * time.Second)
+	time.Sleep(6 * oldLive.opts.heartbeatTTL)
 	for _, id := range []int64{1, 2} {
 		s, _ := rowState(t, db, id)
 		assert.Equal(t, "inprog", s, "row %d of a live worker", id)
@@ -467,11 +486,14 @@ func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (
 // ErrLeaseLost, as TrackAs would refuse. (Reverted: CheckLease nil while
 // TrackAs refused, for a whole interval.)
 func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 1, "LM")
 	ctx := context.Background()
+	// A heartbeat every 4 s, and the bound half of it: twice the timings
+	// of a sequential run (2 s and 1 s), for a run beside other tests.
 	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      6 * time.Second,
-		HeartbeatInterval: 2 * time.Second,
+		HeartbeatTTL:      12 * time.Second,
+		HeartbeatInterval: 4 * time.Second,
 		RecoveryInterval:  time.Hour,
 		RowsTTL:           2 * time.Hour,
 	}))
@@ -480,8 +502,8 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	require.NoError(t, w.Start(ctx))
 	mid.armed.Store(true)
 	<-mid.done
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, time.Second, time.Millisecond,
-		"the new life is recorded well within the 2 s interval")
+	require.Eventually(t, func() bool { return w.CheckLease() == nil }, w.opts.heartbeatInterval/2, time.Millisecond,
+		"the new life is recorded well within the heartbeat interval")
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
 	assert.Equal(t, lifeOwner("w", life), w.OwnerValue())

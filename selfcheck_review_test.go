@@ -125,6 +125,7 @@ func TestCompletionInTwoStatementsIsNoAlarm(t *testing.T) {
 // after it (the documented way on for finished rows) keeps a lost lease
 // for good: CheckLease and Track refuse, Healthy fails.
 func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T) {
+	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 10, "RVE")
 	ctx := context.Background()
 	r := &blindResetter{pgResetterAPI: resetterImpls[0].mustResetter(t, db)}
@@ -133,9 +134,11 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	t.Cleanup(func() { _ = wc.Close() })
 	fr := &freezer{}
 	wc.AddHook(fr)
+	// lifeTimings' TTL 2 s and heartbeat every 500 ms: p's lease and w's
+	// stay valid beside other tests until the freeze.
 	timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      time.Second,
-		HeartbeatInterval: 250 * time.Millisecond,
+		HeartbeatTTL:      2 * time.Second,
+		HeartbeatInterval: 500 * time.Millisecond,
 		RecoveryInterval:  time.Hour,
 		RowsTTL:           2 * time.Hour,
 		ResetTimeout:      500 * time.Millisecond,

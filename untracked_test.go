@@ -18,9 +18,12 @@ import (
 // Untrack, twice; a Track refused and its rows untracked as Track's doc
 // says) is not.
 func TestUntrackWithoutAnyTrackTellsTheHostThatForgotTrack(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 6)
 	ctx := context.Background()
-	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("UT")), WithBackstopSweep(false))
+	// No sweep: the test's timings (newWorker's, TTL 2 s) keep the leases
+	// that Healthy checks first valid on a loaded machine.
+	opts := []Option{WithKeyPrefix(testutil.Name("UT")), WithBackstopSweep(false)}
 
 	forgot, logs := startWorker(t, rdb, r, "forgot", opts...)
 	setJobs(t, db, schema, "running", 1) // its fetch, no Track
@@ -55,16 +58,19 @@ func TestUntrackWithoutAnyTrackTellsTheHostThatForgotTrack(t *testing.T) {
 // note and fails its own Healthy, as it did.) The old worker is its keys,
 // written by hand as every release writes them.
 func TestUntrackedRowsNoteForAWorkerOfAnEarlierReleaseExpires(t *testing.T) {
+	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 4)
 	ctx := context.Background()
 	prefix := testutil.Name("UO")
 	k := store.InstanceKeys(prefix, "old-1")
+	// old-1 lives throughout: TTLs that a loaded machine cannot outrun
+	// between its beats and the looks.
 	beat := func(rows ...any) {
-		require.NoError(t, rdb.Set(ctx, k.Heartbeat, "alive", 2*time.Second).Err())
+		require.NoError(t, rdb.Set(ctx, k.Heartbeat, "alive", 20*time.Second).Err())
 		require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "old-1").Err())
 		if len(rows) > 0 {
 			require.NoError(t, rdb.SAdd(ctx, k.Rows, rows...).Err())
-			require.NoError(t, rdb.PExpire(ctx, k.Rows, 3*time.Second).Err())
+			require.NoError(t, rdb.PExpire(ctx, k.Rows, 30*time.Second).Err())
 		}
 	}
 	beat()

@@ -108,7 +108,7 @@ func TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist(t *testing.T) {
 			"```go\nw, _ := recovery.NewOld(recovery.WithGone())\n```\n" + // lines 3-5: not checked
 			"| before | after |\n|---|---|\n" + // lines 6, 7
 			"| `recovery.NewOld` | `pgxreset.New` |\n" + // line 8
-			"| `recovery.PlanReset` | `ops.PlanReset` |\n" + // line 9
+			"| `ops.PlanReset` | `ops.PlanReset` |\n" + // line 9
 			"| `recovery.Worker.Old` | `ops.Nope(ctx, w)` |\n" + // line 10: ops.Nope does not exist
 			"<!-- doccheck:end -->\n" + // line 11
 			"Use `pgxreset.New`, not `NewOld`.\n", // line 12: a retired name outside the region
