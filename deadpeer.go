@@ -429,7 +429,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	res, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
-		// The peer is named by report.PeerError, and PgxResetter's error names
+		// The peer is named by report.PeerError, and the PostgreSQL resetters' errors name
 		// it too: one more "of <peer>" would repeat it.
 		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}

@@ -89,7 +89,7 @@ var (
 	// Track, for good: that Worker must be shut down.
 	ErrInstanceIDInUse = errors.New("recovery: instance ID in use by another live process")
 
-	// ErrInvalidConfig is wrapped by every error New and NewPgxResetter
+	// ErrInvalidConfig is wrapped by every error New, pgxreset.New and sqlreset.New
 	// return for a bad option or argument.
 	ErrInvalidConfig = contract.ErrInvalidConfig
 

@@ -131,7 +131,7 @@ func ExampleNew() {
 	fmt.Println(err)
 	// Output:
 	// instance: worker-1
-	// recovery: invalid configuration: heartbeat interval 1m30s must be shorter than heartbeat TTL 1m0s
+	// recovery: invalid configuration: Timings.HeartbeatInterval 1m30s must be shorter than Timings.HeartbeatTTL 1m0s
 }
 
 func ExampleWorker_Track() {

@@ -2,7 +2,7 @@ package recovery
 
 // Owner mode. When the resetter fences by owner and lists the owners of
 // rows in progress (ResetterInfo's OwnerFencing and ListsInProgress: a
-// PgxResetter WithOwnerColumn), PostgreSQL knows which rows each worker
+// pgxreset.Resetter with postgres.WithOwnerColumn), PostgreSQL knows which rows each worker
 // holds, atomically with the fetch that set the owner column: the worker
 // mirrors nothing into Redis. Track and Untrack keep the worker's own view
 // (Release, the lease, the self-check) and send nothing; the heartbeat

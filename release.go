@@ -14,10 +14,10 @@ import (
 // untracked.
 //
 // With owner fencing (a resetter whose Info reports OwnerFencing, such as
-// a PgxResetter WithOwnerColumn) a row another worker holds now is left
+// a pgxreset.Resetter with postgres.WithOwnerColumn) a row another worker holds now is left
 // alone, so Release is safe in any state, also with the lease lost and
-// after Shutdown. So it is with the reset ledger (a PgxResetter or
-// SQLResetter without an owner column, unless WithoutResetLedger): the
+// after Shutdown. So it is with the reset ledger (a pgxreset.Resetter or
+// sqlreset.Resetter without an owner column, unless postgres.WithoutResetLedger): the
 // release is a reset under this worker's instance ID and incarnation, like
 // a recovery of it, and skips the rows a recovery already reset, whoever
 // holds them now (docs/safety.md §3). With neither, the status guard alone

@@ -165,8 +165,8 @@ func (w *Worker) InstanceID() string { return w.opts.instanceID }
 
 // Start checks the resetter's configuration against the database (its
 // Check, unless WithoutSchemaCheck), records what the fleet
-// under the key prefix serves (database, schema, table: PgxResetter and
-// SQLResetter tell, in Check's ResetterInfo.Serves) or, when another is recorded, returns an error
+// under the key prefix serves (database, schema, table: the PostgreSQL resetters
+// tell, in Check's ResetterInfo.Serves) or, when another is recorded, returns an error
 // wrapping ErrFleetMismatch that names both, makes sure no other live
 // process heartbeats its instance ID, writes the first heartbeat and
 // registers the worker, then starts the heartbeat loop and

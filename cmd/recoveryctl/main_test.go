@@ -175,7 +175,7 @@ func TestWorkersShowsAliveAndDeadInstancesWithTheirRows(t *testing.T) {
 	assert.Regexp(t, `^INSTANCE\s+STATE\s+LAST BEAT\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL`, lines[0])
 	assert.Regexp(t, `^alive-1\s+alive\s+\S+ ago\s+\S+\s+2\s+`, lines[1])
 	// The live worker's scan failed to reset them (refuser): the claim
-	// renewed the rows set's TTL (WithRowsTTL 3h) and left its note.
+	// renewed the rows set's TTL (Timings.RowsTTL 3h) and left its note.
 	assert.Regexp(t, `^dead-1\s+dead, last recovery failed\s+over 1m0s ago\s+-\s+3\s+3h0m0s`, lines[2])
 	assert.Contains(t, out, "2 registered in "+prefix+"_WORKER_REGISTRY: 1 alive, 1 dead")
 	assert.Contains(t, out, `"not valid"`)
