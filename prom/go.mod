@@ -3,7 +3,7 @@ module github.com/alya/recovery/prom
 go 1.26.0
 
 require (
-	github.com/alya/recovery v0.1.0
+	github.com/alya/recovery v0.2.0
 	github.com/stretchr/testify v1.12.1
 )
 
