@@ -93,7 +93,7 @@ var (
 	// return for a bad option or argument.
 	ErrInvalidConfig = contract.ErrInvalidConfig
 
-	// ErrSchema is wrapped by every error of a SchemaChecker that found the
+	// ErrSchema is wrapped by every error of a Resetter's Check that found the
 	// database different from what the resetter was configured for: a
 	// missing table or column, a column of an unusable type, a status that
 	// is not a label of the status column's enum, a missing privilege.

@@ -40,10 +40,11 @@ type Resetter interface {
 	InProgressRows(ctx context.Context) ([]RowState, error)
 	// RowStates reads the committed state, version and lock of each
 	// existing row of ids; a row that does not exist is left out. The
-	// Worker's self-check reads its own rows with it; a resetter that
-	// cannot read rows returns an error wrapping errors.ErrUnsupported,
-	// and the self-check is then off. Start asks it for no row (ids
-	// empty) to learn that: it should then do no I/O.
+	// Worker's self-check reads its own rows with it. A resetter that
+	// cannot read rows returns an error wrapping errors.ErrUnsupported
+	// when Start asks it for no row (ids empty, which should do no I/O):
+	// the self-check is then off, and Start says so at Warn. Only that
+	// first call decides; a later error is a failed look.
 	RowStates(ctx context.Context, ids []int64) ([]RowState, error)
 }
 

@@ -182,6 +182,7 @@ func (g guarantee) ledger(t *testing.T) {
 	r2, _ := newWorker(t, rdb, g.resetter(t, db), "r2", opts...)
 	rep, err = r2.recoverNow(ctx)
 	require.NoError(t, err)
+	require.Len(t, rep.Recovered, 1, "r2 recovered the victim again: its reset ran")
 	assert.Zero(t, rep.RowsReset, "the second reset of the same incarnation changes nothing")
 	for id, s := range statuses(t, db) {
 		if id <= 3 {

@@ -44,9 +44,10 @@ import (
 
 // The self-check reads rows through the resetter's RowStates: their
 // committed state and version, and whether another session held them
-// locked. A resetter that cannot read rows returns an error wrapping
-// errors.ErrUnsupported: the self-check then stops, and Healthy never
-// reports ErrMisconfigured.
+// locked. A resetter that cannot read rows says so at Start (RowStates of
+// no row returns an error wrapping errors.ErrUnsupported): the self-check
+// is then off, Start logs it at Warn, and Healthy never reports
+// ErrMisconfigured.
 
 const (
 	// selfCheckSample bounds how many rows one look reads.
@@ -107,26 +108,28 @@ func (c *selfChecker) inProgress(s RowState, owner string) bool {
 }
 
 // probe asks the resetter, at Start, whether it reads rows at all:
-// RowStates of no row. One that cannot (errors.ErrUnsupported) gets no
-// self-check; any other answer leaves the self-check to its first look.
+// RowStates of no row. One that cannot (an error wrapping
+// errors.ErrUnsupported) gets no self-check, said once at Warn; any other
+// answer leaves the self-check on. Only this probe decides: a later read
+// that fails, whatever its error, is a failed look and nothing more (a
+// network error can wrap ENOTSUP, which matches errors.ErrUnsupported).
 func (c *selfChecker) probe(ctx context.Context) {
 	if c.off.Load() {
 		return
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.w.opts.resetTimeout)
 	defer cancel()
-	_, _ = c.readRows(ctx, nil)
-}
-
-// readRows reads the rows of ids through the resetter. A resetter that
-// cannot read rows (errors.ErrUnsupported) turns the self-check off.
-func (c *selfChecker) readRows(ctx context.Context, ids []int64) ([]RowState, error) {
-	states, err := c.w.resetter.RowStates(ctx, ids)
-	if errors.Is(err, errors.ErrUnsupported) {
+	if _, err := c.w.resetter.RowStates(ctx, nil); errors.Is(err, errors.ErrUnsupported) {
 		c.off.Store(true)
 		c.fast.Store(false)
+		c.w.log.Warn("the resetter reads no rows (RowStates returned errors.ErrUnsupported at Start): no self-check, so Healthy cannot catch a host whose rows a recovery would not reset (statuses swapped or misspelt, the owner column not set)",
+			slog.String("resetter_type", fmt.Sprintf("%T", c.w.resetter)), slog.Any("error", err))
 	}
-	return states, err
+}
+
+// readRows reads the rows of ids through the resetter.
+func (c *selfChecker) readRows(ctx context.Context, ids []int64) ([]RowState, error) {
+	return c.w.resetter.RowStates(ctx, ids)
 }
 
 // tracked tells the loop that rows were just tracked; it never blocks.

@@ -7,9 +7,13 @@ import "github.com/alya/recovery/internal/report"
 // errors.As(err, &pe) with a *ops.PeerError matches what a Worker returns.
 
 // RecoveryReport says what one recovery scan found and did (RecoverNow).
+// Its fields are documented on internal/report.RecoveryReport (go doc
+// github.com/alya/recovery/internal/report.RecoveryReport).
 type RecoveryReport = report.RecoveryReport
 
 // PeerRecovery says what recovery did for one dead peer.
+// Its fields are documented on internal/report.PeerRecovery (go doc
+// github.com/alya/recovery/internal/report.PeerRecovery).
 type PeerRecovery = report.PeerRecovery
 
 // PeerError is a recovery failure that concerns one peer. The peer's rows
@@ -17,9 +21,13 @@ type PeerRecovery = report.PeerRecovery
 type PeerError = report.PeerError
 
 // RecoveryPlan is what a recovery scan would do now (PlanRecovery).
+// Its fields are documented on internal/report.RecoveryPlan (go doc
+// github.com/alya/recovery/internal/report.RecoveryPlan).
 type RecoveryPlan = report.RecoveryPlan
 
 // PeerPlan is what a recovery scan would do for one dead peer.
+// Its fields are documented on internal/report.PeerPlan (go doc
+// github.com/alya/recovery/internal/report.PeerPlan).
 type PeerPlan = report.PeerPlan
 
 // PlanAction is what a recovery scan would do for one dead peer.
@@ -69,4 +77,6 @@ const (
 
 // TrackedRows are the members of an instance's rows set, read with SSCAN
 // as recovery reads them (ReadTrackedRows, PeerPlan.Tracked).
+// Its fields are documented on internal/report.TrackedRows (go doc
+// github.com/alya/recovery/internal/report.TrackedRows).
 type TrackedRows = report.TrackedRows

@@ -31,7 +31,7 @@ import (
 // It reads only the catalogue, inside a transaction (a savepoint when the
 // handle is a transaction) that it rolls back; names and statuses are query
 // parameters. Other errors (the database unreachable) are returned as they
-// are. It implements SchemaChecker: Worker.Start runs it unless
+// are. Check runs it, which Worker.Start calls with the schema check on unless
 // WithoutSchemaCheck.
 func (r *Resetter) checkSchema(ctx context.Context) (err error) {
 	tx, err := r.conn.Begin(ctx)

@@ -216,7 +216,7 @@ func isNil(v any) bool {
 }
 
 // fencesByOwner reports whether resets are guarded by owner
-// (WithOwnerColumn). It implements OwnerFencer.
+// (WithOwnerColumn): Info's OwnerFencing.
 func (r *Resetter) fencesByOwner() bool { return r.owners != "" }
 
 // resetAttempts is how often a reset that hit a deadlock or a serialization
@@ -231,8 +231,8 @@ const rollbackTimeout = 5 * time.Second
 // ascending ID order; a deadlock or serialization failure is retried with
 // backoff. With the reset ledger (no owner column) it skips the rows a
 // committed reset of the same instance and incarnation already changed,
-// and records the ones it changes, in the same transaction. It implements
-// IncarnationResetter.
+// and records the ones it changes, in the same transaction. It serves
+// Reset for RowIDs.
 func (r *Resetter) resetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
 	if len(req.RowIDs) == 0 {
 		return ResetResult{}, nil
