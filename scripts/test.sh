@@ -80,8 +80,8 @@ shard() {
 
 gobin="$($GO env GOROOT)/bin"
 if $sharded; then
-	echo "\$tmp/root.test -test.run '$list'   (shard 1/2, scripts/root-shard1.txt) &"
-	echo "\$tmp/root.test -test.skip '$list'  (shard 2/2: every other test) &"
+	echo "\$tmp/root.test -test.parallel=8 -test.run '^(<scripts/root-shard1.txt>)\$' &   # shard 1/2"
+	echo "\$tmp/root.test -test.parallel=8 -test.skip '^(<scripts/root-shard1.txt>)\$' &  # shard 2/2"
 	shard 1 -test.run "$list" &
 	s1=$!
 	shard 2 -test.skip "$list" &
