@@ -10,10 +10,10 @@
 # the sequential tests named in scripts/root-shard1.txt (anchored names),
 # shard 2 every other test (-test.skip of the same list, so a new test
 # lands there), its sequential tests first, then the parallel ones eight
-# at a time. The other packages run as one go test beside them. Each
-# shard's output lines start with "root 1/2: " or "root 2/2: ", and each
-# shard ends with a line like go test's: "ok  " or "FAIL" and the package,
-# the shard and its time.
+# at a time. The other packages run as one go test beside them. A shard's
+# output is shown only if it fails, each line starting with "root 1/2: "
+# or "root 2/2: "; each shard ends with a line like go test's: "ok  " or
+# "FAIL", the package, the shard and its time.
 #
 #   GO=go PKGS=./... NESTED_PKGS="./prom/... ./otel/..." scripts/test.sh
 set -euo pipefail
@@ -57,22 +57,24 @@ fi
 
 # shard <n> <args>...: one process of the root test binary, run as go test
 # runs it (in the package's folder, with GOROOT/bin first in PATH and a
-# 10-minute timeout), its output lines prefixed with the shard's name.
+# 10-minute timeout). As go test does with a list of packages, its output
+# is shown only when it fails, each line prefixed with the shard's name;
+# then an ok or FAIL line.
 shard() {
 	local n=$1
 	shift
-	local start rc
+	local out="$work/shard$n.out" start rc took
 	start=$(date +%s.%N)
 	set +e
 	PATH="$gobin:$PATH" "$work/root.test" -test.paniconexit0 -test.timeout=10m0s \
-		-test.count=1 -test.parallel=8 "$@" 2>&1 | sed -u -e '/^PASS$/d' -e "s|^|root $n/2: |"
-	rc=${PIPESTATUS[0]}
+		-test.count=1 -test.parallel=8 "$@" >"$out" 2>&1
+	rc=$?
 	set -e
-	local took
 	took=$(awk -v s="$start" -v e="$(date +%s.%N)" 'BEGIN { printf "%.3fs", e - s }')
 	if [ "$rc" -eq 0 ]; then
 		echo "ok  	$rootpkg [shard $n/2]	$took"
 	else
+		sed -e "s|^|root $n/2: |" "$out"
 		echo "FAIL	$rootpkg [shard $n/2]	$took (exit status $rc)"
 	fi
 	return "$rc"
