@@ -29,18 +29,16 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 
 # go test vets every package it builds; -vet=all runs go vet's full set
 # there, so the packages are not type-checked a second time by make lint.
-# internal/modcheck's -short check (a module of its own) runs beside the
-# main go test rather than after it. -parallel 8: the root package's slow
-# tests that call t.Parallel mostly wait on TTLs and on servers of their
-# own growing old enough (helpers_test.go), so eight at a time on two
-# cores; the tests that bound a latency stay sequential and run first.
+# scripts/test.sh runs internal/modcheck's -short check (a module of its
+# own) beside the main go test, and the root package, whose tests mostly
+# wait on TTLs and on servers of their own, as two shards at once from one
+# race-built test binary: the sequential tests of scripts/root-shard1.txt,
+# and every other test (its sequential ones first, then the parallel ones
+# eight at a time, -parallel 8); the tests that bound a latency most
+# tightly stay sequential in the second shard.
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
-	@echo '(cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...) &'
-	@echo '$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS)'
-	@st=0; (cd internal/modcheck && $(GO) test -short -vet=all -count=1 ./...) & mc=$$!; \
-	$(GO) test -race -vet=all -count=1 -parallel 8 $(PKGS) $(NESTED_PKGS) || st=1; \
-	wait $$mc || st=1; exit $$st
+	@GO='$(GO)' PKGS='$(PKGS)' NESTED_PKGS='$(NESTED_PKGS)' scripts/test.sh
 
 test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold
 	cd internal/modcheck && $(GO) test -race -vet=all -count=1 ./...
