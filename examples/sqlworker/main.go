@@ -255,7 +255,15 @@ func (h *host) loop(ctx context.Context) error {
 // fetch marks a block of pending jobs running and tracks it before the
 // commit: a crash after the commit always finds the jobs tracked, and one
 // before leaves them pending.
+//
+// The transaction runs under a context SIGTERM does not cancel, bounded by
+// dbTimeout: database/sql rolls a transaction back when the context it was
+// begun with ends, so a SIGTERM between Track and COMMIT would otherwise
+// give a fetched block back instead of finishing it. The loop checks for
+// SIGTERM before each fetch.
 func (h *host) fetch(ctx context.Context) ([]int64, error) {
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
+	defer cancel()
 	tx, err := h.db.BeginTx(ctx, nil)
 	if err != nil {
 		return nil, err
@@ -283,10 +291,9 @@ func (h *host) fetch(ctx context.Context) ([]int64, error) {
 	if err := rows.Err(); err != nil || len(ids) == 0 {
 		return nil, err
 	}
-	// From here SIGTERM does not interrupt: a COMMIT cut off after the
-	// server applied it would give the block back instead of finishing it.
-	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
-	defer cancel()
+	// SIGTERM does not interrupt what follows either: a COMMIT cut off
+	// after the server applied it would give the block back instead of
+	// finishing it.
 	if err := h.w.Track(ctx, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) {
 			return nil, fmt.Errorf("track block: %w", err) // the rollback leaves them pending

@@ -15,6 +15,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
@@ -238,4 +239,51 @@ func TestConnectionsEndIdleTransactions(t *testing.T) {
 	_, err = openDB("postgres://u:s3cretZ@h:notaport/x")
 	require.Error(t, err)
 	assert.NotContains(t, err.Error(), "s3cretZ")
+}
+
+// TestSIGTERMBetweenTrackAndCommitStillFinishesTheBlock: a SIGTERM that
+// arrives while Track waits for Redis, after the block's UPDATE and before
+// its COMMIT, must not give the block back: the fetch's transaction runs
+// under a context SIGTERM does not cancel (database/sql rolls a
+// transaction back when its context ends). Redis holds Track's reply back
+// for 400 ms, and the host is told to stop as soon as Redis has the rows.
+func TestSIGTERMBetweenTrackAndCommitStillFinishesTheBlock(t *testing.T) {
+	f := setup(t)
+	srv := testutil.StartRedis(t)
+	proxy, err := netfault.NewProxy(srv.Addr)
+	require.NoError(t, err)
+	t.Cleanup(func() { _ = proxy.Close() })
+	t.Setenv("REDIS_URL", "redis://"+proxy.Addr)
+	t.Setenv("DATABASE_URL", f.dbURL)
+	rdb := redis.NewClient(&redis.Options{Addr: srv.Addr})
+	t.Cleanup(func() { _ = rdb.Close() })
+	log, logs := testutil.Logger(t)
+	const id = "sw-window"
+	cfg := config{block: 10, work: 10 * time.Millisecond, poll: 50 * time.Millisecond, shutdown: 5 * time.Second,
+		ttl: 5 * time.Second, heartbeat: time.Second, recoveryInterval: time.Second,
+		instanceID: id, prefix: f.prefix, migrate: true, seed: 30}
+	rowsKey := store.InstanceKeys(f.prefix, id).Rows
+	held := proxy.DelayReplyTo([]byte(rowsKey), 400*time.Millisecond)
+	ctx, sigterm := context.WithCancel(context.Background())
+	defer sigterm()
+	errc := make(chan error, 1)
+	go func() { errc <- run(ctx, cfg, log) }()
+
+	require.Eventually(t, func() bool { return rdb.SCard(context.Background(), rowsKey).Val() > 0 },
+		15*time.Second, time.Millisecond, "Track reached Redis")
+	sigterm() // while Track's reply is held: before the COMMIT
+	select {
+	case <-held:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the reply to Track was never held")
+	}
+	select {
+	case err = <-errc:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the worker did not stop after SIGTERM")
+	}
+	require.NoError(t, err)
+	assert.Zero(t, logs.Count("released rows"), "no block was given back: %s", logs.String())
+	assert.Zero(t, f.count(t, `SELECT count(*) FROM batch.jobs WHERE state = 'running'`), "the block was finished, not abandoned")
+	assert.Equal(t, 10, f.count(t, `SELECT count(*) FROM batch.jobs WHERE state = 'finished'`), "the one block fetched is finished")
 }
