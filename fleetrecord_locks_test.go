@@ -47,7 +47,12 @@ import (
 // once).
 func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T) {
 	ctx := context.Background()
-	srv, db, prefix, long, beats := longTTLWorldBeating(t, "R20a", 10*time.Second)
+	// The long worker scans and sweeps once a minute: its sweep never takes
+	// the sweep turn from the short worker after the restart (with its
+	// 2 s interval it did, on a loaded machine, and held it: the short
+	// worker never swept).
+	srv, db, prefix, long, beats := longTTLWorldBeating(t, "R20a", 10*time.Second,
+		WithTimings(Timings{RecoveryInterval: time.Minute, RowsTTL: 5 * time.Minute}))
 
 	// The long worker just beat (Start's heartbeat, milliseconds ago): its
 	// next heartbeat is 10 s away. (Waiting for the loop's first beat
@@ -395,14 +400,14 @@ func longTTLWorld(t *testing.T, name string) (srv *testutil.RedisServer, db *pgx
 
 // longTTLWorldBeating is longTTLWorld with a heartbeat every interval, at
 // a TTL of twice that.
-func longTTLWorldBeating(t *testing.T, name string, interval time.Duration) (srv *testutil.RedisServer, db *pgxpool.Pool, prefix string, long *Worker, beats chan struct{}) {
+func longTTLWorldBeating(t *testing.T, name string, interval time.Duration, extra ...Option) (srv *testutil.RedisServer, db *pgxpool.Pool, prefix string, long *Worker, beats chan struct{}) {
 	t.Helper()
 	srv = testutil.StartRedis(t)
 	db = testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 10)
 	prefix = testutil.Name(name)
 	beats = make(chan struct{}, 16)
-	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", WithKeyPrefix(prefix),
+	opts := []Option{WithKeyPrefix(prefix),
 		WithTimings(Timings{
 			HeartbeatTTL:      2 * interval,
 			HeartbeatInterval: interval,
@@ -416,7 +421,10 @@ func longTTLWorldBeating(t *testing.T, name string, interval time.Duration) (srv
 				default:
 				}
 			}
-		}))
+		}),
+	}
+	opts = append(opts, extra...)
+	long, _ = startWorker(t, srv.Client(t), fencedResetter(t, db), "long", opts...)
 	require.True(t, long.Stats().OwnerMode)
 	take(t, db, "long", 1, 2, 3, 4, 5)
 	require.NoError(t, long.Track(context.Background(), 1, 2, 3, 4, 5))
