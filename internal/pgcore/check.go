@@ -323,9 +323,19 @@ func (r *Resetter) RowStates(ctx context.Context, ids []int64) ([]RowState, erro
 		owner = "t." + ident(r.o.OwnerColumn) + "::text"
 	}
 	id := ident(r.o.IDColumn)
-	sql := fmt.Sprintf(`WITH free AS (SELECT %[1]s FROM %[2]s WHERE %[1]s = ANY($1::bigint[]) FOR SHARE SKIP LOCKED)
-SELECT t.%[1]s, coalesce(t.%[3]s::text, ''), coalesce(%[4]s, ''), t.xmin::text, t.%[1]s NOT IN (SELECT %[1]s FROM free)
-FROM %[2]s t WHERE t.%[1]s = ANY($1::bigint[]) ORDER BY 1`, id, r.o.tableIdent(), ident(r.o.StatusColumn), owner)
+	// A row not locked is read from its lock (FOR SHARE SKIP LOCKED), which
+	// follows a fetch that committed after the statement's snapshot to the
+	// version it committed; a locked row, from the snapshot. Reading every
+	// row from the snapshot and only the lock from the lock would show a
+	// fetch that committed meanwhile as an unlocked row in its state before
+	// the fetch: the self-check would take a swapped "queued" status for a
+	// row in progress, and call the configuration verified.
+	sql := fmt.Sprintf(`WITH free AS (SELECT t.%[1]s AS id, t.%[3]s::text AS status, %[4]s AS owner, t.xmin::text AS version
+	FROM %[2]s t WHERE t.%[1]s = ANY($1::bigint[]) FOR SHARE SKIP LOCKED)
+SELECT t.%[1]s, coalesce(CASE WHEN f.id IS NULL THEN t.%[3]s::text ELSE f.status END, ''),
+	coalesce(CASE WHEN f.id IS NULL THEN %[4]s ELSE f.owner END, ''),
+	CASE WHEN f.id IS NULL THEN t.xmin::text ELSE f.version END, f.id IS NULL
+FROM %[2]s t LEFT JOIN free f ON f.id = t.%[1]s WHERE t.%[1]s = ANY($1::bigint[]) ORDER BY 1`, id, r.o.tableIdent(), ident(r.o.StatusColumn), owner)
 	out, err := collect(ctx, r.conn, sql, []any{ids}, func(row Rows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Owner, &s.Version, &s.Locked)
