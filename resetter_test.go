@@ -40,6 +40,9 @@ func (m *metered) Reset(ctx context.Context, r ResetRequest) (ResetResult, error
 // one that forwarded every exported method lost ErrReadOnly and
 // ErrFleetMismatch.
 func TestDecoratedResetterKeepsEveryGuarantee(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: skipped in -short mode")
+	}
 	var resets atomic.Int64
 	runGuarantees(t, []decoration{
 		{"bare", func(r pgResetterAPI) Resetter { return r }},
