@@ -17,6 +17,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
@@ -478,7 +479,7 @@ func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(
 	c := srv.Client(t)
 	_, _ = startWorker(t, c, rB, "b1", WithKeyPrefix(prefix)) // accepted: the record was empty
 	recorded := c.HGet(ctx, store.FleetKey(prefix), "serves").Val()
-	assert.Contains(t, recorded, currentSchema(t, dbB), "the second application recorded its table")
+	assert.Contains(t, recorded, pgtest.CurrentSchema(t, dbB), "the second application recorded its table")
 
 	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
 		10*time.Second, 20*time.Millisecond, "our running worker says so at its next heartbeat")

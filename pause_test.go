@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
@@ -105,7 +106,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			require.NoError(t, w.Release(ctx, 2, 3, 4), "the documented way on")
 			assert.Equal(t, map[int64]string{2: "inprog", 3: "inprog", 4: "queued"}, statusesOf(t, db, 2, 3, 4),
 				"p's rows 2 and 3 are left alone")
-			assert.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1}, byRow[int](t, db, `SELECT row_id, count(*) FROM recovery_ledger WHERE instance_id = 'w' GROUP BY row_id`), "each row of w reset once, by p's recovery")
+			assert.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1}, pgtest.ByRow[int](t, db, `SELECT row_id, count(*) FROM recovery_ledger WHERE instance_id = 'w' GROUP BY row_id`), "each row of w reset once, by p's recovery")
 			assert.Zero(t, w.Stats().TrackedRows)
 
 			require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond,

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -27,7 +28,7 @@ import (
 func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr string, opts ...postgres.Option) pgResetterAPI {
 	t.Helper()
 	via := testutil.PoolVia(t, db, addr)
-	opts = append([]postgres.Option{postgres.WithSchema(currentSchema(t, db))}, opts...)
+	opts = append([]postgres.Option{postgres.WithSchema(pgtest.CurrentSchema(t, db))}, opts...)
 	switch impl.name {
 	case "pgx":
 		r, err := pgxreset.New(via, opts...)
@@ -48,7 +49,7 @@ func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr str
 	// lib/pq parses and runs a statement with arguments in two round
 	// trips, between which PgBouncer may switch server connections
 	// outside a transaction; binary_parameters=yes sends them in one.
-	r, err := sqlreset.New(libpqDBWith(t, via, url.Values{"binary_parameters": {"yes"}}), opts...)
+	r, err := sqlreset.New(pgtest.LibpqDB(t, via, url.Values{"binary_parameters": {"yes"}}), opts...)
 	require.NoError(t, err)
 	return r
 }

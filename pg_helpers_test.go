@@ -12,6 +12,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/netfault"
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -24,26 +25,10 @@ func setStatus(t *testing.T, db *pgxpool.Pool, status string, ids ...int64) {
 	require.NoError(t, err)
 }
 
-// byRow runs sql, which selects (rowid, value), and returns rowid -> value.
-func byRow[T any](t *testing.T, db *pgxpool.Pool, sql string) map[int64]T {
-	t.Helper()
-	rows, err := db.Query(context.Background(), sql)
-	require.NoError(t, err)
-	out := map[int64]T{}
-	for rows.Next() {
-		var id int64
-		var v T
-		require.NoError(t, rows.Scan(&id, &v))
-		out[id] = v
-	}
-	require.NoError(t, rows.Err())
-	return out
-}
-
 // statuses returns rowid -> status of every row.
 func statuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
 	t.Helper()
-	return byRow[string](t, db, `SELECT rowid, status FROM batchrows`)
+	return pgtest.ByRow[string](t, db, `SELECT rowid, status FROM batchrows`)
 }
 
 // take marks rows in progress for owner, as FetchBlockOfRows does.
@@ -110,5 +95,5 @@ func pgAddr(pool *pgxpool.Pool) string {
 // recoveries returns rowid -> recovery count.
 func recoveries(t *testing.T, db *pgxpool.Pool) map[int64]int {
 	t.Helper()
-	return byRow[int](t, db, `SELECT rowid, recoveries FROM batchrows`)
+	return pgtest.ByRow[int](t, db, `SELECT rowid, recoveries FROM batchrows`)
 }

@@ -3,11 +3,8 @@ package recovery
 import (
 	"context"
 	"errors"
-	"testing"
 
-	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/postgres"
-	"github.com/jackc/pgx/v5/pgxpool"
 )
 
 // resetRows resets rowIDs of deadInstanceID through r's Reset, and returns
@@ -26,12 +23,6 @@ func sqlState(err error) string {
 		return se.SQLState()
 	}
 	return ""
-}
-
-// currentSchema returns the schema testutil.Postgres made for the test.
-func currentSchema(t *testing.T, db *pgxpool.Pool) string {
-	t.Helper()
-	return pgtest.CurrentSchema(t, db)
 }
 
 // userEnumTable is the schema of issue 11: a user's own table with an enum

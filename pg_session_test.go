@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"fmt"
 	"testing"
 	"time"
 
@@ -10,57 +9,11 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 )
-
-// poolAsNewRole creates a login role with password (none when empty),
-// runs grants on db with the role's name for %[1]s and db's schema for
-// %[2]s, and returns a pool on db's schema connecting as the role. The role
-// is dropped when the test ends.
-func poolAsNewRole(t *testing.T, db *pgxpool.Pool, password, grants string) (*pgxpool.Pool, string) {
-	t.Helper()
-	ctx := context.Background()
-	s := currentSchema(t, db)
-	role := testutil.Name("r_")
-	create := `CREATE ROLE ` + role + ` LOGIN`
-	if password != "" {
-		create += ` PASSWORD '` + password + `'`
-	}
-	_, err := db.Exec(ctx, create)
-	require.NoError(t, err)
-	t.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		_, _ = db.Exec(ctx, `DROP OWNED BY `+role)
-		_, _ = db.Exec(ctx, `DROP ROLE `+role)
-	})
-	_, err = db.Exec(ctx, fmt.Sprintf(grants, role, s))
-	require.NoError(t, err)
-	cfg, err := pgxpool.ParseConfig(testutil.PostgresURL(t))
-	require.NoError(t, err)
-	cfg.ConnConfig.User, cfg.ConnConfig.Password = role, password
-	cfg.ConnConfig.RuntimeParams["search_path"] = s
-	cfg.MaxConns = 2
-	pool, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(pool.Close) // before the role is dropped
-	return pool, role
-}
-
-// poolAsReadOnlyRole returns a pool on db's schema for a new role that may
-// read and write the batch tables but whose transactions are read-only by
-// default (ALTER ROLE ... SET default_transaction_read_only = on: what a
-// replica or a read endpoint gives its users).
-func poolAsReadOnlyRole(t *testing.T, db *pgxpool.Pool) *pgxpool.Pool {
-	t.Helper()
-	pool, _ := poolAsNewRole(t, db, "", `GRANT USAGE ON SCHEMA %[2]s TO %[1]s;
-		GRANT SELECT, UPDATE ON batchrows TO %[1]s;
-		GRANT SELECT, INSERT, DELETE ON recovery_ledger TO %[1]s;
-		ALTER ROLE %[1]s SET default_transaction_read_only = on`)
-	return pool
-}
 
 // Start refuses a session that cannot write (issue 20, item 7): with
 // default_transaction_read_only on for the role, Start returns ErrReadOnly
@@ -73,7 +26,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 2)
 		take(t, db, "dead", 1, 2)
-		ro := poolAsReadOnlyRole(t, db)
+		ro := pgtest.PoolAsReadOnlyRole(t, db)
 		r := impl.mustResetter(t, ro, postgres.WithOwnerColumn("owner"))
 		prefix := testutil.Name("RO")
 		// Rows sets: a Start in owner mode also resets rows a predecessor

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
@@ -210,7 +211,7 @@ func (g guarantee) startRefuses(t *testing.T) {
 	assert.ErrorIs(t, w.Start(ctx), ErrSchema, "a misspelt status")
 
 	// A session that cannot write.
-	ro := g.resetter(t, poolAsReadOnlyRole(t, db))
+	ro := g.resetter(t, pgtest.PoolAsReadOnlyRole(t, db))
 	w, _ = newWorker(t, rdb, ro, "read-only", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
 	assert.ErrorIs(t, w.Start(ctx), ErrReadOnly, "a read-only session")
 

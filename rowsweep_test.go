@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
@@ -54,7 +55,7 @@ func setJobs(t *testing.T, db *pgxpool.Pool, schema, state string, ids ...int64)
 
 func jobStates(t *testing.T, db *pgxpool.Pool, schema string) map[int64]string {
 	t.Helper()
-	return byRow[string](t, db, fmt.Sprintf("SELECT id, state::text FROM %s.jobs", schema))
+	return pgtest.ByRow[string](t, db, fmt.Sprintf("SELECT id, state::text FROM %s.jobs", schema))
 }
 
 // backstopWorld is a Redis old enough for the sweep to trust and a jobs

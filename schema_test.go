@@ -10,6 +10,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -69,7 +70,7 @@ func TestStartRefusesAnEnumTableWithoutTheConfiguredStatuses(t *testing.T) {
 	ctx := context.Background()
 	_, err := db.Exec(ctx, userEnumTable) // state job_state ('pending', 'running', 'done')
 	require.NoError(t, err)
-	s := currentSchema(t, db)
+	s := pgtest.CurrentSchema(t, db)
 	r, err := pgxreset.New(db, userEnumOptions(s)...) // statuses left at inprog/queued
 	require.NoError(t, err)
 	prefix := testutil.Name("S")

@@ -11,6 +11,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 )
@@ -33,7 +34,7 @@ func publicJobsTable(t *testing.T, db *pgxpool.Pool, enum bool) {
 // and queued, its reset ledger created.
 func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, queued string) pgResetterAPI {
 	t.Helper()
-	r := impl.mustResetter(t, db, postgres.WithSchema(currentSchema(t, db)), postgres.WithTable("jobs"), postgres.WithIDColumn("id"),
+	r := impl.mustResetter(t, db, postgres.WithSchema(pgtest.CurrentSchema(t, db)), postgres.WithTable("jobs"), postgres.WithIDColumn("id"),
 		postgres.WithStatusColumn("state"), postgres.WithStatuses(inprog, queued))
 	require.NoError(t, r.CreateLedger(context.Background()))
 	return r

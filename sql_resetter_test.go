@@ -4,20 +4,16 @@ import (
 	"context"
 	"database/sql"
 	"errors"
-	"net"
-	"net/url"
-	"strconv"
-	"strings"
 	"testing"
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/jackc/pgx/v5/pgxpool"
-	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
@@ -51,8 +47,8 @@ type resetterImpl struct {
 // pgxreset.Resetter, and sqlreset.Resetter through lib/pq and through pgx's stdlib.
 var resetterImpls = []resetterImpl{
 	{name: "pgx"},
-	{name: "libpq", handle: libpqDB},
-	{name: "stdlib", handle: stdlibDB},
+	{name: "libpq", handle: func(t *testing.T, db *pgxpool.Pool) *sql.DB { return pgtest.LibpqDB(t, db, nil) }},
+	{name: "stdlib", handle: func(t *testing.T, db *pgxpool.Pool) *sql.DB { return pgtest.StdlibDB(t, db) }},
 }
 
 // newResetter returns a resetter of this implementation over db's schema.
@@ -86,53 +82,6 @@ func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
 	for _, impl := range resetterImpls {
 		t.Run(impl.name, func(t *testing.T) { test(t, impl) })
 	}
-}
-
-// libpqDB opens a database/sql handle through lib/pq to the server,
-// database, role and schema (search_path) of db, closed when the test
-// ends.
-func libpqDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
-	t.Helper()
-	return libpqDBWith(t, db, nil)
-}
-
-// libpqDBWith is libpqDB with extra connection parameters.
-func libpqDBWith(t *testing.T, db *pgxpool.Pool, extra url.Values) *sql.DB {
-	t.Helper()
-	cc := db.Config().ConnConfig
-	u := url.URL{Scheme: "postgres", Path: "/" + cc.Database, User: url.User(cc.User)}
-	if cc.Password != "" {
-		u.User = url.UserPassword(cc.User, cc.Password)
-	}
-	q := url.Values{"search_path": {cc.RuntimeParams["search_path"]}, "sslmode": {"require"}}
-	if cc.TLSConfig == nil {
-		q.Set("sslmode", "disable")
-	}
-	for k, v := range extra {
-		q[k] = v
-	}
-	if strings.HasPrefix(cc.Host, "/") { // a Unix socket's directory
-		q.Set("host", cc.Host)
-		q.Set("port", strconv.Itoa(int(cc.Port)))
-	} else {
-		u.Host = net.JoinHostPort(cc.Host, strconv.Itoa(int(cc.Port)))
-	}
-	u.RawQuery = q.Encode()
-	c, err := pq.NewConnector(u.String())
-	require.NoError(t, err, "lib/pq connector")
-	h := sql.OpenDB(c)
-	h.SetMaxOpenConns(8)
-	t.Cleanup(func() { _ = h.Close() })
-	return h
-}
-
-// stdlibDB opens a database/sql handle through pgx's stdlib on db's pool
-// (its schema included), closed when the test ends.
-func stdlibDB(t *testing.T, db *pgxpool.Pool) *sql.DB {
-	t.Helper()
-	h := stdlib.OpenDBFromPool(db)
-	t.Cleanup(func() { _ = h.Close() })
-	return h
 }
 
 // sqlImpls are the implementations through database/sql.
