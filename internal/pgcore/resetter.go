@@ -301,7 +301,7 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 
 // ledgerFor reports whether the reset of req is recorded in the ledger: it
 // needs the ledger on and a known incarnation. Under an unknown one ("": a
-// worker of the first protocol version, or a host calling ResetRows
+// worker of the first protocol version, or a host calling Reset by row IDs
 // itself) a record would make every later reset of the same instance ID
 // skip the row, also in that ID's next life.
 func (r *Resetter) ledgerFor(req ResetRequest) bool {
