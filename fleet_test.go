@@ -321,16 +321,16 @@ func TestResettersTellWhatTheyServe(t *testing.T) {
 	var sysID string
 	require.NoError(t, db.QueryRow(context.Background(), `SELECT system_identifier::text FROM pg_control_system()`).Scan(&sysID))
 	for _, impl := range resetterImpls {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			ctx := context.Background()
-			got, err := impl.mustResetter(t, db).Check(ctx, false)
+			got, err := impl.Must(t, db).Check(ctx, false)
 			require.NoError(t, err)
 			assert.Equal(t, want, got.Serves)
 			assert.Equal(t, "system_identifier="+sysID, got.Server, "the server's identifier")
-			got, err = impl.mustResetter(t, db, postgres.WithSchema(schema)).Check(ctx, false)
+			got, err = impl.Must(t, db, postgres.WithSchema(schema)).Check(ctx, false)
 			require.NoError(t, err)
 			assert.Equal(t, want, got.Serves)
-			got, err = impl.mustResetter(t, db, postgres.WithTable("nope")).Check(ctx, false)
+			got, err = impl.Must(t, db, postgres.WithTable("nope")).Check(ctx, false)
 			require.NoError(t, err)
 			assert.Equal(t, "database="+dbName+" schema= table=nope", got.Serves)
 		})

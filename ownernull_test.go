@@ -223,10 +223,10 @@ func TestOwnerColumnRolloutCompletesEveryRowOnceWhenAnOldWorkerDies(t *testing.T
 func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould(t *testing.T) {
 	t.Parallel()
 	for _, impl := range resetterImpls {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			_, db, _ := onRealServers(t, 6, "N")
 			ctx := context.Background()
-			r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 			setStatus(t, db, "inprog", 1, 2, 3) // no owner
 			take(t, db, "dead", 4)
 			take(t, db, "live", 5)
@@ -281,7 +281,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			assert.Equal(t, []RowState{{ID: 3, Status: "inprog"}}, res.NotReset)
 
 			// WithoutResetLedger: the host said rows are idempotent.
-			noLedger := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"), postgres.WithoutResetLedger())
+			noLedger := impl.Must(t, db, postgres.WithOwnerColumn("owner"), postgres.WithoutResetLedger())
 			res, err = noLedger.Reset(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)

@@ -35,14 +35,14 @@ import (
 func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 	t.Parallel()
 	for _, impl := range resetterImpls {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			t.Parallel()
 			rdb, db, prefix := onRealServers(t, 10, "PZ")
 			ctx := context.Background()
 			// No owner column: rows sets and the reset ledger. The self-check
 			// reads nothing until w has resumed: its first block is not
 			// verified yet when it is paused.
-			r := &blindResetter{pgResetterAPI: impl.mustResetter(t, db)}
+			r := &blindResetter{pgResetterAPI: impl.Must(t, db)}
 			r.blind.Store(true)
 			require.True(t, r.Info().Ledger)
 			wc := redis.NewClient(rdb.Options())

@@ -29,7 +29,7 @@ func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr str
 	t.Helper()
 	via := testutil.PoolVia(t, db, addr)
 	opts = append([]postgres.Option{postgres.WithSchema(pgtest.CurrentSchema(t, db))}, opts...)
-	switch impl.name {
+	switch impl.Name {
 	case "pgx":
 		r, err := pgxreset.New(via, opts...)
 		require.NoError(t, err)

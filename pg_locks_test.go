@@ -84,7 +84,7 @@ func TestResetNeverWaitsOnARowLockAnotherSessionHolds(t *testing.T) {
 				testutil.CreateBatch(t, db, 5)
 				take(t, db, "dead", 1, 2, 3, 4, 5)
 				release := holdRowLock(t, db, 3)
-				r := impl.mustResetter(t, db, p.opts...)
+				r := impl.Must(t, db, p.opts...)
 
 				ctx, cancel := context.WithTimeout(context.Background(), lockTimeoutForTest)
 				defer cancel()
@@ -124,7 +124,7 @@ func TestResetWaitingOnATableLockSaysSo(t *testing.T) {
 		take(t, db, "dead", 1, 2)
 		otherSession(t, db, `LOCK TABLE batchrows IN SHARE MODE`)
 
-		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
 		_, err := r.Reset(rctx, ResetRequest{Owner: "dead"})

@@ -27,14 +27,14 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 		testutil.CreateBatch(t, db, 2)
 		take(t, db, "dead", 1, 2)
 		ro := pgtest.PoolAsReadOnlyRole(t, db)
-		r := impl.mustResetter(t, ro, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, ro, postgres.WithOwnerColumn("owner"))
 		prefix := testutil.Name("RO")
 		// Rows sets: a Start in owner mode also resets rows a predecessor
 		// left under its ID, which would fail on its own.
 		w, _ := newWorker(t, rdb, r, "ro-worker", WithKeyPrefix(prefix), WithRowsSets())
 
 		err := w.Start(context.Background())
-		if impl.name == "libpq" {
+		if impl.Name == "libpq" {
 			// lib/pq begins every transaction READ WRITE, overriding the
 			// role's default: its resets can write, and Start says so.
 			require.NoError(t, err)
@@ -118,7 +118,7 @@ func TestStartRefusesAStandby(t *testing.T) {
 	require.True(t, inRecovery, "a standby")
 
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
-		r := impl.mustResetter(t, sdb, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, sdb, postgres.WithOwnerColumn("owner"))
 		prefix := testutil.Name("SB")
 		w, _ := newWorker(t, testutil.Redis(t), r, "on-standby", WithKeyPrefix(prefix), WithRowsSets())
 		err := w.Start(ctx)

@@ -22,7 +22,7 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "F2")
-		pg := impl.mustResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
+		pg := impl.Must(t, db, postgres.WithRecoveryCountColumn("recoveries"))
 		require.True(t, pg.Info().Ledger)
 		timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{ResetTimeout: time.Second})}
 		victim(t, rdb, db, pg, "victim", timing, 1, 2, 3, 4, 5)
@@ -61,7 +61,7 @@ func TestSafetyAResetCommittedByARecovererKilledBeforeFinishIsNotAppliedAgain(t 
 // pgx (and database/sql over pgx's stdlib) sends "commit", lib/pq
 // "COMMIT".
 func commitMarker(impl resetterImpl) []byte {
-	if impl.name == "libpq" {
+	if impl.Name == "libpq" {
 		return []byte("COMMIT")
 	}
 	return []byte("commit")
@@ -77,11 +77,11 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "F2")
 		proxy := pgProxy(t, db)
-		direct := impl.mustResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"))
+		direct := impl.Must(t, db, postgres.WithRecoveryCountColumn("recoveries"))
 		timing := []Option{WithKeyPrefix(prefix), WithTimings(Timings{ResetTimeout: time.Second})}
 		victim(t, rdb, db, direct, "victim", timing, 1, 2, 3)
 
-		viaProxy := impl.mustResetter(t, testutil.PoolVia(t, db, proxy.Addr), postgres.WithRecoveryCountColumn("recoveries"))
+		viaProxy := impl.Must(t, testutil.PoolVia(t, db, proxy.Addr), postgres.WithRecoveryCountColumn("recoveries"))
 		r, _ := newWorker(t, rdb, viaProxy, "recoverer", timing...)
 		dropped := proxy.DropReplyTo(commitMarker(impl))
 		_, err := r.recoverNow(ctx)
@@ -129,7 +129,7 @@ func TestSafetyUnknownIncarnationNeverHidesARowOfTheNextLifeOfTheSameID(t *testi
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		ctx := context.Background()
 		rdb, db, prefix := onRealServers(t, 10, "RV4")
-		pg, err := impl.newResetter(t, db)
+		pg, err := impl.New(t, db)
 		require.NoError(t, err)
 		require.True(t, pg.Info().Ledger)
 		r, _ := newWorker(t, rdb, pg, "r", WithKeyPrefix(prefix))

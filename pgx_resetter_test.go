@@ -25,7 +25,7 @@ func TestResetterResetsOnlyRowsStillInProgress(t *testing.T) {
 		testutil.CreateBatch(t, db, 10)
 		setStatus(t, db, "inprog", 1, 2, 3, 4, 5)
 		setStatus(t, db, "done", 6)
-		r, err := impl.newResetter(t, db)
+		r, err := impl.New(t, db)
 		require.NoError(t, err)
 
 		n, err := resetRows(r, context.Background(), "dead", []int64{5, 1, 2, 3, 4, 6, 7, 999, 1})
@@ -63,7 +63,7 @@ func TestResetterChunksLargeSetsInOneTransaction(t *testing.T) {
 		setStatus(t, db, "inprog", 1, 2, 3, 4, 5, 6, 7, 8, 9, 10)
 		_, err = db.Exec(ctx, `UPDATE stmt_count SET n = 0`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, postgres.WithChunkSize(3))
+		r, err := impl.New(t, db, postgres.WithChunkSize(3))
 		require.NoError(t, err)
 
 		n, err := resetRows(r, ctx, "dead", []int64{10, 9, 8, 7, 6, 5, 4, 3, 2, 1})
@@ -88,7 +88,7 @@ func TestResetterResetsNothingWhenAChunkFails(t *testing.T) {
 				$$ BEGIN IF NEW.rowid = 5 THEN RAISE EXCEPTION 'row five refused'; END IF; RETURN NEW; END $$;
 			CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, postgres.WithChunkSize(2))
+		r, err := impl.New(t, db, postgres.WithChunkSize(2))
 		require.NoError(t, err)
 
 		n, err := resetRows(r, ctx, "deadpeer", []int64{1, 2, 3, 4, 5, 6})
@@ -114,7 +114,7 @@ func TestResetterQuotesIdentifiersFromOptions(t *testing.T) {
 		require.NoError(t, err)
 		_, err = db.Exec(ctx, `INSERT INTO "rows""; DROP TABLE batchrows; --" VALUES (1, 'busy'), (2, 'busy'), (3, 'idle')`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, postgres.WithTable(table), postgres.WithIDColumn("the id"), postgres.WithStatusColumn("St;atus"),
+		r, err := impl.New(t, db, postgres.WithTable(table), postgres.WithIDColumn("the id"), postgres.WithStatusColumn("St;atus"),
 			postgres.WithStatuses("busy", "'; DELETE FROM batches; --"))
 		require.NoError(t, err)
 
@@ -130,9 +130,9 @@ func TestResetterQuotesIdentifiersFromOptions(t *testing.T) {
 		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM "rows""; DROP TABLE batchrows; --" WHERE "St;atus" = '''; DELETE FROM batches; --'`).Scan(&count))
 		assert.Equal(t, 2, count)
 
-		_, err = impl.newResetter(t, db, postgres.WithTable("no_such_table"))
+		_, err = impl.New(t, db, postgres.WithTable("no_such_table"))
 		require.NoError(t, err, "the table is not checked at construction")
-		bad, _ := impl.newResetter(t, db, postgres.WithTable("no_such_table"))
+		bad, _ := impl.New(t, db, postgres.WithTable("no_such_table"))
 		_, err = resetRows(bad, ctx, "dead", []int64{1})
 		require.Error(t, err)
 		assert.Contains(t, err.Error(), `relation "no_such_table" does not exist`)
@@ -147,7 +147,7 @@ func TestResetterWithSchemaAndCustomStatuses(t *testing.T) {
 			INSERT INTO jobs.items VALUES (1, 'RUNNING'), (2, 'PENDING'), (3, 'RUNNING')`)
 		require.NoError(t, err)
 		t.Cleanup(func() { _, _ = db.Exec(context.Background(), `DROP SCHEMA jobs CASCADE`) })
-		r, err := impl.newResetter(t, db, postgres.WithSchema("jobs"), postgres.WithTable("items"), postgres.WithIDColumn("id"),
+		r, err := impl.New(t, db, postgres.WithSchema("jobs"), postgres.WithTable("items"), postgres.WithIDColumn("id"),
 			postgres.WithStatusColumn("state"), postgres.WithStatuses("RUNNING", "PENDING"))
 		require.NoError(t, err)
 		require.NoError(t, r.CreateLedger(ctx), "the ledger goes into the table's schema")
@@ -270,7 +270,7 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 			CREATE TABLE jobs (id bigint PRIMARY KEY, state row_state NOT NULL, owner text, recoveries int NOT NULL DEFAULT 0);
 			INSERT INTO jobs VALUES (1, 'inprog', 'dead', 2), (2, 'inprog', 'dead', 0);`)
 		require.NoError(t, err)
-		r, err := impl.newResetter(t, db, postgres.WithTable("jobs"), postgres.WithIDColumn("id"), postgres.WithStatusColumn("state"),
+		r, err := impl.New(t, db, postgres.WithTable("jobs"), postgres.WithIDColumn("id"), postgres.WithStatusColumn("state"),
 			postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 		require.NoError(t, err)
 
@@ -306,7 +306,7 @@ func TestSafetyOwnerFencingNeverResetsARowAnotherWorkerTook(t *testing.T) {
 		testutil.CreateBatch(t, db, 6)
 		take(t, db, "dead", 1, 2, 3)
 		take(t, db, "C", 4, 5) // recovered earlier and fetched again by C
-		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 
 		n, err := resetRows(r, context.Background(), "dead", []int64{1, 2, 3, 4, 5, 6})
 
@@ -328,7 +328,7 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 		db := testutil.Postgres(t)
 		testutil.CreateBatch(t, db, 3)
 		prefix := testutil.Name("S")
-		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
+		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 		rec, logs := newWorker(t, rdb, r, "rec", WithKeyPrefix(prefix))
 		ctx := context.Background()
 
@@ -393,7 +393,7 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		require.NoError(t, err)
 		require.Equal(t, int64(3), res1.Changed, "R1's reset, not committed yet")
 
-		r2 := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		r2 := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 		got, err := r2.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err, "R2 does not wait on R1's row locks")
 		assert.Zero(t, got.Changed)

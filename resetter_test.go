@@ -99,7 +99,7 @@ type decoration struct {
 func guaranteeImpls() []resetterImpl {
 	var out []resetterImpl
 	for _, impl := range resetterImpls {
-		if impl.name == "pgx" || impl.name == "stdlib" {
+		if impl.Name == "pgx" || impl.Name == "stdlib" {
 			out = append(out, impl)
 		}
 	}
@@ -112,7 +112,7 @@ func runGuarantees(t *testing.T, decorations []decoration) {
 	for _, impl := range guaranteeImpls() {
 		for _, ownerCol := range []bool{true, false} {
 			for _, d := range decorations {
-				t.Run(fmt.Sprintf("%s/owner=%v/%s", impl.name, ownerCol, d.name), func(t *testing.T) {
+				t.Run(fmt.Sprintf("%s/owner=%v/%s", impl.Name, ownerCol, d.name), func(t *testing.T) {
 					t.Parallel()
 					g := guarantee{impl: impl, ownerCol: ownerCol, wrap: d.wrap}
 					t.Run("OwnerMode", g.ownerMode)
@@ -143,7 +143,7 @@ func (g guarantee) resetter(t *testing.T, db *pgxpool.Pool, extra ...postgres.Op
 	if g.ownerCol {
 		opts = append(opts, postgres.WithOwnerColumn("owner"))
 	}
-	return g.wrap(g.impl.mustResetter(t, db, append(opts, postgres.WithRecoveryCountColumn("recoveries"))...))
+	return g.wrap(g.impl.Must(t, db, append(opts, postgres.WithRecoveryCountColumn("recoveries"))...))
 }
 
 // deadVictim starts a worker, has it take and track ids as a host would
@@ -206,7 +206,7 @@ func (g guarantee) startRefuses(t *testing.T) {
 		require.NoError(t, err)
 		ropts = append(ropts, postgres.WithOwnerColumn("owner"))
 	}
-	bad := g.wrap(g.impl.mustResetter(t, db, append(ropts, postgres.WithStatuses("running", "pendng"))...))
+	bad := g.wrap(g.impl.Must(t, db, append(ropts, postgres.WithStatuses("running", "pendng"))...))
 	w, _ := newWorker(t, rdb, bad, "bad-status", WithKeyPrefix(testutil.Name("DG")), WithRowsSets())
 	assert.ErrorIs(t, w.Start(ctx), ErrSchema, "a misspelt status")
 
@@ -251,7 +251,7 @@ func (g guarantee) report(t *testing.T) {
 		limit = append(limit, postgres.WithOwnerColumn("owner"))
 	}
 	limit = append(limit, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
-	r, _ := newWorker(t, rdb, g.wrap(g.impl.mustResetter(t, db, limit...)), "r", opts...)
+	r, _ := newWorker(t, rdb, g.wrap(g.impl.Must(t, db, limit...)), "r", opts...)
 	rep, err := r.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrRowsNotReset, "row 2 is neither reset nor settled")
 	require.Len(t, rep.Failed, 1)

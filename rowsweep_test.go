@@ -95,7 +95,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 			t.Run(fmt.Sprintf("enum=%v", enum), func(t *testing.T) {
 				ctx := context.Background()
 				schema, ropts := jobsTable(t, db, enum, 8)
-				r := impl.mustResetter(t, db, ropts...)
+				r := impl.Must(t, db, ropts...)
 				prefix := testutil.Name("B")
 				opts := rowsSweepTimings(WithKeyPrefix(prefix))
 				live, _ := startWorker(t, rdb, r, "live", append(opts, WithBackstopSweep(false))...)

@@ -34,7 +34,7 @@ func publicJobsTable(t *testing.T, db *pgxpool.Pool, enum bool) {
 // and queued, its reset ledger created.
 func jobsResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, inprog, queued string) pgResetterAPI {
 	t.Helper()
-	r := impl.mustResetter(t, db, postgres.WithSchema(pgtest.CurrentSchema(t, db)), postgres.WithTable("jobs"), postgres.WithIDColumn("id"),
+	r := impl.Must(t, db, postgres.WithSchema(pgtest.CurrentSchema(t, db)), postgres.WithTable("jobs"), postgres.WithIDColumn("id"),
 		postgres.WithStatusColumn("state"), postgres.WithStatuses(inprog, queued))
 	require.NoError(t, r.CreateLedger(context.Background()))
 	return r
@@ -144,10 +144,10 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOfASecond(t *testin
 	}
 	for _, impl := range resetterImpls {
 		for _, c := range cases {
-			if impl.name != "pgx" && (c.enum || c.open > 0) {
+			if impl.Name != "pgx" && (c.enum || c.open > 0) {
 				continue // the statement is the same; one driver is enough
 			}
-			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
+			t.Run(impl.Name+"/"+c.name, func(t *testing.T) {
 				t.Parallel() // with each other only: the parent is sequential
 				db, w, logs, alarms := jobsWorld(t, impl, c.enum, c.inprog, c.queued, "SF")
 
@@ -187,10 +187,10 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 	t.Parallel()
 	for _, impl := range resetterImpls {
 		for _, enum := range []bool{false, true} {
-			if enum && impl.name != "pgx" {
+			if enum && impl.Name != "pgx" {
 				continue
 			}
-			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/enum=%v", impl.Name, enum), func(t *testing.T) {
 				t.Parallel()
 				window := 500 * time.Millisecond
 				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SN", WithTimings(Timings{SelfCheckWindow: window}))

@@ -128,7 +128,7 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 10, "RVE")
 	ctx := context.Background()
-	r := &blindResetter{pgResetterAPI: resetterImpls[0].mustResetter(t, db)}
+	r := &blindResetter{pgResetterAPI: resetterImpls[0].Must(t, db)}
 	r.blind.Store(true)
 	wc := redis.NewClient(rdb.Options())
 	t.Cleanup(func() { _ = wc.Close() })
@@ -199,7 +199,7 @@ func TestAnUnverifiedWorkerRecoversAPeerOfManyRowsWithinABound(t *testing.T) {
 		t.Run(fmt.Sprintf("requeued=%v", requeued), func(t *testing.T) {
 			rdb, db, prefix := onRealServers(t, 150, "RVG")
 			waitUptime(t, rdb, 2*time.Second)
-			r := resetterImpls[0].mustResetter(t, db)
+			r := resetterImpls[0].Must(t, db)
 			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
 				HeartbeatTTL:      300 * time.Millisecond,
 				HeartbeatInterval: 100 * time.Millisecond,
@@ -386,7 +386,7 @@ func TestAnIdleUnverifiedFleetRecoversADeadPeerWithARequeuedRow(t *testing.T) {
 	t.Parallel()
 	rdb, db, prefix := onRealServers(t, 10, "RVK")
 	waitUptime(t, rdb, 2*time.Second)
-	r := resetterImpls[0].mustResetter(t, db)
+	r := resetterImpls[0].Must(t, db)
 	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
 		HeartbeatTTL:      300 * time.Millisecond,
 		HeartbeatInterval: 100 * time.Millisecond,

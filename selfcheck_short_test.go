@@ -33,10 +33,10 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 	}
 	for _, impl := range resetterImpls {
 		for _, c := range cases {
-			if impl.name != "pgx" && c.enum {
+			if impl.Name != "pgx" && c.enum {
 				continue
 			}
-			t.Run(impl.name+"/"+c.name, func(t *testing.T) {
+			t.Run(impl.Name+"/"+c.name, func(t *testing.T) {
 				db, w, logs, alarms := jobsWorld(t, impl, c.enum, c.inprog, c.queued, "SS")
 
 				var latency time.Duration
@@ -85,10 +85,10 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing.T) {
 	for _, impl := range resetterImpls {
 		for _, enum := range []bool{false, true} {
-			if enum && impl.name != "pgx" {
+			if enum && impl.Name != "pgx" {
 				continue
 			}
-			t.Run(fmt.Sprintf("%s/enum=%v", impl.name, enum), func(t *testing.T) {
+			t.Run(fmt.Sprintf("%s/enum=%v", impl.Name, enum), func(t *testing.T) {
 				db, w, _, alarms := jobsWorld(t, impl, enum, "running", "pending", "SC")
 
 				// Fetches rolled back after Track: the rows stay pending.

@@ -8,81 +8,28 @@ import (
 	"time"
 
 	"github.com/jackc/pgx/v5/pgconn"
-	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/lib/pq"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
-	"github.com/alya/recovery/internal/pgtest"
+	"github.com/alya/recovery/internal/pgtest/impls"
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
-	"github.com/alya/recovery/postgres/pgxreset"
 	"github.com/alya/recovery/postgres/sqlreset"
 )
 
-// pgResetterAPI is what pgxreset.Resetter and sqlreset.Resetter both offer: the
-// Resetter contract, the flows Reset dispatches to, and the ledger's
-// methods.
-type pgResetterAPI interface {
-	Resetter
-	LedgerDDL() string
-	CreateLedger(ctx context.Context) error
-}
-
-var (
-	_ pgResetterAPI = (*pgxreset.Resetter)(nil)
-	_ pgResetterAPI = (*sqlreset.Resetter)(nil)
+// The resetter implementations every resetter test runs on (pgx, lib/pq,
+// pgx's stdlib) are internal/pgtest's.
+type (
+	pgResetterAPI = impls.Resetter
+	resetterImpl  = impls.Impl
 )
 
-// resetterImpl builds a resetter of one implementation, through one Go
-// database API, over the PostgreSQL schema of a test's pool.
-type resetterImpl struct {
-	name string
-	// handle returns a database/sql handle on db's schema (nil for pgx).
-	handle func(t *testing.T, db *pgxpool.Pool) *sql.DB
-}
-
-// resetterImpls are the implementations every resetter test runs on:
-// pgxreset.Resetter, and sqlreset.Resetter through lib/pq and through pgx's stdlib.
-var resetterImpls = []resetterImpl{
-	{name: "pgx"},
-	{name: "libpq", handle: func(t *testing.T, db *pgxpool.Pool) *sql.DB { return pgtest.LibpqDB(t, db, nil) }},
-	{name: "stdlib", handle: func(t *testing.T, db *pgxpool.Pool) *sql.DB { return pgtest.StdlibDB(t, db) }},
-}
-
-// newResetter returns a resetter of this implementation over db's schema.
-func (impl resetterImpl) newResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) (pgResetterAPI, error) {
-	t.Helper()
-	if impl.handle == nil {
-		r, err := pgxreset.New(db, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return r, nil
-	}
-	r, err := sqlreset.New(impl.handle(t, db), opts...)
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-// mustResetter is newResetter that ends the test on an error.
-func (impl resetterImpl) mustResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) pgResetterAPI {
-	t.Helper()
-	r, err := impl.newResetter(t, db, opts...)
-	require.NoError(t, err)
-	return r
-}
-
-// forEachImpl runs test once per implementation, as a subtest.
-func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
-	t.Helper()
-	for _, impl := range resetterImpls {
-		t.Run(impl.name, func(t *testing.T) { test(t, impl) })
-	}
-}
+var (
+	resetterImpls = impls.Impls
+	forEachImpl   = impls.ForEachImpl
+)
 
 // sqlImpls are the implementations through database/sql.
 func sqlImpls() []resetterImpl { return resetterImpls[1:] }
@@ -102,12 +49,12 @@ func TestNewSQLResetterRefusesANilHandleAndBadOptions(t *testing.T) {
 
 func TestSQLResetterWorksWithConnAndInsideACallersTransaction(t *testing.T) {
 	for _, impl := range sqlImpls() {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 3)
 			ctx := context.Background()
 			take(t, db, "dead", 1, 2, 3)
-			h := impl.handle(t, db)
+			h := impl.Handle(t, db)
 
 			tx, err := h.BeginTx(ctx, nil)
 			require.NoError(t, err)
@@ -177,13 +124,13 @@ func TestSQLResetterRetriesDeadlocksAndSerializationFailuresOfEitherDriver(t *te
 		"stdlib": func(code string) error { return &pgconn.PgError{Code: code, Message: "injected"} },
 	}
 	for _, impl := range sqlImpls() {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 1)
-			h := impl.handle(t, db)
+			h := impl.Handle(t, db)
 			for _, code := range []string{"40P01", "40001"} {
 				setStatus(t, db, "inprog", 1)
-				f := &flakySQL{DB: h, err: driverErr[impl.name], code: code, fails: 2}
+				f := &flakySQL{DB: h, err: driverErr[impl.Name], code: code, fails: 2}
 				r, err := sqlreset.New(f, postgres.WithoutResetLedger())
 				require.NoError(t, err)
 				n, err := resetRows(r, context.Background(), "dead", []int64{1})
@@ -191,7 +138,7 @@ func TestSQLResetterRetriesDeadlocksAndSerializationFailuresOfEitherDriver(t *te
 				assert.Equal(t, int64(1), n, code)
 				assert.Equal(t, 3, f.calls, code)
 			}
-			f := &flakySQL{DB: h, err: driverErr[impl.name], code: "42P01", fails: 1}
+			f := &flakySQL{DB: h, err: driverErr[impl.Name], code: "42P01", fails: 1}
 			r, err := sqlreset.New(f)
 			require.NoError(t, err)
 			_, err = resetRows(r, context.Background(), "dead", []int64{1})
@@ -204,11 +151,11 @@ func TestSQLResetterRetriesDeadlocksAndSerializationFailuresOfEitherDriver(t *te
 
 func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.T) {
 	for _, impl := range sqlImpls() {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 1)
 			setStatus(t, db, "inprog", 1)
-			r := impl.mustResetter(t, db, postgres.WithResetLedger("no_ledger_here"))
+			r := impl.Must(t, db, postgres.WithResetLedger("no_ledger_here"))
 			_, err := r.Reset(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
 			require.ErrorIs(t, err, postgres.ErrNoLedger)
 			require.NoError(t, r.CreateLedger(context.Background()))
@@ -224,10 +171,10 @@ func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.
 func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 	t.Parallel()
 	for _, impl := range sqlImpls() {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			ctx := context.Background()
 			rdb, db, prefix := onRealServers(t, 20, "SQLO")
-			r, err := sqlreset.New(impl.handle(t, db), postgres.WithOwnerColumn("owner"),
+			r, err := sqlreset.New(impl.Handle(t, db), postgres.WithOwnerColumn("owner"),
 				postgres.WithRecoveryCountColumn("recoveries"), postgres.WithChunkSize(4))
 			require.NoError(t, err)
 
@@ -278,10 +225,10 @@ func TestSQLResetterRecoversADeadPeerInOwnerModeEndToEnd(t *testing.T) {
 func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 	t.Parallel()
 	for _, impl := range sqlImpls() {
-		t.Run(impl.name, func(t *testing.T) {
+		t.Run(impl.Name, func(t *testing.T) {
 			ctx := context.Background()
 			rdb, db, prefix := onRealServers(t, 10, "SQLL")
-			r, err := sqlreset.New(impl.handle(t, db), postgres.WithRecoveryCountColumn("recoveries"))
+			r, err := sqlreset.New(impl.Handle(t, db), postgres.WithRecoveryCountColumn("recoveries"))
 			require.NoError(t, err)
 			require.True(t, r.Info().Ledger)
 			v := victim(t, rdb, db, r, "victim", []Option{WithKeyPrefix(prefix)}, 1, 2, 3)

@@ -62,7 +62,7 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	rdb, db, prefix := onRealServers(t, 10, "RV")
 	waitUptime(t, rdb, 2*time.Second)
 	ctx := context.Background()
-	r := resetterImpls[0].mustResetter(t, db)
+	r := resetterImpls[0].Must(t, db)
 	require.True(t, r.Info().Ledger)
 	wc := redis.NewClient(rdb.Options())
 	t.Cleanup(func() { _ = wc.Close() })

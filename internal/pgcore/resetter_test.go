@@ -15,6 +15,7 @@ import (
 
 	"github.com/alya/recovery/internal/contract"
 	"github.com/alya/recovery/internal/pgtest"
+	"github.com/alya/recovery/internal/pgtest/impls"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -23,72 +24,17 @@ import (
 
 func TestMain(m *testing.M) { os.Exit(testutil.MainCheckingLeaks(m)) }
 
-// resetter is what pgxreset.Resetter and sqlreset.Resetter both offer: the
-// contract's 6 methods and the ledger's 2.
-type resetter interface {
-	Info() contract.ResetterInfo
-	Check(ctx context.Context, schema bool) (contract.ResetterInfo, error)
-	Reset(ctx context.Context, req contract.ResetRequest) (contract.ResetResult, error)
-	InProgressOwners(ctx context.Context) ([]string, error)
-	InProgressRows(ctx context.Context) ([]contract.RowState, error)
-	RowStates(ctx context.Context, ids []int64) ([]contract.RowState, error)
-	LedgerDDL() string
-	CreateLedger(ctx context.Context) error
-}
-
-var (
-	_ resetter = (*pgxreset.Resetter)(nil)
-	_ resetter = (*sqlreset.Resetter)(nil)
+// The resetter implementations every test runs on (pgx, lib/pq, pgx's
+// stdlib) are internal/pgtest's.
+type (
+	resetter     = impls.Resetter
+	resetterImpl = impls.Impl
 )
 
-// resetterImpl builds a resetter of one implementation, through one Go
-// database API, over the PostgreSQL schema of a test's pool.
-type resetterImpl struct {
-	name string
-	// handle returns a database/sql handle on db's schema (nil for pgx).
-	handle func(t *testing.T, db *pgxpool.Pool) *sql.DB
-}
-
-// resetterImpls are the implementations every test runs on: pgxreset, and
-// sqlreset through lib/pq and through pgx's stdlib.
-var resetterImpls = []resetterImpl{
-	{name: "pgx"},
-	{name: "libpq", handle: func(t *testing.T, db *pgxpool.Pool) *sql.DB { return pgtest.LibpqDB(t, db, nil) }},
-	{name: "stdlib", handle: func(t *testing.T, db *pgxpool.Pool) *sql.DB { return pgtest.StdlibDB(t, db) }},
-}
-
-// newResetter returns a resetter of this implementation over db's schema.
-func (impl resetterImpl) newResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) (resetter, error) {
-	t.Helper()
-	if impl.handle == nil {
-		r, err := pgxreset.New(db, opts...)
-		if err != nil {
-			return nil, err
-		}
-		return r, nil
-	}
-	r, err := sqlreset.New(impl.handle(t, db), opts...)
-	if err != nil {
-		return nil, err
-	}
-	return r, nil
-}
-
-// mustResetter is newResetter that ends the test on an error.
-func (impl resetterImpl) mustResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) resetter {
-	t.Helper()
-	r, err := impl.newResetter(t, db, opts...)
-	require.NoError(t, err)
-	return r
-}
-
-// forEachImpl runs test once per implementation, as a subtest.
-func forEachImpl(t *testing.T, test func(t *testing.T, impl resetterImpl)) {
-	t.Helper()
-	for _, impl := range resetterImpls {
-		t.Run(impl.name, func(t *testing.T) { test(t, impl) })
-	}
-}
+var (
+	resetterImpls = impls.Impls
+	forEachImpl   = impls.ForEachImpl
+)
 
 // unjoin returns the errors joined in err, or err alone.
 func unjoin(err error) []error {
@@ -260,7 +206,7 @@ func TestCheckSchemaNamesEachMistake(t *testing.T) {
 				if !c.ledger {
 					opts = append(opts, postgres.WithoutResetLedger())
 				}
-				r, err := impl.newResetter(t, db, opts...)
+				r, err := impl.New(t, db, opts...)
 				require.NoError(t, err)
 				_, err = r.Check(context.Background(), true)
 				require.Error(t, err)
@@ -281,7 +227,7 @@ func TestCheckSchemaPassesACorrectTable(t *testing.T) {
 			db := testutil.Postgres(t)
 			_, err := db.Exec(context.Background(), userEnumTable)
 			require.NoError(t, err)
-			r, err := impl.newResetter(t, db, userEnumOptions(pgtest.CurrentSchema(t, db), postgres.WithStatuses("running", "pending"),
+			r, err := impl.New(t, db, userEnumOptions(pgtest.CurrentSchema(t, db), postgres.WithStatuses("running", "pending"),
 				postgres.WithRecoveryCountColumn("retries"), postgres.WithMaxRecoveries(3, "done"))...)
 			require.NoError(t, err)
 			_, err = r.Check(context.Background(), true)
@@ -290,7 +236,7 @@ func TestCheckSchemaPassesACorrectTable(t *testing.T) {
 		t.Run("text status, the documented schema, on the search_path", func(t *testing.T) {
 			db := testutil.Postgres(t)
 			testutil.CreateBatch(t, db, 1)
-			r, err := impl.newResetter(t, db, postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"))
+			r, err := impl.New(t, db, postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"))
 			require.NoError(t, err)
 			_, err = r.Check(context.Background(), true)
 			require.NoError(t, err)
@@ -308,7 +254,7 @@ func TestCheckSchemaNeedsUpdatePrivilege(t *testing.T) {
 		const secret = "pw-s3cretRole"
 		asRole, role := pgtest.PoolAsNewRole(t, db, secret, `GRANT USAGE ON SCHEMA %[2]s TO %[1]s; GRANT SELECT ON batchrows TO %[1]s`)
 
-		r, err := impl.newResetter(t, asRole, postgres.WithOwnerColumn("owner"))
+		r, err := impl.New(t, asRole, postgres.WithOwnerColumn("owner"))
 		require.NoError(t, err)
 		_, err = r.Check(ctx, true)
 		require.Error(t, err)
@@ -328,7 +274,7 @@ func TestCheckSchemaNeedsUpdatePrivilege(t *testing.T) {
 func TestCheckSchemaReportsAnUnreachableDatabaseAsSuch(t *testing.T) {
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		db := testutil.Postgres(t)
-		r, err := impl.newResetter(t, db)
+		r, err := impl.New(t, db)
 		require.NoError(t, err)
 		ctx, cancel := context.WithCancel(context.Background())
 		cancel()
@@ -346,7 +292,7 @@ func TestResetterRowStatesReadsStatusAndOwner(t *testing.T) {
 		take(t, db, "A", 1)
 		take(t, db, "B", 4)
 		setStatus(t, db, "done", 2)
-		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 
 		got, err := r.RowStates(ctx, []int64{3, 1, 2, 4, 99})
 		require.NoError(t, err)
@@ -373,7 +319,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 			UPDATE batchrows SET status = 'inporg' WHERE rowid = 6`)
 		require.NoError(t, err)
 		// No owner column: the reset ledger is in the plan too.
-		r, err := impl.newResetter(t, db, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
+		r, err := impl.New(t, db, postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
 		require.NoError(t, err)
 		state := func() map[int64]string {
 			return pgtest.ByRow[string](t, db, `SELECT rowid, status || '/' || recoveries FROM batchrows`)
@@ -421,16 +367,16 @@ func TestPgContractInfoSaysWhatTheResetterDoes(t *testing.T) {
 	db := testutil.Postgres(t)
 	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
 		name := "sqlreset.Resetter"
-		if impl.handle == nil {
+		if impl.Handle == nil {
 			name = "pgxreset.Resetter"
 		}
-		plain := impl.mustResetter(t, db, postgres.WithStatuses("running", "waiting"))
+		plain := impl.Must(t, db, postgres.WithStatuses("running", "waiting"))
 		assert.Equal(t, contract.ResetterInfo{Name: name, Ledger: true, DryRun: true, ListsInProgress: true,
 			InProgressStatus: "running", QueuedStatus: "waiting"}, plain.Info())
-		fenced := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		fenced := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 		assert.Equal(t, contract.ResetterInfo{Name: name, OwnerFencing: true, DryRun: true, ListsInProgress: true,
 			InProgressStatus: "inprog", QueuedStatus: "queued"}, fenced.Info())
-		noLedger := impl.mustResetter(t, db, postgres.WithoutResetLedger())
+		noLedger := impl.Must(t, db, postgres.WithoutResetLedger())
 		assert.False(t, noLedger.Info().Ledger)
 	})
 }
@@ -443,7 +389,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 
 		t.Run("RowIDs", func(t *testing.T) {
 			take(t, db, "A", 1, 2)
-			r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 			res, err := r.Reset(ctx, contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: []int64{1, 2, 3}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
@@ -452,7 +398,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 		t.Run("Owner", func(t *testing.T) {
 			take(t, db, "B", 3, 4)
 			take(t, db, "C", 5)
-			r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 			res, err := r.Reset(ctx, contract.ResetRequest{Owner: "B"})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
@@ -462,7 +408,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 		})
 		t.Run("Versions", func(t *testing.T) {
 			setStatus(t, db, "inprog", 1, 2, 3)
-			r := impl.mustResetter(t, db)
+			r := impl.Must(t, db)
 			rows, err := r.InProgressRows(ctx)
 			require.NoError(t, err)
 			want := rowVersions(t, db)
@@ -485,7 +431,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 			setStatus(t, db, "queued", 2)
 		})
 		t.Run("more than one selector", func(t *testing.T) {
-			r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 			for _, req := range []contract.ResetRequest{
 				{InstanceID: "A", RowIDs: []int64{1}, Owner: "A"},
 				{Owner: "A", Versions: []contract.RowState{{ID: 1, Version: "1"}}},
@@ -506,7 +452,7 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		take(t, db, "A", 4, 2)
 		take(t, db, "B", 5)
 		before := rowVersions(t, db)
-		fenced := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		fenced := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 
 		res, err := fenced.Reset(ctx, contract.ResetRequest{InstanceID: "A", RowIDs: []int64{4, 2, 3}, DryRun: true})
 		require.NoError(t, err)
@@ -516,7 +462,7 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 1, ChangedIDs: []int64{5}}, res)
 
-		plain := impl.mustResetter(t, db)
+		plain := impl.Must(t, db)
 		rows, err := plain.InProgressRows(ctx)
 		require.NoError(t, err)
 		require.Len(t, rows, 3)
@@ -538,7 +484,7 @@ func TestPgContractRowStatesReadsALockedRowWithoutWaiting(t *testing.T) {
 		testutil.CreateBatch(t, db, 3)
 		take(t, db, "A", 1, 2)
 		versions := rowVersions(t, db)
-		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 
 		// Another session writes row 2 and keeps its transaction open.
 		tx, err := db.Begin(ctx)
@@ -571,7 +517,7 @@ func TestPgContractCheckReadsTheServerAndRefuses(t *testing.T) {
 		var dbName string
 		require.NoError(t, db.QueryRow(ctx, `SELECT current_database()`).Scan(&dbName))
 
-		r := impl.mustResetter(t, db, postgres.WithOwnerColumn("owner"))
+		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 		info, err := r.Check(ctx, true)
 		require.NoError(t, err)
 		assert.Equal(t, "database="+dbName+" schema="+s+" table=batchrows", info.Serves)
@@ -593,7 +539,7 @@ func TestPgContractCheckReadsTheServerAndRefuses(t *testing.T) {
 		t.Run("wrong status", func(t *testing.T) {
 			_, err := db.Exec(ctx, userEnumTable)
 			require.NoError(t, err)
-			wrong := impl.mustResetter(t, db, userEnumOptions(s)...) // statuses left at inprog/queued
+			wrong := impl.Must(t, db, userEnumOptions(s)...) // statuses left at inprog/queued
 			_, err = wrong.Check(ctx, true)
 			require.ErrorIs(t, err, contract.ErrSchema)
 			assert.Contains(t, err.Error(), `check schema: `)
@@ -604,9 +550,9 @@ func TestPgContractCheckReadsTheServerAndRefuses(t *testing.T) {
 		})
 		t.Run("read-only session", func(t *testing.T) {
 			ro := pgtest.PoolAsReadOnlyRole(t, db)
-			r := impl.mustResetter(t, ro, postgres.WithOwnerColumn("owner"))
+			r := impl.Must(t, ro, postgres.WithOwnerColumn("owner"))
 			_, err := r.Check(ctx, true)
-			if impl.name == "libpq" {
+			if impl.Name == "libpq" {
 				// lib/pq begins every transaction READ WRITE.
 				require.NoError(t, err)
 				return
