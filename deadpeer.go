@@ -65,13 +65,13 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 	if err := w.misconfigured(); err != nil && foundBy != foundByRestart {
 		err = fmt.Errorf("recovery held: %w", err)
 		w.stats.errors.Add(1)
-		w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+		w.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
 		w.rlog.peerFailed(peer, err)
 		return report.PeerRecovery{InstanceID: peer}, false, err
 	}
 	if foundBy != foundByRestart { // Start's own predecessor is not a peer
 		w.stats.peersDead.Add(1)
-		w.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
+		w.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
 		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweepsByOwner()),
@@ -85,20 +85,20 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 	// ErrRowsLocked) reports them, and the next scan retries them.
 	if n := len(pr.NotReset) - lockedRows(pr.NotReset); n > 0 {
 		w.stats.rowsNotReset.Add(uint64(n))
-		w.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
+		w.events.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
 			RowsReset: pr.RowsReset, RowsNotReset: n, Err: err})
 	}
 	switch {
 	case err != nil:
-		if w.countFailure(ctx) {
-			w.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+		if w.stats.countFailure(ctx) {
+			w.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
 			w.rlog.peerFailed(peer, err)
 		}
 	case claimed:
 		if !pr.NoRecord {
 			w.stats.peersRecovered.Add(1)
 			w.stats.noteRowsStuck(r.rowsStuck)
-			w.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
+			w.events.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
 				Duration: time.Since(noticed), StuckFor: r.rowsStuck})
 		}
@@ -171,7 +171,7 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if !res.Taken() {
 		return false, nil
 	}
-	w.emit(Event{Kind: EventPeerClaimed, PeerID: r.peer, FoundBy: r.foundBy, Duration: time.Since(r.noticed)})
+	w.events.emit(Event{Kind: EventPeerClaimed, PeerID: r.peer, FoundBy: r.foundBy, Duration: time.Since(r.noticed)})
 	switch {
 	case res == store.ClaimTakenLost && !r.byOwner:
 		// An earlier recovery failed and the peer's record is gone since:
@@ -200,7 +200,7 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if r.rep.RowsReset > 0 {
 		r.rowsStuck = w.rowsStuck(sinceNoticed)
 	}
-	w.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
+	w.events.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
 		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
 		StuckFor: r.rowsStuck})
 	return true, r.finish(claimCtx, ctx)
@@ -257,9 +257,9 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 // confirm it took; a failure note the claim took over goes back.
 func (r *peerRecovery) dropClaim() {
 	w := r.w
-	ctx, cancel := w.opContext(context.Background())
+	ctx, cancel := w.opts.opContext(context.Background())
 	defer cancel()
-	if err := w.store.DropClaim(ctx, r.peer, r.token, w.failureNoteTTL()); err != nil {
+	if err := w.store.DropClaim(ctx, r.peer, r.token, w.fleet.failureNoteTTL()); err != nil {
 		w.rlog.claimNotReleased(r.peer, err)
 	}
 }
@@ -275,9 +275,9 @@ func isTimeout(err error) bool {
 // the claim, renewing the rows set's TTL.
 func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
 	w := r.w
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
-	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.rowsTTL())
+	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.fleet.rowsTTL())
 }
 
 // reset is steps 2 and 3. A rows set, when the peer has one, is read and
@@ -523,8 +523,8 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 // dead, deregistration (on parent: it needs no claim).
 func (r *peerRecovery) finish(ctx, parent context.Context) error {
 	w := r.w
-	opCtx, cancel := w.opContext(ctx)
-	fin, err := w.store.FinishRecovery(opCtx, r.peer, r.token, w.tombstoneTTL())
+	opCtx, cancel := w.opts.opContext(ctx)
+	fin, err := w.store.FinishRecovery(opCtx, r.peer, r.token, w.opts.tombstoneTTL())
 	cancel()
 	if err != nil {
 		return err
@@ -549,22 +549,12 @@ func (r *peerRecovery) finish(ctx, parent context.Context) error {
 // may be the thing that ended.
 func (r *peerRecovery) release() {
 	w := r.w
-	ctx, cancel := w.opContext(context.Background())
+	ctx, cancel := w.opts.opContext(context.Background())
 	defer cancel()
-	if err := w.store.FailRecovery(ctx, r.peer, r.token, w.failureNoteTTL()); err != nil {
+	if err := w.store.FailRecovery(ctx, r.peer, r.token, w.fleet.failureNoteTTL()); err != nil {
 		w.rlog.claimNotReleased(r.peer, err)
 	}
 }
-
-// failureNoteTTL is how long a failed recovery's note lives: as long as a
-// rows set renewed now, and an interval more.
-func (w *Worker) failureNoteTTL() time.Duration {
-	return satAdd(w.rowsTTL(), w.opts.recoveryInterval)
-}
-
-// tombstoneTTL is how long a finished claim keeps its result for a retry
-// of the finish script: longer than go-redis's retries of one call.
-func (w *Worker) tombstoneTTL() time.Duration { return 2 * w.opts.opTimeout }
 
 // parseRowIDs splits rows-set members into row IDs (sorted) and the members
 // that are not decimal int64s.

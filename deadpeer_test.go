@@ -732,8 +732,8 @@ func TestRecoveryLeavesAPeerThatCameBackBetweenTheClaimAndTheRead(t *testing.T) 
 	_, rdb := newMini(t)
 	plantDeadPeer(t, rdb, defaultKeyPrefix, "back", "7", "8")
 	r := &fakeResetter{fenced: true}
-	w, _ := newWorker(t, rdb, r, "scanner", WithRowsSets())
-	w.store = &comebackStore{Store: w.store, peer: "back"}
+	w, _ := newWorker(t, rdb, r, "scanner", WithRowsSets(),
+		withStore(func(s store.Store) store.Store { return &comebackStore{Store: s, peer: "back"} }))
 
 	rep, err := w.recoverNow(context.Background())
 	require.NoError(t, err)

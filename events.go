@@ -166,6 +166,7 @@ const eventBuffer = 1024
 // dispatcher hands events to the observer on a goroutine of its own,
 // started with the first event and stopped by Shutdown.
 type dispatcher struct {
+	id      string // the worker's instance ID, stamped on every event
 	obs     func(Event)
 	hist    *historian   // nil without history (history.go)
 	mu      sync.RWMutex // guards closed and the send on ch
@@ -176,7 +177,11 @@ type dispatcher struct {
 	dropped atomic.Uint64
 }
 
+// emit stamps an event with the time and the instance ID, and dispatches
+// it.
 func (d *dispatcher) emit(e Event) {
+	e.Time = time.Now()
+	e.InstanceID = d.id
 	if d.hist != nil {
 		d.hist.offer(e)
 	}
@@ -265,11 +270,4 @@ func (d *dispatcher) closeObserver(ctx context.Context) error {
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-}
-
-// emit stamps and dispatches an event.
-func (w *Worker) emit(e Event) {
-	e.Time = time.Now()
-	e.InstanceID = w.opts.instanceID
-	w.events.emit(e)
 }

@@ -187,7 +187,7 @@ func (a *nodeAges) evictionHold(addr string, sent, recv time.Time, ttl time.Dura
 // they are held, and logs the episode once.
 func (w *Worker) holdForEvictions(addr string, f nodeFacts, infoErr error, sent, recv time.Time, peers int) bool {
 	unknown := infoErr != nil || f.evicted < 0
-	until, first := w.nodes.evictionHold(addr, sent, recv, w.fleetTTL(), unknown, w.opts.evictionAccepted)
+	until, first := w.nodes.evictionHold(addr, sent, recv, w.fleet.ttl(), unknown, w.opts.evictionAccepted)
 	if until.IsZero() {
 		return false
 	}
@@ -217,7 +217,7 @@ func (w *Worker) predecessorHeld(ctx context.Context, sent time.Time) bool {
 	f, err := w.nodeInfo(ctx, addr)
 	recv := time.Now()
 	if err == nil {
-		w.nodes.observe(addr, f, recv, w.fleetTTL(), true)
+		w.nodes.observe(addr, f, recv, w.fleet.ttl(), true)
 	}
 	return w.holdForEvictions(addr, f, err, sent, recv, 1)
 }

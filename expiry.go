@@ -188,7 +188,7 @@ func (e *expiryWatcher) observe(ctx context.Context, node string) {
 	if err != nil {
 		return // a scan or an event asks again when it needs a verdict
 	}
-	w.nodes.observe(node, f, time.Now(), w.fleetTTL(), false)
+	w.nodes.observe(node, f, time.Now(), w.fleet.ttl(), false)
 }
 
 // startWatches starts a goroutine for each subscription without one.

@@ -33,7 +33,19 @@ import (
 // not shorten them. Workers of older versions announce nothing: a fleet
 // mixing them gets their timings only from workers that share them.
 
-// checkFleet finds what this worker serves, and on which server, and
+// fleetView is this worker's side of the fleet record: what it announces,
+// what it learnt of the others (mem), and the timings derived from both.
+// The heartbeat, the scan, the sweep, the dead-peer path and Start share
+// one.
+type fleetView struct {
+	mem       fleetMemory
+	store     store.Store
+	log       *slog.Logger
+	opts      *options
+	ownerMode bool
+}
+
+// check finds what this worker serves, and on which server, and
 // records both under the prefix, or returns an error wrapping
 // ErrFleetMismatch when the prefix serves something else, or the same
 // names on another server. A record of the release before the server
@@ -45,94 +57,94 @@ import (
 // database (checkSchema logged it). Start calls it before it writes
 // anything else. It reports whether it read the fleet record (f): Start
 // learns the members' timings from it.
-func (w *Worker) checkFleet(ctx context.Context, checked ResetterInfo) (f store.Fleet, read bool, err error) {
+func (v *fleetView) check(ctx context.Context, checked ResetterInfo) (f store.Fleet, read bool, err error) {
 	serves, server := checked.Serves, checked.Server
 	if serves == "" || mutantNoFleetCheck {
 		return f, false, nil // the resetter cannot tell
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := v.opts.opContext(ctx)
 	defer cancel()
-	f, err = w.store.RecordFleet(opCtx, serves, server)
+	f, err = v.store.RecordFleet(opCtx, serves, server)
 	if err != nil {
 		return f, false, err
 	}
 	if f.Serves != serves {
-		return f, true, w.fleetMismatch(f.Serves, serves)
+		return f, true, v.mismatch(f.Serves, serves)
 	}
 	if server != "" && f.Server != "" && f.Server != server {
-		return f, true, w.fleetMismatch(f.Serves+" on "+f.Server, serves+" on "+server)
+		return f, true, v.mismatch(f.Serves+" on "+f.Server, serves+" on "+server)
 	}
-	w.fleet.setServes(serves, server)
+	v.mem.setServes(serves, server)
 	return f, true, nil
 }
 
-func (w *Worker) fleetMismatch(recorded, serves string) error {
+func (v *fleetView) mismatch(recorded, serves string) error {
 	return fmt.Errorf("%w: %q serves %s, this worker serves %s; give each application its own key prefix (WithKeyPrefix), and once no worker of the recorded fleet runs under this prefix any more, delete the key %s",
-		ErrFleetMismatch, w.opts.keyPrefix, recorded, serves, store.FleetKey(w.opts.keyPrefix))
+		ErrFleetMismatch, v.opts.keyPrefix, recorded, serves, store.FleetKey(v.opts.keyPrefix))
 }
 
 // announcement is what this worker's heartbeats announce.
-func (w *Worker) announcement() store.Announcement {
+func (v *fleetView) announcement() store.Announcement {
 	mode := "rows-set"
-	if w.ownerMode {
+	if v.ownerMode {
 		mode = "owner"
 	}
 	return store.Announcement{
-		TTL: w.opts.heartbeatTTL, Claim: w.opts.claimTTL(),
-		Wait: w.opts.detectionWindow() - w.opts.heartbeatTTL, Mode: mode,
+		TTL: v.opts.heartbeatTTL, Claim: v.opts.claimTTL(),
+		Wait: v.opts.detectionWindow() - v.opts.heartbeatTTL, Mode: mode,
 	}
 }
 
-// noteFleet takes in what a heartbeat learnt of the fleet record.
-func (w *Worker) noteFleet(v store.FleetView, err error) {
+// note takes in what a heartbeat learnt of the fleet record.
+func (v *fleetView) note(read store.FleetView, err error) {
 	if err != nil {
 		// The memory keeps what it had; the next heartbeat tries again. A
 		// reply (a key of the wrong type) is logged once per outage; a
 		// timeout is the heartbeat's to report.
-		if store.IsReply(err) && w.fleet.brokenOnce(true) {
-			w.log.Warn("cannot write the fleet record: this worker's timings are not announced to its peers; delete the key if it is not a hash",
+		if store.IsReply(err) && v.mem.brokenOnce(true) {
+			v.log.Warn("cannot write the fleet record: this worker's timings are not announced to its peers; delete the key if it is not a hash",
 				slog.Any("error", err))
 		}
 		return
 	}
-	w.fleet.brokenOnce(false)
-	w.fleet.learn(v.Longest, time.Now())
-	serves, server := w.fleet.served()
-	if serves == "" || v.Serves == "" {
+	v.mem.brokenOnce(false)
+	v.mem.learn(read.Longest, time.Now())
+	serves, server := v.mem.served()
+	if serves == "" || read.Serves == "" {
 		return
 	}
-	if v.Serves == serves && (server == "" || v.Server == "" || v.Server == server) {
+	if read.Serves == serves && (server == "" || read.Server == "" || read.Server == server) {
 		return
 	}
-	if w.fleet.warnOnce() {
-		w.log.Error("the key prefix serves another fleet: its workers would recover this fleet's dead workers in their table, and ours in ours; give each application its own prefix (WithKeyPrefix)",
-			slog.String("key_prefix", w.opts.keyPrefix), slog.String("recorded", v.Serves), slog.String("recorded_server", v.Server),
+	if v.mem.warnOnce() {
+		v.log.Error("the key prefix serves another fleet: its workers would recover this fleet's dead workers in their table, and ours in ours; give each application its own prefix (WithKeyPrefix)",
+			slog.String("key_prefix", v.opts.keyPrefix), slog.String("recorded", read.Serves), slog.String("recorded_server", read.Server),
 			slog.String("serves", serves), slog.String("server", server))
 	}
 }
 
-// learnFleetRecord reads the fleet record and learns every announcement in
+// learnRecord reads the fleet record and learns every announcement in
 // it, lapsed ones too (a record loaded from an old snapshot still lists
 // the members it had then): a Worker that does not heartbeat (ops.RecoverNow
 // before Start) learns the fleet's timings no other way, and Start learns
 // them before its first heartbeat's recount drops the lapsed ones. A record that
 // cannot be read leaves the memory as it was; the scan reports Redis
 // failures itself.
-func (w *Worker) learnFleetRecord(ctx context.Context) {
-	opCtx, cancel := w.opContext(ctx)
-	f, err := w.store.ReadFleet(opCtx)
+func (v *fleetView) learnRecord(ctx context.Context) {
+	opCtx, cancel := v.opts.opContext(ctx)
+	f, err := v.store.ReadFleet(opCtx)
 	cancel()
 	if err != nil {
 		return
 	}
-	w.learnMembers(f)
+	v.learnMembers(f)
 }
 
 // learnMembers learns every announcement of the fleet record f.
-func (w *Worker) learnMembers(f store.Fleet) {
+func (v *fleetView) learnMembers(f store.Fleet) {
 	now := time.Now()
 	for _, m := range f.Members {
-		w.fleet.learn(m.Announcement, now)
+		v.mem.learn(m.Announcement, now)
 	}
 }
 
@@ -218,20 +230,20 @@ func (m *fleetMemory) warnOnce() bool {
 	return first
 }
 
-// fleetTTL is the longest heartbeat TTL of the fleet: this worker's, or a
+// ttl is the longest heartbeat TTL of the fleet: this worker's, or a
 // longer one a member announced. Verdicts held after a restart or a
 // failover wait it out.
-func (w *Worker) fleetTTL() time.Duration {
-	ttl, _, _ := w.fleet.longest()
-	return max(w.opts.heartbeatTTL, ttl)
+func (v *fleetView) ttl() time.Duration {
+	ttl, _, _ := v.mem.longest()
+	return max(v.opts.heartbeatTTL, ttl)
 }
 
-// fleetClaimTTL is the longest recovery claim TTL of the fleet: a lease
+// claimTTL is the longest recovery claim TTL of the fleet: a lease
 // that comes back is held for it, so that a recovery any member claimed
 // meanwhile has ended.
-func (w *Worker) fleetClaimTTL() time.Duration {
-	_, claim, _ := w.fleet.longest()
-	return max(w.opts.claimTTL(), claim)
+func (v *fleetView) claimTTL() time.Duration {
+	_, claim, _ := v.mem.longest()
+	return max(v.opts.claimTTL(), claim)
 }
 
 // rowsTTL is how long this worker's rows set lives after a write: the
@@ -239,11 +251,23 @@ func (w *Worker) fleetClaimTTL() time.Duration {
 // death (its recovery interval and scan turn) exceeds ours, so the set
 // outlives the slowest scanner's first look by the margin the option
 // keeps over our own.
-func (w *Worker) rowsTTL() time.Duration {
-	_, _, wait := w.fleet.longest()
-	own := w.opts.detectionWindow() - w.opts.heartbeatTTL
+func (v *fleetView) rowsTTL() time.Duration {
+	_, _, wait := v.mem.longest()
+	own := v.opts.detectionWindow() - v.opts.heartbeatTTL
 	if wait <= own {
-		return w.opts.rowsTTL
+		return v.opts.rowsTTL
 	}
-	return min(satAdd(w.opts.rowsTTL, wait-own), maxAnnounced)
+	return min(satAdd(v.opts.rowsTTL, wait-own), maxAnnounced)
+}
+
+// incarnationTTL outlives the rows set by a heartbeat interval: the
+// heartbeat writes both, Track renews only the set.
+func (v *fleetView) incarnationTTL() time.Duration {
+	return satAdd(v.rowsTTL(), v.opts.heartbeatInterval)
+}
+
+// failureNoteTTL is how long a failed recovery's note lives: as long as a
+// rows set renewed now, and an interval more.
+func (v *fleetView) failureNoteTTL() time.Duration {
+	return satAdd(v.rowsTTL(), v.opts.recoveryInterval)
 }

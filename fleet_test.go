@@ -185,7 +185,7 @@ func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.
 		}))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.Stats().OwnerMode)
-	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.mem.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
 		"the short worker learns the long one's TTL from its heartbeat")
 
 	drain(beats)
@@ -267,7 +267,7 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	w, logs := startWorker(t, c, &fakeResetter{}, "w", WithKeyPrefix(prefix),
 		WithTimings(Timings{ResetTimeout: 600 * time.Millisecond, OperationTimeout: 50 * time.Millisecond}))
 	require.Less(t, w.opts.claimTTL(), longClaim/2)
-	require.Eventually(t, func() bool { _, claim, _ := w.fleet.longest(); return claim == longClaim },
+	require.Eventually(t, func() bool { _, claim, _ := w.fleet.mem.longest(); return claim == longClaim },
 		5*time.Second, 10*time.Millisecond, "w learns the slow member's claim TTL")
 
 	// Rows TTL: w's own is 4 s; the slow member's wait for a scan is
@@ -371,7 +371,7 @@ func TestStartReadsTheFleetRecordOnce(t *testing.T) {
 	trips, cmds := counter.snapshot()
 	t.Logf("Start: %d round trips: %v", trips, cmds)
 	assert.NotContains(t, cmds, "hgetall", "the record is not read a second time")
-	assert.Equal(t, 9*time.Second, w.fleetTTL(), "the lapsed member's TTL learnt from the script's reply (the first heartbeat dropped it)")
+	assert.Equal(t, 9*time.Second, w.fleet.ttl(), "the lapsed member's TTL learnt from the script's reply (the first heartbeat dropped it)")
 }
 
 // A role that may not call pg_control_system() (a managed service that

@@ -72,7 +72,7 @@ func TestAWorkerStartedAfterAnEmptyRestartJudgesTheFleetByItsOwnTTL(t *testing.T
 		}))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.Stats().OwnerMode)
-	ttl, _, _ := short.fleet.longest()
+	ttl, _, _ := short.fleet.mem.longest()
 	assert.Equal(t, time.Second, max(ttl, short.opts.heartbeatTTL), "the record was empty: the short worker knows only its own TTL")
 
 	require.Eventually(t, func() bool { return longRowsReset(t, db) == 5 }, 9*time.Second, 20*time.Millisecond,
@@ -314,7 +314,7 @@ func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
 	r, err := pgxreset.New(db)
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
-	_, server := w.fleet.served()
+	_, server := w.fleet.mem.served()
 	require.NotEmpty(t, server)
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "server", "system_identifier=1").Err())
 	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },

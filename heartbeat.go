@@ -34,7 +34,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	if w.lease.ousted.Load() {
 		return errOusted // for good: the ID is another process's
 	}
-	ctx, cancel := w.opContext(parent)
+	ctx, cancel := w.opts.opContext(parent)
 	defer cancel()
 
 	if w.rows.needsLossCheck() && w.sweepsByVersion() && !w.ownerMode {
@@ -78,14 +78,14 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
 	}
 	sentAt := time.Now()
-	serves, server := w.fleet.served()
+	serves, server := w.fleet.mem.served()
 	res, err := w.store.Beat(ctx, w.opts.instanceID, store.Heartbeat{
 		Value: w.beatValue, TTL: w.opts.heartbeatTTL,
-		Incarnation: incarnation, IncarnationTTL: w.incarnationTTL(),
-		Remove: unremoved, Add: tracked, RowsTTL: w.rowsTTL(),
-		Serves: serves, Server: server, Announce: w.announcement(),
+		Incarnation: incarnation, IncarnationTTL: w.fleet.incarnationTTL(),
+		Remove: unremoved, Add: tracked, RowsTTL: w.fleet.rowsTTL(),
+		Serves: serves, Server: server, Announce: w.fleet.announcement(),
 	})
-	w.noteFleet(res.Fleet, res.FleetErr)
+	w.fleet.note(res.Fleet, res.FleetErr)
 	if res.Foreign {
 		// Nothing of ours was written; the registry entry is the ID's
 		// whoever holds it.
@@ -115,7 +115,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	}
 	w.stats.heartbeats.Add(1)
 	w.stats.lastHeartbeat.Store(sentAt.UnixNano())
-	w.emit(Event{Kind: EventHeartbeat})
+	w.events.emit(Event{Kind: EventHeartbeat})
 	if len(unremoved) > 0 {
 		w.rows.forgetUnremoved(unremoved)
 		w.retrack(ctx, unremoved)
@@ -171,13 +171,13 @@ func (h *heartbeater) restored() {
 	if h.failures > 0 {
 		outage := time.Since(h.outageStart)
 		w.log.Info("heartbeat restored", slog.Duration("outage", outage), slog.Int("attempts", h.failures))
-		w.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: h.failures})
+		w.events.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: h.failures})
 	}
 	if w.lease.lost.Load() {
 		// The hold before the flag: CheckLease counts either as lost, so
 		// the lease renewed by this heartbeat is never valid in between.
 		if !mutantNoRegainHold {
-			w.lease.hold(w.fleetClaimTTL())
+			w.lease.hold(w.fleet.claimTTL())
 		}
 		w.lease.lost.Store(false)
 		if w.lease.perLife.Load() {
@@ -186,9 +186,9 @@ func (h *heartbeater) restored() {
 				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.String("owner", w.currentOwner()))
 		} else {
 			w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
-				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.Duration("held_for", w.fleetClaimTTL()))
+				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.Duration("held_for", w.fleet.claimTTL()))
 		}
-		w.emit(Event{Kind: EventLeaseRegained})
+		w.events.emit(Event{Kind: EventLeaseRegained})
 	}
 	h.failures = 0
 }
@@ -201,7 +201,7 @@ func (h *heartbeater) failed(err error) {
 		w.log.Warn("heartbeat failed; retrying", slog.Any("error", err))
 	}
 	h.failures++
-	w.emit(Event{Kind: EventHeartbeatFailed, Attempt: h.failures, Err: err})
+	w.events.emit(Event{Kind: EventHeartbeatFailed, Attempt: h.failures, Err: err})
 	if errors.Is(err, ErrInstanceIDInUse) {
 		w.noteOusted()
 	}
@@ -218,7 +218,7 @@ func (h *heartbeater) retryDelay(n int) time.Duration {
 	for i := 1; i < n && d < iv; i++ {
 		d *= 2
 	}
-	return min(h.w.jitter("heartbeat", min(d, iv), 0.2), iv)
+	return min(h.w.opts.jitter("heartbeat", min(d, iv), 0.2), iv)
 }
 
 // noteLeaseLoss notes, once per loss, that the lease has ended.
@@ -245,7 +245,7 @@ func (w *Worker) markLeaseLost(cause error) {
 	// reset them.
 	w.rows.markLoss(releaseSafeAfterLoss(w.info) && !mutantNoStickyLease, w.ownerMode && !mutantOneLife)
 	w.stats.leaseLosses.Add(1)
-	w.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
+	w.events.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}
 	if cause != nil {
 		attrs = append(attrs, slog.Any("error", cause))
@@ -260,8 +260,8 @@ func jitter(d time.Duration, frac float64) time.Duration {
 
 // jitter is jitter for one of w's loops ("heartbeat", "scan", "sweep"),
 // drawn through jitterSource.
-func (w *Worker) jitter(loop string, d time.Duration, frac float64) time.Duration {
-	return jitterBy(jitterSource(w, loop), d, frac)
+func (o *options) jitter(loop string, d time.Duration, frac float64) time.Duration {
+	return jitterBy(jitterSource(o, loop), d, frac)
 }
 
 func jitterBy(f float64, d time.Duration, frac float64) time.Duration {
@@ -275,4 +275,4 @@ func jitterBy(f float64, d time.Duration, frac float64) time.Duration {
 // deterministic simulation (sim_test.go) replaces it for the length of a
 // run with a seeded stream per worker and loop, so that a seed replays the
 // same timings whatever order the loops draw in.
-var jitterSource = func(*Worker, string) float64 { return rand.Float64() }
+var jitterSource = func(*options, string) float64 { return rand.Float64() }

@@ -95,9 +95,9 @@ func (s *beatStore) since(t time.Time) []time.Time {
 // timers and backoff, with a store that fails on demand.
 func TestHeartbeatOutageIsRetriedQuicklyAndLoggedOnce(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
-		w, logs := newWorker(t, idleClient(t), &fakeResetter{}, "w1", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))
 		s := &beatStore{}
-		w.store = s
+		w, logs := newWorker(t, idleClient(t), &fakeResetter{}, "w1", WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}),
+			withStore(func(store.Store) store.Store { return s }))
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan struct{})
 		require.NoError(t, w.heart.runOnce(ctx)) // Start's first heartbeat

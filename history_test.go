@@ -378,12 +378,12 @@ func TestStatsCountHistoryEntriesNotAppended(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := newWorker(t, rdb, &fakeResetter{}, "w")
 	require.NoError(t, w.Shutdown(context.Background()))
-	w.emit(Event{Kind: EventLeaseLost})
-	w.emit(Event{Kind: EventHeartbeat}) // not history: not counted
+	w.events.emit(Event{Kind: EventLeaseLost})
+	w.events.emit(Event{Kind: EventHeartbeat}) // not history: not counted
 	assert.Equal(t, uint64(1), w.Stats().HistoryDropped)
 
 	off, _ := newWorker(t, rdb, &fakeResetter{}, "off", WithHistory(0))
-	off.emit(Event{Kind: EventLeaseLost})
+	off.events.emit(Event{Kind: EventLeaseLost})
 	assert.Zero(t, off.Stats().HistoryDropped, "no history, nothing to drop")
 }
 

@@ -220,16 +220,17 @@ func (s *lateBeatStore) Beat(ctx context.Context, id string, b store.Heartbeat) 
 func TestALateHeartbeatThatRenewsAnEndedLeaseIsHeldAsARegain(t *testing.T) {
 	rdb := testutil.Redis(t)
 	ctx := context.Background()
-	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", WithKeyPrefix(testutil.Name("L")), WithTimings(Timings{
-		HeartbeatTTL:      400 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
-		RecoveryInterval:  time.Hour,
-		RowsTTL:           2 * time.Hour,
-		ResetTimeout:      600 * time.Millisecond,
-		OperationTimeout:  50 * time.Millisecond,
-	})) // claim TTL 750ms
-	late := &lateBeatStore{Store: w.store, w: w, done: make(chan struct{})}
-	w.store = late
+	late := &lateBeatStore{done: make(chan struct{})}
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", withStore(func(s store.Store) store.Store { late.Store = s; return late }),
+		WithKeyPrefix(testutil.Name("L")), WithTimings(Timings{
+			HeartbeatTTL:      400 * time.Millisecond,
+			HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+			ResetTimeout:      600 * time.Millisecond,
+			OperationTimeout:  50 * time.Millisecond,
+		})) // claim TTL 750ms
+	late.w = w
 	require.NoError(t, w.Start(ctx))
 	beats := w.Stats().Heartbeats
 	late.armed.Store(true)

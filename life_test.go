@@ -375,14 +375,14 @@ func prevReleaseRecover(t *testing.T, via *Worker, r Resetter, peer string) bool
 	t.Helper()
 	ctx := context.Background()
 	s, token := via.store, "prev-release"
-	c, err := s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.rowsTTL())
+	c, err := s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.fleet.rowsTTL())
 	require.NoError(t, err)
 	if !c.Taken() {
 		return false
 	}
 	life, _, err := s.ReadRows(ctx, peer)
 	require.NoError(t, err)
-	c, err = s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.rowsTTL())
+	c, err = s.ClaimDead(ctx, peer, token, via.opts.claimTTL(), via.fleet.rowsTTL())
 	require.NoError(t, err)
 	if !c.Taken() {
 		return false
@@ -395,7 +395,7 @@ func prevReleaseRecover(t *testing.T, via *Worker, r Resetter, peer string) bool
 		_, err := r.Reset(ctx, ResetRequest{Owner: v})
 		require.NoError(t, err)
 	}
-	_, err = s.FinishRecovery(ctx, peer, token, via.tombstoneTTL())
+	_, err = s.FinishRecovery(ctx, peer, token, via.opts.tombstoneTTL())
 	require.NoError(t, err)
 	require.NoError(t, s.Deregister(ctx, peer))
 	return true
@@ -491,14 +491,15 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	ctx := context.Background()
 	// A heartbeat every 4 s, and the bound half of it: twice the timings
 	// of a sequential run (2 s and 1 s), for a run beside other tests.
-	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      12 * time.Second,
-		HeartbeatInterval: 4 * time.Second,
-		RecoveryInterval:  time.Hour,
-		RowsTTL:           2 * time.Hour,
-	}))
-	mid := &midLossStore{Store: w.store, w: w, done: make(chan struct{})}
-	w.store = mid
+	mid := &midLossStore{done: make(chan struct{})}
+	w, _ := newWorker(t, rdb, fencedResetter(t, db), "w", withStore(func(s store.Store) store.Store { mid.Store = s; return mid }),
+		WithKeyPrefix(prefix), WithTimings(Timings{
+			HeartbeatTTL:      12 * time.Second,
+			HeartbeatInterval: 4 * time.Second,
+			RecoveryInterval:  time.Hour,
+			RowsTTL:           2 * time.Hour,
+		}))
+	mid.w = w
 	require.NoError(t, w.Start(ctx))
 	mid.armed.Store(true)
 	<-mid.done

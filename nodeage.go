@@ -172,7 +172,7 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 // nodeInfo asks one node (as the store names it) for the facts of its age
 // in one round trip.
 func (w *Worker) nodeInfo(ctx context.Context, node string) (nodeFacts, error) {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	info, err := w.store.NodeInfo(opCtx, node)
 	if err != nil {
@@ -191,7 +191,7 @@ func (w *Worker) observeNodes(ctx context.Context) {
 	infos, _ := w.store.MasterInfos(opCtx)
 	for node, info := range infos {
 		if f, err := parseNodeFacts(info); err == nil {
-			w.nodes.observe(node, f, now, w.fleetTTL(), true)
+			w.nodes.observe(node, f, now, w.fleet.ttl(), true)
 		}
 	}
 }
@@ -275,7 +275,7 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 // less than a TTL ago (a new deployment, a test's server), which is no
 // incident to warn of.
 func (w *Worker) nodeHold(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool) {
-	ttl := w.fleetTTL() // the longest any live member uses (fleet.go)
+	ttl := w.fleet.ttl() // the longest any live member uses (fleet.go)
 	until, first = w.nodes.observe(addr, f, recv, ttl, false)
 	if up := max(f.uptime-time.Second, 0); strict && up < ttl {
 		if u := recv.Add(ttl - up); u.After(until) {

@@ -20,7 +20,17 @@ type optionFunc func(*options)
 
 func (f optionFunc) apply(o *options) { f(o) }
 
+// withStore wraps the Worker's Redis store in what wrap returns: the
+// package's tests use it to inject faults and the simulation's store.
+func withStore(wrap func(store.Store) store.Store) Option {
+	return optionFunc(func(o *options) { o.wrapStore = wrap })
+}
+
 type options struct {
+	// wrapStore, set only by the package's tests (withStore), wraps the
+	// Redis store before New hands it to the Worker's parts.
+	wrapStore func(store.Store) store.Store
+
 	instanceID        string
 	keyPrefix         string
 	heartbeatTTL      time.Duration

@@ -159,9 +159,9 @@ func TestOwnerModeRecoveryLeavesThePeersNewLifeWhenItCameBackBeforeTheRead(t *te
 
 	a, _ := startWorker(t, rdb, r, "A", WithKeyPrefix(prefix))
 	a.crash()
-	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix))
+	b, _ := newWorker(t, rdb, r, "B", WithKeyPrefix(prefix),
+		withStore(func(s store.Store) store.Store { return &returnStore{Store: s, peer: "A", life: "l2"} }))
 	waitHeartbeatGone(t, rdb, prefix, "A")
-	b.store = &returnStore{Store: b.store, peer: "A", life: "l2"}
 	take(t, db, lifeOwner("A", "l2"), 1) // taken in the new life, under a valid lease
 
 	rep, err := b.recoverNow(ctx)

@@ -132,7 +132,7 @@ func (w *Worker) peerKeys(ctx context.Context, ids []string) ([]peerKeys, error)
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	keys, err := w.store.Describe(opCtx, ids)
 	if err != nil {

@@ -35,7 +35,7 @@ func (w *Worker) recoverNow(ctx context.Context) (report.RecoveryReport, error) 
 	case stateShutdown:
 		return report.RecoveryReport{}, ErrShutdown
 	case stateNew:
-		w.learnFleetRecord(ctx)
+		w.fleet.learnRecord(ctx)
 	}
 	return w.scan(ctx)
 }
@@ -47,11 +47,11 @@ func (w *Worker) scan(ctx context.Context) (rep report.RecoveryReport, err error
 	defer func() {
 		rep.Duration = time.Since(start)
 		w.stats.scans.Add(1)
-		if err != nil && len(rep.Dead) == 0 && w.countFailure(ctx) {
+		if err != nil && len(rep.Dead) == 0 && w.stats.countFailure(ctx) {
 			// The scan itself failed; peer failures are counted by recoverDead.
-			w.emit(Event{Kind: EventRecoveryFailed, Err: err})
+			w.events.emit(Event{Kind: EventRecoveryFailed, Err: err})
 		}
-		w.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
+		w.events.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
 			PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
 	}()
 
@@ -123,7 +123,7 @@ func (r *recoverer) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		t.Reset(w.jitter("scan", w.opts.recoveryInterval, 0.1))
+		t.Reset(w.opts.jitter("scan", w.opts.recoveryInterval, 0.1))
 	}
 }
 
@@ -164,14 +164,14 @@ func (r *recoverer) hand(peer string) {
 func (w *Worker) takeScanTurn(ctx context.Context) bool {
 	if !w.opts.scanLease {
 		if !w.ownerMode {
-			opCtx, cancel := w.opContext(ctx)
+			opCtx, cancel := w.opts.opContext(ctx)
 			note, _ := w.store.UntrackedNote(opCtx, w.opts.instanceID)
 			cancel()
 			w.noteUntracked(note)
 		}
 		return true
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	held, note, err := w.store.TakeScanTurn(opCtx, w.opts.instanceID, w.opts.scanTurnTTL())
 	w.noteUntracked(note)

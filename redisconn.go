@@ -96,7 +96,7 @@ func (w *Worker) redact(err error) error {
 // before the pipelines that follow could leave replies unread; any other
 // failure is reported as the first heartbeat's.
 func (w *Worker) ping(ctx context.Context) error {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	err := w.store.Ping(opCtx)
 	cancel()
 	switch {
@@ -119,7 +119,7 @@ func (w *Worker) ping(ctx context.Context) error {
 func (w *Worker) diagnose(parent context.Context, t redisTarget) string {
 	addrs := t.addrs[:min(len(t.addrs), maxDiagnosed)]
 	out := make([]string, len(addrs))
-	ctx, cancel := w.opContext(context.WithoutCancel(parent))
+	ctx, cancel := w.opts.opContext(context.WithoutCancel(parent))
 	defer cancel()
 	var wg sync.WaitGroup
 	for i, addr := range addrs {

@@ -19,7 +19,7 @@ import (
 // registeredPeers returns the registry's valid members other than this
 // worker, and the members that are not valid instance IDs.
 func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, err error) {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	all, err := w.store.RegistryMembers(opCtx)
 	w.noteRegistry(err)
@@ -66,7 +66,7 @@ func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]
 	if len(peers) == 0 {
 		return nil, nil
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	sent := time.Now()
 	live, err := w.store.Heartbeats(opCtx, peers)
@@ -109,9 +109,9 @@ func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
 			held = append(held, p)
 		}
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
-	if err := w.store.KeepRows(opCtx, held, w.rowsTTL()); err != nil {
+	if err := w.store.KeepRows(opCtx, held, w.fleet.rowsTTL()); err != nil {
 		w.log.Warn("renewing the rows sets of peers whose death is not judged yet failed; the next scan that holds them retries",
 			slog.Int("peers_held", len(held)), slog.Any("error", err))
 	}
@@ -120,7 +120,7 @@ func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
 // deregister removes a dead peer from the registry (store.Deregister puts
 // it back if its heartbeat came back meanwhile).
 func (w *Worker) deregister(ctx context.Context, peer string) error {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	err := w.store.Deregister(opCtx, peer)
 	w.noteRegistry(err)
@@ -146,7 +146,7 @@ func (w *Worker) noteRegistry(err error) {
 	case store.IsWrongType(err):
 		w.stats.registryWrongType.Add(1)
 		if !w.stats.registryBroken.Swap(true) {
-			w.emit(Event{Kind: EventRegistryWrongType, Err: err})
+			w.events.emit(Event{Kind: EventRegistryWrongType, Err: err})
 			w.log.Error("worker registry key is not a set: recovery scans cannot find dead peers and workers cannot register; "+
 				"expiry notifications and the backstop sweep still recover peers. Delete the key (DEL it): "+
 				"every live worker re-registers with its next heartbeat",

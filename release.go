@@ -107,7 +107,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	}
 	w.log.Info("released rows", attrs...)
 	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
-	w.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
+	w.events.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
 	return lockedErr
 }
 

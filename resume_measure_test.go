@@ -68,7 +68,7 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 			took := time.Since(restored)
 			require.NoError(t, w.Untrack(1))
 			t.Logf("%s: Redis restored to first successful Track: %v; from the restart's start (the server process launched): %v (heartbeat interval %v, claim TTL %v)",
-				c.name, took.Round(time.Millisecond), time.Since(restarting).Round(time.Millisecond), w.opts.heartbeatInterval, w.fleetClaimTTL())
+				c.name, took.Round(time.Millisecond), time.Since(restarting).Round(time.Millisecond), w.opts.heartbeatInterval, w.fleet.claimTTL())
 			t.Logf("%s: lease lost %d, regained %d, heartbeat restored %d", c.name, logs.Count("heartbeat lease lost"),
 				logs.Count("heartbeat lease regained"), logs.Count("heartbeat restored"))
 		})

@@ -176,7 +176,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	w.stats.rowsRecovered.Add(uint64(res.Changed))
 	w.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
 	w.stats.strayRowsReset.Add(uint64(res.Changed))
-	w.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
+	w.events.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
 		RowsQuarantined: len(res.Quarantined), Duration: gap})
 	return nil
 }
@@ -219,7 +219,7 @@ func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool 
 // mode and have not lapsed. Members of releases before the fleet record
 // announce nothing and are not listed (docs/safety.md §5b).
 func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	f, err := w.store.ReadFleet(opCtx)
 	cancel()
 	if err != nil {
@@ -257,7 +257,7 @@ func suspect(rows []RowState, held map[int64]string) bool {
 // rows TTL in the fleet (see above), and at least the longest heartbeat
 // TTL a live member announced.
 func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration, map[string]bool, error) {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	ids, err := w.store.RegistryMembers(opCtx)
 	cancel()
 	if err != nil {
@@ -270,9 +270,9 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 	// A live member not registered at this look (Redis flushed, the
 	// registry evicted) is known by the heartbeat TTL it announced, longer
 	// than its heartbeat interval: wait that long too.
-	gap := max(w.opts.rowsTTL, w.fleetTTL())
+	gap := max(w.opts.rowsTTL, w.fleet.ttl())
 	if len(ids) > 0 {
-		opCtx, cancel := w.opContext(ctx)
+		opCtx, cancel := w.opts.opContext(ctx)
 		insts, err := w.store.Describe(opCtx, ids)
 		cancel()
 		if err != nil {
@@ -399,9 +399,9 @@ func (w *Worker) untrackedFound(ctx context.Context, ids []int64, by map[string]
 		attrs = append(attrs, slog.Int("rows_no_set_held", n))
 	}
 	w.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT", attrs...)
-	w.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
+	w.events.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
 	if len(notes) > 0 {
-		opCtx, cancel := w.opContext(ctx)
+		opCtx, cancel := w.opts.opContext(ctx)
 		nerr := w.store.NoteUntracked(opCtx, notes, w.opts.rowsTTL)
 		cancel()
 		if nerr != nil {

@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"fmt"
-	"time"
 )
 
 // Track records that this worker is processing rowIDs: call it inside the
@@ -58,7 +57,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
 		}
 	}
-	if err := w.store.TrackRows(ctx, w.opts.instanceID, rowIDs, w.rowsTTL()); err != nil {
+	if err := w.store.TrackRows(ctx, w.opts.instanceID, rowIDs, w.fleet.rowsTTL()); err != nil {
 		return fmt.Errorf("track %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
 	}
 	return nil
@@ -149,7 +148,7 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
 		w.rows.forget(rowIDs)
 		if w.state.Load() != stateRunning { // Shutdown began: its clean-up may have run
-			ctx, cancel := w.opContext(context.Background())
+			ctx, cancel := w.opts.opContext(context.Background())
 			defer cancel()
 			w.flusher.runOnce(ctx)
 			return nil
@@ -167,7 +166,7 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 // the caller holds the rows-set lock shared. A Track of one of them that
 // Redis answered before the SREM is written back (retrack).
 func (w *Worker) sremUntracked(ids []int64) error {
-	ctx, cancel := w.opContext(context.Background())
+	ctx, cancel := w.opts.opContext(context.Background())
 	defer cancel()
 	if err := w.store.UntrackRows(ctx, w.opts.instanceID, ids); err != nil {
 		w.rows.markUnremoved(ids)
@@ -216,18 +215,12 @@ func (w *Worker) rotateLocked(ctx context.Context) error {
 		return nil // done meanwhile
 	}
 	gone, next := w.rows.rotation()
-	if err := w.store.RotateIncarnation(ctx, w.opts.instanceID, gone, next, w.incarnationTTL()); err != nil {
+	if err := w.store.RotateIncarnation(ctx, w.opts.instanceID, gone, next, w.fleet.incarnationTTL()); err != nil {
 		return err
 	}
 	w.rows.rotated(next, gone)
 	w.retrack(ctx, gone)
 	return nil
-}
-
-// incarnationTTL outlives the rows set by a heartbeat interval: the
-// heartbeat writes both, Track renews only the set.
-func (w *Worker) incarnationTTL() time.Duration {
-	return satAdd(w.rowsTTL(), w.opts.heartbeatInterval)
 }
 
 // retrack writes back the rows among removed that are tracked again: a

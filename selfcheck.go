@@ -332,7 +332,7 @@ func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 	}
 	attrs = append(attrs, slog.Int("rows_checked", read), slog.Int("rows_not_in_progress", len(c.seen)))
 	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck", attrs...)
-	w.emit(Event{Kind: EventMisconfigured, Rows: len(c.seen), Err: err})
+	w.events.emit(Event{Kind: EventMisconfigured, Rows: len(c.seen), Err: err})
 }
 
 // misconfigured returns the self-check's alarm, or nil.

@@ -254,7 +254,7 @@ func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) e
 	if c == nil || c.off.Load() || c.verdict.Load() != 0 || w.state.Load() != stateRunning {
 		return nil // verified, alarmed (recoverDeadLives holds), or RecoverNow before Start
 	}
-	if time.Since(time.Unix(0, w.runningSince.Load())) >= w.fleetTTL() && !mutantUnboundedUnverifiedHold {
+	if time.Since(time.Unix(0, w.runningSince.Load())) >= w.fleet.ttl() && !mutantUnboundedUnverifiedHold {
 		// Long enough: a worker that fetched nothing in a TTL (an idle
 		// fleet) would otherwise hold the peer for good, and its rows
 		// set would hold the backstop sweep too. A worker whose statuses

@@ -70,11 +70,11 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	// ever look for them.
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
-	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.rowsTTL()}
+	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.fleet.rowsTTL()}
 	if w.ownerMode {
 		d.Tracked, d.Unremoved = nil, nil // the owner column says it all
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	res, err := w.store.Leave(opCtx, w.opts.instanceID, d)
 	cancel()
 	w.rows.assert.Unlock()

@@ -431,12 +431,13 @@ func (w *simWorld) spawn(t *testing.T, id string) *simProc {
 	rdb := redis.NewClient(&redis.Options{Addr: "127.0.0.1:1"})
 	w.clients = append(w.clients, rdb)
 	long := w.cfg.timings && p.n%2 == 0
-	wk, err := New(rdb, &simResetter{p: p}, w.options(id, p.old, long)...)
+	wk, err := New(rdb, &simResetter{p: p}, append(w.options(id, p.old, long), withStore(func(store.Store) store.Store {
+		return &simStore{c: p.conn, prefix: defaultKeyPrefix}
+	}))...)
 	if err != nil {
 		w.mu.Unlock()
 		t.Fatalf("New: %v", err)
 	}
-	wk.store = &simStore{c: p.conn, prefix: defaultKeyPrefix}
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.procs = append(w.procs, p)
@@ -739,13 +740,14 @@ func (w *simWorld) foreignStrike() {
 			HeartbeatInterval: simInterval,
 			RecoveryInterval:  simRecovery,
 			ResetTimeout:      simReset,
-		}), WithHistory(0), WithRowsSets())
+		}), WithHistory(0), WithRowsSets(), withStore(func(store.Store) store.Store {
+			return &simStore{c: p.conn, prefix: defaultKeyPrefix}
+		}))
 	if err != nil {
 		w.violate("New of the second fleet's worker: %v", err)
 		w.mu.Unlock()
 		return
 	}
-	wk.store = &simStore{c: p.conn, prefix: defaultKeyPrefix}
 	p.w = wk
 	p.conn.opTimeout = wk.opts.opTimeout
 	w.tracef("SECOND FLEET %s starts under the prefix", p)
@@ -1129,11 +1131,11 @@ func simulate(t *testing.T, seed uint64, mut simMutations) (violations, trace []
 	var jmu sync.Mutex
 	streams := map[string]*rand.Rand{}
 	prev := jitterSource
-	jitterSource = func(wk *Worker, loop string) float64 {
+	jitterSource = func(o *options, loop string) float64 {
 		key := loop
 		w.mu.Lock()
 		for _, p := range w.procs {
-			if p.w == wk {
+			if p.w != nil && &p.w.opts == o {
 				key = fmt.Sprintf("%d/%s/%d/%s", seed, p.id, p.n, loop)
 			}
 		}

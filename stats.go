@@ -150,10 +150,10 @@ func (w *Worker) Stats() Stats {
 // Stats.Errors, and reports whether it did: a failure whose context ended
 // (Shutdown, or the caller of ops.RecoverNow giving up) is no failure of
 // recovery, and is neither counted nor reported.
-func (w *Worker) countFailure(ctx context.Context) bool {
+func (c *counters) countFailure(ctx context.Context) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	w.stats.errors.Add(1)
+	c.errors.Add(1)
 	return true
 }

@@ -122,7 +122,7 @@ func (s *sweeper) run(ctx context.Context) {
 			return
 		}
 		s.w.rlog.swept(rep, err)
-		t.Reset(s.w.jitter("sweep", s.w.opts.recoveryInterval, 0.1))
+		t.Reset(s.w.opts.jitter("sweep", s.w.opts.recoveryInterval, 0.1))
 	}
 }
 
@@ -158,7 +158,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		// whose sweep by owner covers their rows.
 		peers, err := w.ownerModePeers(ctx)
 		if err != nil {
-			w.countFailure(ctx)
+			w.stats.countFailure(ctx)
 			s.mem.clear()
 			return rep, err
 		}
@@ -168,11 +168,11 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			return rep, nil
 		}
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	held, err := w.store.TakeSweepTurn(opCtx, s.token, w.opts.sweepTurnTTL())
 	cancel()
 	if err != nil {
-		w.countFailure(ctx)
+		w.stats.countFailure(ctx)
 		return rep, fmt.Errorf("take sweep turn: %w", err)
 	}
 	if !held {
@@ -184,7 +184,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	rep.turnHeld = true
 	if s.rows != nil {
 		if err := s.rowsLook(ctx, &rep); err != nil {
-			w.countFailure(ctx)
+			w.stats.countFailure(ctx)
 			return rep, err
 		}
 		return rep, nil
@@ -194,7 +194,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	owners, err := s.sw.InProgressOwners(dbCtx)
 	cancel()
 	if err != nil {
-		w.countFailure(ctx)
+		w.stats.countFailure(ctx)
 		return rep, err
 	}
 	rep.owners = len(owners)
@@ -227,7 +227,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	checkedAt := time.Now()
 	dead, err := w.deadOwners(ctx, candidates)
 	if err != nil {
-		w.countFailure(ctx)
+		w.stats.countFailure(ctx)
 		return rep, err
 	}
 	isDead := make(map[string]bool, len(dead))
@@ -245,7 +245,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		if !seen {
 			s.absentSince[o] = checkedAt
 		}
-		if !seen || checkedAt.Sub(since) < w.fleetTTL() {
+		if !seen || checkedAt.Sub(since) < w.fleet.ttl() {
 			rep.absent = append(rep.absent, o)
 			continue
 		}
@@ -314,7 +314,7 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 			s.endedSince[v] = checkedAt
 			continue
 		}
-		if checkedAt.Sub(since) < w.fleetTTL() {
+		if checkedAt.Sub(since) < w.fleet.ttl() {
 			continue
 		}
 		if ended, err = s.lifeEnded(ctx, id, life); err != nil || !ended {
@@ -324,7 +324,7 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 		res, err := s.sw.Reset(dbCtx, ResetRequest{Owner: v})
 		cancel()
 		if err != nil {
-			w.countFailure(ctx)
+			w.stats.countFailure(ctx)
 			errs = append(errs, &report.PeerError{InstanceID: id, Err: fmt.Errorf("reset the rows of ended life %s: %w", clip(v), err)})
 			continue
 		}
@@ -358,7 +358,7 @@ func (s *sweeper) lifeEnded(ctx context.Context, id, life string) (bool, error) 
 	if id == w.opts.instanceID && mutantOwnLivesByMemory {
 		return true, nil
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	cur, _, err := w.store.ReadRows(opCtx, id)
 	if err != nil {

@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"errors"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -135,7 +136,7 @@ func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfter
 	setJobs(t, db, schema, "running", 1)
 	require.NoError(t, slow.Track(ctx, 1))
 	s, _ := startWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(prefix))...)
-	require.Eventually(t, func() bool { return s.fleetTTL() == 5*time.Second }, 5*time.Second, 10*time.Millisecond,
+	require.Eventually(t, func() bool { return s.fleet.ttl() == 5*time.Second }, 5*time.Second, 10*time.Millisecond,
 		"the sweeper learns the slow member's TTL")
 
 	beats := slow.Stats().Heartbeats
@@ -156,11 +157,12 @@ func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfter
 // replica answers them while its INFO is never asked).
 type partialInfos struct {
 	store.Store
+	on *atomic.Bool // fails only once set
 }
 
 func (p partialInfos) MasterInfos(ctx context.Context) (map[string]string, error) {
 	infos, err := p.Store.MasterInfos(ctx)
-	if err != nil {
+	if err != nil || !p.on.Load() {
 		return infos, err
 	}
 	return infos, errors.New("10.0.0.9:7000: dial tcp: connection refused")
@@ -174,9 +176,11 @@ func TestBackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
 	t.Parallel()
 	rdb, _, _, r := backstopWorld(t, 1)
 	waitUptime(t, rdb, 3*time.Second)
-	w, _ := newWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(testutil.Name("RI")))...)
+	var partial atomic.Bool
+	w, _ := newWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(testutil.Name("RI")),
+		withStore(func(s store.Store) store.Store { return partialInfos{s, &partial} }))...)
 	require.True(t, w.mastersTrusted(context.Background(), time.Now()), "every master answered and is old enough")
-	w.store = partialInfos{w.store}
+	partial.Store(true)
 	assert.False(t, w.mastersTrusted(context.Background(), time.Now()), "one master's age unknown")
 }
 

@@ -39,7 +39,7 @@ var errOusted = fmt.Errorf("%w: %w", ErrLeaseLost, ErrInstanceIDInUse)
 // readOwn reads the heartbeat, its TTL and whether a rows set or an
 // incarnation exists, in one transaction on the instance's slot.
 func (w *Worker) readOwn(ctx context.Context) (store.Own, error) {
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	k, err := w.store.ReadOwn(opCtx, w.opts.instanceID)
 	if err != nil {
@@ -225,9 +225,9 @@ func (w *Worker) noteOusted() {
 	}
 	if !w.lease.lost.Swap(true) {
 		w.stats.leaseLosses.Add(1)
-		w.emit(Event{Kind: EventLeaseLost, Duration: w.lease.sinceRefresh(), Err: errOusted})
+		w.events.emit(Event{Kind: EventLeaseLost, Duration: w.lease.sinceRefresh(), Err: errOusted})
 	}
-	w.emit(Event{Kind: EventInstanceIDTaken, Err: errOusted})
+	w.events.emit(Event{Kind: EventInstanceIDTaken, Err: errOusted})
 	w.log.Error("another process heartbeats this instance ID: it started while this worker could not refresh its heartbeat, and has taken over its rows; stop processing and shut this worker down",
 		slog.Int("rows_tracked", w.rows.len()))
 }

@@ -59,7 +59,7 @@ func (f *untrackFlusher) runOnce(ctx context.Context) {
 	if len(pending) == 0 {
 		return
 	}
-	opCtx, cancel := w.opContext(ctx)
+	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	if err := w.store.UntrackRows(opCtx, w.opts.instanceID, pending); err == nil {
 		w.rows.forgetUnremoved(pending)

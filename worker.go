@@ -43,12 +43,12 @@ type Worker struct {
 	lifecycle // Start, Shutdown
 
 	// Shared state.
-	rows   inflight    // the rows tracked now (inflight.go)
-	lease  lease       // lease.go
-	nodes  nodeAges    // nodeage.go
-	fleet  fleetMemory // fleet.go
-	stats  counters    // stats.go
-	events dispatcher  // events.go
+	rows   inflight   // the rows tracked now (inflight.go)
+	lease  lease      // lease.go
+	nodes  nodeAges   // nodeage.go
+	fleet  *fleetView // fleet.go
+	stats  counters   // stats.go
+	events dispatcher // events.go
 	rlog   *recoveryLog
 	// untrackedAt is when the backstop sweep last found rows this worker
 	// did not track before their COMMIT, or when it was called to untrack
@@ -132,10 +132,14 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	if err != nil {
 		return nil, err
 	}
+	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
+	if o.wrapStore != nil {
+		st = o.wrapStore(st)
+	}
 	w := &Worker{
 		opts:      o,
 		log:       o.logger.With(slog.String("instance_id", o.instanceID)),
-		store:     store.NewRedis(rdb, o.keyPrefix, o.opTimeout),
+		store:     st,
 		target:    targetOf(rdb),
 		resetter:  resetter,
 		info:      info,
@@ -143,6 +147,8 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		beatValue: store.HeartbeatOf(newToken()),
 		lease:     newLease(o.heartbeatTTL),
 	}
+	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode}
+	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs = o.observer
@@ -229,7 +235,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	fleet, read, err := w.checkFleet(ctx, checked)
+	fleet, read, err := w.fleet.check(ctx, checked)
 	if err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -237,9 +243,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	// from an old snapshot lists members whose announcements have lapsed.
 	// checkFleet's script returned the record; read it when it did not run.
 	if read {
-		w.learnMembers(fleet)
+		w.fleet.learnMembers(fleet)
 	} else {
-		w.learnFleetRecord(ctx)
+		w.fleet.learnRecord(ctx)
 	}
 	if err := w.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
@@ -288,9 +294,13 @@ func (w *Worker) Start(ctx context.Context) error {
 }
 
 // opContext returns a context for one Redis call of the background work.
-func (w *Worker) opContext(parent context.Context) (context.Context, context.CancelFunc) {
-	return context.WithTimeout(parent, w.opts.opTimeout)
+func (o *options) opContext(parent context.Context) (context.Context, context.CancelFunc) {
+	return context.WithTimeout(parent, o.opTimeout)
 }
+
+// tombstoneTTL is how long a finished claim keeps its result for a retry
+// of the finish script: longer than go-redis's retries of one call.
+func (o *options) tombstoneTTL() time.Duration { return 2 * o.opTimeout }
 
 // isNil reports whether v is nil or a nil pointer, so New refuses a
 // (*redis.Client)(nil) instead of panicking on first use.
