@@ -10,7 +10,10 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery"
 	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres"
+	"github.com/alya/recovery/postgres/pgxreset"
 )
 
 // TestRecoveredTwiceTellsAReleaseFromASecondRecovery runs the check of C1,
@@ -25,12 +28,29 @@ func TestRecoveredTwiceTellsAReleaseFromASecondRecovery(t *testing.T) {
 	e := &env{t: t, cfg: envConfig{rows: 6, table: "batchrows"}, table: pgx.Identifier{"batchrows"}.Sanitize()}
 	e.setupDatabase(sharedPG.URL)
 
-	// The rows' histories, as the recoveries column and the workers' logs
-	// show them.
+	// Row 3, through the faultworker's resetter (owner fencing, the
+	// recoveries column): w1 takes it and, its lease lost, releases it
+	// (Release's request: its own ID and incarnation); w2 takes it and
+	// dies, and a peer recovers it (the rows-set recovery's request).
+	// Both are the same reset, and both count.
+	r, err := pgxreset.New(e.pool, postgres.WithTable("batchrows"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithOwnerColumn("owner"))
+	require.NoError(t, err)
+	for _, req := range []recovery.ResetRequest{
+		{InstanceID: "w1", Incarnation: "i1", RowIDs: []int64{3}},
+		{InstanceID: "w2", Incarnation: "i2", RowIDs: []int64{3}, FromRowsSet: true},
+	} {
+		_, err := e.pool.Exec(t.Context(), `UPDATE `+e.table+` SET status = 'inprog', owner = $1 WHERE rowid = 3`, req.InstanceID)
+		require.NoError(t, err)
+		res, err := r.Reset(t.Context(), req)
+		require.NoError(t, err)
+		require.EqualValues(t, 1, res.Changed, "reset of row 3 for %s", req.InstanceID)
+	}
+	require.Equal(t, 1, e.count(`rowid = 3 AND recoveries = 2 AND status = 'queued'`), "row 3: a release and a recovery, recoveries = 2")
+
+	// The other rows' histories, made up.
 	recoveries := map[int64]int{
 		1: 0, // done at the first try
 		2: 1, // recovered once
-		3: 2, // released by w1 (lease lost), taken by w2, recovered after w2 died
 		4: 2, // recovered twice: the failure the check is for
 		5: 3, // released by w1, then recovered twice
 		6: 2, // released twice: by w1, then by w2
