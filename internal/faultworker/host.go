@@ -296,7 +296,13 @@ func (h *host) record(id int64, outcome string) {
 // Release (guarded like a recovery), retrying while the database fails. If
 // it never succeeds the rows stay tracked, for a peer to recover should
 // this worker die.
+//
+// A release counts in the recoveries column like a recovery does; the
+// suite tells the two apart by the "handing rows back" line, which names
+// the rows by ID. It is written before the first Release, so a worker
+// killed while its release commits has still recorded it.
 func (h *host) giveBack(ids []int64) {
+	h.log.Info("handing rows back", "rows", len(ids), "row_ids", ids)
 	deadline := time.Now().Add(h.cfg.rowTimeout)
 	backoff := 50 * time.Millisecond
 	for attempt := 1; ; attempt++ {
