@@ -66,8 +66,7 @@ const maxDiagnosed = 3
 // "dial tcp 127.0.0.1:1: connect: connection refused", or that it
 // connects and the server did not answer. The client's password never
 // appears in the message. errors.Is and errors.As see err.
-func (w *Worker) firstHeartbeatError(ctx context.Context, err error) error {
-	t := w.target
+func (t redisTarget) firstHeartbeatError(ctx context.Context, o *options, err error) error {
 	where := "redis"
 	if len(t.addrs) > 0 {
 		where = "redis at " + strings.Join(t.addrs, ", ")
@@ -76,18 +75,18 @@ func (w *Worker) firstHeartbeatError(ctx context.Context, err error) error {
 	var ne net.Error
 	if len(t.addrs) > 0 && (errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled) ||
 		(errors.As(err, &ne) && ne.Timeout())) {
-		cause = " (" + w.diagnose(ctx, t) + ")"
+		cause = " (" + t.diagnose(ctx, o) + ")"
 	}
-	return w.redact(fmt.Errorf("first heartbeat to %s: %w%s", where, err, cause))
+	return t.redact(fmt.Errorf("first heartbeat to %s: %w%s", where, err, cause))
 }
 
 // redact masks the client's password in err.
-func (w *Worker) redact(err error) error {
-	if w.target.password == "" {
+func (t redisTarget) redact(err error) error {
+	if t.password == "" {
 		return err
 	}
 	// As a connection string, so every encoding of the password is masked.
-	conn := (&url.URL{Scheme: "redis", User: url.UserPassword("u", w.target.password), Host: "h"}).String()
+	conn := (&url.URL{Scheme: "redis", User: url.UserPassword("u", t.password), Host: "h"}).String()
 	return redact.Error(err, conn)
 }
 
@@ -95,31 +94,31 @@ func (w *Worker) redact(err error) error {
 // that refuses the client is reported as such, wrapping ErrRedisAuth,
 // before the pipelines that follow could leave replies unread; any other
 // failure is reported as the first heartbeat's.
-func (w *Worker) ping(ctx context.Context) error {
-	opCtx, cancel := w.opts.opContext(ctx)
-	err := w.store.Ping(opCtx)
+func (t redisTarget) ping(ctx context.Context, st store.Store, o *options) error {
+	opCtx, cancel := o.opContext(ctx)
+	err := st.Ping(opCtx)
 	cancel()
 	switch {
 	case err == nil:
 		return nil
 	case store.IsAuthError(err):
 		where := "redis"
-		if len(w.target.addrs) > 0 {
-			where = "redis at " + strings.Join(w.target.addrs, ", ")
+		if len(t.addrs) > 0 {
+			where = "redis at " + strings.Join(t.addrs, ", ")
 		}
-		return w.redact(fmt.Errorf("%w: %s answered PING with %q: give the client the server's user and password "+
+		return t.redact(fmt.Errorf("%w: %s answered PING with %q: give the client the server's user and password "+
 			"(redis.Options Username and Password, or redis://user:password@host:port)", ErrRedisAuth, where, err.Error()))
 	default:
-		return w.firstHeartbeatError(ctx, err)
+		return t.firstHeartbeatError(ctx, o, err)
 	}
 }
 
 // diagnose dials each address (up to maxDiagnosed, at the same time) under
 // the operation timeout and says what happened.
-func (w *Worker) diagnose(parent context.Context, t redisTarget) string {
+func (t redisTarget) diagnose(parent context.Context, o *options) string {
 	addrs := t.addrs[:min(len(t.addrs), maxDiagnosed)]
 	out := make([]string, len(addrs))
-	ctx, cancel := w.opts.opContext(context.WithoutCancel(parent))
+	ctx, cancel := o.opContext(context.WithoutCancel(parent))
 	defer cancel()
 	var wg sync.WaitGroup
 	for i, addr := range addrs {
@@ -130,7 +129,7 @@ func (w *Worker) diagnose(parent context.Context, t redisTarget) string {
 				return
 			}
 			_ = conn.Close()
-			out[i] = addr + " accepts connections but did not answer within the operation timeout " + w.opts.opTimeout.String()
+			out[i] = addr + " accepts connections but did not answer within the operation timeout " + o.opTimeout.String()
 		})
 	}
 	wg.Wait()

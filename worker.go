@@ -226,12 +226,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	w.checker.probe(ctx)
-	if err := w.ping(ctx); err != nil {
+	if err := w.target.ping(ctx, w.store, &w.opts); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	if err := w.checkEviction(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.firstHeartbeatError(ctx, err)
+			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -249,7 +249,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if err := w.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.firstHeartbeatError(ctx, err)
+			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -257,7 +257,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		if errors.Is(err, ErrInstanceIDInUse) {
 			return fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
 		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.firstHeartbeatError(ctx, err))
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.target.firstHeartbeatError(ctx, &w.opts, err))
 	}
 	w.observeNodes(ctx)
 	var expiry *expiryWatcher
