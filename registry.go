@@ -19,8 +19,8 @@ import (
 // judge is this worker's side of the registry: who is registered, which
 // peers are dead (with the node-age and eviction holds of nodes), the
 // removal of the dead, and the registry's health (noteRegistry). The scan,
-// the backstop sweep, expiry events, the dead-peer path and the heartbeat
-// share one, built in New.
+// the backstop sweep, expiry events, the dead-peer path, the heartbeat and
+// Shutdown share one, built in New.
 type judge struct {
 	store  store.Store
 	log    *slog.Logger
