@@ -241,7 +241,7 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 		if r.foundBy == foundByRestart {
 			continue // this worker's own ID: Start judged it, and holds it
 		}
-		dead, jerr := r.w.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
+		dead, jerr := r.w.judge.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
 		if jerr != nil {
 			r.dropClaim()
 			return ctx, func() {}, res, err
@@ -538,7 +538,7 @@ func (r *peerRecovery) finish(ctx, parent context.Context) error {
 		r.rep.PeerCameBack = true
 		return nil
 	}
-	return w.deregister(parent, r.peer)
+	return w.judge.deregister(parent, r.peer)
 }
 
 // release gives the claim up after a failure so the next scan, by any

@@ -91,10 +91,10 @@ func parseMemoryFacts(info string) (memoryFacts, error) {
 // checkEviction is Start's check of every master's eviction policy, before
 // anything is written or judged. A server that cannot be reached is left
 // to the first heartbeat's error, which explains it.
-func (w *Worker) checkEviction(ctx context.Context) error {
-	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
+func (n *nodeWatch) checkEviction(ctx context.Context) error {
+	opCtx, cancel := context.WithTimeout(ctx, 2*n.opts.opTimeout)
 	defer cancel()
-	infos, err := w.store.MemoryInfos(opCtx)
+	infos, err := n.store.MemoryInfos(opCtx)
 	if err != nil && !store.IsReply(err) {
 		return &readError{err}
 	}
@@ -116,11 +116,11 @@ func (w *Worker) checkEviction(ctx context.Context) error {
 		if !m.evicts() {
 			continue
 		}
-		if !w.opts.evictionAccepted {
+		if !n.opts.evictionAccepted {
 			return fmt.Errorf("%w: %s has maxmemory-policy %s with maxmemory %d: it can evict a live worker's heartbeat, and its rows would be reset under it; set maxmemory-policy noeviction (or maxmemory 0), or accept evictions with WithEvictionAccepted",
 				ErrEvictionPolicy, name, m.policy, m.maxmemory)
 		}
-		w.log.Warn("redis may evict keys under memory pressure; accepted (WithEvictionAccepted): death verdicts are held while it evicts",
+		n.log.Warn("redis may evict keys under memory pressure; accepted (WithEvictionAccepted): death verdicts are held while it evicts",
 			slog.String("redis_node", name), slog.String("maxmemory_policy", m.policy), slog.Int64("maxmemory", m.maxmemory))
 	}
 	return nil
@@ -185,9 +185,9 @@ func (a *nodeAges) evictionHold(addr string, sent, recv time.Time, ttl time.Dura
 // holdForEvictions applies the eviction hold to the peers of absent on the
 // node at addr (f read at recv; err its INFO's error). It returns whether
 // they are held, and logs the episode once.
-func (w *Worker) holdForEvictions(addr string, f nodeFacts, infoErr error, sent, recv time.Time, peers int) bool {
+func (n *nodeWatch) holdForEvictions(addr string, f nodeFacts, infoErr error, sent, recv time.Time, peers int) bool {
 	unknown := infoErr != nil || f.evicted < 0
-	until, first := w.nodes.evictionHold(addr, sent, recv, w.fleet.ttl(), unknown, w.opts.evictionAccepted)
+	until, first := n.ages.evictionHold(addr, sent, recv, n.fleet.ttl(), unknown, n.opts.evictionAccepted)
 	if until.IsZero() {
 		return false
 	}
@@ -196,10 +196,10 @@ func (w *Worker) holdForEvictions(addr string, f nodeFacts, infoErr error, sent,
 			slog.Duration("held_for", until.Sub(recv))}
 		if unknown {
 			attrs = append(attrs, slog.Any("info_error", infoErr))
-			w.log.Warn("dead peers not judged: evictions are accepted and the Redis server's evicted_keys cannot be read, so an absent heartbeat may have been evicted", attrs...)
+			n.log.Warn("dead peers not judged: evictions are accepted and the Redis server's evicted_keys cannot be read, so an absent heartbeat may have been evicted", attrs...)
 		} else {
 			attrs = append(attrs, slog.Int64("evicted_keys", f.evicted))
-			w.log.Warn("dead peers not judged: the Redis server evicted keys less than a heartbeat TTL ago, so an absent heartbeat may be a live worker's", attrs...)
+			n.log.Warn("dead peers not judged: the Redis server evicted keys less than a heartbeat TTL ago, so an absent heartbeat may be a live worker's", attrs...)
 		}
 	}
 	return true
@@ -209,15 +209,15 @@ func (w *Worker) holdForEvictions(addr string, f nodeFacts, infoErr error, sent,
 // under its own instance ID yet, whose heartbeat an EXISTS sent at sent
 // found absent: its node is evicting (see above), so the heartbeat may be
 // a live twin's, evicted.
-func (w *Worker) predecessorHeld(ctx context.Context, sent time.Time) bool {
-	addr, err := w.store.NodeOf(ctx, w.opts.instanceID)
+func (n *nodeWatch) predecessorHeld(ctx context.Context, sent time.Time) bool {
+	addr, err := n.store.NodeOf(ctx, n.opts.instanceID)
 	if err != nil {
-		return w.opts.evictionAccepted
+		return n.opts.evictionAccepted
 	}
-	f, err := w.nodeInfo(ctx, addr)
+	f, err := n.nodeInfo(ctx, addr)
 	recv := time.Now()
 	if err == nil {
-		w.nodes.observe(addr, f, recv, w.fleet.ttl(), true)
+		n.ages.observe(addr, f, recv, n.fleet.ttl(), true)
 	}
-	return w.holdForEvictions(addr, f, err, sent, recv, 1)
+	return n.holdForEvictions(addr, f, err, sent, recv, 1)
 }

@@ -184,11 +184,11 @@ func (e *expiryWatcher) subscribeNode(ctx context.Context, node string) (store.S
 // and the hold covers the promotion, as the rule asks.
 func (e *expiryWatcher) observe(ctx context.Context, node string) {
 	w := e.w
-	f, err := w.nodeInfo(ctx, node)
+	f, err := w.nodes.nodeInfo(ctx, node)
 	if err != nil {
 		return // a scan or an event asks again when it needs a verdict
 	}
-	w.nodes.observe(node, f, time.Now(), w.fleet.ttl(), false)
+	w.nodes.ages.observe(node, f, time.Now(), w.fleet.ttl(), false)
 }
 
 // startWatches starts a goroutine for each subscription without one.
@@ -263,7 +263,7 @@ func (e *expiryWatcher) handle(ctx context.Context, key string) {
 	if !ok || id == w.opts.instanceID {
 		return
 	}
-	if dead, err := w.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
+	if dead, err := w.judge.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
 		return
 	}
 	w.recov.hand(id)

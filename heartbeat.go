@@ -108,7 +108,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		w.lease.renew(sentAt)
 		w.rows.wrote(incarnation)
 	}
-	w.noteRegistry(res.RegistryErr)
+	w.judge.noteRegistry(res.RegistryErr)
 	if err != nil {
 		w.stats.heartbeatFailures.Add(1)
 		return err

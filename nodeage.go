@@ -8,6 +8,8 @@ import (
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/alya/recovery/internal/store"
 )
 
 // Node age: no death verdict from a Redis server that may have forgotten
@@ -169,12 +171,24 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 	return s.since.Add(ttl), first
 }
 
+// nodeWatch is this worker's watch on the Redis nodes: their ages and what
+// they evicted (ages), the holds on death verdicts both call for, and
+// Start's check of the eviction policy (eviction.go). The judge, the row
+// sweep, expiry events and Start share one, built in New.
+type nodeWatch struct {
+	ages  nodeAges
+	store store.Store
+	log   *slog.Logger
+	opts  *options // read-only after New
+	fleet *fleetView
+}
+
 // nodeInfo asks one node (as the store names it) for the facts of its age
 // in one round trip.
-func (w *Worker) nodeInfo(ctx context.Context, node string) (nodeFacts, error) {
-	opCtx, cancel := w.opts.opContext(ctx)
+func (n *nodeWatch) nodeInfo(ctx context.Context, node string) (nodeFacts, error) {
+	opCtx, cancel := n.opts.opContext(ctx)
 	defer cancel()
-	info, err := w.store.NodeInfo(opCtx, node)
+	info, err := n.store.NodeInfo(opCtx, node)
 	if err != nil {
 		return nodeFacts{}, err
 	}
@@ -184,14 +198,14 @@ func (w *Worker) nodeInfo(ctx context.Context, node string) (nodeFacts, error) {
 // observeNodes records every master as it is now, so that a restart or a
 // failover after this is seen as a change. Start calls it; a failure only
 // leaves the memory empty.
-func (w *Worker) observeNodes(ctx context.Context) {
+func (n *nodeWatch) observeNodes(ctx context.Context) {
 	now := time.Now()
-	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
+	opCtx, cancel := context.WithTimeout(ctx, 2*n.opts.opTimeout)
 	defer cancel()
-	infos, _ := w.store.MasterInfos(opCtx)
+	infos, _ := n.store.MasterInfos(opCtx)
 	for node, info := range infos {
 		if f, err := parseNodeFacts(info); err == nil {
-			w.nodes.observe(node, f, now, w.fleet.ttl(), true)
+			n.ages.observe(node, f, now, n.fleet.ttl(), true)
 		}
 	}
 }
@@ -208,12 +222,12 @@ func (w *Worker) observeNodes(ctx context.Context) {
 // holds its verdicts too: it has forgotten the heartbeats of live workers
 // whose rows the database still names, and two sightings a TTL apart
 // could both fall right after two such restarts.
-func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.Time, strict bool) []string {
+func (n *nodeWatch) youngNodeHolds(ctx context.Context, absent []string, sent time.Time, strict bool) []string {
 	byAddr := map[string][]int{} // node -> indexes of absent
 	var order []string
 	kept := make([]bool, len(absent))
 	for i, peer := range absent {
-		addr, err := w.store.NodeOf(ctx, peer)
+		addr, err := n.store.NodeOf(ctx, peer)
 		if err != nil {
 			continue // unknown node: not judged now
 		}
@@ -224,21 +238,21 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 	}
 	for _, addr := range order {
 		peers := byAddr[addr]
-		f, err := w.nodeInfo(ctx, addr)
+		f, err := n.nodeInfo(ctx, addr)
 		recv := time.Now()
 		if err != nil {
-			if w.holdForEvictions(addr, f, err, sent, recv, len(peers)) {
+			if n.holdForEvictions(addr, f, err, sent, recv, len(peers)) {
 				continue
 			}
-			w.infoUnavailable(err)
+			n.infoUnavailable(err)
 			for _, i := range peers {
 				kept[i] = true
 			}
 			continue
 		}
-		w.infoAvailable()
-		until, first, youngOnly := w.nodeHold(addr, f, recv, strict)
-		if w.holdForEvictions(addr, f, nil, sent, recv, len(peers)) {
+		n.infoAvailable()
+		until, first, youngOnly := n.nodeHold(addr, f, recv, strict)
+		if n.holdForEvictions(addr, f, nil, sent, recv, len(peers)) {
 			continue
 		}
 		if until.IsZero() || !sent.Before(until) {
@@ -249,11 +263,11 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 		}
 		switch {
 		case first && youngOnly:
-			w.log.Debug("backstop sweep: owners without a heartbeat not judged yet: the Redis server has been up for less than a heartbeat TTL, so live workers may not have written their heartbeat to it yet",
+			n.log.Debug("backstop sweep: owners without a heartbeat not judged yet: the Redis server has been up for less than a heartbeat TTL, so live workers may not have written their heartbeat to it yet",
 				slog.String("redis_node", addr), slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(peers)),
 				slog.Duration("held_for", until.Sub(recv)))
 		case first:
-			w.log.Warn("dead peers not judged yet: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their heartbeat again",
+			n.log.Warn("dead peers not judged yet: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their heartbeat again",
 				slog.String("redis_node", addr), slog.String("run_id", f.runID),
 				slog.Duration("uptime", f.uptime), slog.Int("peers_held", len(peers)),
 				slog.Duration("held_for", until.Sub(recv)))
@@ -274,9 +288,9 @@ func (w *Worker) youngNodeHolds(ctx context.Context, absent []string, sent time.
 // youngOnly says nothing changed on the node but its youth: it only started
 // less than a TTL ago (a new deployment, a test's server), which is no
 // incident to warn of.
-func (w *Worker) nodeHold(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool) {
-	ttl := w.fleet.ttl() // the longest any live member uses (fleet.go)
-	until, first = w.nodes.observe(addr, f, recv, ttl, false)
+func (n *nodeWatch) nodeHold(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool) {
+	ttl := n.fleet.ttl() // the longest any live member uses (fleet.go)
+	until, first = n.ages.observe(addr, f, recv, ttl, false)
 	if up := max(f.uptime-time.Second, 0); strict && up < ttl {
 		if u := recv.Add(ttl - up); u.After(until) {
 			youngOnly = until.IsZero()
@@ -286,19 +300,19 @@ func (w *Worker) nodeHold(addr string, f nodeFacts, recv time.Time, strict bool)
 	return until, first, youngOnly
 }
 
-func (w *Worker) infoUnavailable(err error) {
-	w.nodes.mu.Lock()
-	first := !w.nodes.infoFailing
-	w.nodes.infoFailing = true
-	w.nodes.mu.Unlock()
+func (n *nodeWatch) infoUnavailable(err error) {
+	n.ages.mu.Lock()
+	first := !n.ages.infoFailing
+	n.ages.infoFailing = true
+	n.ages.mu.Unlock()
 	if first {
-		w.log.Warn("cannot read the Redis server's uptime (INFO); dead peers are judged without the restart check",
+		n.log.Warn("cannot read the Redis server's uptime (INFO); dead peers are judged without the restart check",
 			slog.Any("error", err))
 	}
 }
 
-func (w *Worker) infoAvailable() {
-	w.nodes.mu.Lock()
-	w.nodes.infoFailing = false
-	w.nodes.mu.Unlock()
+func (n *nodeWatch) infoAvailable() {
+	n.ages.mu.Lock()
+	n.ages.infoFailing = false
+	n.ages.mu.Unlock()
 }

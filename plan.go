@@ -25,13 +25,13 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 	if w.state.Load() == stateShutdown {
 		return plan, ErrShutdown
 	}
-	peers, invalid, err := w.registeredPeers(ctx)
+	peers, invalid, err := w.judge.registeredPeers(ctx)
 	if err != nil {
 		return plan, err
 	}
 	slices.Sort(invalid)
 	plan.InvalidMembers, plan.PeersChecked = invalid, len(peers)
-	dead, err := w.deadPeers(ctx, peers)
+	dead, err := w.judge.deadPeers(ctx, peers)
 	if err != nil {
 		return plan, err
 	}

@@ -55,13 +55,13 @@ func (w *Worker) scan(ctx context.Context) (rep report.RecoveryReport, err error
 			PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
 	}()
 
-	peers, invalid, err := w.registeredPeers(ctx)
+	peers, invalid, err := w.judge.registeredPeers(ctx)
 	if err != nil {
 		return rep, err
 	}
 	rep.InvalidMembers = invalid
 	rep.PeersChecked = len(peers)
-	dead, err := w.deadPeers(ctx, peers)
+	dead, err := w.judge.deadPeers(ctx, peers)
 	if err != nil {
 		return rep, err
 	}

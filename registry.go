@@ -16,13 +16,28 @@ import (
 // (deregister). Recovery reads it instead of SCAN, which does not work
 // across Redis Cluster nodes.
 
+// judge is this worker's side of the registry: who is registered, which
+// peers are dead (with the node-age and eviction holds of nodes), the
+// removal of the dead, and the registry's health (noteRegistry). The scan,
+// the backstop sweep, expiry events, the dead-peer path, the heartbeat and
+// Shutdown share one, built in New.
+type judge struct {
+	store  store.Store
+	log    *slog.Logger
+	opts   *options // read-only after New
+	nodes  *nodeWatch
+	fleet  *fleetView
+	stats  *counters
+	events *dispatcher
+}
+
 // registeredPeers returns the registry's valid members other than this
 // worker, and the members that are not valid instance IDs.
-func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, err error) {
-	opCtx, cancel := w.opts.opContext(ctx)
+func (j *judge) registeredPeers(ctx context.Context) (peers, invalid []string, err error) {
+	opCtx, cancel := j.opts.opContext(ctx)
 	defer cancel()
-	all, err := w.store.RegistryMembers(opCtx)
-	w.noteRegistry(err)
+	all, err := j.store.RegistryMembers(opCtx)
+	j.noteRegistry(err)
 	if store.IsWrongType(err) {
 		// One %w: the scan's callers split joined errors (unjoin).
 		return nil, nil, fmt.Errorf("%w (%v)", ErrRegistryWrongType, err)
@@ -33,7 +48,7 @@ func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, 
 	peers = make([]string, 0, len(all))
 	for _, id := range all {
 		switch {
-		case id == w.opts.instanceID:
+		case id == j.opts.instanceID:
 		case store.ValidateName(id) != nil:
 			invalid = append(invalid, id)
 		default:
@@ -51,25 +66,25 @@ func (w *Worker) registeredPeers(ctx context.Context) (peers, invalid []string, 
 // replica may lack the heartbeats of live workers for up to one heartbeat
 // interval. The scan, the backstop sweep and expiry events all get their
 // verdicts here.
-func (w *Worker) deadPeers(ctx context.Context, peers []string) ([]string, error) {
-	return w.judgeDead(ctx, peers, false)
+func (j *judge) deadPeers(ctx context.Context, peers []string) ([]string, error) {
+	return j.judgeDead(ctx, peers, false)
 }
 
 // deadOwners is deadPeers for the backstop sweep, whose candidates come
 // from PostgreSQL: no verdict from a node that started less than a TTL ago,
 // even empty (youngNodeHolds, strict).
-func (w *Worker) deadOwners(ctx context.Context, owners []string) ([]string, error) {
-	return w.judgeDead(ctx, owners, true)
+func (j *judge) deadOwners(ctx context.Context, owners []string) ([]string, error) {
+	return j.judgeDead(ctx, owners, true)
 }
 
-func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]string, error) {
+func (j *judge) judgeDead(ctx context.Context, peers []string, strict bool) ([]string, error) {
 	if len(peers) == 0 {
 		return nil, nil
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
+	opCtx, cancel := j.opts.opContext(ctx)
 	defer cancel()
 	sent := time.Now()
-	live, err := w.store.Heartbeats(opCtx, peers)
+	live, err := j.store.Heartbeats(opCtx, peers)
 	if err != nil {
 		return nil, err
 	}
@@ -82,9 +97,9 @@ func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]
 	if len(dead) == 0 || mutantNoNodeAgeHold {
 		return dead, nil
 	}
-	judged := w.youngNodeHolds(ctx, dead, sent, strict)
+	judged := j.nodes.youngNodeHolds(ctx, dead, sent, strict)
 	if len(judged) < len(dead) {
-		w.keepHeld(ctx, dead, judged)
+		j.keepHeld(ctx, dead, judged)
 	}
 	return judged, nil
 }
@@ -98,7 +113,7 @@ func (w *Worker) judgeDead(ctx context.Context, peers []string, strict bool) ([]
 // (store.KeepRows), and renewing a live worker's set is harmless: its own
 // heartbeat does the same. A failure is retried by the
 // next scan that holds the peer.
-func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
+func (j *judge) keepHeld(ctx context.Context, dead, judged []string) {
 	isJudged := make(map[string]bool, len(judged))
 	for _, p := range judged {
 		isJudged[p] = true
@@ -109,21 +124,21 @@ func (w *Worker) keepHeld(ctx context.Context, dead, judged []string) {
 			held = append(held, p)
 		}
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
+	opCtx, cancel := j.opts.opContext(ctx)
 	defer cancel()
-	if err := w.store.KeepRows(opCtx, held, w.fleet.rowsTTL()); err != nil {
-		w.log.Warn("renewing the rows sets of peers whose death is not judged yet failed; the next scan that holds them retries",
+	if err := j.store.KeepRows(opCtx, held, j.fleet.rowsTTL()); err != nil {
+		j.log.Warn("renewing the rows sets of peers whose death is not judged yet failed; the next scan that holds them retries",
 			slog.Int("peers_held", len(held)), slog.Any("error", err))
 	}
 }
 
 // deregister removes a dead peer from the registry (store.Deregister puts
 // it back if its heartbeat came back meanwhile).
-func (w *Worker) deregister(ctx context.Context, peer string) error {
-	opCtx, cancel := w.opts.opContext(ctx)
+func (j *judge) deregister(ctx context.Context, peer string) error {
+	opCtx, cancel := j.opts.opContext(ctx)
 	defer cancel()
-	err := w.store.Deregister(opCtx, peer)
-	w.noteRegistry(err)
+	err := j.store.Deregister(opCtx, peer)
+	j.noteRegistry(err)
 	if store.IsWrongType(err) {
 		return nil // a key that is not a set lists nobody: nothing to remove
 	}
@@ -136,21 +151,21 @@ func (w *Worker) deregister(ctx context.Context, peer string) error {
 // key is deleted. It is counted every time, and logged at Error and emitted
 // once per outage; the next success ends it. Other errors (a timeout, a
 // node down) say nothing about the key and change nothing.
-func (w *Worker) noteRegistry(err error) {
+func (j *judge) noteRegistry(err error) {
 	switch {
 	case err == nil:
-		if w.stats.registryBroken.Swap(false) {
-			w.log.Info("worker registry is a set again; scans find dead peers again",
-				slog.String("registry_key", w.store.Registry()))
+		if j.stats.registryBroken.Swap(false) {
+			j.log.Info("worker registry is a set again; scans find dead peers again",
+				slog.String("registry_key", j.store.Registry()))
 		}
 	case store.IsWrongType(err):
-		w.stats.registryWrongType.Add(1)
-		if !w.stats.registryBroken.Swap(true) {
-			w.events.emit(Event{Kind: EventRegistryWrongType, Err: err})
-			w.log.Error("worker registry key is not a set: recovery scans cannot find dead peers and workers cannot register; "+
+		j.stats.registryWrongType.Add(1)
+		if !j.stats.registryBroken.Swap(true) {
+			j.events.emit(Event{Kind: EventRegistryWrongType, Err: err})
+			j.log.Error("worker registry key is not a set: recovery scans cannot find dead peers and workers cannot register; "+
 				"expiry notifications and the backstop sweep still recover peers. Delete the key (DEL it): "+
 				"every live worker re-registers with its next heartbeat",
-				slog.String("registry_key", w.store.Registry()), slog.Any("error", err))
+				slog.String("registry_key", j.store.Registry()), slog.Any("error", err))
 		}
 	}
 }

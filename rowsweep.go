@@ -315,10 +315,10 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	cancel()
 	recv := time.Now()
 	if err != nil && len(infos) == 0 {
-		if w.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
+		if w.nodes.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
 			return false // evictions accepted: the server may be evicting rows sets
 		}
-		w.infoUnavailable(err)
+		w.nodes.infoUnavailable(err)
 		return true
 	}
 	trusted := true
@@ -334,15 +334,15 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	for node, info := range infos {
 		f, err := parseNodeFacts(info)
 		if err != nil {
-			w.infoUnavailable(err)
+			w.nodes.infoUnavailable(err)
 			continue
 		}
 		if !f.master {
 			trusted = false
 			continue
 		}
-		until, first, youngOnly := w.nodeHold(node, f, recv, true)
-		if w.holdForEvictions(node, f, nil, sent, recv, 0) {
+		until, first, youngOnly := w.nodes.nodeHold(node, f, recv, true)
+		if w.nodes.holdForEvictions(node, f, nil, sent, recv, 0) {
 			// An evicted rows set of a live worker is back within a
 			// heartbeat interval, as its heartbeat is (eviction.go).
 			trusted = false

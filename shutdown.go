@@ -79,7 +79,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	cancel()
 	w.rows.assert.Unlock()
 	if res.Deregistered {
-		w.noteRegistry(res.RegistryErr)
+		w.judge.noteRegistry(res.RegistryErr)
 	}
 	if err != nil {
 		// The clean-up is retried by a later call; the events and the

@@ -225,7 +225,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		}
 	}
 	checkedAt := time.Now()
-	dead, err := w.deadOwners(ctx, candidates)
+	dead, err := w.judge.deadOwners(ctx, candidates)
 	if err != nil {
 		w.stats.countFailure(ctx)
 		return rep, err

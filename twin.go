@@ -103,7 +103,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 				return err
 			}
 		case k.Record || ((w.ownerMode || w.sweepsByOwner()) && w.opts.instanceIDSet && !recovered):
-			if w.predecessorHeld(ctx, sent) {
+			if w.nodes.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.
 				select {

@@ -45,7 +45,8 @@ type Worker struct {
 	// Shared state.
 	rows   inflight   // the rows tracked now (inflight.go)
 	lease  lease      // lease.go
-	nodes  nodeAges   // nodeage.go
+	nodes  *nodeWatch // nodeage.go, eviction.go
+	judge  *judge     // registry.go
 	fleet  *fleetView // fleet.go
 	stats  counters   // stats.go
 	events dispatcher // events.go
@@ -148,6 +149,11 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		lease:     newLease(o.heartbeatTTL),
 	}
 	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode}
+	// nodes: node ages, their holds and the eviction hold (nodeage.go, eviction.go).
+	w.nodes = &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
+	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
+	w.judge = &judge{store: w.store, log: w.log, opts: &w.opts, nodes: w.nodes, fleet: w.fleet,
+		stats: &w.stats, events: &w.events}
 	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
@@ -229,7 +235,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err := w.target.ping(ctx, w.store, &w.opts); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	if err := w.checkEviction(ctx); err != nil {
+	if err := w.nodes.checkEviction(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
@@ -259,7 +265,7 @@ func (w *Worker) Start(ctx context.Context) error {
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.target.firstHeartbeatError(ctx, &w.opts, err))
 	}
-	w.observeNodes(ctx)
+	w.nodes.observeNodes(ctx)
 	var expiry *expiryWatcher
 	if w.opts.expiry {
 		expiry = w.subscribeExpiry(ctx)
