@@ -19,8 +19,7 @@ import (
 // The one path for a dead peer. Whoever finds a peer dead (the scan, an
 // expiry notification, the backstop sweep, or Start finding a predecessor
 // under its own ID) hands it to peerRecoverer.recoverDead, which runs the
-// design's steps,
-// each a small function below:
+// design's steps, each a small function below:
 //
 //	claim       store.ClaimDead: re-check the heartbeat, take the claim
 //	read+reset  rows from the rows set if there is one (resetTracked), then,
@@ -38,10 +37,11 @@ import (
 // reset ledger, so it resets nothing twice; after the finish, only the
 // deregistration is left, which the next scan does.
 
-// peerRecoverer is the dead-peer path: it recovers one dead peer at a
-// time, each recovery under its own claim (peerRecovery), and counts,
-// emits and logs what happened. The scan, the expiry watcher, the
-// backstop sweep and Start share the one built in New.
+// peerRecoverer is the dead-peer path: it recovers dead peers, each
+// recovery under a claim of its own (peerRecovery), and counts, emits and
+// logs what happened. The recovery loop (its scans, and the peers the
+// expiry watcher hands it), the backstop sweep and Start share the one New
+// builds, concurrently.
 type peerRecoverer struct {
 	store     store.Store
 	log       *slog.Logger

@@ -50,8 +50,8 @@ type Worker struct {
 	stats  counters   // stats.go
 	events dispatcher // events.go
 	rlog   *recoveryLog
-	// peers: the dead-peer path, shared by the scan, the expiry watcher,
-	// the backstop sweep and Start (deadpeer.go).
+	// peers: the dead-peer path, shared by the recovery loop, the backstop
+	// sweep and Start (deadpeer.go).
 	peers *peerRecoverer
 	// untrackedAt is when the backstop sweep last found rows this worker
 	// did not track before their COMMIT, or when it was called to untrack
