@@ -18,8 +18,8 @@ import (
 
 // The one path for a dead peer. Whoever finds a peer dead (the scan, an
 // expiry notification, the backstop sweep, or Start finding a predecessor
-// under its own ID) hands it to recoverDead, which runs the design's steps,
-// each a small function below:
+// under its own ID) hands it to peerRecoverer.recoverDead, which runs the
+// design's steps, each a small function below:
 //
 //	claim       store.ClaimDead: re-check the heartbeat, take the claim
 //	read+reset  rows from the rows set if there is one (resetTracked), then,
@@ -37,6 +37,39 @@ import (
 // reset ledger, so it resets nothing twice; after the finish, only the
 // deregistration is left, which the next scan does.
 
+// peerRecoverer is the dead-peer path: it recovers dead peers, each
+// recovery under a claim of its own (peerRecovery), and counts, emits and
+// logs what happened. The recovery loop (its scans, and the peers the
+// expiry watcher hands it), the backstop sweep and Start share the one New
+// builds, concurrently.
+type peerRecoverer struct {
+	store     store.Store
+	log       *slog.Logger
+	opts      *options // read-only after New
+	resetter  Resetter
+	info      ResetterInfo // resetter.Info(), read once by New
+	ownerMode bool         // rows are recovered by owner (ownermode.go)
+	fleet     *fleetView
+	stats     *counters
+	events    *dispatcher
+	rlog      *recoveryLog
+
+	// What it needs of the other parts, set in New.
+
+	// judgeDead judges peers dead or alive (registry.go).
+	judgeDead func(ctx context.Context, peers []string, strict bool) ([]string, error)
+	// deregister removes a dead peer from the registry (registry.go).
+	deregister func(ctx context.Context, peer string) error
+	// misconfigured returns the self-check's alarm, or nil (selfcheck.go).
+	misconfigured func() error
+	// unverifiedHold holds a suspect recovery while this worker's
+	// configuration is unverified (selfcheck_fetch.go).
+	unverifiedHold func(ctx context.Context, peer string, ids []int64) error
+	// sweepsByOwner reports whether the backstop sweep resets by owner
+	// (sweep.go).
+	sweepsByOwner func() bool
+}
+
 // Finders: which mechanism found a dead peer (Event.FoundBy, the found_by
 // log attribute).
 const (
@@ -50,60 +83,60 @@ const (
 // and counts, emits and logs what happened. claimed is false when the peer
 // was left alone (alive again, or claimed by another worker). A failure is
 // counted, emitted and logged here, and returned for the caller's report.
-func (w *Worker) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (report.PeerRecovery, bool, error) {
-	return w.recoverDeadLives(ctx, peer, foundBy, noticed, nil)
+func (p *peerRecoverer) recoverDead(ctx context.Context, peer, foundBy string, noticed time.Time) (report.PeerRecovery, bool, error) {
+	return p.recoverDeadLives(ctx, peer, foundBy, noticed, nil)
 }
 
 // recoverDeadLives is recoverDead, resetting by owner also the owner values
 // in lives (values of peer's lives the sweep saw in progress: owner.go).
-func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (report.PeerRecovery, bool, error) {
+func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (report.PeerRecovery, bool, error) {
 	// A worker whose self-check found its own configuration wrong
 	// (statuses swapped or misspelt) would take the dead peer's rows in
 	// progress for settled ones and drop its rows set: it takes no verdict,
 	// and leaves the peer, set and all, to a worker configured right, or to
 	// itself once fixed.
-	if err := w.misconfigured(); err != nil && foundBy != foundByRestart {
+	if err := p.misconfigured(); err != nil && foundBy != foundByRestart {
 		err = fmt.Errorf("recovery held: %w", err)
-		w.stats.errors.Add(1)
-		w.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
-		w.rlog.peerFailed(peer, err)
+		p.stats.errors.Add(1)
+		p.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+		p.rlog.peerFailed(peer, err)
 		return report.PeerRecovery{InstanceID: peer}, false, err
 	}
 	if foundBy != foundByRestart { // Start's own predecessor is not a peer
-		w.stats.peersDead.Add(1)
-		w.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
+		p.stats.peersDead.Add(1)
+		p.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
-	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweepsByOwner()),
+	r := &peerRecovery{p: p, peer: peer, foundBy: foundBy, noticed: noticed,
+		byOwner: p.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepsByOwner()),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
 	pr := r.rep
-	w.countRows(pr) // rows reset before a failure are reset all the same
+	p.countRows(pr) // rows reset before a failure are reset all the same
 	// Rows left because another session held them locked are not a
 	// misconfiguration: the failed recovery (an error wrapping
 	// ErrRowsLocked) reports them, and the next scan retries them.
 	if n := len(pr.NotReset) - lockedRows(pr.NotReset); n > 0 {
-		w.stats.rowsNotReset.Add(uint64(n))
-		w.events.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
+		p.stats.rowsNotReset.Add(uint64(n))
+		p.events.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
 			RowsReset: pr.RowsReset, RowsNotReset: n, Err: err})
 	}
 	switch {
 	case err != nil:
-		if w.stats.countFailure(ctx) {
-			w.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
-			w.rlog.peerFailed(peer, err)
+		if p.stats.countFailure(ctx) {
+			p.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+			p.rlog.peerFailed(peer, err)
 		}
 	case claimed:
 		if !pr.NoRecord {
-			w.stats.peersRecovered.Add(1)
-			w.stats.noteRowsStuck(r.rowsStuck)
-			w.events.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
+			p.stats.peersRecovered.Add(1)
+			p.stats.noteRowsStuck(r.rowsStuck)
+			p.events.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
 				Duration: time.Since(noticed), StuckFor: r.rowsStuck})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
-			w.rlog.recovered(pr, foundBy, r.rowsStuck)
+			p.rlog.recovered(pr, foundBy, r.rowsStuck)
 		}
 	}
 	return pr, claimed, err
@@ -121,19 +154,19 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 // recovery interval + the scan lease after the expiry, which the estimate
 // leaves out. A peer that shut down holding rows deleted its key rather
 // than let it expire: then its rows were stuck for less, by up to a TTL.
-func (w *Worker) rowsStuck(sinceNoticed time.Duration) time.Duration {
-	return satAdd(w.opts.heartbeatTTL, sinceNoticed)
+func (p *peerRecoverer) rowsStuck(sinceNoticed time.Duration) time.Duration {
+	return satAdd(p.opts.heartbeatTTL, sinceNoticed)
 }
 
 // countRows counts the rows a recovery reset and quarantined.
-func (w *Worker) countRows(pr report.PeerRecovery) {
-	w.stats.rowsRecovered.Add(uint64(pr.RowsReset))
-	w.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
+func (p *peerRecoverer) countRows(pr report.PeerRecovery) {
+	p.stats.rowsRecovered.Add(uint64(pr.RowsReset))
+	p.stats.rowsQuarantined.Add(uint64(len(pr.Quarantined)))
 }
 
 // peerRecovery is one recovery of one dead peer, under one claim token.
 type peerRecovery struct {
-	w       *Worker
+	p       *peerRecoverer
 	peer    string
 	foundBy string
 	noticed time.Time // when the death was noticed
@@ -162,7 +195,7 @@ type peerRecovery struct {
 // Everything done under the claim ends before the claim can expire;
 // deregistering needs no claim, and runs on ctx.
 func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
-	w := r.w
+	p := r.p
 	claimCtx, cancel, res, err := r.takeClaim(ctx)
 	if err != nil {
 		return false, err
@@ -171,7 +204,7 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	if !res.Taken() {
 		return false, nil
 	}
-	w.events.emit(Event{Kind: EventPeerClaimed, PeerID: r.peer, FoundBy: r.foundBy, Duration: time.Since(r.noticed)})
+	p.events.emit(Event{Kind: EventPeerClaimed, PeerID: r.peer, FoundBy: r.foundBy, Duration: time.Since(r.noticed)})
 	switch {
 	case res == store.ClaimTakenLost && !r.byOwner:
 		// An earlier recovery failed and the peer's record is gone since:
@@ -198,9 +231,9 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	}
 	sinceNoticed := time.Since(r.noticed)
 	if r.rep.RowsReset > 0 {
-		r.rowsStuck = w.rowsStuck(sinceNoticed)
+		r.rowsStuck = p.rowsStuck(sinceNoticed)
 	}
-	w.events.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
+	p.events.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
 		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
 		StuckFor: r.rowsStuck})
 	return true, r.finish(claimCtx, ctx)
@@ -226,7 +259,7 @@ const claimTries = 3
 // (dropClaim), so the next recoverer need not wait out the claim.
 func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.CancelFunc, store.ClaimResult, error) {
 	for try := 1; ; try++ {
-		claimCtx, cancel := context.WithTimeout(ctx, r.w.opts.claimTTL())
+		claimCtx, cancel := context.WithTimeout(ctx, r.p.opts.claimTTL())
 		res, err := r.claim(claimCtx)
 		if err == nil {
 			return claimCtx, cancel, res, nil
@@ -241,7 +274,7 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 		if r.foundBy == foundByRestart {
 			continue // this worker's own ID: Start judged it, and holds it
 		}
-		dead, jerr := r.w.judge.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
+		dead, jerr := r.p.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
 		if jerr != nil {
 			r.dropClaim()
 			return ctx, func() {}, res, err
@@ -256,11 +289,11 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 // dropClaim gives up, on its own context, a claim this recovery could not
 // confirm it took; a failure note the claim took over goes back.
 func (r *peerRecovery) dropClaim() {
-	w := r.w
-	ctx, cancel := w.opts.opContext(context.Background())
+	p := r.p
+	ctx, cancel := p.opts.opContext(context.Background())
 	defer cancel()
-	if err := w.store.DropClaim(ctx, r.peer, r.token, w.fleet.failureNoteTTL()); err != nil {
-		w.rlog.claimNotReleased(r.peer, err)
+	if err := p.store.DropClaim(ctx, r.peer, r.token, p.fleet.failureNoteTTL()); err != nil {
+		p.rlog.claimNotReleased(r.peer, err)
 	}
 }
 
@@ -274,10 +307,10 @@ func isTimeout(err error) bool {
 // claim sends the claim: re-check that the heartbeat is absent and take
 // the claim, renewing the rows set's TTL.
 func (r *peerRecovery) claim(ctx context.Context) (store.ClaimResult, error) {
-	w := r.w
-	opCtx, cancel := w.opts.opContext(ctx)
+	p := r.p
+	opCtx, cancel := p.opts.opContext(ctx)
 	defer cancel()
-	return w.store.ClaimDead(opCtx, r.peer, r.token, w.opts.claimTTL(), w.fleet.rowsTTL())
+	return p.store.ClaimDead(opCtx, r.peer, r.token, p.opts.claimTTL(), p.fleet.rowsTTL())
 }
 
 // reset is steps 2 and 3. A rows set, when the peer has one, is read and
@@ -307,7 +340,7 @@ func (r *peerRecovery) reset(ctx context.Context, hasSet bool) error {
 // peer came back (r.back) and nothing more is reset.
 func (r *peerRecovery) confirmLife(ctx context.Context) error {
 	if !r.lifeRead {
-		incarnation, _, err := r.w.store.ReadRows(ctx, r.peer)
+		incarnation, _, err := r.p.store.ReadRows(ctx, r.peer)
 		if err != nil {
 			return err
 		}
@@ -325,7 +358,7 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 			// instance once this worker's heartbeat records its own).
 			lives, err := r.listLives(ctx)
 			if err != nil {
-				r.w.log.Warn("recovery: cannot list the lives of a dead peer in progress; its per-life rows are left to the backstop sweep",
+				r.p.log.Warn("recovery: cannot list the lives of a dead peer in progress; its per-life rows are left to the backstop sweep",
 					slog.String("peer_id", r.peer), slog.Any("error", err))
 			}
 			r.lives = lives
@@ -341,11 +374,11 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 // the table, read through the resetter's InProgressOwners (none when it
 // does not fence by owner or cannot list the rows in progress).
 func (r *peerRecovery) listLives(ctx context.Context) ([]string, error) {
-	if !r.w.info.OwnerFencing || !r.w.info.ListsInProgress {
+	if !r.p.info.OwnerFencing || !r.p.info.ListsInProgress {
 		return nil, nil
 	}
-	dbCtx, cancel := context.WithTimeout(ctx, r.w.opts.resetTimeout)
-	owners, err := r.w.resetter.InProgressOwners(dbCtx)
+	dbCtx, cancel := context.WithTimeout(ctx, r.p.opts.resetTimeout)
+	owners, err := r.p.resetter.InProgressOwners(dbCtx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("list the lives of %s in progress (its life is not in Redis): %w", r.peer, err)
@@ -394,8 +427,8 @@ func (r *peerRecovery) ownerValues() []string {
 // resetTracked reads the rows set and resets its rows under its
 // incarnation.
 func (r *peerRecovery) resetTracked(ctx context.Context) error {
-	w := r.w
-	incarnation, members, err := w.store.ReadRows(ctx, r.peer)
+	p := r.p
+	incarnation, members, err := p.store.ReadRows(ctx, r.peer)
 	if err != nil {
 		return err
 	}
@@ -421,12 +454,12 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		return nil
 	}
 	if r.foundBy != foundByRestart {
-		if err := w.unverifiedHold(ctx, r.peer, ids); err != nil {
+		if err := p.unverifiedHold(ctx, r.peer, ids); err != nil {
 			return err
 		}
 	}
-	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
+	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
+	res, err := p.resetter.Reset(resetCtx, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
 		// The peer is named by report.PeerError, and the PostgreSQL resetters' errors name
@@ -436,7 +469,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Changed, res.Quarantined, res.NotReset
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
-	return notResetError(r.peer, len(ids), res.NotReset, w.info.OwnerFencing)
+	return notResetError(r.peer, len(ids), res.NotReset, p.info.OwnerFencing)
 }
 
 // notResetError returns nil when no row is left not reset, else an error
@@ -492,15 +525,15 @@ func lockedRows(notReset []RowState) int {
 // resetOwned resets every row in progress the peer owns in PostgreSQL,
 // and adds them to what resetTracked found.
 func (r *peerRecovery) resetOwned(ctx context.Context) error {
-	w := r.w
-	if !w.info.OwnerFencing {
-		return fmt.Errorf("%w: resetting rows by owner needs a resetter that fences by owner (Info().OwnerFencing); %T does not", ErrInvalidConfig, w.resetter)
+	p := r.p
+	if !p.info.OwnerFencing {
+		return fmt.Errorf("%w: resetting rows by owner needs a resetter that fences by owner (Info().OwnerFencing); %T does not", ErrInvalidConfig, p.resetter)
 	}
-	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
 	defer cancel()
 	found, notReset := 0, []RowState(nil)
 	for _, owner := range r.ownerValues() {
-		res, err := w.resetter.Reset(resetCtx, ResetRequest{Owner: owner})
+		res, err := p.resetter.Reset(resetCtx, ResetRequest{Owner: owner})
 		if err != nil {
 			if owner != r.peer {
 				return fmt.Errorf("reset by owner %s: %w", clip(owner), err)
@@ -522,9 +555,9 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 // finish is steps 4 and 5: the finish script and, if the peer is still
 // dead, deregistration (on parent: it needs no claim).
 func (r *peerRecovery) finish(ctx, parent context.Context) error {
-	w := r.w
-	opCtx, cancel := w.opts.opContext(ctx)
-	fin, err := w.store.FinishRecovery(opCtx, r.peer, r.token, w.opts.tombstoneTTL())
+	p := r.p
+	opCtx, cancel := p.opts.opContext(ctx)
+	fin, err := p.store.FinishRecovery(opCtx, r.peer, r.token, p.opts.tombstoneTTL())
 	cancel()
 	if err != nil {
 		return err
@@ -538,7 +571,7 @@ func (r *peerRecovery) finish(ctx, parent context.Context) error {
 		r.rep.PeerCameBack = true
 		return nil
 	}
-	return w.judge.deregister(parent, r.peer)
+	return p.deregister(parent, r.peer)
 }
 
 // release gives the claim up after a failure so the next scan, by any
@@ -548,11 +581,11 @@ func (r *peerRecovery) finish(ctx, parent context.Context) error {
 // a rows set renewed now. It runs on its own context: the recovery context
 // may be the thing that ended.
 func (r *peerRecovery) release() {
-	w := r.w
-	ctx, cancel := w.opts.opContext(context.Background())
+	p := r.p
+	ctx, cancel := p.opts.opContext(context.Background())
 	defer cancel()
-	if err := w.store.FailRecovery(ctx, r.peer, r.token, w.fleet.failureNoteTTL()); err != nil {
-		w.rlog.claimNotReleased(r.peer, err)
+	if err := p.store.FailRecovery(ctx, r.peer, r.token, p.fleet.failureNoteTTL()); err != nil {
+		p.rlog.claimNotReleased(r.peer, err)
 	}
 }
 

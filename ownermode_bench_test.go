@@ -173,7 +173,7 @@ func BenchmarkRecoverDeadPeer100000(b *testing.B) {
 	}
 	recoverWith := func(w *Worker) time.Duration {
 		start := time.Now()
-		pr, _, err := w.recoverDead(ctx, "dead", foundByScan, start)
+		pr, _, err := w.peers.recoverDead(ctx, "dead", foundByScan, start)
 		took := time.Since(start)
 		if err != nil || pr.RowsReset != 100000 {
 			b.Fatalf("%s: reset %d: %v", w.InstanceID(), pr.RowsReset, err)

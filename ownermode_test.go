@@ -135,7 +135,7 @@ func TestOwnerModeRecoversADeadPeerByOwner(t *testing.T) {
 
 // recoverDeadForTest runs the dead-peer path on peer as the scan would.
 func (w *Worker) recoverDeadForTest(ctx context.Context, peer string) (report.PeerRecovery, error) {
-	pr, _, err := w.recoverDead(ctx, peer, foundByScan, time.Now())
+	pr, _, err := w.peers.recoverDead(ctx, peer, foundByScan, time.Now())
 	return pr, err
 }
 

@@ -117,7 +117,7 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	}
 	done := make(chan result, 1)
 	go func() {
-		pr, _, err := rec.recoverDead(ctx, "A", foundByScan, time.Now())
+		pr, _, err := rec.peers.recoverDead(ctx, "A", foundByScan, time.Now())
 		done <- result{pr, err}
 	}()
 	select {
@@ -188,7 +188,7 @@ func TestOwnerModeSweepClaimedBeforeAFixedIDRestartLeavesTheNewProcesssRows(t *t
 	sweeper, _ := newWorker(t, rdb, &ownerGatedResetter{fencedResetter(t, db), g}, "sweeper", WithKeyPrefix(prefix))
 	done := make(chan error, 1)
 	go func() {
-		_, _, err := sweeper.recoverDead(ctx, "pod-0", foundBySweep, time.Now())
+		_, _, err := sweeper.peers.recoverDead(ctx, "pod-0", foundBySweep, time.Now())
 		done <- err
 	}()
 	<-g.entered // the sweeper holds the claim on pod-0

@@ -361,7 +361,7 @@ func TestSafetyPoisonRowIsQuarantinedAfterMaxRecoveries(t *testing.T) {
 		require.NoError(t, db.QueryRow(ctx, `SELECT recoveries FROM batchrows WHERE rowid = 1`).Scan(&count))
 		assert.Equal(t, 3, count)
 		_ = logs // RecoverNow returns the report; the loop logs it:
-		l := recoveryLog{w: rec}
+		l := recoveryLog{log: rec.log}
 		l.recovered(report.PeerRecovery{InstanceID: "x", Quarantined: []int64{1}}, "registry", 0)
 		assert.Contains(t, logs.String(), `"row_id":1`)
 	})

@@ -21,43 +21,58 @@ import (
 // called before Start; after Shutdown it returns ErrShutdown.
 // ops.PlanRecovery calls it (bridge.go).
 func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) {
-	var plan report.RecoveryPlan
 	if w.state.Load() == stateShutdown {
-		return plan, ErrShutdown
+		return report.RecoveryPlan{}, ErrShutdown
 	}
-	peers, invalid, err := w.judge.registeredPeers(ctx)
+	return w.recov.plan(ctx)
+}
+
+// plan is planRecovery's dry run of a scan: it finds the dead peers as
+// scan does, and has peers plan the recovery of each.
+func (r *recoverer) plan(ctx context.Context) (report.RecoveryPlan, error) {
+	var plan report.RecoveryPlan
+	peers, invalid, err := r.registeredPeers(ctx)
 	if err != nil {
 		return plan, err
 	}
 	slices.Sort(invalid)
 	plan.InvalidMembers, plan.PeersChecked = invalid, len(peers)
-	dead, err := w.judge.deadPeers(ctx, peers)
+	dead, err := r.deadPeers(ctx, peers)
 	if err != nil {
 		return plan, err
 	}
 	slices.Sort(dead)
 	plan.DeadPeers = len(dead)
-	states, err := w.peerKeys(ctx, dead)
+	err = r.peers.plan(ctx, &plan, dead)
+	return plan, err
+}
+
+// plan adds to plan what a recovery of each peer of dead would do:
+// each one's claim, incarnation and rows set, read as a recovery reads
+// them, and the rows the resetter's dry run says a reset would change. It
+// stops at the first error, leaving plan as far as it got.
+func (p *peerRecoverer) plan(ctx context.Context, plan *report.RecoveryPlan, dead []string) error {
+	states, err := p.peerKeys(ctx, dead)
 	if err != nil {
-		return plan, err
+		return err
 	}
-	canPlan := w.info.DryRun
-	byOwner := canPlan && w.ownerMode
+	canPlan := p.info.DryRun
+	byOwner := canPlan && p.ownerMode
 	for _, st := range states {
-		p := report.PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
+		pp := report.PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
 		switch {
 		case st.Claim == report.ClaimHeld || st.Claim == report.ClaimFinished:
-			p.Action = report.PlanSkip
+			pp.Action = report.PlanSkip
 		case !st.RowsPresent && st.Incarnation == "" && !byOwner:
-			p.Action = report.PlanDeregister
+			pp.Action = report.PlanDeregister
 			if st.Claim == report.ClaimFailed {
-				p.Action = report.PlanLost
+				pp.Action = report.PlanLost
 			}
 		default:
-			if err := w.planPeer(ctx, &p, st, canPlan); err != nil {
-				return plan, err
+			if err := p.planPeer(ctx, &pp, st, canPlan); err != nil {
+				return err
 			}
-			if byOwner && p.Action != report.PlanUnknown && p.Action != report.PlanKeep {
+			if byOwner && pp.Action != report.PlanUnknown && pp.Action != report.PlanKeep {
 				// Then every row the peer still owns in progress, under
 				// its ID and its current life (owner.go), as the recovery
 				// resets them after its rows set.
@@ -66,55 +81,55 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 					values = append(values, lifeOwner(st.InstanceID, st.Incarnation))
 				}
 				for _, v := range values {
-					resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-					op, err := w.resetter.Reset(resetCtx, ResetRequest{Owner: v, DryRun: true})
+					resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
+					op, err := p.resetter.Reset(resetCtx, ResetRequest{Owner: v, DryRun: true})
 					cancel()
 					if err != nil {
-						return plan, fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
+						return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 					}
-					p.WouldReset = mergeIDs(p.WouldReset, op.ChangedIDs)
-					p.Quarantined = mergeIDs(p.Quarantined, op.Quarantined)
+					pp.WouldReset = mergeIDs(pp.WouldReset, op.ChangedIDs)
+					pp.Quarantined = mergeIDs(pp.Quarantined, op.Quarantined)
 				}
-				if p.Action == report.PlanDeregister && len(p.WouldReset) > 0 {
-					p.Action = report.PlanReset
+				if pp.Action == report.PlanDeregister && len(pp.WouldReset) > 0 {
+					pp.Action = report.PlanReset
 				}
 			}
-			plan.RowsToReset += len(p.WouldReset)
+			plan.RowsToReset += len(pp.WouldReset)
 		}
-		plan.Peers = append(plan.Peers, p)
+		plan.Peers = append(plan.Peers, pp)
 	}
-	return plan, nil
+	return nil
 }
 
 // planPeer plans the recovery of one dead peer from its rows set, as a
 // recovery in rows-set mode would do it.
-func (w *Worker) planPeer(ctx context.Context, p *report.PeerPlan, st peerKeys, canPlan bool) error {
-	p.Action = report.PlanDeregister
+func (p *peerRecoverer) planPeer(ctx context.Context, pp *report.PeerPlan, st peerKeys, canPlan bool) error {
+	pp.Action = report.PlanDeregister
 	if !st.RowsPresent && st.Incarnation == "" {
 		return nil
 	}
-	incarnation, members, err := w.store.ReadRows(ctx, st.InstanceID)
+	incarnation, members, err := p.store.ReadRows(ctx, st.InstanceID)
 	if err != nil {
 		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 	}
-	if p.Tracked = report.Tracked(incarnation, members); len(p.Tracked.RowIDs) == 0 {
+	if pp.Tracked = report.Tracked(incarnation, members); len(pp.Tracked.RowIDs) == 0 {
 		return nil
 	}
 	if !canPlan {
-		p.Action = report.PlanUnknown
+		pp.Action = report.PlanUnknown
 		return nil
 	}
-	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	rp, err := w.resetter.Reset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
-		Incarnation: p.Tracked.Incarnation, RowIDs: p.Tracked.RowIDs, FromRowsSet: true, DryRun: true})
+	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
+	rp, err := p.resetter.Reset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
+		Incarnation: pp.Tracked.Incarnation, RowIDs: pp.Tracked.RowIDs, FromRowsSet: true, DryRun: true})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
 	}
-	p.Action = report.PlanReset
-	p.WouldReset, p.Quarantined, p.NotReset = rp.ChangedIDs, rp.Quarantined, rp.NotReset
+	pp.Action = report.PlanReset
+	pp.WouldReset, pp.Quarantined, pp.NotReset = rp.ChangedIDs, rp.Quarantined, rp.NotReset
 	if len(rp.NotReset) > 0 {
-		p.Action = report.PlanKeep
+		pp.Action = report.PlanKeep
 	}
 	return nil
 }
@@ -128,13 +143,13 @@ type peerKeys struct {
 }
 
 // peerKeys reads the keys of every instance in ids in one pipeline.
-func (w *Worker) peerKeys(ctx context.Context, ids []string) ([]peerKeys, error) {
+func (p *peerRecoverer) peerKeys(ctx context.Context, ids []string) ([]peerKeys, error) {
 	if len(ids) == 0 {
 		return nil, nil
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
+	opCtx, cancel := p.opts.opContext(ctx)
 	defer cancel()
-	keys, err := w.store.Describe(opCtx, ids)
+	keys, err := p.store.Describe(opCtx, ids)
 	if err != nil {
 		return nil, err
 	}

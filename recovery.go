@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/alya/recovery/internal/report"
+	"github.com/alya/recovery/internal/store"
 )
 
 // The recoverer is the recovery loop: at Start and then every recovery
@@ -37,31 +38,31 @@ func (w *Worker) recoverNow(ctx context.Context) (report.RecoveryReport, error) 
 	case stateNew:
 		w.fleet.learnRecord(ctx)
 	}
-	return w.scan(ctx)
+	return w.recov.scan(ctx)
 }
 
 // scan is one recovery pass: the registry, the heartbeats, and the one
 // path for every dead peer.
-func (w *Worker) scan(ctx context.Context) (rep report.RecoveryReport, err error) {
+func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err error) {
 	start := time.Now()
 	defer func() {
 		rep.Duration = time.Since(start)
-		w.stats.scans.Add(1)
-		if err != nil && len(rep.Dead) == 0 && w.stats.countFailure(ctx) {
+		r.stats.scans.Add(1)
+		if err != nil && len(rep.Dead) == 0 && r.stats.countFailure(ctx) {
 			// The scan itself failed; peer failures are counted by recoverDead.
-			w.events.emit(Event{Kind: EventRecoveryFailed, Err: err})
+			r.events.emit(Event{Kind: EventRecoveryFailed, Err: err})
 		}
-		w.events.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
+		r.events.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
 			PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
 	}()
 
-	peers, invalid, err := w.judge.registeredPeers(ctx)
+	peers, invalid, err := r.registeredPeers(ctx)
 	if err != nil {
 		return rep, err
 	}
 	rep.InvalidMembers = invalid
 	rep.PeersChecked = len(peers)
-	dead, err := w.judge.deadPeers(ctx, peers)
+	dead, err := r.deadPeers(ctx, peers)
 	if err != nil {
 		return rep, err
 	}
@@ -73,7 +74,7 @@ func (w *Worker) scan(ctx context.Context) (rep report.RecoveryReport, err error
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			continue
 		}
-		pr, claimed, err := w.recoverDead(ctx, peer, foundByScan, noticed)
+		pr, claimed, err := r.peers.recoverDead(ctx, peer, foundByScan, noticed)
 		switch {
 		case err != nil:
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
@@ -89,23 +90,40 @@ func (w *Worker) scan(ctx context.Context) (rep report.RecoveryReport, err error
 	return rep, errors.Join(errs...)
 }
 
-// recoverer is the recovery loop.
+// recoverer is the recovery loop. New builds it; it hands every dead peer
+// to peers.
 type recoverer struct {
-	w       *Worker
-	expired chan string // peers whose heartbeat just expired (expiry.go)
+	store     store.Store
+	log       *slog.Logger
+	opts      *options // read-only after New
+	ownerMode bool     // no rows set, no untracked-rows note (ownermode.go)
+	peers     *peerRecoverer
+	stats     *counters
+	events    *dispatcher
+	rlog      *recoveryLog
+	expired   chan string // peers whose heartbeat just expired (expiry.go)
+
+	// What it needs of the other parts, set in New.
+
+	// registeredPeers reads the registry (registry.go).
+	registeredPeers func(ctx context.Context) (peers, invalid []string, err error)
+	// deadPeers judges which registered peers are dead (registry.go).
+	deadPeers func(ctx context.Context, peers []string) ([]string, error)
+	// noteUntracked reads this worker's note in the untracked-rows hash
+	// (rowsweep.go).
+	noteUntracked func(note string)
 }
 
-func newRecoverer(w *Worker) *recoverer {
-	return &recoverer{w: w, expired: make(chan string, 256)}
-}
+// expiredQueue is how many expired peers can wait for the loop (the
+// capacity of recoverer.expired); hand drops a peer that finds it full.
+const expiredQueue = 256
 
 // run scans at once and then every recovery interval (±10%), and recovers
 // the peers the expiry watcher hands it, until ctx, which only Shutdown
 // cancels, is done.
 func (r *recoverer) run(ctx context.Context) {
-	w := r.w
-	w.log.Debug("recovery loop started", slog.Duration("interval", w.opts.recoveryInterval))
-	defer w.log.Debug("recovery loop stopped")
+	r.log.Debug("recovery loop started", slog.Duration("interval", r.opts.recoveryInterval))
+	defer r.log.Debug("recovery loop stopped")
 
 	t := time.NewTimer(0)
 	defer t.Stop()
@@ -115,7 +133,7 @@ func (r *recoverer) run(ctx context.Context) {
 			return
 		case peer := <-r.expired:
 			// Every subscribed worker hears of it; the claim lets one act.
-			_, _, _ = w.recoverDead(ctx, peer, foundByExpiry, time.Now())
+			_, _, _ = r.peers.recoverDead(ctx, peer, foundByExpiry, time.Now())
 			continue
 		case <-t.C:
 		}
@@ -123,22 +141,21 @@ func (r *recoverer) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		t.Reset(w.opts.jitter("scan", w.opts.recoveryInterval, 0.1))
+		t.Reset(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1))
 	}
 }
 
 // runOnce is one turn of the loop: the scan, if this worker gets the scan
 // turn.
 func (r *recoverer) runOnce(ctx context.Context) {
-	w := r.w
-	if !w.takeScanTurn(ctx) {
+	if !r.takeScanTurn(ctx) {
 		return
 	}
-	rep, err := w.scan(ctx)
+	rep, err := r.scan(ctx)
 	if ctx.Err() != nil {
 		return
 	}
-	w.rlog.scanned(rep, err)
+	r.rlog.scanned(rep, err)
 }
 
 // hand passes a peer whose heartbeat expired to the loop, without waiting:
@@ -161,19 +178,19 @@ func (r *recoverer) hand(peer string) {
 //
 // The turn adds to the detection bound: see options.scanTurnTTL and
 // options.detectionWindow.
-func (w *Worker) takeScanTurn(ctx context.Context) bool {
-	if !w.opts.scanLease {
-		if !w.ownerMode {
-			opCtx, cancel := w.opts.opContext(ctx)
-			note, _ := w.store.UntrackedNote(opCtx, w.opts.instanceID)
+func (r *recoverer) takeScanTurn(ctx context.Context) bool {
+	if !r.opts.scanLease {
+		if !r.ownerMode {
+			opCtx, cancel := r.opts.opContext(ctx)
+			note, _ := r.store.UntrackedNote(opCtx, r.opts.instanceID)
 			cancel()
-			w.noteUntracked(note)
+			r.noteUntracked(note)
 		}
 		return true
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
+	opCtx, cancel := r.opts.opContext(ctx)
 	defer cancel()
-	held, note, err := w.store.TakeScanTurn(opCtx, w.opts.instanceID, w.opts.scanTurnTTL())
-	w.noteUntracked(note)
+	held, note, err := r.store.TakeScanTurn(opCtx, r.opts.instanceID, r.opts.scanTurnTTL())
+	r.noteUntracked(note)
 	return held || err != nil
 }

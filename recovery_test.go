@@ -48,7 +48,7 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 	plantDeadPeer(t, rdb, prefix, "dead", "1")
 	r := &fakeResetter{}
 	holder, _ := newWorker(t, rdb, &fakeResetter{delay: time.Hour}, "holder", WithKeyPrefix(prefix))
-	require.True(t, holder.takeScanTurn(ctx), "the holder takes the lease and dies before scanning")
+	require.True(t, holder.recov.takeScanTurn(ctx), "the holder takes the lease and dies before scanning")
 	other, _ := newWorker(t, rdb, r, "other", WithKeyPrefix(prefix)) // recovery interval 1s
 
 	other.recov.runOnce(ctx)

@@ -12,13 +12,14 @@ import (
 // recoveryLog logs what recovery does, once per outage: a scan that keeps
 // failing, a peer that keeps failing or a garbage registry member is logged
 // when it first appears and when it clears, not at every scan. The
-// recoverer, the sweeper and the dead-peer path share it.
-func newRecoveryLog(w *Worker) *recoveryLog {
-	return &recoveryLog{w: w, failing: make(map[string]string), invalid: make(map[string]bool)}
+// recoverer, the sweeper and the dead-peer path share it; it writes to
+// log.
+func newRecoveryLog(log *slog.Logger) *recoveryLog {
+	return &recoveryLog{log: log, failing: make(map[string]string), invalid: make(map[string]bool)}
 }
 
 type recoveryLog struct {
-	w            *Worker
+	log          *slog.Logger
 	mu           sync.Mutex
 	scanFailing  bool
 	sweepFailing bool
@@ -32,7 +33,7 @@ type recoveryLog struct {
 func (l *recoveryLog) scanned(rep report.RecoveryReport, err error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	log := l.w.log
+	log := l.log
 	var peerErrs []*report.PeerError
 	var scanErr error
 	for _, e := range unjoin(err) {
@@ -109,22 +110,22 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	l.failing[peer] = kind
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
-		l.w.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress until the backstop sweep recovers them",
+		l.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress until the backstop sweep recovers them",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsLocked):
-		l.w.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
+		l.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
-		l.w.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
+		l.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrMisconfigured):
-		l.w.log.Error("recovery of dead peer held: this worker's self-check found its own statuses or owner column wrong, so it would take the peer's rows for settled; the peer and its rows set are left to a worker configured right",
+		l.log.Error("recovery of dead peer held: this worker's self-check found its own statuses or owner column wrong, so it would take the peer's rows for settled; the peer and its rows set are left to a worker configured right",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, errUnverified):
-		l.w.log.Warn("recovery of dead peer held until this worker has seen a row of its own in progress: the peer's rows read as the queued status, which swapped statuses would show; the peer and its rows set are left to a worker whose configuration is verified",
+		l.log.Warn("recovery of dead peer held until this worker has seen a row of its own in progress: the peer's rows read as the queued status, which swapped statuses would show; the peer and its rows set are left to a worker whose configuration is verified",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	default:
-		l.w.log.Warn("recovery of dead peer failed; will retry",
+		l.log.Warn("recovery of dead peer failed; will retry",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	}
 }
@@ -136,11 +137,11 @@ func (l *recoveryLog) recovered(pr report.PeerRecovery, source string, stuck tim
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	if _, failed := l.failing[pr.InstanceID]; failed {
-		l.w.log.Info("recovery of dead peer succeeded after failing", slog.String("peer_id", pr.InstanceID),
+		l.log.Info("recovery of dead peer succeeded after failing", slog.String("peer_id", pr.InstanceID),
 			slog.String("found_by", source))
 		delete(l.failing, pr.InstanceID)
 	} else {
-		l.w.log.Info("dead peer found: heartbeat expired", slog.String("peer_id", pr.InstanceID),
+		l.log.Info("dead peer found: heartbeat expired", slog.String("peer_id", pr.InstanceID),
 			slog.String("found_by", source))
 	}
 	attrs := []any{
@@ -163,12 +164,12 @@ func (l *recoveryLog) recovered(pr report.PeerRecovery, source string, stuck tim
 	if pr.RowsFound == 0 && pr.RowsReset == 0 && len(pr.Quarantined) == 0 && len(pr.InvalidMembers) == 0 {
 		// Nothing was left to recover: its set expired, or another worker
 		// recovered it between our liveness check and our claim.
-		l.w.log.Debug("deregistered dead peer with no rows", attrs...)
+		l.log.Debug("deregistered dead peer with no rows", attrs...)
 		return
 	}
-	l.w.log.Info("recovered rows of dead peer", attrs...)
+	l.log.Info("recovered rows of dead peer", attrs...)
 	for _, id := range pr.Quarantined {
-		l.w.log.Warn("row quarantined: it reached its recovery limit",
+		l.log.Warn("row quarantined: it reached its recovery limit",
 			slog.Int64("row_id", id), slog.String("peer_id", pr.InstanceID))
 	}
 }
@@ -186,9 +187,9 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		switch {
 		case l.sweepFailing:
 		case errors.Is(e, ErrMisconfigured):
-			l.w.log.Error("backstop sweep held: the resetter's statuses do not match the rows the workers track; fix them, and the rows stuck meanwhile come back", slog.Any("error", e))
+			l.log.Error("backstop sweep held: the resetter's statuses do not match the rows the workers track; fix them, and the rows stuck meanwhile come back", slog.Any("error", e))
 		default:
-			l.w.log.Warn("backstop sweep failed; will retry", slog.Any("error", e))
+			l.log.Warn("backstop sweep failed; will retry", slog.Any("error", e))
 		}
 		l.sweepFailing = true
 		return
@@ -197,19 +198,19 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 	if len(rep.ownerPeers) > 0 != l.sweepYields {
 		l.sweepYields = len(rep.ownerPeers) > 0
 		if l.sweepYields {
-			l.w.log.Info("backstop sweep by row version left to the fleet's owner-mode workers: their rows are in no rows set, so this worker (no owner column) does not judge rows in progress while they are alive (an owner-column rollout; give this worker WithOwnerColumn too)",
+			l.log.Info("backstop sweep by row version left to the fleet's owner-mode workers: their rows are in no rows set, so this worker (no owner column) does not judge rows in progress while they are alive (an owner-column rollout; give this worker WithOwnerColumn too)",
 				slog.Any("owner_mode_workers", rep.ownerPeers))
 		} else {
-			l.w.log.Info("backstop sweep by row version resumed: no owner-mode worker is alive in the fleet")
+			l.log.Info("backstop sweep by row version resumed: no owner-mode worker is alive in the fleet")
 		}
 	}
 	if rep.strayFound > 0 {
-		l.w.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
+		l.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
 			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
 			slog.Int("rows_quarantined", rep.strayQuarantined), slog.Int("rows_locked", rep.strayLocked),
 			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked))
 	}
-	l.w.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
+	l.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),
 		slog.Bool("redis_too_young", rep.nodeHeld),
 		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
@@ -218,14 +219,14 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 // invalidOwner logs an owner of rows in progress that the sweep cannot use
 // as an instance ID: its rows are never recovered by the sweep.
 func (l *recoveryLog) invalidOwner(owner string, why error) {
-	l.w.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what OwnerValue() returns?)",
+	l.log.Warn("rows in progress have an owner that is not a valid instance ID; the backstop sweep leaves them alone (does the owner column hold what OwnerValue() returns?)",
 		slog.String("owner", clip(owner)), slog.String("reason", why.Error()))
 }
 
 // claimNotReleased logs a claim whose release failed; it expires by
 // itself.
 func (l *recoveryLog) claimNotReleased(peer string, err error) {
-	l.w.log.Warn("release recovery claim; it expires by itself",
+	l.log.Warn("release recovery claim; it expires by itself",
 		slog.String("peer_id", peer), slog.Any("error", err))
 }
 

@@ -249,7 +249,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			rep.absent = append(rep.absent, o)
 			continue
 		}
-		pr, claimed, err := w.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
+		pr, claimed, err := w.peers.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
 		switch {
 		case err != nil:
 			errs = append(errs, &report.PeerError{InstanceID: o, Err: err})
@@ -331,7 +331,7 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 		delete(s.endedSince, v)
 		pr := report.PeerRecovery{InstanceID: id, RowsFound: int(res.Changed) + len(res.NotReset), RowsReset: res.Changed,
 			Quarantined: res.Quarantined, NotReset: res.NotReset}
-		w.countRows(pr)
+		w.peers.countRows(pr)
 		rep.recovered = append(rep.recovered, pr)
 		w.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
 			"owner", clip(v), "rows_reset", res.Changed, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))

@@ -182,7 +182,7 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
 // process heartbeats under it. warnedLocked says whether that wait was
 // logged already.
 func (w *Worker) recoverPredecessor(ctx context.Context, warnedLocked *bool) (done bool, err error) {
-	pr, claimed, err := w.recoverDead(ctx, w.opts.instanceID, foundByRestart, time.Now())
+	pr, claimed, err := w.peers.recoverDead(ctx, w.opts.instanceID, foundByRestart, time.Now())
 	if err != nil && errors.Is(err, ErrRowsLocked) && ctx.Err() == nil {
 		if !*warnedLocked {
 			*warnedLocked = true

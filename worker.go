@@ -51,6 +51,9 @@ type Worker struct {
 	stats  counters   // stats.go
 	events dispatcher // events.go
 	rlog   *recoveryLog
+	// peers: the dead-peer path, shared by the recovery loop, the backstop
+	// sweep and Start (deadpeer.go).
+	peers *peerRecoverer
 	// untrackedAt is when the backstop sweep last found rows this worker
 	// did not track before their COMMIT, or when it was called to untrack
 	// rows without any Track (unix nanoseconds; rowsweep.go).
@@ -159,9 +162,17 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs = o.observer
 	w.events.hist = newHistorian(w)
-	w.rlog = newRecoveryLog(w)
+	w.rlog = newRecoveryLog(w.log)
 	w.heart = &heartbeater{w: w}
-	w.recov = newRecoverer(w)
+	// peers: the dead-peer path (deadpeer.go).
+	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter, info: info,
+		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: w.rlog,
+		judgeDead: w.judgeDead, deregister: w.deregister, misconfigured: w.misconfigured,
+		unverifiedHold: w.unverifiedHold, sweepsByOwner: w.sweepsByOwner}
+	// recov: the recovery loop (recovery.go).
+	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
+		stats: &w.stats, events: &w.events, rlog: w.rlog, expired: make(chan string, expiredQueue),
+		registeredPeers: w.registeredPeers, deadPeers: w.deadPeers, noteUntracked: w.noteUntracked}
 	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
 	}
