@@ -167,12 +167,12 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	// peers: the dead-peer path (deadpeer.go).
 	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter, info: info,
 		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: w.rlog,
-		judgeDead: w.judgeDead, deregister: w.deregister, misconfigured: w.misconfigured,
+		judgeDead: w.judge.judgeDead, deregister: w.judge.deregister, misconfigured: w.misconfigured,
 		unverifiedHold: w.unverifiedHold, sweepsByOwner: w.sweepsByOwner}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: w.rlog, expired: make(chan string, expiredQueue),
-		registeredPeers: w.registeredPeers, deadPeers: w.deadPeers, noteUntracked: w.noteUntracked}
+		registeredPeers: w.judge.registeredPeers, deadPeers: w.judge.deadPeers, noteUntracked: w.noteUntracked}
 	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
 	}
