@@ -43,25 +43,22 @@ type Worker struct {
 	lifecycle // Start, Shutdown
 
 	// Shared state.
-	rows   inflight   // the rows tracked now (inflight.go)
-	lease  lease      // lease.go
-	nodes  nodeAges   // nodeage.go
-	fleet  *fleetView // fleet.go
-	stats  counters   // stats.go
-	events dispatcher // events.go
-	rlog   *recoveryLog
+	rows    inflight   // the rows tracked now (inflight.go)
+	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
+	lease   lease      // lease.go
+	nodes   nodeAges   // nodeage.go
+	fleet   *fleetView // fleet.go
+	stats   counters   // stats.go
+	events  dispatcher // events.go
+	rlog    *recoveryLog
 	// untrackedAt is when the backstop sweep last found rows this worker
 	// did not track before their COMMIT, or when it was called to untrack
 	// rows without any Track (unix nanoseconds; rowsweep.go).
 	untrackedAt atomic.Int64
 	// untrackedNote is the last note of the untracked-rows hash logged;
-	// trackCalls counts Track calls; untrackCalled is set once Untrack
-	// without any Track has been logged (rowsweep.go).
+	// untrackCalled is set once Untrack without any Track has been
+	// logged (rowsweep.go).
 	untrackedNote atomic.Value
-	trackCalls    atomic.Uint64
-	// ownerRead is the life the last call of Owner named (owner mode):
-	// the value a plain Track takes its rows for (trackOwner).
-	ownerRead atomic.Pointer[string]
 	// runningSince is when Start ended (Unix nanoseconds): a worker that
 	// has not verified its configuration holds suspect recoveries only
 	// for a heartbeat TTL after it (unverifiedHold).
@@ -84,11 +81,10 @@ type lifecycle struct {
 // loops are the Worker's background loops, one small type each, with run
 // (the loop) and runOnce (one turn, which tests call).
 type loops struct {
-	heart   *heartbeater    // heartbeat.go
-	recov   *recoverer      // recovery.go
-	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
-	sweeper *sweeper        // sweep.go; nil when no backstop sweep runs
-	checker *selfChecker    // selfcheck.go
+	heart   *heartbeater // heartbeat.go
+	recov   *recoverer   // recovery.go
+	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
+	checker *selfChecker // selfcheck.go
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -156,13 +152,20 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.rlog = newRecoveryLog(w)
 	w.heart = &heartbeater{w: w}
 	w.recov = newRecoverer(w)
-	if o.untrackLinger > 0 && !ownerMode {
-		w.flusher = newUntrackFlusher(w)
-	}
 	if sw != nil || rs != nil {
 		w.sweeper = newSweeper(w, sw, rs)
 	}
 	w.checker = newSelfChecker(w)
+	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
+	// the rows in the rows set (rowtrack.go); the mode is decided here.
+	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
+		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
+		events: &w.events, checkLease: w.CheckLease}
+	if ownerMode {
+		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.noteBareOwners}
+	} else {
+		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
+	}
 	return w, nil
 }
 
@@ -274,8 +277,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.heart.run(loopCtx) })
 	wg.Go(func() { w.recov.run(loopCtx) })
-	if w.flusher != nil {
-		wg.Go(func() { w.flusher.run(loopCtx) })
+	if flush := w.tracker.loop(); flush != nil {
+		wg.Go(func() { flush(loopCtx) })
 	}
 	if w.sweeper != nil {
 		wg.Go(func() { w.sweeper.run(loopCtx) })
