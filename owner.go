@@ -24,7 +24,7 @@ import (
 // instance whose heartbeat says whether it lives, and the life a recoverer
 // read under its claim. Every member reads such values (the sweep, the
 // recovery by owner, Start's predecessor recovery) since the release
-// before this one; owner-mode workers write them (ownerTracker), rows-set
+// before this one; owner-mode workers write them (Worker.OwnerValue), rows-set
 // workers write bare instance IDs (the rolling upgrade of docs/safety.md
 // §2).
 
