@@ -59,7 +59,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 
 	w.rows.assert.Lock()
 	defer w.rows.assert.Unlock()
-	if err := w.rotateLocked(ctx); err != nil {
+	if err := w.tracker.rotateLocked(ctx); err != nil {
 		// A released row is tracked again: writing it under the old
 		// incarnation would hide it from recovery.
 		w.stats.heartbeatFailures.Add(1)
@@ -118,7 +118,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	w.events.emit(Event{Kind: EventHeartbeat})
 	if len(unremoved) > 0 {
 		w.rows.forgetUnremoved(unremoved)
-		w.retrack(ctx, unremoved)
+		w.tracker.retrack(ctx, unremoved)
 	}
 	return nil
 }
@@ -183,7 +183,7 @@ func (h *heartbeater) restored() {
 		if w.lease.perLife.Load() {
 			// The held time is counted only for rows under the bare ID.
 			w.log.Info("heartbeat lease regained; worker re-registered in a new life; rows of the ended life must be given back",
-				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.String("owner", w.currentOwner()))
+				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.String("owner", w.tracker.currentOwner()))
 		} else {
 			w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
 				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.Duration("held_for", w.fleet.claimTTL()))

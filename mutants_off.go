@@ -63,7 +63,7 @@ const (
 	mutantOwnLivesByMemory = false
 	// mutantTrackCurrentLife: a plain Track in owner mode takes its rows
 	// for the current life, whatever value the host read from Owner and
-	// wrote in its fetch (Worker.trackOwner).
+	// wrote in its fetch (ownerTracker.trackOwner).
 	mutantTrackCurrentLife = false
 	// mutantMisspeltOnAnyChange: the short-block self-check takes any new
 	// version of a row at its Untrack for a misspelt status

@@ -1,7 +1,10 @@
 package recovery
 
 import (
+	"context"
+	"fmt"
 	"strings"
+	"sync/atomic"
 
 	"github.com/alya/recovery/internal/store"
 )
@@ -64,22 +67,85 @@ func parseOwner(v string) (id, life string, ok bool) {
 // sent so late it could land on an expired key, so that a recovery of a
 // life judged dead never reaches rows taken in a later one (docs/safety.md
 // §2). In rows-set mode it is the instance ID (InstanceID).
-func (w *Worker) OwnerValue() string {
-	if !w.ownerMode {
-		return w.opts.instanceID
+func (w *Worker) OwnerValue() string { return w.tracker.ownerValue() }
+
+// ownerTracker is the tracker of owner mode: the owner column the host's
+// fetch wrote is what recovery reads, so it keeps the rows in the
+// worker's own view (for Release, the lease and the self-check) and sends
+// nothing to Redis.
+type ownerTracker struct {
+	trackerCore
+	// noteBareOwners is Worker.noteBareOwners (lease.go): the host writes
+	// bare instance IDs, so a regained lease is held from now on.
+	noteBareOwners func()
+	// ownerRead is the life the last call of OwnerValue named: the value a
+	// plain Track takes its rows for (trackOwner).
+	ownerRead atomic.Pointer[string]
+}
+
+func (t *ownerTracker) track(ctx context.Context, ids []int64) error {
+	return t.trackAs(ctx, t.trackOwner(), ids)
+}
+
+func (t *ownerTracker) trackAs(ctx context.Context, owner string, ids []int64) error {
+	if err := t.checkLease(); err != nil {
+		return err
 	}
-	life := w.rows.currentIncarnation()
-	w.ownerRead.Store(&life) // what a plain Track takes (trackOwner)
-	return lifeOwner(w.opts.instanceID, life)
+	life, written := t.rows.writtenLife()
+	switch id, l, ok := parseOwner(owner); {
+	case !ok || id != t.id:
+		return fmt.Errorf("track %d rows of %s under owner %q: %w: not a value of this worker's OwnerValue()",
+			len(ids), t.id, clip(owner), ErrInvalidConfig)
+	case l == "":
+		// A bare ID names every life: a recovery of a life judged dead
+		// resets such rows whenever its statements run.
+		t.noteBareOwners()
+		if t.lease.held() {
+			return fmt.Errorf("track %d rows of %s under its bare instance ID: %w: held after a regained lease (write OwnerValue() to resume at once)",
+				len(ids), t.id, ErrLeaseLost)
+		}
+	case l != life:
+		return fmt.Errorf("track %d rows of %s fetched under %q: %w: that life ended (the lease was lost since); roll the fetch back and fetch under OwnerValue()",
+			len(ids), t.id, clip(owner), ErrLeaseLost)
+	}
+	if !written {
+		// Recorded by the next heartbeat: until then a recoverer could
+		// not tell this life from an ended one.
+		return fmt.Errorf("track %d rows of %s: %w: the new life is not recorded in Redis yet", len(ids), t.id, ErrLeaseLost)
+	}
+	if len(ids) == 0 {
+		return nil
+	}
+	if !t.rows.addOwned(ids, owner, life) {
+		return fmt.Errorf("track %d rows of %s fetched under %q: %w: the lease was lost meanwhile", len(ids), t.id, clip(owner), ErrLeaseLost)
+	}
+	t.checkTracked(ctx, ids)
+	return nil // the owner column says it all: nothing is sent to Redis
+}
+
+func (t *ownerTracker) untrack(ids []int64) error {
+	t.checkUntracking(ids)
+	t.rows.remove(ids)
+	return nil
+}
+
+// untrackUnchanged untracks the rows of gens that were not tracked again
+// since gens was taken (Release), as Untrack would.
+func (t *ownerTracker) untrackUnchanged(gens map[int64]uint64) error {
+	t.rows.removeUnchanged(gens, false)
+	return nil
+}
+
+func (t *ownerTracker) ownerValue() string {
+	life := t.rows.currentIncarnation()
+	t.ownerRead.Store(&life) // what a plain Track takes (trackOwner)
+	return lifeOwner(t.id, life)
 }
 
 // currentOwner is OwnerValue for the library's own use: it leaves alone the
 // value a plain Track takes (trackOwner), which only the host's reads set.
-func (w *Worker) currentOwner() string {
-	if !w.ownerMode {
-		return w.opts.instanceID
-	}
-	return lifeOwner(w.opts.instanceID, w.rows.currentIncarnation())
+func (t *ownerTracker) currentOwner() string {
+	return lifeOwner(t.id, t.rows.currentIncarnation())
 }
 
 // trackOwner is the owner value a plain Track takes its rows for in owner
@@ -88,9 +154,21 @@ func (w *Worker) currentOwner() string {
 // TrackAs) wrote in its fetch. Should a loss have begun a new life since,
 // TrackAs refuses it as an ended life's. A host that never called OwnerValue
 // gets the current life's value.
-func (w *Worker) trackOwner() string {
-	if p := w.ownerRead.Load(); p != nil && !mutantTrackCurrentLife {
-		return lifeOwner(w.opts.instanceID, *p)
+func (t *ownerTracker) trackOwner() string {
+	if p := t.ownerRead.Load(); p != nil && !mutantTrackCurrentLife {
+		return lifeOwner(t.id, *p)
 	}
-	return w.currentOwner()
+	return t.currentOwner()
 }
+
+// rotateLocked has nothing to do: a worker in owner mode has a resetter
+// that fences by owner, so Release marks no row released and none is
+// retaken. retrack has nothing to write back: there is no rows set.
+func (t *ownerTracker) rotateLocked(context.Context) error { return nil }
+func (t *ownerTracker) retrack(context.Context, []int64)   {}
+
+// trackCalled is false: the untracked-rows note is rows-set mode's.
+func (t *ownerTracker) trackCalled() bool { return false }
+
+// loop is nil: no deferred Untrack, nothing to flush.
+func (t *ownerTracker) loop() func(context.Context) { return nil }

@@ -37,51 +37,58 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
+	return w.tracker.release(ctx, rowIDs)
+}
+
+// releaseSteps are the two steps of a release that differ by mode: the
+// reset, and the untrack of the rows reset.
+type releaseSteps interface {
+	reset(ctx context.Context, req ResetRequest) (ResetResult, error)
+	untrackUnchanged(gens map[int64]uint64) error
+}
+
+// releaseBy is Release, in either mode: by resets and untracks the rows
+// as its mode does.
+func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseSteps) error {
 	// Rows left to the backstop sweep after a lost lease (heartbeat.go):
 	// a reset of them could reach a peer that took them since.
-	rowIDs, left := w.rows.takeAbandoned(rowIDs)
+	rowIDs, left := c.rows.takeAbandoned(rowIDs)
 	if left > 0 {
-		w.log.Info("released rows left to the backstop sweep: nothing reset for them", slog.Int("rows", left))
-		w.stats.rowsReleased.Add(uint64(left))
+		c.log.Info("released rows left to the backstop sweep: nothing reset for them", slog.Int("rows", left))
+		c.stats.rowsReleased.Add(uint64(left))
 	}
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	if !releaseSafeAfterLoss(w.info) {
+	if !releaseSafeAfterLoss(c.info) {
 		switch {
-		case w.state.Load() == stateShutdown:
-			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrShutdown)
-		case w.state.Load() == stateRunning && w.lease.check(w.rows.heldAtLoss()) != nil:
-			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
+		case c.state.Load() == stateShutdown:
+			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), c.id, ErrShutdown)
+		case c.state.Load() == stateRunning && c.lease.check(c.rows.heldAtLoss()) != nil:
+			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), c.id, ErrLeaseLost)
 		}
 	}
 	// The host may take a row again as soon as the reset commits, and
 	// Track it before this Release untracks it: only rows tracked now, and
 	// not tracked again by then, are untracked below.
-	gens := w.rows.generations(rowIDs)
-	req := ResetRequest{InstanceID: w.opts.instanceID, Incarnation: w.rows.currentIncarnation(), RowIDs: rowIDs}
+	gens := c.rows.generations(rowIDs)
+	req := ResetRequest{InstanceID: c.id, Incarnation: c.rows.currentIncarnation(), RowIDs: rowIDs}
 	if mutantReleaseUnrecorded {
 		req.Incarnation = ""
 	}
-	fenced := w.info.OwnerFencing
+	fenced := c.info.OwnerFencing
 	if !fenced {
 		// The reset is recorded under this incarnation: a row taken again,
 		// even before this call returns, must be tracked under a new one
 		// (Track rotates it).
-		w.rows.markReleased(rowIDs)
+		c.rows.markReleased(rowIDs)
 	}
-	var res ResetResult
-	var err error
-	if w.ownerMode {
-		res, err = w.releaseByLife(ctx, req)
-	} else {
-		res, err = w.resetter.Reset(ctx, req)
-	}
+	res, err := by.reset(ctx, req)
 	if err != nil {
 		if !fenced {
-			w.rows.unmarkReleased(rowIDs)
+			c.rows.unmarkReleased(rowIDs)
 		}
-		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
+		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), c.id, err)
 	}
 	// A row another session holds locked was skipped: it stays tracked,
 	// for a peer to recover should this worker die, and the error says so.
@@ -95,28 +102,43 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 			}
 		}
 		if !fenced {
-			w.rows.unmarkReleased(locked)
+			c.rows.unmarkReleased(locked)
 		}
 		lockedErr = fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
-			len(rowIDs), w.opts.instanceID, ErrRowsLocked, n, res.NotReset[0].ID)
+			len(rowIDs), c.id, ErrRowsLocked, n, res.NotReset[0].ID)
 	}
 	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Changed),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
-	if err := w.untrackUnchanged(gens); err != nil {
+	if err := by.untrackUnchanged(gens); err != nil {
 		attrs = append(attrs, slog.String("untrack_error", err.Error()))
 	}
-	w.log.Info("released rows", attrs...)
-	w.stats.rowsReleased.Add(uint64(len(rowIDs)))
-	w.events.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
+	c.log.Info("released rows", attrs...)
+	c.stats.rowsReleased.Add(uint64(len(rowIDs)))
+	c.events.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
 	return lockedErr
 }
 
-// releaseByLife resets the rows of req (owner mode) under the owner value
-// each was fetched under (TrackAs), one reset per value: a row of an ended
-// life is matched by that life's value, not the current one. A per-life
-// value is the whole guard, so those resets use no ledger; rows under the
-// bare instance ID are reset as before, under the incarnation.
-func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResult, error) {
+// release resets the rows under the instance ID and the incarnation, in
+// one reset.
+func (t *rowsSetTracker) release(ctx context.Context, ids []int64) error {
+	return t.releaseBy(ctx, ids, t)
+}
+
+func (t *rowsSetTracker) reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	return t.resetter.Reset(ctx, req)
+}
+
+// release resets the rows under the owner value each was fetched under.
+func (t *ownerTracker) release(ctx context.Context, ids []int64) error {
+	return t.releaseBy(ctx, ids, t)
+}
+
+// reset resets the rows of req under the owner value each was fetched
+// under (TrackAs), one reset per value: a row of an ended life is matched
+// by that life's value, not the current one. A per-life value is the whole
+// guard, so those resets use no ledger; rows under the bare instance ID
+// are reset as before, under the incarnation.
+func (t *ownerTracker) reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
 	var total ResetResult
 	add := func(res ResetResult) int {
 		total.Changed += res.Changed
@@ -125,12 +147,12 @@ func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResu
 		return int(res.Changed) + len(res.NotReset) // quarantined rows included
 	}
 	var bare []int64
-	for owner, ids := range w.rows.ownersOf(req.RowIDs, w.currentOwner()) {
-		if owner == w.opts.instanceID {
+	for owner, ids := range t.rows.ownersOf(req.RowIDs, t.currentOwner()) {
+		if owner == t.id {
 			bare = append(bare, ids...)
 			continue
 		}
-		res, err := w.resetter.Reset(ctx, ResetRequest{InstanceID: owner, RowIDs: ids})
+		res, err := t.resetter.Reset(ctx, ResetRequest{InstanceID: owner, RowIDs: ids})
 		if err != nil {
 			return total, err
 		}
@@ -141,7 +163,7 @@ func (w *Worker) releaseByLife(ctx context.Context, req ResetRequest) (ResetResu
 		}
 	}
 	if len(bare) > 0 {
-		res, err := w.resetter.Reset(ctx, ResetRequest{InstanceID: w.opts.instanceID, Incarnation: req.Incarnation, RowIDs: bare})
+		res, err := t.resetter.Reset(ctx, ResetRequest{InstanceID: t.id, Incarnation: req.Incarnation, RowIDs: bare})
 		if err != nil {
 			return total, err
 		}

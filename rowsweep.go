@@ -438,7 +438,7 @@ func (w *Worker) noteUntracked(note string) {
 // call since it started. Healthy then fails with ErrUntrackedRows for a
 // rows TTL, logged once.
 func (w *Worker) untrackedCall(ids []int64) {
-	if w.ownerMode || w.trackCalls.Load() > 0 || w.state.Load() != stateRunning || !w.untrackCalled.CompareAndSwap(false, true) {
+	if w.ownerMode || w.tracker.trackCalled() || w.state.Load() != stateRunning || !w.untrackCalled.CompareAndSwap(false, true) {
 		return
 	}
 	w.untrackedAt.Store(time.Now().UnixNano())

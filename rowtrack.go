@@ -3,7 +3,78 @@ package recovery
 import (
 	"context"
 	"fmt"
+	"log/slog"
+	"sync/atomic"
+
+	"github.com/alya/recovery/internal/store"
 )
+
+// tracker is how this worker records the rows it holds: Track, TrackAs,
+// Untrack, Release and OwnerValue are calls into it. New picks one of two
+// once, by mode (ownerModeOf), and nothing else branches on the mode:
+// ownerTracker (owner.go) keeps the rows in memory and sends nothing to
+// Redis, the owner column says it all; rowsSetTracker (below) mirrors them
+// in the worker's rows set (SADD and SREM, the incarnation, retrack and
+// the deferred-untrack flusher).
+type tracker interface {
+	// track is Track; trackAs is TrackAs.
+	track(ctx context.Context, ids []int64) error
+	trackAs(ctx context.Context, owner string, ids []int64) error
+	// untrack is Untrack, after its check for a host that never calls
+	// Track (Worker.untrackedCall).
+	untrack(ids []int64) error
+	// release is Release of rows the host passed (not none).
+	release(ctx context.Context, ids []int64) error
+	// ownerValue is OwnerValue; currentOwner is the same value for the
+	// library's own use, which leaves alone the one a plain Track takes.
+	ownerValue() string
+	currentOwner() string
+	// rotateLocked gives the rows set a new incarnation if a released row
+	// was tracked again (the heartbeat, under the rows-set lock; owner
+	// mode never marks rows released, so nothing to do). retrack writes
+	// back the rows among removed that are tracked again (after a removal
+	// the heartbeat sent).
+	rotateLocked(ctx context.Context) error
+	retrack(ctx context.Context, removed []int64)
+	// trackCalled reports whether Track was called since New in rows-set
+	// mode (the untracked-rows note, rowsweep.go); owner mode counts none.
+	trackCalled() bool
+	// loop is the deferred-untrack flusher for Start to run, or nil.
+	loop() func(context.Context)
+}
+
+// trackerCore is what both trackers share: the worker's own record of its
+// rows and what Release reports to.
+type trackerCore struct {
+	rows     *inflight
+	id       string // the instance ID
+	resetter Resetter
+	info     ResetterInfo
+	state    *atomic.Int32 // the Worker's lifecycle state
+	lease    *lease
+	checker  *selfChecker
+	log      *slog.Logger
+	stats    *counters
+	events   *dispatcher
+	// checkLease is Worker.CheckLease (lease.go): Track's lifecycle and
+	// lease check.
+	checkLease func() error
+}
+
+// checkTracked tells the self-check about rows just tracked.
+func (c *trackerCore) checkTracked(ctx context.Context, ids []int64) {
+	if c.checker != nil {
+		c.checker.preImages(ctx, ids)
+		c.checker.tracked()
+	}
+}
+
+// checkUntracking tells the self-check about rows about to be untracked.
+func (c *trackerCore) checkUntracking(ids []int64) {
+	if c.checker != nil {
+		c.checker.untracking(ids)
+	}
+}
 
 // Track records that this worker is processing rowIDs: call it inside the
 // transaction of FetchBlockOfRows, after the UPDATE that marks them in
@@ -37,30 +108,7 @@ import (
 // Owner, must call TrackAs with each block's value instead: the last value
 // read may be another goroutine's, read after the loss.
 func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
-	if w.ownerMode {
-		return w.TrackAs(ctx, w.trackOwner(), rowIDs...)
-	}
-	w.trackCalls.Add(1)
-	if err := w.CheckLease(); err != nil {
-		return err
-	}
-	if len(rowIDs) == 0 {
-		return nil
-	}
-	retaken := w.rows.add(rowIDs)
-	if w.checker != nil {
-		w.checker.preImages(ctx, rowIDs)
-		w.checker.tracked()
-	}
-	if retaken {
-		if err := w.rotateIncarnation(ctx); err != nil {
-			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(rowIDs), w.opts.instanceID, err)
-		}
-	}
-	if err := w.store.TrackRows(ctx, w.opts.instanceID, rowIDs, w.fleet.rowsTTL()); err != nil {
-		return fmt.Errorf("track %d rows of %s: %w", len(rowIDs), w.opts.instanceID, err)
-	}
-	return nil
+	return w.tracker.track(ctx, rowIDs)
 }
 
 // TrackAs is Track for rows the host fetched under owner, the value Owner
@@ -74,49 +122,7 @@ func (w *Worker) Track(ctx context.Context, rowIDs ...int64) error {
 // worker, so a regained lease is then held for a claim TTL (CheckLease).
 // In rows-set mode owner must be the instance ID, and TrackAs is Track.
 func (w *Worker) TrackAs(ctx context.Context, owner string, rowIDs ...int64) error {
-	if !w.ownerMode {
-		if owner != w.opts.instanceID {
-			return fmt.Errorf("track %d rows of %s under owner %q: %w: in rows-set mode the owner column holds the instance ID (OwnerValue())",
-				len(rowIDs), w.opts.instanceID, clip(owner), ErrInvalidConfig)
-		}
-		return w.Track(ctx, rowIDs...)
-	}
-	if err := w.CheckLease(); err != nil {
-		return err
-	}
-	life, written := w.rows.writtenLife()
-	switch id, l, ok := parseOwner(owner); {
-	case !ok || id != w.opts.instanceID:
-		return fmt.Errorf("track %d rows of %s under owner %q: %w: not a value of this worker's OwnerValue()",
-			len(rowIDs), w.opts.instanceID, clip(owner), ErrInvalidConfig)
-	case l == "":
-		// A bare ID names every life: a recovery of a life judged dead
-		// resets such rows whenever its statements run.
-		w.noteBareOwners()
-		if w.lease.held() {
-			return fmt.Errorf("track %d rows of %s under its bare instance ID: %w: held after a regained lease (write OwnerValue() to resume at once)",
-				len(rowIDs), w.opts.instanceID, ErrLeaseLost)
-		}
-	case l != life:
-		return fmt.Errorf("track %d rows of %s fetched under %q: %w: that life ended (the lease was lost since); roll the fetch back and fetch under OwnerValue()",
-			len(rowIDs), w.opts.instanceID, clip(owner), ErrLeaseLost)
-	}
-	if !written {
-		// Recorded by the next heartbeat: until then a recoverer could
-		// not tell this life from an ended one.
-		return fmt.Errorf("track %d rows of %s: %w: the new life is not recorded in Redis yet", len(rowIDs), w.opts.instanceID, ErrLeaseLost)
-	}
-	if len(rowIDs) == 0 {
-		return nil
-	}
-	if !w.rows.addOwned(rowIDs, owner, life) {
-		return fmt.Errorf("track %d rows of %s fetched under %q: %w: the lease was lost meanwhile", len(rowIDs), w.opts.instanceID, clip(owner), ErrLeaseLost)
-	}
-	if w.checker != nil {
-		w.checker.preImages(ctx, rowIDs)
-		w.checker.tracked()
-	}
-	return nil // the owner column says it all: nothing is sent to Redis
+	return w.tracker.trackAs(ctx, owner, rowIDs)
 }
 
 // Untrack records that this worker has finished rowIDs, successfully or not:
@@ -138,64 +144,111 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 		return nil
 	}
 	w.untrackedCall(rowIDs)
-	if w.checker != nil {
-		w.checker.untracking(rowIDs)
+	return w.tracker.untrack(rowIDs)
+}
+
+// rowsSetTracker is the tracker of rows-set mode: every row tracked is a
+// member of the worker's rows set in Redis, which recovery reads.
+type rowsSetTracker struct {
+	trackerCore
+	store store.Store
+	fleet *fleetView // the rows set's TTLs
+	opts  *options   // read-only: the operation timeout
+	// flusher removes deferred Untracks from the rows set
+	// (WithDeferredUntrack); nil without it.
+	flusher *untrackFlusher
+	// calls counts Track calls (the untracked-rows note, rowsweep.go).
+	calls atomic.Uint64
+}
+
+// newRowsSetTracker returns the tracker of rows-set mode; with
+// WithDeferredUntrack it has a flusher, which Start runs (loop).
+func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts *options) *rowsSetTracker {
+	t := &rowsSetTracker{trackerCore: core, store: st, fleet: fleet, opts: opts}
+	if opts.untrackLinger > 0 {
+		t.flusher = newUntrackFlusher(t)
 	}
-	if w.ownerMode {
-		w.rows.remove(rowIDs)
+	return t
+}
+
+func (t *rowsSetTracker) track(ctx context.Context, ids []int64) error {
+	t.calls.Add(1)
+	if err := t.checkLease(); err != nil {
+		return err
+	}
+	if len(ids) == 0 {
 		return nil
 	}
-	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
-		w.rows.forget(rowIDs)
-		if w.state.Load() != stateRunning { // Shutdown began: its clean-up may have run
-			ctx, cancel := w.opts.opContext(context.Background())
+	retaken := t.rows.add(ids)
+	t.checkTracked(ctx, ids)
+	if retaken {
+		if err := t.rotateIncarnation(ctx); err != nil {
+			return fmt.Errorf("track %d rows of %s: new incarnation: %w", len(ids), t.id, err)
+		}
+	}
+	if err := t.store.TrackRows(ctx, t.id, ids, t.fleet.rowsTTL()); err != nil {
+		return fmt.Errorf("track %d rows of %s: %w", len(ids), t.id, err)
+	}
+	return nil
+}
+
+func (t *rowsSetTracker) trackAs(ctx context.Context, owner string, ids []int64) error {
+	if owner != t.id {
+		return fmt.Errorf("track %d rows of %s under owner %q: %w: in rows-set mode the owner column holds the instance ID (OwnerValue())",
+			len(ids), t.id, clip(owner), ErrInvalidConfig)
+	}
+	return t.track(ctx, ids)
+}
+
+func (t *rowsSetTracker) untrack(ids []int64) error {
+	t.checkUntracking(ids)
+	if t.flusher != nil && t.state.Load() == stateRunning {
+		t.rows.forget(ids)
+		if t.state.Load() != stateRunning { // Shutdown began: its clean-up may have run
+			ctx, cancel := t.opts.opContext(context.Background())
 			defer cancel()
-			w.flusher.runOnce(ctx)
+			t.flusher.runOnce(ctx)
 			return nil
 		}
-		w.flusher.kick()
+		t.flusher.kick()
 		return nil
 	}
-	w.rows.assert.RLock()
-	defer w.rows.assert.RUnlock()
-	w.rows.remove(rowIDs)
-	return w.sremUntracked(rowIDs)
+	t.rows.assert.RLock()
+	defer t.rows.assert.RUnlock()
+	t.rows.remove(ids)
+	return t.sremUntracked(ids)
 }
 
 // sremUntracked removes rows just untracked in memory from the rows set;
 // the caller holds the rows-set lock shared. A Track of one of them that
 // Redis answered before the SREM is written back (retrack).
-func (w *Worker) sremUntracked(ids []int64) error {
-	ctx, cancel := w.opts.opContext(context.Background())
+func (t *rowsSetTracker) sremUntracked(ids []int64) error {
+	ctx, cancel := t.opts.opContext(context.Background())
 	defer cancel()
-	if err := w.store.UntrackRows(ctx, w.opts.instanceID, ids); err != nil {
-		w.rows.markUnremoved(ids)
-		return fmt.Errorf("untrack %d rows of %s: %w", len(ids), w.opts.instanceID, err)
+	if err := t.store.UntrackRows(ctx, t.id, ids); err != nil {
+		t.rows.markUnremoved(ids)
+		return fmt.Errorf("untrack %d rows of %s: %w", len(ids), t.id, err)
 	}
-	w.retrack(ctx, ids)
+	t.retrack(ctx, ids)
 	return nil
 }
 
 // untrackUnchanged untracks the rows of gens that were not tracked again
 // since gens was taken (Release), as Untrack would.
-func (w *Worker) untrackUnchanged(gens map[int64]uint64) error {
-	if w.ownerMode {
-		w.rows.removeUnchanged(gens, false)
-		return nil
-	}
-	if w.opts.untrackLinger > 0 && w.state.Load() == stateRunning {
-		if len(w.rows.removeUnchanged(gens, true)) > 0 {
-			w.flusher.kick()
+func (t *rowsSetTracker) untrackUnchanged(gens map[int64]uint64) error {
+	if t.flusher != nil && t.state.Load() == stateRunning {
+		if len(t.rows.removeUnchanged(gens, true)) > 0 {
+			t.flusher.kick()
 		}
 		return nil
 	}
-	w.rows.assert.RLock()
-	defer w.rows.assert.RUnlock()
-	ids := w.rows.removeUnchanged(gens, false)
+	t.rows.assert.RLock()
+	defer t.rows.assert.RUnlock()
+	ids := t.rows.removeUnchanged(gens, false)
 	if len(ids) == 0 {
 		return nil
 	}
-	return w.sremUntracked(ids)
+	return t.sremUntracked(ids)
 }
 
 // rotateIncarnation gives the rows set a new incarnation, in one
@@ -204,33 +257,47 @@ func (w *Worker) untrackUnchanged(gens map[int64]uint64) error {
 // recorded in the ledger. The rows tracked again are written back after
 // (retrack), in case a Track of one was answered before the SREM. It takes
 // the rows-set lock; rotateLocked is for a caller that holds it.
-func (w *Worker) rotateIncarnation(ctx context.Context) error {
-	w.rows.assert.Lock()
-	defer w.rows.assert.Unlock()
-	return w.rotateLocked(ctx)
+func (t *rowsSetTracker) rotateIncarnation(ctx context.Context) error {
+	t.rows.assert.Lock()
+	defer t.rows.assert.Unlock()
+	return t.rotateLocked(ctx)
 }
 
-func (w *Worker) rotateLocked(ctx context.Context) error {
-	if !w.rows.retaken() {
+func (t *rowsSetTracker) rotateLocked(ctx context.Context) error {
+	if !t.rows.retaken() {
 		return nil // done meanwhile
 	}
-	gone, next := w.rows.rotation()
-	if err := w.store.RotateIncarnation(ctx, w.opts.instanceID, gone, next, w.fleet.incarnationTTL()); err != nil {
+	gone, next := t.rows.rotation()
+	if err := t.store.RotateIncarnation(ctx, t.id, gone, next, t.fleet.incarnationTTL()); err != nil {
 		return err
 	}
-	w.rows.rotated(next, gone)
-	w.retrack(ctx, gone)
+	t.rows.rotated(next, gone)
+	t.retrack(ctx, gone)
 	return nil
 }
 
 // retrack writes back the rows among removed that are tracked again: a
 // Track of one of them may have reached Redis before the SREM that removed
 // it. A Track that comes later sends its own SADD after the SREM.
-func (w *Worker) retrack(ctx context.Context, removed []int64) {
-	again := w.rows.trackedAmong(removed)
+func (t *rowsSetTracker) retrack(ctx context.Context, removed []int64) {
+	again := t.rows.trackedAmong(removed)
 	if len(again) == 0 {
 		return
 	}
 	// On failure the next heartbeat writes them back.
-	_ = w.store.RetrackRows(ctx, w.opts.instanceID, again)
+	_ = t.store.RetrackRows(ctx, t.id, again)
+}
+
+// ownerValue is the instance ID: rows-set workers write bare instance IDs
+// into the owner column (owner.go).
+func (t *rowsSetTracker) ownerValue() string   { return t.id }
+func (t *rowsSetTracker) currentOwner() string { return t.id }
+
+func (t *rowsSetTracker) trackCalled() bool { return t.calls.Load() > 0 }
+
+func (t *rowsSetTracker) loop() func(context.Context) {
+	if t.flusher == nil {
+		return nil
+	}
+	return t.flusher.run
 }

@@ -26,14 +26,14 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 	info, err := w.resetter.Check(ctx, schema)
 	if schema {
 		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
-		n := utf8.RuneCountInString(w.currentOwner())
+		n := utf8.RuneCountInString(w.tracker.currentOwner())
 		if info.OwnerWidth > 0 && n > info.OwnerWidth {
 			what := "instance ID"
 			if w.ownerMode {
 				what = fmt.Sprintf("owner value (the instance ID and its life, %d characters more: docs/safety.md §2)", lifeWidth)
 			}
 			return info, fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's %s %q has %d: widen the column (text) or use a shorter WithInstanceID",
-				ErrSchema, info.OwnerWidth, what, clip(w.currentOwner()), n)
+				ErrSchema, info.OwnerWidth, what, clip(w.tracker.currentOwner()), n)
 		}
 		if err != nil {
 			return info, err

@@ -11,13 +11,13 @@ import (
 // (its script removes the rows still pending); Shutdown flushes what is
 // left.
 type untrackFlusher struct {
-	w    *Worker
+	set  *rowsSetTracker
 	due  chan struct{} // a deferred Untrack is waiting
 	wait time.Duration // the linger
 }
 
-func newUntrackFlusher(w *Worker) *untrackFlusher {
-	return &untrackFlusher{w: w, due: make(chan struct{}, 1), wait: w.opts.untrackLinger}
+func newUntrackFlusher(set *rowsSetTracker) *untrackFlusher {
+	return &untrackFlusher{set: set, due: make(chan struct{}, 1), wait: set.opts.untrackLinger}
 }
 
 // kick tells the flusher rows are waiting; it never blocks.
@@ -52,17 +52,17 @@ func (f *untrackFlusher) run(ctx context.Context) {
 
 // runOnce removes the rows waiting for their SREM, in one command.
 func (f *untrackFlusher) runOnce(ctx context.Context) {
-	w := f.w
-	w.rows.assert.Lock()
-	defer w.rows.assert.Unlock()
-	pending := w.rows.pendingRemovals()
+	t := f.set
+	t.rows.assert.Lock()
+	defer t.rows.assert.Unlock()
+	pending := t.rows.pendingRemovals()
 	if len(pending) == 0 {
 		return
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
+	opCtx, cancel := t.opts.opContext(ctx)
 	defer cancel()
-	if err := w.store.UntrackRows(opCtx, w.opts.instanceID, pending); err == nil {
-		w.rows.forgetUnremoved(pending)
-		w.retrack(opCtx, pending)
+	if err := t.store.UntrackRows(opCtx, t.id, pending); err == nil {
+		t.rows.forgetUnremoved(pending)
+		t.retrack(opCtx, pending)
 	}
 }

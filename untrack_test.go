@@ -142,11 +142,11 @@ func TestRowTrackedAgainWhileItsRemovalIsPendingStaysTracked(t *testing.T) {
 	require.NoError(t, w.Track(ctx, 7))
 	_, err := mr.SRem(keysOf("w1").Rows, "7")
 	require.NoError(t, err)
-	w.retrack(ctx, []int64{7})
+	w.tracker.retrack(ctx, []int64{7})
 	ok, _ := mr.SIsMember(keysOf("w1").Rows, "7")
 	assert.True(t, ok, "tracked again, so written back")
 
-	w.flusher.runOnce(ctx) // what the flusher does when its linger ends
+	w.tracker.(*rowsSetTracker).flusher.runOnce(ctx) // what the flusher does when its linger ends
 	ok, _ = mr.SIsMember(keysOf("w1").Rows, "7")
 	assert.True(t, ok, "the pending removal was cancelled by the new Track")
 }

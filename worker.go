@@ -43,14 +43,15 @@ type Worker struct {
 	lifecycle // Start, Shutdown
 
 	// Shared state.
-	rows   inflight   // the rows tracked now (inflight.go)
-	lease  lease      // lease.go
-	nodes  *nodeWatch // nodeage.go, eviction.go
-	judge  *judge     // registry.go
-	fleet  *fleetView // fleet.go
-	stats  counters   // stats.go
-	events dispatcher // events.go
-	rlog   *recoveryLog
+	rows    inflight   // the rows tracked now (inflight.go)
+	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
+	lease   lease      // lease.go
+	nodes   *nodeWatch // nodeage.go, eviction.go
+	judge   *judge     // registry.go
+	fleet   *fleetView // fleet.go
+	stats   counters   // stats.go
+	events  dispatcher // events.go
+	rlog    *recoveryLog
 	// peers: the dead-peer path, shared by the recovery loop, the backstop
 	// sweep and Start (deadpeer.go).
 	peers *peerRecoverer
@@ -59,13 +60,9 @@ type Worker struct {
 	// rows without any Track (unix nanoseconds; rowsweep.go).
 	untrackedAt atomic.Int64
 	// untrackedNote is the last note of the untracked-rows hash logged;
-	// trackCalls counts Track calls; untrackCalled is set once Untrack
-	// without any Track has been logged (rowsweep.go).
+	// untrackCalled is set once Untrack without any Track has been
+	// logged (rowsweep.go).
 	untrackedNote atomic.Value
-	trackCalls    atomic.Uint64
-	// ownerRead is the life the last call of Owner named (owner mode):
-	// the value a plain Track takes its rows for (trackOwner).
-	ownerRead atomic.Pointer[string]
 	// runningSince is when Start ended (Unix nanoseconds): a worker that
 	// has not verified its configuration holds suspect recoveries only
 	// for a heartbeat TTL after it (unverifiedHold).
@@ -88,11 +85,10 @@ type lifecycle struct {
 // loops are the Worker's background loops, one small type each, with run
 // (the loop) and runOnce (one turn, which tests call).
 type loops struct {
-	heart   *heartbeater    // heartbeat.go
-	recov   *recoverer      // recovery.go
-	flusher *untrackFlusher // untrack.go; nil without WithDeferredUntrack
-	sweeper *sweeper        // sweep.go; nil when no backstop sweep runs
-	checker *selfChecker    // selfcheck.go
+	heart   *heartbeater // heartbeat.go
+	recov   *recoverer   // recovery.go
+	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
+	checker *selfChecker // selfcheck.go
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -173,13 +169,20 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: w.rlog, expired: make(chan string, expiredQueue),
 		registeredPeers: w.judge.registeredPeers, deadPeers: w.judge.deadPeers, noteUntracked: w.noteUntracked}
-	if o.untrackLinger > 0 && !ownerMode {
-		w.flusher = newUntrackFlusher(w)
-	}
 	if sw != nil || rs != nil {
 		w.sweeper = newSweeper(w, sw, rs)
 	}
 	w.checker = newSelfChecker(w)
+	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
+	// the rows in the rows set (rowtrack.go); the mode is decided here.
+	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
+		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
+		events: &w.events, checkLease: w.CheckLease}
+	if ownerMode {
+		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.noteBareOwners}
+	} else {
+		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
+	}
 	return w, nil
 }
 
@@ -291,8 +294,8 @@ func (w *Worker) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.heart.run(loopCtx) })
 	wg.Go(func() { w.recov.run(loopCtx) })
-	if w.flusher != nil {
-		wg.Go(func() { w.flusher.run(loopCtx) })
+	if flush := w.tracker.loop(); flush != nil {
+		wg.Go(func() { flush(loopCtx) })
 	}
 	if w.sweeper != nil {
 		wg.Go(func() { w.sweeper.run(loopCtx) })
