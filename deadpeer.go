@@ -74,7 +74,7 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 		w.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{w: w, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweepsByOwner()),
+		byOwner: w.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && w.sweeper.byOwner()),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)

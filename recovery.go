@@ -167,13 +167,13 @@ func (w *Worker) takeScanTurn(ctx context.Context) bool {
 			opCtx, cancel := w.opts.opContext(ctx)
 			note, _ := w.store.UntrackedNote(opCtx, w.opts.instanceID)
 			cancel()
-			w.noteUntracked(note)
+			w.untracked.note(note)
 		}
 		return true
 	}
 	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	held, note, err := w.store.TakeScanTurn(opCtx, w.opts.instanceID, w.opts.scanTurnTTL())
-	w.noteUntracked(note)
+	w.untracked.note(note)
 	return held || err != nil
 }

@@ -137,7 +137,7 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	w.untrackedCall(rowIDs)
+	w.untracked.untrackCall(rowIDs)
 	if w.checker != nil {
 		w.checker.untracking(rowIDs)
 	}

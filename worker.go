@@ -50,23 +50,17 @@ type Worker struct {
 	stats  counters   // stats.go
 	events dispatcher // events.go
 	rlog   *recoveryLog
-	// untrackedAt is when the backstop sweep last found rows this worker
-	// did not track before their COMMIT, or when it was called to untrack
-	// rows without any Track (unix nanoseconds; rowsweep.go).
-	untrackedAt atomic.Int64
-	// untrackedNote is the last note of the untracked-rows hash logged;
-	// trackCalls counts Track calls; untrackCalled is set once Untrack
-	// without any Track has been logged (rowsweep.go).
-	untrackedNote atomic.Value
-	trackCalls    atomic.Uint64
+	// untracked is the ErrUntrackedRows alarm (rowsweep.go).
+	untracked *untrackedAlarm
+	// trackCalls counts Track calls.
+	trackCalls atomic.Uint64
 	// ownerRead is the life the last call of Owner named (owner mode):
 	// the value a plain Track takes its rows for (trackOwner).
 	ownerRead atomic.Pointer[string]
 	// runningSince is when Start ended (Unix nanoseconds): a worker that
 	// has not verified its configuration holds suspect recoveries only
 	// for a heartbeat TTL after it (unverifiedHold).
-	runningSince  atomic.Int64
-	untrackCalled atomic.Bool
+	runningSince atomic.Int64
 
 	loops // what Start runs
 }
@@ -159,8 +153,23 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
 	}
-	if sw != nil || rs != nil {
-		w.sweeper = newSweeper(w, sw, rs)
+	// sweep: the untracked-rows alarm, and the backstop sweep with its
+	// strategy, by owner (sw) or by row version (rs).
+	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, ownerMode: ownerMode, trackCalls: &w.trackCalls, state: &w.state}
+	var by sweepStrategy
+	switch {
+	case sw != nil:
+		by = &ownerSweep{resetter: sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
+			log: w.log, rlog: w.rlog, deadOwners: w.deadOwners, recoverDeadLives: w.recoverDeadLives, countRows: w.countRows,
+			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
+	case rs != nil:
+		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
+			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.misconfigured,
+			nodeHold: w.nodeHold, holdForEvictions: w.holdForEvictions, infoUnavailable: w.infoUnavailable}
+	}
+	if by != nil {
+		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken()}, by: by,
+			opts: &w.opts, rlog: w.rlog, stats: &w.stats, ousted: &w.lease.ousted}
 	}
 	w.checker = newSelfChecker(w)
 	return w, nil
@@ -262,7 +271,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.observeNodes(ctx)
 	var expiry *expiryWatcher
 	if w.opts.expiry {
-		expiry = w.subscribeExpiry(ctx)
+		// expiry: built with what it uses, subscribed here.
+		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: &w.nodes,
+			nodeInfo: w.nodeInfo, deadPeers: w.deadPeers, hand: w.recov.hand})
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
