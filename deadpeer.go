@@ -67,7 +67,7 @@ type peerRecoverer struct {
 	unverifiedHold func(ctx context.Context, peer string, ids []int64) error
 	// sweepsByOwner reports whether the backstop sweep resets by owner
 	// (sweep.go).
-	sweepsByOwner func() bool
+	sweepsByOwner bool
 }
 
 // Finders: which mechanism found a dead peer (Event.FoundBy, the found_by
@@ -107,7 +107,7 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 		p.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{p: p, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: p.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepsByOwner()),
+		byOwner: p.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepsByOwner),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)

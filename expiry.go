@@ -33,7 +33,15 @@ import (
 // those peers. A single server's or a failover client's one subscription
 // follows the server, and the check sends nothing.
 type expiryWatcher struct {
-	w *Worker
+	store store.Store
+	log   *slog.Logger
+	opts  *options
+	fleet *fleetView
+	nodes *nodeWatch // reads a node's INFO and remembers its age (nodeage.go)
+	// deadPeers judges peers' heartbeats (registry.go); hand passes a dead
+	// peer to the recoverer without waiting (recovery.go).
+	deadPeers func(ctx context.Context, peers []string) ([]string, error)
+	hand      func(peer string)
 	// subs holds the subscription of each master, by node; only Start
 	// and then the watcher's loop touch it.
 	subs map[string]*watch
@@ -54,19 +62,19 @@ type watch struct {
 }
 
 // subscribeExpiry makes the masters publish expired-key events (with
-// configure) and subscribes to them, bounded by Start's ctx. Every problem
-// is logged, none is fatal: without a watcher the scan finds dead peers.
-// It returns nil if no master could be subscribed to.
-func (w *Worker) subscribeExpiry(ctx context.Context) *expiryWatcher {
-	e := &expiryWatcher{w: w, subs: make(map[string]*watch), failing: make(map[string]bool)}
+// configure) and subscribes e to them, bounded by Start's ctx. Every
+// problem is logged, none is fatal: without a watcher the scan finds dead
+// peers. It returns e, or nil if no master could be subscribed to.
+func subscribeExpiry(ctx context.Context, e *expiryWatcher) *expiryWatcher {
+	e.subs, e.failing = make(map[string]*watch), make(map[string]bool)
 	err := e.subscribe(ctx)
 	switch {
 	case len(e.subs) == 0:
-		w.log.Warn("expiry notifications unavailable; dead peers are found by the periodic scan only",
+		e.log.Warn("expiry notifications unavailable; dead peers are found by the periodic scan only",
 			slog.Any("error", fmt.Errorf("expiry notifications: %w", err)))
 		return nil
 	case err != nil:
-		w.log.Warn("expiry notifications unavailable on some masters; peers whose keys they hold are found by the periodic scan only",
+		e.log.Warn("expiry notifications unavailable on some masters; peers whose keys they hold are found by the periodic scan only",
 			slog.Any("error", fmt.Errorf("expiry notifications: %w", err)))
 	}
 	return e
@@ -76,14 +84,13 @@ func (w *Worker) subscribeExpiry(ctx context.Context) *expiryWatcher {
 // interval (±10%) until ctx, which only Shutdown cancels, is done; then it
 // closes every subscription and waits for the goroutines reading them.
 func (e *expiryWatcher) run(ctx context.Context) {
-	w := e.w
-	w.log.Debug("expiry watcher started", slog.Int("masters", len(e.subs)))
-	defer w.log.Debug("expiry watcher stopped")
+	e.log.Debug("expiry watcher started", slog.Int("masters", len(e.subs)))
+	defer e.log.Debug("expiry watcher stopped")
 	defer e.wg.Wait()
 	defer e.closeAll()
 	e.running = true
 	e.startWatches(ctx)
-	t := time.NewTimer(jitter(w.opts.heartbeatInterval, 0.1))
+	t := time.NewTimer(jitter(e.opts.heartbeatInterval, 0.1))
 	defer t.Stop()
 	for {
 		select {
@@ -92,7 +99,7 @@ func (e *expiryWatcher) run(ctx context.Context) {
 		case <-t.C:
 		}
 		e.runOnce(ctx)
-		t.Reset(jitter(w.opts.heartbeatInterval, 0.1))
+		t.Reset(jitter(e.opts.heartbeatInterval, 0.1))
 	}
 }
 
@@ -108,13 +115,12 @@ func (e *expiryWatcher) runOnce(ctx context.Context) {
 // one. It returns the first error; once the loop runs, it logs each
 // failure once per outage and each change.
 func (e *expiryWatcher) subscribe(ctx context.Context) error {
-	w := e.w
-	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
+	opCtx, cancel := context.WithTimeout(ctx, 2*e.opts.opTimeout)
 	defer cancel()
-	nodes, err := w.store.Masters(opCtx)
+	nodes, err := e.store.Masters(opCtx)
 	if err != nil {
 		if e.running && !e.listFailing {
-			w.log.Warn("expiry notifications: cannot list the masters, so a failover is not followed until they can be",
+			e.log.Warn("expiry notifications: cannot list the masters, so a failover is not followed until they can be",
 				slog.Any("error", err))
 		}
 		e.listFailing = true
@@ -127,7 +133,7 @@ func (e *expiryWatcher) subscribe(ctx context.Context) error {
 		}
 		wt.stop()
 		delete(e.subs, node)
-		w.log.Info("expiry notifications: subscription closed, the node is no longer a master", slog.String("node", node))
+		e.log.Info("expiry notifications: subscription closed, the node is no longer a master", slog.String("node", node))
 	}
 	var first error
 	for _, node := range nodes {
@@ -137,7 +143,7 @@ func (e *expiryWatcher) subscribe(ctx context.Context) error {
 		sub, err := e.subscribeNode(opCtx, node)
 		if err != nil {
 			if e.running && !e.failing[node] {
-				w.log.Warn("expiry notifications unavailable on a master; peers whose keys it holds are found by the periodic scan only",
+				e.log.Warn("expiry notifications unavailable on a master; peers whose keys it holds are found by the periodic scan only",
 					slog.String("node", node), slog.Any("error", err))
 			}
 			e.failing[node] = true
@@ -150,7 +156,7 @@ func (e *expiryWatcher) subscribe(ctx context.Context) error {
 		e.subs[node] = &watch{sub: sub}
 		if e.running {
 			e.observe(opCtx, node)
-			w.log.Info("expiry notifications: subscribed on a new master", slog.String("node", node))
+			e.log.Info("expiry notifications: subscribed on a new master", slog.String("node", node))
 		}
 	}
 	return first
@@ -159,16 +165,15 @@ func (e *expiryWatcher) subscribe(ctx context.Context) error {
 // subscribeNode makes node publish expired-key events (with configure)
 // and subscribes to them.
 func (e *expiryWatcher) subscribeNode(ctx context.Context, node string) (store.Subscription, error) {
-	w := e.w
-	set, err := w.store.EnableExpiredEvents(ctx, node, w.opts.expiryConfigure)
+	set, err := e.store.EnableExpiredEvents(ctx, node, e.opts.expiryConfigure)
 	if err != nil {
 		return nil, fmt.Errorf("node %q: %w", node, err)
 	}
 	if set != "" {
-		w.log.Warn("enabled keyspace notifications of expired keys on the server (CONFIG SET notify-keyspace-events); set it in the server's configuration to keep it across restarts",
+		e.log.Warn("enabled keyspace notifications of expired keys on the server (CONFIG SET notify-keyspace-events); set it in the server's configuration to keep it across restarts",
 			slog.String("node", node), slog.String("notify_keyspace_events", set))
 	}
-	sub, err := w.store.SubscribeExpired(ctx, node)
+	sub, err := e.store.SubscribeExpired(ctx, node)
 	if err != nil {
 		return nil, fmt.Errorf("node %q: %w", node, err)
 	}
@@ -183,12 +188,11 @@ func (e *expiryWatcher) subscribeNode(ctx context.Context, node string) (store.S
 // scan. The node answered as a master, so it was promoted before this look
 // and the hold covers the promotion, as the rule asks.
 func (e *expiryWatcher) observe(ctx context.Context, node string) {
-	w := e.w
-	f, err := w.nodes.nodeInfo(ctx, node)
+	f, err := e.nodes.nodeInfo(ctx, node)
 	if err != nil {
 		return // a scan or an event asks again when it needs a verdict
 	}
-	w.nodes.ages.observe(node, f, time.Now(), w.fleet.ttl(), false)
+	e.nodes.ages.observe(node, f, time.Now(), e.fleet.ttl(), false)
 }
 
 // startWatches starts a goroutine for each subscription without one.
@@ -258,13 +262,12 @@ func (e *expiryWatcher) read(ctx context.Context, sub store.Subscription) {
 // server may have restarted too recently for an absent heartbeat to mean
 // death.
 func (e *expiryWatcher) handle(ctx context.Context, key string) {
-	w := e.w
-	id, ok := store.InstanceOfHeartbeat(w.opts.keyPrefix, key)
-	if !ok || id == w.opts.instanceID {
+	id, ok := store.InstanceOfHeartbeat(e.opts.keyPrefix, key)
+	if !ok || id == e.opts.instanceID {
 		return
 	}
-	if dead, err := w.judge.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
+	if dead, err := e.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
 		return
 	}
-	w.recov.hand(id)
+	e.hand(id)
 }

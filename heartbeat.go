@@ -37,7 +37,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	ctx, cancel := w.opts.opContext(parent)
 	defer cancel()
 
-	if w.rows.needsLossCheck() && w.sweepsByVersion() && !w.ownerMode {
+	if w.rows.needsLossCheck() && w.sweeper.byVersion() && !w.ownerMode {
 		// Without an owner column the backstop sweep by row version resets
 		// rows no set held at two looks a gap apart, and records that in
 		// no ledger. If this worker's rows set is gone, the sweep may have

@@ -17,7 +17,7 @@ import (
 )
 
 // An ousted process keeps its sweep loop, and the sweep judges every value
-// of its own instance ID by its own memory (sweeper.lifeEnded: id ==
+// of its own instance ID by its own memory (ownerSweep.lifeEnded: id ==
 // w.opts.instanceID). Process A of ID w holds the sweep turn and is paused
 // past its heartbeat TTL (but not past the sweep turn's TTL, 2.2 × the
 // recovery interval; 2 s and 8.8 s here). Process B of the same ID starts (a restart of its

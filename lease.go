@@ -162,7 +162,7 @@ func (w *Worker) Healthy() error {
 	if err := w.misconfigured(); err != nil {
 		return err
 	}
-	return w.untracked()
+	return w.untracked.err()
 }
 
 // noteBareOwners notes that this worker's rows carry its bare instance ID

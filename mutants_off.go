@@ -59,7 +59,7 @@ const (
 	mutantAbandonedFreeLease = false
 	// mutantOwnLivesByMemory: the sweep judges every life of its own
 	// instance ID but the current one ended from memory, without the
-	// record (sweeper.lifeEnded): a twin's live rows look ended.
+	// record (ownerSweep.lifeEnded): a twin's live rows look ended.
 	mutantOwnLivesByMemory = false
 	// mutantTrackCurrentLife: a plain Track in owner mode takes its rows
 	// for the current life, whatever value the host read from Owner and

@@ -6,7 +6,10 @@ import (
 	"log/slog"
 	"slices"
 	"strconv"
+	"sync/atomic"
 	"time"
+
+	"github.com/alya/recovery/internal/store"
 )
 
 // The backstop sweep without an owner column. In rows-set mode the rows
@@ -66,19 +69,75 @@ type rowsMemory struct {
 
 func (m *rowsMemory) clear() { *m = rowsMemory{} }
 
+// rowSweep is the sweep by row version, the strategy without an owner
+// column. It alone reads other workers' rows sets (heldRows).
+type rowSweep struct {
+	resetter Resetter // InProgressRows, Reset by Versions, RowStates
+	info     ResetterInfo
+	store    store.Store
+	opts     *options
+	fleet    *fleetView
+	stats    *counters
+	events   *dispatcher
+	log      *slog.Logger
+	// untracked is this worker's ErrUntrackedRows alarm (untrackedFound).
+	untracked *untrackedAlarm
+	// misconfigured is the self-check's alarm, or nil (selfcheck.go).
+	misconfigured func() error
+	// nodeHold, holdForEvictions and infoUnavailable are the memory of
+	// Redis nodes' ages and evictions (nodeage.go, eviction.go) that
+	// mastersTrusted asks.
+	nodeHold         func(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool)
+	holdForEvictions func(addr string, f nodeFacts, infoErr error, sent, recv time.Time, peers int) bool
+	infoUnavailable  func(err error)
+	mem              rowsMemory // what absentSince is to the sweep by owner
+}
+
+// yield leaves the turn when the fleet has owner-mode members.
+func (s *rowSweep) yield(ctx context.Context, rep *sweepReport) (bool, error) {
+	// Without an owner column, the fleet's owner-mode members (an
+	// owner-column rollout) hold rows that no rows set lists: a sweep
+	// by row version would take them for stray rows and reset them
+	// under their live workers. It leaves the turn to those members,
+	// whose sweep by owner covers their rows.
+	peers, err := s.ownerModePeers(ctx)
+	if err != nil {
+		s.stats.countFailure(ctx)
+		s.mem.clear()
+		return true, err
+	}
+	if len(peers) > 0 {
+		s.mem.clear()
+		rep.ownerPeers = peers
+		return true, nil
+	}
+	return false, nil
+}
+
+// forget drops what the looks remembered.
+func (s *rowSweep) forget() { s.mem.clear() }
+
+// look is rowsLook, its failure counted.
+func (s *rowSweep) look(ctx context.Context, rep *sweepReport) error {
+	if err := s.rowsLook(ctx, rep); err != nil {
+		s.stats.countFailure(ctx)
+		return err
+	}
+	return nil
+}
+
 // rowsLook is one look of the sweep without an owner column.
-func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
-	w := s.w
+func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 	dbAt := time.Now()
-	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	rows, err := s.rows.InProgressRows(dbCtx)
+	dbCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
+	rows, err := s.resetter.InProgressRows(dbCtx)
 	cancel()
 	if err != nil {
 		s.mem.clear()
 		return err
 	}
 	setsAt := time.Now()
-	held, gap, registered, err := w.heldRows(ctx)
+	held, gap, registered, err := s.heldRows(ctx)
 	if err != nil {
 		s.mem.clear()
 		return err
@@ -88,23 +147,23 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		held = map[int64]string{}
 	}
 	rep.rowsInProgress = len(rows)
-	if !w.mastersTrusted(ctx, setsAt) && !mutantSweepAnyNode {
+	if !s.mastersTrusted(ctx, setsAt) && !mutantSweepAnyNode {
 		rep.nodeHeld = true
 		s.mem.clear()
 		return nil
 	}
-	if err := w.misconfigured(); err != nil {
+	if err := s.misconfigured(); err != nil {
 		s.mem.clear()
 		return fmt.Errorf("backstop sweep held: %w", err)
 	}
-	if suspect(rows, held) && !w.heldRowsStale(ctx, held) {
+	if suspect(rows, held) && !s.heldRowsStale(ctx, held) {
 		s.mem.clear()
 		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
 	}
 
 	m := &s.mem
 	rep.untrackedBy = make(map[string][]int64)
-	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= w.opts.rowsTTL-w.opts.heartbeatTTL
+	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= s.opts.rowsTTL-s.opts.heartbeatTTL
 	stray := make(map[int64]strayRow)
 	now := make(map[int64]string, len(rows))
 	var due []RowState
@@ -153,13 +212,13 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 	m.stray, m.prev, m.prevAt, m.registered = stray, now, dbAt, registered
 	rep.strayWaiting = len(stray)
 	if len(rep.untracked) > 0 {
-		w.untrackedFound(ctx, rep.untracked, rep.untrackedBy)
+		s.untrackedFound(ctx, rep.untracked, rep.untrackedBy)
 	}
 	if len(due) == 0 {
 		return nil
 	}
-	resetCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	res, err := s.rows.Reset(resetCtx, ResetRequest{Versions: due})
+	resetCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
+	res, err := s.resetter.Reset(resetCtx, ResetRequest{Versions: due})
 	cancel()
 	if err != nil {
 		return err
@@ -173,10 +232,10 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 			rep.strayLocked++
 		}
 	}
-	w.stats.rowsRecovered.Add(uint64(res.Changed))
-	w.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
-	w.stats.strayRowsReset.Add(uint64(res.Changed))
-	w.events.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
+	s.stats.rowsRecovered.Add(uint64(res.Changed))
+	s.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
+	s.stats.strayRowsReset.Add(uint64(res.Changed))
+	s.events.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
 		RowsQuarantined: len(res.Quarantined), Duration: gap})
 	return nil
 }
@@ -192,7 +251,7 @@ const maxStaleSample = 100
 // one. It reads the states of up to maxStaleSample held rows and reports
 // true when none of them is queued (ResetterInfo.QueuedStatus). A failed
 // read keeps the hold.
-func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool {
+func (s *rowSweep) heldRowsStale(ctx context.Context, held map[int64]string) bool {
 	ids := make([]int64, 0, min(len(held), maxStaleSample))
 	for id := range held {
 		if len(ids) == maxStaleSample {
@@ -200,15 +259,15 @@ func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool 
 		}
 		ids = append(ids, id)
 	}
-	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	states, err := w.resetter.RowStates(dbCtx, ids)
+	dbCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
+	states, err := s.resetter.RowStates(dbCtx, ids)
 	cancel()
 	if err != nil {
-		w.log.Debug("backstop sweep: cannot read the states of rows the sets hold", slog.Any("error", err))
+		s.log.Debug("backstop sweep: cannot read the states of rows the sets hold", slog.Any("error", err))
 		return false
 	}
 	for _, st := range states {
-		if st.Status == w.info.QueuedStatus {
+		if st.Status == s.info.QueuedStatus {
 			return false
 		}
 	}
@@ -218,9 +277,9 @@ func (w *Worker) heldRowsStale(ctx context.Context, held map[int64]string) bool 
 // ownerModePeers lists the members of the fleet record that announce owner
 // mode and have not lapsed. Members of releases before the fleet record
 // announce nothing and are not listed (docs/safety.md §5b).
-func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
-	opCtx, cancel := w.opts.opContext(ctx)
-	f, err := w.store.ReadFleet(opCtx)
+func (s *rowSweep) ownerModePeers(ctx context.Context) ([]string, error) {
+	opCtx, cancel := s.opts.opContext(ctx)
+	f, err := s.store.ReadFleet(opCtx)
 	cancel()
 	if err != nil {
 		return nil, fmt.Errorf("backstop sweep: read the fleet record: %w", err)
@@ -228,7 +287,7 @@ func (w *Worker) ownerModePeers(ctx context.Context) ([]string, error) {
 	now := time.Now()
 	var out []string
 	for _, m := range f.Members {
-		if m.Mode == "owner" && m.ID != w.opts.instanceID && m.Expires.After(now) {
+		if m.Mode == "owner" && m.ID != s.opts.instanceID && m.Expires.After(now) {
 			out = append(out, m.ID)
 		}
 	}
@@ -256,9 +315,9 @@ func suspect(rows []RowState, held map[int64]string) bool {
 // instance whose set holds it, and the gap two looks need: the longest
 // rows TTL in the fleet (see above), and at least the longest heartbeat
 // TTL a live member announced.
-func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration, map[string]bool, error) {
-	opCtx, cancel := w.opts.opContext(ctx)
-	ids, err := w.store.RegistryMembers(opCtx)
+func (s *rowSweep) heldRows(ctx context.Context) (map[int64]string, time.Duration, map[string]bool, error) {
+	opCtx, cancel := s.opts.opContext(ctx)
+	ids, err := s.store.RegistryMembers(opCtx)
 	cancel()
 	if err != nil {
 		return nil, 0, nil, err
@@ -270,10 +329,10 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 	// A live member not registered at this look (Redis flushed, the
 	// registry evicted) is known by the heartbeat TTL it announced, longer
 	// than its heartbeat interval: wait that long too.
-	gap := max(w.opts.rowsTTL, w.fleet.ttl())
+	gap := max(s.opts.rowsTTL, s.fleet.ttl())
 	if len(ids) > 0 {
-		opCtx, cancel := w.opts.opContext(ctx)
-		insts, err := w.store.Describe(opCtx, ids)
+		opCtx, cancel := s.opts.opContext(ctx)
+		insts, err := s.store.Describe(opCtx, ids)
 		cancel()
 		if err != nil {
 			return nil, 0, nil, err
@@ -288,7 +347,7 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 		// read whole (ReadRows' is for a dead peer's set), which a Track
 		// between two SSCAN pages would fail. A row tracked throughout is
 		// read; one tracked meanwhile is read at the next look.
-		members, err := w.store.LiveRows(ctx, id)
+		members, err := s.store.LiveRows(ctx, id)
 		if err != nil {
 			return nil, 0, nil, fmt.Errorf("read rows set of %s: %w", id, err)
 		}
@@ -309,16 +368,16 @@ func (w *Worker) heldRows(ctx context.Context) (map[int64]string, time.Duration,
 // evicted). When no master's INFO can be read, looks count as the scans'
 // verdicts do (infoUnavailable, or held with evictions accepted); when
 // some masters answer and another does not, the look does not count.
-func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
-	opCtx, cancel := context.WithTimeout(ctx, 2*w.opts.opTimeout)
-	infos, err := w.store.MasterInfos(opCtx)
+func (s *rowSweep) mastersTrusted(ctx context.Context, sent time.Time) bool {
+	opCtx, cancel := context.WithTimeout(ctx, 2*s.opts.opTimeout)
+	infos, err := s.store.MasterInfos(opCtx)
 	cancel()
 	recv := time.Now()
 	if err != nil && len(infos) == 0 {
-		if w.nodes.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
+		if s.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
 			return false // evictions accepted: the server may be evicting rows sets
 		}
-		w.nodes.infoUnavailable(err)
+		s.infoUnavailable(err)
 		return true
 	}
 	trusted := true
@@ -327,22 +386,22 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 		// old address of a master that just failed over, whose promoted
 		// replica answered the set reads (through a redirection) without
 		// being asked its age.
-		w.log.Debug("backstop sweep: rows no set holds not judged this time: a Redis master could not be asked its age",
+		s.log.Debug("backstop sweep: rows no set holds not judged this time: a Redis master could not be asked its age",
 			slog.Any("error", err))
 		trusted = false
 	}
 	for node, info := range infos {
 		f, err := parseNodeFacts(info)
 		if err != nil {
-			w.nodes.infoUnavailable(err)
+			s.infoUnavailable(err)
 			continue
 		}
 		if !f.master {
 			trusted = false
 			continue
 		}
-		until, first, youngOnly := w.nodes.nodeHold(node, f, recv, true)
-		if w.nodes.holdForEvictions(node, f, nil, sent, recv, 0) {
+		until, first, youngOnly := s.nodeHold(node, f, recv, true)
+		if s.holdForEvictions(node, f, nil, sent, recv, 0) {
 			// An evicted rows set of a live worker is back within a
 			// heartbeat interval, as its heartbeat is (eviction.go).
 			trusted = false
@@ -354,11 +413,11 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 		trusted = false
 		switch {
 		case first && youngOnly:
-			w.log.Debug("backstop sweep: rows no set holds not judged yet: the Redis server has been up for less than a heartbeat TTL, so live workers may not have written their rows sets to it yet",
+			s.log.Debug("backstop sweep: rows no set holds not judged yet: the Redis server has been up for less than a heartbeat TTL, so live workers may not have written their rows sets to it yet",
 				slog.String("redis_node", node), slog.Duration("uptime", f.uptime),
 				slog.Duration("held_for", until.Sub(recv)))
 		case first:
-			w.log.Warn("backstop sweep holds its verdicts: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their rows sets again",
+			s.log.Warn("backstop sweep holds its verdicts: the Redis server restarted or was promoted less than a heartbeat TTL ago, so live workers may not have written their rows sets again",
 				slog.String("redis_node", node), slog.Duration("uptime", f.uptime),
 				slog.Duration("held_for", until.Sub(recv)))
 		}
@@ -373,8 +432,8 @@ func (w *Worker) mastersTrusted(ctx context.Context, sent time.Time) bool {
 // reads it with its scan turn, noteUntracked) and its Healthy fails; this
 // worker's Healthy fails only for rows its own set holds. Rows no set
 // holds name no worker: they are logged and counted here.
-func (w *Worker) untrackedFound(ctx context.Context, ids []int64, by map[string][]int64) {
-	w.stats.untrackedRows.Add(uint64(len(ids)))
+func (s *rowSweep) untrackedFound(ctx context.Context, ids []int64, by map[string][]int64) {
+	s.stats.untrackedRows.Add(uint64(len(ids)))
 	now := time.Now()
 	notes := make(map[string]string)
 	var culprits []string
@@ -383,9 +442,9 @@ func (w *Worker) untrackedFound(ctx context.Context, ids []int64, by map[string]
 			continue
 		}
 		culprits = append(culprits, holder)
-		notes[holder] = fmt.Sprintf("%d %d %d %s", now.Add(w.opts.rowsTTL).UnixMilli(), len(rows), rows[0], w.opts.instanceID)
-		if holder == w.opts.instanceID {
-			w.untrackedAt.Store(now.UnixNano())
+		notes[holder] = fmt.Sprintf("%d %d %d %s", now.Add(s.opts.rowsTTL).UnixMilli(), len(rows), rows[0], s.opts.instanceID)
+		if holder == s.opts.instanceID {
+			s.untracked.at.Store(now.UnixNano())
 		}
 	}
 	slices.Sort(culprits)
@@ -398,24 +457,46 @@ func (w *Worker) untrackedFound(ctx context.Context, ids []int64, by map[string]
 	if n := len(by[""]); n > 0 {
 		attrs = append(attrs, slog.Int("rows_no_set_held", n))
 	}
-	w.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT", attrs...)
-	w.events.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
+	s.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT", attrs...)
+	s.events.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
 	if len(notes) > 0 {
-		opCtx, cancel := w.opts.opContext(ctx)
-		nerr := w.store.NoteUntracked(opCtx, notes, w.opts.rowsTTL)
+		opCtx, cancel := s.opts.opContext(ctx)
+		nerr := s.store.NoteUntracked(opCtx, notes, s.opts.rowsTTL)
 		cancel()
 		if nerr != nil {
-			w.log.Warn("backstop sweep: cannot tell the workers that tracked rows after their COMMIT", slog.Any("workers", culprits), slog.Any("error", nerr))
+			s.log.Warn("backstop sweep: cannot tell the workers that tracked rows after their COMMIT", slog.Any("workers", culprits), slog.Any("error", nerr))
 		}
 	}
 }
 
-// noteUntracked reads this worker's note in the untracked-rows hash (read
+// untrackedAlarm is this worker's ErrUntrackedRows alarm, which Healthy
+// reports: set by the sweep by row version (rowSweep.untrackedFound), by
+// the note another worker's sweep left for this one (note, read with the
+// scan turn), and by an Untrack without any Track (untrackCall).
+type untrackedAlarm struct {
+	log       *slog.Logger
+	opts      *options
+	ownerMode bool
+	// trackCalled reports whether Track was called since Start (the
+	// tracker's); state is the Worker's lifecycle state.
+	trackCalled func() bool
+	state       *atomic.Int32
+	// at is when the backstop sweep last found rows this worker did not
+	// track before their COMMIT, or when it was called to untrack rows
+	// without any Track (unix nanoseconds).
+	at atomic.Int64
+	// lastNote is the last note of the untracked-rows hash logged;
+	// called is set once Untrack without any Track has been logged.
+	lastNote atomic.Value
+	called   atomic.Bool
+}
+
+// note reads this worker's note in the untracked-rows hash (read
 // with its scan turn): a backstop sweep found rows this worker tracked
 // only after their COMMIT. Healthy then fails with ErrUntrackedRows until
 // the note's end (a rows TTL after the finding); each note is logged once.
-func (w *Worker) noteUntracked(note string) {
-	if note == "" || w.ownerMode {
+func (u *untrackedAlarm) note(note string) {
+	if note == "" || u.ownerMode {
 		return
 	}
 	var until, n, first int64
@@ -424,34 +505,34 @@ func (w *Worker) noteUntracked(note string) {
 		return
 	}
 	at := time.UnixMilli(until)
-	if !time.Now().Before(at) || w.untrackedNote.Swap(note) == note {
+	if !time.Now().Before(at) || u.lastNote.Swap(note) == note {
 		return
 	}
-	w.untrackedAt.Store(at.Add(-w.opts.rowsTTL).UnixNano())
-	w.log.Error("this worker tracked rows only after the COMMIT that put them in progress: a crash in between strands them; call Track inside the fetch's transaction, before its COMMIT",
+	u.at.Store(at.Add(-u.opts.rowsTTL).UnixNano())
+	u.log.Error("this worker tracked rows only after the COMMIT that put them in progress: a crash in between strands them; call Track inside the fetch's transaction, before its COMMIT",
 		slog.Int64("rows", n), slog.Int64("first_row", first), slog.String("found_by", sweeper),
 		slog.Any("error", fmt.Errorf("%w: %d rows (first %d) were in progress in no rows set after their COMMIT and then in this worker's", ErrUntrackedRows, n, first)))
 }
 
-// untrackedCall is Untrack's check for a host that never calls Track: a
+// untrackCall is Untrack's check for a host that never calls Track: a
 // running worker in rows-set mode asked to untrack rows without any Track
 // call since it started. Healthy then fails with ErrUntrackedRows for a
 // rows TTL, logged once.
-func (w *Worker) untrackedCall(ids []int64) {
-	if w.ownerMode || w.tracker.trackCalled() || w.state.Load() != stateRunning || !w.untrackCalled.CompareAndSwap(false, true) {
+func (u *untrackedAlarm) untrackCall(ids []int64) {
+	if u.ownerMode || u.trackCalled() || u.state.Load() != stateRunning || !u.called.CompareAndSwap(false, true) {
 		return
 	}
-	w.untrackedAt.Store(time.Now().UnixNano())
-	w.log.Error("Untrack was called, but never Track since this worker started: rows it processes are in no rows set, and a crash strands them; call Track inside the fetch's transaction, before its COMMIT",
+	u.at.Store(time.Now().UnixNano())
+	u.log.Error("Untrack was called, but never Track since this worker started: rows it processes are in no rows set, and a crash strands them; call Track inside the fetch's transaction, before its COMMIT",
 		slog.Int("rows", len(ids)), slog.Int64("first_row", ids[0]),
 		slog.Any("error", fmt.Errorf("%w: Untrack of %d rows (first %d) that this worker never tracked", ErrUntrackedRows, len(ids), ids[0])))
 }
 
-// untracked returns ErrUntrackedRows while the backstop sweep of this
+// err returns ErrUntrackedRows while the backstop sweep of this
 // worker found untracked rows less than a rows TTL ago.
-func (w *Worker) untracked() error {
-	at := w.untrackedAt.Load()
-	if at == 0 || time.Since(time.Unix(0, at)) >= w.opts.rowsTTL {
+func (u *untrackedAlarm) err() error {
+	at := u.at.Load()
+	if at == 0 || time.Since(time.Unix(0, at)) >= u.opts.rowsTTL {
 		return nil
 	}
 	return fmt.Errorf("%w (found %s ago)", ErrUntrackedRows, time.Since(time.Unix(0, at)).Round(time.Second))

@@ -105,7 +105,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				setJobs(t, db, schema, "error", 6)
 				w, logs := newWorker(t, rdb, r, "sweeper", opts...)
 				require.NotNil(t, w.sweeper, "on by default without an owner column")
-				require.NotNil(t, w.sweeper.rows)
+				require.True(t, w.sweeper.byVersion())
 
 				first := time.Now()
 				rep, err := w.sweeper.runOnce(ctx)
@@ -185,7 +185,7 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 		"the host that tracked after its COMMIT fails Healthy")
 	assert.Equal(t, 1, hostLogs.Count(`"level":"ERROR","msg":"this worker tracked rows only after the COMMIT`))
 	assert.Contains(t, hostLogs.String(), `"first_row":3`)
-	assert.NoError(t, w.untracked(), "the sweeper's Healthy does not fail for another worker's fault")
+	assert.NoError(t, w.untracked.err(), "the sweeper's Healthy does not fail for another worker's fault")
 	assert.Equal(t, "running", jobStates(t, db, schema)[2], "told before its rows are reset")
 
 	// The forgotten row goes back to the queue after a rows TTL; the row
@@ -381,7 +381,7 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 	// The worker without the column holds the turn first.
 	w, logs := newWorker(t, rdb, plain, "rows-1", rowsSweepTimings(WithKeyPrefix(prefix))...)
 	require.NotNil(t, w.sweeper)
-	require.NotNil(t, w.sweeper.rows, "no owner column: the sweep by row version")
+	require.True(t, w.sweeper.byVersion(), "no owner column: the sweep by row version")
 	rep, err := w.sweeper.runOnce(ctx)
 	require.NoError(t, err)
 	require.True(t, rep.turnHeld)

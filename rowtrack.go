@@ -143,7 +143,7 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 	if len(rowIDs) == 0 {
 		return nil
 	}
-	w.untrackedCall(rowIDs)
+	w.untracked.untrackCall(rowIDs)
 	return w.tracker.untrack(rowIDs)
 }
 

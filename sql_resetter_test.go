@@ -280,7 +280,7 @@ func TestSQLResetterBackstopSweepGoesByOwnerOrByRowVersion(t *testing.T) {
 	w, err := New(idleClient(t), plain, WithBackstopSweep(true))
 	require.NoError(t, err)
 	require.NotNil(t, w.sweeper)
-	assert.NotNil(t, w.sweeper.rows, "without an owner column the sweep goes by row version")
+	assert.True(t, w.sweeper.byVersion(), "without an owner column the sweep goes by row version")
 	w, err = New(idleClient(t), plain, WithBackstopSweep(false))
 	require.NoError(t, err)
 	assert.Nil(t, w.sweeper)

@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"maps"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/alya/recovery/internal/report"
@@ -26,13 +28,27 @@ import (
 // the look of rowsweep.go instead: the rows in progress that no rows set
 // holds, seen unchanged at two looks a rows TTL apart.
 
-// sweepsByOwner reports whether the worker runs the backstop sweep by
-// owner (an owner column), which finds rows by owner in PostgreSQL.
-func (w *Worker) sweepsByOwner() bool { return w.sweeper != nil && w.sweeper.sw != nil }
+// byOwner reports whether s runs the backstop sweep by owner (an owner
+// column), which finds rows by owner in PostgreSQL. A nil s runs none.
+func (s *sweeper) byOwner() bool {
+	_, ok := s.strategy().(*ownerSweep)
+	return ok
+}
 
-// sweepsByVersion reports whether this worker runs the backstop sweep by
-// row version (no owner column): the fleet is taken to run it too.
-func (w *Worker) sweepsByVersion() bool { return w.sweeper != nil && w.sweeper.rows != nil }
+// byVersion reports whether s runs the backstop sweep by row version (no
+// owner column): the fleet is taken to run it too. A nil s runs none.
+func (s *sweeper) byVersion() bool {
+	_, ok := s.strategy().(*rowSweep)
+	return ok
+}
+
+// strategy returns s's strategy, nil for a nil s.
+func (s *sweeper) strategy() sweepStrategy {
+	if s == nil {
+		return nil
+	}
+	return s.by
+}
 
 // sweepReport says what one backstop sweep found and did.
 type sweepReport struct {
@@ -76,23 +92,77 @@ type sweepReport struct {
 	ownerPeers []string
 }
 
-// sweeper is the backstop sweep's loop.
+// sweeper is the backstop sweep's loop: it takes the sweep turn and, while
+// it holds it, sweeps by its strategy, by owner (ownerSweep) or by row
+// version (rowSweep, rowsweep.go). New picks the strategy.
 type sweeper struct {
-	w     *Worker
-	sw    Resetter // by owner (InProgressOwners, Reset by Owner); nil without an owner column
-	rows  Resetter // by row version (InProgressRows, Reset by Versions); nil with an owner column
-	token string   // holds the sweep turn
+	turn   sweepTurn
+	by     sweepStrategy
+	opts   *options
+	rlog   *recoveryLog
+	stats  *counters
+	ousted *atomic.Bool // the lease's: another process holds this instance ID now
+}
+
+// sweepTurn is the fleet's one sweep turn, taken and renewed under token.
+type sweepTurn struct {
+	store store.Store
+	opts  *options
+	token string // holds the sweep turn
+}
+
+// take takes or renews the sweep turn for a sweep turn's TTL, and reports
+// whether this worker holds it.
+func (t *sweepTurn) take(ctx context.Context) (bool, error) {
+	opCtx, cancel := t.opts.opContext(ctx)
+	held, err := t.store.TakeSweepTurn(opCtx, t.token, t.opts.sweepTurnTTL())
+	cancel()
+	return held, err
+}
+
+// sweepStrategy is what the sweeper does around and with the sweep turn:
+// the sweep by owner (ownerSweep) or by row version (rowSweep).
+type sweepStrategy interface {
+	// yield runs before the turn is taken; true leaves the turn to other
+	// workers this time, rep saying why.
+	yield(ctx context.Context, rep *sweepReport) (bool, error)
+	// look is one sweep by the holder of the turn. It counts its own
+	// failures.
+	look(ctx context.Context, rep *sweepReport) error
+	// forget drops what earlier looks saw: observations must be this
+	// holder's own and recent.
+	forget()
+}
+
+// ownerSweep is the sweep by owner: the owners of rows in progress
+// (Resetter.InProgressOwners) whose heartbeat stays absent go to the one
+// dead-peer path, and the rows of ended lives of live instances are reset
+// by owner value (sweepEndedLives).
+type ownerSweep struct {
+	resetter Resetter // InProgressOwners, Reset by Owner
+	store    store.Store
+	opts     *options
+	rows     *inflight // this worker's current life (lifeEnded)
+	fleet    *fleetView
+	stats    *counters
+	log      *slog.Logger
+	rlog     *recoveryLog
+	// deadOwners judges the owners' heartbeats (registry.go);
+	// recoverDeadLives is the one dead-peer path (deadpeer.go), and
+	// countRows counts the rows a recovery reset and quarantined.
+	deadOwners       func(ctx context.Context, owners []string) ([]string, error)
+	recoverDeadLives func(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (report.PeerRecovery, bool, error)
+	countRows        func(pr report.PeerRecovery)
 	// absentSince is when each owner was first seen without a heartbeat
-	// by this holder of the turn. Only runOnce touches it.
+	// by this holder of the turn. Only look and forget (runOnce) touch it.
 	absentSince map[string]time.Time
 	// warned lists the owners that are no instance ID already logged, so
-	// each is logged once (up to maxWarnedOwners of them). Only runOnce
+	// each is logged once (up to maxWarnedOwners of them). Only look
 	// touches it.
 	warned map[string]bool
-	mem    rowsMemory // what absentSince is, without an owner column
 	// endedSince is when each per-life owner value of a live instance was
 	// first seen naming a life that had ended (sweepEndedLives). Only
-	// runOnce touches it.
+	// look and forget (runOnce) touch it.
 	endedSince map[string]time.Time
 }
 
@@ -100,11 +170,6 @@ type sweeper struct {
 // remembers having logged: a table full of them logs this many, not one
 // line per row every sweep.
 const maxWarnedOwners = 1000
-
-func newSweeper(w *Worker, sw, rows Resetter) *sweeper {
-	return &sweeper{w: w, sw: sw, rows: rows, token: newToken(), absentSince: make(map[string]time.Time), warned: make(map[string]bool),
-		endedSince: make(map[string]time.Time)}
-}
 
 // run sweeps at once and then every recovery interval (±10%), until ctx is
 // done.
@@ -121,8 +186,8 @@ func (s *sweeper) run(ctx context.Context) {
 		if ctx.Err() != nil {
 			return
 		}
-		s.w.rlog.swept(rep, err)
-		t.Reset(s.w.opts.jitter("sweep", s.w.opts.recoveryInterval, 0.1))
+		s.rlog.swept(rep, err)
+		t.Reset(s.opts.jitter("sweep", s.opts.recoveryInterval, 0.1))
 	}
 }
 
@@ -140,62 +205,47 @@ func invalidOwnerReason(o string) error {
 // runOnce is one sweep. A failure of the sweep itself is counted once;
 // each owner's recovery counts its own.
 func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
-	w := s.w
-	if w.lease.ousted.Load() {
+	if s.ousted.Load() {
 		// Another process holds this instance ID now: this one judges no
 		// one (its memory of its own lives is not the ID's any more), and
 		// leaves the turn to expire for a live member.
-		clear(s.absentSince)
-		clear(s.endedSince)
-		s.mem.clear()
+		s.by.forget()
 		return rep, nil
 	}
-	if s.rows != nil {
-		// Without an owner column, the fleet's owner-mode members (an
-		// owner-column rollout) hold rows that no rows set lists: a sweep
-		// by row version would take them for stray rows and reset them
-		// under their live workers. It leaves the turn to those members,
-		// whose sweep by owner covers their rows.
-		peers, err := w.ownerModePeers(ctx)
-		if err != nil {
-			w.stats.countFailure(ctx)
-			s.mem.clear()
-			return rep, err
-		}
-		if len(peers) > 0 {
-			s.mem.clear()
-			rep.ownerPeers = peers
-			return rep, nil
-		}
+	if yield, err := s.by.yield(ctx, &rep); yield || err != nil {
+		return rep, err
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
-	held, err := w.store.TakeSweepTurn(opCtx, s.token, w.opts.sweepTurnTTL())
-	cancel()
+	held, err := s.turn.take(ctx)
 	if err != nil {
-		w.stats.countFailure(ctx)
+		s.stats.countFailure(ctx)
 		return rep, fmt.Errorf("take sweep turn: %w", err)
 	}
 	if !held {
-		clear(s.absentSince) // observations must be our own and recent
-		clear(s.endedSince)
-		s.mem.clear()
+		s.by.forget() // observations must be our own and recent
 		return rep, nil
 	}
 	rep.turnHeld = true
-	if s.rows != nil {
-		if err := s.rowsLook(ctx, &rep); err != nil {
-			w.stats.countFailure(ctx)
-			return rep, err
-		}
-		return rep, nil
-	}
+	err = s.by.look(ctx, &rep)
+	return rep, err
+}
 
-	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-	owners, err := s.sw.InProgressOwners(dbCtx)
+// yield never leaves the turn: the sweep by owner covers every owner.
+func (s *ownerSweep) yield(context.Context, *sweepReport) (bool, error) { return false, nil }
+
+// forget drops the owners seen absent and the lives seen ended.
+func (s *ownerSweep) forget() {
+	clear(s.absentSince)
+	clear(s.endedSince)
+}
+
+// look is one sweep by owner, by the holder of the turn.
+func (s *ownerSweep) look(ctx context.Context, rep *sweepReport) error {
+	dbCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
+	owners, err := s.resetter.InProgressOwners(dbCtx)
 	cancel()
 	if err != nil {
-		w.stats.countFailure(ctx)
-		return rep, err
+		s.stats.countFailure(ctx)
+		return err
 	}
 	rep.owners = len(owners)
 	// An owner value is an instance ID or one life of one (owner.go): the
@@ -207,7 +257,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 	for _, o := range owners {
 		id, life, ok := parseOwner(o)
 		switch {
-		case ok && id == w.opts.instanceID:
+		case ok && id == s.opts.instanceID:
 			if life != "" {
 				own = append(own, o)
 			}
@@ -215,7 +265,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			rep.invalidOwners = append(rep.invalidOwners, o)
 			if !s.warned[o] && len(s.warned) < maxWarnedOwners {
 				s.warned[o] = true
-				w.rlog.invalidOwner(o, invalidOwnerReason(o))
+				s.rlog.invalidOwner(o, invalidOwnerReason(o))
 			}
 		default:
 			if _, seen := lives[id]; !seen {
@@ -225,10 +275,10 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 		}
 	}
 	checkedAt := time.Now()
-	dead, err := w.judge.deadOwners(ctx, candidates)
+	dead, err := s.deadOwners(ctx, candidates)
 	if err != nil {
-		w.stats.countFailure(ctx)
-		return rep, err
+		s.stats.countFailure(ctx)
+		return err
 	}
 	isDead := make(map[string]bool, len(dead))
 	for _, o := range dead {
@@ -239,17 +289,17 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			delete(s.absentSince, o) // alive again, or no rows left
 		}
 	}
-	errs := []error{s.sweepEndedLives(ctx, livesOfLive(lives, isDead, own), checkedAt, &rep)}
+	errs := []error{s.sweepEndedLives(ctx, livesOfLive(lives, isDead, own), checkedAt, rep)}
 	for _, o := range dead {
 		since, seen := s.absentSince[o]
 		if !seen {
 			s.absentSince[o] = checkedAt
 		}
-		if !seen || checkedAt.Sub(since) < w.fleet.ttl() {
+		if !seen || checkedAt.Sub(since) < s.fleet.ttl() {
 			rep.absent = append(rep.absent, o)
 			continue
 		}
-		pr, claimed, err := w.peers.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
+		pr, claimed, err := s.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
 		switch {
 		case err != nil:
 			errs = append(errs, &report.PeerError{InstanceID: o, Err: err})
@@ -258,7 +308,7 @@ func (s *sweeper) runOnce(ctx context.Context) (rep sweepReport, err error) {
 			rep.recovered = append(rep.recovered, pr)
 		}
 	}
-	return rep, errors.Join(errs...)
+	return errors.Join(errs...)
 }
 
 // livesOfLive returns the per-life owner values of the instances not found
@@ -293,8 +343,7 @@ func livesOfLive(lives map[string][]string, isDead map[string]bool, own []string
 // the reset, by owner value alone, with no claim: the reset is guarded by
 // that value, which no live life writes, so it is idempotent whoever runs
 // it. An instance with no recorded life (Redis lost it) is not judged.
-func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedAt time.Time, rep *sweepReport) error {
-	w := s.w
+func (s *ownerSweep) sweepEndedLives(ctx context.Context, values []string, checkedAt time.Time, rep *sweepReport) error {
 	seen := make(map[string]bool, len(values))
 	var errs []error
 	for _, v := range values {
@@ -314,26 +363,26 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 			s.endedSince[v] = checkedAt
 			continue
 		}
-		if checkedAt.Sub(since) < w.fleet.ttl() {
+		if checkedAt.Sub(since) < s.fleet.ttl() {
 			continue
 		}
 		if ended, err = s.lifeEnded(ctx, id, life); err != nil || !ended {
 			continue // read again at the next sweep
 		}
-		dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
-		res, err := s.sw.Reset(dbCtx, ResetRequest{Owner: v})
+		dbCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
+		res, err := s.resetter.Reset(dbCtx, ResetRequest{Owner: v})
 		cancel()
 		if err != nil {
-			w.stats.countFailure(ctx)
+			s.stats.countFailure(ctx)
 			errs = append(errs, &report.PeerError{InstanceID: id, Err: fmt.Errorf("reset the rows of ended life %s: %w", clip(v), err)})
 			continue
 		}
 		delete(s.endedSince, v)
 		pr := report.PeerRecovery{InstanceID: id, RowsFound: int(res.Changed) + len(res.NotReset), RowsReset: res.Changed,
 			Quarantined: res.Quarantined, NotReset: res.NotReset}
-		w.peers.countRows(pr)
+		s.countRows(pr)
 		rep.recovered = append(rep.recovered, pr)
-		w.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
+		s.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
 			"owner", clip(v), "rows_reset", res.Changed, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))
 	}
 	for v := range s.endedSince {
@@ -350,17 +399,16 @@ func (s *sweeper) sweepEndedLives(ctx context.Context, values []string, checkedA
 // that it does not know may be the life of another process that took the
 // ID since (this one paused past its TTL, then ousted), whose heartbeats
 // record it as current.
-func (s *sweeper) lifeEnded(ctx context.Context, id, life string) (bool, error) {
-	w := s.w
-	if id == w.opts.instanceID && life == w.rows.currentIncarnation() && !mutantOwnLivesByMemory {
+func (s *ownerSweep) lifeEnded(ctx context.Context, id, life string) (bool, error) {
+	if id == s.opts.instanceID && life == s.rows.currentIncarnation() && !mutantOwnLivesByMemory {
 		return false, nil
 	}
-	if id == w.opts.instanceID && mutantOwnLivesByMemory {
+	if id == s.opts.instanceID && mutantOwnLivesByMemory {
 		return true, nil
 	}
-	opCtx, cancel := w.opts.opContext(ctx)
+	opCtx, cancel := s.opts.opContext(ctx)
 	defer cancel()
-	cur, _, err := w.store.ReadRows(opCtx, id)
+	cur, _, err := s.store.ReadRows(opCtx, id)
 	if err != nil {
 		return false, err
 	}

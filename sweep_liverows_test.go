@@ -179,9 +179,9 @@ func TestBackstopSweepHoldsALookWhenOneMastersInfoFails(t *testing.T) {
 	var partial atomic.Bool
 	w, _ := newWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(testutil.Name("RI")),
 		withStore(func(s store.Store) store.Store { return partialInfos{s, &partial} }))...)
-	require.True(t, w.mastersTrusted(context.Background(), time.Now()), "every master answered and is old enough")
+	require.True(t, w.sweeper.by.(*rowSweep).mastersTrusted(context.Background(), time.Now()), "every master answered and is old enough")
 	partial.Store(true)
-	assert.False(t, w.mastersTrusted(context.Background(), time.Now()), "one master's age unknown")
+	assert.False(t, w.sweeper.by.(*rowSweep).mastersTrusted(context.Background(), time.Now()), "one master's age unknown")
 }
 
 // Adding an owner column to a fleet that ran without one is "the rollout
@@ -203,7 +203,7 @@ func TestBackstopSweepByVersionLeavesTheRowsOfLiveOwnerModeWorkers(t *testing.T)
 	old, err := pgxreset.New(db) // no owner column: rows sets, the sweep by version
 	require.NoError(t, err)
 	s, _ := newWorker(t, rdb, old, "old-1", opts...)
-	require.NotNil(t, s.sweeper.rows)
+	require.True(t, s.sweeper.byVersion())
 	rep, err := s.sweeper.runOnce(ctx)
 	require.NoError(t, err)
 	require.True(t, rep.turnHeld, "an old worker holds the sweep turn")

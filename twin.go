@@ -102,7 +102,7 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 			if err := w.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || ((w.ownerMode || w.sweepsByOwner()) && w.opts.instanceIDSet && !recovered):
+		case k.Record || ((w.ownerMode || w.sweeper.byOwner()) && w.opts.instanceIDSet && !recovered):
 			if w.nodes.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.

@@ -88,7 +88,7 @@ func TestUntrackedRowsNoteForAWorkerOfAnEarlierReleaseExpires(t *testing.T) {
 	rep := look()
 	require.Equal(t, map[string][]int64{"old-1": {1}}, rep.untrackedBy)
 	assert.Contains(t, logs.String(), `"tracked_late_by":["old-1"]`)
-	require.NoError(t, w.untracked(), "not the sweeper's fault")
+	require.NoError(t, w.untracked.err(), "not the sweeper's fault")
 
 	note, err := rdb.HGet(ctx, store.UntrackedKey(prefix), "old-1").Result()
 	require.NoError(t, err)

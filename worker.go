@@ -55,19 +55,12 @@ type Worker struct {
 	// peers: the dead-peer path, shared by the recovery loop, the backstop
 	// sweep and Start (deadpeer.go).
 	peers *peerRecoverer
-	// untrackedAt is when the backstop sweep last found rows this worker
-	// did not track before their COMMIT, or when it was called to untrack
-	// rows without any Track (unix nanoseconds; rowsweep.go).
-	untrackedAt atomic.Int64
-	// untrackedNote is the last note of the untracked-rows hash logged;
-	// untrackCalled is set once Untrack without any Track has been
-	// logged (rowsweep.go).
-	untrackedNote atomic.Value
+	// untracked is the ErrUntrackedRows alarm (rowsweep.go).
+	untracked *untrackedAlarm
 	// runningSince is when Start ended (Unix nanoseconds): a worker that
 	// has not verified its configuration holds suspect recoveries only
 	// for a heartbeat TTL after it (unverifiedHold).
-	runningSince  atomic.Int64
-	untrackCalled atomic.Bool
+	runningSince atomic.Int64
 
 	loops // what Start runs
 }
@@ -160,17 +153,34 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.events.hist = newHistorian(w)
 	w.rlog = newRecoveryLog(w.log)
 	w.heart = &heartbeater{w: w}
+	// untracked: the ErrUntrackedRows alarm (rowsweep.go); trackCalled is
+	// the tracker's, set once the tracker is built.
+	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, ownerMode: ownerMode, state: &w.state}
 	// peers: the dead-peer path (deadpeer.go).
 	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter, info: info,
 		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: w.rlog,
 		judgeDead: w.judge.judgeDead, deregister: w.judge.deregister, misconfigured: w.misconfigured,
-		unverifiedHold: w.unverifiedHold, sweepsByOwner: w.sweepsByOwner}
+		unverifiedHold: w.unverifiedHold, sweepsByOwner: sw != nil}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: w.rlog, expired: make(chan string, expiredQueue),
-		registeredPeers: w.judge.registeredPeers, deadPeers: w.judge.deadPeers, noteUntracked: w.noteUntracked}
-	if sw != nil || rs != nil {
-		w.sweeper = newSweeper(w, sw, rs)
+		registeredPeers: w.judge.registeredPeers, deadPeers: w.judge.deadPeers, noteUntracked: w.untracked.note}
+	// sweep: the backstop sweep with its strategy, by owner (sw) or by row
+	// version (rs).
+	var by sweepStrategy
+	switch {
+	case sw != nil:
+		by = &ownerSweep{resetter: sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
+			log: w.log, rlog: w.rlog, deadOwners: w.judge.deadOwners, recoverDeadLives: w.peers.recoverDeadLives, countRows: w.peers.countRows,
+			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
+	case rs != nil:
+		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
+			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.misconfigured,
+			nodeHold: w.nodes.nodeHold, holdForEvictions: w.nodes.holdForEvictions, infoUnavailable: w.nodes.infoUnavailable}
+	}
+	if by != nil {
+		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken()}, by: by,
+			opts: &w.opts, rlog: w.rlog, stats: &w.stats, ousted: &w.lease.ousted}
 	}
 	w.checker = newSelfChecker(w)
 	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
@@ -183,6 +193,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	} else {
 		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
 	}
+	w.untracked.trackCalled = w.tracker.trackCalled
 	return w, nil
 }
 
@@ -282,7 +293,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.nodes.observeNodes(ctx)
 	var expiry *expiryWatcher
 	if w.opts.expiry {
-		expiry = w.subscribeExpiry(ctx)
+		// expiry: built with what it uses, subscribed here.
+		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.nodes,
+			deadPeers: w.judge.deadPeers, hand: w.recov.hand})
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
