@@ -62,7 +62,7 @@ func (w *Worker) recoverDeadLives(ctx context.Context, peer, foundBy string, not
 	// progress for settled ones and drop its rows set: it takes no verdict,
 	// and leaves the peer, set and all, to a worker configured right, or to
 	// itself once fixed.
-	if err := w.misconfigured(); err != nil && foundBy != foundByRestart {
+	if err := w.checker.alarmErr(); err != nil && foundBy != foundByRestart {
 		err = fmt.Errorf("recovery held: %w", err)
 		w.stats.errors.Add(1)
 		w.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
@@ -421,7 +421,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		return nil
 	}
 	if r.foundBy != foundByRestart {
-		if err := w.unverifiedHold(ctx, r.peer, ids); err != nil {
+		if err := w.checker.unverifiedHold(ctx, r.peer, ids); err != nil {
 			return err
 		}
 	}

@@ -93,7 +93,7 @@ func (s *sweeper) rowsLook(ctx context.Context, rep *sweepReport) error {
 		s.mem.clear()
 		return nil
 	}
-	if err := w.misconfigured(); err != nil {
+	if err := w.checker.alarmErr(); err != nil {
 		s.mem.clear()
 		return fmt.Errorf("backstop sweep held: %w", err)
 	}

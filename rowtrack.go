@@ -92,7 +92,7 @@ func (w *Worker) TrackAs(ctx context.Context, owner string, rowIDs ...int64) err
 	case l == "":
 		// A bare ID names every life: a recovery of a life judged dead
 		// resets such rows whenever its statements run.
-		w.noteBareOwners()
+		w.lease.noteBareOwners()
 		if w.lease.held() {
 			return fmt.Errorf("track %d rows of %s under its bare instance ID: %w: held after a regained lease (write OwnerValue() to resume at once)",
 				len(rowIDs), w.opts.instanceID, ErrLeaseLost)

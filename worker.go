@@ -39,6 +39,7 @@ type Worker struct {
 	info      ResetterInfo // resetter.Info(), read once by New
 	ownerMode bool         // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
 	beatValue string       // this process's heartbeat value (twin.go)
+	twin      *twin        // Start's claim on the instance ID (twin.go)
 
 	lifecycle // Start, Shutdown
 
@@ -61,11 +62,7 @@ type Worker struct {
 	trackCalls    atomic.Uint64
 	// ownerRead is the life the last call of Owner named (owner mode):
 	// the value a plain Track takes its rows for (trackOwner).
-	ownerRead atomic.Pointer[string]
-	// runningSince is when Start ended (Unix nanoseconds): a worker that
-	// has not verified its configuration holds suspect recoveries only
-	// for a heartbeat TTL after it (unverifiedHold).
-	runningSince  atomic.Int64
+	ownerRead     atomic.Pointer[string]
 	untrackCalled atomic.Bool
 
 	loops // what Start runs
@@ -152,9 +149,22 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs = o.observer
-	w.events.hist = newHistorian(w)
+	running := func() bool { return w.state.Load() == stateRunning }
+	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
 	w.rlog = newRecoveryLog(w)
-	w.heart = &heartbeater{w: w}
+	// lease: what noting its loss touches (lease.go)
+	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
+	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
+	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
+	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, beatValue: w.beatValue, byOwner: ownerMode || sw != nil,
+		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
+		predecessorHeld: w.predecessorHeld, recoverDead: w.recoverDead}
+	// heartbeater: the heartbeat loop (heartbeat.go)
+	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts, beatValue: w.beatValue,
+		ownerMode: ownerMode, byVersion: rs != nil,
+		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
+		rotate: w.rotateLocked, retrack: w.retrack, noteRegistry: w.noteRegistry, owner: w.currentOwner,
+		ousted: w.twin.noteOusted}
 	w.recov = newRecoverer(w)
 	if o.untrackLinger > 0 && !ownerMode {
 		w.flusher = newUntrackFlusher(w)
@@ -162,7 +172,10 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	if sw != nil || rs != nil {
 		w.sweeper = newSweeper(w, sw, rs)
 	}
-	w.checker = newSelfChecker(w)
+	// selfChecker: the self-check loop (selfcheck.go)
+	w.checker = (&selfChecker{resetter: resetter, info: info, opts: &w.opts, log: w.log,
+		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
+		running: running}).init()
 	return w, nil
 }
 
@@ -247,7 +260,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	} else {
 		w.fleet.learnRecord(ctx)
 	}
-	if err := w.claimInstanceID(ctx); err != nil {
+	if err := w.twin.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.firstHeartbeatError(ctx, err)
 		}
@@ -268,7 +281,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.stopLoops = cancel
 	w.loopsDone = make(chan struct{})
 	w.started = true
-	w.runningSince.Store(time.Now().UnixNano())
+	w.checker.runningSince.Store(time.Now().UnixNano())
 	w.state.Store(stateRunning)
 
 	var wg sync.WaitGroup
