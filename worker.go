@@ -149,6 +149,8 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs = o.observer
+	// historian: the fleet history's writer, nil when it is off (history.go);
+	// running is also the self-check's
 	running := func() bool { return w.state.Load() == stateRunning }
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
 	w.rlog = newRecoveryLog(w)
