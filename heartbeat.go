@@ -18,7 +18,29 @@ import (
 // the registry SADD goes in the same round trip. Each success renews the
 // lease (lease.go).
 type heartbeater struct {
-	w *Worker
+	store     store.Store
+	log       *slog.Logger
+	opts      *options // read-only after New
+	beatValue string   // this process's heartbeat value (twin.go)
+	ownerMode bool     // no rows set: the owner column says it all (ownermode.go)
+	byVersion bool     // this worker runs the backstop sweep by row version (sweepOf)
+	lease     *lease
+	rows      *inflight
+	fleet     *fleetView
+	stats     *counters
+	events    *dispatcher
+	// What other parts do for it: rotate gives the rows set a new
+	// incarnation, the caller holding the rows-set lock, and retrack writes
+	// back the rows among removed that are tracked again (rowtrack.go's
+	// rotateLocked and retrack); noteRegistry records the outcome of the
+	// registry SADD (registry.go); owner is the current owner value, for a
+	// log line (owner.go's currentOwner); ousted records that another
+	// process took the instance ID (twin.noteOusted).
+	rotate       func(ctx context.Context) error
+	retrack      func(ctx context.Context, removed []int64)
+	noteRegistry func(err error)
+	owner        func() string
+	ousted       func()
 	// failures counts the heartbeats failed in a row; outageStart is when
 	// the first of them failed. Only run touches them.
 	failures    int
@@ -30,14 +52,13 @@ type heartbeater struct {
 // value, nothing is written and runOnce returns errOusted: that process has
 // the instance ID now.
 func (h *heartbeater) runOnce(parent context.Context) error {
-	w := h.w
-	if w.lease.ousted.Load() {
+	if h.lease.ousted.Load() {
 		return errOusted // for good: the ID is another process's
 	}
-	ctx, cancel := w.opts.opContext(parent)
+	ctx, cancel := h.opts.opContext(parent)
 	defer cancel()
 
-	if w.rows.needsLossCheck() && w.sweeper.byVersion() && !w.ownerMode {
+	if h.rows.needsLossCheck() && h.byVersion && !h.ownerMode {
 		// Without an owner column the backstop sweep by row version resets
 		// rows no set held at two looks a gap apart, and records that in
 		// no ledger. If this worker's rows set is gone, the sweep may have
@@ -46,50 +67,50 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		// would reset them under their new holder. They are left to the
 		// sweep instead. The set is only ever created by this worker, so
 		// a set still there has held them throughout.
-		own, err := w.store.ReadOwn(ctx, w.opts.instanceID)
+		own, err := h.store.ReadOwn(ctx, h.opts.instanceID)
 		if err != nil {
-			w.stats.heartbeatFailures.Add(1)
+			h.stats.heartbeatFailures.Add(1)
 			return fmt.Errorf("look for the rows set after a lost lease: %w", err)
 		}
-		if ids := w.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
-			w.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
+		if ids := h.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
+			h.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
 				slog.Int("rows", len(ids)))
 		}
 	}
 
-	w.rows.assert.Lock()
-	defer w.rows.assert.Unlock()
-	if err := w.tracker.rotateLocked(ctx); err != nil {
+	h.rows.assert.Lock()
+	defer h.rows.assert.Unlock()
+	if err := h.rotate(ctx); err != nil {
 		// A released row is tracked again: writing it under the old
 		// incarnation would hide it from recovery.
-		w.stats.heartbeatFailures.Add(1)
+		h.stats.heartbeatFailures.Add(1)
 		return fmt.Errorf("new incarnation: %w", err)
 	}
-	if w.ownerMode && w.lease.until.Load() > 0 && w.lease.remaining() < w.opts.opTimeout && !mutantNoLateLife {
+	if h.ownerMode && h.lease.until.Load() > 0 && h.lease.remaining() < h.opts.opTimeout && !mutantNoLateLife {
 		// Answered within the operation timeout, this heartbeat may land
 		// after the lease ended, on an expired key, when a recoverer may
 		// have read the current life under its claim: it must not renew
 		// that life. It records a new one, and the rows of this one are
 		// handled as after any lost lease (owner.go).
-		w.markLeaseLost(nil)
+		h.lease.markLeaseLost(nil)
 	}
-	tracked, unremoved, incarnation := w.rows.snapshot()
-	if w.ownerMode {
+	tracked, unremoved, incarnation := h.rows.snapshot()
+	if h.ownerMode {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
 	}
 	sentAt := time.Now()
-	serves, server := w.fleet.mem.served()
-	res, err := w.store.Beat(ctx, w.opts.instanceID, store.Heartbeat{
-		Value: w.beatValue, TTL: w.opts.heartbeatTTL,
-		Incarnation: incarnation, IncarnationTTL: w.fleet.incarnationTTL(),
-		Remove: unremoved, Add: tracked, RowsTTL: w.fleet.rowsTTL(),
-		Serves: serves, Server: server, Announce: w.fleet.announcement(),
+	serves, server := h.fleet.mem.served()
+	res, err := h.store.Beat(ctx, h.opts.instanceID, store.Heartbeat{
+		Value: h.beatValue, TTL: h.opts.heartbeatTTL,
+		Incarnation: incarnation, IncarnationTTL: h.fleet.incarnationTTL(),
+		Remove: unremoved, Add: tracked, RowsTTL: h.fleet.rowsTTL(),
+		Serves: serves, Server: server, Announce: h.fleet.announcement(),
 	})
-	w.fleet.note(res.Fleet, res.FleetErr)
+	h.fleet.note(res.Fleet, res.FleetErr)
 	if res.Foreign {
 		// Nothing of ours was written; the registry entry is the ID's
 		// whoever holds it.
-		w.stats.heartbeatFailures.Add(1)
+		h.stats.heartbeatFailures.Add(1)
 		return errOusted
 	}
 	if res.Wrote {
@@ -100,25 +121,25 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		// is held (restored) as any other. Without this the lease went
 		// from lost to valid with no hold, and the loop noted nothing.
 		// (Start's first heartbeat has no lease to lose.)
-		if w.lease.until.Load() > 0 {
-			w.noteLeaseLoss(nil)
+		if h.lease.until.Load() > 0 {
+			h.lease.noteLeaseLoss(nil)
 		}
 		// The key is live for a TTL whatever happened to the rest (on
 		// Cluster the registry may sit on a node that is down).
-		w.lease.renew(sentAt)
-		w.rows.wrote(incarnation)
+		h.lease.renew(sentAt)
+		h.rows.wrote(incarnation)
 	}
-	w.judge.noteRegistry(res.RegistryErr)
+	h.noteRegistry(res.RegistryErr)
 	if err != nil {
-		w.stats.heartbeatFailures.Add(1)
+		h.stats.heartbeatFailures.Add(1)
 		return err
 	}
-	w.stats.heartbeats.Add(1)
-	w.stats.lastHeartbeat.Store(sentAt.UnixNano())
-	w.events.emit(Event{Kind: EventHeartbeat})
+	h.stats.heartbeats.Add(1)
+	h.stats.lastHeartbeat.Store(sentAt.UnixNano())
+	h.events.emit(Event{Kind: EventHeartbeat})
 	if len(unremoved) > 0 {
-		w.rows.forgetUnremoved(unremoved)
-		w.tracker.retrack(ctx, unremoved)
+		h.rows.forgetUnremoved(unremoved)
+		h.retrack(ctx, unremoved)
 	}
 	return nil
 }
@@ -130,11 +151,10 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 // whole interval later; an outage is logged when it starts and when it ends,
 // not at every try.
 func (h *heartbeater) run(ctx context.Context) {
-	w := h.w
-	w.log.Debug("heartbeat loop started", slog.Duration("interval", w.opts.heartbeatInterval))
-	defer w.log.Debug("heartbeat loop stopped")
+	h.log.Debug("heartbeat loop started", slog.Duration("interval", h.opts.heartbeatInterval))
+	defer h.log.Debug("heartbeat loop stopped")
 
-	t := time.NewTimer(w.opts.heartbeatInterval)
+	t := time.NewTimer(h.opts.heartbeatInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -142,7 +162,7 @@ func (h *heartbeater) run(ctx context.Context) {
 			return
 		case <-t.C:
 		}
-		w.noteLeaseLoss(nil) // a stopped process finds out here when it resumes
+		h.lease.noteLeaseLoss(nil) // a stopped process finds out here when it resumes
 		sent := time.Now()
 		err := h.runOnce(ctx)
 		if ctx.Err() != nil {
@@ -152,8 +172,8 @@ func (h *heartbeater) run(ctx context.Context) {
 			h.restored()
 			// The period runs from send to send: a slow answer must not
 			// push the next heartbeat past the end of the lease.
-			next := max(0, w.opts.heartbeatInterval-time.Since(sent))
-			if _, written := w.rows.writtenLife(); !written {
+			next := max(0, h.opts.heartbeatInterval-time.Since(sent))
+			if _, written := h.rows.writtenLife(); !written {
 				next = 0 // a life begun while this one was in flight: record it now
 			}
 			t.Reset(next)
@@ -167,45 +187,43 @@ func (h *heartbeater) run(ctx context.Context) {
 // restored notes a heartbeat that succeeded: the end of an outage, and a
 // lease regained.
 func (h *heartbeater) restored() {
-	w := h.w
 	if h.failures > 0 {
 		outage := time.Since(h.outageStart)
-		w.log.Info("heartbeat restored", slog.Duration("outage", outage), slog.Int("attempts", h.failures))
-		w.events.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: h.failures})
+		h.log.Info("heartbeat restored", slog.Duration("outage", outage), slog.Int("attempts", h.failures))
+		h.events.emit(Event{Kind: EventHeartbeatRestored, Duration: outage, Attempt: h.failures})
 	}
-	if w.lease.lost.Load() {
+	if h.lease.lost.Load() {
 		// The hold before the flag: CheckLease counts either as lost, so
 		// the lease renewed by this heartbeat is never valid in between.
 		if !mutantNoRegainHold {
-			w.lease.hold(w.fleet.claimTTL())
+			h.lease.hold(h.fleet.claimTTL())
 		}
-		w.lease.lost.Store(false)
-		if w.lease.perLife.Load() {
+		h.lease.lost.Store(false)
+		if h.lease.perLife.Load() {
 			// The held time is counted only for rows under the bare ID.
-			w.log.Info("heartbeat lease regained; worker re-registered in a new life; rows of the ended life must be given back",
-				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.String("owner", w.tracker.currentOwner()))
+			h.log.Info("heartbeat lease regained; worker re-registered in a new life; rows of the ended life must be given back",
+				slog.Int("stale_rows", h.rows.heldAtLoss()), slog.String("owner", h.owner()))
 		} else {
-			w.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
-				slog.Int("stale_rows", w.rows.heldAtLoss()), slog.Duration("held_for", w.fleet.claimTTL()))
+			h.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
+				slog.Int("stale_rows", h.rows.heldAtLoss()), slog.Duration("held_for", h.fleet.claimTTL()))
 		}
-		w.events.emit(Event{Kind: EventLeaseRegained})
+		h.events.emit(Event{Kind: EventLeaseRegained})
 	}
 	h.failures = 0
 }
 
 // failed notes a heartbeat that failed.
 func (h *heartbeater) failed(err error) {
-	w := h.w
 	if h.failures == 0 {
 		h.outageStart = time.Now()
-		w.log.Warn("heartbeat failed; retrying", slog.Any("error", err))
+		h.log.Warn("heartbeat failed; retrying", slog.Any("error", err))
 	}
 	h.failures++
-	w.events.emit(Event{Kind: EventHeartbeatFailed, Attempt: h.failures, Err: err})
+	h.events.emit(Event{Kind: EventHeartbeatFailed, Attempt: h.failures, Err: err})
 	if errors.Is(err, ErrInstanceIDInUse) {
-		w.noteOusted()
+		h.ousted()
 	}
-	w.noteLeaseLoss(err)
+	h.lease.noteLeaseLoss(err)
 }
 
 // retryDelay is the wait before heartbeat retry n (from 1): a tenth of the
@@ -213,44 +231,44 @@ func (h *heartbeater) failed(err error) {
 // interval: once Redis is back, an owner-mode worker whose lease was lost
 // takes rows again within one interval (docs/safety.md §3).
 func (h *heartbeater) retryDelay(n int) time.Duration {
-	iv := h.w.opts.heartbeatInterval
+	iv := h.opts.heartbeatInterval
 	d := iv / 10
 	for i := 1; i < n && d < iv; i++ {
 		d *= 2
 	}
-	return min(h.w.opts.jitter("heartbeat", min(d, iv), 0.2), iv)
+	return min(h.opts.jitter("heartbeat", min(d, iv), 0.2), iv)
 }
 
 // noteLeaseLoss notes, once per loss, that the lease has ended.
-func (w *Worker) noteLeaseLoss(cause error) {
-	if w.lease.valid() {
+func (l *lease) noteLeaseLoss(cause error) {
+	if l.valid() {
 		return
 	}
-	w.markLeaseLost(cause)
+	l.markLeaseLost(cause)
 }
 
 // markLeaseLost notes a loss of the lease, once per loss, also before its
 // end (a heartbeat sent too late to renew it in time). In owner mode the
 // worker begins a new life: OwnerValue() changes, and rows of the ended one
 // are refused by TrackAs.
-func (w *Worker) markLeaseLost(cause error) {
-	if w.lease.lost.Swap(true) {
+func (l *lease) markLeaseLost(cause error) {
+	if l.lost.Swap(true) {
 		return
 	}
-	since := w.lease.sinceRefresh()
+	since := l.sinceRefresh()
 	// Only a host whose Release is safe now (owner fencing, or the reset
 	// ledger) can do something with rows peers may have taken; for any
 	// other the loss is not sticky, or it could never work again. The
 	// self-check stops judging those rows either way: a recoverer may have
 	// reset them.
-	w.rows.markLoss(releaseSafeAfterLoss(w.info) && !mutantNoStickyLease, w.ownerMode && !mutantOneLife)
-	w.stats.leaseLosses.Add(1)
-	w.events.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
+	l.rows.markLoss(l.releaseSafe && !mutantNoStickyLease, l.ownerMode && !mutantOneLife)
+	l.stats.leaseLosses.Add(1)
+	l.events.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}
 	if cause != nil {
 		attrs = append(attrs, slog.Any("error", cause))
 	}
-	w.log.Error("heartbeat lease lost: peers may recover this worker's rows; stop taking rows and release unfinished ones", attrs...)
+	l.log.Error("heartbeat lease lost: peers may recover this worker's rows; stop taking rows and release unfinished ones", attrs...)
 }
 
 // jitter returns d changed by a random fraction in [-frac, +frac].

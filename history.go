@@ -133,16 +133,18 @@ type historyItem struct {
 	e    Event
 }
 
-// newHistorian returns the historian of w, or nil when the history is off.
-func newHistorian(w *Worker) *historian {
-	if w.opts.historyLen == 0 {
+// newHistorian returns the historian that appends to st with the history
+// options of o, or nil when the history is off. running reports whether
+// the Worker's loops run (historian.running).
+func newHistorian(st store.Store, log *slog.Logger, o *options, running func() bool) *historian {
+	if o.historyLen == 0 {
 		return nil
 	}
 	// Retried like a heartbeat, but not more than once a second: the
 	// entries are for people, later.
-	return &historian{store: w.store, log: w.log, maxLen: int64(w.opts.historyLen),
-		opTimeout: w.opts.opTimeout, retry: max(w.opts.heartbeatInterval, time.Second),
-		running: func() bool { return w.state.Load() == stateRunning }}
+	return &historian{store: st, log: log, maxLen: int64(o.historyLen),
+		opTimeout: o.opTimeout, retry: max(o.heartbeatInterval, time.Second),
+		running: running}
 }
 
 // offer queues the entry e makes, if it makes one, without waiting.

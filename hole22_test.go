@@ -108,7 +108,7 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	old, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
 	// w loses its lease once and is in a new life, recorded.
-	w.markLeaseLost(nil)
+	w.lease.markLeaseLost(nil)
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
 	require.NotEqual(t, lifeOwner("w", old), w.OwnerValue())
 	owner := w.OwnerValue()

@@ -1,6 +1,7 @@
 package recovery
 
 import (
+	"log/slog"
 	"sync/atomic"
 	"time"
 )
@@ -41,6 +42,18 @@ type lease struct {
 	// needs no hold (check). Cleared for good once the worker learns that
 	// its host writes the bare instance ID (noteBareOwners).
 	perLife atomic.Bool
+
+	// What noting a loss touches (noteLeaseLoss, markLeaseLost), set by
+	// New: the rows tracked, the counters, the events and the log.
+	// releaseSafe is set when the host's Release is safe after a loss
+	// (releaseSafeAfterLoss: owner fencing or the reset ledger), which
+	// makes the loss sticky; ownerMode when a loss begins a new life.
+	rows        *inflight
+	stats       *counters
+	events      *dispatcher
+	log         *slog.Logger
+	releaseSafe bool
+	ownerMode   bool
 }
 
 func newLease(ttl time.Duration) lease {
@@ -159,7 +172,7 @@ func (w *Worker) Healthy() error {
 	if err := w.CheckLease(); err != nil {
 		return err
 	}
-	if err := w.misconfigured(); err != nil {
+	if err := w.checker.alarmErr(); err != nil {
 		return err
 	}
 	return w.untracked.err()
@@ -168,9 +181,9 @@ func (w *Worker) Healthy() error {
 // noteBareOwners notes that this worker's rows carry its bare instance ID
 // (the host writes InstanceID(), not OwnerValue()): from now on a regained lease
 // is held (lease.hold). Logged once.
-func (w *Worker) noteBareOwners() {
-	if !w.lease.perLife.Swap(false) {
+func (l *lease) noteBareOwners() {
+	if !l.perLife.Swap(false) {
 		return
 	}
-	w.log.Warn("the host writes the bare instance ID into the owner column, not OwnerValue(): every regained lease is held for a claim TTL (docs/safety.md §3); fetch and complete under OwnerValue() and pass it to TrackAs")
+	l.log.Warn("the host writes the bare instance ID into the owner column, not OwnerValue(): every regained lease is held for a claim TTL (docs/safety.md §3); fetch and complete under OwnerValue() and pass it to TrackAs")
 }

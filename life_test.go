@@ -476,7 +476,7 @@ type midLossStore struct {
 func (s *midLossStore) Beat(ctx context.Context, id string, b store.Heartbeat) (store.BeatResult, error) {
 	if s.armed.Swap(false) {
 		defer close(s.done)
-		s.w.markLeaseLost(nil)
+		s.w.lease.markLeaseLost(nil)
 	}
 	return s.Store.Beat(ctx, id, b)
 }

@@ -67,7 +67,22 @@ type sighting struct {
 
 // selfChecker is the self-check loop.
 type selfChecker struct {
-	w     *Worker
+	resetter Resetter
+	info     ResetterInfo
+	opts     *options // read-only after New
+	log      *slog.Logger
+	rows     *inflight
+	lease    *lease
+	fleet    *fleetView
+	stats    *counters
+	events   *dispatcher
+	// running reports whether the Worker's loops run (unverifiedHold).
+	running func() bool
+	// runningSince is when Start ended (Unix nanoseconds): a worker that
+	// has not verified its configuration holds suspect recoveries only
+	// for a heartbeat TTL after it (unverifiedHold).
+	runningSince atomic.Int64
+
 	alarm atomic.Pointer[error] // set once a mismatch is confirmed
 	// off is set once the resetter said it cannot read rows
 	// (errors.ErrUnsupported): the self-check has stopped.
@@ -94,9 +109,11 @@ type selfChecker struct {
 	leaving []leavingRow          // guarded by imu
 }
 
-func newSelfChecker(w *Worker) *selfChecker {
-	c := &selfChecker{w: w, fresh: make(chan struct{}, 1), fastLeft: selfCheckFastLooks,
-		seen: make(map[int64]sighting), pre: make(map[int64]*fetchImage)}
+// init readies a self-check built with its dependencies: fast looks on,
+// nothing seen yet.
+func (c *selfChecker) init() *selfChecker {
+	c.fresh, c.fastLeft = make(chan struct{}, 1), selfCheckFastLooks
+	c.seen, c.pre = make(map[int64]sighting), make(map[int64]*fetchImage)
 	c.fast.Store(true)
 	return c
 }
@@ -104,7 +121,7 @@ func newSelfChecker(w *Worker) *selfChecker {
 // inProgress reports whether a row in state s is one the resetter would
 // reset as in progress for owner.
 func (c *selfChecker) inProgress(s RowState, owner string) bool {
-	return inProgress(c.w.info, s, owner)
+	return inProgress(c.info, s, owner)
 }
 
 // probe asks the resetter, at Start, whether it reads rows at all:
@@ -117,19 +134,19 @@ func (c *selfChecker) probe(ctx context.Context) {
 	if c.off.Load() {
 		return
 	}
-	ctx, cancel := context.WithTimeout(ctx, c.w.opts.resetTimeout)
+	ctx, cancel := context.WithTimeout(ctx, c.opts.resetTimeout)
 	defer cancel()
-	if _, err := c.w.resetter.RowStates(ctx, nil); errors.Is(err, errors.ErrUnsupported) {
+	if _, err := c.resetter.RowStates(ctx, nil); errors.Is(err, errors.ErrUnsupported) {
 		c.off.Store(true)
 		c.fast.Store(false)
-		c.w.log.Warn("the resetter reads no rows (RowStates returned errors.ErrUnsupported at Start): no self-check, so Healthy cannot catch a host whose rows a recovery would not reset (statuses swapped or misspelt, the owner column not set)",
-			slog.String("resetter_type", fmt.Sprintf("%T", c.w.resetter)), slog.Any("error", err))
+		c.log.Warn("the resetter reads no rows (RowStates returned errors.ErrUnsupported at Start): no self-check, so Healthy cannot catch a host whose rows a recovery would not reset (statuses swapped or misspelt, the owner column not set)",
+			slog.String("resetter_type", fmt.Sprintf("%T", c.resetter)), slog.Any("error", err))
 	}
 }
 
 // readRows reads the rows of ids through the resetter.
 func (c *selfChecker) readRows(ctx context.Context, ids []int64) ([]RowState, error) {
-	return c.w.resetter.RowStates(ctx, ids)
+	return c.resetter.RowStates(ctx, ids)
 }
 
 // tracked tells the loop that rows were just tracked; it never blocks.
@@ -144,13 +161,13 @@ func (c *selfChecker) tracked() {
 }
 
 // window is the self-check window (Timings.SelfCheckWindow).
-func (c *selfChecker) window() time.Duration { return c.w.opts.selfCheckWindow }
+func (c *selfChecker) window() time.Duration { return c.opts.selfCheckWindow }
 
 // run looks at the worker's own rows when a Track or a sighting asks for
 // it and once a heartbeat interval, until the configuration is verified or
 // found wrong, or ctx ends.
 func (c *selfChecker) run(ctx context.Context) {
-	slow := time.NewTicker(c.w.opts.heartbeatInterval)
+	slow := time.NewTicker(c.opts.heartbeatInterval)
 	defer slow.Stop()
 	soon := time.NewTimer(time.Hour)
 	soon.Stop()
@@ -214,31 +231,30 @@ func (c *selfChecker) confirmAt() (time.Time, bool) {
 
 // runOnce is one look; it reports whether the self-check is over.
 func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
-	w := c.w
-	if w.lease.valid() && c.judgeLeaving(ctx) {
+	if c.lease.valid() && c.judgeLeaving(ctx) {
 		return true
 	}
 	ids := make([]int64, 0, selfCheckSample)
 	for id, s := range c.seen {
-		if g, ok := w.rows.settledGeneration(id); ok && g == s.gen {
+		if g, ok := c.rows.settledGeneration(id); ok && g == s.gen {
 			ids = append(ids, id)
 		} else {
 			delete(c.seen, id) // untracked, or taken again: it proved nothing
 		}
 	}
-	ids = append(ids, w.rows.newestSettled(selfCheckSample-len(ids), c.seen)...)
+	ids = append(ids, c.rows.newestSettled(selfCheckSample-len(ids), c.seen)...)
 	c.skipped = false
 	if len(ids) == 0 {
 		return false
 	}
-	if !w.lease.valid() {
-		w.noteLeaseLoss(nil) // a paused process may look before its heartbeat loop notes it
+	if !c.lease.valid() {
+		c.lease.noteLeaseLoss(nil) // a paused process may look before its heartbeat loop notes it
 		return false
 	}
-	loss := w.rows.lossGeneration()
-	before := w.rows.generations(ids)
+	loss := c.rows.lossGeneration()
+	before := c.rows.generations(ids)
 	start := time.Now()
-	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	dbCtx, cancel := context.WithTimeout(ctx, c.opts.resetTimeout)
 	var states []RowState
 	images, err := c.readRows(dbCtx, ids)
 	for _, m := range images {
@@ -248,15 +264,15 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	}
 	cancel()
 	if err != nil {
-		w.log.Debug("self-check: cannot read the state of tracked rows", slog.Any("error", err))
+		c.log.Debug("self-check: cannot read the state of tracked rows", slog.Any("error", err))
 		return false // the sightings stand; the next look reads them again
 	}
 	end := time.Now()
 	c.checks.Add(1)
-	if !w.lease.valid() || w.rows.lossGeneration() != loss {
+	if !c.lease.valid() || c.rows.lossGeneration() != loss {
 		return false // a recoverer may have reset them while the read ran
 	}
-	after := w.rows.generations(ids)
+	after := c.rows.generations(ids)
 	c.skipped = len(states) < len(after)
 	swapped, _, bad := c.sawFetch(images)
 	if bad && !mutantSwappedBeatsInProgress {
@@ -270,7 +286,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			if !ok || after[s.ID] != g {
 				continue
 			}
-			if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); c.inProgress(s, owner) || w.bareOwned(s, owner) {
+			if owner := c.rows.ownerOf(s.ID, c.opts.instanceID); c.inProgress(s, owner) || c.bareOwned(s, owner) {
 				bad = false
 				break
 			}
@@ -286,10 +302,10 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 			delete(c.seen, s.ID) // untracked or taken again during the read
 			continue
 		}
-		if owner := w.rows.ownerOf(s.ID, w.opts.instanceID); c.inProgress(s, owner) || w.bareOwned(s, owner) {
+		if owner := c.rows.ownerOf(s.ID, c.opts.instanceID); c.inProgress(s, owner) || c.bareOwned(s, owner) {
 			c.verdict.Store(1)
 			c.fast.Store(false)
-			w.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
+			c.log.Debug("self-check: tracked rows look in progress by this worker", slog.Int64("row_id", s.ID))
 			return true
 		}
 		prev, seen := c.seen[s.ID]
@@ -309,8 +325,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 // raiseBecause records the alarm about row s; what says what was seen of
 // it, and read rows were read.
 func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
-	w := c.w
-	inprog, queued := w.info.InProgressStatus, w.info.QueuedStatus
+	inprog, queued := c.info.InProgressStatus, c.info.QueuedStatus
 	expect := fmt.Sprintf(" (the resetter takes status %q for in progress", inprog)
 	switch s.Status {
 	case queued:
@@ -321,26 +336,26 @@ func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
 		expect += ": misspelt?)"
 	}
 	err := fmt.Errorf("%w: row %d, tracked by %s, %s: it has status %q and owner %q%s; check WithStatuses, the owner column (the fetch must set it to OwnerValue()) and the status the fetch writes",
-		ErrMisconfigured, s.ID, w.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
+		ErrMisconfigured, s.ID, c.opts.instanceID, what, clip(s.Status), clip(s.Owner), expect)
 	c.alarm.Store(&err)
 	c.verdict.Store(2)
 	c.fast.Store(false)
-	w.stats.misconfigured.Add(1)
+	c.stats.misconfigured.Add(1)
 	attrs := []any{slog.Int64("row_id", s.ID), slog.String("status", clip(s.Status)), slog.String("owner", clip(s.Owner))}
 	if expect != "" {
 		attrs = append(attrs, slog.String("expected", strings.Trim(expect, " ()")))
 	}
 	attrs = append(attrs, slog.Int("rows_checked", read), slog.Int("rows_not_in_progress", len(c.seen)))
-	w.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck", attrs...)
-	w.events.emit(Event{Kind: EventMisconfigured, Rows: len(c.seen), Err: err})
+	c.log.Error("self-check: the rows this worker tracks do not look like its rows in progress; a crash would leave them stuck", attrs...)
+	c.events.emit(Event{Kind: EventMisconfigured, Rows: len(c.seen), Err: err})
 }
 
-// misconfigured returns the self-check's alarm, or nil.
-func (w *Worker) misconfigured() error {
-	if w.checker == nil {
+// alarmErr returns the self-check's alarm, or nil (also on a nil c).
+func (c *selfChecker) alarmErr() error {
+	if c == nil {
 		return nil
 	}
-	if p := w.checker.alarm.Load(); p != nil {
+	if p := c.alarm.Load(); p != nil {
 		return *p
 	}
 	return nil
@@ -351,10 +366,10 @@ func (w *Worker) misconfigured() error {
 // InstanceID(), which every recovery of this worker resets too, so the
 // configuration is right but a regained lease must be held
 // (noteBareOwners).
-func (w *Worker) bareOwned(s RowState, owner string) bool {
-	if owner == w.opts.instanceID || !inProgress(w.info, s, w.opts.instanceID) {
+func (c *selfChecker) bareOwned(s RowState, owner string) bool {
+	if owner == c.opts.instanceID || !inProgress(c.info, s, c.opts.instanceID) {
 		return false
 	}
-	w.noteBareOwners()
+	c.lease.noteBareOwners()
 	return true
 }

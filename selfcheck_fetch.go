@@ -81,20 +81,19 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 	if full {
 		return
 	}
-	w := c.w
 	sample := ids[:min(len(ids), preImageSample)]
-	gens := w.rows.generations(sample)
+	gens := c.rows.generations(sample)
 	// Bounded well below the operation timeout: Track is on the host's
 	// path, inside its fetch, and a pool the fetch has exhausted must not
 	// hold it up; a read that does not answer in time judges nothing.
-	opCtx, cancel := context.WithTimeout(ctx, min(w.opts.opTimeout, max(c.window()/10, 10*time.Millisecond)))
+	opCtx, cancel := context.WithTimeout(ctx, min(c.opts.opTimeout, max(c.window()/10, 10*time.Millisecond)))
 	ims, err := c.readRows(opCtx, sample)
 	cancel()
 	if err != nil {
-		w.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
+		c.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
 		return
 	}
-	inprog := w.info.InProgressStatus
+	inprog := c.info.InProgressStatus
 	c.imu.Lock()
 	for _, m := range ims {
 		g, ok := gens[m.ID]
@@ -115,8 +114,8 @@ func (c *selfChecker) untracking(ids []int64) {
 	if c.off.Load() || c.verdict.Load() != 0 {
 		return
 	}
-	gens := c.w.rows.generations(ids)
-	queued := c.w.info.QueuedStatus
+	gens := c.rows.generations(ids)
+	queued := c.info.QueuedStatus
 	asked := false
 	c.imu.Lock()
 	for _, id := range ids {
@@ -144,8 +143,7 @@ func (c *selfChecker) untracking(ids []int64) {
 // committed version. It returns the row whose fetch swapped the statuses,
 // if any. states are the rows read unlocked; the caller checked the lease.
 func (c *selfChecker) sawFetch(states []RowState) (RowState, *fetchImage, bool) {
-	w := c.w
-	queued := w.info.QueuedStatus
+	queued := c.info.QueuedStatus
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	for _, s := range states {
@@ -153,7 +151,7 @@ func (c *selfChecker) sawFetch(states []RowState) (RowState, *fetchImage, bool) 
 		if !ok {
 			continue
 		}
-		if g, ok := w.rows.settledGeneration(s.ID); !ok || g != im.gen {
+		if g, ok := c.rows.settledGeneration(s.ID); !ok || g != im.gen {
 			delete(c.pre, s.ID) // untracked, released or taken again
 			continue
 		}
@@ -161,7 +159,7 @@ func (c *selfChecker) sawFetch(states []RowState) (RowState, *fetchImage, bool) 
 			continue // judged already, or the fetch not committed (or rolled back)
 		}
 		im.fetched, im.after, im.state = true, s.Version, s
-		if im.wasInprog && s.Status == queued && !c.inProgress(s, w.opts.instanceID) {
+		if im.wasInprog && s.Status == queued && !c.inProgress(s, c.opts.instanceID) {
 			return s, im, true
 		}
 	}
@@ -191,31 +189,30 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 	if len(rows) == 0 {
 		return false
 	}
-	w := c.w
-	loss := w.rows.lossGeneration()
+	loss := c.rows.lossGeneration()
 	ids := make([]int64, len(rows))
 	for i, r := range rows {
 		ids[i] = r.id
 	}
-	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	dbCtx, cancel := context.WithTimeout(ctx, c.opts.resetTimeout)
 	ims, err := c.readRows(dbCtx, ids)
 	cancel()
 	if err != nil {
-		w.log.Debug("self-check: cannot read the state of rows just untracked", slog.Any("error", err))
+		c.log.Debug("self-check: cannot read the state of rows just untracked", slog.Any("error", err))
 		return false
 	}
 	c.checks.Add(1)
-	if !w.lease.valid() || w.rows.lossGeneration() != loss {
+	if !c.lease.valid() || c.rows.lossGeneration() != loss {
 		return false // a recoverer may have reset them
 	}
 	by := make(map[int64]RowState, len(ims))
 	for _, m := range ims {
 		by[m.ID] = m
 	}
-	queued := w.info.QueuedStatus
+	queued := c.info.QueuedStatus
 	for _, r := range rows {
 		m, ok := by[r.id]
-		if !ok || m.Locked || r.im.gen <= loss || m.Version == r.im.after || c.inProgress(m, w.opts.instanceID) {
+		if !ok || m.Locked || r.im.gen <= loss || m.Version == r.im.after || c.inProgress(m, c.opts.instanceID) {
 			continue
 		}
 		// Evidence only if the status itself moved on, and not back to
@@ -249,12 +246,11 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 // row is one whose fetch rolled back, or that its host gave back, before
 // it untracked it: the hold only delays it. Start's recovery of its own
 // predecessor is not held.
-func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) error {
-	c := w.checker
-	if c == nil || c.off.Load() || c.verdict.Load() != 0 || w.state.Load() != stateRunning {
+func (c *selfChecker) unverifiedHold(ctx context.Context, peer string, ids []int64) error {
+	if c == nil || c.off.Load() || c.verdict.Load() != 0 || !c.running() {
 		return nil // verified, alarmed (recoverDeadLives holds), or RecoverNow before Start
 	}
-	if time.Since(time.Unix(0, w.runningSince.Load())) >= w.fleet.ttl() && !mutantUnboundedUnverifiedHold {
+	if time.Since(time.Unix(0, c.runningSince.Load())) >= c.fleet.ttl() && !mutantUnboundedUnverifiedHold {
 		// Long enough: a worker that fetched nothing in a TTL (an idle
 		// fleet) would otherwise hold the peer for good, and its rows
 		// set would hold the backstop sweep too. A worker whose statuses
@@ -263,21 +259,21 @@ func (w *Worker) unverifiedHold(ctx context.Context, peer string, ids []int64) e
 		// a worker configured right resets them with its backstop sweep.
 		return nil
 	}
-	dbCtx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	dbCtx, cancel := context.WithTimeout(ctx, c.opts.resetTimeout)
 	states, err := c.readRows(dbCtx, ids[:min(len(ids), maxStaleSample)])
 	cancel()
 	if err != nil {
 		// The reset reports what is wrong with the table; the hold is
 		// only a precaution.
-		w.log.Debug("recovery: cannot read the state of a dead peer's rows", slog.String("peer_id", peer), slog.Any("error", err))
+		c.log.Debug("recovery: cannot read the state of a dead peer's rows", slog.String("peer_id", peer), slog.Any("error", err))
 		return nil
 	}
 	var queued *RowState
 	for i, s := range states {
-		if inProgress(w.info, s, peer) {
+		if inProgress(c.info, s, peer) {
 			return nil // one row as the resetter expects: nothing swapped
 		}
-		if queued == nil && s.Status == w.info.QueuedStatus {
+		if queued == nil && s.Status == c.info.QueuedStatus {
 			queued = &states[i]
 		}
 	}

@@ -926,7 +926,7 @@ func (w *simWorld) run(t *testing.T) {
 	// never take the rows of a paused, recovered or crashed one for a
 	// misconfiguration.
 	for _, p := range w.procs {
-		if err := p.w.misconfigured(); err != nil {
+		if err := p.w.checker.alarmErr(); err != nil {
 			w.violate("%s: false alarm of the self-check: %v", p, err)
 		}
 	}

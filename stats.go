@@ -131,7 +131,7 @@ func (w *Worker) Stats() Stats {
 		RowsNotReset:      w.stats.rowsNotReset.Load(),
 		StrayRowsReset:    w.stats.strayRowsReset.Load(),
 		UntrackedRows:     w.stats.untrackedRows.Load(),
-		Misconfigured:     w.misconfigured() != nil,
+		Misconfigured:     w.checker.alarmErr() != nil,
 		Errors:            w.stats.errors.Load(),
 		RegistryBroken:    w.stats.registryBroken.Load(),
 		RegistryWrongType: w.stats.registryWrongType.Load(),

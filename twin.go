@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"time"
 
+	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 )
 
@@ -32,16 +33,38 @@ import (
 //     incarnation, finish) before its own first heartbeat, so they are
 //     never kept alive, nor taken for this incarnation's.
 
+// twin is Start's claim on the instance ID (claimInstanceID), and what
+// the heartbeat does when another process took it (noteOusted).
+type twin struct {
+	store     store.Store
+	log       *slog.Logger
+	opts      *options // read-only after New
+	beatValue string   // this process's heartbeat value
+	// byOwner is set when rows are recovered by owner: owner mode, or the
+	// backstop sweep by owner (sweepOf).
+	byOwner bool
+	lease   *lease
+	rows    *inflight
+	stats   *counters
+	events  *dispatcher
+	// What other parts do for it: predecessorHeld reports whether the
+	// server's evictions hold the recovery of a predecessor whose heartbeat
+	// an EXISTS sent at sent found absent (eviction.go); recoverDead is the
+	// one recovery path every peer runs (deadpeer.go).
+	predecessorHeld func(ctx context.Context, sent time.Time) bool
+	recoverDead     func(ctx context.Context, peer, foundBy string, noticed time.Time) (report.PeerRecovery, bool, error)
+}
+
 // errOusted is what a Worker whose instance ID another process took over
 // reports, for good: its lease is lost and the ID in use.
 var errOusted = fmt.Errorf("%w: %w", ErrLeaseLost, ErrInstanceIDInUse)
 
 // readOwn reads the heartbeat, its TTL and whether a rows set or an
 // incarnation exists, in one transaction on the instance's slot.
-func (w *Worker) readOwn(ctx context.Context) (store.Own, error) {
-	opCtx, cancel := w.opts.opContext(ctx)
+func (tw *twin) readOwn(ctx context.Context) (store.Own, error) {
+	opCtx, cancel := tw.opts.opContext(ctx)
 	defer cancel()
-	k, err := w.store.ReadOwn(opCtx, w.opts.instanceID)
+	k, err := tw.store.ReadOwn(opCtx, tw.opts.instanceID)
 	if err != nil {
 		return k, &readError{err}
 	}
@@ -62,8 +85,8 @@ func (e *readError) Unwrap() error { return e.err }
 // scheduling. It assumes the process runs with this Worker's timings, as a
 // fleet sharing one configuration does. It is shorter than the TTL
 // (interval + operation timeout < 0.9 × TTL).
-func (w *Worker) twinWatch() time.Duration {
-	return satAdd(satAdd(w.opts.heartbeatInterval, w.opts.opTimeout), w.opts.heartbeatInterval/10)
+func (tw *twin) twinWatch() time.Duration {
+	return satAdd(satAdd(tw.opts.heartbeatInterval, tw.opts.opTimeout), tw.opts.heartbeatInterval/10)
 }
 
 // lockedRowsPoll is how often Start tries again to reset rows its
@@ -71,8 +94,8 @@ func (w *Worker) twinWatch() time.Duration {
 const lockedRowsPoll = 250 * time.Millisecond
 
 // twinPoll is how often Start looks at a foreign heartbeat.
-func (w *Worker) twinPoll() time.Duration {
-	return min(max(w.opts.heartbeatInterval/20, time.Millisecond), 500*time.Millisecond)
+func (tw *twin) twinPoll() time.Duration {
+	return min(max(tw.opts.heartbeatInterval/20, time.Millisecond), 500*time.Millisecond)
 }
 
 // claimInstanceID runs in Start before the first heartbeat: it returns an
@@ -87,36 +110,36 @@ func (w *Worker) twinPoll() time.Duration {
 // rows while this process heartbeats the ID. It goes through the
 // claim like every recovery, so a peer's sweep recovering the same ID at
 // that moment is waited for, not raced.
-func (w *Worker) claimInstanceID(ctx context.Context) error {
+func (tw *twin) claimInstanceID(ctx context.Context) error {
 	recovered, warnedLocked := false, false
 	for {
 		sent := time.Now()
-		k, err := w.readOwn(ctx)
+		k, err := tw.readOwn(ctx)
 		if err != nil {
 			return err
 		}
 		switch {
-		case k.Value == w.beatValue:
+		case k.Value == tw.beatValue:
 			return nil // written by an earlier try of this Start
 		case k.Value != "":
-			if err := w.awaitPredecessor(ctx, k); err != nil {
+			if err := tw.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || ((w.ownerMode || w.sweeper.byOwner()) && w.opts.instanceIDSet && !recovered):
-			if w.nodes.predecessorHeld(ctx, sent) {
+		case k.Record || (tw.byOwner && tw.opts.instanceIDSet && !recovered):
+			if tw.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.
 				select {
 				case <-ctx.Done():
 					return fmt.Errorf("wait for the Redis server's evictions to stop before recovering this instance ID's previous process: %w", ctx.Err())
-				case <-time.After(w.twinPoll()):
+				case <-time.After(tw.twinPoll()):
 				}
 				continue
 			}
-			if recovered, err = w.recoverPredecessor(ctx, &warnedLocked); err != nil {
+			if recovered, err = tw.recoverPredecessor(ctx, &warnedLocked); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.
-				if k, rerr := w.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != w.beatValue {
+				if k, rerr := tw.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != tw.beatValue {
 					return fmt.Errorf("%w: another process took it while this one recovered its predecessor (%v)", ErrInstanceIDInUse, err)
 				}
 				return err
@@ -130,11 +153,11 @@ func (w *Worker) claimInstanceID(ctx context.Context) error {
 // awaitPredecessor watches a heartbeat that holds another process's value
 // until it expires. A refresh seen meanwhile means a live process holds
 // the ID.
-func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
+func (tw *twin) awaitPredecessor(ctx context.Context, first store.Own) error {
 	start := time.Now()
 	prev := first
 	warned := false
-	t := time.NewTimer(w.twinPoll())
+	t := time.NewTimer(tw.twinPoll())
 	defer t.Stop()
 	for {
 		select {
@@ -143,31 +166,31 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
 				prev.PTTL.Round(time.Millisecond), ctx.Err())
 		case <-t.C:
 		}
-		k, err := w.readOwn(ctx)
+		k, err := tw.readOwn(ctx)
 		if err != nil {
 			return err
 		}
 		switch {
 		case k.Value == "":
 			if warned {
-				w.log.Info("heartbeat of the previous process with this instance ID expired; recovering the rows it left",
+				tw.log.Info("heartbeat of the previous process with this instance ID expired; recovering the rows it left",
 					slog.Duration("waited", time.Since(start)))
 			}
 			return nil
 		case k.Value != prev.Value || k.PTTL > prev.PTTL:
 			return fmt.Errorf("%w: %s was refreshed by another process %s after Start found it",
-				ErrInstanceIDInUse, w.ownKeys().Heartbeat, time.Since(start).Round(time.Millisecond))
-		case k.PTTL < 0 && time.Since(start) > w.twinWatch():
+				ErrInstanceIDInUse, tw.store.Keys(tw.opts.instanceID).Heartbeat, time.Since(start).Round(time.Millisecond))
+		case k.PTTL < 0 && time.Since(start) > tw.twinWatch():
 			return fmt.Errorf("%w: %s holds another process's value and has no TTL: delete it if no process runs as %s",
-				ErrInstanceIDInUse, w.ownKeys().Heartbeat, w.opts.instanceID)
+				ErrInstanceIDInUse, tw.store.Keys(tw.opts.instanceID).Heartbeat, tw.opts.instanceID)
 		}
-		if !warned && time.Since(start) > w.twinWatch() {
+		if !warned && time.Since(start) > tw.twinWatch() {
 			warned = true
-			w.log.Warn("a previous process with this instance ID stopped refreshing its heartbeat; waiting for it to expire before starting",
+			tw.log.Warn("a previous process with this instance ID stopped refreshing its heartbeat; waiting for it to expire before starting",
 				slog.Duration("heartbeat_ttl_left", k.PTTL))
 		}
 		prev = k
-		t.Reset(min(w.twinPoll(), max(k.PTTL, time.Millisecond)))
+		t.Reset(min(tw.twinPoll(), max(k.PTTL, time.Millisecond)))
 	}
 }
 
@@ -181,12 +204,12 @@ func (w *Worker) awaitPredecessor(ctx context.Context, first store.Own) error {
 // rows PostgreSQL names this ID the owner of must be reset before this
 // process heartbeats under it. warnedLocked says whether that wait was
 // logged already.
-func (w *Worker) recoverPredecessor(ctx context.Context, warnedLocked *bool) (done bool, err error) {
-	pr, claimed, err := w.peers.recoverDead(ctx, w.opts.instanceID, foundByRestart, time.Now())
+func (tw *twin) recoverPredecessor(ctx context.Context, warnedLocked *bool) (done bool, err error) {
+	pr, claimed, err := tw.recoverDead(ctx, tw.opts.instanceID, foundByRestart, time.Now())
 	if err != nil && errors.Is(err, ErrRowsLocked) && ctx.Err() == nil {
 		if !*warnedLocked {
 			*warnedLocked = true
-			w.log.Warn("Start waits for rows a previous process left under this instance ID: another session holds them locked (its host vanished with a transaction open?); they are reset once that session ends (idle_in_transaction_session_timeout)",
+			tw.log.Warn("Start waits for rows a previous process left under this instance ID: another session holds them locked (its host vanished with a transaction open?); they are reset once that session ends (idle_in_transaction_session_timeout)",
 				slog.Any("error", err))
 		}
 		select {
@@ -205,12 +228,12 @@ func (w *Worker) recoverPredecessor(ctx context.Context, warnedLocked *bool) (do
 		select {
 		case <-ctx.Done():
 			return false, fmt.Errorf("wait for a peer's recovery of this instance ID's previous process: %w", ctx.Err())
-		case <-time.After(w.twinPoll()):
+		case <-time.After(tw.twinPoll()):
 		}
 		return false, nil
 	}
 	if pr.RowsFound > 0 || pr.RowsReset > 0 {
-		w.log.Info("recovered rows a previous process left under this instance ID",
+		tw.log.Info("recovered rows a previous process left under this instance ID",
 			slog.Int("rows_found", pr.RowsFound), slog.Int64("rows_reset", pr.RowsReset),
 			slog.Int("rows_quarantined", len(pr.Quarantined)))
 	}
@@ -219,15 +242,15 @@ func (w *Worker) recoverPredecessor(ctx context.Context, warnedLocked *bool) (do
 
 // noteOusted records, for good, that another process holds this Worker's
 // instance ID, and says so once.
-func (w *Worker) noteOusted() {
-	if w.lease.ousted.Swap(true) {
+func (tw *twin) noteOusted() {
+	if tw.lease.ousted.Swap(true) {
 		return
 	}
-	if !w.lease.lost.Swap(true) {
-		w.stats.leaseLosses.Add(1)
-		w.events.emit(Event{Kind: EventLeaseLost, Duration: w.lease.sinceRefresh(), Err: errOusted})
+	if !tw.lease.lost.Swap(true) {
+		tw.stats.leaseLosses.Add(1)
+		tw.events.emit(Event{Kind: EventLeaseLost, Duration: tw.lease.sinceRefresh(), Err: errOusted})
 	}
-	w.events.emit(Event{Kind: EventInstanceIDTaken, Err: errOusted})
-	w.log.Error("another process heartbeats this instance ID: it started while this worker could not refresh its heartbeat, and has taken over its rows; stop processing and shut this worker down",
-		slog.Int("rows_tracked", w.rows.len()))
+	tw.events.emit(Event{Kind: EventInstanceIDTaken, Err: errOusted})
+	tw.log.Error("another process heartbeats this instance ID: it started while this worker could not refresh its heartbeat, and has taken over its rows; stop processing and shut this worker down",
+		slog.Int("rows_tracked", tw.rows.len()))
 }

@@ -39,6 +39,7 @@ type Worker struct {
 	info      ResetterInfo // resetter.Info(), read once by New
 	ownerMode bool         // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
 	beatValue string       // this process's heartbeat value (twin.go)
+	twin      *twin        // Start's claim on the instance ID (twin.go)
 
 	lifecycle // Start, Shutdown
 
@@ -57,10 +58,6 @@ type Worker struct {
 	peers *peerRecoverer
 	// untracked is the ErrUntrackedRows alarm (rowsweep.go).
 	untracked *untrackedAlarm
-	// runningSince is when Start ended (Unix nanoseconds): a worker that
-	// has not verified its configuration holds suspect recoveries only
-	// for a heartbeat TTL after it (unverifiedHold).
-	runningSince atomic.Int64
 
 	loops // what Start runs
 }
@@ -150,17 +147,46 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs = o.observer
-	w.events.hist = newHistorian(w)
+	// historian: the fleet history's writer, nil when it is off (history.go);
+	// running is also the self-check's
+	running := func() bool { return w.state.Load() == stateRunning }
+	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
 	w.rlog = newRecoveryLog(w.log)
-	w.heart = &heartbeater{w: w}
-	// untracked: the ErrUntrackedRows alarm (rowsweep.go); trackCalled is
-	// the tracker's, set once the tracker is built.
-	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, ownerMode: ownerMode, state: &w.state}
+	// lease: what noting its loss touches (lease.go)
+	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
+	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
+	// selfChecker: the self-check loop (selfcheck.go)
+	w.checker = (&selfChecker{resetter: resetter, info: info, opts: &w.opts, log: w.log,
+		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
+		running: running}).init()
+	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
+	// the rows in the rows set (rowtrack.go); the mode is decided here.
+	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
+		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
+		events: &w.events, checkLease: w.CheckLease}
+	if ownerMode {
+		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners}
+	} else {
+		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
+	}
+	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
+	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, ownerMode: ownerMode, state: &w.state,
+		trackCalled: w.tracker.trackCalled}
 	// peers: the dead-peer path (deadpeer.go).
 	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter, info: info,
 		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: w.rlog,
-		judgeDead: w.judge.judgeDead, deregister: w.judge.deregister, misconfigured: w.misconfigured,
-		unverifiedHold: w.unverifiedHold, sweepsByOwner: sw != nil}
+		judgeDead: w.judge.judgeDead, deregister: w.judge.deregister, misconfigured: w.checker.alarmErr,
+		unverifiedHold: w.checker.unverifiedHold, sweepsByOwner: sw != nil}
+	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
+	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, beatValue: w.beatValue, byOwner: ownerMode || sw != nil,
+		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
+		predecessorHeld: w.nodes.predecessorHeld, recoverDead: w.peers.recoverDead}
+	// heartbeater: the heartbeat loop (heartbeat.go)
+	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts, beatValue: w.beatValue,
+		ownerMode: ownerMode, byVersion: rs != nil,
+		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
+		rotate: w.tracker.rotateLocked, retrack: w.tracker.retrack, noteRegistry: w.judge.noteRegistry,
+		owner: w.tracker.currentOwner, ousted: w.twin.noteOusted}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: w.rlog, expired: make(chan string, expiredQueue),
@@ -175,25 +201,13 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
 	case rs != nil:
 		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
-			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.misconfigured,
+			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
 			nodeHold: w.nodes.nodeHold, holdForEvictions: w.nodes.holdForEvictions, infoUnavailable: w.nodes.infoUnavailable}
 	}
 	if by != nil {
 		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken()}, by: by,
 			opts: &w.opts, rlog: w.rlog, stats: &w.stats, ousted: &w.lease.ousted}
 	}
-	w.checker = newSelfChecker(w)
-	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
-	// the rows in the rows set (rowtrack.go); the mode is decided here.
-	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
-		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
-		events: &w.events, checkLease: w.CheckLease}
-	if ownerMode {
-		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.noteBareOwners}
-	} else {
-		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
-	}
-	w.untracked.trackCalled = w.tracker.trackCalled
 	return w, nil
 }
 
@@ -278,7 +292,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	} else {
 		w.fleet.learnRecord(ctx)
 	}
-	if err := w.claimInstanceID(ctx); err != nil {
+	if err := w.twin.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
 			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
@@ -301,7 +315,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.stopLoops = cancel
 	w.loopsDone = make(chan struct{})
 	w.started = true
-	w.runningSince.Store(time.Now().UnixNano())
+	w.checker.runningSince.Store(time.Now().UnixNano())
 	w.state.Store(stateRunning)
 
 	var wg sync.WaitGroup
