@@ -53,13 +53,13 @@ type peerRecoverer struct {
 	stats     *counters
 	events    *dispatcher
 	rlog      *recoveryLog
+	// judge judges peers dead or alive, and deregisters the dead
+	// (registry.go); its nodeWatch holds verdicts after a restart
+	// (nodeage.go).
+	judge *judge
 
 	// What it needs of the other parts, set in New.
 
-	// judgeDead judges peers dead or alive (registry.go).
-	judgeDead func(ctx context.Context, peers []string, strict bool) ([]string, error)
-	// deregister removes a dead peer from the registry (registry.go).
-	deregister func(ctx context.Context, peer string) error
 	// misconfigured returns the self-check's alarm, or nil (selfcheck.go).
 	misconfigured func() error
 	// unverifiedHold holds a suspect recovery while this worker's
@@ -274,7 +274,7 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 		if r.foundBy == foundByRestart {
 			continue // this worker's own ID: Start judged it, and holds it
 		}
-		dead, jerr := r.p.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
+		dead, jerr := r.p.judge.judgeDead(ctx, []string{r.peer}, r.foundBy == foundBySweep)
 		if jerr != nil {
 			r.dropClaim()
 			return ctx, func() {}, res, err
@@ -571,7 +571,7 @@ func (r *peerRecovery) finish(ctx, parent context.Context) error {
 		r.rep.PeerCameBack = true
 		return nil
 	}
-	return p.deregister(parent, r.peer)
+	return p.judge.deregister(parent, r.peer)
 }
 
 // release gives the claim up after a failure so the next scan, by any

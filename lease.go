@@ -153,7 +153,7 @@ func (w *Worker) CheckLease() error {
 	if err := w.lease.check(w.rows.heldAtLoss()); err != nil {
 		return err
 	}
-	if _, written := w.rows.writtenLife(); w.ownerMode && !written {
+	if _, written := w.rows.writtenLife(); w.opts.ownerMode && !written {
 		return ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
 	}
 	return nil

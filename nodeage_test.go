@@ -229,7 +229,7 @@ func TestDeadPeersJudgesAsBeforeWhenTheServerHidesINFO(t *testing.T) {
 	plantDeadPeer(t, rdb, "ALYA", "dead", "1")
 	w, logs := newWorker(t, rdb, &fakeResetter{}, "scanner")
 	for range 2 {
-		dead, err := w.judge.deadPeers(context.Background(), []string{"dead"})
+		dead, err := w.peers.judge.deadPeers(context.Background(), []string{"dead"})
 		require.NoError(t, err)
 		assert.Equal(t, []string{"dead"}, dead)
 	}

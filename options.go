@@ -26,7 +26,17 @@ func withStore(wrap func(store.Store) store.Store) Option {
 	return optionFunc(func(o *options) { o.wrapStore = wrap })
 }
 
+// options is the Worker's configuration: what the options set, and what
+// New decided from them and the resetter. It does not change after New.
 type options struct {
+	// Decided by New: how the client reaches Redis (for messages), what
+	// the resetter guarantees (its Info), whether rows are recovered by
+	// owner (ownermode.go), and this process's heartbeat value (twin.go).
+	target    redisTarget
+	info      ResetterInfo
+	ownerMode bool
+	beatValue string
+
 	// wrapStore, set only by the package's tests (withStore), wraps the
 	// Redis store before New hands it to the Worker's parts.
 	wrapStore func(store.Store) store.Store

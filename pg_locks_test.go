@@ -196,7 +196,7 @@ func TestRecoveryOfAPeerWithALockedRowResetsTheRestAndRetriesIt(t *testing.T) {
 			assert.Equal(t, map[int64]string{1: "queued", 2: "queued", 3: "inprog", 4: "queued", 5: "queued"}, statuses(t, db))
 			assert.True(t, registered(t, rdb, prefix, "dead"), "kept for the next scan")
 			assert.Zero(t, w.Stats().RowsNotReset, "a lock is no misconfiguration")
-			w.rlog.peerFailed("dead", err)
+			w.peers.rlog.peerFailed("dead", err)
 			assert.Contains(t, logs.String(), `"level":"WARN","msg":"recovery of dead peer left rows another session holds locked`)
 			assert.NotContains(t, logs.String(), "check the resetter's statuses")
 

@@ -394,7 +394,7 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 	for time.Now().Before(deadline) {
 		rep, err := w.sweeper.runOnce(ctx)
 		require.NoError(t, err)
-		w.rlog.swept(rep, err)
+		w.peers.rlog.swept(rep, err)
 		assert.False(t, rep.turnHeld, "the turn is left to the owner-mode worker")
 		assert.Equal(t, []string{"owner-1"}, rep.ownerPeers)
 		time.Sleep(100 * time.Millisecond)

@@ -70,8 +70,8 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	// ever look for them.
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
-	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.fleet.rowsTTL()}
-	if w.ownerMode {
+	d := store.Departure{Value: w.opts.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.fleet.rowsTTL()}
+	if w.opts.ownerMode {
 		d.Tracked, d.Unremoved = nil, nil // the owner column says it all
 	}
 	opCtx, cancel := w.opts.opContext(ctx)
@@ -79,7 +79,7 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	cancel()
 	w.rows.assert.Unlock()
 	if res.Deregistered {
-		w.judge.noteRegistry(res.RegistryErr)
+		w.peers.judge.noteRegistry(res.RegistryErr)
 	}
 	if err != nil {
 		// The clean-up is retried by a later call; the events and the

@@ -114,7 +114,7 @@ func (c *counters) noteRowsStuck(d time.Duration) {
 func (w *Worker) Stats() Stats {
 	s := Stats{
 		InstanceID:        w.opts.instanceID,
-		OwnerMode:         w.ownerMode,
+		OwnerMode:         w.opts.ownerMode,
 		TrackedRows:       w.rows.len(),
 		LeaseValid:        w.CheckLease() == nil,
 		Heartbeats:        w.stats.heartbeats.Load(),

@@ -31,15 +31,10 @@ const (
 // and Shutdown when the process stops. See the package documentation for the
 // lifecycle.
 type Worker struct {
-	opts      options
-	log       *slog.Logger
-	store     store.Store // every Redis command goes through it
-	target    redisTarget // how the user's client reaches Redis, for messages
-	resetter  Resetter
-	info      ResetterInfo // resetter.Info(), read once by New
-	ownerMode bool         // rows are recovered by owner; none is mirrored in Redis (ownermode.go)
-	beatValue string       // this process's heartbeat value (twin.go)
-	twin      *twin        // Start's claim on the instance ID (twin.go)
+	opts     options
+	log      *slog.Logger
+	store    store.Store // every Redis command goes through it
+	resetter Resetter
 
 	lifecycle // Start, Shutdown
 
@@ -47,19 +42,11 @@ type Worker struct {
 	rows    inflight   // the rows tracked now (inflight.go)
 	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
 	lease   lease      // lease.go
-	nodes   *nodeWatch // nodeage.go, eviction.go
-	judge   *judge     // registry.go
 	fleet   *fleetView // fleet.go
 	stats   counters   // stats.go
 	events  dispatcher // events.go
-	rlog    *recoveryLog
-	// peers: the dead-peer path, shared by the recovery loop, the backstop
-	// sweep and Start (deadpeer.go).
-	peers *peerRecoverer
-	// untracked is the ErrUntrackedRows alarm (rowsweep.go).
-	untracked *untrackedAlarm
 
-	loops // what Start runs
+	loops // what Start runs, and the parts they share
 }
 
 // lifecycle is the state Start and Shutdown share.
@@ -73,12 +60,19 @@ type lifecycle struct {
 }
 
 // loops are the Worker's background loops, one small type each, with run
-// (the loop) and runOnce (one turn, which tests call).
+// (the loop) and runOnce (one turn, which tests call), and the parts they
+// share with Start and the exported methods. New builds each with what it
+// uses; none holds the Worker.
 type loops struct {
 	heart   *heartbeater // heartbeat.go
 	recov   *recoverer   // recovery.go
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
+
+	// The parts the loops share with Start and the exported methods.
+	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
+	twin      *twin           // Start's claim on the instance ID; the heartbeat's ousting (twin.go)
+	untracked *untrackedAlarm // the ErrUntrackedRows alarm (rowsweep.go)
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -122,26 +116,23 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	if err != nil {
 		return nil, err
 	}
+	o.target, o.info, o.ownerMode, o.beatValue = targetOf(rdb), info, ownerMode, store.HeartbeatOf(newToken())
 	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
 	if o.wrapStore != nil {
 		st = o.wrapStore(st)
 	}
 	w := &Worker{
-		opts:      o,
-		log:       o.logger.With(slog.String("instance_id", o.instanceID)),
-		store:     st,
-		target:    targetOf(rdb),
-		resetter:  resetter,
-		info:      info,
-		ownerMode: ownerMode,
-		beatValue: store.HeartbeatOf(newToken()),
-		lease:     newLease(o.heartbeatTTL),
+		opts:     o,
+		log:      o.logger.With(slog.String("instance_id", o.instanceID)),
+		store:    st,
+		resetter: resetter,
+		lease:    newLease(o.heartbeatTTL),
 	}
 	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode}
 	// nodes: node ages, their holds and the eviction hold (nodeage.go, eviction.go).
-	w.nodes = &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
+	nodes := &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
 	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
-	w.judge = &judge{store: w.store, log: w.log, opts: &w.opts, nodes: w.nodes, fleet: w.fleet,
+	jd := &judge{store: w.store, log: w.log, opts: &w.opts, nodes: nodes, fleet: w.fleet,
 		stats: &w.stats, events: &w.events}
 	w.events.id = o.instanceID
 	w.rows.init()
@@ -151,7 +142,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	// running is also the self-check's
 	running := func() bool { return w.state.Load() == stateRunning }
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
-	w.rlog = newRecoveryLog(w.log)
+	rlog := newRecoveryLog(w.log)
 	// lease: what noting its loss touches (lease.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
 	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
@@ -174,39 +165,39 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		trackCalled: w.tracker.trackCalled}
 	// peers: the dead-peer path (deadpeer.go).
 	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter, info: info,
-		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: w.rlog,
-		judgeDead: w.judge.judgeDead, deregister: w.judge.deregister, misconfigured: w.checker.alarmErr,
+		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
+		judge: jd, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold, sweepsByOwner: sw != nil}
 	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
-	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, beatValue: w.beatValue, byOwner: ownerMode || sw != nil,
+	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, beatValue: w.opts.beatValue, byOwner: ownerMode || sw != nil,
 		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
-		predecessorHeld: w.nodes.predecessorHeld, recoverDead: w.peers.recoverDead}
+		predecessorHeld: nodes.predecessorHeld, recoverDead: w.peers.recoverDead}
 	// heartbeater: the heartbeat loop (heartbeat.go)
-	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts, beatValue: w.beatValue,
+	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts, beatValue: w.opts.beatValue,
 		ownerMode: ownerMode, byVersion: rs != nil,
 		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		rotate: w.tracker.rotateLocked, retrack: w.tracker.retrack, noteRegistry: w.judge.noteRegistry,
+		rotate: w.tracker.rotateLocked, retrack: w.tracker.retrack, noteRegistry: jd.noteRegistry,
 		owner: w.tracker.currentOwner, ousted: w.twin.noteOusted}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
-		stats: &w.stats, events: &w.events, rlog: w.rlog, expired: make(chan string, expiredQueue),
-		registeredPeers: w.judge.registeredPeers, deadPeers: w.judge.deadPeers, noteUntracked: w.untracked.note}
+		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
+		registeredPeers: jd.registeredPeers, deadPeers: jd.deadPeers, noteUntracked: w.untracked.note}
 	// sweep: the backstop sweep with its strategy, by owner (sw) or by row
 	// version (rs).
 	var by sweepStrategy
 	switch {
 	case sw != nil:
 		by = &ownerSweep{resetter: sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
-			log: w.log, rlog: w.rlog, deadOwners: w.judge.deadOwners, recoverDeadLives: w.peers.recoverDeadLives, countRows: w.peers.countRows,
+			log: w.log, rlog: rlog, deadOwners: jd.deadOwners, recoverDeadLives: w.peers.recoverDeadLives, countRows: w.peers.countRows,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
 	case rs != nil:
 		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
 			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
-			nodeHold: w.nodes.nodeHold, holdForEvictions: w.nodes.holdForEvictions, infoUnavailable: w.nodes.infoUnavailable}
+			nodeHold: nodes.nodeHold, holdForEvictions: nodes.holdForEvictions, infoUnavailable: nodes.infoUnavailable}
 	}
 	if by != nil {
 		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken()}, by: by,
-			opts: &w.opts, rlog: w.rlog, stats: &w.stats, ousted: &w.lease.ousted}
+			opts: &w.opts, rlog: rlog, stats: &w.stats, ousted: &w.lease.ousted}
 	}
 	return w, nil
 }
@@ -271,12 +262,12 @@ func (w *Worker) Start(ctx context.Context) error {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
 	w.checker.probe(ctx)
-	if err := w.target.ping(ctx, w.store, &w.opts); err != nil {
+	if err := w.opts.target.ping(ctx, w.store, &w.opts); err != nil {
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
-	if err := w.nodes.checkEviction(ctx); err != nil {
+	if err := w.peers.judge.nodes.checkEviction(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
+			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -294,7 +285,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if err := w.twin.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
+			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
 		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -302,14 +293,14 @@ func (w *Worker) Start(ctx context.Context) error {
 		if errors.Is(err, ErrInstanceIDInUse) {
 			return fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
 		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.target.firstHeartbeatError(ctx, &w.opts, err))
+		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.opts.target.firstHeartbeatError(ctx, &w.opts, err))
 	}
-	w.nodes.observeNodes(ctx)
+	w.peers.judge.nodes.observeNodes(ctx)
 	var expiry *expiryWatcher
 	if w.opts.expiry {
 		// expiry: built with what it uses, subscribed here.
-		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.nodes,
-			deadPeers: w.judge.deadPeers, hand: w.recov.hand})
+		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.peers.judge.nodes,
+			deadPeers: w.peers.judge.deadPeers, hand: w.recov.hand})
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
