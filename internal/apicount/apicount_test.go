@@ -3,6 +3,7 @@ package main
 import (
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/stretchr/testify/assert"
@@ -87,4 +88,50 @@ func TestRootPackageCount(t *testing.T) {
 	assert.LessOrEqual(t, c.total(), rootLimit,
 		"the root package exports %d identifiers, more than %d: move, merge or unexport one (go run ./internal/apicount -v .)",
 		c.total(), rootLimit)
+}
+
+// TestWorkerIsLifecycleAndWiring asserts the Worker's limits, and logs its
+// figures.
+func TestWorkerIsLifecycleAndWiring(t *testing.T) {
+	s, err := shapeOf(filepath.Join("..", ".."), "Worker")
+	require.NoError(t, err)
+	require.NotEmpty(t, s.methods)
+	t.Logf("Worker: %d fields (%s), %d methods; longest function %s",
+		len(s.fields), strings.Join(s.fields, ", "), len(s.methods), s.longest)
+	assert.LessOrEqual(t, len(s.fields), workerFieldLimit, "Worker fields: %v", s.fields)
+	assert.LessOrEqual(t, len(s.methods), workerMethodLimit, "Worker methods: %v", s.methods)
+	assert.Empty(t, s.holders, "types that hold a *Worker: build them with what they use")
+}
+
+// shapeOf counts what it is asked to: a made-up package.
+func TestShapeOfCountsFieldsMethodsAndHolders(t *testing.T) {
+	dir := t.TempDir()
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a.go"), []byte(`package a
+
+type W struct {
+	a, b int
+	embedded
+	c *W
+}
+
+type embedded struct{}
+
+type loop struct{ w *W }
+
+func (w *W) One() {}
+func (w W) two()  {}
+func (l *loop) run() {
+	_ = 1
+	_ = 2
+}
+`), 0o644))
+	require.NoError(t, os.WriteFile(filepath.Join(dir, "a_test.go"), []byte("package a\n\nfunc (w *W) three() {}\n"), 0o644))
+	s, err := shapeOf(dir, "W")
+	require.NoError(t, err)
+	assert.Equal(t, []string{"a", "b", "embedded", "c"}, s.fields)
+	assert.Equal(t, []string{"One (a.go)", "two (a.go)"}, s.methods)
+	assert.Equal(t, []string{"loop.w"}, s.holders)
+	assert.Equal(t, "loop.run (4 lines)", s.longest)
+	_, err = shapeOf(dir, "Missing")
+	assert.Error(t, err)
 }

@@ -20,7 +20,10 @@
 // resolve them).
 //
 // Usage: go run ./internal/apicount [dir] (dir defaults to "."); -v lists
-// every name.
+// every name. With -worker it describes the package's Worker type instead
+// (worker.go): its fields and methods, which issue 23 limits to 12 and 20,
+// the types that hold a *Worker (none: the loops are built with what they
+// use), and the package's longest function.
 package main
 
 import (
@@ -50,10 +53,30 @@ func (c count) total() int {
 
 func main() {
 	verbose := flag.Bool("v", false, "list every name")
+	worker := flag.Bool("worker", false, "describe the Worker type instead: fields, methods, back-pointers, the longest function")
 	flag.Parse()
 	dir := "."
 	if flag.NArg() > 0 {
 		dir = flag.Arg(0)
+	}
+	if *worker {
+		s, err := shapeOf(dir, "Worker")
+		if err != nil {
+			fmt.Fprintln(os.Stderr, "apicount:", err)
+			os.Exit(2)
+		}
+		fmt.Printf("Worker: %d fields, %d methods (limits %d and %d, asserted by TestWorkerIsLifecycleAndWiring); types holding a *Worker: %d; longest function: %s\n",
+			len(s.fields), len(s.methods), workerFieldLimit, workerMethodLimit, len(s.holders), s.longest)
+		if *verbose {
+			fmt.Println("fields:", strings.Join(s.fields, ", "))
+			for _, m := range s.methods {
+				fmt.Println("method", m)
+			}
+			for _, h := range s.holders {
+				fmt.Println("holder", h)
+			}
+		}
+		return
 	}
 	c, err := countDir(dir)
 	if err != nil {

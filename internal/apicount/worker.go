@@ -1,0 +1,115 @@
+package main
+
+import (
+	"fmt"
+	"go/ast"
+	"go/build"
+	"go/parser"
+	"go/token"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+)
+
+// The Worker keeps lifecycle and wiring (issue 23, docs/plans/v2.md §4c):
+// at most workerFieldLimit fields and workerMethodLimit methods, and no
+// other type of the root holds a *Worker (TestWorkerIsLifecycleAndWiring).
+const (
+	workerFieldLimit  = 12
+	workerMethodLimit = 20
+)
+
+// shape is what one struct type of a package is made of, as go/ast sees
+// it in the non-test files the default build includes: its fields (an
+// embedded field counts as one), its methods (any receiver name, pointer
+// or not, exported or not), and the other types of the package that hold
+// a pointer to it in a field (back-pointers).
+type shape struct {
+	fields  []string
+	methods []string // Name (file.go)
+	holders []string // Type.field of the types holding a *T
+	longest string   // the longest function or method of the package: name (lines)
+}
+
+// shapeOf describes the struct type name of the package in dir.
+func shapeOf(dir, name string) (shape, error) {
+	var s shape
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		return s, err
+	}
+	fset := token.NewFileSet()
+	ctx := build.Default
+	found := false
+	longest := 0
+	for _, e := range entries {
+		fn := e.Name()
+		if e.IsDir() || !strings.HasSuffix(fn, ".go") || strings.HasSuffix(fn, "_test.go") {
+			continue
+		}
+		if ok, err := ctx.MatchFile(dir, fn); err != nil {
+			return s, fmt.Errorf("match %s: %w", fn, err)
+		} else if !ok {
+			continue
+		}
+		f, err := parser.ParseFile(fset, filepath.Join(dir, fn), nil, parser.SkipObjectResolution)
+		if err != nil {
+			return s, fmt.Errorf("parse %s: %w", fn, err)
+		}
+		for _, decl := range f.Decls {
+			switch d := decl.(type) {
+			case *ast.FuncDecl:
+				lines := fset.Position(d.End()).Line - fset.Position(d.Pos()).Line + 1
+				what := d.Name.Name
+				if d.Recv != nil {
+					what = receiverType(d.Recv.List[0].Type) + "." + what
+				}
+				if lines > longest {
+					longest, s.longest = lines, fmt.Sprintf("%s (%d lines)", what, lines)
+				}
+				if d.Recv != nil && receiverType(d.Recv.List[0].Type) == name {
+					s.methods = append(s.methods, d.Name.Name+" ("+fn+")")
+				}
+			case *ast.GenDecl:
+				if d.Tok != token.TYPE {
+					continue
+				}
+				for _, spec := range d.Specs {
+					ts := spec.(*ast.TypeSpec)
+					st, ok := ts.Type.(*ast.StructType)
+					if !ok {
+						continue
+					}
+					for _, fl := range st.Fields.List {
+						names := []string{}
+						for _, n := range fl.Names {
+							names = append(names, n.Name)
+						}
+						if len(names) == 0 { // embedded
+							names = append(names, receiverType(fl.Type))
+						}
+						if ts.Name.Name == name {
+							found = true
+							s.fields = append(s.fields, names...)
+							continue
+						}
+						if star, ok := fl.Type.(*ast.StarExpr); ok {
+							if id, ok := star.X.(*ast.Ident); ok && id.Name == name {
+								for _, n := range names {
+									s.holders = append(s.holders, ts.Name.Name+"."+n)
+								}
+							}
+						}
+					}
+				}
+			}
+		}
+	}
+	if !found {
+		return s, fmt.Errorf("no struct type %s in %s", name, dir)
+	}
+	sort.Strings(s.methods)
+	sort.Strings(s.holders)
+	return s, nil
+}
