@@ -38,10 +38,10 @@ type expiryWatcher struct {
 	opts  *options
 	fleet *fleetView
 	nodes *nodeWatch // reads a node's INFO and remembers its age (nodeage.go)
-	// deadPeers judges peers' heartbeats (registry.go); hand passes a dead
-	// peer to the recoverer without waiting (recovery.go).
-	deadPeers func(ctx context.Context, peers []string) ([]string, error)
-	hand      func(peer string)
+	// judge judges peers' heartbeats (registry.go); hand passes a dead peer
+	// to the recoverer without waiting (recovery.go).
+	judge *judge
+	hand  func(peer string)
 	// subs holds the subscription of each master, by node; only Start
 	// and then the watcher's loop touch it.
 	subs map[string]*watch
@@ -266,7 +266,7 @@ func (e *expiryWatcher) handle(ctx context.Context, key string) {
 	if !ok || id == e.opts.instanceID {
 		return
 	}
-	if dead, err := e.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
+	if dead, err := e.judge.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
 		return
 	}
 	e.hand(id)

@@ -29,18 +29,15 @@ type heartbeater struct {
 	fleet     *fleetView
 	stats     *counters
 	events    *dispatcher
-	// What other parts do for it: rotate gives the rows set a new
-	// incarnation, the caller holding the rows-set lock, and retrack writes
-	// back the rows among removed that are tracked again (rowtrack.go's
-	// rotateLocked and retrack); noteRegistry records the outcome of the
-	// registry SADD (registry.go); owner is the current owner value, for a
-	// log line (owner.go's currentOwner); ousted records that another
+	// tracker gives the rows set a new incarnation (rotateLocked, the
+	// caller holding the rows-set lock), writes back the rows among those
+	// removed that are tracked again (retrack), and names the current
+	// owner value for a log line (rowtrack.go); judge records the outcome
+	// of the registry SADD (registry.go); ousted records that another
 	// process took the instance ID (twin.noteOusted).
-	rotate       func(ctx context.Context) error
-	retrack      func(ctx context.Context, removed []int64)
-	noteRegistry func(err error)
-	owner        func() string
-	ousted       func()
+	tracker tracker
+	judge   *judge
+	ousted  func()
 	// failures counts the heartbeats failed in a row; outageStart is when
 	// the first of them failed. Only run touches them.
 	failures    int
@@ -80,7 +77,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 
 	h.rows.assert.Lock()
 	defer h.rows.assert.Unlock()
-	if err := h.rotate(ctx); err != nil {
+	if err := h.tracker.rotateLocked(ctx); err != nil {
 		// A released row is tracked again: writing it under the old
 		// incarnation would hide it from recovery.
 		h.stats.heartbeatFailures.Add(1)
@@ -129,7 +126,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		h.lease.renew(sentAt)
 		h.rows.wrote(incarnation)
 	}
-	h.noteRegistry(res.RegistryErr)
+	h.judge.noteRegistry(res.RegistryErr)
 	if err != nil {
 		h.stats.heartbeatFailures.Add(1)
 		return err
@@ -139,7 +136,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	h.events.emit(Event{Kind: EventHeartbeat})
 	if len(unremoved) > 0 {
 		h.rows.forgetUnremoved(unremoved)
-		h.retrack(ctx, unremoved)
+		h.tracker.retrack(ctx, unremoved)
 	}
 	return nil
 }
@@ -202,7 +199,7 @@ func (h *heartbeater) restored() {
 		if h.lease.perLife.Load() {
 			// The held time is counted only for rows under the bare ID.
 			h.log.Info("heartbeat lease regained; worker re-registered in a new life; rows of the ended life must be given back",
-				slog.Int("stale_rows", h.rows.heldAtLoss()), slog.String("owner", h.owner()))
+				slog.Int("stale_rows", h.rows.heldAtLoss()), slog.String("owner", h.tracker.currentOwner()))
 		} else {
 			h.log.Info("heartbeat lease regained; worker re-registered; taking no rows until a recovery that claimed it meanwhile must have ended",
 				slog.Int("stale_rows", h.rows.heldAtLoss()), slog.Duration("held_for", h.fleet.claimTTL()))

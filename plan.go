@@ -31,13 +31,13 @@ func (w *Worker) planRecovery(ctx context.Context) (report.RecoveryPlan, error) 
 // scan does, and has peers plan the recovery of each.
 func (r *recoverer) plan(ctx context.Context) (report.RecoveryPlan, error) {
 	var plan report.RecoveryPlan
-	peers, invalid, err := r.registeredPeers(ctx)
+	peers, invalid, err := r.judge.registeredPeers(ctx)
 	if err != nil {
 		return plan, err
 	}
 	slices.Sort(invalid)
 	plan.InvalidMembers, plan.PeersChecked = invalid, len(peers)
-	dead, err := r.deadPeers(ctx, peers)
+	dead, err := r.judge.deadPeers(ctx, peers)
 	if err != nil {
 		return plan, err
 	}

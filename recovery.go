@@ -56,13 +56,13 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 			PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
 	}()
 
-	peers, invalid, err := r.registeredPeers(ctx)
+	peers, invalid, err := r.judge.registeredPeers(ctx)
 	if err != nil {
 		return rep, err
 	}
 	rep.InvalidMembers = invalid
 	rep.PeersChecked = len(peers)
-	dead, err := r.deadPeers(ctx, peers)
+	dead, err := r.judge.deadPeers(ctx, peers)
 	if err != nil {
 		return rep, err
 	}
@@ -103,15 +103,11 @@ type recoverer struct {
 	rlog      *recoveryLog
 	expired   chan string // peers whose heartbeat just expired (expiry.go)
 
-	// What it needs of the other parts, set in New.
-
-	// registeredPeers reads the registry (registry.go).
-	registeredPeers func(ctx context.Context) (peers, invalid []string, err error)
-	// deadPeers judges which registered peers are dead (registry.go).
-	deadPeers func(ctx context.Context, peers []string) ([]string, error)
-	// noteUntracked reads this worker's note in the untracked-rows hash
-	// (rowsweep.go).
-	noteUntracked func(note string)
+	// judge reads the registry and judges which registered peers are
+	// dead (registry.go); untracked takes this worker's note in the
+	// untracked-rows hash (rowsweep.go).
+	judge     *judge
+	untracked *untrackedAlarm
 }
 
 // expiredQueue is how many expired peers can wait for the loop (the
@@ -184,13 +180,13 @@ func (r *recoverer) takeScanTurn(ctx context.Context) bool {
 			opCtx, cancel := r.opts.opContext(ctx)
 			note, _ := r.store.UntrackedNote(opCtx, r.opts.instanceID)
 			cancel()
-			r.noteUntracked(note)
+			r.untracked.note(note)
 		}
 		return true
 	}
 	opCtx, cancel := r.opts.opContext(ctx)
 	defer cancel()
 	held, note, err := r.store.TakeScanTurn(opCtx, r.opts.instanceID, r.opts.scanTurnTTL())
-	r.noteUntracked(note)
+	r.untracked.note(note)
 	return held || err != nil
 }

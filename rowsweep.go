@@ -84,13 +84,10 @@ type rowSweep struct {
 	untracked *untrackedAlarm
 	// misconfigured is the self-check's alarm, or nil (selfcheck.go).
 	misconfigured func() error
-	// nodeHold, holdForEvictions and infoUnavailable are the memory of
-	// Redis nodes' ages and evictions (nodeage.go, eviction.go) that
-	// mastersTrusted asks.
-	nodeHold         func(addr string, f nodeFacts, recv time.Time, strict bool) (until time.Time, first, youngOnly bool)
-	holdForEvictions func(addr string, f nodeFacts, infoErr error, sent, recv time.Time, peers int) bool
-	infoUnavailable  func(err error)
-	mem              rowsMemory // what absentSince is to the sweep by owner
+	// nodes is the memory of Redis nodes' ages and evictions (nodeage.go,
+	// eviction.go) that mastersTrusted asks.
+	nodes *nodeWatch
+	mem   rowsMemory // what absentSince is to the sweep by owner
 }
 
 // yield leaves the turn when the fleet has owner-mode members.
@@ -374,10 +371,10 @@ func (s *rowSweep) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	cancel()
 	recv := time.Now()
 	if err != nil && len(infos) == 0 {
-		if s.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
+		if s.nodes.holdForEvictions("", nodeFacts{evicted: -1}, err, sent, recv, 0) {
 			return false // evictions accepted: the server may be evicting rows sets
 		}
-		s.infoUnavailable(err)
+		s.nodes.infoUnavailable(err)
 		return true
 	}
 	trusted := true
@@ -393,15 +390,15 @@ func (s *rowSweep) mastersTrusted(ctx context.Context, sent time.Time) bool {
 	for node, info := range infos {
 		f, err := parseNodeFacts(info)
 		if err != nil {
-			s.infoUnavailable(err)
+			s.nodes.infoUnavailable(err)
 			continue
 		}
 		if !f.master {
 			trusted = false
 			continue
 		}
-		until, first, youngOnly := s.nodeHold(node, f, recv, true)
-		if s.holdForEvictions(node, f, nil, sent, recv, 0) {
+		until, first, youngOnly := s.nodes.nodeHold(node, f, recv, true)
+		if s.nodes.holdForEvictions(node, f, nil, sent, recv, 0) {
 			// An evicted rows set of a live worker is back within a
 			// heartbeat interval, as its heartbeat is (eviction.go).
 			trusted = false

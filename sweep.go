@@ -147,12 +147,11 @@ type ownerSweep struct {
 	stats    *counters
 	log      *slog.Logger
 	rlog     *recoveryLog
-	// deadOwners judges the owners' heartbeats (registry.go);
-	// recoverDeadLives is the one dead-peer path (deadpeer.go), and
-	// countRows counts the rows a recovery reset and quarantined.
-	deadOwners       func(ctx context.Context, owners []string) ([]string, error)
-	recoverDeadLives func(ctx context.Context, peer, foundBy string, noticed time.Time, lives []string) (report.PeerRecovery, bool, error)
-	countRows        func(pr report.PeerRecovery)
+	// judge judges the owners' heartbeats (registry.go); peers is the one
+	// dead-peer path (recoverDeadLives), which also counts the rows a
+	// recovery reset and quarantined (countRows; deadpeer.go).
+	judge *judge
+	peers *peerRecoverer
 	// absentSince is when each owner was first seen without a heartbeat
 	// by this holder of the turn. Only look and forget (runOnce) touch it.
 	absentSince map[string]time.Time
@@ -275,7 +274,7 @@ func (s *ownerSweep) look(ctx context.Context, rep *sweepReport) error {
 		}
 	}
 	checkedAt := time.Now()
-	dead, err := s.deadOwners(ctx, candidates)
+	dead, err := s.judge.deadOwners(ctx, candidates)
 	if err != nil {
 		s.stats.countFailure(ctx)
 		return err
@@ -299,7 +298,7 @@ func (s *ownerSweep) look(ctx context.Context, rep *sweepReport) error {
 			rep.absent = append(rep.absent, o)
 			continue
 		}
-		pr, claimed, err := s.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
+		pr, claimed, err := s.peers.recoverDeadLives(ctx, o, foundBySweep, since, lives[o])
 		switch {
 		case err != nil:
 			errs = append(errs, &report.PeerError{InstanceID: o, Err: err})
@@ -380,7 +379,7 @@ func (s *ownerSweep) sweepEndedLives(ctx context.Context, values []string, check
 		delete(s.endedSince, v)
 		pr := report.PeerRecovery{InstanceID: id, RowsFound: int(res.Changed) + len(res.NotReset), RowsReset: res.Changed,
 			Quarantined: res.Quarantined, NotReset: res.NotReset}
-		s.countRows(pr)
+		s.peers.countRows(pr)
 		rep.recovered = append(rep.recovered, pr)
 		s.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
 			"owner", clip(v), "rows_reset", res.Changed, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))

@@ -7,7 +7,6 @@ import (
 	"log/slog"
 	"time"
 
-	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 )
 
@@ -47,12 +46,12 @@ type twin struct {
 	rows    *inflight
 	stats   *counters
 	events  *dispatcher
-	// What other parts do for it: predecessorHeld reports whether the
-	// server's evictions hold the recovery of a predecessor whose heartbeat
-	// an EXISTS sent at sent found absent (eviction.go); recoverDead is the
-	// one recovery path every peer runs (deadpeer.go).
-	predecessorHeld func(ctx context.Context, sent time.Time) bool
-	recoverDead     func(ctx context.Context, peer, foundBy string, noticed time.Time) (report.PeerRecovery, bool, error)
+	// nodes tells whether the server's evictions hold the recovery of a
+	// predecessor whose heartbeat an EXISTS found absent (predecessorHeld,
+	// eviction.go); peers is the one recovery path every peer runs
+	// (recoverDead, deadpeer.go).
+	nodes *nodeWatch
+	peers *peerRecoverer
 }
 
 // errOusted is what a Worker whose instance ID another process took over
@@ -126,7 +125,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 				return err
 			}
 		case k.Record || (tw.byOwner && tw.opts.instanceIDSet && !recovered):
-			if tw.predecessorHeld(ctx, sent) {
+			if tw.nodes.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.
 				select {
@@ -205,7 +204,7 @@ func (tw *twin) awaitPredecessor(ctx context.Context, first store.Own) error {
 // process heartbeats under it. warnedLocked says whether that wait was
 // logged already.
 func (tw *twin) recoverPredecessor(ctx context.Context, warnedLocked *bool) (done bool, err error) {
-	pr, claimed, err := tw.recoverDead(ctx, tw.opts.instanceID, foundByRestart, time.Now())
+	pr, claimed, err := tw.peers.recoverDead(ctx, tw.opts.instanceID, foundByRestart, time.Now())
 	if err != nil && errors.Is(err, ErrRowsLocked) && ctx.Err() == nil {
 		if !*warnedLocked {
 			*warnedLocked = true

@@ -171,29 +171,28 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
 	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, beatValue: w.opts.beatValue, byOwner: ownerMode || sw != nil,
 		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
-		predecessorHeld: nodes.predecessorHeld, recoverDead: w.peers.recoverDead}
+		nodes: nodes, peers: w.peers}
 	// heartbeater: the heartbeat loop (heartbeat.go)
 	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts, beatValue: w.opts.beatValue,
 		ownerMode: ownerMode, byVersion: rs != nil,
 		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		rotate: w.tracker.rotateLocked, retrack: w.tracker.retrack, noteRegistry: jd.noteRegistry,
-		owner: w.tracker.currentOwner, ousted: w.twin.noteOusted}
+		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
-		registeredPeers: jd.registeredPeers, deadPeers: jd.deadPeers, noteUntracked: w.untracked.note}
+		judge: jd, untracked: w.untracked}
 	// sweep: the backstop sweep with its strategy, by owner (sw) or by row
 	// version (rs).
 	var by sweepStrategy
 	switch {
 	case sw != nil:
 		by = &ownerSweep{resetter: sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
-			log: w.log, rlog: rlog, deadOwners: jd.deadOwners, recoverDeadLives: w.peers.recoverDeadLives, countRows: w.peers.countRows,
+			log: w.log, rlog: rlog, judge: jd, peers: w.peers,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
 	case rs != nil:
 		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
 			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
-			nodeHold: nodes.nodeHold, holdForEvictions: nodes.holdForEvictions, infoUnavailable: nodes.infoUnavailable}
+			nodes: nodes}
 	}
 	if by != nil {
 		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken()}, by: by,
@@ -300,7 +299,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if w.opts.expiry {
 		// expiry: built with what it uses, subscribed here.
 		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.peers.judge.nodes,
-			deadPeers: w.peers.judge.deadPeers, hand: w.recov.hand})
+			judge: w.peers.judge, hand: w.recov.hand})
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
