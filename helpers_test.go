@@ -69,7 +69,7 @@ func fast(extra ...Option) []Option {
 func newWorker(t *testing.T, rdb redis.UniversalClient, r Resetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
 	t.Helper()
 	log, buf := testutil.Logger(t)
-	all := append(fast(WithInstanceID(id), WithLogger(log)), opts...)
+	all := append(fast(WithInstanceID(id), WithLogger(log), withTestSignals()), opts...)
 	w, err := New(rdb, r, all...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -529,3 +529,7 @@ func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
 		return err == nil && f.uptime >= d
 	}, d+5*time.Second, 50*time.Millisecond)
 }
+
+// signals are w's test signals (testsignals.go), on for every Worker that
+// newWorker builds.
+func signals(w *Worker) *testSignals { return &w.opts.sig }

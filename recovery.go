@@ -116,6 +116,7 @@ func (r *recoverer) run(ctx context.Context) {
 		case peer := <-r.expired:
 			// Every subscribed worker hears of it; the claim lets one act.
 			_, _, _ = w.recoverDead(ctx, peer, foundByExpiry, time.Now())
+			w.opts.sig.expired.Signal(peer) // test signal: an expiry message acted on
 			continue
 		case <-t.C:
 		}
@@ -124,6 +125,7 @@ func (r *recoverer) run(ctx context.Context) {
 			return
 		}
 		t.Reset(w.opts.jitter("scan", w.opts.recoveryInterval, 0.1))
+		w.opts.sig.scan.Signal(struct{}{}) // test signal: a recovery turn ended
 	}
 }
 

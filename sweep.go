@@ -123,6 +123,7 @@ func (s *sweeper) run(ctx context.Context) {
 		}
 		s.w.rlog.swept(rep, err)
 		t.Reset(s.w.opts.jitter("sweep", s.w.opts.recoveryInterval, 0.1))
+		s.w.opts.sig.sweep.Signal(err) // test signal: a sweep turn ended
 	}
 }
 

@@ -52,6 +52,7 @@ func (f *untrackFlusher) run(ctx context.Context) {
 
 // runOnce removes the rows waiting for their SREM, in one command.
 func (f *untrackFlusher) runOnce(ctx context.Context) {
+	defer f.w.opts.sig.flush.Signal(struct{}{}) // test signal: a flush turn ended
 	w := f.w
 	w.rows.assert.Lock()
 	defer w.rows.assert.Unlock()
