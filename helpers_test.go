@@ -533,3 +533,27 @@ func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
 // signals are w's test signals (testsignals.go), on for every Worker that
 // newWorker builds.
 func signals(w *Worker) *testSignals { return &w.opts.sig }
+
+// waitLook waits for a self-check turn of w that read its rows, none
+// locked: the quick look after a fetch's COMMIT.
+func waitLook(t *testing.T, w *Worker) {
+	t.Helper()
+	signals(w).look.WaitFor(t, func(l lookTurn) bool { return l.read })
+}
+
+// waitLookAfter waits for a self-check turn of w begun after at (the look
+// an Untrack asks for, say), or for the end of the self-check.
+func waitLookAfter(t *testing.T, w *Worker, at time.Time) {
+	t.Helper()
+	signals(w).look.WaitFor(t, func(l lookTurn) bool { return l.began.After(at) || l.over })
+}
+
+// waitBeat waits for a heartbeat of w, begun after the call, that
+// succeeded.
+func waitBeat(t *testing.T, w *Worker) {
+	t.Helper()
+	s := &signals(w).beat
+	s.Clear()
+	s.WaitOrTimeout(t) // a heartbeat under way at the call may end first
+	s.WaitFor(t, func(err error) bool { return err == nil })
+}

@@ -214,7 +214,7 @@ func (c *selfChecker) confirmAt() (time.Time, bool) {
 
 // runOnce is one look; it reports whether the self-check is over.
 func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
-	defer func(n uint64) { c.w.opts.sig.look.Signal(c.checks.Load() > n && !c.skipped) }(c.checks.Load()) // test signal: a self-check turn ended
+	defer c.w.opts.sig.looked(c, time.Now(), c.checks.Load(), &done) // test signal: a self-check turn ended
 	w := c.w
 	if w.lease.valid() && c.judgeLeaving(ctx) {
 		return true

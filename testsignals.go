@@ -1,6 +1,10 @@
 package recovery
 
-import "github.com/alya/recovery/internal/testsignal"
+import (
+	"time"
+
+	"github.com/alya/recovery/internal/testsignal"
+)
 
 // testSignals are the loops' notes to the package's tests that they did
 // something, so a test waits for the turn it needs instead of sleeping or
@@ -13,9 +17,16 @@ type testSignals struct {
 	scan    testsignal.Signal[struct{}] // a recovery turn ended, scanned or not (recovery.go)
 	expired testsignal.Signal[string]   // the recovery loop acted on an expiry message for this peer (recovery.go)
 	sweep   testsignal.Signal[error]    // a sweep turn ended, with its error (sweep.go)
-	look    testsignal.Signal[bool]     // a self-check turn ended; true when it read the rows, none locked (selfcheck.go)
+	look    testsignal.Signal[lookTurn] // a self-check turn ended (selfcheck.go)
 	flush   testsignal.Signal[struct{}] // a deferred-Untrack flush turn ended (untrack.go)
 	history testsignal.Signal[error]    // a history entry was sent, with the send's error (history.go)
+}
+
+// lookTurn is a self-check turn, as its test signal tells it.
+type lookTurn struct {
+	began time.Time // when the turn began
+	read  bool      // it read the rows it looked for, none locked
+	over  bool      // the self-check is over: no turn follows
 }
 
 // withTestSignals turns the loops' test signals on (testSignals); the
@@ -30,4 +41,10 @@ func withTestSignals() Option {
 		o.sig.flush.Init()
 		o.sig.history.Init()
 	})
+}
+
+// looked signals the end of c's turn begun at began, when c had made
+// checks reads; *done is the turn's result.
+func (s *testSignals) looked(c *selfChecker, began time.Time, checks uint64, done *bool) {
+	s.look.Signal(lookTurn{began: began, read: c.checks.Load() > checks && !c.skipped, over: *done || c.off.Load()})
 }
