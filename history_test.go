@@ -122,7 +122,7 @@ func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
 		})) // the hold after the regain: a claim TTL, 500ms
 	srv.Kill()
 	require.Eventually(t, func() bool { return w.Stats().LeaseLosses == 1 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(300 * time.Millisecond) // the lease_lost entry has failed at least once
+	signals(w).history.WaitFor(t, func(err error) bool { return err != nil }) // the lease_lost entry has failed at least once
 	srv.Restart()
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond)
 	var h []streamEntry
