@@ -32,7 +32,7 @@ import (
 // less (a Start with 600 ms, a 50 ms operation timeout), stay sequential,
 // so other tests' load cannot push them over it. A test whose interleaving
 // only needs a live worker's lease to hold may run in parallel with
-// timings scaled up for it (life_test.go, hole22_test.go: TTLs of 2 s,
+// timings scaled up for it (life_test.go, life_ousted_test.go: TTLs of 2 s,
 // Redis calls of 200 ms or more, every wait scaled alike), and so may one
 // whose bound is a fraction of a heartbeat interval it sets long enough
 // (half of 4 s). Parallel tests start after the sequential ones have

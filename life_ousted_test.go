@@ -1,8 +1,8 @@
 package recovery
 
-// Per-life owner values against the interleavings an adversarial review
-// of issue 22 found. Each test states the interleaving; each failed on the
-// code as first merged.
+// Per-life owner values against an ousted process, a rolled-back life
+// record and a block fetched under the life before a loss. Each test
+// states the interleaving; each failed on the code as first merged.
 
 import (
 	"context"
