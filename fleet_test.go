@@ -224,7 +224,7 @@ func drain(c chan struct{}) {
 func waitScans(t *testing.T, w *Worker, n uint64) {
 	t.Helper()
 	before := w.Stats().Scans
-	require.Eventually(t, func() bool { return w.Stats().Scans >= before+n }, 10*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).scan, 10*time.Second, func() bool { return w.Stats().Scans >= before+n })
 }
 
 // The fleet memory keeps the longest timing announced; a shorter one
@@ -303,7 +303,7 @@ func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
 	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
 		5*time.Second, 10*time.Millisecond)
 	beats := w.Stats().Heartbeats
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 })
 	assert.Equal(t, 1, logs.Count("the key prefix serves another fleet"), "once")
 	assert.Contains(t, logs.String(), `"recorded":"database=x schema=y table=z"`)
 }
@@ -350,7 +350,7 @@ func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
 	const msg = "cannot write the fleet record"
 	require.Eventually(t, func() bool { return logs.Count(msg) == 1 }, 5*time.Second, 10*time.Millisecond)
 	beats := w.Stats().Heartbeats
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 },
 		"heartbeats go on")
 	assert.Equal(t, 1, logs.Count(msg), "once per outage")
 	assert.NoError(t, w.CheckLease())

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testsignal"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -556,4 +557,20 @@ func waitBeat(t *testing.T, w *Worker) {
 	s.Clear()
 	s.WaitOrTimeout(t) // a heartbeat under way at the call may end first
 	s.WaitFor(t, func(err error) bool { return err == nil })
+}
+
+// waitTurns waits up to d until cond holds, checking it now and at the end
+// of each turn of the loop that emits s (a test signal of testsignals.go):
+// cond reads what that loop changes. msgAndArgs say what is awaited.
+func waitTurns[T any](t *testing.T, s *testsignal.Signal[T], d time.Duration, cond func() bool, msgAndArgs ...any) {
+	t.Helper()
+	if cond() {
+		return
+	}
+	defer func() {
+		if t.Failed() && len(msgAndArgs) > 0 {
+			t.Log(msgAndArgs...)
+		}
+	}()
+	s.WaitForWithin(t, d, func(T) bool { return cond() })
 }

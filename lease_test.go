@@ -235,7 +235,7 @@ func TestALateHeartbeatThatRenewsAnEndedLeaseIsHeldAsARegain(t *testing.T) {
 	beats := w.Stats().Heartbeats
 	late.armed.Store(true)
 	<-late.done
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats > beats }, 2*time.Second, time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return w.Stats().Heartbeats > beats })
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "held after the late heartbeat")
 	assert.ErrorIs(t, w.Track(ctx, 1), ErrLeaseLost)
 	assert.Equal(t, 1, logs.Count("heartbeat lease lost"))

@@ -86,7 +86,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
 			r.blind.Store(false)
 			beats := w.Stats().Heartbeats
-			require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+4 }, 5*time.Second, 10*time.Millisecond,
+			waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+4 },
 				"a second, five self-check windows, with rows 2-4 tracked and queued")
 			assert.False(t, w.Stats().Misconfigured, "rows a recoverer reset are not a misconfiguration")
 			// p's recovery finished w's rows set, so w's first heartbeat after

@@ -63,8 +63,15 @@ func (s *Signal[T]) WaitOrTimeout(t testing.TB) T {
 // the values before it; it fails the test if none comes within Timeout.
 func (s *Signal[T]) WaitFor(t testing.TB, ok func(T) bool) T {
 	t.Helper()
+	return s.WaitForWithin(t, Timeout, ok)
+}
+
+// WaitForWithin is WaitFor with a timeout of d instead of Timeout: a test
+// whose loop must do something within a bound waits for that bound.
+func (s *Signal[T]) WaitForWithin(t testing.TB, d time.Duration, ok func(T) bool) T {
+	t.Helper()
 	s.requireInit(t)
-	timer := time.NewTimer(Timeout)
+	timer := time.NewTimer(d)
 	defer timer.Stop()
 	for {
 		select {
@@ -73,7 +80,7 @@ func (s *Signal[T]) WaitFor(t testing.TB, ok func(T) bool) T {
 				return v
 			}
 		case <-timer.C:
-			t.Fatalf("testsignal: no value within %v", Timeout)
+			t.Fatalf("testsignal: no value within %v", d)
 			var zero T
 			return zero
 		}
