@@ -281,7 +281,7 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	f.freeze()
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 5*time.Second, 5*time.Millisecond)
 	f.thaw()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 10*time.Second, 5*time.Millisecond)
 	held := time.Since(regained)

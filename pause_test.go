@@ -83,7 +83,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			require.Equal(t, map[int64]string{1: "done", 2: "queued", 3: "queued", 4: "queued"}, statusesOf(t, db, 1, 2, 3, 4))
 
 			fr.thaw() // resumed
-			require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
+			waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 			r.blind.Store(false)
 			beats := w.Stats().Heartbeats
 			waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+4 },

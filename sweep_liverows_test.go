@@ -102,7 +102,7 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	require.NoError(t, q.Track(ctx, 2))
 
 	fr.thaw() // resumed
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 2-4 held at the loss")
 	then(t, rdb, w, q)
 	assert.Equal(t, "inprog", statusesOf(t, db, 2)[2], "q's row 2 is left alone")
