@@ -300,8 +300,7 @@ func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", "database=x schema=y table=z").Err())
-	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
-		5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("the key prefix serves another fleet") == 1 })
 	beats := w.Stats().Heartbeats
 	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 })
 	assert.Equal(t, 1, logs.Count("the key prefix serves another fleet"), "once")
@@ -348,7 +347,7 @@ func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, store.FleetKey(prefix)).Err())
 	require.NoError(t, rdb.Set(ctx, store.FleetKey(prefix), "x", 0).Err())
 	const msg = "cannot write the fleet record"
-	require.Eventually(t, func() bool { return logs.Count(msg) == 1 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count(msg) == 1 })
 	beats := w.Stats().Heartbeats
 	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 },
 		"heartbeats go on")
