@@ -82,7 +82,7 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 	require.NoError(t, w.Track(ctx, 1, 2, 3))
 
 	mr.SetError("ERR paused") // the process is stopped, the key expires
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 	mr.SetError("")
 	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 
@@ -115,7 +115,7 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 2), ErrLeaseLost, "no new rows while peers may consider us dead")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 
 	mr.SetError("")
 	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
@@ -173,7 +173,7 @@ func TestRegainedLeaseIsHeldForAClaimTTL(t *testing.T) {
 	require.Equal(t, 750*time.Millisecond, w.opts.claimTTL())
 
 	mr.SetError("ERR paused")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 	mr.SetError("")
 	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
