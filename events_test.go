@@ -56,7 +56,7 @@ func TestSlowObserverNeverDelaysAHeartbeat(t *testing.T) {
 			RowsTTL:           2 * time.Hour,
 		}))
 
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= 8 }, 3*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(w).beat, 3*time.Second, func() bool { return w.Stats().Heartbeats >= 8 },
 		"heartbeats go on while the observer is stuck on the first event")
 	assert.NoError(t, w.Healthy())
 	assert.Zero(t, delivered)

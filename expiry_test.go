@@ -109,7 +109,7 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	// others on the subscription, so once it is recovered they were handled.
 	plantDeadPeer(t, rdb, defaultKeyPrefix, "last", "1")
 	require.NoError(t, rdb.Set(ctx, keysOf("last").Heartbeat, "alive", 10*time.Millisecond).Err())
-	require.Eventually(t, func() bool { return len(r.resetOf("last")) == 1 }, 5*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(w).expired, 5*time.Second, func() bool { return len(r.resetOf("last")) == 1 },
 		"recovered through its expiry event (the recovery interval is an hour)")
 	assert.Equal(t, 1, r.callCount(), "the other keys' events reset nothing")
 	assert.Equal(t, uint64(1), w.Stats().PeersDead, "and found no one else dead")

@@ -224,7 +224,7 @@ func drain(c chan struct{}) {
 func waitScans(t *testing.T, w *Worker, n uint64) {
 	t.Helper()
 	before := w.Stats().Scans
-	require.Eventually(t, func() bool { return w.Stats().Scans >= before+n }, 10*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).scan, 10*time.Second, func() bool { return w.Stats().Scans >= before+n })
 }
 
 // The fleet memory keeps the longest timing announced; a shorter one
@@ -281,7 +281,7 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	f.freeze()
 	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 5*time.Second, 5*time.Millisecond)
 	f.thaw()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 10*time.Second, 5*time.Millisecond)
 	held := time.Since(regained)
@@ -300,10 +300,9 @@ func TestHeartbeatLogsASecondFleetOnThePrefixOnce(t *testing.T) {
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", "database=x schema=y table=z").Err())
-	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
-		5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("the key prefix serves another fleet") == 1 })
 	beats := w.Stats().Heartbeats
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 })
 	assert.Equal(t, 1, logs.Count("the key prefix serves another fleet"), "once")
 	assert.Contains(t, logs.String(), `"recorded":"database=x schema=y table=z"`)
 }
@@ -348,9 +347,9 @@ func TestAFleetKeyOfTheWrongTypeIsLoggedOnceAndStopsNoHeartbeat(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, store.FleetKey(prefix)).Err())
 	require.NoError(t, rdb.Set(ctx, store.FleetKey(prefix), "x", 0).Err())
 	const msg = "cannot write the fleet record"
-	require.Eventually(t, func() bool { return logs.Count(msg) == 1 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count(msg) == 1 })
 	beats := w.Stats().Heartbeats
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 },
 		"heartbeats go on")
 	assert.Equal(t, 1, logs.Count(msg), "once per outage")
 	assert.NoError(t, w.CheckLease())

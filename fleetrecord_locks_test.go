@@ -317,8 +317,7 @@ func TestHeartbeatLogsAnotherServerOnThePrefix(t *testing.T) {
 	_, server := w.fleet.mem.served()
 	require.NotEmpty(t, server)
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "server", "system_identifier=1").Err())
-	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
-		5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("the key prefix serves another fleet") == 1 })
 	assert.Contains(t, logs.String(), `"recorded_server":"system_identifier=1"`)
 	assert.Contains(t, logs.String(), `"server":"`+server+`"`)
 }

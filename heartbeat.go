@@ -174,10 +174,12 @@ func (h *heartbeater) run(ctx context.Context) {
 				next = 0 // a life begun while this one was in flight: record it now
 			}
 			t.Reset(next)
+			h.opts.sig.beat.Signal(nil) // test signal: a heartbeat turn ended
 			continue
 		}
 		h.failed(err)
 		t.Reset(h.retryDelay(h.failures))
+		h.opts.sig.beat.Signal(err) // test signal: a heartbeat turn ended
 	}
 }
 

@@ -20,6 +20,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testsignal"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -32,7 +33,7 @@ import (
 // less (a Start with 600 ms, a 50 ms operation timeout), stay sequential,
 // so other tests' load cannot push them over it. A test whose interleaving
 // only needs a live worker's lease to hold may run in parallel with
-// timings scaled up for it (life_test.go, hole22_test.go: TTLs of 2 s,
+// timings scaled up for it (life_test.go, life_ousted_test.go: TTLs of 2 s,
 // Redis calls of 200 ms or more, every wait scaled alike), and so may one
 // whose bound is a fraction of a heartbeat interval it sets long enough
 // (half of 4 s). Parallel tests start after the sequential ones have
@@ -69,7 +70,7 @@ func fast(extra ...Option) []Option {
 func newWorker(t *testing.T, rdb redis.UniversalClient, r Resetter, id string, opts ...Option) (*Worker, *testutil.LogBuffer) {
 	t.Helper()
 	log, buf := testutil.Logger(t)
-	all := append(fast(WithInstanceID(id), WithLogger(log)), opts...)
+	all := append(fast(WithInstanceID(id), WithLogger(log), withTestSignals()), opts...)
 	w, err := New(rdb, r, all...)
 	require.NoError(t, err)
 	t.Cleanup(func() {
@@ -528,4 +529,48 @@ func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
 		f, err := parseNodeFacts(info + "\nrole:master\n")
 		return err == nil && f.uptime >= d
 	}, d+5*time.Second, 50*time.Millisecond)
+}
+
+// signals are w's test signals (testsignals.go), on for every Worker that
+// newWorker builds.
+func signals(w *Worker) *testSignals { return &w.opts.sig }
+
+// waitLook waits for a self-check turn of w that read its rows, none
+// locked: the quick look after a fetch's COMMIT.
+func waitLook(t *testing.T, w *Worker) {
+	t.Helper()
+	signals(w).look.WaitFor(t, func(l lookTurn) bool { return l.read })
+}
+
+// waitLookAfter waits for a self-check turn of w begun after at (the look
+// an Untrack asks for, say), or for the end of the self-check.
+func waitLookAfter(t *testing.T, w *Worker, at time.Time) {
+	t.Helper()
+	signals(w).look.WaitFor(t, func(l lookTurn) bool { return l.began.After(at) || l.over })
+}
+
+// waitBeat waits for a heartbeat of w, begun after the call, that
+// succeeded.
+func waitBeat(t *testing.T, w *Worker) {
+	t.Helper()
+	s := &signals(w).beat
+	s.Clear()
+	s.WaitOrTimeout(t) // a heartbeat under way at the call may end first
+	s.WaitFor(t, func(err error) bool { return err == nil })
+}
+
+// waitTurns waits up to d until cond holds, checking it now and at the end
+// of each turn of the loop that emits s (a test signal of testsignals.go):
+// cond reads what that loop changes. msgAndArgs say what is awaited.
+func waitTurns[T any](t *testing.T, s *testsignal.Signal[T], d time.Duration, cond func() bool, msgAndArgs ...any) {
+	t.Helper()
+	if cond() {
+		return
+	}
+	defer func() {
+		if t.Failed() && len(msgAndArgs) > 0 {
+			t.Log(msgAndArgs...)
+		}
+	}()
+	s.WaitForWithin(t, d, func(T) bool { return cond() })
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testsignal"
 )
 
 // The fleet's history: every worker appends what an operator wants to read
@@ -114,6 +115,7 @@ type historian struct {
 	// opTimeout bounds each XADD; retry is the wait before sending again
 	// an entry Redis did not answer.
 	opTimeout, retry time.Duration
+	sig              *testsignal.Signal[error] // the options' history test signal (testsignals.go)
 
 	mu      sync.Mutex        // guards the fields below and the send on ch
 	failing map[string]string // peer → the cause of its last failed recovery, written once
@@ -144,7 +146,7 @@ func newHistorian(st store.Store, log *slog.Logger, o *options, running func() b
 	// entries are for people, later.
 	return &historian{store: st, log: log, maxLen: int64(o.historyLen),
 		opTimeout: o.opTimeout, retry: max(o.heartbeatInterval, time.Second),
-		running: running}
+		running: running, sig: &o.sig.history}
 }
 
 // offer queues the entry e makes, if it makes one, without waiting.
@@ -284,6 +286,7 @@ func (h *historian) drain(ctx context.Context, failing bool) {
 func (h *historian) append(ctx context.Context, it historyItem, failing bool) bool {
 	for attempt := 1; ; attempt++ {
 		err := h.send(ctx, it)
+		h.sig.Signal(err) // test signal: a history entry sent
 		if err == nil {
 			if failing {
 				h.log.Info("fleet history appended again", slog.Uint64("history_dropped", h.dropped.Load()))

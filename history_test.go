@@ -121,8 +121,8 @@ func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
 			ResetTimeout:      200 * time.Millisecond,
 		})) // the hold after the regain: a claim TTL, 500ms
 	srv.Kill()
-	require.Eventually(t, func() bool { return w.Stats().LeaseLosses == 1 }, 5*time.Second, 10*time.Millisecond)
-	time.Sleep(300 * time.Millisecond) // the lease_lost entry has failed at least once
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().LeaseLosses == 1 })
+	signals(w).history.WaitFor(t, func(err error) bool { return err != nil }) // the lease_lost entry has failed at least once
 	srv.Restart()
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond)
 	var h []streamEntry

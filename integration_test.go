@@ -128,7 +128,7 @@ func TestIntegrationCancellingProcessingContextDoesNotStopHeartbeat(t *testing.T
 	cancel() // SIGTERM: processing context cancelled, the block goes on
 
 	beats := w.Stats().Heartbeats
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+12 }, 10*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(w).beat, 10*time.Second, func() bool { return w.Stats().Heartbeats >= beats+12 },
 		"heartbeats go on for three heartbeat TTLs")
 	ttl, err := rdb.PTTL(context.Background(), store.InstanceKeys(prefix, "w1").Heartbeat).Result()
 	require.NoError(t, err)

@@ -59,7 +59,7 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 	ok, err := observer.SIsMember(ctx, registryKey, "A").Result()
 	require.NoError(t, err)
 	assert.True(t, ok, "re-registered with the new lease")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(a).beat, time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	assert.Equal(t, 1, logs.Count("heartbeat lease lost"))
 	n, err := observer.Exists(ctx, keysOf("A").Rows).Result()
 	require.NoError(t, err)
@@ -82,9 +82,9 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 	require.NoError(t, w.Track(ctx, 1, 2, 3))
 
 	mr.SetError("ERR paused") // the process is stopped, the key expires
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 	mr.SetError("")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 1-3 may have been recovered meanwhile")
 	assert.ErrorIs(t, w.Track(ctx, 4), ErrLeaseLost)
@@ -115,10 +115,10 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 2), ErrLeaseLost, "no new rows while peers may consider us dead")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 
 	mr.SetError("")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is not given back yet")
 	require.NoError(t, w.Untrack(1))
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 2*time.Second, 5*time.Millisecond,
@@ -173,9 +173,9 @@ func TestRegainedLeaseIsHeldForAClaimTTL(t *testing.T) {
 	require.Equal(t, 750*time.Millisecond, w.opts.claimTTL())
 
 	mr.SetError("ERR paused")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 	mr.SetError("")
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
 
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "no stale rows, but held")
@@ -235,7 +235,7 @@ func TestALateHeartbeatThatRenewsAnEndedLeaseIsHeldAsARegain(t *testing.T) {
 	beats := w.Stats().Heartbeats
 	late.armed.Store(true)
 	<-late.done
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats > beats }, 2*time.Second, time.Millisecond)
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return w.Stats().Heartbeats > beats })
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "held after the late heartbeat")
 	assert.ErrorIs(t, w.Track(ctx, 1), ErrLeaseLost)
 	assert.Equal(t, 1, logs.Count("heartbeat lease lost"))

@@ -81,7 +81,7 @@ func TestOwnerModeResumesInANewLifeAndRefusesABlockOfTheEndedOne(t *testing.T) {
 	assert.NotEqual(t, before, w.OwnerValue(), "a new life begins at the loss")
 	take(t, db, before, 1, 2) // the host's fetch, under the value it read before the loss
 	fr.thaw()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
@@ -113,7 +113,7 @@ func TestOwnerModeReleaseResetsEachRowUnderItsLife(t *testing.T) {
 
 	loseLease(t, rdb, w, fr)
 	fr.thaw()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is still tracked")
 	require.NoError(t, w.Release(ctx, 1))
 	require.NoError(t, w.CheckLease())
@@ -280,7 +280,7 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	loseLease(t, rdb, w, fr)
 	done := recoverBlocked(t, p, g)
 	fr.thaw()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	require.NoError(t, w.Release(ctx, 1, 2), "the host gives back its block")
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
 	owner := w.OwnerValue()
@@ -318,7 +318,7 @@ func TestResidualAResetStillRunningWhenAPausedWorkerResumes(t *testing.T) {
 	loseLease(t, rdb, w, fr) // paused past its TTL
 	done := recoverBlocked(t, p, g)
 	fr.thaw() // resumed while p's reset runs
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	require.NoError(t, w.Untrack(1, 2), "the host drops the block of its ended life (p resets it)")
 	require.NoError(t, w.CheckLease(), "no hold")
 	owner := w.OwnerValue()

@@ -40,6 +40,9 @@ type options struct {
 	// wrapStore, set only by the package's tests (withStore), wraps the
 	// Redis store before New hands it to the Worker's parts.
 	wrapStore func(store.Store) store.Store
+	// sig holds the loops' test signals, off unless a test turns them on
+	// (withTestSignals, testsignals.go).
+	sig testSignals
 
 	instanceID        string
 	keyPrefix         string

@@ -2,7 +2,6 @@ package recovery
 
 import (
 	"context"
-	"fmt"
 	"strconv"
 	"strings"
 	"testing"
@@ -96,13 +95,9 @@ func TestOwnerModeSendsNoRedisCommandPerRow(t *testing.T) {
 	}))
 	require.True(t, w.Stats().OwnerMode)
 	// Let the first scan and sweep (run at Start) finish.
-	var before map[string]int64
-	require.Eventually(t, func() bool {
-		a := commandCalls(t, rdb)
-		time.Sleep(200 * time.Millisecond)
-		before = commandCalls(t, rdb)
-		return w.Stats().Scans > 0 && fmt.Sprint(a) == fmt.Sprint(before)
-	}, 10*time.Second, time.Millisecond)
+	signals(w).scan.WaitOrTimeout(t)
+	signals(w).sweep.WaitOrTimeout(t)
+	before := commandCalls(t, rdb)
 
 	for block := range 1000 {
 		ids := make([]int64, 10)

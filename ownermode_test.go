@@ -58,14 +58,9 @@ func TestOwnerModeTrackUntrackAndReleaseSendNothingToRedis(t *testing.T) {
 		})) // after their first turns, no loop sends anything for an hour
 	require.True(t, w.Stats().OwnerMode)
 	ctx := context.Background()
-	// The first scan and sweep run at Start: wait until Redis has heard
-	// nothing for 300ms (each takes a few milliseconds).
-	require.Eventually(t, func() bool {
-		before, _ := counter.snapshot()
-		time.Sleep(300 * time.Millisecond)
-		after, _ := counter.snapshot()
-		return w.Stats().Scans > 0 && before == after
-	}, 10*time.Second, time.Millisecond)
+	// The first scan and sweep run at Start: wait for them to end.
+	signals(w).scan.WaitOrTimeout(t)
+	signals(w).sweep.WaitOrTimeout(t)
 	counter.reset()
 
 	take(t, db, "w", 1, 2, 3, 4, 5)

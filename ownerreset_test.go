@@ -127,7 +127,7 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	}
 
 	fr.thaw()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
 	// The fix (H1): the regained lease is held for a claim TTL, by which
 	// time R's claim context, started before its claim, has ended.

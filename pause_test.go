@@ -83,10 +83,10 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			require.Equal(t, map[int64]string{1: "done", 2: "queued", 3: "queued", 4: "queued"}, statusesOf(t, db, 1, 2, 3, 4))
 
 			fr.thaw() // resumed
-			require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
+			waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 			r.blind.Store(false)
 			beats := w.Stats().Heartbeats
-			require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+4 }, 5*time.Second, 10*time.Millisecond,
+			waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+4 },
 				"a second, five self-check windows, with rows 2-4 tracked and queued")
 			assert.False(t, w.Stats().Misconfigured, "rows a recoverer reset are not a misconfiguration")
 			// p's recovery finished w's rows set, so w's first heartbeat after

@@ -130,6 +130,7 @@ func (r *recoverer) run(ctx context.Context) {
 		case peer := <-r.expired:
 			// Every subscribed worker hears of it; the claim lets one act.
 			_, _, _ = r.peers.recoverDead(ctx, peer, foundByExpiry, time.Now())
+			r.opts.sig.expired.Signal(peer) // test signal: an expiry message acted on
 			continue
 		case <-t.C:
 		}
@@ -138,6 +139,7 @@ func (r *recoverer) run(ctx context.Context) {
 			return
 		}
 		t.Reset(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1))
+		r.opts.sig.scan.Signal(struct{}{}) // test signal: a recovery turn ended
 	}
 }
 

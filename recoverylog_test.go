@@ -6,7 +6,6 @@ import (
 	"time"
 
 	"github.com/stretchr/testify/assert"
-	"github.com/stretchr/testify/require"
 )
 
 func TestRecoveryLoopLogsAFailingPeerOncePerOutage(t *testing.T) {
@@ -14,13 +13,13 @@ func TestRecoveryLoopLogsAFailingPeerOncePerOutage(t *testing.T) {
 	plantDeadPeer(t, rdb, "ALYA", "p1", "1")
 	r := &fakeResetter{}
 	r.setFail("p1", errors.New("db down"))
-	_, logs := startWorker(t, rdb, r, "workerB", WithTimings(Timings{RecoveryInterval: 100 * time.Millisecond}), WithScanTurn(false))
+	w, logs := startWorker(t, rdb, r, "workerB", WithTimings(Timings{RecoveryInterval: 100 * time.Millisecond}), WithScanTurn(false))
 
-	require.Eventually(t, func() bool { return logs.Count("recovery scan done") >= 5 }, 3*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).scan, 3*time.Second, func() bool { return logs.Count("recovery scan done") >= 5 })
 	assert.Equal(t, 1, logs.Count("recovery of dead peer failed"))
 
 	r.setFail("p1", nil)
-	require.Eventually(t, func() bool { return logs.Count("recovered rows of dead peer") == 1 }, 3*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).scan, 3*time.Second, func() bool { return logs.Count("recovered rows of dead peer") == 1 })
 	assert.Contains(t, logs.String(), `"peer_id":"p1"`)
 	assert.Contains(t, logs.String(), `"rows_reset":1`)
 }

@@ -40,7 +40,7 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	require.Eventually(t, func() bool { return len(r.resetOf("victim")) == 3 }, 5*time.Second, 10*time.Millisecond,
 		"the dead peer is recovered through its expiry notification")
 	scans := watcher.Stats().Scans
-	require.Eventually(t, func() bool { return watcher.Stats().Scans >= scans+3 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(watcher).scan, 5*time.Second, func() bool { return watcher.Stats().Scans >= scans+3 })
 
 	s := watcher.Stats()
 	assert.True(t, s.RegistryBroken)

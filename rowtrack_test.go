@@ -20,7 +20,7 @@ func TestTrackAddsRowsAndRefreshesTTLInOneRoundTrip(t *testing.T) {
 	w, logs := startWorker(t, rdb, &fakeResetter{}, "w1",
 		WithTimings(Timings{HeartbeatTTL: time.Hour, HeartbeatInterval: 30 * time.Minute}), // no tick during the count
 		WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}))
-	require.Eventually(t, func() bool { return logs.Count("recovery scan done") == 1 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).scan, 2*time.Second, func() bool { return logs.Count("recovery scan done") == 1 })
 	ids := make([]int64, 100)
 	want := make([]string, 100)
 	for i := range ids {

@@ -114,7 +114,7 @@ func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing
 					time.Sleep(50 * time.Millisecond)
 					finishJobs(t, db, w, outcomes[block%2], ids...)
 				}
-				time.Sleep(100 * time.Millisecond) // the look at the last Untrack
+				waitLookAfter(t, w, time.Now()) // the look at the last Untrack
 				select {
 				case e := <-alarms:
 					t.Fatalf("false alarm: %v", e.Err)

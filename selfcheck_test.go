@@ -90,7 +90,7 @@ func TestSelfCheckVerifiesACorrectConfigurationAndStops(t *testing.T) {
 	require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 3*time.Second, 20*time.Millisecond)
 	checks := w.checker.checks.Load()
 	beats := w.Stats().Heartbeats // the check would run beside each
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats >= beats+3 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats >= beats+3 })
 	assert.Equal(t, checks, w.checker.checks.Load(), "no more reads once verified")
 	assert.NoError(t, w.Healthy())
 	assert.False(t, w.Stats().Misconfigured)

@@ -34,7 +34,7 @@ func TestShutdownRemovesHeartbeatAndRegistry(t *testing.T) {
 func TestShutdownStopsEveryGoroutine(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1", WithTimings(Timings{RecoveryInterval: 50 * time.Millisecond}))
-	require.Eventually(t, func() bool { return w.Stats().Scans >= 3 }, 5*time.Second, 5*time.Millisecond,
+	waitTurns(t, &signals(w).scan, 5*time.Second, func() bool { return w.Stats().Scans >= 3 },
 		"the loops are running: the recovery loop has scanned a few times")
 	require.Equal(t, 3, workerGoroutines(), "two loops and their waiter")
 	require.NoError(t, w.Shutdown(context.Background()))

@@ -187,6 +187,7 @@ func (s *sweeper) run(ctx context.Context) {
 		}
 		s.rlog.swept(rep, err)
 		t.Reset(s.opts.jitter("sweep", s.opts.recoveryInterval, 0.1))
+		s.opts.sig.sweep.Signal(err) // test signal: a sweep turn ended
 	}
 }
 

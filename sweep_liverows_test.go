@@ -102,7 +102,7 @@ func pausedPastRowsTTL(t *testing.T, then func(t *testing.T, rdb redis.Universal
 	require.NoError(t, q.Track(ctx, 2))
 
 	fr.thaw() // resumed
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	require.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "rows 2-4 held at the loss")
 	then(t, rdb, w, q)
 	assert.Equal(t, "inprog", statusesOf(t, db, 2)[2], "q's row 2 is left alone")
@@ -140,12 +140,12 @@ func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfter
 		"the sweeper learns the slow member's TTL")
 
 	beats := slow.Stats().Heartbeats
-	require.Eventually(t, func() bool { return slow.Stats().Heartbeats > beats }, 5*time.Second, time.Millisecond)
+	waitTurns(t, &signals(slow).beat, 5*time.Second, func() bool { return slow.Stats().Heartbeats > beats })
 	keys, err := rdb.Keys(ctx, prefix+"*").Result()
 	require.NoError(t, err)
 	require.NoError(t, rdb.Del(ctx, keys...).Err()) // FLUSHALL, right after slow's beat
 	beats = slow.Stats().Heartbeats
-	require.Eventually(t, func() bool { return slow.Stats().Heartbeats >= beats+2 }, 10*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(slow).beat, 10*time.Second, func() bool { return slow.Stats().Heartbeats >= beats+2 })
 	assert.Equal(t, "running", jobStates(t, db, schema)[1], "slow's row, tracked before its COMMIT")
 	assert.Zero(t, s.Stats().StrayRowsReset)
 }

@@ -49,7 +49,7 @@ func TestStartRefusesAnInstanceIDAnotherLiveWorkerHeartbeats(t *testing.T) {
 	assert.Equal(t, first.opts.beatValue, v, "the refused Worker wrote nothing")
 	assert.ErrorIs(t, second.Track(ctx, 1), ErrNotStarted)
 	beats := first.Stats().Heartbeats
-	require.Eventually(t, func() bool { return first.Stats().Heartbeats >= beats+2 }, 5*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(first).beat, 5*time.Second, func() bool { return first.Stats().Heartbeats >= beats+2 },
 		"two heartbeats of the first")
 	assert.NoError(t, first.CheckLease())
 }
@@ -318,7 +318,7 @@ func TestStartRecoversARowsSetLeftUnderItsInstanceIDWithoutAHeartbeat(t *testing
 	assert.Empty(t, rowsOf(t, rdb, prefix, "pod-3"))
 	require.NoError(t, w.Track(ctx, 9))
 	beats := w.Stats().Heartbeats
-	require.Eventually(t, func() bool { return w.Stats().Heartbeats > beats }, 5*time.Second, 10*time.Millisecond, "a heartbeat")
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().Heartbeats > beats }, "a heartbeat")
 	assert.Equal(t, []string{"9"}, rowsOf(t, rdb, prefix, "pod-3"))
 }
 

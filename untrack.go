@@ -52,6 +52,7 @@ func (f *untrackFlusher) run(ctx context.Context) {
 
 // runOnce removes the rows waiting for their SREM, in one command.
 func (f *untrackFlusher) runOnce(ctx context.Context) {
+	defer f.set.opts.sig.flush.Signal(struct{}{}) // test signal: a flush turn ended
 	t := f.set
 	t.rows.assert.Lock()
 	defer t.rows.assert.Unlock()

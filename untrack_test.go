@@ -94,7 +94,7 @@ func TestDeferredUntrackRemovesABlockInOneCommand(t *testing.T) {
 		require.NoError(t, w.Untrack(id))
 	}
 	assert.Zero(t, w.Stats().TrackedRows, "forgotten in memory at once")
-	require.Eventually(t, func() bool { return !mr.Exists(keysOf("w1").Rows) }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).flush, 2*time.Second, func() bool { return !mr.Exists(keysOf("w1").Rows) })
 	_, cmds := counter.snapshot()
 	srems := 0
 	for _, c := range cmds {

@@ -1,8 +1,8 @@
 package recovery
 
-// Per-life owner values against the interleavings an adversarial review
-// of issue 22 found. Each test states the interleaving; each failed on the
-// code as first merged.
+// Per-life owner values against an ousted process, a rolled-back life
+// record and a block fetched under the life before a loss. Each test
+// states the interleaving; each failed on the code as first merged.
 
 import (
 	"context"
@@ -35,8 +35,7 @@ func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
 	r := fencedResetter(t, db)
 	opts := holeTimings(prefix, 4*time.Second)
 	a, fr, _ := frozenWorker(t, rdb, r, "w", opts...)
-	// A's sweep ran at Start and holds the turn.
-	time.Sleep(800 * time.Millisecond)
+	signals(a).sweep.WaitOrTimeout(t) // A's sweep ran at Start and holds the turn
 
 	fr.freeze() // A stalls, holding the sweep turn (TTL about 9 s)
 	waitHeartbeatGone(t, rdb, prefix, "w")
@@ -68,7 +67,7 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 	r := fencedResetter(t, db)
 	opts := holeTimings(prefix, 1200*time.Millisecond)
 	c, _ := startWorker(t, rdb, r, "c", opts...) // sweeps at once: holds the turn
-	time.Sleep(400 * time.Millisecond)
+	signals(c).sweep.WaitOrTimeout(t)
 	a, fr, aLogs := frozenWorker(t, rdb, r, "w", opts...)
 
 	fr.freeze()
@@ -102,8 +101,8 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	ctx := context.Background()
 	r := fencedResetter(t, db)
 	opts := append(holeTimings(prefix, time.Hour), WithTimings(Timings{RowsTTL: 2 * time.Hour}))
-	x, xLogs := startWorker(t, rdb, r, "x", opts...) // sweeps once at Start, holds the turn
-	require.Eventually(t, func() bool { return xLogs.Count("backstop sweep done") >= 1 }, 5*time.Second, 5*time.Millisecond)
+	x, _ := startWorker(t, rdb, r, "x", opts...) // sweeps once at Start, holds the turn
+	signals(x).sweep.WaitFor(t, func(err error) bool { return err == nil })
 	w, _ := startWorker(t, rdb, r, "w", opts...)
 	old, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)

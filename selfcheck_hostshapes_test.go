@@ -31,7 +31,7 @@ func TestRowFailedInsideTheFetchAndRequeuedByARetryJobBeforeUntrackIsNoAlarm(t *
 	db, w, _, alarms := jobsWorld(t, resetterImpls[0], false, "running", "pending", "RVA")
 	ctx := context.Background()
 	fetchJobs(t, db, w, 0, "error", 1, 2, 3)
-	time.Sleep(100 * time.Millisecond) // the quick look after the COMMIT
+	waitLook(t, w) // the quick look after the COMMIT
 	// A retry job re-queues errored rows (or another worker re-fetches
 	// and finishes them) before this host's Untrack.
 	_, err := db.Exec(ctx, `UPDATE jobs SET state = 'pending' WHERE id = ANY($1)`, []int64{1, 2, 3})
@@ -85,12 +85,12 @@ func TestCorrectWorkerIsNotAccusedOfUntrackedRowsAfterAFlush(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, keys...).Err())
 	first := look()
 	t.Logf("look after the flush: rows in progress %d, node held %v, stray waiting %d", first.rowsInProgress, first.nodeHeld, first.strayWaiting)
-	time.Sleep(300 * time.Millisecond) // good's heartbeats write its set back
+	waitBeat(t, good) // good's heartbeat writes its set back
 	rep := look()
 	t.Logf("next look: untrackedBy %v", rep.untrackedBy)
 	note, _ := rdb.HGet(ctx, store.UntrackedKey(prefix), "good").Result()
 	t.Logf("note for good: %q", note)
-	time.Sleep(300 * time.Millisecond) // good's scan turn reads the note
+	signals(good).scan.WaitTurn(t) // good's scan turn reads the note
 	assert.Empty(t, rep.untrackedBy, "a worker that tracked before its COMMIT is named")
 	assert.NoError(t, good.Healthy())
 	assert.NotContains(t, goodLogs.String(), `"level":"ERROR"`)
@@ -110,7 +110,7 @@ func TestCompletionInTwoStatementsIsNoAlarm(t *testing.T) {
 	fetchJobs(t, db, w, 0, "", ids...)
 	_, err := db.Exec(ctx, `UPDATE jobs SET state = 'finished' WHERE id = ANY($1)`, ids) // the outcome
 	require.NoError(t, err)
-	time.Sleep(50 * time.Millisecond)                                              // the quick look sees 'finished'
+	waitLook(t, w)                                                                 // the quick look sees 'finished'
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = state WHERE id = ANY($1)`, ids) // bookkeeping (finished_at, result)
 	require.NoError(t, err)
 	require.NoError(t, w.Untrack(ids...))
@@ -292,7 +292,7 @@ func TestCorrectFetchShapesRaiseNoAlarm(t *testing.T) {
 					}
 					wg.Wait()
 				}
-				time.Sleep(200 * time.Millisecond)
+				waitLookAfter(t, w, time.Now())
 				t.Logf("fetches that failed to commit: %d of 20", failed.Load())
 				select {
 				case e := <-alarms:
@@ -351,7 +351,7 @@ func TestACompletionInTwoStatementsLeavesPeerRecoveriesUnheld(t *testing.T) {
 	fetchJobs(t, db, w, 0, "", 1, 2, 3)
 	_, err := db.Exec(ctx, `UPDATE jobs SET state = 'finished' WHERE id = ANY($1)`, []int64{1, 2, 3})
 	require.NoError(t, err)
-	time.Sleep(50 * time.Millisecond)
+	waitLook(t, w) // the quick look sees 'finished'
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = state WHERE id = ANY($1)`, []int64{1, 2, 3})
 	require.NoError(t, err)
 	require.NoError(t, w.Untrack(1, 2, 3))
@@ -439,7 +439,7 @@ func TestFetchGivingBackAStaleRunningRowIsNotStatusesSwapped(t *testing.T) {
 	_, err = tx.Exec(ctx, `UPDATE jobs SET state = 'pending' WHERE id = 7`) // given back inside the fetch
 	require.NoError(t, err)
 	require.NoError(t, tx.Commit(ctx))
-	time.Sleep(100 * time.Millisecond) // rows 5 and 6 processed
+	waitLook(t, w) // the quick look after the COMMIT; then rows 5 and 6 are processed
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = 'finished' WHERE id IN (5, 6)`)
 	require.NoError(t, err)
 	require.NoError(t, w.Untrack(5, 6, 7)) // one Untrack per block
@@ -473,7 +473,7 @@ func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
 				obs, alarms := misconfiguredSignal()
 				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("RVM")), obs)...)
 				fetchJobs(t, db, w, 0, "", 1, 2, 3)
-				time.Sleep(50 * time.Millisecond)
+				waitLook(t, w) // the quick look after the COMMIT
 				finishJobs(t, db, w, "finished", 1, 2, 3)
 				select {
 				case e := <-alarms:
@@ -499,7 +499,7 @@ func TestFastCorrectHostIsVerified(t *testing.T) {
 	for block := range 200 {
 		fastBlock(t, db, w, block)
 	}
-	time.Sleep(300 * time.Millisecond)
+	waitLookAfter(t, w, time.Now())
 	select {
 	case e := <-alarms:
 		t.Fatalf("false alarm: %v", e.Err)

@@ -1,0 +1,17 @@
+#!/bin/sh
+# testwaits.sh prints how the root package's tests wait: the time.Sleep
+# calls and the Eventually polls in *_test.go at the repository root, in
+# total and by file (files with none left out), and the waits on the loops'
+# test signals (testsignals.go) for comparison. Run from anywhere.
+set -eu
+cd "$(dirname "$0")/.."
+count() { grep -o "$1" ./*_test.go | wc -l | tr -d ' '; }
+echo "root tests: sleeps $(count 'Sleep(')  polls $(count 'Eventually')  signal waits $(count 'signals(\|waitLook\|waitBeat')"
+echo "by file (sleeps polls):"
+for f in ./*_test.go; do
+	s=$(grep -o 'Sleep(' "$f" | wc -l | tr -d ' ')
+	p=$(grep -o 'Eventually' "$f" | wc -l | tr -d ' ')
+	if [ "$s" != 0 ] || [ "$p" != 0 ]; then
+		printf '  %-34s %3s %3s\n' "${f#./}" "$s" "$p"
+	fi
+done

@@ -1,0 +1,50 @@
+package recovery
+
+import (
+	"time"
+
+	"github.com/alya/recovery/internal/testsignal"
+)
+
+// testSignals are the loops' notes to the package's tests that they did
+// something, so a test waits for the turn it needs instead of sleeping or
+// polling a log or Stats (River's test signals). The options hold them; in
+// production they are never initialised and each emission is a nil check.
+// Every loop emits once at the end of its turn, through the options it
+// holds.
+type testSignals struct {
+	beat    testsignal.Signal[error]    // a heartbeat turn ended, with its error (heartbeat.go)
+	scan    testsignal.Signal[struct{}] // a recovery turn ended, scanned or not (recovery.go)
+	expired testsignal.Signal[string]   // the recovery loop acted on an expiry message for this peer (recovery.go)
+	sweep   testsignal.Signal[error]    // a sweep turn ended, with its error (sweep.go)
+	look    testsignal.Signal[lookTurn] // a self-check turn ended (selfcheck.go)
+	flush   testsignal.Signal[struct{}] // a deferred-Untrack flush turn ended (untrack.go)
+	history testsignal.Signal[error]    // a history entry was sent, with the send's error (history.go)
+}
+
+// lookTurn is a self-check turn, as its test signal tells it.
+type lookTurn struct {
+	began time.Time // when the turn began
+	read  bool      // it read the rows it looked for, none locked
+	over  bool      // the self-check is over: no turn follows
+}
+
+// withTestSignals turns the loops' test signals on (testSignals); the
+// package's test helpers set it on every Worker they build.
+func withTestSignals() Option {
+	return optionFunc(func(o *options) {
+		o.sig.beat.Init()
+		o.sig.scan.Init()
+		o.sig.expired.Init()
+		o.sig.sweep.Init()
+		o.sig.look.Init()
+		o.sig.flush.Init()
+		o.sig.history.Init()
+	})
+}
+
+// looked signals the end of c's turn begun at began, when c had made
+// checks reads; *done is the turn's result.
+func (s *testSignals) looked(c *selfChecker, began time.Time, checks uint64, done *bool) {
+	s.look.Signal(lookTurn{began: began, read: c.checks.Load() > checks && !c.skipped, over: *done || c.off.Load()})
+}
