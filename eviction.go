@@ -34,7 +34,7 @@ import (
 // since it started. A count that moved since the worker's last look (or a
 // first look at a node that has evicted anything) starts an episode: no
 // absent heartbeat seen by an EXISTS sent less than one heartbeat TTL (the
-// fleet's longest, fleetTTL) after that look counts as a death. The eviction happened before that
+// fleet's longest, fleetView.ttl) after that look counts as a death. The eviction happened before that
 // look, and a live worker writes its heartbeat again within one
 // heartbeat interval (< TTL) of losing it, so by then it is back. While
 // the server keeps evicting, verdicts stay held and the held peers' rows

@@ -18,7 +18,7 @@ import (
 // per prefix, <prefix>_HISTORY. `recoveryctl history` and `recoveryctl
 // watch` read it, as does ops.ReadHistory.
 //
-// Appending is never on the hot path: Worker.emit hands the few events the
+// Appending is never on the hot path: dispatcher.emit hands the few events the
 // history records to a bounded queue, and a goroutine of its own (the
 // historian, started with the first such event, stopped by Shutdown)
 // sends the XADDs. A full queue or a failed XADD drops the entry and

@@ -17,7 +17,7 @@ const (
 	// comes back is not held for a claim TTL (heartbeater.restored).
 	mutantNoRegainHold = false
 	// mutantNoFleetCheck: issue 20 item 2 reverted: Start neither records
-	// nor checks what the fleet under the prefix serves (checkFleet).
+	// nor checks what the fleet under the prefix serves (fleetView.check).
 	mutantNoFleetCheck = false
 	// mutantOwnTimingsOnly: issue 20 item 3 reverted: a worker holds
 	// verdicts and leases for its own timings only, not the fleet's

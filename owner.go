@@ -75,7 +75,7 @@ func (w *Worker) OwnerValue() string { return w.tracker.ownerValue() }
 // nothing to Redis.
 type ownerTracker struct {
 	trackerCore
-	// noteBareOwners is Worker.noteBareOwners (lease.go): the host writes
+	// noteBareOwners is lease.noteBareOwners (lease.go): the host writes
 	// bare instance IDs, so a regained lease is held from now on.
 	noteBareOwners func()
 	// ownerRead is the life the last call of OwnerValue named: the value a

@@ -21,7 +21,7 @@ type tracker interface {
 	track(ctx context.Context, ids []int64) error
 	trackAs(ctx context.Context, owner string, ids []int64) error
 	// untrack is Untrack, after its check for a host that never calls
-	// Track (Worker.untrackedCall).
+	// Track (untrackedAlarm.untrackCall, rowsweep.go).
 	untrack(ids []int64) error
 	// release is Release of rows the host passed (not none).
 	release(ctx context.Context, ids []int64) error

@@ -13,7 +13,7 @@ import (
 // idle_in_transaction_session_timeout is warned about, when the resetter
 // tells what it serves: a database), the owner column's
 // width against this worker's owner value, and the table; either way,
-// what the resetter serves, which checkFleet then records. It runs before
+// what the resetter serves, which fleetView.check then records. It runs before
 // anything is written to Redis: a failure leaves no heartbeat and no
 // registry entry behind (which peers would take for a dead worker), and
 // Start can be retried. With WithoutSchemaCheck an error only means that

@@ -276,7 +276,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	// Before the first heartbeat's recount drops them: a record loaded
 	// from an old snapshot lists members whose announcements have lapsed.
-	// checkFleet's script returned the record; read it when it did not run.
+	// fleetView.check's script returned the record; read it when it did not run.
 	if read {
 		w.fleet.learnMembers(fleet)
 	} else {
