@@ -426,7 +426,7 @@ func (s *rowSweep) mastersTrusted(ctx context.Context, sent time.Time) bool {
 // not tracked them; by lists them by the instance whose rows set holds
 // them now ("": none, Track forgotten). A worker that tracked them after
 // their COMMIT is told through its note in the untracked-rows hash (it
-// reads it with its scan turn, recoverer.noteUntracked) and its Healthy fails; this
+// reads it with its scan turn, untrackedAlarm.note) and its Healthy fails; this
 // worker's Healthy fails only for rows its own set holds. Rows no set
 // holds name no worker: they are logged and counted here.
 func (s *rowSweep) untrackedFound(ctx context.Context, ids []int64, by map[string][]int64) {
