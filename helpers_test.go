@@ -494,6 +494,25 @@ func victim(t *testing.T, rdb redis.UniversalClient, db *pgxpool.Pool, r Resette
 	return v
 }
 
+// expireWithin deletes the keys under prefix whose TTL runs out within d,
+// as the clock would have by then: a test of what follows their expiry
+// need not wait for it. Keys without a TTL, or with a longer one, stay
+// (their TTLs are not shortened); so do the fleet record's member entries,
+// which expire by the times written in them.
+func expireWithin(t *testing.T, rdb *redis.Client, prefix string, d time.Duration) {
+	t.Helper()
+	ctx := context.Background()
+	iter := rdb.Scan(ctx, 0, prefix+"_*", 0).Iterator()
+	for iter.Next(ctx) {
+		ttl, err := rdb.PTTL(ctx, iter.Val()).Result()
+		require.NoError(t, err)
+		if ttl > 0 && ttl <= d {
+			require.NoError(t, rdb.Del(ctx, iter.Val()).Err())
+		}
+	}
+	require.NoError(t, iter.Err())
+}
+
 // hookResetter is a pgxreset.Resetter or sqlreset.Resetter that runs after once, right
 // after a reset of rows by ID (a dead peer's, a Release) committed. It is
 // not a fakeResetter with an inner resetter: the Worker must see

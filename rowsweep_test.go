@@ -252,7 +252,8 @@ func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *
 	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 30)
 	ctx := context.Background()
-	opts := rowsSweepTimings(WithKeyPrefix(testutil.Name("F")))
+	prefix := testutil.Name("F")
+	opts := rowsSweepTimings(WithKeyPrefix(prefix))
 	for i := range 3 {
 		w, _ := startWorker(t, rdb, r, fmt.Sprintf("w%d", i), opts...)
 		ids := []int64{int64(10*i + 1), int64(10*i + 2), int64(10*i + 3)}
@@ -260,17 +261,19 @@ func TestBackstopSweepBringsBackTheRowsOfAFleetKilledForLongerThanTheRowsTTL(t *
 		setJobs(t, db, schema, "running", ids...)
 		w.crash()
 	}
-	time.Sleep(1200 * time.Millisecond) // down past the rows TTL: every rows set is gone
+	// Down past the rows TTL: every rows set is gone, and every other key
+	// that 1.2 s would have ended (heartbeats, incarnations, turns).
+	expireWithin(t, rdb, prefix, 1200*time.Millisecond)
 	start := time.Now()
-	_, _ = startWorker(t, rdb, r, "back", opts...)
-	require.Eventually(t, func() bool {
+	back, _ := startWorker(t, rdb, r, "back", opts...)
+	waitTurns(t, &signals(back).sweep, 10*time.Second, func() bool {
 		for _, s := range jobStates(t, db, schema) {
 			if s == "running" {
 				return false
 			}
 		}
 		return true
-	}, 10*time.Second, 20*time.Millisecond)
+	}, "the sweep brings every row back")
 	t.Logf("9 rows back in the queue %v after the fleet came back (rows TTL 1s, recovery interval 100ms)", time.Since(start).Round(10*time.Millisecond))
 }
 
