@@ -43,26 +43,29 @@ func TestNamespaceLinkCarriesCutsAndHeals(t *testing.T) {
 			c.Close()
 		}
 	}()
-	send := func(msg string) error {
-		// bash's /dev/tcp, inside the namespace, with a 1 s bound.
-		return ns.Command("timeout", "1", "bash", "-c", "echo "+msg+" >/dev/tcp/"+strings.Replace(ln.Addr().String(), ":", "/", 1)).Run()
+	send := func(msg, bound string) error {
+		// bash's /dev/tcp, inside the namespace, within bound: generous
+		// where the message must cross (starting bash in the namespace
+		// took more than 1 s once, on a loaded 2-core machine), 1 s where
+		// it must not.
+		return ns.Command("timeout", bound, "bash", "-c", "echo "+msg+" >/dev/tcp/"+strings.Replace(ln.Addr().String(), ":", "/", 1)).Run()
 	}
 	if _, err := exec.LookPath("bash"); err != nil {
 		t.Skip("no bash for the client inside the namespace")
 	}
-	require.NoError(t, send("before"))
+	require.NoError(t, send("before", "10"))
 	assert.Equal(t, "before", <-got)
 
 	require.NoError(t, l.Cut())
-	assert.Error(t, send("cut"), "nothing crosses a cut link")
+	assert.Error(t, send("cut", "1"), "nothing crosses a cut link")
 	require.NoError(t, l.Heal())
-	require.Eventually(t, func() bool { return send("healed") == nil }, 5*time.Second, 100*time.Millisecond)
+	require.Eventually(t, func() bool { return send("healed", "1") == nil }, 5*time.Second, 100*time.Millisecond)
 	assert.Equal(t, "healed", <-got)
 
 	require.NoError(t, l.DropReplies())
-	assert.Error(t, send("oneway"), "no SYN-ACK comes back while replies are dropped")
+	assert.Error(t, send("oneway", "1"), "no SYN-ACK comes back while replies are dropped")
 	require.NoError(t, l.RestoreReplies())
-	require.NoError(t, send("back"))
+	require.NoError(t, send("back", "10"))
 	assert.Equal(t, "back", <-got)
 
 	require.NoError(t, ns.Close())
