@@ -474,7 +474,7 @@ type untrackedAlarm struct {
 	log       *slog.Logger
 	opts      *options
 	ownerMode bool
-	// trackCalled reports whether Track was called since Start (the
+	// trackCalled reports whether Track was called since New (the
 	// tracker's); state is the Worker's lifecycle state.
 	trackCalled func() bool
 	state       *atomic.Int32

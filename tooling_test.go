@@ -5,6 +5,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 
@@ -97,4 +98,18 @@ func TestPostgresPackagesKeepTheirImportGraph(t *testing.T) {
 	out, err = exec.Command("go", "list", "-deps", "./postgres/pgxreset").Output()
 	require.NoError(t, err)
 	assert.Contains(t, strings.Fields(string(out)), "github.com/jackc/pgx/v5", "the check sees pgx where it is")
+}
+
+// A worker's binary links what the package's production code imports:
+// the loops hold test signals (internal/testsignal), and that package must
+// not bring the testing package (its flags and code) into users' programs.
+func TestTheLibraryDoesNotLinkTheTestingPackage(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	out, err := exec.Command("go", "list", "-deps", ".", "./ops", "./postgres/...").Output()
+	require.NoError(t, err, "go list -deps")
+	deps := strings.Fields(string(out))
+	require.True(t, slices.Contains(deps, "github.com/alya/recovery/internal/testsignal"), "the check sees the signals' package")
+	assert.False(t, slices.Contains(deps, "testing"), "the library's packages link the testing package")
 }

@@ -7,10 +7,16 @@
 // wait for the next value.
 package testsignal
 
-import (
-	"testing"
-	"time"
-)
+import "time"
+
+// TB is the part of testing.TB the waits use. The package does not import
+// testing: loops in production code hold Signals, and a program that links
+// them must not link the testing package.
+type TB interface {
+	Helper()
+	Fatal(args ...any)
+	Fatalf(format string, args ...any)
+}
 
 // Buffer is how many values a Signal keeps that no test has taken yet.
 const Buffer = 1000
@@ -30,6 +36,10 @@ type Signal[T any] struct {
 // Init turns the signal on, with room for Buffer values. Call it before the
 // loop that signals starts.
 func (s *Signal[T]) Init() { s.ch = make(chan T, Buffer) }
+
+// On reports whether the signal was initialised: a loop that must build
+// its value asks first.
+func (s *Signal[T]) On() bool { return s != nil && s.ch != nil }
 
 // Signal hands v to the test. It never blocks the loop: when Buffer values
 // are already waiting (a test that does not wait on this signal), the oldest
@@ -54,21 +64,21 @@ func (s *Signal[T]) Signal(v T) {
 
 // WaitOrTimeout returns the next value, failing the test if none comes
 // within Timeout.
-func (s *Signal[T]) WaitOrTimeout(t testing.TB) T {
+func (s *Signal[T]) WaitOrTimeout(t TB) T {
 	t.Helper()
 	return s.WaitFor(t, func(T) bool { return true })
 }
 
 // WaitFor returns the first value, from now on, for which ok holds, and drops
 // the values before it; it fails the test if none comes within Timeout.
-func (s *Signal[T]) WaitFor(t testing.TB, ok func(T) bool) T {
+func (s *Signal[T]) WaitFor(t TB, ok func(T) bool) T {
 	t.Helper()
 	return s.WaitForWithin(t, Timeout, ok)
 }
 
 // WaitForWithin is WaitFor with a timeout of d instead of Timeout: a test
 // whose loop must do something within a bound waits for that bound.
-func (s *Signal[T]) WaitForWithin(t testing.TB, d time.Duration, ok func(T) bool) T {
+func (s *Signal[T]) WaitForWithin(t TB, d time.Duration, ok func(T) bool) T {
 	t.Helper()
 	s.requireInit(t)
 	timer := time.NewTimer(d)
@@ -107,7 +117,7 @@ func (s *Signal[T]) Clear() int {
 // WaitTurn drops the values waiting, then waits for two more: the second
 // comes from a turn that began after WaitTurn was called, so whatever the
 // test did before the call, that turn saw it. It returns the second value.
-func (s *Signal[T]) WaitTurn(t testing.TB) T {
+func (s *Signal[T]) WaitTurn(t TB) T {
 	t.Helper()
 	s.Clear()
 	s.WaitOrTimeout(t)
@@ -115,7 +125,7 @@ func (s *Signal[T]) WaitTurn(t testing.TB) T {
 }
 
 // RequireEmpty fails the test if a value is waiting.
-func (s *Signal[T]) RequireEmpty(t testing.TB) {
+func (s *Signal[T]) RequireEmpty(t TB) {
 	t.Helper()
 	s.requireInit(t)
 	select {
@@ -125,7 +135,7 @@ func (s *Signal[T]) RequireEmpty(t testing.TB) {
 	}
 }
 
-func (s *Signal[T]) requireInit(t testing.TB) {
+func (s *Signal[T]) requireInit(t TB) {
 	t.Helper()
 	if s == nil || s.ch == nil {
 		t.Fatal("testsignal: the signal was not initialised (Init)")

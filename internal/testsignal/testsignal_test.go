@@ -103,7 +103,7 @@ func (f *fakeT) Fatal(...any) {
 	panic(f)
 }
 
-func fails(fn func(testing.TB)) (failed bool) {
+func fails(fn func(TB)) (failed bool) {
 	f := &fakeT{}
 	defer func() {
 		if r := recover(); r != nil && r != any(f) {
@@ -129,7 +129,19 @@ func TestSignalRequireEmptyFailsWhenAValueWaits(t *testing.T) {
 
 func TestSignalWaitOnAnOffSignalFails(t *testing.T) {
 	var s Signal[int]
-	if !fails(func(t testing.TB) { s.WaitOrTimeout(t) }) {
+	if !fails(func(t TB) { s.WaitOrTimeout(t) }) {
 		t.Fatal("waiting on a signal never initialised passed")
+	}
+}
+
+func TestSignalIsOnOnlyAfterInit(t *testing.T) {
+	var nilSignal *Signal[int]
+	var s Signal[int]
+	if nilSignal.On() || s.On() {
+		t.Fatal("a nil or zero Signal is on")
+	}
+	s.Init()
+	if !s.On() {
+		t.Fatal("an initialised Signal is off")
 	}
 }
