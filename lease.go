@@ -143,17 +143,21 @@ func (l *lease) check(heldAtLoss int) error {
 // would be reset under it. In owner mode with per-life owner values the
 // new life's rows are out of that reset's reach, and CheckLease reports nil
 // as soon as a heartbeat has recorded the new life (docs/safety.md §3).
-func (w *Worker) CheckLease() error {
-	switch w.state.Load() {
+func (w *Worker) CheckLease() error { return w.lease.checkIn(&w.state) }
+
+// checkIn is CheckLease for a worker in lifecycle state: Track and TrackAs
+// call it too.
+func (l *lease) checkIn(state *atomic.Int32) error {
+	switch state.Load() {
 	case stateNew:
 		return ErrNotStarted
 	case stateShutdown:
 		return ErrShutdown
 	}
-	if err := w.lease.check(w.rows.heldAtLoss()); err != nil {
+	if err := l.check(l.rows.heldAtLoss()); err != nil {
 		return err
 	}
-	if _, written := w.rows.writtenLife(); w.opts.ownerMode && !written {
+	if _, written := l.rows.writtenLife(); l.ownerMode && !written {
 		return ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
 	}
 	return nil

@@ -56,9 +56,6 @@ type trackerCore struct {
 	log      *slog.Logger
 	stats    *counters
 	events   *dispatcher
-	// checkLease is Worker.CheckLease (lease.go): Track's lifecycle and
-	// lease check.
-	checkLease func() error
 }
 
 // checkTracked tells the self-check about rows just tracked.
@@ -173,7 +170,7 @@ func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts 
 
 func (t *rowsSetTracker) track(ctx context.Context, ids []int64) error {
 	t.calls.Add(1)
-	if err := t.checkLease(); err != nil {
+	if err := t.lease.checkIn(t.state); err != nil {
 		return err
 	}
 	if len(ids) == 0 {

@@ -140,7 +140,8 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.events.obs = o.observer
 	// historian: the fleet history's writer, nil when it is off (history.go);
 	// running is also the self-check's
-	running := func() bool { return w.state.Load() == stateRunning }
+	state := &w.state
+	running := func() bool { return state.Load() == stateRunning }
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
 	rlog := newRecoveryLog(w.log)
 	// lease: what noting its loss touches (lease.go)
@@ -154,7 +155,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	// the rows in the rows set (rowtrack.go); the mode is decided here.
 	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
 		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
-		events: &w.events, checkLease: w.CheckLease}
+		events: &w.events}
 	if ownerMode {
 		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners}
 	} else {
