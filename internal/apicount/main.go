@@ -98,15 +98,21 @@ func main() {
 	}
 }
 
-// countDir counts the exported identifiers of the package in dir.
-func countDir(dir string) (count, error) {
-	var c count
+// goFile is one parsed file of a package, with its name.
+type goFile struct {
+	name string
+	*ast.File
+}
+
+// parseDir parses the package's non-test .go files in dir that the
+// default build includes (build tags as go build sees them without -tags).
+func parseDir(dir string) (*token.FileSet, []goFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
-		return c, err
+		return nil, nil, err
 	}
 	fset := token.NewFileSet()
-	var files []*ast.File
+	var files []goFile
 	ctx := build.Default
 	for _, e := range entries {
 		name := e.Name()
@@ -114,18 +120,28 @@ func countDir(dir string) (count, error) {
 			continue
 		}
 		if ok, err := ctx.MatchFile(dir, name); err != nil {
-			return c, fmt.Errorf("match %s: %w", name, err)
+			return nil, nil, fmt.Errorf("match %s: %w", name, err)
 		} else if !ok {
 			continue
 		}
 		f, err := parser.ParseFile(fset, filepath.Join(dir, name), nil, parser.SkipObjectResolution)
 		if err != nil {
-			return c, fmt.Errorf("parse %s: %w", name, err)
+			return nil, nil, fmt.Errorf("parse %s: %w", name, err)
 		}
-		files = append(files, f)
+		files = append(files, goFile{name, f})
 	}
 	if len(files) == 0 {
-		return c, fmt.Errorf("no Go files in %s", dir)
+		return nil, nil, fmt.Errorf("no Go files in %s", dir)
+	}
+	return fset, files, nil
+}
+
+// countDir counts the exported identifiers of the package in dir.
+func countDir(dir string) (count, error) {
+	var c count
+	_, files, err := parseDir(dir)
+	if err != nil {
+		return c, err
 	}
 
 	exportedTypes := map[string]bool{}

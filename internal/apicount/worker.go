@@ -3,13 +3,8 @@ package main
 import (
 	"fmt"
 	"go/ast"
-	"go/build"
-	"go/parser"
 	"go/token"
-	"os"
-	"path/filepath"
 	"sort"
-	"strings"
 )
 
 // The Worker keeps lifecycle and wiring (issue 23, docs/plans/v2.md §4c):
@@ -35,28 +30,14 @@ type shape struct {
 // shapeOf describes the struct type name of the package in dir.
 func shapeOf(dir, name string) (shape, error) {
 	var s shape
-	entries, err := os.ReadDir(dir)
+	fset, files, err := parseDir(dir)
 	if err != nil {
 		return s, err
 	}
-	fset := token.NewFileSet()
-	ctx := build.Default
 	found := false
 	longest := 0
-	for _, e := range entries {
-		fn := e.Name()
-		if e.IsDir() || !strings.HasSuffix(fn, ".go") || strings.HasSuffix(fn, "_test.go") {
-			continue
-		}
-		if ok, err := ctx.MatchFile(dir, fn); err != nil {
-			return s, fmt.Errorf("match %s: %w", fn, err)
-		} else if !ok {
-			continue
-		}
-		f, err := parser.ParseFile(fset, filepath.Join(dir, fn), nil, parser.SkipObjectResolution)
-		if err != nil {
-			return s, fmt.Errorf("parse %s: %w", fn, err)
-		}
+	for _, f := range files {
+		fn := f.name
 		for _, decl := range f.Decls {
 			switch d := decl.(type) {
 			case *ast.FuncDecl:
