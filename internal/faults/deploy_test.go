@@ -185,7 +185,8 @@ func (e *env) waitSentinelFailover(old string, timeout time.Duration) string {
 // Scenario S1: Sentinel, the master SIGKILLed while the workers are
 // mid-block. The sentinels promote the replica; the workers' failover
 // clients follow. The old master is then restarted (empty: no
-// persistence) and the sentinels turn it into a replica of the new one.
+// persistence) and the sentinels turn it into a replica of the new one (or,
+// when it came back before the failover ended, fail back to it).
 // Nothing lost, nothing done twice, no live worker's row reset.
 func TestScenarioS1SentinelMasterKilledMidBlock(t *testing.T) {
 	e := newEnv(t, "S1 Sentinel: master SIGKILLed mid-block, old master back", envConfig{rows: 300, sentinel: true})
@@ -202,19 +203,37 @@ func TestScenarioS1SentinelMasterKilledMidBlock(t *testing.T) {
 
 	oldNode.RestartKeepingData()
 	restartedAt := time.Now()
-	require.Eventually(t, func() bool { return testutil.Role(ctx, oldNode) == "slave" }, 25*time.Second, 20*time.Millisecond,
-		"the sentinels made the old master a replica")
+	// The sentinels settle on one master and make the other node its
+	// replica: as a rule the promoted one, with the old master its replica.
+	// Once in CI (a loaded machine) the old master came back before the
+	// failover had ended and the sentinels went back to it, the promoted
+	// node's writes of those seconds lost: a second failover, which the
+	// workers must survive the same way. The note says which happened.
+	settled := ""
+	require.Eventually(t, func() bool {
+		addr, err := e.sent.MasterAddr(ctx)
+		if err != nil || (addr != old && addr != newMaster) {
+			return false
+		}
+		replica := oldNode
+		if addr == old {
+			replica = e.sent.Node(newMaster)
+		}
+		settled = addr
+		return testutil.Role(ctx, e.sent.Node(addr)) == "master" && testutil.Role(ctx, replica) == "slave"
+	}, 25*time.Second, 20*time.Millisecond, "the sentinels settle on one master, the other node its replica")
 	asReplica := time.Since(restartedAt)
-	addr, err := e.sent.MasterAddr(ctx)
-	require.NoError(t, err)
-	assert.Equal(t, newMaster, addr, "the promoted replica stays master")
+	outcome := "the promoted replica stayed master"
+	if settled == old {
+		outcome = "the sentinels failed back to the restarted old master (a second failover)"
+	}
 
 	e.finish(true)
 	assert.Zero(t, liveRecovered(ws, ws), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused: no row reset under a live worker")
 	assert.Equal(t, released(ws), e.sumRecoveries(), "no reset but the rows workers handed back themselves after a lost lease")
-	e.res.note("rows handed back by workers that lost their lease %d; failover (kill to new master answering) %.2fs; old master a replica %.1fs after its restart; leases lost %d of 3; live rows reset 0",
-		e.count(`recoveries > 0`), failover.Seconds(), asReplica.Seconds(), leaseLosses(ws))
+	e.res.note("rows handed back by workers that lost their lease %d; failover (kill to new master answering) %.2fs; %s; settled %.1fs after the old master's restart; leases lost %d of 3; live rows reset 0",
+		e.count(`recoveries > 0`), failover.Seconds(), outcome, asReplica.Seconds(), leaseLosses(ws))
 }
 
 // Scenario S2: Sentinel, the master SIGKILLed and, at once, a worker
