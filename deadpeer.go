@@ -43,16 +43,14 @@ import (
 // expiry watcher hands it), the backstop sweep and Start share the one New
 // builds, concurrently.
 type peerRecoverer struct {
-	store     store.Store
-	log       *slog.Logger
-	opts      *options // read-only after New
-	resetter  Resetter
-	info      ResetterInfo // resetter.Info(), read once by New
-	ownerMode bool         // rows are recovered by owner (ownermode.go)
-	fleet     *fleetView
-	stats     *counters
-	events    *dispatcher
-	rlog      *recoveryLog
+	store    store.Store
+	log      *slog.Logger
+	opts     *options // read-only after New
+	resetter Resetter
+	fleet    *fleetView
+	stats    *counters
+	events   *dispatcher
+	rlog     *recoveryLog
 	// judge judges peers dead or alive, and deregisters the dead
 	// (registry.go); its nodeWatch holds verdicts after a restart
 	// (nodeage.go).
@@ -107,7 +105,7 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 		p.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{p: p, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: p.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepsByOwner),
+		byOwner: p.opts.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepsByOwner),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
@@ -374,7 +372,7 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 // the table, read through the resetter's InProgressOwners (none when it
 // does not fence by owner or cannot list the rows in progress).
 func (r *peerRecovery) listLives(ctx context.Context) ([]string, error) {
-	if !r.p.info.OwnerFencing || !r.p.info.ListsInProgress {
+	if !r.p.opts.info.OwnerFencing || !r.p.opts.info.ListsInProgress {
 		return nil, nil
 	}
 	dbCtx, cancel := context.WithTimeout(ctx, r.p.opts.resetTimeout)
@@ -469,7 +467,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Changed, res.Quarantined, res.NotReset
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
-	return notResetError(r.peer, len(ids), res.NotReset, p.info.OwnerFencing)
+	return notResetError(r.peer, len(ids), res.NotReset, p.opts.info.OwnerFencing)
 }
 
 // notResetError returns nil when no row is left not reset, else an error
@@ -526,7 +524,7 @@ func lockedRows(notReset []RowState) int {
 // and adds them to what resetTracked found.
 func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	p := r.p
-	if !p.info.OwnerFencing {
+	if !p.opts.info.OwnerFencing {
 		return fmt.Errorf("%w: resetting rows by owner needs a resetter that fences by owner (Info().OwnerFencing); %T does not", ErrInvalidConfig, p.resetter)
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)

@@ -38,11 +38,10 @@ import (
 // The heartbeat, the scan, the sweep, the dead-peer path and Start share
 // one.
 type fleetView struct {
-	mem       fleetMemory
-	store     store.Store
-	log       *slog.Logger
-	opts      *options
-	ownerMode bool
+	mem   fleetMemory
+	store store.Store
+	log   *slog.Logger
+	opts  *options
 }
 
 // check finds what this worker serves, and on which server, and
@@ -86,7 +85,7 @@ func (v *fleetView) mismatch(recorded, serves string) error {
 // announcement is what this worker's heartbeats announce.
 func (v *fleetView) announcement() store.Announcement {
 	mode := "rows-set"
-	if v.ownerMode {
+	if v.opts.ownerMode {
 		mode = "owner"
 	}
 	return store.Announcement{

@@ -21,8 +21,6 @@ type heartbeater struct {
 	store     store.Store
 	log       *slog.Logger
 	opts      *options // read-only after New
-	beatValue string   // this process's heartbeat value (twin.go)
-	ownerMode bool     // no rows set: the owner column says it all (ownermode.go)
 	byVersion bool     // this worker runs the backstop sweep by row version (sweepOf)
 	lease     *lease
 	rows      *inflight
@@ -55,7 +53,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	ctx, cancel := h.opts.opContext(parent)
 	defer cancel()
 
-	if h.rows.needsLossCheck() && h.byVersion && !h.ownerMode {
+	if h.rows.needsLossCheck() && h.byVersion && !h.opts.ownerMode {
 		// Without an owner column the backstop sweep by row version resets
 		// rows no set held at two looks a gap apart, and records that in
 		// no ledger. If this worker's rows set is gone, the sweep may have
@@ -83,7 +81,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		h.stats.heartbeatFailures.Add(1)
 		return fmt.Errorf("new incarnation: %w", err)
 	}
-	if h.ownerMode && h.lease.until.Load() > 0 && h.lease.remaining() < h.opts.opTimeout && !mutantNoLateLife {
+	if h.opts.ownerMode && h.lease.until.Load() > 0 && h.lease.remaining() < h.opts.opTimeout && !mutantNoLateLife {
 		// Answered within the operation timeout, this heartbeat may land
 		// after the lease ended, on an expired key, when a recoverer may
 		// have read the current life under its claim: it must not renew
@@ -92,13 +90,13 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		h.lease.markLeaseLost(nil)
 	}
 	tracked, unremoved, incarnation := h.rows.snapshot()
-	if h.ownerMode {
+	if h.opts.ownerMode {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
 	}
 	sentAt := time.Now()
 	serves, server := h.fleet.mem.served()
 	res, err := h.store.Beat(ctx, h.opts.instanceID, store.Heartbeat{
-		Value: h.beatValue, TTL: h.opts.heartbeatTTL,
+		Value: h.opts.beatValue, TTL: h.opts.heartbeatTTL,
 		Incarnation: incarnation, IncarnationTTL: h.fleet.incarnationTTL(),
 		Remove: unremoved, Add: tracked, RowsTTL: h.fleet.rowsTTL(),
 		Serves: serves, Server: server, Announce: h.fleet.announcement(),

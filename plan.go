@@ -56,8 +56,8 @@ func (p *peerRecoverer) plan(ctx context.Context, plan *report.RecoveryPlan, dea
 	if err != nil {
 		return err
 	}
-	canPlan := p.info.DryRun
-	byOwner := canPlan && p.ownerMode
+	canPlan := p.opts.info.DryRun
+	byOwner := canPlan && p.opts.ownerMode
 	for _, st := range states {
 		pp := report.PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
 		switch {

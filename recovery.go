@@ -93,15 +93,14 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 // recoverer is the recovery loop. New builds it; it hands every dead peer
 // to peers.
 type recoverer struct {
-	store     store.Store
-	log       *slog.Logger
-	opts      *options // read-only after New
-	ownerMode bool     // no rows set, no untracked-rows note (ownermode.go)
-	peers     *peerRecoverer
-	stats     *counters
-	events    *dispatcher
-	rlog      *recoveryLog
-	expired   chan string // peers whose heartbeat just expired (expiry.go)
+	store   store.Store
+	log     *slog.Logger
+	opts    *options // read-only after New
+	peers   *peerRecoverer
+	stats   *counters
+	events  *dispatcher
+	rlog    *recoveryLog
+	expired chan string // peers whose heartbeat just expired (expiry.go)
 
 	// judge reads the registry and judges which registered peers are
 	// dead (registry.go); untracked takes this worker's note in the
@@ -178,7 +177,7 @@ func (r *recoverer) hand(peer string) {
 // options.detectionWindow.
 func (r *recoverer) takeScanTurn(ctx context.Context) bool {
 	if !r.opts.scanLease {
-		if !r.ownerMode {
+		if !r.opts.ownerMode {
 			opCtx, cancel := r.opts.opContext(ctx)
 			note, _ := r.store.UntrackedNote(opCtx, r.opts.instanceID)
 			cancel()

@@ -471,9 +471,8 @@ func (s *rowSweep) untrackedFound(ctx context.Context, ids []int64, by map[strin
 // the note another worker's sweep left for this one (note, read with the
 // scan turn), and by an Untrack without any Track (untrackCall).
 type untrackedAlarm struct {
-	log       *slog.Logger
-	opts      *options
-	ownerMode bool
+	log  *slog.Logger
+	opts *options
 	// trackCalled reports whether Track was called since New (the
 	// tracker's); state is the Worker's lifecycle state.
 	trackCalled func() bool
@@ -493,7 +492,7 @@ type untrackedAlarm struct {
 // only after their COMMIT. Healthy then fails with ErrUntrackedRows until
 // the note's end (a rows TTL after the finding); each note is logged once.
 func (u *untrackedAlarm) note(note string) {
-	if note == "" || u.ownerMode {
+	if note == "" || u.opts.ownerMode {
 		return
 	}
 	var until, n, first int64
@@ -516,7 +515,7 @@ func (u *untrackedAlarm) note(note string) {
 // call since it started. Healthy then fails with ErrUntrackedRows for a
 // rows TTL, logged once.
 func (u *untrackedAlarm) untrackCall(ids []int64) {
-	if u.ownerMode || u.trackCalled() || u.state.Load() != stateRunning || !u.called.CompareAndSwap(false, true) {
+	if u.opts.ownerMode || u.trackCalled() || u.state.Load() != stateRunning || !u.called.CompareAndSwap(false, true) {
 		return
 	}
 	u.at.Store(time.Now().UnixNano())

@@ -68,7 +68,6 @@ type sighting struct {
 // selfChecker is the self-check loop.
 type selfChecker struct {
 	resetter Resetter
-	info     ResetterInfo
 	opts     *options // read-only after New
 	log      *slog.Logger
 	rows     *inflight
@@ -121,7 +120,7 @@ func (c *selfChecker) init() *selfChecker {
 // inProgress reports whether a row in state s is one the resetter would
 // reset as in progress for owner.
 func (c *selfChecker) inProgress(s RowState, owner string) bool {
-	return inProgress(c.info, s, owner)
+	return inProgress(c.opts.info, s, owner)
 }
 
 // probe asks the resetter, at Start, whether it reads rows at all:
@@ -326,7 +325,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 // raiseBecause records the alarm about row s; what says what was seen of
 // it, and read rows were read.
 func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
-	inprog, queued := c.info.InProgressStatus, c.info.QueuedStatus
+	inprog, queued := c.opts.info.InProgressStatus, c.opts.info.QueuedStatus
 	expect := fmt.Sprintf(" (the resetter takes status %q for in progress", inprog)
 	switch s.Status {
 	case queued:
@@ -368,7 +367,7 @@ func (c *selfChecker) alarmErr() error {
 // configuration is right but a regained lease must be held
 // (noteBareOwners).
 func (c *selfChecker) bareOwned(s RowState, owner string) bool {
-	if owner == c.opts.instanceID || !inProgress(c.info, s, c.opts.instanceID) {
+	if owner == c.opts.instanceID || !inProgress(c.opts.info, s, c.opts.instanceID) {
 		return false
 	}
 	c.lease.noteBareOwners()

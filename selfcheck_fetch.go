@@ -93,7 +93,7 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 		c.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
 		return
 	}
-	inprog := c.info.InProgressStatus
+	inprog := c.opts.info.InProgressStatus
 	c.imu.Lock()
 	for _, m := range ims {
 		g, ok := gens[m.ID]
@@ -115,7 +115,7 @@ func (c *selfChecker) untracking(ids []int64) {
 		return
 	}
 	gens := c.rows.generations(ids)
-	queued := c.info.QueuedStatus
+	queued := c.opts.info.QueuedStatus
 	asked := false
 	c.imu.Lock()
 	for _, id := range ids {
@@ -143,7 +143,7 @@ func (c *selfChecker) untracking(ids []int64) {
 // committed version. It returns the row whose fetch swapped the statuses,
 // if any. states are the rows read unlocked; the caller checked the lease.
 func (c *selfChecker) sawFetch(states []RowState) (RowState, *fetchImage, bool) {
-	queued := c.info.QueuedStatus
+	queued := c.opts.info.QueuedStatus
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	for _, s := range states {
@@ -209,7 +209,7 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 	for _, m := range ims {
 		by[m.ID] = m
 	}
-	queued := c.info.QueuedStatus
+	queued := c.opts.info.QueuedStatus
 	for _, r := range rows {
 		m, ok := by[r.id]
 		if !ok || m.Locked || r.im.gen <= loss || m.Version == r.im.after || c.inProgress(m, c.opts.instanceID) {
@@ -270,10 +270,10 @@ func (c *selfChecker) unverifiedHold(ctx context.Context, peer string, ids []int
 	}
 	var queued *RowState
 	for i, s := range states {
-		if inProgress(c.info, s, peer) {
+		if inProgress(c.opts.info, s, peer) {
 			return nil // one row as the resetter expects: nothing swapped
 		}
-		if queued == nil && s.Status == c.info.QueuedStatus {
+		if queued == nil && s.Status == c.opts.info.QueuedStatus {
 			queued = &states[i]
 		}
 	}

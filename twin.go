@@ -35,10 +35,9 @@ import (
 // twin is Start's claim on the instance ID (claimInstanceID), and what
 // the heartbeat does when another process took it (noteOusted).
 type twin struct {
-	store     store.Store
-	log       *slog.Logger
-	opts      *options // read-only after New
-	beatValue string   // this process's heartbeat value
+	store store.Store
+	log   *slog.Logger
+	opts  *options // read-only after New
 	// byOwner is set when rows are recovered by owner: owner mode, or the
 	// backstop sweep by owner (sweepOf).
 	byOwner bool
@@ -118,7 +117,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 			return err
 		}
 		switch {
-		case k.Value == tw.beatValue:
+		case k.Value == tw.opts.beatValue:
 			return nil // written by an earlier try of this Start
 		case k.Value != "":
 			if err := tw.awaitPredecessor(ctx, k); err != nil {
@@ -138,7 +137,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 			if recovered, err = tw.recoverPredecessor(ctx, &warnedLocked); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.
-				if k, rerr := tw.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != tw.beatValue {
+				if k, rerr := tw.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != tw.opts.beatValue {
 					return fmt.Errorf("%w: another process took it while this one recovered its predecessor (%v)", ErrInstanceIDInUse, err)
 				}
 				return err

@@ -128,7 +128,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		resetter: resetter,
 		lease:    newLease(o.heartbeatTTL),
 	}
-	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode}
+	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts}
 	// nodes: node ages, their holds and the eviction hold (nodeage.go, eviction.go).
 	nodes := &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
 	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
@@ -148,7 +148,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
 	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
 	// selfChecker: the self-check loop (selfcheck.go)
-	w.checker = (&selfChecker{resetter: resetter, info: info, opts: &w.opts, log: w.log,
+	w.checker = (&selfChecker{resetter: resetter, opts: &w.opts, log: w.log,
 		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
 		running: running}).init()
 	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
@@ -162,24 +162,24 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
 	}
 	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
-	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, ownerMode: ownerMode, state: &w.state,
+	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
 		trackCalled: w.tracker.trackCalled}
 	// peers: the dead-peer path (deadpeer.go).
-	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter, info: info,
-		ownerMode: ownerMode, fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
+	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter,
+		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
 		judge: jd, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold, sweepsByOwner: sw != nil}
 	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
-	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, beatValue: w.opts.beatValue, byOwner: ownerMode || sw != nil,
+	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, byOwner: ownerMode || sw != nil,
 		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
 		nodes: nodes, peers: w.peers}
 	// heartbeater: the heartbeat loop (heartbeat.go)
-	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts, beatValue: w.opts.beatValue,
-		ownerMode: ownerMode, byVersion: rs != nil,
-		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
+	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts,
+		byVersion: rs != nil,
+		lease:     &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
 		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted}
 	// recov: the recovery loop (recovery.go).
-	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, ownerMode: ownerMode, peers: w.peers,
+	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
 		judge: jd, untracked: w.untracked}
 	// sweep: the backstop sweep with its strategy, by owner (sw) or by row
