@@ -178,6 +178,10 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	// Recoveries by hand only: a scan of w's own loop holding the claim
 	// would make RecoverNow skip the peer.
 	w, logs := startWorker(t, rdb, swapped, "w", append(selfCheckTimings(prefix), WithTimings(Timings{RecoveryInterval: time.Hour, RowsTTL: 2 * time.Hour}))...)
+	// The loop's first scan, at Start, is over before the peer dies: one
+	// delayed past that (a loaded machine) claimed the peer, and RecoverNow
+	// skipped it.
+	signals(w).scan.WaitOrTimeout(t)
 
 	// A peer died holding rows 1-4 (no heartbeat, its rows set left).
 	keys := store.InstanceKeys(prefix, "dead")
