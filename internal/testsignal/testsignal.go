@@ -141,3 +141,29 @@ func (s *Signal[T]) requireInit(t TB) {
 		t.Fatal("testsignal: the signal was not initialised (Init)")
 	}
 }
+
+// Span waits on the signal's values until d has passed since the call, and
+// returns the values that came meanwhile, in order: the turns the loop took
+// across the window. A test that asserts that something holds for a span of
+// time (a TTL, say) waits with Span instead of sleeping, and asserts that the
+// loop that could break it took its turns across that span, so a loop that
+// stalled cannot pass it. Values waiting at the call are dropped first. It
+// returns at least one value; the last may come a little after d, from the
+// turn under way at its end. It fails the test if no value comes for
+// Timeout.
+func (s *Signal[T]) Span(t TB, d time.Duration) []T {
+	t.Helper()
+	return s.span(t, d, Timeout)
+}
+
+func (s *Signal[T]) span(t TB, d, gap time.Duration) []T {
+	t.Helper()
+	s.requireInit(t)
+	s.Clear()
+	end := time.Now().Add(d)
+	var got []T
+	for len(got) == 0 || time.Now().Before(end) {
+		got = append(got, s.WaitForWithin(t, gap, func(T) bool { return true }))
+	}
+	return got
+}

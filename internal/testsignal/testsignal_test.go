@@ -145,3 +145,55 @@ func TestSignalIsOnOnlyAfterInit(t *testing.T) {
 		t.Fatal("an initialised Signal is off")
 	}
 }
+
+func TestSignalSpanReturnsTheTurnsOfTheWindowOnly(t *testing.T) {
+	var s Signal[int]
+	s.Init()
+	s.Signal(-1) // a turn from before the window
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		tick := time.NewTicker(10 * time.Millisecond) // the loop's pace
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				return
+			case <-tick.C:
+				s.Signal(i)
+			}
+		}
+	}()
+	began := time.Now()
+	got := s.Span(t, 100*time.Millisecond)
+	took := time.Since(began)
+	close(stop)
+	<-done
+	if took < 100*time.Millisecond {
+		t.Fatalf("Span returned after %v, before its window of 100ms", took)
+	}
+	if len(got) < 2 {
+		t.Fatalf("Span saw %d turns in 100ms of a loop ticking every 10ms", len(got))
+	}
+	for i, v := range got {
+		if v < 0 {
+			t.Fatalf("turn %d is %d, which waited before the window", i, v)
+		}
+		if i > 0 && v <= got[i-1] {
+			t.Fatalf("turns out of order: %v", got)
+		}
+	}
+}
+
+func TestSignalSpanFailsWhenTheLoopStalls(t *testing.T) {
+	var s Signal[int]
+	s.Init()
+	if !fails(func(t TB) { s.span(t, time.Nanosecond, 20*time.Millisecond) }) {
+		t.Fatal("Span passed with no turn at all")
+	}
+	time.AfterFunc(10*time.Millisecond, func() { s.Signal(1) }) // one turn, then the loop stalls
+	if !fails(func(t TB) { s.span(t, time.Second, 50*time.Millisecond) }) {
+		t.Fatal("Span passed a window in which the loop stalled after one turn")
+	}
+}
