@@ -119,7 +119,7 @@ func (h *rolloutHost) loop(t *testing.T, db *pgxpool.Pool) {
 			t.Errorf("%s: fetch: %v", h.w.InstanceID(), err)
 			return
 		case len(ids) == 0:
-			time.Sleep(20 * time.Millisecond) // a host's back-off before it asks again
+			time.Sleep(20 * time.Millisecond) // pace: a host's back-off before it asks again
 			continue
 		}
 		if h.killNext.Load() {
@@ -130,7 +130,7 @@ func (h *rolloutHost) loop(t *testing.T, db *pgxpool.Pool) {
 			if h.dead.Load() {
 				return
 			}
-			time.Sleep(time.Duration(5+rand.N(5)) * time.Millisecond) // the host's work on the row
+			time.Sleep(time.Duration(5+rand.N(5)) * time.Millisecond) // pace: the host's work on the row
 			if err := completeRow(ctx, db, h.w.InstanceID(), id, h.owner); err != nil {
 				t.Errorf("%s: complete row %d: %v", h.w.InstanceID(), id, err)
 				return

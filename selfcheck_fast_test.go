@@ -69,7 +69,7 @@ func fetchJobs(t *testing.T, db *pgxpool.Pool, w *Worker, openFor time.Duration,
 		_, err = tx.Exec(ctx, `UPDATE jobs SET state = $1 WHERE id = ANY($2)`, finish, ids)
 		require.NoError(t, err)
 	}
-	time.Sleep(openFor)
+	time.Sleep(openFor) // pace: the host's fetch transaction stays open this long
 	require.NoError(t, tx.Commit(ctx))
 	return time.Now()
 }
@@ -199,7 +199,7 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 				for block := range 30 {
 					ids := []int64{int64(3*block + 1), int64(3*block + 2), int64(3*block + 3)}
 					fetchJobs(t, db, w, 0, outcomes[block%3], ids...)
-					time.Sleep(rand.N(window * 4 / 10)) // finished, not yet untracked
+					time.Sleep(rand.N(window * 4 / 10)) // pace: the host finished the rows and has not untracked them yet
 					require.NoError(t, w.Untrack(ids...))
 				}
 				assert.Equal(t, int32(0), w.checker.verdict.Load(), "no row was ever seen in progress")

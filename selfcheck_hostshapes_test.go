@@ -284,7 +284,7 @@ func TestCorrectFetchShapesRaiseNoAlarm(t *testing.T) {
 								_ = wk.Untrack(ids...)
 								return
 							}
-							time.Sleep(50 * time.Millisecond)
+							time.Sleep(50 * time.Millisecond) // pace: the host's work on its block
 							_, err = db.Exec(ctx, `UPDATE jobs SET state = 'finished' WHERE id = ANY($1)`, ids)
 							assert.NoError(t, err)
 							assert.NoError(t, wk.Untrack(ids...))

@@ -95,7 +95,7 @@ func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing
 				for block := range 5 {
 					ids := []int64{int64(3*block + 1), int64(3*block + 2), int64(3*block + 3)}
 					rollbackJobs(t, db, w, ids...)
-					time.Sleep(rand.N(50 * time.Millisecond))
+					time.Sleep(rand.N(50 * time.Millisecond)) // pace: the host untracks a little after its rollback
 					require.NoError(t, w.Untrack(ids...))
 				}
 				// Rows processed inside the fetch, untracked a little later.
@@ -103,7 +103,7 @@ func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing
 				for block := range 15 {
 					ids := []int64{int64(100 + 3*block + 1), int64(100 + 3*block + 2), int64(100 + 3*block + 3)}
 					fetchJobs(t, db, w, 0, outcomes[block%3], ids...)
-					time.Sleep(rand.N(50 * time.Millisecond))
+					time.Sleep(rand.N(50 * time.Millisecond)) // pace: the host untracks a little after its COMMIT
 					require.NoError(t, w.Untrack(ids...))
 				}
 				assert.Equal(t, int32(0), w.checker.verdict.Load(), "no row was ever seen in progress")
@@ -111,7 +111,7 @@ func TestSelfCheckRaisesNoAlarmForBlocksOf50msOfACorrectConfiguration(t *testing
 				for block := range 10 {
 					ids := []int64{int64(200 + 3*block + 1), int64(200 + 3*block + 2), int64(200 + 3*block + 3)}
 					fetchJobs(t, db, w, 0, "", ids...)
-					time.Sleep(50 * time.Millisecond)
+					time.Sleep(50 * time.Millisecond) // pace: a block of 50 ms of the host's work
 					finishJobs(t, db, w, outcomes[block%2], ids...)
 				}
 				waitLookAfter(t, w, time.Now()) // the look at the last Untrack

@@ -596,7 +596,7 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 		delay := time.Duration(r.Int64N(int64(3 * time.Second)))
 		sameID := r.IntN(2) == 0
 		go func() {
-			time.Sleep(delay)
+			time.Sleep(delay) // fake clock: the crashed process restarts after its delay
 			if time.Now().Before(until.Add(-time.Second)) || len(w.live()) < 2 {
 				id := ""
 				if sameID {
@@ -856,7 +856,7 @@ func (w *simWorld) run(t *testing.T) {
 
 	for range w.cfg.procs {
 		w.spawn(t, "")
-		time.Sleep(time.Duration(w.rng.Int64N(int64(3 * time.Millisecond))))
+		time.Sleep(time.Duration(w.rng.Int64N(int64(3 * time.Millisecond)))) // fake clock: the processes start up to 3 ms apart
 	}
 
 	foreignDone := make(chan struct{})
@@ -864,7 +864,7 @@ func (w *simWorld) run(t *testing.T) {
 		at := time.Second + time.Duration(w.later.Int64N(int64(8*time.Second)))
 		go func() {
 			defer close(foreignDone)
-			time.Sleep(at)
+			time.Sleep(at) // fake clock: the foreign strike's instant
 			w.foreignStrike()
 		}()
 	} else {
@@ -879,10 +879,10 @@ func (w *simWorld) run(t *testing.T) {
 	}
 	slices.Sort(at)
 	for _, a := range at {
-		time.Sleep(time.Until(w.start.Add(a)))
+		time.Sleep(time.Until(w.start.Add(a))) // fake clock: the next fault's instant
 		w.fault(t, faultEnd)
 	}
-	time.Sleep(time.Until(faultEnd))
+	time.Sleep(time.Until(faultEnd)) // fake clock: the end of the faults
 	<-foreignDone
 	for len(w.live()) < 2 || !w.newAlive() {
 		w.spawn(t, "")
@@ -898,13 +898,13 @@ func (w *simWorld) run(t *testing.T) {
 	w.mu.Lock()
 	quiet := w.redisUp.Add(w.longestTTL() + w.longestTTL()/4)
 	w.mu.Unlock()
-	time.Sleep(time.Until(quiet))
+	time.Sleep(time.Until(quiet)) // fake clock: the bound's start, after the last restart's hold
 	w.checkBound(t)
 
 	// Liveness: every row ends done or quarantined.
 	deadline := time.Now().Add(simLiveness)
 	for !w.allSettled() && time.Now().Before(deadline) && !w.onlyKnownLeft() {
-		time.Sleep(50 * time.Millisecond)
+		time.Sleep(50 * time.Millisecond) // fake clock: the next look at the table
 	}
 	w.mu.Lock()
 	for _, id := range w.table.ids() {
@@ -967,7 +967,7 @@ func (w *simWorld) checkBound(t *testing.T) {
 		if victim != nil {
 			break
 		}
-		time.Sleep(5*time.Millisecond + 3*time.Microsecond)
+		time.Sleep(5*time.Millisecond + 3*time.Microsecond) // fake clock: the next look for a process holding rows
 	}
 	if victim == nil {
 		return // nothing in flight: every row is done already
@@ -1028,7 +1028,7 @@ func (w *simWorld) checkBound(t *testing.T) {
 	w.tracef("BOUND %s killed holding %v; its last heartbeat went at %.6fs: queued again by %.6fs",
 		victim, rows, lastBeat.Sub(w.start).Seconds(), deadline.Sub(w.start).Seconds())
 	w.mu.Unlock()
-	time.Sleep(time.Until(deadline))
+	time.Sleep(time.Until(deadline)) // fake clock: the bound's deadline
 	w.mu.Lock()
 	for _, id := range rows {
 		row := w.table.rows[id]
@@ -1051,7 +1051,7 @@ func (w *simWorld) checkBound(t *testing.T) {
 	// scan turn and a scan: the bound from the lock's end), or by the bound
 	// from the last heartbeat, whichever is later.
 	again := latest(deadline, lockEnd.Add(bound))
-	time.Sleep(time.Until(again))
+	time.Sleep(time.Until(again)) // fake clock: the locked row's deadline
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	if row := w.table.rows[lockedID]; row.status == stInprog && row.taker == victim && !w.ledgerRecorded(lockedID, row) {

@@ -134,7 +134,7 @@ func stressFleet(t *testing.T, ownerMode bool) {
 
 	// Crash a random live worker every 250ms, six times, replacing each.
 	for range 6 {
-		time.Sleep(250 * time.Millisecond) // the pace of the crashes, not a wait for anything
+		time.Sleep(250 * time.Millisecond) // pace: the crashes come 250 ms apart; nothing is awaited
 		fleetMu.Lock()
 		var live []*member
 		for _, m := range fleet {
@@ -199,20 +199,20 @@ func hostLoop(t *testing.T, db *pgxpool.Pool, w *Worker, dead *atomic.Bool) {
 		case errors.Is(err, ErrShutdown):
 			return
 		case errors.Is(err, ErrLeaseLost):
-			time.Sleep(20 * time.Millisecond) // a host's back-off before it asks again
+			time.Sleep(20 * time.Millisecond) // pace: a host's back-off before it asks again
 			continue
 		case err != nil:
 			t.Errorf("fetch: %v", err)
 			return
 		case len(ids) == 0:
-			time.Sleep(20 * time.Millisecond) // a host's back-off before it asks again
+			time.Sleep(20 * time.Millisecond) // pace: a host's back-off before it asks again
 			continue
 		}
 		for _, id := range ids {
 			if dead.Load() {
 				return
 			}
-			time.Sleep(time.Duration(10+rand.N(10)) * time.Millisecond) // the host's work on the row
+			time.Sleep(time.Duration(10+rand.N(10)) * time.Millisecond) // pace: the host's work on the row
 			if err := completeRow(ctx, db, me, id, true); err != nil {
 				t.Errorf("complete row %d: %v", id, err)
 				return
