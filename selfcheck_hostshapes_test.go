@@ -36,8 +36,9 @@ func TestRowFailedInsideTheFetchAndRequeuedByARetryJobBeforeUntrackIsNoAlarm(t *
 	// and finishes them) before this host's Untrack.
 	_, err := db.Exec(ctx, `UPDATE jobs SET state = 'pending' WHERE id = ANY($1)`, []int64{1, 2, 3})
 	require.NoError(t, err)
+	untracked := time.Now()
 	require.NoError(t, w.Untrack(1, 2, 3))
-	requireNoAlarm(t, w, alarms)
+	requireNoAlarm(t, w, alarms, untracked)
 }
 
 // (Review finding B.) a host that tracks after its fetch's COMMIT
@@ -113,8 +114,9 @@ func TestCompletionInTwoStatementsIsNoAlarm(t *testing.T) {
 	waitLook(t, w)                                                                 // the quick look sees 'finished'
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = state WHERE id = ANY($1)`, ids) // bookkeeping (finished_at, result)
 	require.NoError(t, err)
+	untracked := time.Now()
 	require.NoError(t, w.Untrack(ids...))
-	requireNoAlarm(t, w, alarms)
+	requireNoAlarm(t, w, alarms, untracked)
 }
 
 // (Review finding E.) rows left to the backstop sweep after a lost
@@ -451,12 +453,9 @@ func TestFetchGivingBackAStaleRunningRowIsNotStatusesSwapped(t *testing.T) {
 	waitLook(t, w) // the quick look after the COMMIT; then rows 5 and 6 are processed
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = 'finished' WHERE id IN (5, 6)`)
 	require.NoError(t, err)
+	untracked := time.Now()
 	require.NoError(t, w.Untrack(5, 6, 7)) // one Untrack per block
-	select {
-	case e := <-alarms:
-		t.Fatalf("ErrMisconfigured on correct statuses: %v", e.Err)
-	case <-time.After(500 * time.Millisecond):
-	}
+	requireNoAlarm(t, w, alarms, untracked)
 	t.Logf("verdict %d", w.checker.verdict.Load())
 }
 
@@ -483,13 +482,19 @@ func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
 				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("RVM")), obs)...)
 				fetchJobs(t, db, w, 0, "", 1, 2, 3)
 				waitLook(t, w) // the quick look after the COMMIT
+				untracked := time.Now()
 				finishJobs(t, db, w, "finished", 1, 2, 3)
+				waitLookAfter(t, w, untracked) // the look the Untrack asks for
+				if swapped {
+					require.ErrorIs(t, w.Healthy(), ErrMisconfigured, "swapped statuses caught on the first block")
+					return
+				}
+				require.NoError(t, w.Healthy(), "no false alarm")
+				assert.Equal(t, int32(1), w.checker.verdict.Load())
 				select {
 				case e := <-alarms:
-					require.True(t, swapped, "false alarm: %v", e.Err)
-				case <-time.After(500 * time.Millisecond):
-					require.False(t, swapped, "swapped statuses not caught on the first block")
-					assert.Equal(t, int32(1), w.checker.verdict.Load())
+					t.Fatalf("false alarm: %v", e.Err)
+				default:
 				}
 			})
 		}
@@ -549,16 +554,18 @@ func TestFastHostWithMisconfiguredStatusesIsCaught(t *testing.T) {
 	}
 }
 
-// requireNoAlarm waits half a second for a false alarm, then checks that
-// w is healthy.
-func requireNoAlarm(t *testing.T, w *Worker, alarms <-chan Event) {
+// requireNoAlarm waits for w's self-check turn begun after untracked (the
+// look an Untrack asks for: the one that would raise a false alarm on its
+// rows), then checks that w is healthy and no alarm was sent.
+func requireNoAlarm(t *testing.T, w *Worker, alarms <-chan Event, untracked time.Time) {
 	t.Helper()
+	waitLookAfter(t, w, untracked)
+	require.NoError(t, w.Healthy(), "no false alarm on a correct configuration")
 	select {
 	case e := <-alarms:
 		t.Fatalf("false alarm on a correct configuration: %v", e.Err)
-	case <-time.After(500 * time.Millisecond):
+	default:
 	}
-	require.NoError(t, w.Healthy())
 }
 
 // fastBlock is block n of a fast host: rows 3n+1..3n+3 fetched (Track

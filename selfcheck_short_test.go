@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"testing"
@@ -54,13 +55,13 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 						found = block
 					case <-time.After(50 * time.Millisecond):
 					}
+					untracked := time.Now()
 					finishJobs(t, db, w, "finished", ids...)
 					if found < 0 {
-						select {
-						case <-alarms: // at its Untrack
+						waitLookAfter(t, w, untracked) // the look its Untrack asks for
+						if errors.Is(w.Healthy(), ErrMisconfigured) {
 							latency = time.Since(first)
 							found = block
-						case <-time.After(20 * time.Millisecond):
 						}
 					}
 					if found >= 0 {
