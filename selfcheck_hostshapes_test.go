@@ -484,7 +484,7 @@ func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
 				waitLook(t, w) // the quick look after the COMMIT
 				untracked := time.Now()
 				finishJobs(t, db, w, "finished", 1, 2, 3)
-				waitLookAfter(t, w, untracked) // the look the Untrack asks for
+				waitUntrackLook(t, w, untracked)
 				if swapped {
 					require.ErrorIs(t, w.Healthy(), ErrMisconfigured, "swapped statuses caught on the first block")
 					return
@@ -559,7 +559,7 @@ func TestFastHostWithMisconfiguredStatusesIsCaught(t *testing.T) {
 // rows), then checks that w is healthy and no alarm was sent.
 func requireNoAlarm(t *testing.T, w *Worker, alarms <-chan Event, untracked time.Time) {
 	t.Helper()
-	waitLookAfter(t, w, untracked)
+	waitUntrackLook(t, w, untracked)
 	require.NoError(t, w.Healthy(), "no false alarm on a correct configuration")
 	select {
 	case e := <-alarms:

@@ -58,7 +58,7 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 					untracked := time.Now()
 					finishJobs(t, db, w, "finished", ids...)
 					if found < 0 {
-						waitLookAfter(t, w, untracked) // the look its Untrack asks for
+						waitUntrackLook(t, w, untracked)
 						if errors.Is(w.Healthy(), ErrMisconfigured) {
 							latency = time.Since(first)
 							found = block
