@@ -78,13 +78,13 @@ func (s *beatStore) fail(err error) {
 	s.err = err
 }
 
-// since returns the times of the beats sent at or after t.
+// since returns the times of the beats sent after t.
 func (s *beatStore) since(t time.Time) []time.Time {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	var out []time.Time
 	for _, b := range s.beats {
-		if !b.Before(t) {
+		if b.After(t) {
 			out = append(out, b)
 		}
 	}
@@ -104,17 +104,31 @@ func TestHeartbeatOutageIsRetriedQuicklyAndLoggedOnce(t *testing.T) {
 		go func() { defer close(done); w.heart.run(ctx) }()
 		defer func() { cancel(); <-done }()
 
-		time.Sleep(1100 * time.Millisecond) // fake time: beats at 0, 500ms and 1s
+		// Beats at 0 (above), 500ms and 1s: each wait lets the fake clock
+		// run to the loop's next turn.
+		beat := &signals(w).beat
+		start := time.Now()
+		for _, at := range []time.Duration{500 * time.Millisecond, time.Second} {
+			require.NoError(t, beat.WaitOrTimeout(t), "the beat at %v", at)
+			require.Equal(t, at, time.Since(start), "a beat every interval")
+		}
 		require.Len(t, s.since(time.Time{}), 3)
-		down := time.Now()
+		down := time.Now() // the instant of the beat at 1s: the tries come after it
 		s.fail(errors.New("LOADING down for the test"))
-		time.Sleep(900 * time.Millisecond)
+		// Four tries by 2s: the tick at 1.5s, then three retries. The bound
+		// is part of the check: a loop that retried only at its ticks would
+		// otherwise run the outage on past the lease.
+		end := start.Add(2 * time.Second)
+		for i := range 4 {
+			err := beat.WaitForWithin(t, time.Until(end), func(error) bool { return true })
+			require.ErrorContains(t, err, "LOADING", "try %d during the outage", i+1)
+		}
 
 		// The first try fails at the tick (1.5s); the retries follow after
 		// 50, 100 and 200ms (±20%), not a whole 500ms interval later.
 		tries := s.since(down)
 		require.GreaterOrEqual(t, len(tries), 4)
-		assert.Equal(t, 400*time.Millisecond, tries[0].Sub(down), "the first failure is the regular tick")
+		assert.Equal(t, 500*time.Millisecond, tries[0].Sub(down), "the first failure is the regular tick")
 		for i, want := range []time.Duration{50, 100, 200} {
 			gap := tries[i+1].Sub(tries[i])
 			assert.InDelta(t, float64(want*time.Millisecond), float64(gap), float64(want*time.Millisecond)/5+1, "retry %d", i+1)
@@ -122,7 +136,8 @@ func TestHeartbeatOutageIsRetriedQuicklyAndLoggedOnce(t *testing.T) {
 		assert.Less(t, tries[3].Sub(tries[0]), w.opts.heartbeatInterval, "four tries within one interval; a ticker alone would take three")
 
 		s.fail(nil)
-		time.Sleep(w.opts.heartbeatInterval * 12 / 10) // the longest backoff: the next try succeeds
+		// The next try, within the longest backoff, succeeds.
+		require.NoError(t, beat.WaitForWithin(t, w.opts.heartbeatInterval*12/10, func(error) bool { return true }), "the next try succeeds")
 		synctest.Wait()
 		assert.Equal(t, 1, logs.Count("heartbeat restored"))
 		assert.Equal(t, 1, logs.Count("heartbeat failed"), "one log line per outage, not per try")

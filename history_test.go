@@ -16,6 +16,7 @@ import (
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testsignal"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
@@ -234,8 +235,12 @@ func readHistory(t *testing.T, rdb redis.UniversalClient, prefix string) []strea
 	return out
 }
 
+// newTestHistorian returns a historian that appends to s, with its test
+// signal on (h.sig): a test waits on it for the historian's sends.
 func newTestHistorian(s store.Store) *historian {
-	return &historian{store: s, log: discardLogger, maxLen: 100, opTimeout: 250 * time.Millisecond, retry: time.Second}
+	sig := new(testsignal.Signal[error])
+	sig.Init()
+	return &historian{store: s, log: discardLogger, maxLen: 100, opTimeout: 250 * time.Millisecond, retry: time.Second, sig: sig}
 }
 
 func failedEvent(peer string) Event {
@@ -250,24 +255,34 @@ func TestHistorianRetriesWhileRedisIsDownThenDropsAndCounts(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		s := &historyStore{err: errors.New("dial tcp: connection refused")}
 		h := newTestHistorian(s)
+		start := time.Now()
 		h.offer(failedEvent("a"))
 		h.offer(failedEvent("b"))
 		h.offer(Event{Kind: EventHeartbeat}) // not history
-		time.Sleep(3*time.Second + time.Millisecond)
-		synctest.Wait()
+		// Each wait lets the fake clock run to the historian's next send.
+		for i := range 4 {
+			require.ErrorContains(t, h.sig.WaitOrTimeout(t), "connection refused", "attempt %d", i+1)
+			require.Equal(t, time.Duration(i)*time.Second, time.Since(start), "attempt %d, a retry interval after the one before", i+1)
+		}
 		s.mu.Lock()
 		assert.Equal(t, 4, s.attempts, "at 0, 1, 2, 3 s")
 		s.mu.Unlock()
 		s.set(nil, nil)
-		time.Sleep(time.Second)
-		synctest.Wait()
+		for _, peer := range []string{"a", "b"} {
+			require.NoError(t, h.sig.WaitOrTimeout(t), "%s sent", peer)
+		}
+		assert.Equal(t, 4*time.Second, time.Since(start), "a sent at its next retry, b at once")
 		assert.Equal(t, []string{"recovery_failed a", "recovery_failed b"}, s.peers())
 		assert.Zero(t, h.dropped.Load())
 
 		s.set(errors.New("i/o timeout"), nil)
+		offered := time.Now()
 		h.offer(failedEvent("c"))
-		time.Sleep(historyAttempts * time.Second)
-		synctest.Wait()
+		for i := range historyAttempts {
+			require.ErrorContains(t, h.sig.WaitOrTimeout(t), "i/o timeout", "attempt %d", i+1)
+		}
+		assert.Equal(t, (historyAttempts-1)*time.Second, time.Since(offered), "attempts a retry interval apart")
+		synctest.Wait() // the drop is counted after the last attempt's signal
 		assert.Equal(t, uint64(1), h.dropped.Load(), "given up after %d attempts", historyAttempts)
 		s.set(nil, nil)
 		h.offer(failedEvent("d"))
@@ -397,7 +412,8 @@ func TestShutdownWaitsForOneFailedSendNotTheBacklog(t *testing.T) {
 		for i := range 50 {
 			h.offer(failedEvent(fmt.Sprint(i)))
 		}
-		time.Sleep(500 * time.Millisecond) // the first send timed out; its retry waits
+		require.ErrorIs(t, h.sig.WaitOrTimeout(t), context.DeadlineExceeded, "the first send timed out")
+		synctest.Wait() // its retry waits
 		start := time.Now()
 		require.NoError(t, h.close(context.Background()))
 		assert.Equal(t, h.opTimeout, time.Since(start), "one last send of the entry under way, then the rest dropped")
