@@ -372,9 +372,13 @@ func TestSafetyRowsOfADeadPeerSurviveAPostgresOutageOfSeveralRowsTTLs(t *testing
 	// Started during the outage: without the schema check, which needs
 	// PostgreSQL.
 	r, _ := startWorker(t, rdb, viaProxy, "recoverer", append(timing, WithoutSchemaCheck())...)
-	// Nothing to wait on: what is tested is that time passes. Four rows
-	// TTLs of failed recoveries; the set must outlive them all.
-	time.Sleep(4 * rowsTTL)
+	// Four rows TTLs of failed recoveries; the set must outlive them all.
+	// The recoverer's scan loop is what tries and fails: it must have
+	// scanned throughout (a turn every recovery interval plus the failed
+	// recovery's timeouts, about 600 ms: some ten across the window; at
+	// least one a rows TTL).
+	scans := signals(r).scan.Span(t, 4*rowsTTL)
+	require.GreaterOrEqual(t, len(scans), 4, "the recoverer scanned throughout the 4 rows TTLs")
 
 	assert.Len(t, rowsOf(t, rdb, prefix, "victim"), 5, "the rows set outlives 4 rows TTLs of failed recoveries")
 	assert.True(t, registered(t, rdb, prefix, "victim"), "still registered")

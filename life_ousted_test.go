@@ -46,7 +46,7 @@ func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
 	fr.thaw() // A resumes
 
 	require.Eventually(t, func() bool { return a.CheckLease() != nil }, 5*time.Second, 5*time.Millisecond)
-	s := watchLiveRow(t, db, b, ownerB, 1, 20*time.Second)
+	s := watchLiveRow(t, db, b, ownerB, 1, 20*time.Second, a)
 	assert.True(t, complete(t, db, ownerB, 1), "B completes its row")
 	t.Logf("A ousted: %v; A stats errors=%d; row 1 status %q", a.lease.ousted.Load(), a.Stats().Errors, s)
 }
@@ -79,12 +79,17 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 	fr.thaw()
 	require.Eventually(t, func() bool { return a.lease.ousted.Load() }, 5*time.Second, 5*time.Millisecond, "A learns it is ousted")
 
-	time.Sleep(4 * time.Second) // A, ousted, goes on; C sweeps
+	// A, ousted, goes on; C sweeps. Both sweep every 1.2 s: each must have
+	// taken at least two turns across the 4 s, C's without error.
+	signals(a).sweep.Clear()
+	cSweeps := signals(c).sweep.Span(t, 4*time.Second)
+	require.GreaterOrEqual(t, succeeded(cSweeps), 2, "C swept throughout the window: %v", cSweeps)
+	require.GreaterOrEqual(t, signals(a).sweep.Clear(), 2, "A's sweep loop went on throughout the window")
 	s, _ := rowState(t, db, 1)
 	require.Equal(t, "inprog", s, "while C holds the turn B's row is safe")
 	c.crash() // C leaves; its turn expires (2.2 × 1.2 s + op timeout)
 
-	watchLiveRow(t, db, b, ownerB, 1, 24*time.Second)
+	watchLiveRow(t, db, b, ownerB, 1, 24*time.Second, a)
 	assert.Zero(t, aLogs.Count("reset the rows of an ended life of a live worker"), "the ousted process A reset them")
 }
 
@@ -119,7 +124,10 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	}
 	rollback()
 	_, _ = x.sweeper.runOnce(ctx) // sighting 1
-	time.Sleep(x.opts.heartbeatTTL + 700*time.Millisecond)
+	// A TTL and more between the sightings, w heartbeating (every 400 ms)
+	// throughout: its heartbeats rewrite its life.
+	beats := signals(w).beat.Span(t, x.opts.heartbeatTTL+700*time.Millisecond)
+	require.GreaterOrEqual(t, len(beats), 3, "w's heartbeat ran throughout the window between the sightings: %v", beats)
 	cur, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
 	require.Equal(t, owner, lifeOwner("w", cur), "w's heartbeat rewrote its life between the sightings")
@@ -129,19 +137,35 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	assert.Equal(t, "inprog", s, "row 1 of w's current life")
 }
 
-// watchLiveRow watches row id of live worker w, taken under owner, for up
-// to d or until it leaves in progress, asserting that w's lease stays
-// valid throughout; it then asserts that the row is still w's, and returns
-// its status.
-func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id int64, d time.Duration) string {
+// watchLiveRow watches row id of live worker w, taken under owner, for d
+// or until it leaves in progress, while the sweeps of sweepers (those that
+// could reset it) run. At each heartbeat of w it asserts that w's lease is
+// valid and reads the row. When the row stayed in progress for d, it
+// asserts that each sweeper swept throughout (at least half the turns its
+// recovery interval gives, and two). It then asserts that the row is still
+// w's, and returns its status.
+func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id int64, d time.Duration, sweepers ...*Worker) string {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for time.Now().Before(deadline) {
+	for _, sw := range sweepers {
+		signals(sw).sweep.Clear()
+	}
+	beats := &signals(w).beat
+	beats.Clear()
+	end := time.Now().Add(d)
+	watched := true
+	for time.Now().Before(end) {
 		require.NoError(t, w.CheckLease(), "the live worker's lease stays valid throughout")
 		if s, _ := rowState(t, db, id); s != "inprog" {
+			watched = false
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		beats.WaitOrTimeout(t)
+	}
+	if watched {
+		for _, sw := range sweepers {
+			want := max(2, int(d/sw.opts.recoveryInterval)/2)
+			require.GreaterOrEqual(t, signals(sw).sweep.Clear(), want, "%s swept throughout the watch of %v", sw.InstanceID(), d)
+		}
 	}
 	s, o := rowState(t, db, id)
 	assert.Equal(t, "inprog", s, "row %d of the live worker's current life", id)
@@ -149,6 +173,18 @@ func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id in
 		assert.Equal(t, owner, *o)
 	}
 	return s
+}
+
+// succeeded counts the turns, as a loop's test signal gave them, that ended
+// without error.
+func succeeded(turns []error) int {
+	n := 0
+	for _, err := range turns {
+		if err == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // The previous release's quickstart (README before the merge of life2):
@@ -173,7 +209,7 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 	r := fencedResetter(t, db)
 	opts := holeTimings(prefix, 1200*time.Millisecond)
 	w, fr, logs := frozenWorker(t, rdb, r, "w", opts...)
-	startWorker(t, rdb, r, "p", opts...) // a peer; its sweep (or w's) judges ended lives
+	p, _ := startWorker(t, rdb, r, "p", opts...) // a peer; its sweep (or w's) judges ended lives
 
 	me := w.OwnerValue() // the host begins a block
 	loseLease(t, rdb, w, fr)
@@ -189,7 +225,7 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 	require.NotEqual(t, me, again, "a new life since the loss")
 	take(t, db, again, 1)
 	require.NoError(t, w.Track(ctx, 1))
-	watchLiveRow(t, db, w, again, 1, 8*time.Second)
+	watchLiveRow(t, db, w, again, 1, 8*time.Second, w, p)
 	assert.True(t, complete(t, db, again, 1), "the host completes its row once")
 }
 

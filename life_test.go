@@ -286,7 +286,11 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	owner := w.OwnerValue()
 	take(t, db, owner, 3, 4)
 	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
-	time.Sleep(w.opts.claimTTL()) // past p's claim TTL
+	// Nothing marks the end of p's claim TTL: w's first heartbeat deleted
+	// the claim key (a heartbeat cancels a claim on its instance), and the
+	// claim's context is p's recovery's own (its reset's, which the gate
+	// sees, ends at the shorter reset timeout).
+	time.Sleep(w.opts.claimTTL()) // real time: past p's claim TTL
 
 	close(g.open)
 	<-done
@@ -452,9 +456,16 @@ func TestRollingUpgradePerLifeAndBareIDWorkersRecoverEachOther(t *testing.T) {
 
 	// An old recoverer finds the live new worker alive; the sweeps (every
 	// member runs one, the new workers' judging ended lives too) leave
-	// both live workers' rows alone for several TTLs (six).
+	// both live workers' rows alone for several TTLs (six). Both sweep
+	// every 800 ms, whichever holds the turn: each must have taken at
+	// least half of its some fifteen turns across the window.
 	assert.False(t, prevReleaseRecover(t, oldLive, r, "new-live"))
-	time.Sleep(6 * oldLive.opts.heartbeatTTL)
+	window := 6 * oldLive.opts.heartbeatTTL
+	want := int(window/oldLive.opts.recoveryInterval) / 2
+	signals(oldLive).sweep.Clear()
+	newSweeps := signals(newLive).sweep.Span(t, window)
+	require.GreaterOrEqual(t, len(newSweeps), want, "new-live swept throughout the window")
+	require.GreaterOrEqual(t, signals(oldLive).sweep.Clear(), want, "old-live swept throughout the window")
 	for _, id := range []int64{1, 2} {
 		s, _ := rowState(t, db, id)
 		assert.Equal(t, "inprog", s, "row %d of a live worker", id)

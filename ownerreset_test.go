@@ -315,7 +315,11 @@ func TestOwnerModeSweepAfterTwoEmptyRedisRestartsLeavesALiveWorkersRows(t *testi
 	// The fix: the sweep takes no verdict from a server that started,
 	// even empty, less than a TTL ago.
 	require.NotContains(t, rep.absent, "L", "no sighting from a server that just restarted")
-	time.Sleep(2100 * time.Millisecond) // a heartbeat TTL, L heartbeating all along; no sweep meanwhile (sweeps are an interval apart)
+	// A heartbeat TTL, L heartbeating all along (every 250 ms: at least
+	// three that succeeded); no sweep meanwhile (sweeps are an interval
+	// apart).
+	beats := signals(l).beat.Span(t, 2100*time.Millisecond)
+	require.GreaterOrEqual(t, succeeded(beats), 3, "L's heartbeat ran throughout the TTL between the sweeps: %v", beats)
 	rep = restartSeenBySweep()
 	t.Logf("second sweep: absent %v, recovered %+v", rep.absent, rep.recovered)
 
