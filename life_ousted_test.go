@@ -151,6 +151,7 @@ func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id in
 	}
 	beats := &signals(w).beat
 	beats.Clear()
+	losses := w.Stats().LeaseLosses
 	end := time.Now().Add(d)
 	watched := true
 	for time.Now().Before(end) {
@@ -161,6 +162,8 @@ func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id in
 		}
 		beats.WaitOrTimeout(t)
 	}
+	// A lease lost and regained between two checks is counted.
+	require.Equal(t, losses, w.Stats().LeaseLosses, "the live worker's lease stays valid throughout")
 	if watched {
 		for _, sw := range sweepers {
 			want := max(2, int(d/sw.opts.recoveryInterval)/2)
