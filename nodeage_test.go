@@ -54,9 +54,9 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 
 	admin := srv.Client(t)
 	require.NoError(t, admin.Save(ctx).Err())
-	// Nothing to wait on but the clock: the file keeps each heartbeat's
-	// absolute expiry time, at most a TTL after the SAVE. Two TTLs leave a
-	// whole TTL of margin.
+	// real time: the file keeps each heartbeat's absolute expiry time, at
+	// most a TTL after the SAVE, and nothing marks it passing (the running
+	// server's copies are renewed). Two TTLs leave a whole TTL of margin.
 	time.Sleep(2 * ttl)
 
 	// Restart from the snapshot while A and B are between heartbeats, and
@@ -269,7 +269,10 @@ func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
 	assert.Greater(t, rdb.PTTL(ctx, k.Rows).Val(), 10*time.Second, "the held peer's set renewed to the rows TTL")
 	assert.Greater(t, rdb.PTTL(ctx, k.Incarnation).Val(), 10*time.Second, "and its incarnation")
 
-	time.Sleep(time.Until(restarted.Add(ttl + 200*time.Millisecond))) // the set's old TTL is over
+	// real time: the set's old TTL (from the file) is over, renewed since,
+	// so nothing marks it; and the scans' bound below counts from a TTL
+	// after the restart.
+	time.Sleep(time.Until(restarted.Add(ttl + 200*time.Millisecond)))
 	// The hold ends a TTL after the server's own start, which its restart
 	// (loading the snapshot) puts after restarted, and INFO reports in
 	// whole seconds: scan until it has ended.
