@@ -192,9 +192,8 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 	require.NoError(t, err)
 	holdEnd := nodeHoldEnd(watcher, node)
 	require.False(t, holdEnd.IsZero(), "the watcher holds verdicts from %s since it subscribed there", node)
-	// real time: the hold ends at a moment of the clock, a TTL after the
-	// watcher first saw the promoted master; no loop acts then.
-	time.Sleep(time.Until(holdEnd))
+	// The hold ends a TTL after the watcher first saw the promoted master.
+	time.Sleep(time.Until(holdEnd)) // real time: a hold ends at a moment of the clock, and no loop acts then
 	deadBefore := watcher.Stats().PeersDead
 	victim.crash()
 	crashedAt := time.Now()

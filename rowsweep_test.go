@@ -113,11 +113,10 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				require.True(t, rep.turnHeld)
 				assert.Equal(t, 4, rep.rowsInProgress)
 				assert.Equal(t, 3, rep.strayWaiting, "1, 2 and 4: not reset at the first look")
-				// real time: row 4's new version must first be seen 300 ms
-				// after the first look, so that its gap ends that much after
-				// rows 1 and 2's and the looks below reset them first; a gap
-				// is clock time between two looks, and nothing else marks it.
-				time.Sleep(300 * time.Millisecond)
+				// Row 4's new version must first be seen 300 ms after the
+				// first look, so that its gap ends that much after rows 1
+				// and 2's and the looks below reset them first.
+				time.Sleep(300 * time.Millisecond)   // real time: a gap is clock time between two looks, and nothing else marks it
 				setJobs(t, db, schema, "running", 4) // a new version: its wait starts again, 300ms later
 
 				var swept time.Time
