@@ -115,7 +115,7 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 	_, err := sub.Receive(ctx)
 	require.NoError(t, err)
 
-	_, logs := startWorker(t, rdb, r, "rec", timing...)
+	rec, logs := startWorker(t, rdb, r, "rec", timing...)
 	testutil.Ballast(t, rdb, "otherapp", 1<<20)
 	pctx, stopPressure := context.WithCancel(ctx)
 	pressed := make(chan int, 1)
@@ -129,9 +129,18 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 	plantDeadPeer(t, rdb, defaultKeyPrefix, "dead")
 	take(t, db, "dead", 11, 12, 13, 14, 15)
 	// Keep the server evicting for three TTLs: every scan meanwhile finds
-	// the heartbeat absent at some point, or the evictions moving.
-	deadline := time.Now().Add(3 * live.opts.heartbeatTTL)
+	// the heartbeat absent at some point, or the evictions moving. The rows
+	// are checked at the end of each of rec's recovery turns, whichever
+	// worker held the scan turn: a reset stays, so a check also sees one
+	// made by live's turn or by a sweep since the check before.
+	scans := &signals(rec).scan
+	scans.Clear()
+	window := 3 * live.opts.heartbeatTTL
+	deadline := time.Now().Add(window)
+	turns := 0
 	for time.Now().Before(deadline) {
+		scans.WaitOrTimeout(t)
+		turns++
 		st := statuses(t, db)
 		reset := 0
 		for _, id := range []int64{1, 2, 3, 4, 5} {
@@ -141,11 +150,13 @@ func TestEvictedHeartbeatDoesNotResetALiveWorkersRows(t *testing.T) {
 		}
 		require.Zero(t, reset, "rows of the live worker reset %v after the pressure began (heartbeat evicted after %v)",
 			time.Since(start).Round(time.Millisecond), evictedSeen.Round(time.Millisecond))
-		time.Sleep(50 * time.Millisecond)
 	}
+	// About one turn a recovery interval, the fleet's timing (12 in the
+	// window); half of them leaves room for a loaded machine.
+	require.GreaterOrEqual(t, turns, int(window/live.opts.recoveryInterval)/2, "rec's recovery loop turned throughout the pressure")
 	stopPressure()
 	written := <-pressed
-	t.Logf("pressure: %d keys written, %d evicted; live heartbeat first evicted after %v", written, testutil.InfoField(t, rdb, "stats", "evicted_keys"), evictedSeen)
+	t.Logf("pressure: %d keys written, %d evicted; live heartbeat first evicted after %v; %d recovery turns of rec checked", written, testutil.InfoField(t, rdb, "stats", "evicted_keys"), evictedSeen, turns)
 	assert.Positive(t, logs.Count("the Redis server evicted keys less than a heartbeat TTL ago"), "the hold was taken and logged")
 	assert.Equal(t, 1, logs.Count("the Redis server evicted keys less than a heartbeat TTL ago"), "once per episode")
 

@@ -115,6 +115,19 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 	assert.Equal(t, uint64(1), w.Stats().PeersDead, "and found no one else dead")
 }
 
+// nodeHoldEnd is when w's hold on death verdicts from node, as it
+// remembers the node's age (nodeage.go), ends; zero when it holds none.
+func nodeHoldEnd(w *Worker, node string) time.Time {
+	a := &w.peers.judge.nodes.ages
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	s, ok := a.nodes[node]
+	if !ok || s.since.IsZero() {
+		return time.Time{}
+	}
+	return s.since.Add(w.fleet.ttl())
+}
+
 // idOn returns an instance ID starting with prefix whose keys live on the
 // Cluster master at addr (on) or on another one (!on).
 func idOn(t *testing.T, cluster *testutil.Cluster, rdb *redis.ClusterClient, keyPrefix, prefix, addr string, on bool) string {
@@ -175,7 +188,12 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 		"the victim's rows tracked on the promoted master")
 	// The watcher holds verdicts from the promoted master for a TTL from
 	// its subscription (nodeage.go); the victim dies after that.
-	time.Sleep(ttl)
+	node, err := watcher.store.NodeOf(ctx, victimID)
+	require.NoError(t, err)
+	holdEnd := nodeHoldEnd(watcher, node)
+	require.False(t, holdEnd.IsZero(), "the watcher holds verdicts from %s since it subscribed there", node)
+	// The hold ends a TTL after the watcher first saw the promoted master.
+	time.Sleep(time.Until(holdEnd)) // real time: a hold ends at a moment of the clock, and no loop acts then
 	deadBefore := watcher.Stats().PeersDead
 	victim.crash()
 	crashedAt := time.Now()

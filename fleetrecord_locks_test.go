@@ -7,6 +7,7 @@ import (
 	"net"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -172,18 +173,27 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 
 			r, err := pgxreset.New(db, mode.opts...)
 			require.NoError(t, err)
-			var last ResetResult
-			var lastErr error
-			var reset int64
-			for time.Since(vanishedAt) < 6*time.Second && reset < 5 {
+			// Nothing of ours ends the vanished session: PostgreSQL does, at
+			// the idle_in_transaction_session_timeout its reset set. Retry
+			// until then, within 6 s of the vanishing, every 100 ms.
+			var (
+				mu      sync.Mutex // the condition runs on Eventually's goroutine
+				last    ResetResult
+				lastErr error
+				reset   int64
+			)
+			assert.Eventually(t, func() bool {
 				rctx, cancel := context.WithTimeout(ctx, time.Second)
-				last, lastErr = mode.verify(rctx, r)
+				res, err := mode.verify(rctx, r)
 				cancel()
-				reset += last.Changed
-				if reset < 5 {
-					time.Sleep(100 * time.Millisecond)
-				}
-			}
+				mu.Lock()
+				defer mu.Unlock()
+				last, lastErr = res, err
+				reset += res.Changed
+				return reset >= 5
+			}, 6*time.Second-time.Since(vanishedAt), 100*time.Millisecond, "PostgreSQL ended the vanished session and its rows were reset")
+			mu.Lock()
+			defer mu.Unlock()
 			t.Logf("all 5 rows reset %v after the recoverer vanished", time.Since(vanishedAt).Round(100*time.Millisecond))
 			assert.Equal(t, int64(5), reset, "rows reset %v after the recoverer vanished (its reset timeout 1 s); last: %d locked, error %v",
 				time.Since(vanishedAt).Round(100*time.Millisecond), lockedRows(last.NotReset), lastErr)

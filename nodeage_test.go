@@ -54,10 +54,9 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 
 	admin := srv.Client(t)
 	require.NoError(t, admin.Save(ctx).Err())
-	// Nothing to wait on but the clock: the file keeps each heartbeat's
-	// absolute expiry time, at most a TTL after the SAVE. Two TTLs leave a
-	// whole TTL of margin.
-	time.Sleep(2 * ttl)
+	// The file keeps each heartbeat's absolute expiry time, at most a TTL
+	// after the SAVE. Two TTLs leave a whole TTL of margin.
+	time.Sleep(2 * ttl) // real time: nothing marks the file's expiry times passing (the running server's copies are renewed)
 
 	// Restart from the snapshot while A and B are between heartbeats, and
 	// let a worker that was not running look at once.
@@ -269,7 +268,9 @@ func TestARowsSetOutlivesTheVerdictHoldAfterARestart(t *testing.T) {
 	assert.Greater(t, rdb.PTTL(ctx, k.Rows).Val(), 10*time.Second, "the held peer's set renewed to the rows TTL")
 	assert.Greater(t, rdb.PTTL(ctx, k.Incarnation).Val(), 10*time.Second, "and its incarnation")
 
-	time.Sleep(time.Until(restarted.Add(ttl + 200*time.Millisecond))) // the set's old TTL is over
+	// The set's old TTL (from the file) is over, and the scans' bound below
+	// counts from a TTL after the restart.
+	time.Sleep(time.Until(restarted.Add(ttl + 200*time.Millisecond))) // real time: the old TTL was renewed away, so nothing marks its end
 	// The hold ends a TTL after the server's own start, which its restart
 	// (loading the snapshot) puts after restarted, and INFO reports in
 	// whole seconds: scan until it has ended.

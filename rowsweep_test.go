@@ -113,7 +113,10 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				require.True(t, rep.turnHeld)
 				assert.Equal(t, 4, rep.rowsInProgress)
 				assert.Equal(t, 3, rep.strayWaiting, "1, 2 and 4: not reset at the first look")
-				time.Sleep(300 * time.Millisecond)
+				// Row 4's new version must first be seen 300 ms after the
+				// first look, so that its gap ends that much after rows 1
+				// and 2's and the looks below reset them first.
+				time.Sleep(300 * time.Millisecond)   // real time: a gap is clock time between two looks, and nothing else marks it
 				setJobs(t, db, schema, "running", 4) // a new version: its wait starts again, 300ms later
 
 				var swept time.Time
@@ -393,15 +396,26 @@ func TestBackstopSweepByRowVersionLeavesTheTurnToOwnerModeWorkers(t *testing.T) 
 	require.True(t, ow.Stats().OwnerMode)
 	_, err = db.Exec(ctx, "UPDATE "+schema+".jobs SET state = 'running', owner = $1 WHERE id IN (1, 2)", ow.InstanceID())
 	require.NoError(t, err)
-	deadline := time.Now().Add(3 * time.Second) // three rows TTLs
+	// Three rows TTLs: w's sweeps, called by hand for their reports, are
+	// paced by the owner-mode worker's own sweep turns (the same recovery
+	// interval), so the two contend for the turn throughout the window.
+	window := 3 * time.Second
+	deadline := time.Now().Add(window)
+	owSweeps := &signals(ow).sweep
+	owSweeps.Clear()
+	turns := 0
 	for time.Now().Before(deadline) {
 		rep, err := w.sweeper.runOnce(ctx)
 		require.NoError(t, err)
 		w.peers.rlog.swept(rep, err)
 		assert.False(t, rep.turnHeld, "the turn is left to the owner-mode worker")
 		assert.Equal(t, []string{"owner-1"}, rep.ownerPeers)
-		time.Sleep(100 * time.Millisecond)
+		owSweeps.WaitOrTimeout(t)
+		turns++
 	}
+	// About one turn a recovery interval, the fleet's timing (30 in the
+	// window); a quarter of them leaves room for a loaded machine.
+	require.GreaterOrEqual(t, turns, int(window/w.opts.recoveryInterval)/4, "w swept throughout the window, between the owner-mode worker's sweeps")
 	st := jobStates(t, db, schema)
 	assert.Equal(t, "running", st[1], "the owner-mode worker's rows stay in progress")
 	assert.Equal(t, "running", st[2])
