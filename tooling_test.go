@@ -1,6 +1,10 @@
 package recovery
 
 import (
+	"fmt"
+	"go/ast"
+	"go/parser"
+	"go/token"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -112,4 +116,90 @@ func TestTheLibraryDoesNotLinkTheTestingPackage(t *testing.T) {
 	deps := strings.Fields(string(out))
 	require.True(t, slices.Contains(deps, "github.com/alya/recovery/internal/testsignal"), "the check sees the signals' package")
 	assert.False(t, slices.Contains(deps, "testing"), "the library's packages link the testing package")
+}
+
+// sleepKinds are the reasons a time.Sleep may stay in the package's tests
+// (issue 23: tests wait on the loops' signals, not on the clock). Each
+// remaining sleep says which, in a comment on its line or ending on the line
+// above that begins with the marker:
+//   - "real time:" the time passing is what the test measures, and nothing
+//     a test can observe marks it (a snapshot's absolute expiry times);
+//   - "pace:" a simulated host's work, back-off or crashes take this long;
+//     nothing is awaited;
+//   - "fake clock:" the sleep moves a testing/synctest bubble's fake clock.
+var sleepKinds = []string{"real time:", "pace:", "fake clock:"}
+
+// sleepsIn reads the _test.go files of dir, whatever their build tags, and
+// returns the places (file:line) of their time.Sleep calls by the kind their
+// comment names, and those that name none.
+func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []string) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	require.NoError(t, err)
+	byKind = map[string][]string{}
+	fset := token.NewFileSet()
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		require.NoError(t, err)
+		// The marker of each line: a comment on it, or the first line of
+		// a comment group that ends on the line before.
+		markerAt := map[int]string{}
+		for _, g := range f.Comments {
+			text := strings.TrimSpace(strings.TrimPrefix(g.List[0].Text, "//"))
+			for _, k := range sleepKinds {
+				if strings.HasPrefix(text, k) {
+					end := fset.Position(g.End()).Line
+					markerAt[end] = k   // a comment at the end of the sleep's line
+					markerAt[end+1] = k // a comment group just above it
+				}
+			}
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || sel.Sel.Name != "Sleep" {
+				return true
+			}
+			if pkg, ok := sel.X.(*ast.Ident); !ok || pkg.Name != "time" {
+				return true
+			}
+			pos := fset.Position(call.Pos())
+			at := fmt.Sprintf("%s:%d", filepath.Base(pos.Filename), pos.Line)
+			if k, ok := markerAt[pos.Line]; ok {
+				byKind[k] = append(byKind[k], at)
+			} else {
+				unmarked = append(unmarked, at)
+			}
+			return true
+		})
+	}
+	return byKind, unmarked
+}
+
+// No test of the package waits for a loop by sleeping: each sleep left says
+// why the clock is what it needs (sleepKinds). A new sleep without a marker
+// fails here; waits on a loop use its test signal (testsignals.go).
+func TestEverySleepInTheTestsSaysWhyItIsNotAWait(t *testing.T) {
+	byKind, unmarked := sleepsIn(t, ".")
+	for _, k := range sleepKinds {
+		t.Logf("%-12s %2d  %v", k, len(byKind[k]), byKind[k])
+	}
+	assert.Empty(t, unmarked, "sleeps with no marker (%v): wait on the loop's test signal instead, or say why the clock is needed", sleepKinds)
+}
+
+// The check of TestEverySleepInTheTestsSaysWhyItIsNotAWait sorts sleeps by
+// their markers, on the line or just above, and finds the unmarked ones,
+// in files of any build tag (testdata/sleepmarkers holds a test file
+// tagged sim, and a file that is not a test).
+func TestSleepsInSortsSleepsByTheirMarkers(t *testing.T) {
+	byKind, unmarked := sleepsIn(t, "testdata/sleepmarkers")
+	assert.Equal(t, map[string][]string{
+		"pace:":       {"x_test.go:8"},
+		"fake clock:": {"x_test.go:11"},
+		"real time:":  {"x_test.go:14"},
+	}, byKind)
+	assert.Equal(t, []string{"x_test.go:12", "x_test.go:16", "x_test.go:17"}, unmarked, "not x.go: only tests")
 }

@@ -1,0 +1,5 @@
+package x
+
+import "time"
+
+func g() { time.Sleep(7) }
