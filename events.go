@@ -5,6 +5,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/alya/recovery/internal/testsignal"
 )
 
 // EventKind says what happened.
@@ -175,6 +177,7 @@ type dispatcher struct {
 	ch      chan Event
 	done    chan struct{}
 	dropped atomic.Uint64
+	sig     *testsignal.Signal[struct{}] // the options' deliver test signal (testsignals.go)
 }
 
 // emit stamps an event with the time and the instance ID, and dispatches
@@ -226,6 +229,7 @@ func (d *dispatcher) run() {
 	defer close(d.done)
 	for e := range d.ch {
 		d.deliver(e)
+		d.sig.Signal(struct{}{}) // test signal: an event delivered
 	}
 }
 

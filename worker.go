@@ -137,7 +137,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
-	w.events.obs = o.observer
+	w.events.obs, w.events.sig = o.observer, &w.opts.sig.deliver
 	// historian: the fleet history's writer, nil when it is off (history.go);
 	// running is also the self-check's
 	state := &w.state
