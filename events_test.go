@@ -167,7 +167,7 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	require.Len(t, restored, 1)
 	assert.Greater(t, restored[0].Duration, 200*time.Millisecond, "from the first failure to the first success")
 	assert.False(t, w.Stats().LeaseValid, "held for a claim TTL after the regain (250ms here)")
-	require.Eventually(t, func() bool { return w.Stats().LeaseValid }, 3*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 3*time.Second, func() bool { return w.Stats().LeaseValid })
 	s = w.Stats()
 	assert.Equal(t, uint64(1), s.LeaseLosses)
 	assert.GreaterOrEqual(t, s.HeartbeatFailures, uint64(len(failures)))
@@ -182,7 +182,7 @@ func TestPanickingObserverIsContained(t *testing.T) {
 	_, rdb := newMini(t)
 	w, _ := startWorker(t, rdb, &fakeResetter{}, "w1",
 		WithObserver(func(Event) { panic("observer bug") }))
-	require.Eventually(t, func() bool { return w.Stats().EventsDropped >= 2 }, 2*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).deliver, 2*time.Second, func() bool { return w.Stats().EventsDropped >= 2 })
 	assert.NoError(t, w.Healthy())
 }
 
