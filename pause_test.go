@@ -115,7 +115,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			require.Equal(t, []int64{4, 5}, next, "w's next fetch")
 			setStatus(t, db, "inprog", next...)
 			require.NoError(t, w.Track(ctx, next...))
-			require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 5*time.Second, 10*time.Millisecond,
+			waitTurns(t, &signals(w).look, 5*time.Second, func() bool { return w.checker.verdict.Load() == 1 },
 				"the self-check judges the new block, and verifies the configuration")
 			finish(w, next...)
 			finish(p, 2, 3)

@@ -214,7 +214,7 @@ func TestSelfCheckRaisesNoAlarmForShortBlocksOfACorrectConfiguration(t *testing.
 
 				ids := []int64{900, 901}
 				fetchJobs(t, db, w, 0, "", ids...)
-				require.Eventually(t, func() bool { return w.checker.verdict.Load() == 1 }, 2*time.Second, 10*time.Millisecond,
+				waitTurns(t, &signals(w).look, 2*time.Second, func() bool { return w.checker.verdict.Load() == 1 },
 					"rows in progress verify the configuration")
 				finishJobs(t, db, w, "finished", ids...)
 				require.NoError(t, w.Healthy())

@@ -51,8 +51,8 @@ func TestSelfCheckSurvivesATransientReadError(t *testing.T) {
 	take(t, db, w.OwnerValue(), 1, 2)
 	setStatus(t, db, "in_progress", 1, 2) // the host's status, misspelt
 	require.NoError(t, w.Track(ctx, 1, 2))
-	assert.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 10*time.Second, 20*time.Millisecond,
-		"the self-check raises the alarm after one failed read (the read failed: %v)", r.failed.Load())
+	waitTurns(t, &signals(w).look, 10*time.Second, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) },
+		fmt.Sprintf("the self-check raises the alarm after one failed read (the read failed: %v)", r.failed.Load()))
 }
 
 // TestAResetterThatReadsNoRowsIsToldAtStart: a custom resetter whose
