@@ -159,10 +159,9 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	_, err := p.recoverNow(ctx)
 	require.NoError(t, err)
 	fr.thaw()
-	require.Eventually(t, func() bool {
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool {
 		return logs.Count("rows held when the lease was lost are left to the backstop sweep") == 1
-	},
-		5*time.Second, 10*time.Millisecond)
+	})
 	r.blind.Store(false)
 	// The host finishes (or gives up) its block and untracks it, as
 	// Untrack's doc says; it never calls Release for rows it untracked.
