@@ -148,7 +148,9 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	require.False(t, before.IsZero())
 
 	mr.SetError("ERR down")
-	require.Eventually(t, func() bool { return w.Healthy() != nil }, 3*time.Second, 5*time.Millisecond)
+	// Each failed heartbeat turn, a retry delay apart, notes the loss once
+	// the lease has run out.
+	waitTurns(t, &signals(w).beat, 3*time.Second, func() bool { return w.Healthy() != nil })
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	s := w.Stats()
 	assert.False(t, s.LeaseValid)
