@@ -283,6 +283,10 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	f.thaw()
 	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()
+	// poll: the hold ends with the clock alone and no turn marks its end;
+	// checked at each heartbeat (every 500ms), its measured length would be
+	// rounded up by as much as an interval, and a hold that much too short
+	// would pass.
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 10*time.Second, 5*time.Millisecond)
 	held := time.Since(regained)
 	assert.GreaterOrEqual(t, held, longClaim-100*time.Millisecond,
