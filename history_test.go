@@ -125,7 +125,7 @@ func TestHistoryKeepsTheLeaseLossItCouldNotWriteThen(t *testing.T) {
 	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.Stats().LeaseLosses == 1 })
 	signals(w).history.WaitFor(t, func(err error) bool { return err != nil }) // the lease_lost entry has failed at least once
 	srv.Restart()
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.CheckLease() == nil })
 	var h []streamEntry
 	require.Eventually(t, func() bool {
 		h = readHistory(t, rdb, prefix)
