@@ -55,7 +55,7 @@ func TestSafetyPausedWorkerLosesItsLeaseBeforeAnyPeerSeesItDead(t *testing.T) {
 	assert.Zero(t, a.Stats().TrackedRows)
 
 	fr.thaw()
-	require.Eventually(t, func() bool { return a.CheckLease() == nil }, 3*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(a).beat, 3*time.Second, func() bool { return a.CheckLease() == nil })
 	ok, err := observer.SIsMember(ctx, registryKey, "A").Result()
 	require.NoError(t, err)
 	assert.True(t, ok, "re-registered with the new lease")
@@ -93,7 +93,7 @@ func TestSafetyLeaseStaysLostUntilTheRowsHeldAtTheLossAreGivenBack(t *testing.T)
 	require.NoError(t, w.Untrack(1)) // the row it was in the middle of (its completion was refused)
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	require.NoError(t, w.Release(ctx, 2, 3)) // the rest of the block
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 2*time.Second, 5*time.Millisecond,
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return w.CheckLease() == nil },
 		"every stale row given back, and the hold after the regain over")
 	assert.NoError(t, w.Track(ctx, 4))
 }
@@ -112,7 +112,9 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	require.NoError(t, w.Track(ctx, 1))
 
 	mr.SetError("ERR unreachable")
-	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+	// Each failed heartbeat turn, a retry delay apart, notes the loss once
+	// the lease has run out.
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return w.CheckLease() != nil })
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 2), ErrLeaseLost, "no new rows while peers may consider us dead")
 	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
@@ -121,7 +123,7 @@ func TestLeaseIsLostWhileHeartbeatFailsAndRegainedAfter(t *testing.T) {
 	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "row 1, held at the loss, is not given back yet")
 	require.NoError(t, w.Untrack(1))
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 2*time.Second, 5*time.Millisecond,
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return w.CheckLease() == nil },
 		"row 1 given back, and the hold after the regain (a claim TTL, 250ms) over")
 	assert.NoError(t, w.Track(ctx, 2))
 	ok, _ := mr.SIsMember(registryKey, "w1")
@@ -180,6 +182,10 @@ func TestRegainedLeaseIsHeldForAClaimTTL(t *testing.T) {
 
 	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "no stale rows, but held")
 	assert.ErrorIs(t, w.Track(ctx, 1), ErrLeaseLost, "no new rows while a recovery of it may still run")
+	// poll: the hold ends with the clock alone and no turn marks its end;
+	// checked at each heartbeat (every 100ms), its measured length would be
+	// rounded up by as much as an interval, and a hold that much too short
+	// would pass.
 	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 3*time.Second, 5*time.Millisecond)
 	held := time.Since(regained)
 	assert.GreaterOrEqual(t, held, 700*time.Millisecond, "held for about the claim TTL from the regain")
