@@ -45,7 +45,7 @@ func TestAnOustedProcessLeavesTheRowsOfTheTwinThatTookItsID(t *testing.T) {
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
 	fr.thaw() // A resumes
 
-	require.Eventually(t, func() bool { return a.CheckLease() != nil }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.CheckLease() != nil })
 	s := watchLiveRow(t, db, b, ownerB, 1, 20*time.Second, a)
 	assert.True(t, complete(t, db, ownerB, 1), "B completes its row")
 	t.Logf("A ousted: %v; A stats errors=%d; row 1 status %q", a.lease.ousted.Load(), a.Stats().Errors, s)
@@ -113,7 +113,7 @@ func TestALiveLifeIsNotJudgedEndedOnARollbackOfItsRecord(t *testing.T) {
 	require.NoError(t, err)
 	// w loses its lease once and is in a new life, recorded.
 	w.lease.markLeaseLost(nil)
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.CheckLease() == nil })
 	require.NotEqual(t, lifeOwner("w", old), w.OwnerValue())
 	owner := w.OwnerValue()
 	take(t, db, owner, 1)
