@@ -282,7 +282,7 @@ func TestResidualALateResetReachesOnlyTheDeadLife(t *testing.T) {
 	fr.thaw()
 	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	require.NoError(t, w.Release(ctx, 1, 2), "the host gives back its block")
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.CheckLease() == nil })
 	owner := w.OwnerValue()
 	take(t, db, owner, 3, 4)
 	require.NoError(t, w.TrackAs(ctx, owner, 3, 4))
@@ -366,7 +366,7 @@ func TestResidualAPausedProcessThroughARestartOfItsIDCannotCompleteTheRowAgain(t
 	fr.thaw() // A resumes and finishes its row
 	assert.False(t, complete(t, db, ownerA, 1), "A's completion finds no row of its life")
 	assert.True(t, complete(t, db, ownerB, 1), "B's does")
-	require.Eventually(t, func() bool { return a.CheckLease() != nil }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.CheckLease() != nil })
 }
 
 // prevReleaseRecover is one recovery of peer by an owner-mode worker of the
@@ -514,7 +514,7 @@ func TestOwnerModeALifeBegunDuringAHeartbeatIsRecordedAtOnce(t *testing.T) {
 	require.NoError(t, w.Start(ctx))
 	mid.armed.Store(true)
 	<-mid.done
-	require.Eventually(t, func() bool { return w.CheckLease() == nil }, w.opts.heartbeatInterval/2, time.Millisecond,
+	waitTurns(t, &signals(w).beat, w.opts.heartbeatInterval/2, func() bool { return w.CheckLease() == nil },
 		"the new life is recorded well within the heartbeat interval")
 	life, err := rdb.Get(ctx, store.InstanceKeys(prefix, "w").Incarnation).Result()
 	require.NoError(t, err)
