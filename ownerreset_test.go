@@ -132,6 +132,10 @@ func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	// The fix (H1): the regained lease is held for a claim TTL, by which
 	// time R's claim context, started before its claim, has ended.
 	require.ErrorIs(t, a.CheckLease(), ErrLeaseLost, "held after the regain")
+	// poll: the hold ends with the clock alone and no turn marks its end;
+	// checked at each heartbeat (every 250ms), its measured length would be
+	// rounded up by as much as an interval, and a hold that much too short
+	// would pass.
 	require.Eventually(t, func() bool { return a.CheckLease() == nil }, 5*time.Second, 5*time.Millisecond,
 		"A's lease comes back a claim TTL after its heartbeat")
 	require.GreaterOrEqual(t, time.Since(regained), 1300*time.Millisecond)
