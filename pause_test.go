@@ -109,7 +109,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			assert.Equal(t, map[int64]int{2: 1, 3: 1, 4: 1}, pgtest.ByRow[int](t, db, `SELECT row_id, count(*) FROM recovery_ledger WHERE instance_id = 'w' GROUP BY row_id`), "each row of w reset once, by p's recovery")
 			assert.Zero(t, w.Stats().TrackedRows)
 
-			require.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond,
+			waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.CheckLease() == nil },
 				"every row held at the loss given back, and the hold after the regain over")
 			next := queuedAmong(t, db, 2, 3, 4, 5)
 			require.Equal(t, []int64{4, 5}, next, "w's next fetch")
