@@ -26,7 +26,11 @@ func TestSafetyReleaseWithoutOwnerFencingRefusesOnceTheLeaseIsLost(t *testing.T)
 	require.NoError(t, b.Track(ctx, 2))
 
 	mr.SetError("ERR down")
-	require.Eventually(t, func() bool { return a.CheckLease() != nil && b.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+	// Each worker's failed heartbeat turns, a retry delay apart, note its
+	// loss once its lease has run out; both within 2s.
+	lost := time.Now()
+	waitTurns(t, &signals(a).beat, 2*time.Second, func() bool { return a.CheckLease() != nil })
+	waitTurns(t, &signals(b).beat, 2*time.Second-time.Since(lost), func() bool { return b.CheckLease() != nil })
 
 	err := a.Release(ctx, 1)
 	assert.ErrorIs(t, err, ErrLeaseLost, "peers may have recovered row 1 and handed it to someone else")
