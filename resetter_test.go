@@ -232,7 +232,7 @@ func (g guarantee) selfCheck(t *testing.T) {
 	take(t, db, w.OwnerValue(), 1, 2)
 	setStatus(t, db, "in_progress", 1, 2) // the host's status, misspelt
 	require.NoError(t, w.Track(ctx, 1, 2))
-	assert.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 10*time.Second, 20*time.Millisecond,
+	waitTurns(t, &signals(w).look, 10*time.Second, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) },
 		"the self-check raises the alarm")
 }
 
@@ -308,7 +308,9 @@ func (g guarantee) releaseAfterLoss(t *testing.T) {
 	take(t, db, w.OwnerValue(), 1)
 	require.NoError(t, w.Track(ctx, 1))
 	mr.SetError("ERR down")
-	require.Eventually(t, func() bool { return w.CheckLease() != nil }, 2*time.Second, 5*time.Millisecond)
+	// Each failed heartbeat turn, a retry delay apart, notes the loss once
+	// the lease has run out.
+	waitTurns(t, &signals(w).beat, 2*time.Second, func() bool { return w.CheckLease() != nil })
 	assert.NoError(t, w.Release(ctx, 1), "safe after a lost lease")
 	assertQueued(t, db, 1)
 	mr.SetError("")
