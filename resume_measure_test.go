@@ -60,6 +60,11 @@ func TestMeasureResumeAfterRedisRestart(t *testing.T) {
 			require.NoError(t, w.Untrack(1))
 
 			srv.Kill()
+			// poll: the lease runs out with the clock alone while the
+			// heartbeat fails; its retries back off to an interval (30 s
+			// with the defaults), so the first turn after the end of the
+			// lease may come past this minute, and the outage would start
+			// later than the loss.
 			require.Eventually(t, func() bool { return w.CheckLease() != nil }, time.Minute, 5*time.Millisecond)
 			restarting := time.Now()
 			srv.Restart()
