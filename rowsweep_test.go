@@ -184,7 +184,7 @@ func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.
 	assert.Contains(t, logs.String(), `"rows_no_set_held":1`)
 	// The host that tracked row 3 after its COMMIT is told, with its scan
 	// turn; the sweeper, at fault for nothing, stays healthy.
-	require.Eventually(t, func() bool { return errors.Is(host.Healthy(), ErrUntrackedRows) }, 2*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(host).scan, 2*time.Second, func() bool { return errors.Is(host.Healthy(), ErrUntrackedRows) },
 		"the host that tracked after its COMMIT fails Healthy")
 	assert.Equal(t, 1, hostLogs.Count(`"level":"ERROR","msg":"this worker tracked rows only after the COMMIT`))
 	assert.Contains(t, hostLogs.String(), `"first_row":3`)
