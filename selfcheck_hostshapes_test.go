@@ -167,14 +167,17 @@ func TestUntrackOfRowsLeftToTheSweepEndsTheLossWithDeferredUntrack(t *testing.T)
 	// Untrack's doc says; it never calls Release for rows it untracked.
 	require.NoError(t, w.Untrack(1, 2, 3, 4))
 	assert.Zero(t, w.Stats().TrackedRows)
-	ok := assert.Eventually(t, func() bool { return w.CheckLease() == nil }, 5*time.Second, 10*time.Millisecond,
+	defer func() {
+		if t.Failed() {
+			err := w.CheckLease()
+			w.rows.mu.Lock()
+			t.Logf("CheckLease %v; inflight: stale %d, abandoned %d", err, len(w.rows.stale), len(w.rows.abandoned))
+			w.rows.mu.Unlock()
+		}
+	}()
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.CheckLease() == nil },
 		"every row held at the loss untracked, and the hold after the regain over")
 	t.Logf("after 5 s: CheckLease %v, Track %v", w.CheckLease(), w.Track(ctx, 5))
-	if !ok {
-		w.rows.mu.Lock()
-		t.Logf("inflight: stale %d, abandoned %d", len(w.rows.stale), len(w.rows.abandoned))
-		w.rows.mu.Unlock()
-	}
 }
 
 // (Review finding F.) the fleet record names its server for good (no
