@@ -62,7 +62,7 @@ func TestSelfCheckFindsMisconfigurationsWithinTwoIntervalsOfTheFirstBlock(t *tes
 			start := time.Now()
 			takeBlock(t, db, w, c.status, c.owner(w), 1, 2, 3)
 
-			require.Eventually(t, func() bool { return w.Healthy() != nil }, 3*time.Second, 20*time.Millisecond,
+			waitTurns(t, &signals(w).look, 3*time.Second, func() bool { return w.Healthy() != nil },
 				"Healthy fails within about two heartbeat intervals")
 			t.Logf("found %v after the block was taken", time.Since(start).Round(time.Millisecond))
 			err = w.Healthy()
@@ -139,7 +139,7 @@ func TestAMisconfiguredWorkerLeavesADeadPeersRowsSetAlone(t *testing.T) {
 	require.NoError(t, err)
 	w, logs := startWorker(t, rdb, r, "w", selfCheckTimings(prefix)...)
 	takeBlock(t, db, w, "inprog", "", 5, 6)
-	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 20*time.Millisecond)
+	waitTurns(t, &signals(w).look, 3*time.Second, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) })
 
 	// A peer dies holding rows 1-4 (no heartbeat, its rows set left).
 	keys := store.InstanceKeys(prefix, "dead")
@@ -199,7 +199,7 @@ func TestAPeerFoundDeadBeforeTheSelfChecksVerdictIsLeftAlone(t *testing.T) {
 	assert.Equal(t, 1, logs.Count("recovery of dead peer held until this worker has seen a row of its own in progress"))
 
 	takeBlock(t, db, w, "inprog", "", 5, 6) // its first block: the alarm
-	require.Eventually(t, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) }, 3*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).look, 3*time.Second, func() bool { return errors.Is(w.Healthy(), ErrMisconfigured) })
 	_, err = w.recoverNow(ctx)
 	require.ErrorIs(t, err, ErrMisconfigured)
 
