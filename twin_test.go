@@ -102,8 +102,7 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, hb, "alive", time.Minute).Err())                 // an old-version twin's heartbeat
 	require.NoError(t, rdb.Del(ctx, store.InstanceKeys(prefix, "pod-1").Rows).Err()) // its rows set, not ours
 
-	require.Eventually(t, func() bool { return errors.Is(w.CheckLease(), ErrInstanceIDInUse) },
-		3*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 3*time.Second, func() bool { return errors.Is(w.CheckLease(), ErrInstanceIDInUse) })
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 3), ErrInstanceIDInUse)
 	tries := len(events.of(EventHeartbeatFailed))
