@@ -59,8 +59,8 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	assert.ErrorIs(t, err, ErrRegistryWrongType)
 
 	require.NoError(t, rdb.Del(ctx, registryKey).Err()) // the runbook's fix
-	// The next scan (every 200 ms) reads a set again; the next heartbeat
-	// is 30 s away.
+	// The next scan (every 200 ms) or heartbeat (every 500 ms) finds a set
+	// again; the scan's turns, the more frequent, see either within one.
 	waitTurns(t, &signals(watcher).scan, 5*time.Second, func() bool { return !watcher.Stats().RegistryBroken })
 	require.Eventually(t, func() bool { return rdb.SIsMember(ctx, registryKey, "watcher").Val() },
 		5*time.Second, 10*time.Millisecond, "re-registered by its next heartbeat")
