@@ -100,6 +100,7 @@ func (e *expiryWatcher) run(ctx context.Context) {
 		}
 		e.runOnce(ctx)
 		t.Reset(jitter(e.opts.heartbeatInterval, 0.1))
+		e.opts.sig.masters.Signal(struct{}{}) // test signal: a check of the masters ended
 	}
 }
 

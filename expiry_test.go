@@ -186,8 +186,8 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 	cluster.Node(target).Kill()
 	promoted := cluster.WaitFailover(t, slot, target, 20*time.Second)
 	failover := time.Since(killedAt)
-	require.Eventually(t, func() bool { return logs.Count("expiry notifications: subscribed on a new master") == 1 },
-		5*time.Second, 10*time.Millisecond, "the watcher subscribed on %s", promoted)
+	waitTurns(t, &signals(watcher).masters, 5*time.Second, func() bool { return logs.Count("expiry notifications: subscribed on a new master") == 1 },
+		"the watcher subscribed on", promoted)
 	subscribed := time.Since(killedAt) - failover
 	assert.Equal(t, 1, logs.Count("expiry notifications: subscription closed, the node is no longer a master"))
 	require.Eventually(t, func() bool { return victim.Track(ctx, 1, 2, 3) == nil }, 5*time.Second, 10*time.Millisecond,

@@ -22,6 +22,7 @@ type testSignals struct {
 	look    testsignal.Signal[lookTurn] // a self-check turn ended (selfcheck.go)
 	flush   testsignal.Signal[struct{}] // a deferred-Untrack flush turn ended (untrack.go)
 	history testsignal.Signal[error]    // a history entry was sent, with the send's error (history.go)
+	masters testsignal.Signal[struct{}] // the expiry watcher's check of the masters ended (expiry.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -42,6 +43,7 @@ func withTestSignals() Option {
 		o.sig.look.Init()
 		o.sig.flush.Init()
 		o.sig.history.Init()
+		o.sig.masters.Init()
 	})
 }
 
