@@ -23,6 +23,7 @@ type testSignals struct {
 	flush   testsignal.Signal[struct{}] // a deferred-Untrack flush turn ended (untrack.go)
 	history testsignal.Signal[error]    // a history entry was sent, with the send's error (history.go)
 	masters testsignal.Signal[struct{}] // the expiry watcher's check of the masters ended (expiry.go)
+	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (expiry.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -44,6 +45,7 @@ func withTestSignals() Option {
 		o.sig.flush.Init()
 		o.sig.history.Init()
 		o.sig.masters.Init()
+		o.sig.heard.Init()
 	})
 }
 
