@@ -294,7 +294,7 @@ func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
 	started := make(chan error, 1)
 	go func() { started <- w2.Start(context.Background()) }()
 	const waiting = "Start waits for rows a previous process left under this instance ID"
-	require.Eventually(t, func() bool { return logs.Count(waiting) > 0 }, 10*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w2).locked, 10*time.Second, func() bool { return logs.Count(waiting) > 0 })
 	select {
 	case err := <-started:
 		t.Fatalf("Start returned while row 2 was locked: %v", err)

@@ -24,6 +24,7 @@ type testSignals struct {
 	history testsignal.Signal[error]    // a history entry was sent, with the send's error (history.go)
 	masters testsignal.Signal[struct{}] // the expiry watcher's check of the masters ended (expiry.go)
 	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (expiry.go)
+	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (twin.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -46,6 +47,7 @@ func withTestSignals() Option {
 		o.sig.history.Init()
 		o.sig.masters.Init()
 		o.sig.heard.Init()
+		o.sig.locked.Init()
 	})
 }
 
