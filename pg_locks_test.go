@@ -291,6 +291,10 @@ func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
 	w2, logs := newWorker(t, rdb, r, "pod-0", WithKeyPrefix(prefix))
+	// Cleanups run last first: a test that fails before release ends the
+	// lock before w2's Shutdown, which waits for its Start, which waits
+	// for the lock.
+	t.Cleanup(release)
 	started := make(chan error, 1)
 	go func() { started <- w2.Start(context.Background()) }()
 	const waiting = "Start waits for rows a previous process left under this instance ID"
