@@ -100,6 +100,7 @@ func (e *expiryWatcher) run(ctx context.Context) {
 		}
 		e.runOnce(ctx)
 		t.Reset(jitter(e.opts.heartbeatInterval, 0.1))
+		e.opts.sig.masters.Signal(struct{}{}) // test signal: a check of the masters ended
 	}
 }
 
@@ -266,8 +267,8 @@ func (e *expiryWatcher) handle(ctx context.Context, key string) {
 	if !ok || id == e.opts.instanceID {
 		return
 	}
-	if dead, err := e.judge.deadPeers(ctx, []string{id}); err != nil || len(dead) == 0 {
-		return
+	if dead, err := e.judge.deadPeers(ctx, []string{id}); err == nil && len(dead) > 0 {
+		e.hand(id)
 	}
-	e.hand(id)
+	e.opts.sig.heard.Signal(id) // test signal: an expiry event judged
 }

@@ -30,9 +30,15 @@ func killToReset(t *testing.T, rdb redis.UniversalClient, opts ...Option) time.D
 	victim, _ := startWorker(t, rdb, r, "victim", append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second}))...)
 	require.NoError(t, victim.Track(context.Background(), 1, 2, 3))
 	watcher, _ := startWorker(t, rdb, r, "watcher", append(append(base, WithTimings(Timings{RecoveryInterval: 5 * time.Second})), opts...)...)
-	require.Eventually(t, func() bool { // the first scan (one per fleet: the scan turn) is done
-		return peer.Stats().Scans+victim.Stats().Scans+watcher.Stats().Scans >= 1
-	}, 5*time.Second, 5*time.Millisecond)
+	// The first scan (one per fleet: the scan turn) is done once each
+	// worker's first recovery turn, at its Start, has ended: one of them
+	// took the scan turn and scanned in it.
+	deadline := time.Now().Add(5 * time.Second)
+	for _, w := range []*Worker{peer, victim, watcher} {
+		signals(w).scan.WaitForWithin(t, time.Until(deadline), func(struct{}) bool { return true })
+	}
+	require.GreaterOrEqual(t, peer.Stats().Scans+victim.Stats().Scans+watcher.Stats().Scans, uint64(1),
+		"the first scan (one per fleet: the scan turn) is done")
 	victim.crash()
 	killed := time.Now()
 	require.Eventually(t, func() bool { return len(r.resetOf("victim")) == 3 }, 15*time.Second, 5*time.Millisecond)
@@ -180,8 +186,8 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 	cluster.Node(target).Kill()
 	promoted := cluster.WaitFailover(t, slot, target, 20*time.Second)
 	failover := time.Since(killedAt)
-	require.Eventually(t, func() bool { return logs.Count("expiry notifications: subscribed on a new master") == 1 },
-		5*time.Second, 10*time.Millisecond, "the watcher subscribed on %s", promoted)
+	waitTurns(t, &signals(watcher).masters, 5*time.Second, func() bool { return logs.Count("expiry notifications: subscribed on a new master") == 1 },
+		"the watcher subscribed on", promoted)
 	subscribed := time.Since(killedAt) - failover
 	assert.Equal(t, 1, logs.Count("expiry notifications: subscription closed, the node is no longer a master"))
 	require.Eventually(t, func() bool { return victim.Track(ctx, 1, 2, 3) == nil }, 5*time.Second, 10*time.Millisecond,

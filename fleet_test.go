@@ -279,7 +279,7 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	assert.Greater(t, left, w.opts.rowsTTL+extra-time.Second, "w's rows set outlives the slow member's first scan")
 
 	f.freeze()
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease lost") == 1 }, 5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease lost") == 1 })
 	f.thaw()
 	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
 	regained := time.Now()

@@ -480,7 +480,7 @@ func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(
 	srv := testutil.StartRedis(t)
 	_, dbB, rA, rB := twoTables(t, 5)
 	prefix := testutil.Name("R20e")
-	_, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
+	a1, logs := startWorker(t, srv.Client(t), rA, "a1", WithKeyPrefix(prefix),
 		WithTimings(Timings{
 			HeartbeatTTL:      8 * time.Second,
 			HeartbeatInterval: 4 * time.Second,
@@ -494,8 +494,8 @@ func TestASecondFleetStartedRightAfterAnEmptyRestartIsAcceptedAndOursAreRefused(
 	recorded := c.HGet(ctx, store.FleetKey(prefix), "serves").Val()
 	assert.Contains(t, recorded, pgtest.CurrentSchema(t, dbB), "the second application recorded its table")
 
-	require.Eventually(t, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
-		10*time.Second, 20*time.Millisecond, "our running worker says so at its next heartbeat")
+	waitTurns(t, &signals(a1).beat, 10*time.Second, func() bool { return logs.Count("the key prefix serves another fleet") == 1 },
+		"our running worker says so at its next heartbeat")
 	a2, _ := newWorker(t, c, rA, "a2", WithKeyPrefix(prefix))
 	assert.ErrorIs(t, a2.Start(ctx), ErrFleetMismatch, "ours that start afterwards are refused")
 }

@@ -77,7 +77,7 @@ func TestAnOustedProcessNeverSweepsEvenOnceTheTurnIsFree(t *testing.T) {
 	take(t, db, ownerB, 1)
 	require.NoError(t, b.TrackAs(ctx, ownerB, 1))
 	fr.thaw()
-	require.Eventually(t, func() bool { return a.lease.ousted.Load() }, 5*time.Second, 5*time.Millisecond, "A learns it is ousted")
+	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.lease.ousted.Load() }, "A learns it is ousted")
 
 	// A, ousted, goes on; C sweeps. Both sweep every 1.2 s: each must have
 	// taken at least two turns across the 4 s, C's without error.
@@ -217,8 +217,7 @@ func TestTrackRefusesABlockFetchedUnderTheLifeOwnerNamedBeforeALoss(t *testing.T
 	me := w.OwnerValue() // the host begins a block
 	loseLease(t, rdb, w, fr)
 	fr.thaw() // Redis back during the fetch
-	require.Eventually(t, func() bool { return logs.Count("heartbeat lease regained") == 1 && w.CheckLease() == nil },
-		5*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 && w.CheckLease() == nil })
 	take(t, db, me, 1) // the fetch's UPDATE, under the value read before
 	err := w.Track(ctx, 1)
 	require.ErrorIs(t, err, ErrLeaseLost, "the block was fetched under the life OwnerValue() named before the loss")

@@ -119,7 +119,7 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 	prefix := testutil.Name("R")
 	r := &fakeResetter{}
 	// A long recovery interval: only the expiry event could act soon.
-	_, logs := startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithTimings(Timings{RecoveryInterval: 10 * time.Second, RowsTTL: time.Minute}), WithExpiryNotifications())
+	listener, logs := startWorker(t, srv.Client(t), r, "listener", WithKeyPrefix(prefix), WithTimings(Timings{RecoveryInterval: 10 * time.Second, RowsTTL: time.Minute}), WithExpiryNotifications())
 
 	plantDeadPeer(t, rdb, prefix, "peer", "7")
 	require.NoError(t, rdb.Set(ctx, store.InstanceKeys(prefix, "peer").Heartbeat, "alive", 1200*time.Millisecond).Err())
@@ -132,11 +132,11 @@ func TestExpiryEventRightAfterARestartFromASnapshotResetsNothing(t *testing.T) {
 		return err == nil && n == 0
 	}, 3*time.Second, 10*time.Millisecond)
 	// The event is heard and judged: the peer is held, not handed on
-	// (the warning is logged once the hold is decided).
-	require.Eventually(t, func() bool {
+	// (the warning is logged once the hold is decided, before the event's
+	// judgement signals).
+	waitTurns(t, &signals(listener).heard, 5*time.Second, func() bool {
 		return logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago") == 1
-	},
-		5*time.Second, 10*time.Millisecond)
+	})
 	for _, c := range r.of("peer") {
 		assert.False(t, c.at.Before(restarted.Add(2*time.Second)),
 			"reset %v after the restart, before a heartbeat TTL (2s) had passed", c.at.Sub(restarted))

@@ -79,9 +79,9 @@ func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
 		r := bouncedResetter(t, impl, db, b.Addr, postgres.WithOwnerColumn("owner"))
 		w, logs := startWorker(t, rdb, r, "bounced", WithKeyPrefix(prefix))
 		require.True(t, w.Stats().OwnerMode)
-		require.Eventually(t, func() bool { // the first scan runs at Start
+		waitTurns(t, &signals(w).scan, 10*time.Second, func() bool { // the first scan runs at Start
 			return w.Stats().PeersRecovered == 3 || w.Stats().Errors > 0
-		}, 10*time.Second, 10*time.Millisecond)
+		})
 		require.Zero(t, w.Stats().Errors, logs.String())
 		assert.Equal(t, uint64(12), w.Stats().RowsRecovered)
 		assertRequeued(t, db, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12)

@@ -291,10 +291,14 @@ func TestStartWaitsForRowsItsPredecessorLeftLocked(t *testing.T) {
 	require.ErrorIs(t, err, context.DeadlineExceeded)
 
 	w2, logs := newWorker(t, rdb, r, "pod-0", WithKeyPrefix(prefix))
+	// Cleanups run last first: a test that fails before release ends the
+	// lock before w2's Shutdown, which waits for its Start, which waits
+	// for the lock.
+	t.Cleanup(release)
 	started := make(chan error, 1)
 	go func() { started <- w2.Start(context.Background()) }()
 	const waiting = "Start waits for rows a previous process left under this instance ID"
-	require.Eventually(t, func() bool { return logs.Count(waiting) > 0 }, 10*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(w2).locked, 10*time.Second, func() bool { return logs.Count(waiting) > 0 })
 	select {
 	case err := <-started:
 		t.Fatalf("Start returned while row 2 was locked: %v", err)

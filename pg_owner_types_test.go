@@ -67,7 +67,7 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 				st := statuses(t, db)
 				return st[1] == "queued" && st[2] == "queued"
 			}, 10*time.Second, 20*time.Millisecond, "the sweep finds worker-a's rows by owner")
-			require.Eventually(t, func() bool { return b.Stats().PeersRecovered == 1 }, 5*time.Second, 10*time.Millisecond)
+			waitTurns(t, &signals(b).sweep, 5*time.Second, func() bool { return b.Stats().PeersRecovered == 1 }) // counted after the finish
 			assert.NotContains(t, logs.String(), "not a valid instance ID")
 			var owner *string
 			require.NoError(t, db.QueryRow(ctx, `SELECT owner::text FROM batchrows WHERE rowid = 1`).Scan(&owner))

@@ -59,7 +59,9 @@ func TestRegistryOfTheWrongTypeIsReportedOnceAndExpiryStillRecovers(t *testing.T
 	assert.ErrorIs(t, err, ErrRegistryWrongType)
 
 	require.NoError(t, rdb.Del(ctx, registryKey).Err()) // the runbook's fix
-	require.Eventually(t, func() bool { return !watcher.Stats().RegistryBroken }, 5*time.Second, 10*time.Millisecond)
+	// The next scan (every 200 ms) or heartbeat (every 500 ms) finds a set
+	// again; the scan's turns, the more frequent, see either within one.
+	waitTurns(t, &signals(watcher).scan, 5*time.Second, func() bool { return !watcher.Stats().RegistryBroken })
 	require.Eventually(t, func() bool { return rdb.SIsMember(ctx, registryKey, "watcher").Val() },
 		5*time.Second, 10*time.Millisecond, "re-registered by its next heartbeat")
 	assert.Equal(t, 1, logs.Count("worker registry is a set again"))
@@ -93,8 +95,7 @@ func TestBackstopSweepRecoversWhileTheRegistryIsOfTheWrongType(t *testing.T) {
 	}, 5*time.Second, 20*time.Millisecond)
 	// The rows are queued once the reset commits; the log line comes
 	// after the finish.
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) },
-		5*time.Second, 10*time.Millisecond)
+	waitTurns(t, &signals(sweeper).sweep, 5*time.Second, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) })
 	assert.True(t, sweeper.Stats().RegistryBroken)
 	assert.Equal(t, 1, logs.Count("worker registry key is not a set"))
 }

@@ -84,7 +84,7 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 3)
 	take(t, db, "gone", 1, 2)
-	_, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(true),
+	w, logs := startWorker(t, rdb, fencedResetter(t, db), "sweeper", WithKeyPrefix(testutil.Name("S")), WithBackstopSweep(true),
 		WithTimings(Timings{
 			HeartbeatTTL:      300 * time.Millisecond,
 			HeartbeatInterval: 100 * time.Millisecond,
@@ -92,7 +92,7 @@ func TestSafetyBackstopSweepRunsFromTheRecoveryLoop(t *testing.T) {
 			RowsTTL:           time.Second,
 		}))
 	// The recovery is logged after its reset committed: wait for the log.
-	require.Eventually(t, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) }, 5*time.Second, 20*time.Millisecond)
+	waitTurns(t, &signals(w).sweep, 5*time.Second, func() bool { return strings.Contains(logs.String(), `"found_by":"sweep"`) })
 	s, _ := rowState(t, db, 2)
 	assert.Equal(t, "queued", s)
 }

@@ -13,7 +13,8 @@ import (
 // (the self-check's turn also reads the clock and a counter when it
 // begins, for its deferred emission).
 // Every loop emits once at the end of its turn, through the options it
-// holds.
+// holds; deliver, heard and locked are emitted once per event or try, as
+// their fields say.
 type testSignals struct {
 	beat    testsignal.Signal[error]    // a heartbeat turn ended, with its error (heartbeat.go)
 	scan    testsignal.Signal[struct{}] // a recovery turn ended, scanned or not (recovery.go)
@@ -23,6 +24,9 @@ type testSignals struct {
 	flush   testsignal.Signal[struct{}] // a deferred-Untrack flush turn ended (untrack.go)
 	history testsignal.Signal[error]    // a history entry was sent, with the send's error (history.go)
 	deliver testsignal.Signal[struct{}] // the event dispatcher handed an event to the observer, which returned or panicked (events.go)
+	masters testsignal.Signal[struct{}] // the expiry watcher's check of the masters ended (expiry.go)
+	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (expiry.go)
+	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (twin.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -44,6 +48,9 @@ func withTestSignals() Option {
 		o.sig.flush.Init()
 		o.sig.history.Init()
 		o.sig.deliver.Init()
+		o.sig.masters.Init()
+		o.sig.heard.Init()
+		o.sig.locked.Init()
 	})
 }
 

@@ -210,6 +210,7 @@ func (tw *twin) recoverPredecessor(ctx context.Context, warnedLocked *bool) (don
 			tw.log.Warn("Start waits for rows a previous process left under this instance ID: another session holds them locked (its host vanished with a transaction open?); they are reset once that session ends (idle_in_transaction_session_timeout)",
 				slog.Any("error", err))
 		}
+		tw.opts.sig.locked.Signal(struct{}{}) // test signal: a try at the locked rows ended
 		select {
 		case <-ctx.Done():
 			return false, fmt.Errorf("recover the rows a previous process left under this instance ID: %w (%w)", err, ctx.Err())
