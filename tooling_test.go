@@ -141,19 +141,7 @@ func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []
 	for _, name := range files {
 		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
 		require.NoError(t, err)
-		// The marker of each line: a comment on it, or the first line of
-		// a comment group that ends on the line before.
-		markerAt := map[int]string{}
-		for _, g := range f.Comments {
-			text := strings.TrimSpace(strings.TrimPrefix(g.List[0].Text, "//"))
-			for _, k := range sleepKinds {
-				if strings.HasPrefix(text, k) {
-					end := fset.Position(g.End()).Line
-					markerAt[end] = k   // a comment at the end of the sleep's line
-					markerAt[end+1] = k // a comment group just above it
-				}
-			}
-		}
+		markerAt := markersOf(fset, f, sleepKinds)
 		ast.Inspect(f, func(n ast.Node) bool {
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
@@ -179,6 +167,24 @@ func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []
 	return byKind, unmarked
 }
 
+// markersOf returns the marker among kinds that each line of f carries: a
+// comment on the line that begins with it, or a comment group ending on the
+// line before whose first line begins with it.
+func markersOf(fset *token.FileSet, f *ast.File, kinds []string) map[int]string {
+	markerAt := map[int]string{}
+	for _, g := range f.Comments {
+		text := strings.TrimSpace(strings.TrimPrefix(g.List[0].Text, "//"))
+		for _, k := range kinds {
+			if strings.HasPrefix(text, k) {
+				end := fset.Position(g.End()).Line
+				markerAt[end] = k   // a comment at the end of the line
+				markerAt[end+1] = k // a comment group just above it
+			}
+		}
+	}
+	return markerAt
+}
+
 // No test of the package waits for a loop by sleeping: each sleep left says
 // why the clock is what it needs (sleepKinds). A new sleep without a marker
 // fails here; waits on a loop use its test signal (testsignals.go).
@@ -192,14 +198,102 @@ func TestEverySleepInTheTestsSaysWhyItIsNotAWait(t *testing.T) {
 
 // The check of TestEverySleepInTheTestsSaysWhyItIsNotAWait sorts sleeps by
 // their markers, on the line or just above, and finds the unmarked ones,
-// in files of any build tag (testdata/sleepmarkers holds a test file
+// in files of any build tag (testdata/testwaits holds a test file
 // tagged sim, and a file that is not a test).
 func TestSleepsInSortsSleepsByTheirMarkers(t *testing.T) {
-	byKind, unmarked := sleepsIn(t, "testdata/sleepmarkers")
+	byKind, unmarked := sleepsIn(t, "testdata/testwaits")
 	assert.Equal(t, map[string][]string{
 		"pace:":       {"x_test.go:8"},
 		"fake clock:": {"x_test.go:11"},
 		"real time:":  {"x_test.go:14"},
 	}, byKind)
 	assert.Equal(t, []string{"x_test.go:12", "x_test.go:16", "x_test.go:17"}, unmarked, "not x.go: only tests")
+}
+
+// pollsIn reads the _test.go files of dir, whatever their build tags, and
+// returns the places (file:line) of the Eventually polls (testify's
+// Eventually and EventuallyWithT) whose condition reads a log (a call of
+// Count or String on a name ending in "log" or "logs", any case), a
+// Worker's Stats, or a loop's state through an atomic Load: what a loop's
+// test signal tells instead (issue 23), or Healthy and CheckLease, which
+// read that state. It goes by names, not types; a poll of PostgreSQL or
+// Redis is not counted, nor a log in the message of a check inside the
+// condition, nor a poll marked "poll:" (on its line or just above: a state
+// that the clock changes with no loop's turn, a lease running out while its
+// heartbeat is frozen, say), which says why.
+func pollsIn(t *testing.T, dir string) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	require.NoError(t, err)
+	logName := regexp.MustCompile(`(?i)logs?$`)
+	fset := token.NewFileSet()
+	var polls []string
+	for _, name := range files {
+		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		require.NoError(t, err)
+		marked := markersOf(fset, f, []string{"poll:"})
+		ast.Inspect(f, func(n ast.Node) bool {
+			call, ok := n.(*ast.CallExpr)
+			if !ok {
+				return true
+			}
+			sel, ok := call.Fun.(*ast.SelectorExpr)
+			if !ok || (sel.Sel.Name != "Eventually" && sel.Sel.Name != "EventuallyWithT") {
+				return true
+			}
+			if _, ok := marked[fset.Position(call.Pos()).Line]; ok {
+				return true
+			}
+			reads := false
+			for _, arg := range call.Args {
+				lit, ok := arg.(*ast.FuncLit)
+				if !ok {
+					continue
+				}
+				ast.Inspect(lit.Body, func(n ast.Node) bool {
+					c, ok := n.(*ast.CallExpr)
+					if !ok {
+						return true
+					}
+					s, ok := c.Fun.(*ast.SelectorExpr)
+					if !ok {
+						return true
+					}
+					if id, ok := s.X.(*ast.Ident); ok && (id.Name == "require" || id.Name == "assert" || id.Name == "t") {
+						return false // a check inside the condition: a log in its message is not polled
+					}
+					switch s.Sel.Name {
+					case "Stats", "Load", "Healthy", "CheckLease":
+						reads = true
+					case "Count", "String":
+						if id, ok := s.X.(*ast.Ident); ok && logName.MatchString(id.Name) {
+							reads = true
+						}
+					}
+					return !reads
+				})
+			}
+			if reads {
+				pos := fset.Position(call.Pos())
+				polls = append(polls, fmt.Sprintf("%s:%d", filepath.Base(pos.Filename), pos.Line))
+			}
+			return true
+		})
+	}
+	return polls
+}
+
+// No test of the package polls a log, Stats or a loop's state for what a
+// loop does: it waits for the loop's turn (waitTurns, testsignals.go); a
+// poll of what the clock alone changes says so ("poll:").
+func TestNoTestPollsALogOrStatsForWhatALoopDoes(t *testing.T) {
+	assert.Empty(t, pollsIn(t, "."), "Eventually polls of a log, Stats or a loop's state: wait on the loop's test signal instead (waitTurns)")
+}
+
+// The check of TestNoTestPollsALogOrStatsForWhatALoopDoes finds the polls
+// of logs, Stats, Healthy, CheckLease and atomic state, and leaves alone
+// the polls of a database, those that only mention a log in their message
+// and those marked "poll:".
+func TestPollsInFindsPollsOfLogsAndStats(t *testing.T) {
+	assert.Equal(t, []string{"x_test.go:36", "x_test.go:37", "x_test.go:38", "x_test.go:39", "x_test.go:61"}, pollsIn(t, "testdata/testwaits"))
 }
