@@ -568,15 +568,20 @@ func waitLookAfter(t *testing.T, w *Worker, at time.Time) {
 	signals(w).look.WaitFor(t, func(l lookTurn) bool { return l.began.After(at) || l.over })
 }
 
-// waitUntrackLook waits for the self-check turn of w that an Untrack made
-// at untracked asks for, and so for its verdict on the Untrack's rows. A
-// self-check that has its verdict already (verified, or the alarm) looks no
-// more: then it returns at once.
+// waitUntrackLook waits for the self-check turn of w that judges the rows
+// of an Untrack that returned at untracked: the first turn begun after it
+// (the Untrack has handed its rows over by then), or an earlier turn that
+// ended with a verdict (it took the rows while the Untrack was returning).
+// A self-check that has its verdict already (verified, or the alarm) looks
+// no more: then it returns at once.
 func waitUntrackLook(t *testing.T, w *Worker, untracked time.Time) {
 	t.Helper()
-	if w.checker.verdict.Load() == 0 { // pending
-		waitLookAfter(t, w, untracked)
+	if w.checker.verdict.Load() != 0 {
+		return
 	}
+	signals(w).look.WaitFor(t, func(l lookTurn) bool {
+		return l.began.After(untracked) || l.over || w.checker.verdict.Load() != 0
+	})
 }
 
 // waitBeat waits for a heartbeat of w, begun after the call, that

@@ -36,8 +36,8 @@ func TestRowFailedInsideTheFetchAndRequeuedByARetryJobBeforeUntrackIsNoAlarm(t *
 	// and finishes them) before this host's Untrack.
 	_, err := db.Exec(ctx, `UPDATE jobs SET state = 'pending' WHERE id = ANY($1)`, []int64{1, 2, 3})
 	require.NoError(t, err)
-	untracked := time.Now()
 	require.NoError(t, w.Untrack(1, 2, 3))
+	untracked := time.Now() // after Untrack: a look begun later judges its rows
 	requireNoAlarm(t, w, alarms, untracked)
 }
 
@@ -114,8 +114,8 @@ func TestCompletionInTwoStatementsIsNoAlarm(t *testing.T) {
 	waitLook(t, w)                                                                 // the quick look sees 'finished'
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = state WHERE id = ANY($1)`, ids) // bookkeeping (finished_at, result)
 	require.NoError(t, err)
-	untracked := time.Now()
 	require.NoError(t, w.Untrack(ids...))
+	untracked := time.Now() // after Untrack: a look begun later judges its rows
 	requireNoAlarm(t, w, alarms, untracked)
 }
 
@@ -455,8 +455,8 @@ func TestFetchGivingBackAStaleRunningRowIsNotStatusesSwapped(t *testing.T) {
 	waitLook(t, w) // the quick look after the COMMIT; then rows 5 and 6 are processed
 	_, err = db.Exec(ctx, `UPDATE jobs SET state = 'finished' WHERE id IN (5, 6)`)
 	require.NoError(t, err)
-	untracked := time.Now()
 	require.NoError(t, w.Untrack(5, 6, 7)) // one Untrack per block
+	untracked := time.Now()                // after Untrack: a look begun later judges its rows
 	requireNoAlarm(t, w, alarms, untracked)
 	t.Logf("verdict %d", w.checker.verdict.Load())
 }
@@ -484,8 +484,8 @@ func TestShortBlockCheckThroughPgBouncer(t *testing.T) {
 				w, _ := startWorker(t, rdb, r, "w", append(slowBeats(testutil.Name("RVM")), obs)...)
 				fetchJobs(t, db, w, 0, "", 1, 2, 3)
 				waitLook(t, w) // the quick look after the COMMIT
-				untracked := time.Now()
 				finishJobs(t, db, w, "finished", 1, 2, 3)
+				untracked := time.Now() // after Untrack: a look begun later judges its rows
 				waitUntrackLook(t, w, untracked)
 				if swapped {
 					require.ErrorIs(t, w.Healthy(), ErrMisconfigured, "swapped statuses caught on the first block")

@@ -55,8 +55,8 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 						found = block
 					case <-time.After(50 * time.Millisecond):
 					}
-					untracked := time.Now()
 					finishJobs(t, db, w, "finished", ids...)
+					untracked := time.Now() // after Untrack: a look begun later judges its rows
 					if found < 0 {
 						waitUntrackLook(t, w, untracked)
 						if errors.Is(w.Healthy(), ErrMisconfigured) {
