@@ -156,7 +156,7 @@ func TestEventsAndStatsOfAHeartbeatOutage(t *testing.T) {
 	assert.False(t, s.LeaseValid)
 	assert.Equal(t, before, s.LastHeartbeat, "no success during the outage")
 	mr.SetError("")
-	require.Eventually(t, func() bool { return len(rec.of(EventLeaseRegained)) == 1 }, 3*time.Second, 5*time.Millisecond)
+	waitTurns(t, &signals(w).deliver, 3*time.Second, func() bool { return len(rec.of(EventLeaseRegained)) == 1 })
 
 	failures := rec.of(EventHeartbeatFailed)
 	require.NotEmpty(t, failures)

@@ -185,7 +185,7 @@ func TestRollingTimingChangeWithARedisRestartResetsNoLiveWorkersRows(t *testing.
 		}))
 	require.NoError(t, short.Start(ctx))
 	require.True(t, short.Stats().OwnerMode)
-	require.Eventually(t, func() bool { ttl, _, _ := short.fleet.mem.longest(); return ttl == 8*time.Second }, 5*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(short).beat, 5*time.Second, func() bool { ttl, _, _ := short.fleet.mem.longest(); return ttl == 8*time.Second },
 		"the short worker learns the long one's TTL from its heartbeat")
 
 	drain(beats)
@@ -267,8 +267,8 @@ func TestMixedTimingsTheRegainHoldAndTheRowsTTLFollowTheSlowestMember(t *testing
 	w, logs := startWorker(t, c, &fakeResetter{}, "w", WithKeyPrefix(prefix),
 		WithTimings(Timings{ResetTimeout: 600 * time.Millisecond, OperationTimeout: 50 * time.Millisecond}))
 	require.Less(t, w.opts.claimTTL(), longClaim/2)
-	require.Eventually(t, func() bool { _, claim, _ := w.fleet.mem.longest(); return claim == longClaim },
-		5*time.Second, 10*time.Millisecond, "w learns the slow member's claim TTL")
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { _, claim, _ := w.fleet.mem.longest(); return claim == longClaim },
+		"w learns the slow member's claim TTL (its heartbeat reads the fleet record)")
 
 	// Rows TTL: w's own is 4 s; the slow member's wait for a scan is
 	// longer than w's by as much as its recovery interval and scan turn.

@@ -97,7 +97,10 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 		return n
 	}
 	before := scans()
-	require.Eventually(t, func() bool { return scans() >= before+3 }, 10*time.Second, 10*time.Millisecond,
+	// Whoever holds the scan turn scans (the observer was never started);
+	// the live workers' recovery loops turn at the same interval, so the
+	// count is checked at each turn of the first one's.
+	waitTurns(t, &signals(fleet[0]).scan, 10*time.Second, func() bool { return scans() >= before+3 },
 		"three more scans of the fleet, A's and B's heartbeats back")
 
 	for id, rows := range live {

@@ -136,8 +136,8 @@ func TestBackstopSweepLeavesTheRowOfALiveMemberWithALongerHeartbeatIntervalAfter
 	setJobs(t, db, schema, "running", 1)
 	require.NoError(t, slow.Track(ctx, 1))
 	s, _ := startWorker(t, rdb, r, "s", rowsSweepTimings(WithKeyPrefix(prefix))...)
-	require.Eventually(t, func() bool { return s.fleet.ttl() == 5*time.Second }, 5*time.Second, 10*time.Millisecond,
-		"the sweeper learns the slow member's TTL")
+	waitTurns(t, &signals(s).beat, 5*time.Second, func() bool { return s.fleet.ttl() == 5*time.Second },
+		"the sweeper learns the slow member's TTL (its heartbeat reads the fleet record)")
 
 	beats := slow.Stats().Heartbeats
 	waitTurns(t, &signals(slow).beat, 5*time.Second, func() bool { return slow.Stats().Heartbeats > beats })

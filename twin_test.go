@@ -106,7 +106,7 @@ func TestWorkerWhoseInstanceIDWasTakenOverLosesItsLeaseForGood(t *testing.T) {
 	assert.ErrorIs(t, w.Healthy(), ErrLeaseLost)
 	assert.ErrorIs(t, w.Track(ctx, 3), ErrInstanceIDInUse)
 	tries := len(events.of(EventHeartbeatFailed))
-	require.Eventually(t, func() bool { return len(events.of(EventHeartbeatFailed)) >= tries+3 }, 10*time.Second, 10*time.Millisecond,
+	waitTurns(t, &signals(w).deliver, 10*time.Second, func() bool { return len(events.of(EventHeartbeatFailed)) >= tries+3 },
 		"three more heartbeat attempts")
 
 	assert.Equal(t, "alive", rdb.Get(ctx, hb).Val(), "never overwritten")
