@@ -216,7 +216,8 @@ func TestSleepsInSortsSleepsByTheirMarkers(t *testing.T) {
 // Count or String on a name ending in "log" or "logs", any case), a
 // Worker's Stats, or a loop's state through an atomic Load: what a loop's
 // test signal tells instead (issue 23), or Healthy and CheckLease, which
-// read that state. It goes by names, not types; a poll of PostgreSQL or
+// read that state; directly or through a closure of the file that the
+// condition calls. It goes by names, not types; a poll of PostgreSQL or
 // Redis is not counted, nor a log in the message of a check inside the
 // condition, nor a poll marked "poll:" (on its line or just above: a state
 // that the clock changes with no loop's turn, a lease running out while its
@@ -232,6 +233,20 @@ func pollsIn(t *testing.T, dir string) []string {
 		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
 		require.NoError(t, err)
 		marked := markersOf(fset, f, []string{"poll:"})
+		// The closures the file names (scans := func() ...), by name: a
+		// condition that calls one reads what it reads.
+		closures := map[string][]*ast.FuncLit{}
+		ast.Inspect(f, func(n ast.Node) bool {
+			if as, ok := n.(*ast.AssignStmt); ok && len(as.Lhs) == len(as.Rhs) {
+				for i, rhs := range as.Rhs {
+					id, isID := as.Lhs[i].(*ast.Ident)
+					if lit, isLit := rhs.(*ast.FuncLit); isID && isLit {
+						closures[id.Name] = append(closures[id.Name], lit)
+					}
+				}
+			}
+			return true
+		})
 		ast.Inspect(f, func(n ast.Node) bool {
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
@@ -245,15 +260,23 @@ func pollsIn(t *testing.T, dir string) []string {
 				return true
 			}
 			reads := false
-			for _, arg := range call.Args {
-				lit, ok := arg.(*ast.FuncLit)
-				if !ok {
-					continue
+			seen := map[*ast.FuncLit]bool{}
+			var walk func(lit *ast.FuncLit)
+			walk = func(lit *ast.FuncLit) {
+				if seen[lit] {
+					return
 				}
+				seen[lit] = true
 				ast.Inspect(lit.Body, func(n ast.Node) bool {
 					c, ok := n.(*ast.CallExpr)
 					if !ok {
-						return true
+						return !reads
+					}
+					if id, ok := c.Fun.(*ast.Ident); ok {
+						for _, cl := range closures[id.Name] {
+							walk(cl) // a closure of the file the condition calls
+						}
+						return !reads
 					}
 					s, ok := c.Fun.(*ast.SelectorExpr)
 					if !ok {
@@ -273,6 +296,11 @@ func pollsIn(t *testing.T, dir string) []string {
 					return !reads
 				})
 			}
+			for _, arg := range call.Args {
+				if lit, ok := arg.(*ast.FuncLit); ok {
+					walk(lit)
+				}
+			}
 			if reads {
 				pos := fset.Position(call.Pos())
 				polls = append(polls, fmt.Sprintf("%s:%d", filepath.Base(pos.Filename), pos.Line))
@@ -291,9 +319,10 @@ func TestNoTestPollsALogOrStatsForWhatALoopDoes(t *testing.T) {
 }
 
 // The check of TestNoTestPollsALogOrStatsForWhatALoopDoes finds the polls
-// of logs, Stats, Healthy, CheckLease and atomic state, and leaves alone
+// of logs, Stats, Healthy, CheckLease and atomic state, also through a
+// closure the condition calls, and leaves alone
 // the polls of a database, those that only mention a log in their message
 // and those marked "poll:".
 func TestPollsInFindsPollsOfLogsAndStats(t *testing.T) {
-	assert.Equal(t, []string{"x_test.go:36", "x_test.go:37", "x_test.go:38", "x_test.go:39", "x_test.go:61"}, pollsIn(t, "testdata/testwaits"))
+	assert.Equal(t, []string{"x_test.go:36", "x_test.go:37", "x_test.go:38", "x_test.go:39", "x_test.go:61", "x_test.go:69"}, pollsIn(t, "testdata/testwaits"))
 }

@@ -62,3 +62,9 @@ func leasePolls(w lw) {
 	// poll: the lease runs out with the heartbeat frozen; no turn marks it
 	assert.Eventually(func() bool { return w.CheckLease() != nil })
 }
+
+func closurePoll(wk w) {
+	scans := func() int { return wk.Stats().N }
+	before := scans()
+	assert.Eventually(func() bool { return scans() > before })
+}
