@@ -139,9 +139,11 @@ func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []
 	byKind = map[string][]string{}
 	fset := token.NewFileSet()
 	for _, name := range files {
-		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		src, err := os.ReadFile(name)
 		require.NoError(t, err)
-		markerAt := markersOf(fset, f, sleepKinds)
+		f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
+		require.NoError(t, err)
+		markerAt := markersOf(fset, f, src, sleepKinds)
 		ast.Inspect(f, func(n ast.Node) bool {
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
@@ -167,18 +169,24 @@ func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []
 	return byKind, unmarked
 }
 
-// markersOf returns the marker among kinds that each line of f carries: a
-// comment on the line that begins with it, or a comment group ending on the
-// line before whose first line begins with it.
-func markersOf(fset *token.FileSet, f *ast.File, kinds []string) map[int]string {
+// markersOf returns the marker among kinds that each line of f (its source
+// src) carries: a comment on the line that begins with it, or a comment
+// group alone on its lines, ending on the line before, whose first line
+// begins with it. A comment after the code of the line before marks only
+// that line.
+func markersOf(fset *token.FileSet, f *ast.File, src []byte, kinds []string) map[int]string {
+	lines := strings.Split(string(src), "\n")
 	markerAt := map[int]string{}
 	for _, g := range f.Comments {
 		text := strings.TrimSpace(strings.TrimPrefix(g.List[0].Text, "//"))
 		for _, k := range kinds {
 			if strings.HasPrefix(text, k) {
+				start := fset.Position(g.Pos())
 				end := fset.Position(g.End()).Line
-				markerAt[end] = k   // a comment at the end of the line
-				markerAt[end+1] = k // a comment group just above it
+				markerAt[end] = k // a comment at the end of the line
+				if strings.TrimSpace(lines[start.Line-1][:start.Column-1]) == "" {
+					markerAt[end+1] = k // a comment group just above it
+				}
 			}
 		}
 	}
@@ -197,7 +205,8 @@ func TestEverySleepInTheTestsSaysWhyItIsNotAWait(t *testing.T) {
 }
 
 // The check of TestEverySleepInTheTestsSaysWhyItIsNotAWait sorts sleeps by
-// their markers, on the line or just above, and finds the unmarked ones,
+// their markers, on the line or just above (not after the code of the line
+// above), and finds the unmarked ones,
 // in files of any build tag (testdata/testwaits holds a test file
 // tagged sim, and a file that is not a test).
 func TestSleepsInSortsSleepsByTheirMarkers(t *testing.T) {
@@ -207,7 +216,7 @@ func TestSleepsInSortsSleepsByTheirMarkers(t *testing.T) {
 		"fake clock:": {"x_test.go:11"},
 		"real time:":  {"x_test.go:14"},
 	}, byKind)
-	assert.Equal(t, []string{"x_test.go:12", "x_test.go:16", "x_test.go:17"}, unmarked, "not x.go: only tests")
+	assert.Equal(t, []string{"x_test.go:12", "x_test.go:16", "x_test.go:17", "x_test.go:19"}, unmarked, "not x.go: only tests")
 }
 
 // pollsIn reads the _test.go files of dir, whatever their build tags, and
@@ -230,9 +239,11 @@ func pollsIn(t *testing.T, dir string) []string {
 	fset := token.NewFileSet()
 	var polls []string
 	for _, name := range files {
-		f, err := parser.ParseFile(fset, name, nil, parser.ParseComments)
+		src, err := os.ReadFile(name)
 		require.NoError(t, err)
-		marked := markersOf(fset, f, []string{"poll:"})
+		f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
+		require.NoError(t, err)
+		marked := markersOf(fset, f, src, []string{"poll:"})
 		// The closures the file names (scans := func() ...), by name: a
 		// condition that calls one reads what it reads.
 		closures := map[string][]*ast.FuncLit{}
@@ -324,5 +335,5 @@ func TestNoTestPollsALogOrStatsForWhatALoopDoes(t *testing.T) {
 // the polls of a database, those that only mention a log in their message
 // and those marked "poll:".
 func TestPollsInFindsPollsOfLogsAndStats(t *testing.T) {
-	assert.Equal(t, []string{"x_test.go:36", "x_test.go:37", "x_test.go:38", "x_test.go:39", "x_test.go:61", "x_test.go:69"}, pollsIn(t, "testdata/testwaits"))
+	assert.Equal(t, []string{"x_test.go:38", "x_test.go:39", "x_test.go:40", "x_test.go:41", "x_test.go:63", "x_test.go:71"}, pollsIn(t, "testdata/testwaits"))
 }

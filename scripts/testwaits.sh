@@ -8,11 +8,12 @@ cd "$(dirname "$0")/.."
 count() { grep -o "$1" ./*_test.go | wc -l | tr -d ' '; }
 echo "root tests: sleeps $(count 'Sleep(')  polls $(count 'Eventually')  signal waits $(count 'signals(\|waitLook\|waitBeat')"
 # The kind each sleep's comment names (TestEverySleepInTheTestsSaysWhyItIsNotAWait
-# enforces it): on the sleep's line, or the first line of the comment just above.
+# enforces it): on the sleep's line, or the first line of the comment group just
+# above.
 echo "sleeps by kind: $(awk '
-	/^[ \t]*\/\// { if (match($0, /\/\/ (real time|pace|fake clock):/)) m = substr($0, RSTART + 3, RLENGTH - 4); next }
-	/Sleep\(/ { k = "unmarked"; if (match($0, /\/\/ (real time|pace|fake clock):/)) k = substr($0, RSTART + 3, RLENGTH - 4); else if (m != "") k = m; n[k]++ }
-	{ m = "" }
+	/^[ \t]*\/\// { if (!c && match($0, /^[ \t]*\/\/ (real time|pace|fake clock):/)) m = substr($0, RSTART, RLENGTH); c = 1; next }
+	/Sleep\(/ { k = "unmarked"; if (match($0, /\/\/ (real time|pace|fake clock):/)) k = substr($0, RSTART + 3, RLENGTH - 4); else if (m != "") { sub(/^[ \t]*\/\/ /, "", m); k = substr(m, 1, length(m) - 1) }; n[k]++ }
+	{ m = ""; c = 0 }
 	END { for (k in n) printf "%s %d; ", k, n[k] }' ./*_test.go)"
 echo "by file (sleeps polls):"
 for f in ./*_test.go; do

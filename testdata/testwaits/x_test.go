@@ -15,6 +15,8 @@ func f() {
 	// a comment that names no kind
 	time.Sleep(5)
 	time.Sleep(6) // real time but no colon
+	_ = 0         // pace: a comment after the code of the line above
+	time.Sleep(8)
 }
 
 type logBuffer struct{}
