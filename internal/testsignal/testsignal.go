@@ -83,14 +83,20 @@ func (s *Signal[T]) WaitForWithin(t TB, d time.Duration, ok func(T) bool) T {
 	s.requireInit(t)
 	timer := time.NewTimer(d)
 	defer timer.Stop()
+	others := 0 // values that came and did not match
 	for {
 		select {
 		case v := <-s.ch:
 			if ok(v) {
 				return v
 			}
+			others++
 		case <-timer.C:
-			t.Fatalf("testsignal: no value within %v", d)
+			if others > 0 {
+				t.Fatalf("testsignal: no matching value within %v (%d came, none matched: the loop turned, what it waited for did not happen)", d, others)
+			} else {
+				t.Fatalf("testsignal: no value within %v", d)
+			}
 			var zero T
 			return zero
 		}

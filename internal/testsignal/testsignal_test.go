@@ -1,6 +1,8 @@
 package testsignal
 
 import (
+	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -91,11 +93,13 @@ func TestSignalWaitTurnSkipsWhatWasWaiting(t *testing.T) {
 type fakeT struct {
 	testing.TB
 	failed bool
+	msg    string
 }
 
 func (f *fakeT) Helper() {}
-func (f *fakeT) Fatalf(string, ...any) {
+func (f *fakeT) Fatalf(format string, args ...any) {
 	f.failed = true
+	f.msg = fmt.Sprintf(format, args...)
 	panic(f)
 }
 func (f *fakeT) Fatal(...any) {
@@ -104,15 +108,38 @@ func (f *fakeT) Fatal(...any) {
 }
 
 func fails(fn func(TB)) (failed bool) {
+	failed, _ = failsSaying(fn)
+	return failed
+}
+
+// failsSaying is fails, with the failure's message.
+func failsSaying(fn func(TB)) (failed bool, msg string) {
 	f := &fakeT{}
 	defer func() {
 		if r := recover(); r != nil && r != any(f) {
 			panic(r)
 		}
-		failed = f.failed
+		failed, msg = f.failed, f.msg
 	}()
 	fn(f)
-	return f.failed
+	return f.failed, f.msg
+}
+
+// A wait that times out says whether the loop turned: values that came and
+// did not match tell a loop that ran from one that stalled.
+func TestSignalWaitTellsAStalledLoopFromAConditionNeverMet(t *testing.T) {
+	var s Signal[int]
+	s.Init()
+	_, msg := failsSaying(func(t TB) { s.WaitForWithin(t, 10*time.Millisecond, func(int) bool { return true }) })
+	if !strings.Contains(msg, "no value within") {
+		t.Fatalf("nothing came: %q", msg)
+	}
+	s.Signal(1)
+	s.Signal(2)
+	_, msg = failsSaying(func(t TB) { s.WaitForWithin(t, 10*time.Millisecond, func(v int) bool { return v > 5 }) })
+	if !strings.Contains(msg, "2 came, none matched") {
+		t.Fatalf("two values came and did not match: %q", msg)
+	}
 }
 
 func TestSignalRequireEmptyFailsWhenAValueWaits(t *testing.T) {
