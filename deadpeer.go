@@ -63,9 +63,6 @@ type peerRecoverer struct {
 	// unverifiedHold holds a suspect recovery while this worker's
 	// configuration is unverified (selfcheck_fetch.go).
 	unverifiedHold func(ctx context.Context, peer string, ids []int64) error
-	// sweepsByOwner reports whether the backstop sweep resets by owner
-	// (sweep.go).
-	sweepsByOwner bool
 }
 
 // Finders: which mechanism found a dead peer (Event.FoundBy, the found_by
@@ -105,7 +102,7 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 		p.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{p: p, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: p.opts.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepsByOwner),
+		byOwner: p.opts.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.opts.sweepByOwner),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)

@@ -31,11 +31,13 @@ func withStore(wrap func(store.Store) store.Store) Option {
 type options struct {
 	// Decided by New: how the client reaches Redis (for messages), what
 	// the resetter guarantees (its Info), whether rows are recovered by
-	// owner (ownermode.go), and this process's heartbeat value (twin.go).
-	target    redisTarget
-	info      ResetterInfo
-	ownerMode bool
-	beatValue string
+	// owner (ownermode.go), whether the backstop sweep resets by owner
+	// (sweepOf), and this process's heartbeat value (twin.go).
+	target       redisTarget
+	info         ResetterInfo
+	ownerMode    bool
+	sweepByOwner bool
+	beatValue    string
 
 	// wrapStore, set only by the package's tests (withStore), wraps the
 	// Redis store before New hands it to the Worker's parts.

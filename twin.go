@@ -35,16 +35,13 @@ import (
 // twin is Start's claim on the instance ID (claimInstanceID), and what
 // the heartbeat does when another process took it (noteOusted).
 type twin struct {
-	store store.Store
-	log   *slog.Logger
-	opts  *options // read-only after New
-	// byOwner is set when rows are recovered by owner: owner mode, or the
-	// backstop sweep by owner (sweepOf).
-	byOwner bool
-	lease   *lease
-	rows    *inflight
-	stats   *counters
-	events  *dispatcher
+	store  store.Store
+	log    *slog.Logger
+	opts   *options // read-only after New
+	lease  *lease
+	rows   *inflight
+	stats  *counters
+	events *dispatcher
 	// nodes tells whether the server's evictions hold the recovery of a
 	// predecessor whose heartbeat an EXISTS found absent (predecessorHeld,
 	// eviction.go); peers is the one recovery path every peer runs
@@ -123,7 +120,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 			if err := tw.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || (tw.byOwner && tw.opts.instanceIDSet && !recovered):
+		case k.Record || ((tw.opts.ownerMode || tw.opts.sweepByOwner) && tw.opts.instanceIDSet && !recovered):
 			if tw.nodes.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.

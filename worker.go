@@ -116,7 +116,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	if err != nil {
 		return nil, err
 	}
-	o.target, o.info, o.ownerMode, o.beatValue = targetOf(rdb), info, ownerMode, store.HeartbeatOf(newToken())
+	o.target, o.info, o.ownerMode, o.sweepByOwner, o.beatValue = targetOf(rdb), info, ownerMode, sw != nil, store.HeartbeatOf(newToken())
 	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
 	if o.wrapStore != nil {
 		st = o.wrapStore(st)
@@ -168,9 +168,9 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter,
 		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
 		judge: jd, misconfigured: w.checker.alarmErr,
-		unverifiedHold: w.checker.unverifiedHold, sweepsByOwner: sw != nil}
+		unverifiedHold: w.checker.unverifiedHold}
 	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
-	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts, byOwner: ownerMode || sw != nil,
+	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts,
 		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
 		nodes: nodes, peers: w.peers}
 	// heartbeater: the heartbeat loop (heartbeat.go)
