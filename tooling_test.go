@@ -134,16 +134,8 @@ var sleepKinds = []string{"real time:", "pace:", "fake clock:"}
 // comment names, and those that name none.
 func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []string) {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
-	require.NoError(t, err)
 	byKind = map[string][]string{}
-	fset := token.NewFileSet()
-	for _, name := range files {
-		src, err := os.ReadFile(name)
-		require.NoError(t, err)
-		f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
-		require.NoError(t, err)
-		markerAt := markersOf(fset, f, src, sleepKinds)
+	eachTestFile(t, dir, sleepKinds, func(fset *token.FileSet, f *ast.File, markerAt map[int]string) {
 		ast.Inspect(f, func(n ast.Node) bool {
 			call, ok := n.(*ast.CallExpr)
 			if !ok {
@@ -156,17 +148,39 @@ func sleepsIn(t *testing.T, dir string) (byKind map[string][]string, unmarked []
 			if pkg, ok := sel.X.(*ast.Ident); !ok || pkg.Name != "time" {
 				return true
 			}
-			pos := fset.Position(call.Pos())
-			at := fmt.Sprintf("%s:%d", filepath.Base(pos.Filename), pos.Line)
-			if k, ok := markerAt[pos.Line]; ok {
-				byKind[k] = append(byKind[k], at)
+			line := fset.Position(call.Pos()).Line
+			if k, ok := markerAt[line]; ok {
+				byKind[k] = append(byKind[k], place(fset, call))
 			} else {
-				unmarked = append(unmarked, at)
+				unmarked = append(unmarked, place(fset, call))
 			}
 			return true
 		})
-	}
+	})
 	return byKind, unmarked
+}
+
+// eachTestFile parses each _test.go file of dir, whatever its build tags,
+// and hands fn the file and the markers among kinds that its lines carry
+// (markersOf).
+func eachTestFile(t *testing.T, dir string, kinds []string, fn func(fset *token.FileSet, f *ast.File, markerAt map[int]string)) {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
+	require.NoError(t, err)
+	fset := token.NewFileSet()
+	for _, name := range files {
+		src, err := os.ReadFile(name)
+		require.NoError(t, err)
+		f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
+		require.NoError(t, err)
+		fn(fset, f, markersOf(fset, f, src, kinds))
+	}
+}
+
+// place is where n is: its file's base name and its line.
+func place(fset *token.FileSet, n ast.Node) string {
+	pos := fset.Position(n.Pos())
+	return fmt.Sprintf("%s:%d", filepath.Base(pos.Filename), pos.Line)
 }
 
 // markersOf returns the marker among kinds that each line of f (its source
@@ -233,17 +247,9 @@ func TestSleepsInSortsSleepsByTheirMarkers(t *testing.T) {
 // heartbeat is frozen, say), which says why.
 func pollsIn(t *testing.T, dir string) []string {
 	t.Helper()
-	files, err := filepath.Glob(filepath.Join(dir, "*_test.go"))
-	require.NoError(t, err)
 	logName := regexp.MustCompile(`(?i)logs?$`)
-	fset := token.NewFileSet()
 	var polls []string
-	for _, name := range files {
-		src, err := os.ReadFile(name)
-		require.NoError(t, err)
-		f, err := parser.ParseFile(fset, name, src, parser.ParseComments)
-		require.NoError(t, err)
-		marked := markersOf(fset, f, src, []string{"poll:"})
+	eachTestFile(t, dir, []string{"poll:"}, func(fset *token.FileSet, f *ast.File, marked map[int]string) {
 		// The closures the file names (scans := func() ...), by name: a
 		// condition that calls one reads what it reads.
 		closures := map[string][]*ast.FuncLit{}
@@ -313,12 +319,11 @@ func pollsIn(t *testing.T, dir string) []string {
 				}
 			}
 			if reads {
-				pos := fset.Position(call.Pos())
-				polls = append(polls, fmt.Sprintf("%s:%d", filepath.Base(pos.Filename), pos.Line))
+				polls = append(polls, place(fset, call))
 			}
 			return true
 		})
-	}
+	})
 	return polls
 }
 
