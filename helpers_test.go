@@ -584,6 +584,18 @@ func waitUntrackLook(t *testing.T, w *Worker, untracked time.Time) {
 	})
 }
 
+// succeeded counts the turns, as a loop's test signal gave them, that ended
+// without error.
+func succeeded(turns []error) int {
+	n := 0
+	for _, err := range turns {
+		if err == nil {
+			n++
+		}
+	}
+	return n
+}
+
 // waitBeat waits for a heartbeat of w, begun after the call, that
 // succeeded.
 func waitBeat(t *testing.T, w *Worker) {

@@ -178,18 +178,6 @@ func watchLiveRow(t *testing.T, db *pgxpool.Pool, w *Worker, owner string, id in
 	return s
 }
 
-// succeeded counts the turns, as a loop's test signal gave them, that ended
-// without error.
-func succeeded(turns []error) int {
-	n := 0
-	for _, err := range turns {
-		if err == nil {
-			n++
-		}
-	}
-	return n
-}
-
 // The previous release's quickstart (README before the merge of life2):
 //
 //	me := w.OwnerValue() // once per block

@@ -391,13 +391,7 @@ func TestAnIdleUnverifiedFleetRecoversADeadPeerWithARequeuedRow(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 10, "RVK")
 	waitUptime(t, rdb, 2*time.Second)
 	r := resetterImpls[0].Must(t, db)
-	opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-		HeartbeatTTL:      300 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
-		OperationTimeout:  100 * time.Millisecond,
-		RecoveryInterval:  100 * time.Millisecond,
-		RowsTTL:           time.Second,
-	})}
+	opts := rowsSweepTimings(WithKeyPrefix(prefix))
 	idle, _ := startWorker(t, rdb, r, "idle", opts...)
 	victim(t, rdb, db, r, "dead", opts, 1, 2, 3, 4)
 	setStatus(t, db, "done", 1, 2, 3)
