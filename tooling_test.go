@@ -342,3 +342,19 @@ func TestNoTestPollsALogOrStatsForWhatALoopDoes(t *testing.T) {
 func TestPollsInFindsPollsOfLogsAndStats(t *testing.T) {
 	assert.Equal(t, []string{"x_test.go:38", "x_test.go:39", "x_test.go:40", "x_test.go:41", "x_test.go:63", "x_test.go:71"}, pollsIn(t, "testdata/testwaits"))
 }
+
+// Test files are named after the behaviour they test (issue 23): not after
+// the review, the issue or the round that found something (review2_test.go,
+// hole22_test.go were renamed).
+func TestTestFilesAreNamedAfterBehaviours(t *testing.T) {
+	files, err := filepath.Glob("*_test.go")
+	require.NoError(t, err)
+	require.NotEmpty(t, files)
+	occasion := regexp.MustCompile(`(?i)(^|_)(review|hole|issue|round|finding|fix|misc)\d*(_|$)`)
+	for _, f := range files {
+		assert.False(t, occasion.MatchString(strings.TrimSuffix(f, "_test.go")), "%s is named after an occasion, not a behaviour", f)
+	}
+	for _, bad := range []string{"review2", "hole22", "selfcheck_review", "issue21_fix"} {
+		assert.True(t, occasion.MatchString(bad), "the check takes %s for an occasion", bad)
+	}
+}
