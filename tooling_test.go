@@ -344,8 +344,8 @@ func TestPollsInFindsPollsOfLogsAndStats(t *testing.T) {
 }
 
 // Test files are named after the behaviour they test (issue 23): not after
-// the review, the issue or the round that found something (review2_test.go,
-// hole22_test.go were renamed).
+// the review, the issue or the round that found something (the files once
+// named review2 and hole22 were renamed).
 func TestTestFilesAreNamedAfterBehaviours(t *testing.T) {
 	files, err := filepath.Glob("*_test.go")
 	require.NoError(t, err)
