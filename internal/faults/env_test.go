@@ -466,9 +466,24 @@ func (e *env) waitReset(owner string, ids []int64, since time.Time, limit time.D
 			return took
 		}
 		if time.Now().After(deadline) {
+			e.logRedisOf(owner)
 			e.t.Fatalf("%d rows of %s still in progress %v after the fault (bound %v; last error %v)", n, owner, took, limit, err)
 		}
 		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// logRedisOf logs what Redis holds of instance id, for a failure's
+// message: whether the registry lists it, and which of its keys exist.
+func (e *env) logRedisOf(id string) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	k := e.keysOf(id)
+	member, err := e.rdb.SIsMember(ctx, e.registry(), id).Result()
+	e.t.Logf("Redis holds of %s: in the registry %v (%v)", id, member, err)
+	for name, key := range map[string]string{"heartbeat": k.Heartbeat, "rows set": k.Rows, "claim": k.Claim} {
+		n, err := e.rdb.Exists(ctx, key).Result()
+		e.t.Logf("Redis holds of %s: %s %s exists %d (%v)", id, name, key, n, err)
 	}
 }
 
