@@ -89,6 +89,7 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 	opCtx, cancel := context.WithTimeout(ctx, min(c.opts.opTimeout, max(c.window()/10, 10*time.Millisecond)))
 	ims, err := c.readRows(opCtx, sample)
 	cancel()
+	c.opts.sig.preread.Signal(err == nil) // test signal: the read ended
 	if err != nil {
 		c.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
 		return

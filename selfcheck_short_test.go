@@ -13,10 +13,9 @@ import (
 	"github.com/stretchr/testify/require"
 )
 
-// Issue 21: blocks whose rows leave the in-progress status within about
-// 0.55 s (the self-check window and a tenth) were never judged: the
-// two-look rule needs a row tracked across two looks a window apart. Now
-// the first block of 50 ms is judged: swapped statuses at the first look
+// Blocks whose rows leave the in-progress status within about 0.55 s (the
+// self-check window and a tenth) are judged from their first block whose
+// read inside the fetch answered in time: swapped statuses at the first look
 // after the fetch's COMMIT (the fetch took a row the resetter calls in
 // progress and left it the status it calls queued), a misspelt one when
 // the block's rows are untracked (the fetch's status was changed again
@@ -40,18 +39,30 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 			t.Run(impl.Name+"/"+c.name, func(t *testing.T) {
 				db, w, logs, alarms := jobsWorld(t, impl, c.enum, c.inprog, c.queued, "SS")
 
+				// Track's read of the rows being fetched is bounded at 50 ms
+				// (it is on the host's path), and a read that does not answer
+				// in time judges nothing: on a loaded machine the first blocks
+				// may go unjudged. The first block whose read answered is
+				// caught, and caught within a second of its COMMIT.
+				pre := &signals(w).preread
 				var latency time.Duration
-				found := -1
-				var first time.Time
+				found, judged, unread := -1, -1, 0
 				for block := range 20 {
 					ids := []int64{int64(10*block + 1), int64(10*block + 2), int64(10*block + 3)}
+					pre.Clear()
 					committed := fetchJobs(t, db, w, 0, "", ids...)
-					if block == 0 {
-						first = committed
+					if judged < 0 {
+						// Track ran the read inside the fetch, so its signal is
+						// waiting now if the read was made.
+						if ok, made := pre.Take(); made && ok {
+							judged = block
+						} else if made {
+							unread++
+						}
 					}
 					select {
 					case <-alarms: // during the block's processing
-						latency = time.Since(first)
+						latency = time.Since(committed)
 						found = block
 					case <-time.After(50 * time.Millisecond):
 					}
@@ -60,16 +71,17 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 					if found < 0 {
 						waitUntrackLook(t, w, untracked)
 						if errors.Is(w.Healthy(), ErrMisconfigured) {
-							latency = time.Since(first)
+							latency = time.Since(committed)
 							found = block
 						}
 					}
-					if found >= 0 {
+					if found >= 0 || (judged >= 0 && block > judged) {
 						break
 					}
 				}
-				require.Equal(t, 0, found, "the first block of 50 ms is caught (-1: not in 20 blocks)")
-				t.Logf("ErrMisconfigured %v after the first block's COMMIT", latency.Round(time.Millisecond))
+				require.GreaterOrEqual(t, judged, 0, "no read of the rows being fetched answered within its bound in 20 blocks")
+				require.Equal(t, judged, found, "the first block whose read answered is caught (%d blocks before it were not read in time)", unread)
+				t.Logf("ErrMisconfigured %v after the COMMIT of block %d", latency.Round(time.Millisecond), found)
 				assert.Less(t, latency, time.Second)
 				requireMisconfigured(t, w, logs, c.want)
 			})

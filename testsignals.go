@@ -12,7 +12,7 @@ import (
 // production they are never initialised and each emission is a nil check.
 // Every loop emits once at the end of its turn, through the options it
 // holds; deliver, heard and locked are emitted once per event or try, as
-// their fields say.
+// their fields say; preread once per read.
 type testSignals struct {
 	beat    testsignal.Signal[error]    // a heartbeat turn ended, with its error (heartbeat.go)
 	scan    testsignal.Signal[struct{}] // a recovery turn ended, scanned or not (recovery.go)
@@ -25,6 +25,7 @@ type testSignals struct {
 	masters testsignal.Signal[struct{}] // the expiry watcher's check of the masters ended (expiry.go)
 	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (expiry.go)
 	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (twin.go)
+	preread testsignal.Signal[bool]     // Track's read of the rows being fetched ended: true if it answered in time (selfcheck_fetch.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -49,6 +50,7 @@ func withTestSignals() Option {
 		o.sig.masters.Init()
 		o.sig.heard.Init()
 		o.sig.locked.Init()
+		o.sig.preread.Init()
 	})
 }
 

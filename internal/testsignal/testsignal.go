@@ -120,6 +120,22 @@ func (s *Signal[T]) Clear() int {
 	}
 }
 
+// Take returns the oldest value waiting and true, or false at once when
+// none is: a test asks what a call it just made signalled, for a signal
+// emitted, if at all, before that call returned.
+func (s *Signal[T]) Take() (T, bool) {
+	var zero T
+	if s == nil || s.ch == nil {
+		return zero, false
+	}
+	select {
+	case v := <-s.ch:
+		return v, true
+	default:
+		return zero, false
+	}
+}
+
 // WaitTurn drops the values waiting, then waits for two more: the second
 // comes from a turn that began after WaitTurn was called, so whatever the
 // test did before the call, that turn saw it. It returns the second value.

@@ -224,3 +224,22 @@ func TestSignalSpanFailsWhenTheLoopStalls(t *testing.T) {
 		t.Fatal("Span passed a window in which the loop stalled after one turn")
 	}
 }
+
+func TestSignalTakeReturnsWhatWaitsWithoutWaiting(t *testing.T) {
+	take := func(s *Signal[int], want int, wantOK bool) {
+		t.Helper()
+		if v, ok := s.Take(); v != want || ok != wantOK {
+			t.Fatalf("Take() = %d, %v; want %d, %v", v, ok, want, wantOK)
+		}
+	}
+	var off Signal[int]
+	take(&off, 0, false) // an off signal has nothing
+	var s Signal[int]
+	s.Init()
+	take(&s, 0, false) // nothing waits yet
+	s.Signal(1)
+	s.Signal(2)
+	take(&s, 1, true) // the oldest first
+	take(&s, 2, true)
+	take(&s, 0, false)
+}
