@@ -388,6 +388,7 @@ type peerJSON struct {
 
 type recoverJSON struct {
 	DryRun         bool       `json:"dry_run"`
+	Sweep          *sweepJSON `json:"sweep,omitempty"`
 	PeersChecked   int        `json:"peers_checked"`
 	DeadPeers      int        `json:"dead_peers"`
 	RowsReset      int64      `json:"rows_reset"`
@@ -424,8 +425,12 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	var out recoverJSON
 	if o.dryRun {
 		out, err = plan(ctx, w)
+		err = errors.Join(err, sweepPlan(ctx, w, o, &out))
 	} else {
-		out, err = recoverNow(ctx, w, o)
+		// The scan runs even when the sweep failed: the dead instances
+		// whose rows sets say which rows they held are recovered.
+		keep, sweepErr := sweepNow(ctx, rdb, w, o, &out)
+		err = errors.Join(sweepErr, recoverNow(ctx, w, o, keep, &out))
 	}
 	if out.Peers == nil {
 		out.Peers = []peerJSON{}
@@ -434,7 +439,7 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		out.InvalidMembers = []string{}
 	}
 	if o.json {
-		if out.PeersChecked > 0 || err == nil {
+		if out.PeersChecked > 0 || out.Sweep != nil || err == nil {
 			if werr := writeJSON(stdout, out); werr != nil {
 				return werr
 			}
@@ -478,8 +483,16 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 			return nil, nil, fmt.Errorf("%w (fix the flags or RECOVERY_* variables, or skip the check with --no-schema-check)", err)
 		}
 	}
+	ttl, err := fleetTTL(ctx, rdb, o)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
 	w, err := recovery.New(rdb, resetter,
 		recovery.WithKeyPrefix(o.prefix),
+		// The fleet's timings: the backstop sweep's gap (ops.SweepNow) and
+		// the verdicts after a Redis restart wait for the fleet's TTL.
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: ttl, RecoveryInterval: ttl}),
 		recovery.WithInstanceID(ctlInstanceID()),
 		recovery.WithoutSchemaCheck(), // checked above; Start is never called anyway
 		recovery.WithLogger(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
@@ -488,6 +501,28 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 		return nil, nil, &usageError{err.Error()}
 	}
 	return w, pool.Close, nil
+}
+
+// fleetTTL is the longest heartbeat TTL the fleet record holds of any
+// member, lapsed or not (a dead worker's announcement stays until a live
+// one's heartbeat drops it), and --heartbeat-ttl when given and longer:
+// the sweep's gap then covers every worker's heartbeat interval.
+func fleetTTL(ctx context.Context, rdb redis.UniversalClient, o *options) (time.Duration, error) {
+	if err := store.ValidateName(o.prefix); err != nil {
+		return 0, &usageError{fmt.Sprintf("key prefix %q %v", o.prefix, err)}
+	}
+	f, err := store.NewRedis(rdb, o.prefix, dialTimeout).ReadFleet(ctx)
+	if err != nil && !store.IsWrongType(err) {
+		return 0, fmt.Errorf("read the fleet record %s: %w", store.FleetKey(o.prefix), err)
+	}
+	ttl := time.Duration(0)
+	if o.ttlGiven || len(f.Members) == 0 {
+		ttl = o.heartbeatTTL
+	}
+	for _, m := range f.Members {
+		ttl = max(ttl, m.TTL)
+	}
+	return ttl, nil
 }
 
 // plan asks the library what a scan would do now (ops.PlanRecovery):
@@ -539,11 +574,14 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 // whose rows could be neither reset nor shown settled keeps its rows set
 // and registry entry (recovery.ErrRowsNotReset): that is a failure, and
 // says which rows and what to check.
-func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSON, error) {
-	out := recoverJSON{}
-	rep, scanErr := ops.RecoverNow(ctx, w)
+func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []string, out *recoverJSON) error {
+	rep, scanErr := ops.RecoverNowKeeping(ctx, w, keep)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
-		rep.PeersChecked, len(rep.Dead), rep.RowsReset, rep.InvalidMembers
+		rep.PeersChecked, len(rep.Dead), out.RowsReset+rep.RowsReset, rep.InvalidMembers
+	kept := map[string]bool{}
+	for _, id := range keep {
+		kept[id] = true
+	}
 	for _, pr := range rep.Recovered {
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
@@ -552,7 +590,11 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 		})
 	}
 	for _, id := range rep.Skipped {
-		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: "skipped"})
+		action := "skipped"
+		if kept[id] {
+			action = "kept"
+		}
+		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: action})
 	}
 	failed := map[string]ops.PeerRecovery{}
 	for _, pr := range rep.Failed {
@@ -562,7 +604,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 	for _, e := range unjoin(scanErr) {
 		var pe *ops.PeerError
 		if !errors.As(e, &pe) {
-			return out, e // the scan itself failed
+			return e // the scan itself failed
 		}
 		nFailed++
 		pr := failed[pe.InstanceID]
@@ -574,15 +616,16 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 			Error: redact.String(pe.Err.Error(), o.databaseURL, o.redisURL)})
 	}
 	out.RowsNotReset = notReset
+	var err error
 	switch {
 	case notReset > 0:
-		return out, fmt.Errorf("%w: %d rows of %d dead instances were neither reset nor finished; their rows sets and registry entries are kept. "+
+		err = fmt.Errorf("%w: %d rows of %d dead instances were neither reset nor finished; their rows sets and registry entries are kept. "+
 			"Check --status-column, --inprog-status, --queued-status, --done-statuses and --owner-column against the fleet's configuration",
 			recovery.ErrRowsNotReset, notReset, nFailed)
 	case nFailed > 0:
-		return out, fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", nFailed, out.DeadPeers)
+		err = fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", nFailed, out.DeadPeers)
 	}
-	return out, nil
+	return errors.Join(err, stuckErr(out.Sweep))
 }
 
 func rowsJSON(rs []recovery.RowState) []rowJSON {
@@ -632,6 +675,8 @@ func printRecover(w io.Writer, out recoverJSON) {
 			fmt.Fprintf(w, "recovered %s: %d rows tracked, %d reset to queued%s\n", p.InstanceID, p.RowsFound, *p.RowsReset, back)
 		case "skipped":
 			fmt.Fprintf(w, "skipped %s: another worker is recovering it, or its heartbeat came back\n", p.InstanceID)
+		case "kept":
+			// Said by printSweep, with the reason.
 		case "failed":
 			fmt.Fprintf(w, "failed %s: %s\n", p.InstanceID, p.Error)
 			if len(p.RowsNotReset) > 0 {
@@ -649,6 +694,7 @@ func printRecover(w io.Writer, out recoverJSON) {
 	if len(out.InvalidMembers) > 0 {
 		fmt.Fprintf(w, "ignored %d registry members that are not valid instance IDs: %s\n", len(out.InvalidMembers), quoteAll(out.InvalidMembers))
 	}
+	printSweep(w, out)
 }
 
 // rowList shows up to 20 rows with their statuses.

@@ -61,10 +61,18 @@
 // neither reset nor shown finished keeps its rows set and registry entry,
 // and recover exits 1 naming the rows and their statuses.
 //
+// recover also judges from PostgreSQL, without an owner column, as the
+// backstop sweep does (ops.SweepNow): the rows in progress that no rows
+// set holds, seen so at two looks the sweep's gap apart (the fleet's rows
+// TTL), are reset with their version in the statement. It waits for the
+// second look when --timeout leaves time for it; otherwise, or when rows
+// stay in progress, it exits 1 naming them, and keeps registered every
+// dead instance that left no rows set, whose rows they may be.
+//
 // recover --dry-run changes nothing: it finds the dead instances as a scan
 // does and asks PostgreSQL which rows a reset would change, by running the
 // reset in a transaction that is rolled back (ops.PlanRecovery, a dry
-// run of the resetter).
+// run of the resetter), and names the rows in progress no rows set holds.
 //
 // The resetter flags are the options of the fleet's PostgreSQL resetter
 // (package postgres), and each defaults to the RECOVERY_* variable
@@ -143,6 +151,9 @@ type options struct {
 	// heartbeatTTL and heartbeatInterval are the fleet's, for the time
 	// since each instance's last heartbeat (workers, rows, watch).
 	heartbeatTTL, heartbeatInterval time.Duration
+	// ttlGiven and intervalGiven say whether the flags gave them: they
+	// then override what the fleet record says of each worker.
+	ttlGiven, intervalGiven bool
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
 	// environment variables the host reads too (ops.FromEnv), then the
 	// flags. Its Options make the resetter's errors name the RECOVERY_*
@@ -372,6 +383,15 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 			fmt.Fprintf(stderr, "recoveryctl %s: unexpected arguments %q\n", cmd, pos)
 		}
 		return "", nil, nil, exitUsage
+	}
+	for _, f := range []*flag.FlagSet{global, fs} {
+		f.Visit(func(f *flag.Flag) {
+			o.ttlGiven = o.ttlGiven || f.Name == "heartbeat-ttl"
+			o.intervalGiven = o.intervalGiven || f.Name == "heartbeat-interval"
+		})
+	}
+	if o.ttlGiven && !o.intervalGiven {
+		o.heartbeatInterval = o.heartbeatTTL / 2 // as the library derives it
 	}
 	if o.redisURL == "" {
 		o.redisURL = getenv("REDIS_URL")

@@ -1,0 +1,216 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"os"
+	"os/exec"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5"
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/store"
+	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/ops"
+	"github.com/alya/recovery/postgres/pgxreset"
+)
+
+// trackerEnv makes the test binary a worker as a newcomer writes one: it
+// configures itself from the environment (ops.FromEnv: REDIS_URL,
+// DATABASE_URL, RECOVERY_*), puts rows 1, 2 and 3 in progress and tracks
+// them in one transaction, says "started" on stdout, and runs until
+// killed. Its heartbeat TTL is 1s; the variable's value is its instance ID.
+const trackerEnv = "RECOVERYCTL_TEST_TRACKER"
+
+func runTracker() int {
+	if err := track(context.Background(), os.Getenv(trackerEnv)); err != nil {
+		fmt.Fprintln(os.Stderr, err)
+		return 1
+	}
+	fmt.Println("started")
+	select {}
+}
+
+func track(ctx context.Context, id string) error {
+	env, err := ops.FromEnv(os.Getenv)
+	if err != nil {
+		return err
+	}
+	opt, err := redis.ParseURL(os.Getenv("REDIS_URL"))
+	if err != nil {
+		return err
+	}
+	pool, err := pgxpool.New(ctx, os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	r, err := pgxreset.New(pool, env.Postgres.Options()...)
+	if err != nil {
+		return err
+	}
+	w, err := recovery.New(redis.NewClient(opt), r, recovery.WithKeyPrefix(env.KeyPrefix), recovery.WithInstanceID(id),
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: time.Second, RecoveryInterval: 500 * time.Millisecond}))
+	if err != nil {
+		return err
+	}
+	if err := w.Start(ctx); err != nil {
+		return err
+	}
+	tx, err := pool.Begin(ctx)
+	if err != nil {
+		return err
+	}
+	table := pgx.Identifier{env.Postgres.Schema, "batchrows"}.Sanitize()
+	if _, err := tx.Exec(ctx, `UPDATE `+table+` SET status = 'inprog' WHERE rowid IN (1, 2, 3)`); err != nil {
+		return err
+	}
+	if err := w.Track(ctx, 1, 2, 3); err != nil {
+		return err
+	}
+	return tx.Commit(ctx)
+}
+
+// newcomerSchema creates the classic schema: batches and batchrows with
+// text statuses and no owner column, and the reset ledger; 10 rows queued.
+func newcomerSchema(t *testing.T, db *pgxpool.Pool) string {
+	t.Helper()
+	_, err := db.Exec(context.Background(), `
+CREATE TABLE batches (batchid bigint PRIMARY KEY, status text NOT NULL DEFAULT 'inprog');
+CREATE TABLE batchrows (rowid bigint PRIMARY KEY, batchid bigint NOT NULL REFERENCES batches, status text NOT NULL DEFAULT 'queued');
+CREATE TABLE recovery_ledger (instance_id text NOT NULL, incarnation text NOT NULL, row_id bigint NOT NULL,
+	reset_at timestamptz NOT NULL DEFAULT now(), PRIMARY KEY (instance_id, incarnation, row_id));
+INSERT INTO batches VALUES (1);
+INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g;`)
+	require.NoError(t, err)
+	return db.Config().ConnConfig.RuntimeParams["search_path"]
+}
+
+// startTracker starts the tracker worker as a process and waits until its
+// rows are in progress and tracked.
+func startTracker(t *testing.T, env []string) *exec.Cmd {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^$")
+	cmd.Env = append(os.Environ(), env...)
+	stdout, err := cmd.StdoutPipe()
+	require.NoError(t, err)
+	cmd.Stderr = os.Stderr
+	require.NoError(t, cmd.Start())
+	t.Cleanup(func() { _ = cmd.Process.Kill(); _ = cmd.Wait() })
+	line, err := bufio.NewReader(stdout).ReadString('\n')
+	require.NoError(t, err)
+	require.Equal(t, "started\n", line)
+	return cmd
+}
+
+// TestRecoverResetsRowsNoLiveWorkerHolds is the newcomer's night: a lone
+// worker, SIGKILLed with three rows in progress, whose rows set expired
+// before anyone ran recover. Redis remembers nothing of its rows; the
+// database still has them in progress. recover --dry-run names them;
+// recover with too short a --timeout for the sweep's second look fails
+// naming them and keeps the dead worker registered; recover with time
+// enough resets them as the backstop sweep does, then deregisters it.
+func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	db := testutil.Postgres(t)
+	schema := newcomerSchema(t, db)
+	prefix := testutil.Name("CTL")
+	dbURL := testutil.PostgresURL(t)
+	cmd := startTracker(t, []string{trackerEnv + "=newcomer-1", "REDIS_URL=" + url, "DATABASE_URL=" + dbURL,
+		ops.EnvKeyPrefix + "=" + prefix, "RECOVERY_SCHEMA=" + schema})
+	require.Equal(t, map[int64]string{1: "inprog", 2: "inprog", 3: "inprog"}, inProgress(t, db))
+
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	_ = cmd.Wait()
+	keys := store.InstanceKeys(prefix, "newcomer-1")
+	require.Eventually(t, func() bool { // poll: only the clock ends the rows set (a rows TTL, 3s)
+		n, err := rdb.Exists(ctx, keys.Rows, keys.Incarnation, keys.Heartbeat).Result()
+		return err == nil && n == 0
+	}, 10*time.Second, 50*time.Millisecond, "the rows set expires")
+
+	env := map[string]string{"DATABASE_URL": dbURL, "RECOVERY_SCHEMA": schema}
+	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
+
+	out, errOut, code := ctl(t, env, append(base, "--dry-run")...)
+	t.Logf("recover --dry-run:\n%s%s", out, errOut)
+	assert.Equal(t, exitOK, code, "the real run with this --timeout would reset them: %s", errOut)
+	assert.Contains(t, out, "PostgreSQL: 3 rows in progress, 3 of them in no rows set: no live worker holds them (1 2 3)")
+
+	// --timeout shorter than the sweep's gap (a rows TTL of the fleet's
+	// 1s heartbeat TTL: 3s): the rows are named, recover fails, and the
+	// dead worker stays registered.
+	out, errOut, code = ctl(t, env, append(base, "--timeout", "2s")...)
+	t.Logf("recover --timeout 2s:\n%s%s", out, errOut)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "rows in progress that no live worker holds are stuck: 3 rows (1 2 3) were not reset")
+	assert.Contains(t, out, "kept newcomer-1 registered")
+	member, err := rdb.SIsMember(ctx, store.RegistryKey(prefix), "newcomer-1").Result()
+	require.NoError(t, err)
+	assert.True(t, member, "a dead worker whose rows are unaccounted for stays registered")
+	assert.Len(t, inProgress(t, db), 3, "nothing changed")
+
+	out, errOut, code = ctl(t, env, append(base, "--json")...)
+	t.Logf("recover --json:\n%s%s", out, errOut)
+	require.Equal(t, exitOK, code, errOut)
+	var got recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.NotNil(t, got.Sweep)
+	assert.Equal(t, []int64{1, 2, 3}, got.Sweep.RowsUnheld)
+	assert.Empty(t, got.Sweep.RowsStuck)
+	assert.True(t, got.Sweep.Waited)
+	assert.EqualValues(t, 3, got.Sweep.RowsReset)
+	assert.EqualValues(t, 3, got.RowsReset)
+	assert.Empty(t, inProgress(t, db), "rows back in the queue")
+	member, err = rdb.SIsMember(ctx, store.RegistryKey(prefix), "newcomer-1").Result()
+	require.NoError(t, err)
+	assert.False(t, member, "deregistered once its rows are accounted for")
+
+	out, errOut, code = ctl(t, env, base...)
+	t.Logf("recover again:\n%s%s", out, errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, "PostgreSQL: no rows in progress")
+}
+
+// inProgress returns the rows in progress with their status.
+func inProgress(t *testing.T, db *pgxpool.Pool) map[int64]string {
+	t.Helper()
+	out := map[int64]string{}
+	for id, s := range itemStatuses(t, db) {
+		if s == "inprog" {
+			out[id] = s
+		}
+	}
+	return out
+}
+
+func itemStatuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
+	t.Helper()
+	rows, err := db.Query(context.Background(), `SELECT rowid, status FROM batchrows`)
+	require.NoError(t, err)
+	got, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (struct {
+		id int64
+		s  string
+	}, error) {
+		var v struct {
+			id int64
+			s  string
+		}
+		return v, r.Scan(&v.id, &v.s)
+	})
+	require.NoError(t, err)
+	out := map[int64]string{}
+	for _, v := range got {
+		out[v.id] = v.s
+	}
+	return out
+}
