@@ -79,26 +79,40 @@ type beat struct {
 
 // lastBeat reads the time since an instance's last heartbeat from its
 // heartbeat key's TTL left: every heartbeat sets the key's TTL back to the
-// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's Timings.HeartbeatTTL), so
-// what has run off since is the time since that heartbeat. PTTL answers
-// to the millisecond on every Redis version and changes nothing. (OBJECT
-// IDLETIME is not used: a read of the key such as GET resets it, it counts whole
-// seconds, and Redis refuses it under an LFU maxmemory policy.) The age is
-// unknown when the key is absent (dead: the last heartbeat was over a TTL
-// ago), has no expiry, or has more TTL left than --heartbeat-ttl: then the
-// flag is not the fleet's TTL. An instance is late when no heartbeat came
-// for 1.5 heartbeat intervals (--heartbeat-interval): past the ±20% jitter
-// of the heartbeat loop, and its key expires at the TTL unless one comes.
+// instance's heartbeat TTL (timingsOf), so what has run off since is the
+// time since that heartbeat. PTTL answers to the millisecond on every
+// Redis version and changes nothing. (OBJECT IDLETIME is not used: a read
+// of the key such as GET resets it, it counts whole seconds, and Redis
+// refuses it under an LFU maxmemory policy.) The age is unknown when the
+// key is absent (dead: the last heartbeat was over a TTL ago), has no
+// expiry, or has more TTL left than the instance's TTL. An instance is
+// late when no heartbeat came for 1.5 heartbeat intervals: past the ±20%
+// jitter of the heartbeat loop, and its key expires at the TTL unless one
+// comes.
 func (o *options) lastBeat(i ops.InstanceState) beat {
-	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > o.heartbeatTTL {
+	ttl, interval := o.timingsOf(i)
+	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > ttl {
 		return beat{}
 	}
-	age := o.heartbeatTTL - i.HeartbeatTTL
-	return beat{age: age, known: true, late: age > o.lateAfter()}
+	age := ttl - i.HeartbeatTTL
+	return beat{age: age, known: true, late: age > interval*3/2}
 }
 
-// lateAfter is how long without a heartbeat makes a live instance late.
-func (o *options) lateAfter() time.Duration { return o.heartbeatInterval * 3 / 2 }
+// timingsOf returns the heartbeat TTL and interval of instance i: the
+// flags when given; else the TTL i announced in the fleet record, with
+// half of it as the interval (the library's default: the record holds no
+// interval); else the flags' defaults, the library's.
+func (o *options) timingsOf(i ops.InstanceState) (ttl, interval time.Duration) {
+	ttl, interval = o.heartbeatTTL, o.heartbeatInterval
+	if o.ttlGiven || i.AnnouncedTTL <= 0 {
+		return ttl, interval
+	}
+	ttl = i.AnnouncedTTL
+	if !o.intervalGiven || interval >= ttl {
+		interval = ttl / 2
+	}
+	return ttl, interval
+}
 
 // lastBeatText shows lastBeat for people.
 func (o *options) lastBeatText(i ops.InstanceState) string {
@@ -107,7 +121,8 @@ func (o *options) lastBeatText(i ops.InstanceState) string {
 	case b.known:
 		return durText(b.age) + " ago"
 	case !i.HeartbeatPresent:
-		return "over " + durText(o.heartbeatTTL) + " ago"
+		ttl, _ := o.timingsOf(i)
+		return "over " + durText(ttl) + " ago"
 	default:
 		return "?"
 	}
@@ -127,10 +142,15 @@ func durText(d time.Duration) string {
 }
 
 // beatLegend says how LAST BEAT and "late" are worked out, and which
-// instances' last beat cannot be known with --heartbeat-ttl.
+// instances' last beat cannot be known.
 func (o *options) beatLegend(insts []ops.InstanceState) []string {
-	lines := []string{fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
-		durText(o.heartbeatTTL), durText(o.lateAfter()), durText(o.heartbeatInterval))}
+	line := fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
+		durText(o.heartbeatTTL), durText(o.heartbeatInterval*3/2), durText(o.heartbeatInterval))
+	if !o.ttlGiven {
+		line = fmt.Sprintf("LAST BEAT: the heartbeat TTL each instance announced in the fleet record (else %s) minus the TTL left; late: no heartbeat for over 1.5 heartbeat intervals (%s; --heartbeat-ttl and --heartbeat-interval override)",
+			durText(o.heartbeatTTL), intervalText(o))
+	}
+	lines := []string{line}
 	var odd []string
 	for _, i := range insts {
 		if i.HeartbeatPresent && !o.lastBeat(i).known {
@@ -138,10 +158,19 @@ func (o *options) beatLegend(insts []ops.InstanceState) []string {
 		}
 	}
 	if len(odd) > 0 {
-		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's Timings.HeartbeatTTL",
+		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than its heartbeat TTL, or no expiry; pass the fleet's Timings.HeartbeatTTL as --heartbeat-ttl",
 			strings.Join(odd, ", ")))
 	}
 	return lines
+}
+
+// intervalText says which heartbeat interval late is judged by when the
+// TTL comes from the fleet record.
+func intervalText(o *options) string {
+	if o.intervalGiven {
+		return "--heartbeat-interval " + durText(o.heartbeatInterval)
+	}
+	return "half the TTL, the library's default"
 }
 
 // fleetCounts counts the alive instances, the late among them, and the dead.

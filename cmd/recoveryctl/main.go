@@ -22,23 +22,25 @@
 //	--json            print JSON instead of text
 //	--timeout 30s     bound for the whole command (for watch: for each frame)
 //	--heartbeat-ttl 60s, --heartbeat-interval 30s
-//	                  the fleet's Timings.HeartbeatTTL and HeartbeatInterval
-//	                  (recovery.WithTimings; default: the library's defaults),
-//	                  for LAST BEAT
+//	                  override the heartbeat TTL each worker announced in
+//	                  the fleet record, and the interval (half the TTL,
+//	                  the library's default), for LAST BEAT; for a worker
+//	                  that announced none, they default to the library's
 //
 // workers lists every registered instance: its state (alive, late or
 // dead, and its recovery claim), LAST BEAT, the time since its last
 // heartbeat, its heartbeat key's TTL left, and its rows. Every heartbeat
-// sets the key's TTL back to the fleet's heartbeat TTL, so LAST BEAT is
-// --heartbeat-ttl minus the TTL left, to the millisecond (PTTL; OBJECT
+// sets the key's TTL back to the worker's heartbeat TTL, which it
+// announces in the fleet record, so LAST BEAT is that TTL (or
+// --heartbeat-ttl) minus the TTL left, to the millisecond (PTTL; OBJECT
 // IDLETIME is not used: a read of the key such as GET resets it, it
 // counts whole seconds, and Redis refuses it under an LFU maxmemory
 // policy). A dead
 // instance's last heartbeat was over a TTL ago; one whose key has more TTL
-// left than --heartbeat-ttl shows "?": pass the fleet's TTL. An instance
-// is late when no heartbeat came for 1.5 × --heartbeat-interval (past the
-// heartbeat loop's ±20% jitter): right after a kill -9 its key lives on
-// until the TTL runs out, and late is the first sign.
+// left than its TTL shows "?": pass the fleet's TTL. An instance is late
+// when no heartbeat came for 1.5 heartbeat intervals (past the heartbeat
+// loop's ±20% jitter): right after a kill -9 its key lives on until the
+// TTL runs out, and late is the first sign.
 //
 // history prints the fleet's history stream (<prefix>_HISTORY, see
 // recovery.WithHistory): which peer died, who recovered it, how many rows
@@ -170,9 +172,9 @@ func (o *options) registerCommon(fs *flag.FlagSet) {
 	fs.BoolVar(&o.json, "json", o.json, "print JSON")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound for the whole command")
 	fs.DurationVar(&o.heartbeatTTL, "heartbeat-ttl", o.heartbeatTTL,
-		"the fleet's heartbeat TTL (recovery.Timings.HeartbeatTTL), for LAST BEAT: this TTL minus the TTL left")
+		"the fleet's heartbeat TTL (recovery.Timings.HeartbeatTTL), for LAST BEAT: this TTL minus the TTL left (default: the TTL each worker announced in the fleet record)")
 	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", o.heartbeatInterval,
-		"the fleet's heartbeat interval (recovery.Timings.HeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
+		"the fleet's heartbeat interval (recovery.Timings.HeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late (default: half the TTL)")
 }
 
 // registerRecover defines the flags of recover: one for every postgres

@@ -94,9 +94,9 @@ INSERT INTO batchrows (rowid, batchid) SELECT g, 1 FROM generate_series(1, 10) g
 	return db.Config().ConnConfig.RuntimeParams["search_path"]
 }
 
-// startTracker starts the tracker worker as a process and waits until its
-// rows are in progress and tracked.
-func startTracker(t *testing.T, env []string) *exec.Cmd {
+// startWorker starts the test binary as a worker process (victimEnv or
+// trackerEnv in env) and waits until it says it started.
+func startWorker(t *testing.T, env []string) *exec.Cmd {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), env...)
@@ -111,7 +111,8 @@ func startTracker(t *testing.T, env []string) *exec.Cmd {
 	return cmd
 }
 
-// TestRecoverResetsRowsNoLiveWorkerHolds is the newcomer's night: a lone
+// TestRecoverResetsRowsNoLiveWorkerHolds is the newcomer's night, and
+// steps 1, 2 and 5 of the runbook in docs/operations.md: a lone
 // worker, SIGKILLed with three rows in progress, whose rows set expired
 // before anyone ran recover. Redis remembers nothing of its rows; the
 // database still has them in progress. recover --dry-run names them;
@@ -126,7 +127,7 @@ func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 	schema := newcomerSchema(t, db)
 	prefix := testutil.Name("CTL")
 	dbURL := testutil.PostgresURL(t)
-	cmd := startTracker(t, []string{trackerEnv + "=newcomer-1", "REDIS_URL=" + url, "DATABASE_URL=" + dbURL,
+	cmd := startWorker(t, []string{trackerEnv + "=newcomer-1", "REDIS_URL=" + url, "DATABASE_URL=" + dbURL,
 		ops.EnvKeyPrefix + "=" + prefix, "RECOVERY_SCHEMA=" + schema})
 	require.Equal(t, map[int64]string{1: "inprog", 2: "inprog", 3: "inprog"}, inProgress(t, db))
 
@@ -138,10 +139,21 @@ func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 		return err == nil && n == 0
 	}, 10*time.Second, 50*time.Millisecond, "the rows set expires")
 
+	// The runbook (docs/operations.md, "Runbook: rows stuck in inprog"),
+	// step 1 without an owner column, and step 2.
+	var n int
+	require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM batchrows WHERE status = 'inprog'`).Scan(&n))
+	assert.Equal(t, 3, n)
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "workers")
+	t.Logf("workers:\n%s%s", out, errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Regexp(t, `(?m)^newcomer-1\s+dead\s+over 1s ago\s+-\s+0\s+-`, out, "dead a TTL (the one it announced) ago, no rows set")
+
+	// Step 5: recover.
 	env := map[string]string{"DATABASE_URL": dbURL, "RECOVERY_SCHEMA": schema}
 	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
 
-	out, errOut, code := ctl(t, env, append(base, "--dry-run")...)
+	out, errOut, code = ctl(t, env, append(base, "--dry-run")...)
 	t.Logf("recover --dry-run:\n%s%s", out, errOut)
 	assert.Equal(t, exitOK, code, "the real run with this --timeout would reset them: %s", errOut)
 	assert.Contains(t, out, "PostgreSQL: 3 rows in progress, 3 of them in no rows set: no live worker holds them (1 2 3)")
