@@ -275,7 +275,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	if err != nil {
 		return usageIfConfig(err)
 	}
-	return printWorkers(stdout, stderr, o, fleet)
+	return printWorkers(stdout, stderr, o, cleanFleet(fleet))
 }
 
 // printWorkers shows what Inspect read of the fleet: as JSON with --json,
@@ -326,6 +326,35 @@ func printWorkers(stdout, stderr io.Writer, o *options, fleet ops.FleetState) er
 	return nil
 }
 
+// cleanFleet is fleet with every string read from Redis cleaned.
+func cleanFleet(fleet ops.FleetState) ops.FleetState {
+	fleet.Serves, fleet.Server, fleet.InvalidMembers = clean(fleet.Serves), clean(fleet.Server), cleanAll(fleet.InvalidMembers)
+	insts := make([]ops.InstanceState, len(fleet.Instances))
+	for n, i := range fleet.Instances {
+		insts[n] = cleanInstance(i)
+	}
+	fleet.Instances = insts
+	return fleet
+}
+
+// cleanInstance is i with every string read from Redis cleaned.
+func cleanInstance(i ops.InstanceState) ops.InstanceState {
+	i.InstanceID, i.Incarnation, i.Mode = clean(i.InstanceID), clean(i.Incarnation), clean(i.Mode)
+	return i
+}
+
+// cleanAll cleans each of ss; nil for nil.
+func cleanAll(ss []string) []string {
+	if ss == nil {
+		return nil
+	}
+	out := make([]string, len(ss))
+	for n, s := range ss {
+		out[n] = clean(s)
+	}
+	return out
+}
+
 // usageIfConfig makes a configuration error (a bad prefix or instance ID)
 // a usage error.
 func usageIfConfig(err error) error {
@@ -357,7 +386,8 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 	if err != nil {
 		return err
 	}
-	return printRows(stdout, o, inst, tracked)
+	tracked.Incarnation, tracked.InvalidMembers = clean(tracked.Incarnation), cleanAll(tracked.InvalidMembers)
+	return printRows(stdout, o, cleanInstance(inst), tracked)
 }
 
 // printRows shows an instance and the rows it tracks.
@@ -561,7 +591,7 @@ func fleetTTL(ctx context.Context, rdb redis.UniversalClient, o *options) (time.
 func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	out := recoverJSON{DryRun: true}
 	p, err := ops.PlanRecovery(ctx, w)
-	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
+	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, cleanAll(p.InvalidMembers)
 	out.RowsReset = int64(p.RowsToReset)
 	var (
 		kept int
@@ -571,7 +601,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 		pj := peerJSON{
 			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
 			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.WouldReset,
-			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: pp.Tracked.InvalidMembers,
+			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: cleanAll(pp.Tracked.InvalidMembers),
 		}
 		out.RowsNotReset += len(pp.NotReset)
 		out.Peers = append(out.Peers, pj)
@@ -606,7 +636,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []string, out *recoverJSON) error {
 	rep, scanErr := ops.RecoverNowKeeping(ctx, w, keep)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
-		rep.PeersChecked, len(rep.Dead), out.RowsReset+rep.RowsReset, rep.InvalidMembers
+		rep.PeersChecked, len(rep.Dead), out.RowsReset+rep.RowsReset, cleanAll(rep.InvalidMembers)
 	kept := map[string]bool{}
 	for _, id := range keep {
 		kept[id] = true
@@ -615,7 +645,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
 			InstanceID: pr.InstanceID, Action: "recovered", RowsFound: pr.RowsFound,
-			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: pr.InvalidMembers, PeerCameBack: pr.PeerCameBack,
+			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
 		})
 	}
 	for _, id := range rep.Skipped {
@@ -641,8 +671,8 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		notReset += len(pr.NotReset)
 		out.Peers = append(out.Peers, peerJSON{InstanceID: pe.InstanceID, Action: "failed",
 			RowsFound: pr.RowsFound, RowsReset: &n, Quarantined: pr.Quarantined,
-			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: pr.InvalidMembers,
-			Error: redact.String(pe.Err.Error(), o.databaseURL, o.redisURL)})
+			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: cleanAll(pr.InvalidMembers),
+			Error: clean(redact.String(pe.Err.Error(), o.databaseURL, o.redisURL))})
 	}
 	out.RowsNotReset = notReset
 	var err error
@@ -660,7 +690,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 func rowsJSON(rs []recovery.RowState) []rowJSON {
 	var out []rowJSON
 	for _, r := range rs {
-		out = append(out, rowJSON{RowID: r.ID, Status: r.Status, Locked: r.Locked})
+		out = append(out, rowJSON{RowID: r.ID, Status: clean(r.Status), Locked: r.Locked})
 	}
 	return out
 }
@@ -761,12 +791,17 @@ func idList(ids []int64) string {
 	return strings.Join(parts, " ")
 }
 
-// quoteAll quotes untrusted strings, so control characters from Redis
-// never reach the terminal.
+// quoteAll quotes up to 20 strings for a list on one line; they are
+// cleaned (clean) where they are read.
 func quoteAll(ss []string) string {
-	q := make([]string, len(ss))
+	const max = 20
+	q := make([]string, 0, min(len(ss), max+1))
 	for i, s := range ss {
-		q[i] = strconv.Quote(s)
+		if i == max {
+			q = append(q, fmt.Sprintf("... %d more", len(ss)-max))
+			break
+		}
+		q = append(q, strconv.Quote(s))
 	}
 	return strings.Join(q, ", ")
 }

@@ -304,7 +304,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	// Whatever a library put in the message, no password leaves this program.
 	err = redact.Error(err, o.redisURL, o.databaseURL)
-	fmt.Fprintf(stderr, "recoveryctl %s: %v\n", cmd, err)
+	// Nor anything from Redis an error quotes that a terminal acts on.
+	lines := strings.Split(err.Error(), "\n")
+	for n, l := range lines {
+		lines[n] = redact.Shown(l, 4*redact.MaxShown)
+	}
+	fmt.Fprintf(stderr, "recoveryctl %s: %s\n", cmd, strings.Join(lines, "\n"))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return exitUsage

@@ -68,7 +68,7 @@ func sweepNow(ctx context.Context, rdb redis.UniversalClient, w *recovery.Worker
 	out.Sweep = toSweepJSON(rep)
 	out.RowsReset += rep.RowsReset
 	if err != nil {
-		out.Sweep.Error = redact.String(err.Error(), o.databaseURL, o.redisURL)
+		out.Sweep.Error = clean(redact.String(err.Error(), o.databaseURL, o.redisURL))
 	} else if len(rep.Stuck) == 0 && !rep.NodeHeld {
 		return nil, nil
 	}
