@@ -226,3 +226,38 @@ func itemStatuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
 	}
 	return out
 }
+
+// TestRecoverFailsNamingRowsStillStuck: rows in progress that no rows set
+// holds, one of them held locked by another session through both of the
+// sweep's looks: recover resets the other, and exits 1 naming the locked
+// one; it never reports success while a row it was asked about is stuck.
+func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
+	url := testutil.RedisURL(t)
+	ctx := context.Background()
+	db := testutil.Postgres(t)
+	schema := newcomerSchema(t, db)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid IN (4, 5)`)
+	require.NoError(t, err)
+	tx, err := db.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT 1 FROM batchrows WHERE rowid = 5 FOR UPDATE`)
+	require.NoError(t, err)
+
+	// No worker ever ran: the fleet record is empty, so --heartbeat-ttl
+	// gives the fleet's TTL, and with it the sweep's gap (3 × 1s).
+	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
+		"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--json")
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "rows in progress that no live worker holds are stuck: 1 rows (5) are still in progress after the backstop sweep's second look (1 held locked by another session")
+	var got recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.NotNil(t, got.Sweep)
+	assert.Equal(t, []int64{4, 5}, got.Sweep.RowsUnheld)
+	assert.Equal(t, []int64{5}, got.Sweep.RowsStuck)
+	assert.EqualValues(t, 1, got.Sweep.RowsReset)
+	assert.Equal(t, 1, got.Sweep.Locked)
+	assert.EqualValues(t, 3000, got.Sweep.GapMs)
+	require.NoError(t, tx.Rollback(ctx))
+	assert.Equal(t, map[int64]string{5: "inprog"}, inProgress(t, db))
+}
