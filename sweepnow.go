@@ -10,14 +10,15 @@ import (
 	"github.com/alya/recovery/internal/report"
 )
 
-// The backstop sweep by row version on demand, for an operator's tool
-// (ops.SweepNow, recoveryctl recover): the sweep's own looks
-// (rowSweep.rowsLook), run by a Worker that is never started, so no loop
+// The backstop sweep on demand, for an operator's tool (ops.SweepNow,
+// recoveryctl recover): the sweep's own looks (rowSweep.rowsLook,
+// ownerSweep.look), run by a Worker that is never started, so no loop
 // shares its memory of the looks.
 
 // sweepNow takes a look of the backstop sweep by row version and, unless
 // dryRun, a second one a gap later, which resets the rows no rows set held
-// at either, with their version in the statement as the sweep does. It
+// at either, with their version in the statement as the sweep does; with
+// an owner column, sweepOwners. It
 // waits for the second look only when ctx leaves time for it; otherwise
 // the rows found are reported stuck. A started Worker's sweep is its
 // loop's: sweepNow refuses it (ErrAlreadyStarted).
@@ -30,14 +31,14 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 		return rep, fmt.Errorf("%w: a sweep on demand needs a Worker that is never started; a started one sweeps in its loop", ErrAlreadyStarted)
 	}
 	var rs *rowSweep
-	if w.sweeper != nil {
-		rs, _ = w.sweeper.by.(*rowSweep)
+	switch by := w.sweeper.strategy().(type) {
+	case *rowSweep:
+		rs = by
+	case *ownerSweep:
+		return w.sweepOwners(ctx, by, dryRun)
 	}
 	switch {
 	case rs != nil:
-	case w.opts.ownerMode || w.opts.info.OwnerFencing:
-		rep.Why = "the resetter fences by owner: the rows of a dead instance are reset by owner"
-		return rep, nil
 	case !w.opts.info.ListsInProgress:
 		rep.Why = fmt.Sprintf("the resetter (%T) cannot list the rows in progress", w.resetter)
 		return rep, nil
@@ -72,18 +73,8 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 	if dryRun || rep.NodeHeld || len(rep.Stray) == 0 {
 		return rep, nil
 	}
-	// A rows TTL left that grew since (a live worker's set renewed) may
-	// lengthen the gap the second look computes: wait a tenth more.
-	wait := gap + gap/10
-	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= wait {
-		return rep, nil
-	}
-	t := time.NewTimer(wait)
-	defer t.Stop()
-	select {
-	case <-ctx.Done():
-		return rep, ctx.Err()
-	case <-t.C:
+	if waited, err := waitGap(ctx, gap); !waited {
+		return rep, err
 	}
 	var second sweepReport
 	err = rs.rowsLook(ctx, &second)
@@ -97,6 +88,62 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 		return rep, fmt.Errorf("backstop sweep: %w", err)
 	}
 	return rep, nil
+}
+
+// sweepOwners is sweepNow by owner: a look of the sweep by owner
+// (ownerSweep.look) finds the owners of rows in progress without a
+// heartbeat, and, unless dryRun, a second one a fleet's heartbeat TTL
+// later hands those still without one to the dead-peer path, which resets
+// their rows by owner, as the sweep does.
+func (w *Worker) sweepOwners(ctx context.Context, s *ownerSweep, dryRun bool) (report.SweepReport, error) {
+	rep := report.SweepReport{Swept: true, ByOwner: true}
+	w.fleet.learnRecord(ctx)
+	s.forget()
+	defer s.forget()
+	var first sweepReport
+	if err := s.look(ctx, &first); err != nil {
+		return rep, fmt.Errorf("backstop sweep: %w", err)
+	}
+	rep.Owners = slices.Sorted(maps.Keys(s.absentSince))
+	rep.StuckOwners = rep.Owners
+	rep.Gap = w.fleet.ttl()
+	if dryRun || len(rep.Owners) == 0 {
+		return rep, nil
+	}
+	if waited, err := waitGap(ctx, rep.Gap); !waited {
+		return rep, err
+	}
+	var second sweepReport
+	err := s.look(ctx, &second)
+	rep.Waited = true
+	for _, pr := range second.recovered {
+		rep.RowsReset += pr.RowsReset
+		rep.Quarantined += len(pr.Quarantined)
+	}
+	rep.StuckOwners = slices.Sorted(maps.Keys(s.absentSince))
+	if err != nil {
+		return rep, fmt.Errorf("backstop sweep: %w", err)
+	}
+	return rep, nil
+}
+
+// waitGap waits the sweep's gap and a tenth more (a TTL left that grew
+// meanwhile, a live worker's set renewed, may lengthen the gap the second
+// look computes), and reports whether it did: not when ctx would end
+// first (then at once, with no error), nor when ctx ended meanwhile.
+func waitGap(ctx context.Context, gap time.Duration) (bool, error) {
+	wait := gap + gap/10
+	if dl, ok := ctx.Deadline(); ok && time.Until(dl) <= wait {
+		return false, nil
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false, ctx.Err()
+	case <-t.C:
+		return true, nil
+	}
 }
 
 // unheld lists, sorted, the rows in progress that no set of held holds.

@@ -486,10 +486,18 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		out, err = plan(ctx, w)
 		err = errors.Join(err, sweepPlan(ctx, w, o, &out))
 	} else {
-		// The scan runs even when the sweep failed: the dead instances
-		// whose rows sets say which rows they held are recovered.
-		keep, sweepErr := sweepNow(ctx, rdb, w, o, &out)
-		err = errors.Join(sweepErr, recoverNow(ctx, w, o, keep, &out))
+		if o.pgx.OwnerColumn != "" {
+			// By owner, the scan resets every dead registered instance's
+			// rows; the sweep then finds the owners Redis does not know.
+			scanErr := recoverNow(ctx, w, o, nil, &out)
+			_, sweepErr := sweepNow(ctx, rdb, w, o, &out)
+			err = errors.Join(scanErr, sweepErr, stuckErr(out.Sweep))
+		} else {
+			// The scan runs even when the sweep failed: the dead instances
+			// whose rows sets say which rows they held are recovered.
+			keep, sweepErr := sweepNow(ctx, rdb, w, o, &out)
+			err = errors.Join(sweepErr, recoverNow(ctx, w, o, keep, &out), stuckErr(out.Sweep))
+		}
 	}
 	if out.Peers == nil {
 		out.Peers = []peerJSON{}
@@ -684,7 +692,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 	case nFailed > 0:
 		err = fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", nFailed, out.DeadPeers)
 	}
-	return errors.Join(err, stuckErr(out.Sweep))
+	return err
 }
 
 func rowsJSON(rs []recovery.RowState) []rowJSON {

@@ -63,13 +63,15 @@
 // neither reset nor shown finished keeps its rows set and registry entry,
 // and recover exits 1 naming the rows and their statuses.
 //
-// recover also judges from PostgreSQL, without an owner column, as the
-// backstop sweep does (ops.SweepNow): the rows in progress that no rows
-// set holds, seen so at two looks the sweep's gap apart (the fleet's rows
-// TTL), are reset with their version in the statement. It waits for the
-// second look when --timeout leaves time for it; otherwise, or when rows
-// stay in progress, it exits 1 naming them, and keeps registered every
-// dead instance that left no rows set, whose rows they may be.
+// recover also judges from PostgreSQL, as the backstop sweep does
+// (ops.SweepNow). Without an owner column, the rows in progress that no
+// rows set holds, seen so at two looks the sweep's gap apart (the fleet's
+// rows TTL), are reset with their version in the statement; with one, the
+// rows of owners without a heartbeat at two looks a heartbeat TTL apart
+// are reset by owner. It waits for the second look when --timeout leaves
+// time for it; otherwise, or when rows stay in progress, it exits 1 naming
+// them (or their owners), and without an owner column keeps registered
+// every dead instance that left no rows set, whose rows they may be.
 //
 // recover --dry-run changes nothing: it finds the dead instances as a scan
 // does and asks PostgreSQL which rows a reset would change, by running the

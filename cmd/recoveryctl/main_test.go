@@ -621,6 +621,7 @@ func TestRecoverWithOwnerFencingLeavesRowsOthersHold(t *testing.T) {
 	require.NoError(t, err)
 	prefix := testutil.Name("CTL")
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3") // a stale member: row 3 is someone else's now
+	plantAlive(t, rdb, prefix, "other")
 
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
 		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema,

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"strings"
 	"syscall"
 	"testing"
 	"time"
@@ -234,6 +235,10 @@ func itemStatuses(t *testing.T, db *pgxpool.Pool) map[int64]string {
 func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
 	url := testutil.RedisURL(t)
 	ctx := context.Background()
+	// The sweep judges nothing on a Redis server up for less than a
+	// heartbeat TTL (1s here): live workers may not have written their
+	// rows sets to it yet.
+	waitUptime(t, client(t, url))
 	db := testutil.Postgres(t)
 	schema := newcomerSchema(t, db)
 	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid IN (4, 5)`)
@@ -260,4 +265,46 @@ func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
 	assert.EqualValues(t, 3000, got.Sweep.GapMs)
 	require.NoError(t, tx.Rollback(ctx))
 	assert.Equal(t, map[int64]string{5: "inprog"}, inProgress(t, db))
+}
+
+// waitUptime waits until the Redis server has been up for 2s: the sweep
+// judges nothing on a server up for less than a heartbeat TTL (1s in these
+// tests), as live workers may not have written their keys to it yet.
+func waitUptime(t *testing.T, rdb redis.UniversalClient) {
+	t.Helper()
+	require.Eventually(t, func() bool { // poll: only the clock ages the server
+		info, err := rdb.Info(context.Background(), "server").Result()
+		return err == nil && !strings.Contains(info, "uptime_in_seconds:0\r") && !strings.Contains(info, "uptime_in_seconds:1\r")
+	}, 5*time.Second, 50*time.Millisecond)
+}
+
+// TestRecoverByOwnerResetsRowsOfOwnersRedisDoesNotKnow: with an owner
+// column, rows in progress whose owner Redis knows nothing of (its
+// registry entry lost) are reset by owner at the sweep's second look, a
+// heartbeat TTL after the first; with too short a --timeout recover names
+// the owner and exits 1.
+func TestRecoverByOwnerResetsRowsOfOwnersRedisDoesNotKnow(t *testing.T) {
+	url := testutil.RedisURL(t)
+	ctx := context.Background()
+	waitUptime(t, client(t, url))
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 4)
+	schema := db.Config().ConnConfig.RuntimeParams["search_path"]
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'ghost-1' WHERE rowid IN (1, 2)`)
+	require.NoError(t, err)
+	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
+	args := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover",
+		"--schema", schema, "--owner-column", "owner"}
+
+	out, errOut, code := ctl(t, env, append(args, "--timeout", "1s")...)
+	t.Logf("recover --timeout 1s:\n%s%s", out, errOut)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, `the rows of 1 owners without a heartbeat ("ghost-1") were not reset`)
+	assert.Len(t, inProgress(t, db), 2)
+
+	out, errOut, code = ctl(t, env, args...)
+	t.Logf("recover:\n%s%s", out, errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Contains(t, out, `PostgreSQL: rows in progress of 1 owners without a heartbeat ("ghost-1"); at a second look 1s later, 2 rows were reset by owner`)
+	assert.Empty(t, inProgress(t, db))
 }

@@ -39,12 +39,18 @@ type sweepJSON struct {
 	Kept []string `json:"kept,omitempty"`
 	// Error says why the rows in progress could not be judged.
 	Error string `json:"error,omitempty"`
+	// With an owner column the sweep judges owners, not rows: Owners
+	// had rows in progress and no heartbeat at the first look,
+	// OwnersStuck still so at the end, their rows not reset.
+	ByOwner     bool     `json:"by_owner,omitempty"`
+	Owners      []string `json:"owners_without_heartbeat,omitempty"`
+	OwnersStuck []string `json:"owners_stuck,omitempty"`
 }
 
 func toSweepJSON(r ops.SweepReport) *sweepJSON {
 	return &sweepJSON{RowsInProgress: r.RowsInProgress, RowsUnheld: nonNil(r.Stray), RowsStuck: nonNil(r.Stuck),
 		GapMs: r.Gap.Milliseconds(), Waited: r.Waited, RowsReset: r.RowsReset, Quarantined: r.Quarantined,
-		Locked: r.Locked, RedisTooYoung: r.NodeHeld}
+		Locked: r.Locked, RedisTooYoung: r.NodeHeld, ByOwner: r.ByOwner, Owners: cleanAll(r.Owners), OwnersStuck: cleanAll(r.StuckOwners)}
 }
 
 func nonNil(ids []int64) []int64 {
@@ -69,8 +75,11 @@ func sweepNow(ctx context.Context, rdb redis.UniversalClient, w *recovery.Worker
 	out.RowsReset += rep.RowsReset
 	if err != nil {
 		out.Sweep.Error = clean(redact.String(err.Error(), o.databaseURL, o.redisURL))
-	} else if len(rep.Stuck) == 0 && !rep.NodeHeld {
-		return nil, nil
+	}
+	if rep.ByOwner || (err == nil && len(rep.Stuck) == 0 && !rep.NodeHeld) {
+		// By owner, the scan resets a dead instance's rows by owner,
+		// rows set or not: nothing to keep.
+		return nil, err
 	}
 	fleet, ierr := ops.Inspect(ctx, rdb, o.prefix)
 	if ierr != nil {
@@ -92,7 +101,7 @@ func sweepPlan(ctx context.Context, w *recovery.Worker, o *options, out *recover
 		return err
 	}
 	out.Sweep = toSweepJSON(rep)
-	if len(rep.Stuck) > 0 && !rep.NodeHeld && rep.Gap+rep.Gap/10 < o.timeout {
+	if len(rep.Stuck)+len(rep.StuckOwners) > 0 && !rep.NodeHeld && rep.Gap+rep.Gap/10 < o.timeout {
 		out.RowsReset += int64(len(rep.Stuck)) // the real run waits for the second look and resets them
 		return nil
 	}
@@ -107,6 +116,13 @@ func stuckErr(s *sweepJSON) error {
 	case s.RedisTooYoung:
 		return fmt.Errorf("%w: a Redis master has been up for less than a heartbeat TTL (or evicted keys): live workers may not have written their rows sets back yet, so the rows in progress that no worker holds cannot be told; run recover again in a heartbeat TTL",
 			ops.ErrRowsStuck)
+	case len(s.OwnersStuck) > 0 && !s.Waited:
+		gap := time.Duration(s.GapMs) * time.Millisecond
+		return fmt.Errorf("%w: the rows of %d owners without a heartbeat (%s) were not reset: the backstop sweep resets them at a second look %s after the first, past --timeout; run recover again with --timeout %s, or start a worker, whose backstop sweep resets them",
+			ops.ErrRowsStuck, len(s.OwnersStuck), quoteAll(s.OwnersStuck), durText(gap), durText(2*gap+30*time.Second))
+	case len(s.OwnersStuck) > 0:
+		return fmt.Errorf("%w: the rows of %d owners without a heartbeat (%s) are still in progress after the backstop sweep's second look (their recovery failed, or another worker holds its claim); run recover again",
+			ops.ErrRowsStuck, len(s.OwnersStuck), quoteAll(s.OwnersStuck))
 	case len(s.RowsStuck) == 0:
 		return nil
 	case !s.Waited:
@@ -125,6 +141,10 @@ func printSweep(w io.Writer, out recoverJSON) {
 		return
 	}
 	gap := durText(time.Duration(s.GapMs) * time.Millisecond)
+	if s.ByOwner {
+		printOwners(w, out)
+		return
+	}
 	switch {
 	case s.Error != "":
 		fmt.Fprintf(w, "PostgreSQL: the rows in progress that no live worker holds could not be told: %s\n", s.Error)
@@ -149,5 +169,29 @@ func printSweep(w io.Writer, out recoverJSON) {
 	}
 	for _, id := range s.Kept {
 		fmt.Fprintf(w, "kept %s registered: it is dead and left no rows set, and rows in progress that no worker holds are stuck or could not be told\n", id)
+	}
+}
+
+// printOwners is printSweep by owner.
+func printOwners(w io.Writer, out recoverJSON) {
+	s := out.Sweep
+	gap := durText(time.Duration(s.GapMs) * time.Millisecond)
+	switch {
+	case s.Error != "":
+		fmt.Fprintf(w, "PostgreSQL: the owners of rows in progress could not be judged: %s\n", s.Error)
+	case len(s.Owners) == 0:
+		fmt.Fprintln(w, "PostgreSQL: no row in progress whose owner has no heartbeat")
+	case out.DryRun:
+		fmt.Fprintf(w, "PostgreSQL: rows in progress of %d owners without a heartbeat (%s); recover would reset them by owner at the backstop sweep's second look, %s after the first\n",
+			len(s.Owners), quoteAll(s.Owners), gap)
+	case !s.Waited:
+		fmt.Fprintf(w, "PostgreSQL: rows in progress of %d owners without a heartbeat (%s); not reset: the backstop sweep's second look comes %s after the first, past --timeout\n",
+			len(s.Owners), quoteAll(s.Owners), gap)
+	default:
+		fmt.Fprintf(w, "PostgreSQL: rows in progress of %d owners without a heartbeat (%s); at a second look %s later, %d rows were reset by owner, %d quarantined\n",
+			len(s.Owners), quoteAll(s.Owners), gap, s.RowsReset, s.Quarantined)
+	}
+	if s.Waited && len(s.OwnersStuck) > 0 {
+		fmt.Fprintf(w, "  still without a heartbeat, rows not reset: %s\n", quoteAll(s.OwnersStuck))
 	}
 }

@@ -5,11 +5,19 @@ import "time"
 // SweepReport says what a backstop sweep by row version run on demand
 // found and did (ops.SweepNow).
 type SweepReport struct {
-	// Swept is false when the Worker cannot sweep by row version (an
-	// owner column, a resetter that cannot list the rows in progress, or
-	// the sweep turned off); Why then says why, and nothing was read.
+	// Swept is false when the Worker cannot sweep (a resetter that cannot
+	// list the rows in progress, or the sweep turned off); Why then says
+	// why, and nothing was read.
 	Swept bool
 	Why   string
+	// ByOwner is set for the sweep by owner (an owner column). It reports
+	// owners, not rows: Owners lists, sorted, the owners of rows in
+	// progress without a heartbeat at the first look, and StuckOwners
+	// those still so at the end, their rows not reset (not yet judged,
+	// or their recovery failed). Stray, Stuck and RowsInProgress stay
+	// empty; Gap is the fleet's heartbeat TTL.
+	ByOwner             bool
+	Owners, StuckOwners []string
 	// NodeHeld is set when a Redis master had been up for less than a
 	// heartbeat TTL, or evicted keys: live workers may not have written
 	// their rows sets back yet, so no row was judged.
