@@ -192,6 +192,12 @@ func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 	t.Logf("recover again:\n%s%s", out, errOut)
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "PostgreSQL: no rows in progress")
+
+	// The history tells who reset them (its details are the history's).
+	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "history")
+	t.Logf("history:\n%s%s", out, errOut)
+	require.Equal(t, exitOK, code, errOut)
+	assert.Regexp(t, `(?m)\sstray_rows_reset\s+-\s+recoveryctl-\S+`, out)
 }
 
 // inProgress returns the rows in progress with their status.
