@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"maps"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/alya/recovery/internal/report"
@@ -50,6 +51,9 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 	w.fleet.learnRecord(ctx)
 	rs.forget()
 	defer rs.forget()
+	if err := ownerPeersLive(ctx, rs); err != nil {
+		return rep, err
+	}
 	var first sweepReport
 	if err := rs.rowsLook(ctx, &first); err != nil {
 		return rep, fmt.Errorf("backstop sweep: %w", err)
@@ -74,6 +78,9 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 		return rep, nil
 	}
 	if waited, err := waitGap(ctx, gap); !waited {
+		return rep, err
+	}
+	if err := ownerPeersLive(ctx, rs); err != nil {
 		return rep, err
 	}
 	var second sweepReport
@@ -125,6 +132,23 @@ func (w *Worker) sweepOwners(ctx context.Context, s *ownerSweep, dryRun bool) (r
 		return rep, fmt.Errorf("backstop sweep: %w", err)
 	}
 	return rep, nil
+}
+
+// ownerPeersLive is the sweep's yield (rowSweep.yield): live members
+// that announce owner mode (an owner-column rollout) hold rows no rows set
+// lists, which a sweep by row version would take for stray rows, so it
+// judges nothing then.
+func ownerPeersLive(ctx context.Context, rs *rowSweep) error {
+	var rep sweepReport
+	yield, err := rs.yield(ctx, &rep)
+	switch {
+	case err != nil:
+		return fmt.Errorf("backstop sweep: %w", err)
+	case yield:
+		return fmt.Errorf("backstop sweep by row version not run: live members announce owner mode (%s), and their rows are in no rows set; run it with the fleet's owner column",
+			strings.Join(rep.ownerPeers, ", "))
+	}
+	return nil
 }
 
 // waitGap waits the sweep's gap and a tenth more (a TTL left that grew

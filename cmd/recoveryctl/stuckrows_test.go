@@ -314,3 +314,27 @@ func TestRecoverByOwnerResetsRowsOfOwnersRedisDoesNotKnow(t *testing.T) {
 	assert.Contains(t, out, `PostgreSQL: rows in progress of 1 owners without a heartbeat ("ghost-1"); at a second look 1s later, 2 rows were reset by owner`)
 	assert.Empty(t, inProgress(t, db))
 }
+
+// TestRecoverWithoutOwnerColumnLeavesOwnerModeMembersRowsAlone: during an
+// owner-column rollout, a live member announcing owner mode holds rows no
+// rows set lists. recover without --owner-column does not take them for
+// stray rows (the sweep by row version yields to such members): it resets
+// nothing, says why, and exits 1.
+func TestRecoverWithoutOwnerColumnLeavesOwnerModeMembersRowsAlone(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	db := testutil.Postgres(t)
+	schema := newcomerSchema(t, db)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid IN (6, 7)`)
+	require.NoError(t, err)
+	prefix := testutil.Name("CTL")
+	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "m:owner-1",
+		fmt.Sprintf("1000 1000 1000 owner %d", time.Now().Add(time.Minute).UnixMilli())).Err())
+
+	_, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
+		"--redis-url", url, "--prefix", prefix, "recover")
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "live members announce owner mode (owner-1)")
+	assert.Len(t, inProgress(t, db), 2, "their rows are left alone")
+}
