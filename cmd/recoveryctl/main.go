@@ -223,7 +223,7 @@ func (o *options) registerWatch(fs *flag.FlagSet) {
 	fs.IntVar(&o.count, "count", 0, "stop after N frames (default: until interrupted)")
 	fs.BoolVar(&o.plain, "plain", false, "plain lines, one block per frame, even on a terminal")
 	fs.StringVar(&o.pgx.OwnerColumn, "owner-column", o.pgx.OwnerColumn, fmt.Sprintf(
-		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", postgres.EnvOwnerColumn))
+		"the fleet's owner column (default $%s): with one, watch shows the backstop sweep's turn even when free (without, when held)", postgres.EnvOwnerColumn))
 }
 
 // The library's default heartbeat TTL and interval (the zero
