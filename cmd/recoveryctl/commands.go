@@ -589,8 +589,17 @@ func fleetTTL(ctx context.Context, rdb redis.UniversalClient, o *options) (time.
 	for _, m := range f.Members {
 		ttl = max(ttl, m.TTL)
 	}
-	return ttl, nil
+	if ttl <= 0 {
+		ttl = o.heartbeatTTL // announcements of a zero TTL, written by hand
+	}
+	// A stray announcement of days must not make the Worker's timings
+	// invalid, and recover unusable.
+	return min(ttl, maxFleetTTL), nil
 }
+
+// maxFleetTTL bounds the heartbeat TTL recover takes from the fleet
+// record: far above any real fleet's, far below the library's bounds.
+const maxFleetTTL = 24 * time.Hour
 
 // plan asks the library what a scan would do now (ops.PlanRecovery):
 // the dead peers as a scan finds them, their rows as a recovery reads

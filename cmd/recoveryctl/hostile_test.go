@@ -30,9 +30,10 @@ var (
 // TestEveryCommandCleansWhatRedisHolds writes hostile strings straight
 // into every key recoveryctl reads (fleet record: serves, server, a
 // member's mode; registry members; an incarnation, a rows set and a claim;
-// the scan turn's holder; the history stream) and runs every command in
-// every output mode: nothing reaching stdout or stderr holds a control
-// character (but newline) or invalid UTF-8, and each output stays small.
+// the scan turn's holder; the history stream; and a TTL of years) and
+// runs every command in every output mode: nothing reaching stdout or
+// stderr holds a control character (but newline) or invalid UTF-8, each
+// output stays small, and each command still prints its report.
 func TestEveryCommandCleansWhatRedisHolds(t *testing.T) {
 	url := testutil.RedisURL(t)
 	rdb := client(t, url)
@@ -49,7 +50,8 @@ func TestEveryCommandCleansWhatRedisHolds(t *testing.T) {
 	require.NoError(t, rdb.Set(ctx, k.Claim, hostileTitle, time.Hour).Err())
 	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), hostileTitle, hostileHuge, hostileMixed).Err())
 	require.NoError(t, rdb.HSet(ctx, store.FleetKey(prefix), "serves", hostileTitle, "server", hostileHuge,
-		"m:w-1", "60000 1000 1000 "+strings.ReplaceAll(hostileClip, " ", "")+" 99999999999999").Err())
+		"m:w-1", "60000 1000 1000 "+strings.ReplaceAll(hostileClip, " ", "")+" 99999999999999",
+		"m:ages", "999999999999 1 1 rows-set 99999999999999").Err()) // a TTL of 31 years
 	require.NoError(t, rdb.Set(ctx, store.ScanTurnKey(prefix), hostileHuge, time.Hour).Err())
 	require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: store.HistoryKey(prefix), Values: []any{
 		store.HistoryFieldKind, "recovery_failed", store.HistoryFieldInstance, hostileTitle, store.HistoryFieldPeer, hostileMixed,
