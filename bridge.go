@@ -26,6 +26,20 @@ func init() {
 		}
 		return wk.planRecovery(ctx)
 	}
+	bridge.SweepNow = func(ctx context.Context, w any, dryRun bool) (report.SweepReport, error) {
+		wk, err := bridged(w)
+		if err != nil {
+			return report.SweepReport{}, err
+		}
+		return wk.sweepNow(ctx, dryRun)
+	}
+	bridge.RecoverNowKeeping = func(ctx context.Context, w any, keep []string) (report.RecoveryReport, error) {
+		wk, err := bridged(w)
+		if err != nil {
+			return report.RecoveryReport{}, err
+		}
+		return wk.recoverNowKeeping(ctx, keep)
+	}
 }
 
 // bridged returns the Worker ops passed, refusing a nil one.

@@ -70,6 +70,10 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 	rep.Dead = dead
 	var errs []error
 	for _, peer := range dead {
+		if r.keep[peer] { // ops.RecoverNowKeeping: left registered, untouched
+			rep.Skipped = append(rep.Skipped, peer)
+			continue
+		}
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			continue
@@ -107,6 +111,9 @@ type recoverer struct {
 	// untracked-rows hash (rowsweep.go).
 	judge     *judge
 	untracked *untrackedAlarm
+	// keep lists the dead peers a scan leaves alone: only
+	// recoverNowKeeping sets it, on a Worker never started (sweepnow.go).
+	keep map[string]bool
 }
 
 // expiredQueue is how many expired peers can wait for the loop (the

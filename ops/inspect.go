@@ -10,6 +10,7 @@ import (
 	"github.com/redis/go-redis/v9"
 
 	"github.com/alya/recovery"
+	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/store"
 )
@@ -82,7 +83,7 @@ func fleetStore(rdb redis.UniversalClient, prefix string) (*store.Redis, error) 
 		return nil, fmt.Errorf("%w: redis client is nil", recovery.ErrInvalidConfig)
 	}
 	if err := store.ValidateName(prefix); err != nil {
-		return nil, fmt.Errorf("%w: key prefix %q %v", recovery.ErrInvalidConfig, clip(prefix), err)
+		return nil, fmt.Errorf("%w: key prefix %q %v", recovery.ErrInvalidConfig, redact.Shown(prefix, maxQuoted), err)
 	}
 	return store.NewRedis(rdb, prefix, operationTimeout), nil
 }
@@ -90,7 +91,7 @@ func fleetStore(rdb redis.UniversalClient, prefix string) (*store.Redis, error) 
 // validID checks an instance ID as recovery.WithInstanceID does.
 func validID(id string) error {
 	if err := store.ValidateName(id); err != nil {
-		return fmt.Errorf("%w: instance ID %q %v", recovery.ErrInvalidConfig, clip(id), err)
+		return fmt.Errorf("%w: instance ID %q %v", recovery.ErrInvalidConfig, redact.Shown(id, maxQuoted), err)
 	}
 	return nil
 }
@@ -233,11 +234,5 @@ func describe(ctx context.Context, s *store.Redis, ids []string) ([]InstanceStat
 	return out, nil
 }
 
-// clip shortens s for an error message.
-func clip(s string) string {
-	const max = 64
-	if len(s) <= max {
-		return s
-	}
-	return s[:max] + "..."
-}
+// maxQuoted is how much of a rejected name an error quotes.
+const maxQuoted = 64

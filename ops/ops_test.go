@@ -315,3 +315,43 @@ func TestFromEnvReadsThePrefixAndTheResetterConfiguration(t *testing.T) {
 	require.ErrorIs(t, err, recovery.ErrInvalidConfig)
 	assert.Contains(t, err.Error(), postgres.EnvMaxRecoveries)
 }
+
+// TestRecoverNowKeepingAndSweepNow: RecoverNowKeeping leaves the dead
+// peers it is told to keep registered and untouched, and recovers the
+// others; SweepNow says why it cannot sweep with a resetter that cannot
+// list the rows in progress, and both refuse a shut-down or nil Worker.
+func TestRecoverNowKeepingAndSweepNow(t *testing.T) {
+	ctx := context.Background()
+	rdb, prefix := fleet(t)
+	for _, peer := range []string{"dead-1", "dead-2"} {
+		require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), peer).Err())
+	}
+	w, err := recovery.New(rdb, failing{}, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID("ctl"),
+		recovery.WithLogger(slog.New(slog.NewTextHandler(io.Discard, nil))))
+	require.NoError(t, err)
+
+	rep, err := ops.RecoverNowKeeping(ctx, w, []string{"dead-2"})
+	require.NoError(t, err)
+	assert.Equal(t, []string{"dead-2"}, rep.Skipped)
+	require.Len(t, rep.Recovered, 1)
+	assert.Equal(t, "dead-1", rep.Recovered[0].InstanceID)
+	reg, err := rdb.SMembers(ctx, store.RegistryKey(prefix)).Result()
+	require.NoError(t, err)
+	assert.Equal(t, []string{"dead-2"}, reg, "the kept peer stays registered")
+	rep, err = ops.RecoverNow(ctx, w)
+	require.NoError(t, err)
+	assert.Len(t, rep.Recovered, 1, "a later scan keeps nothing")
+
+	sw, err := ops.SweepNow(ctx, w, false)
+	require.NoError(t, err)
+	assert.False(t, sw.Swept)
+	assert.Contains(t, sw.Why, "cannot list the rows in progress")
+
+	require.NoError(t, w.Shutdown(ctx))
+	_, err = ops.SweepNow(ctx, w, true)
+	assert.ErrorIs(t, err, recovery.ErrShutdown)
+	_, err = ops.SweepNow(ctx, nil, true)
+	assert.ErrorIs(t, err, recovery.ErrInvalidConfig)
+	_, err = ops.RecoverNowKeeping(ctx, nil, nil)
+	assert.ErrorIs(t, err, recovery.ErrInvalidConfig)
+}

@@ -79,26 +79,40 @@ type beat struct {
 
 // lastBeat reads the time since an instance's last heartbeat from its
 // heartbeat key's TTL left: every heartbeat sets the key's TTL back to the
-// fleet's heartbeat TTL (--heartbeat-ttl, the fleet's Timings.HeartbeatTTL), so
-// what has run off since is the time since that heartbeat. PTTL answers
-// to the millisecond on every Redis version and changes nothing. (OBJECT
-// IDLETIME is not used: a read of the key such as GET resets it, it counts whole
-// seconds, and Redis refuses it under an LFU maxmemory policy.) The age is
-// unknown when the key is absent (dead: the last heartbeat was over a TTL
-// ago), has no expiry, or has more TTL left than --heartbeat-ttl: then the
-// flag is not the fleet's TTL. An instance is late when no heartbeat came
-// for 1.5 heartbeat intervals (--heartbeat-interval): past the ±20% jitter
-// of the heartbeat loop, and its key expires at the TTL unless one comes.
+// instance's heartbeat TTL (timingsOf), so what has run off since is the
+// time since that heartbeat. PTTL answers to the millisecond on every
+// Redis version and changes nothing. (OBJECT IDLETIME is not used: a read
+// of the key such as GET resets it, it counts whole seconds, and Redis
+// refuses it under an LFU maxmemory policy.) The age is unknown when the
+// key is absent (dead: the last heartbeat was over a TTL ago), has no
+// expiry, or has more TTL left than the instance's TTL. An instance is
+// late when no heartbeat came for 1.5 heartbeat intervals: past the ±20%
+// jitter of the heartbeat loop, and its key expires at the TTL unless one
+// comes.
 func (o *options) lastBeat(i ops.InstanceState) beat {
-	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > o.heartbeatTTL {
+	ttl, interval := o.timingsOf(i)
+	if !i.HeartbeatPresent || i.HeartbeatTTL < 0 || i.HeartbeatTTL > ttl {
 		return beat{}
 	}
-	age := o.heartbeatTTL - i.HeartbeatTTL
-	return beat{age: age, known: true, late: age > o.lateAfter()}
+	age := ttl - i.HeartbeatTTL
+	return beat{age: age, known: true, late: age > interval*3/2}
 }
 
-// lateAfter is how long without a heartbeat makes a live instance late.
-func (o *options) lateAfter() time.Duration { return o.heartbeatInterval * 3 / 2 }
+// timingsOf returns the heartbeat TTL and interval of instance i: the
+// flags when given; else the TTL i announced in the fleet record, with
+// half of it as the interval (the library's default: the record holds no
+// interval); else the flags' defaults, the library's.
+func (o *options) timingsOf(i ops.InstanceState) (ttl, interval time.Duration) {
+	ttl, interval = o.heartbeatTTL, o.heartbeatInterval
+	if o.ttlGiven || i.AnnouncedTTL <= 0 {
+		return ttl, interval
+	}
+	ttl = i.AnnouncedTTL
+	if !o.intervalGiven || interval >= ttl {
+		interval = ttl / 2
+	}
+	return ttl, interval
+}
 
 // lastBeatText shows lastBeat for people.
 func (o *options) lastBeatText(i ops.InstanceState) string {
@@ -107,7 +121,8 @@ func (o *options) lastBeatText(i ops.InstanceState) string {
 	case b.known:
 		return durText(b.age) + " ago"
 	case !i.HeartbeatPresent:
-		return "over " + durText(o.heartbeatTTL) + " ago"
+		ttl, _ := o.timingsOf(i)
+		return "over " + durText(ttl) + " ago"
 	default:
 		return "?"
 	}
@@ -127,10 +142,15 @@ func durText(d time.Duration) string {
 }
 
 // beatLegend says how LAST BEAT and "late" are worked out, and which
-// instances' last beat cannot be known with --heartbeat-ttl.
+// instances' last beat cannot be known.
 func (o *options) beatLegend(insts []ops.InstanceState) []string {
-	lines := []string{fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
-		durText(o.heartbeatTTL), durText(o.lateAfter()), durText(o.heartbeatInterval))}
+	line := fmt.Sprintf("LAST BEAT: --heartbeat-ttl %s minus the heartbeat TTL left; late: no heartbeat for over %s (1.5 × --heartbeat-interval %s)",
+		durText(o.heartbeatTTL), durText(o.heartbeatInterval*3/2), durText(o.heartbeatInterval))
+	if !o.ttlGiven {
+		line = fmt.Sprintf("LAST BEAT: the heartbeat TTL each instance announced in the fleet record (else %s) minus the TTL left; late: no heartbeat for over 1.5 heartbeat intervals (%s; --heartbeat-ttl and --heartbeat-interval override)",
+			durText(o.heartbeatTTL), intervalText(o))
+	}
+	lines := []string{line}
 	var odd []string
 	for _, i := range insts {
 		if i.HeartbeatPresent && !o.lastBeat(i).known {
@@ -138,10 +158,19 @@ func (o *options) beatLegend(insts []ops.InstanceState) []string {
 		}
 	}
 	if len(odd) > 0 {
-		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than --heartbeat-ttl, or no expiry; pass the fleet's Timings.HeartbeatTTL",
+		lines = append(lines, fmt.Sprintf("LAST BEAT unknown for %s: a heartbeat TTL left longer than its heartbeat TTL, or no expiry; pass the fleet's Timings.HeartbeatTTL as --heartbeat-ttl",
 			strings.Join(odd, ", ")))
 	}
 	return lines
+}
+
+// intervalText says which heartbeat interval late is judged by when the
+// TTL comes from the fleet record.
+func intervalText(o *options) string {
+	if o.intervalGiven {
+		return "--heartbeat-interval " + durText(o.heartbeatInterval)
+	}
+	return "half the TTL, the library's default"
 }
 
 // fleetCounts counts the alive instances, the late among them, and the dead.
@@ -246,7 +275,7 @@ func cmdWorkers(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	if err != nil {
 		return usageIfConfig(err)
 	}
-	return printWorkers(stdout, stderr, o, fleet)
+	return printWorkers(stdout, stderr, o, cleanFleet(fleet))
 }
 
 // printWorkers shows what Inspect read of the fleet: as JSON with --json,
@@ -297,6 +326,35 @@ func printWorkers(stdout, stderr io.Writer, o *options, fleet ops.FleetState) er
 	return nil
 }
 
+// cleanFleet is fleet with every string read from Redis cleaned.
+func cleanFleet(fleet ops.FleetState) ops.FleetState {
+	fleet.Serves, fleet.Server, fleet.InvalidMembers = clean(fleet.Serves), clean(fleet.Server), cleanAll(fleet.InvalidMembers)
+	insts := make([]ops.InstanceState, len(fleet.Instances))
+	for n, i := range fleet.Instances {
+		insts[n] = cleanInstance(i)
+	}
+	fleet.Instances = insts
+	return fleet
+}
+
+// cleanInstance is i with every string read from Redis cleaned.
+func cleanInstance(i ops.InstanceState) ops.InstanceState {
+	i.InstanceID, i.Incarnation, i.Mode = clean(i.InstanceID), clean(i.Incarnation), clean(i.Mode)
+	return i
+}
+
+// cleanAll cleans each of ss; nil for nil.
+func cleanAll(ss []string) []string {
+	if ss == nil {
+		return nil
+	}
+	out := make([]string, len(ss))
+	for n, s := range ss {
+		out[n] = clean(s)
+	}
+	return out
+}
+
 // usageIfConfig makes a configuration error (a bad prefix or instance ID)
 // a usage error.
 func usageIfConfig(err error) error {
@@ -328,7 +386,8 @@ func cmdRows(ctx context.Context, o *options, id string, stdout io.Writer) error
 	if err != nil {
 		return err
 	}
-	return printRows(stdout, o, inst, tracked)
+	tracked.Incarnation, tracked.InvalidMembers = clean(tracked.Incarnation), cleanAll(tracked.InvalidMembers)
+	return printRows(stdout, o, cleanInstance(inst), tracked)
 }
 
 // printRows shows an instance and the rows it tracks.
@@ -388,6 +447,7 @@ type peerJSON struct {
 
 type recoverJSON struct {
 	DryRun         bool       `json:"dry_run"`
+	Sweep          *sweepJSON `json:"sweep,omitempty"`
 	PeersChecked   int        `json:"peers_checked"`
 	DeadPeers      int        `json:"dead_peers"`
 	RowsReset      int64      `json:"rows_reset"`
@@ -424,8 +484,20 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	var out recoverJSON
 	if o.dryRun {
 		out, err = plan(ctx, w)
+		err = errors.Join(err, sweepPlan(ctx, w, o, &out))
 	} else {
-		out, err = recoverNow(ctx, w, o)
+		if o.pgx.OwnerColumn != "" {
+			// By owner, the scan resets every dead registered instance's
+			// rows; the sweep then finds the owners Redis does not know.
+			scanErr := recoverNow(ctx, w, o, nil, &out)
+			_, sweepErr := sweepNow(ctx, rdb, w, o, &out)
+			err = errors.Join(scanErr, sweepErr, stuckErr(out.Sweep))
+		} else {
+			// The scan runs even when the sweep failed: the dead instances
+			// whose rows sets say which rows they held are recovered.
+			keep, sweepErr := sweepNow(ctx, rdb, w, o, &out)
+			err = errors.Join(sweepErr, recoverNow(ctx, w, o, keep, &out), stuckErr(out.Sweep))
+		}
 	}
 	if out.Peers == nil {
 		out.Peers = []peerJSON{}
@@ -434,7 +506,7 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		out.InvalidMembers = []string{}
 	}
 	if o.json {
-		if out.PeersChecked > 0 || err == nil {
+		if out.PeersChecked > 0 || out.Sweep != nil || err == nil {
 			if werr := writeJSON(stdout, out); werr != nil {
 				return werr
 			}
@@ -478,8 +550,16 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 			return nil, nil, fmt.Errorf("%w (fix the flags or RECOVERY_* variables, or skip the check with --no-schema-check)", err)
 		}
 	}
+	ttl, err := fleetTTL(ctx, rdb, o)
+	if err != nil {
+		pool.Close()
+		return nil, nil, err
+	}
 	w, err := recovery.New(rdb, resetter,
 		recovery.WithKeyPrefix(o.prefix),
+		// The fleet's timings: the backstop sweep's gap (ops.SweepNow) and
+		// the verdicts after a Redis restart wait for the fleet's TTL.
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: ttl, RecoveryInterval: ttl}),
 		recovery.WithInstanceID(ctlInstanceID()),
 		recovery.WithoutSchemaCheck(), // checked above; Start is never called anyway
 		recovery.WithLogger(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
@@ -490,6 +570,37 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 	return w, pool.Close, nil
 }
 
+// fleetTTL is the longest heartbeat TTL the fleet record holds of any
+// member, lapsed or not (a dead worker's announcement stays until a live
+// one's heartbeat drops it), and --heartbeat-ttl when given and longer:
+// the sweep's gap then covers every worker's heartbeat interval.
+func fleetTTL(ctx context.Context, rdb redis.UniversalClient, o *options) (time.Duration, error) {
+	if err := store.ValidateName(o.prefix); err != nil {
+		return 0, &usageError{fmt.Sprintf("key prefix %q %v", o.prefix, err)}
+	}
+	f, err := store.NewRedis(rdb, o.prefix, dialTimeout).ReadFleet(ctx)
+	if err != nil && !store.IsWrongType(err) {
+		return 0, fmt.Errorf("read the fleet record %s: %w", store.FleetKey(o.prefix), err)
+	}
+	ttl := time.Duration(0)
+	if o.ttlGiven || len(f.Members) == 0 {
+		ttl = o.heartbeatTTL
+	}
+	for _, m := range f.Members {
+		ttl = max(ttl, m.TTL)
+	}
+	if ttl <= 0 {
+		ttl = o.heartbeatTTL // announcements of a zero TTL, written by hand
+	}
+	// A stray announcement of days must not make the Worker's timings
+	// invalid, and recover unusable.
+	return min(ttl, maxFleetTTL), nil
+}
+
+// maxFleetTTL bounds the heartbeat TTL recover takes from the fleet
+// record: far above any real fleet's, far below the library's bounds.
+const maxFleetTTL = 24 * time.Hour
+
 // plan asks the library what a scan would do now (ops.PlanRecovery):
 // the dead peers as a scan finds them, their rows as a recovery reads
 // them, and from PostgreSQL, in a transaction that is rolled back, which
@@ -497,7 +608,7 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	out := recoverJSON{DryRun: true}
 	p, err := ops.PlanRecovery(ctx, w)
-	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, p.InvalidMembers
+	out.PeersChecked, out.DeadPeers, out.InvalidMembers = p.PeersChecked, p.DeadPeers, cleanAll(p.InvalidMembers)
 	out.RowsReset = int64(p.RowsToReset)
 	var (
 		kept int
@@ -507,7 +618,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 		pj := peerJSON{
 			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
 			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.WouldReset,
-			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: pp.Tracked.InvalidMembers,
+			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: cleanAll(pp.Tracked.InvalidMembers),
 		}
 		out.RowsNotReset += len(pp.NotReset)
 		out.Peers = append(out.Peers, pj)
@@ -539,20 +650,27 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 // whose rows could be neither reset nor shown settled keeps its rows set
 // and registry entry (recovery.ErrRowsNotReset): that is a failure, and
 // says which rows and what to check.
-func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSON, error) {
-	out := recoverJSON{}
-	rep, scanErr := ops.RecoverNow(ctx, w)
+func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []string, out *recoverJSON) error {
+	rep, scanErr := ops.RecoverNowKeeping(ctx, w, keep)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
-		rep.PeersChecked, len(rep.Dead), rep.RowsReset, rep.InvalidMembers
+		rep.PeersChecked, len(rep.Dead), out.RowsReset+rep.RowsReset, cleanAll(rep.InvalidMembers)
+	kept := map[string]bool{}
+	for _, id := range keep {
+		kept[id] = true
+	}
 	for _, pr := range rep.Recovered {
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
 			InstanceID: pr.InstanceID, Action: "recovered", RowsFound: pr.RowsFound,
-			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: pr.InvalidMembers, PeerCameBack: pr.PeerCameBack,
+			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
 		})
 	}
 	for _, id := range rep.Skipped {
-		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: "skipped"})
+		action := "skipped"
+		if kept[id] {
+			action = "kept"
+		}
+		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: action})
 	}
 	failed := map[string]ops.PeerRecovery{}
 	for _, pr := range rep.Failed {
@@ -562,7 +680,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 	for _, e := range unjoin(scanErr) {
 		var pe *ops.PeerError
 		if !errors.As(e, &pe) {
-			return out, e // the scan itself failed
+			return e // the scan itself failed
 		}
 		nFailed++
 		pr := failed[pe.InstanceID]
@@ -570,25 +688,26 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options) (recoverJSO
 		notReset += len(pr.NotReset)
 		out.Peers = append(out.Peers, peerJSON{InstanceID: pe.InstanceID, Action: "failed",
 			RowsFound: pr.RowsFound, RowsReset: &n, Quarantined: pr.Quarantined,
-			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: pr.InvalidMembers,
-			Error: redact.String(pe.Err.Error(), o.databaseURL, o.redisURL)})
+			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: cleanAll(pr.InvalidMembers),
+			Error: clean(redact.String(pe.Err.Error(), o.databaseURL, o.redisURL))})
 	}
 	out.RowsNotReset = notReset
+	var err error
 	switch {
 	case notReset > 0:
-		return out, fmt.Errorf("%w: %d rows of %d dead instances were neither reset nor finished; their rows sets and registry entries are kept. "+
+		err = fmt.Errorf("%w: %d rows of %d dead instances were neither reset nor finished; their rows sets and registry entries are kept. "+
 			"Check --status-column, --inprog-status, --queued-status, --done-statuses and --owner-column against the fleet's configuration",
 			recovery.ErrRowsNotReset, notReset, nFailed)
 	case nFailed > 0:
-		return out, fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", nFailed, out.DeadPeers)
+		err = fmt.Errorf("%d of %d dead instances could not be recovered; their rows stay tracked for the next scan", nFailed, out.DeadPeers)
 	}
-	return out, nil
+	return err
 }
 
 func rowsJSON(rs []recovery.RowState) []rowJSON {
 	var out []rowJSON
 	for _, r := range rs {
-		out = append(out, rowJSON{RowID: r.ID, Status: r.Status, Locked: r.Locked})
+		out = append(out, rowJSON{RowID: r.ID, Status: clean(r.Status), Locked: r.Locked})
 	}
 	return out
 }
@@ -632,6 +751,8 @@ func printRecover(w io.Writer, out recoverJSON) {
 			fmt.Fprintf(w, "recovered %s: %d rows tracked, %d reset to queued%s\n", p.InstanceID, p.RowsFound, *p.RowsReset, back)
 		case "skipped":
 			fmt.Fprintf(w, "skipped %s: another worker is recovering it, or its heartbeat came back\n", p.InstanceID)
+		case "kept":
+			// Said by printSweep, with the reason.
 		case "failed":
 			fmt.Fprintf(w, "failed %s: %s\n", p.InstanceID, p.Error)
 			if len(p.RowsNotReset) > 0 {
@@ -649,6 +770,7 @@ func printRecover(w io.Writer, out recoverJSON) {
 	if len(out.InvalidMembers) > 0 {
 		fmt.Fprintf(w, "ignored %d registry members that are not valid instance IDs: %s\n", len(out.InvalidMembers), quoteAll(out.InvalidMembers))
 	}
+	printSweep(w, out)
 }
 
 // rowList shows up to 20 rows with their statuses.
@@ -686,12 +808,17 @@ func idList(ids []int64) string {
 	return strings.Join(parts, " ")
 }
 
-// quoteAll quotes untrusted strings, so control characters from Redis
-// never reach the terminal.
+// quoteAll quotes up to 20 strings for a list on one line; they are
+// cleaned (clean) where they are read.
 func quoteAll(ss []string) string {
-	q := make([]string, len(ss))
+	const max = 20
+	q := make([]string, 0, min(len(ss), max+1))
 	for i, s := range ss {
-		q[i] = strconv.Quote(s)
+		if i == max {
+			q = append(q, fmt.Sprintf("... %d more", len(ss)-max))
+			break
+		}
+		q = append(q, strconv.Quote(s))
 	}
 	return strings.Join(q, ", ")
 }

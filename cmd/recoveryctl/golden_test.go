@@ -39,9 +39,9 @@ func golden(t *testing.T, name, got string) {
 }
 
 // goldenFleet is a fleet with one instance in every state: heartbeating,
-// late (its key's TTL has run down 50s of 60s), killed and being
-// recovered, dead after a failed recovery, and one whose TTL left does
-// not fit --heartbeat-ttl. Two announced different heartbeat TTLs in the
+// late (its key's TTL has run down 16.2s of the 20s it announced), killed
+// and being recovered, dead after a failed recovery, and one whose TTL
+// left does not fit the library's default TTL (it announced none). Two announced different heartbeat TTLs in the
 // fleet record (a rolling change of timings).
 func goldenFleet() ops.FleetState {
 	return ops.FleetState{
@@ -54,7 +54,7 @@ func goldenFleet() ops.FleetState {
 				Incarnation: "i2", Claim: ops.ClaimFailed},
 			{InstanceID: "held-1", Registered: true, RowsPresent: true, Rows: 1, RowsTTL: 170 * time.Second,
 				Incarnation: "i3", Claim: ops.ClaimHeld},
-			{InstanceID: "late-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 9800 * time.Millisecond,
+			{InstanceID: "late-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 3800 * time.Millisecond,
 				RowsPresent: true, Rows: 10, RowsTTL: 130 * time.Second, Incarnation: "i4", Claim: ops.ClaimNone,
 				AnnouncedTTL: 20 * time.Second, Mode: "rows-set"},
 			{InstanceID: "odd-1", Registered: true, HeartbeatPresent: true, HeartbeatTTL: 90 * time.Second,

@@ -4,11 +4,10 @@ import (
 	"context"
 	"fmt"
 	"io"
-	"strings"
 	"text/tabwriter"
 	"time"
-	"unicode"
 
+	"github.com/alya/recovery/internal/redact"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/ops"
 )
@@ -30,8 +29,8 @@ type historyJSON struct {
 }
 
 func historyToJSON(e ops.HistoryEntry) historyJSON {
-	j := historyJSON{ID: e.ID, Added: e.Added.UTC().Format(time.RFC3339Nano), Time: e.Time.UTC().Format(time.RFC3339Nano),
-		Kind: e.Kind, InstanceID: e.InstanceID, PeerID: e.PeerID, FoundBy: e.FoundBy, Error: e.Error}
+	j := historyJSON{ID: clean(e.ID), Added: e.Added.UTC().Format(time.RFC3339Nano), Time: e.Time.UTC().Format(time.RFC3339Nano),
+		Kind: clean(e.Kind), InstanceID: clean(e.InstanceID), PeerID: clean(e.PeerID), FoundBy: clean(e.FoundBy), Error: clean(e.Error)}
 	switch e.Kind {
 	case ops.HistoryRowsRecovered:
 		j.Rows, j.RowsReset, j.RowsQuarantined = &e.Rows, &e.RowsReset, &e.RowsQuarantined
@@ -137,22 +136,6 @@ func roundDuration(d time.Duration) string {
 	return d.Round(time.Microsecond).String()
 }
 
-// maxShown bounds an untrusted string on one line of the screen.
-const maxShown = 200
-
-// clean makes an untrusted string from Redis safe to print on one line:
-// control characters (escape sequences, newlines) become spaces, and it is
-// cut at maxShown runes.
-func clean(s string) string {
-	s = strings.ToValidUTF8(s, "?")
-	s = strings.Map(func(r rune) rune {
-		if unicode.IsControl(r) {
-			return ' '
-		}
-		return r
-	}, s)
-	if r := []rune(s); len(r) > maxShown {
-		s = string(r[:maxShown]) + "..."
-	}
-	return s
-}
+// clean makes an untrusted string from Redis safe to print
+// (redact.Shown): control characters become spaces, and it is clipped.
+func clean(s string) string { return redact.Shown(s, 0) }

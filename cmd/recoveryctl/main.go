@@ -22,23 +22,25 @@
 //	--json            print JSON instead of text
 //	--timeout 30s     bound for the whole command (for watch: for each frame)
 //	--heartbeat-ttl 60s, --heartbeat-interval 30s
-//	                  the fleet's Timings.HeartbeatTTL and HeartbeatInterval
-//	                  (recovery.WithTimings; default: the library's defaults),
-//	                  for LAST BEAT
+//	                  override the heartbeat TTL each worker announced in
+//	                  the fleet record, and the interval (half the TTL,
+//	                  the library's default), for LAST BEAT; for a worker
+//	                  that announced none, they default to the library's
 //
 // workers lists every registered instance: its state (alive, late or
 // dead, and its recovery claim), LAST BEAT, the time since its last
 // heartbeat, its heartbeat key's TTL left, and its rows. Every heartbeat
-// sets the key's TTL back to the fleet's heartbeat TTL, so LAST BEAT is
-// --heartbeat-ttl minus the TTL left, to the millisecond (PTTL; OBJECT
+// sets the key's TTL back to the worker's heartbeat TTL, which it
+// announces in the fleet record, so LAST BEAT is that TTL (or
+// --heartbeat-ttl) minus the TTL left, to the millisecond (PTTL; OBJECT
 // IDLETIME is not used: a read of the key such as GET resets it, it
 // counts whole seconds, and Redis refuses it under an LFU maxmemory
 // policy). A dead
 // instance's last heartbeat was over a TTL ago; one whose key has more TTL
-// left than --heartbeat-ttl shows "?": pass the fleet's TTL. An instance
-// is late when no heartbeat came for 1.5 × --heartbeat-interval (past the
-// heartbeat loop's ±20% jitter): right after a kill -9 its key lives on
-// until the TTL runs out, and late is the first sign.
+// left than its TTL shows "?": pass the fleet's TTL. An instance is late
+// when no heartbeat came for 1.5 heartbeat intervals (past the heartbeat
+// loop's ±20% jitter): right after a kill -9 its key lives on until the
+// TTL runs out, and late is the first sign.
 //
 // history prints the fleet's history stream (<prefix>_HISTORY, see
 // recovery.WithHistory): which peer died, who recovered it, how many rows
@@ -61,10 +63,20 @@
 // neither reset nor shown finished keeps its rows set and registry entry,
 // and recover exits 1 naming the rows and their statuses.
 //
+// recover also judges from PostgreSQL, as the backstop sweep does
+// (ops.SweepNow). Without an owner column, the rows in progress that no
+// rows set holds, seen so at two looks the sweep's gap apart (the fleet's
+// rows TTL), are reset with their version in the statement; with one, the
+// rows of owners without a heartbeat at two looks a heartbeat TTL apart
+// are reset by owner. It waits for the second look when --timeout leaves
+// time for it; otherwise, or when rows stay in progress, it exits 1 naming
+// them (or their owners), and without an owner column keeps registered
+// every dead instance that left no rows set, whose rows they may be.
+//
 // recover --dry-run changes nothing: it finds the dead instances as a scan
 // does and asks PostgreSQL which rows a reset would change, by running the
 // reset in a transaction that is rolled back (ops.PlanRecovery, a dry
-// run of the resetter).
+// run of the resetter), and names the rows in progress no rows set holds.
 //
 // The resetter flags are the options of the fleet's PostgreSQL resetter
 // (package postgres), and each defaults to the RECOVERY_* variable
@@ -143,6 +155,9 @@ type options struct {
 	// heartbeatTTL and heartbeatInterval are the fleet's, for the time
 	// since each instance's last heartbeat (workers, rows, watch).
 	heartbeatTTL, heartbeatInterval time.Duration
+	// ttlGiven and intervalGiven say whether the flags gave them: they
+	// then override what the fleet record says of each worker.
+	ttlGiven, intervalGiven bool
 	// pgx is the fleet's resetter configuration: the RECOVERY_*
 	// environment variables the host reads too (ops.FromEnv), then the
 	// flags. Its Options make the resetter's errors name the RECOVERY_*
@@ -159,9 +174,9 @@ func (o *options) registerCommon(fs *flag.FlagSet) {
 	fs.BoolVar(&o.json, "json", o.json, "print JSON")
 	fs.DurationVar(&o.timeout, "timeout", o.timeout, "bound for the whole command")
 	fs.DurationVar(&o.heartbeatTTL, "heartbeat-ttl", o.heartbeatTTL,
-		"the fleet's heartbeat TTL (recovery.Timings.HeartbeatTTL), for LAST BEAT: this TTL minus the TTL left")
+		"the fleet's heartbeat TTL (recovery.Timings.HeartbeatTTL), for LAST BEAT: this TTL minus the TTL left (default: the TTL each worker announced in the fleet record)")
 	fs.DurationVar(&o.heartbeatInterval, "heartbeat-interval", o.heartbeatInterval,
-		"the fleet's heartbeat interval (recovery.Timings.HeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late")
+		"the fleet's heartbeat interval (recovery.Timings.HeartbeatInterval): an instance without a heartbeat for 1.5 intervals is late (default: half the TTL)")
 }
 
 // registerRecover defines the flags of recover: one for every postgres
@@ -208,7 +223,7 @@ func (o *options) registerWatch(fs *flag.FlagSet) {
 	fs.IntVar(&o.count, "count", 0, "stop after N frames (default: until interrupted)")
 	fs.BoolVar(&o.plain, "plain", false, "plain lines, one block per frame, even on a terminal")
 	fs.StringVar(&o.pgx.OwnerColumn, "owner-column", o.pgx.OwnerColumn, fmt.Sprintf(
-		"the fleet's owner column (default $%s): only a fleet with one can run the backstop sweep, whose turn watch then shows", postgres.EnvOwnerColumn))
+		"the fleet's owner column (default $%s): with one, watch shows the backstop sweep's turn even when free (without, when held)", postgres.EnvOwnerColumn))
 }
 
 // The library's default heartbeat TTL and interval (the zero
@@ -291,7 +306,12 @@ func run(ctx context.Context, args []string, getenv func(string) string, stdout,
 	}
 	// Whatever a library put in the message, no password leaves this program.
 	err = redact.Error(err, o.redisURL, o.databaseURL)
-	fmt.Fprintf(stderr, "recoveryctl %s: %v\n", cmd, err)
+	// Nor anything from Redis an error quotes that a terminal acts on.
+	lines := strings.Split(err.Error(), "\n")
+	for n, l := range lines {
+		lines[n] = redact.Shown(l, 4*redact.MaxShown)
+	}
+	fmt.Fprintf(stderr, "recoveryctl %s: %s\n", cmd, strings.Join(lines, "\n"))
 	var ue *usageError
 	if errors.As(err, &ue) {
 		return exitUsage
@@ -372,6 +392,15 @@ func parseArgs(args []string, getenv func(string) string, stderr io.Writer) (cmd
 			fmt.Fprintf(stderr, "recoveryctl %s: unexpected arguments %q\n", cmd, pos)
 		}
 		return "", nil, nil, exitUsage
+	}
+	for _, f := range []*flag.FlagSet{global, fs} {
+		f.Visit(func(f *flag.Flag) {
+			o.ttlGiven = o.ttlGiven || f.Name == "heartbeat-ttl"
+			o.intervalGiven = o.intervalGiven || f.Name == "heartbeat-interval"
+		})
+	}
+	if o.ttlGiven && !o.intervalGiven {
+		o.heartbeatInterval = o.heartbeatTTL / 2 // as the library derives it
 	}
 	if o.redisURL == "" {
 		o.redisURL = getenv("REDIS_URL")

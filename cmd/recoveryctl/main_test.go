@@ -38,6 +38,9 @@ func TestMain(m *testing.M) {
 	if os.Getenv(victimEnv) != "" {
 		os.Exit(runVictim())
 	}
+	if os.Getenv(trackerEnv) != "" {
+		os.Exit(runTracker())
+	}
 	os.Exit(testutil.MainCheckingLeaks(m))
 }
 
@@ -601,7 +604,8 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	out, errOut, code = ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
 		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema)
 	require.Equal(t, exitOK, code, errOut)
-	assert.Equal(t, "1 registered instances checked, 0 dead, 0 rows reset\n", out)
+	assert.Equal(t, "1 registered instances checked, 0 dead, 0 rows reset\n"+
+		"PostgreSQL: 1 rows in progress, every one in a live worker's rows set\n", out)
 }
 
 func TestRecoverWithOwnerFencingLeavesRowsOthersHold(t *testing.T) {
@@ -617,6 +621,7 @@ func TestRecoverWithOwnerFencingLeavesRowsOthersHold(t *testing.T) {
 	require.NoError(t, err)
 	prefix := testutil.Name("CTL")
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3") // a stale member: row 3 is someone else's now
+	plantAlive(t, rdb, prefix, "other")
 
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
 		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema,
@@ -851,9 +856,10 @@ func TestWorkersShowsAKilledWorkerLateThenDead(t *testing.T) {
 }
 
 // TestRecoverDryRunFailsWhereTheRunWould: a dead instance whose rows set
-// vanished after a failed recovery is deregistered by a scan, which fails
-// the run (recovery.ErrRowsSetLost); the dry run, which changes nothing,
-// exits 1 too, naming it.
+// vanished after a failed recovery would be deregistered by a scan, which
+// fails (recovery.ErrRowsSetLost); the dry run, which changes nothing,
+// exits 1 too, naming it. The real run, which cannot list the rows in
+// progress here, keeps it registered and fails.
 func TestRecoverDryRunFailsWhereTheRunWould(t *testing.T) {
 	url := testutil.RedisURL(t)
 	rdb := client(t, url)
@@ -869,7 +875,13 @@ func TestRecoverDryRunFailsWhereTheRunWould(t *testing.T) {
 	assert.Contains(t, out, "would deregister dead-lost: its rows set vanished after a failed recovery")
 	assert.Contains(t, errOut, "rows set of a dead peer lost before its rows were reset: dead-lost: a scan would deregister them, and recover would exit 1")
 
-	_, errOut, code = ctl(t, env, base...)
+	// The real run cannot tell the rows in progress (no table): it keeps
+	// the dead instance registered rather than forget it.
+	out, errOut, code = ctl(t, env, base...)
 	assert.Equal(t, exitFail, code, errOut)
-	assert.Contains(t, errOut, "1 of 1 dead instances could not be recovered")
+	assert.Contains(t, errOut, "backstop sweep: list rows in progress")
+	assert.Contains(t, out, "kept dead-lost registered")
+	member, err := rdb.SIsMember(context.Background(), store.RegistryKey(prefix), "dead-lost").Result()
+	require.NoError(t, err)
+	assert.True(t, member)
 }

@@ -82,6 +82,7 @@ func watchFrame(ctx context.Context, rdb redis.UniversalClient, o *options, name
 	defer cancel()
 	f := frame{now: time.Now()}
 	f.fleet, f.fleetErr = ops.Inspect(ctx, rdb, o.prefix)
+	f.fleet = cleanFleet(f.fleet)
 	if f.fleetErr == nil {
 		f.scan, f.sweep, f.turnsErr = store.NewRedis(rdb, o.prefix, o.timeout).Turns(ctx)
 		f.history, f.historyErr = ops.ReadHistory(ctx, rdb, o.prefix, ops.HistoryQuery{Last: o.last})

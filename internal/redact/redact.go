@@ -1,5 +1,7 @@
 // Package redact keeps credentials out of what the module's programs print:
-// connection strings for display, and error messages that may quote them.
+// connection strings for display, and error messages that may quote them;
+// and it keeps strings from outside (Redis) from acting on a terminal
+// (Shown).
 package redact
 
 import (

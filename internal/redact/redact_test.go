@@ -54,3 +54,26 @@ func TestStringMasksDSNPasswords(t *testing.T) {
 	s := String("bad conn host=db password='it''s' user=u", conn)
 	assert.False(t, strings.Contains(s, "it''s"), s)
 }
+
+func TestShownLeavesNothingATerminalActsOn(t *testing.T) {
+	for in, want := range map[string]string{
+		"worker-1":                              "worker-1",
+		"a\x1b[2Jb":                             "a [2Jb",
+		"\x1b]52;c;cHduZWQ=\x07":                " ]52;c;cHduZWQ= ",
+		"x\x9b31my":                             "x?31my", // a C1 byte, not UTF-8
+		"x\u009b31my":                           "x 31my", // C1 CSI as UTF-8
+		"line\nfake line\r":                     "line fake line ",
+		"bidi \u202egnp.exe":                    "bidi  gnp.exe",
+		"del\x7f":                               "del ",
+		"bad \xff\xfe utf8":                     "bad ?? utf8",
+		"ünïcødé ✓":                             "ünïcødé ✓",
+		"\ufffd is a character, shown as it is": "\ufffd is a character, shown as it is",
+	} {
+		assert.Equal(t, want, Shown(in, 0), "%q", in)
+	}
+	assert.Equal(t, "abc…[3 bytes more]", Shown("abcdef", 3))
+	assert.Equal(t, "éé…[4 bytes more]", Shown("éééé", 2), "cut at characters, counted in bytes")
+	huge := strings.Repeat("\x1b", 4<<20)
+	got := Shown(huge, 0)
+	assert.Equal(t, strings.Repeat(" ", MaxShown)+"…[4193792 bytes more]", got)
+}
