@@ -99,6 +99,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
+	case errors.Is(err, ErrPoolExhausted):
+		kind = "starved"
 	case errors.Is(err, ErrMisconfigured):
 		kind = "misconfigured"
 	case errors.Is(err, errUnverified):
@@ -117,6 +119,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrPoolExhausted):
+		l.log.Warn("recovery of dead peer found no free connection in the resetter's pool before its reset timeout; will retry: every connection was in use (the host's, when it shares the pool); give the resetter a pool of its own",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrMisconfigured):
 		l.log.Error("recovery of dead peer held: this worker's self-check found its own statuses or owner column wrong, so it would take the peer's rows for settled; the peer and its rows set are left to a worker configured right",

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"unicode/utf8"
@@ -24,6 +25,9 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	defer cancel()
 	info, err := w.resetter.Check(ctx, schema)
+	if !errors.Is(err, ErrPoolExhausted) { // the error says it better
+		w.checkPool(info)
+	}
 	if schema {
 		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
 		n := utf8.RuneCountInString(w.tracker.currentOwner())
@@ -49,4 +53,28 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 		return ResetterInfo{}, nil
 	}
 	return info, nil
+}
+
+// minResetterConns is how many connections of its pool the resetter may
+// use at once: the recovery loop's reset and one more, the backstop
+// sweep's, the self-check's, Release's or ops.RecoverNow's, which run in
+// their own goroutines.
+const minResetterConns = 2
+
+// checkPool warns when the resetter's pool (ResetterInfo.PoolSize, a pool
+// with a limit) had fewer than minResetterConns connections free when
+// Check began. A host that shares the pool with the resetter can then
+// hold every connection, and recovery waits for one past its reset
+// timeout, scan after scan. It only warns: a pool shared with a host
+// whose transactions are short serves both in practice, and a pool with
+// room at Start may still be exhausted later, which the recovery's error
+// then says (ErrPoolExhausted).
+func (w *Worker) checkPool(info ResetterInfo) {
+	free := info.PoolSize - info.PoolInUse
+	if info.PoolSize <= 0 || free >= minResetterConns {
+		return
+	}
+	w.log.Warn(fmt.Sprintf("the resetter's connection pool had %d of its %d connections free at Start; recovery uses up to %d at once, and a host that shares the pool can hold them all, leaving dead peers' rows in progress until one is free: give the resetter a pool of its own (docs/operations.md)",
+		max(free, 0), info.PoolSize, minResetterConns),
+		slog.Int("pool_max_conns", info.PoolSize), slog.Int("pool_in_use", info.PoolInUse))
 }
