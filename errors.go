@@ -52,14 +52,6 @@ var (
 	// reason wraps it too.
 	ErrReadOnly = contract.ErrReadOnly
 
-	// ErrPoolExhausted is wrapped by the error of a reset, a recovery or
-	// Start's check whose resetter waited past its deadline for a
-	// connection from its pool, every connection being in use (the host's
-	// transactions, typically, in a pool it shares with the resetter). The
-	// message says how long it waited and how many connections were in use.
-	// Give the resetter a pool of its own (docs/operations.md).
-	ErrPoolExhausted = contract.ErrPoolExhausted
-
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
 	// failed: the rows it held may stay in progress. The backstop sweep

@@ -74,7 +74,7 @@ func sqlStarvedPool(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) sta
 // Warn naming the pool's size and use), and a recovery kept waiting for a
 // connection by the host's transaction says so, instead of "begin:
 // context deadline exceeded": the wait, the connections in use, and
-// what to do (ErrPoolExhausted). Once the host's transaction ends, the
+// what to do (postgres.ErrPoolExhausted). Once the host's transaction ends, the
 // next recovery resets the rows. Both modes, both Go database APIs.
 func TestAResetterStarvedOfItsPoolSaysSoAtStartAndWhileItWaits(t *testing.T) {
 	cases := []struct {
@@ -120,7 +120,7 @@ func TestAResetterStarvedOfItsPoolSaysSoAtStartAndWhileItWaits(t *testing.T) {
 			}, "a recovery that waited for a connection, and its Warn")
 			failed := rec.of(EventRecoveryFailed)[0]
 			assert.Equal(t, "victim", failed.PeerID)
-			require.ErrorIs(t, failed.Err, ErrPoolExhausted)
+			require.ErrorIs(t, failed.Err, postgres.ErrPoolExhausted)
 			assert.Regexp(t, `resetter waited \d+(\.\d+)?m?s for a connection from its pool \(1 of 1 in use\): give the resetter its own pool`, failed.Err.Error())
 			assert.NotContains(t, failed.Err.Error(), "begin: context deadline exceeded")
 			assert.Equal(t, 1, logs.Count(warn), "once per outage")
@@ -141,7 +141,7 @@ func TestAResetterStarvedOfItsPoolSaysSoAtStartAndWhileItWaits(t *testing.T) {
 
 // A Start whose resetter finds every connection of its pool taken by the
 // host fails, and says why: the schema check waited for a connection
-// (ErrPoolExhausted), not for the database.
+// (postgres.ErrPoolExhausted), not for the database.
 func TestStartWithThePoolHeldByTheHostSaysTheResetterWaitedForAConnection(t *testing.T) {
 	for _, pool := range []func(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) starvedPool{pgxStarvedPool, sqlStarvedPool} {
 		rdb, db, prefix := onRealServers(t, 1, "STARVEST")
@@ -149,7 +149,7 @@ func TestStartWithThePoolHeldByTheHostSaysTheResetterWaitedForAConnection(t *tes
 		p.hold(t)
 		w, logs := newWorker(t, rdb, p.resetter, "starved", WithKeyPrefix(prefix), poolTimings())
 		err := w.Start(context.Background())
-		require.ErrorIs(t, err, ErrPoolExhausted)
+		require.ErrorIs(t, err, postgres.ErrPoolExhausted)
 		assert.Contains(t, err.Error(), "for a connection from its pool (1 of 1 in use): give the resetter its own pool")
 		assert.Zero(t, logs.Count("connections free at Start"), "the error says it; no second message")
 	}

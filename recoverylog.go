@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/alya/recovery/internal/contract"
 	"github.com/alya/recovery/internal/report"
 )
 
@@ -99,7 +100,7 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
-	case errors.Is(err, ErrPoolExhausted):
+	case errors.Is(err, contract.ErrPoolExhausted):
 		kind = "starved"
 	case errors.Is(err, ErrMisconfigured):
 		kind = "misconfigured"
@@ -120,7 +121,7 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	case errors.Is(err, ErrRowsNotReset):
 		l.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
 			slog.String("peer_id", peer), slog.Any("error", err))
-	case errors.Is(err, ErrPoolExhausted):
+	case errors.Is(err, contract.ErrPoolExhausted):
 		l.log.Warn("recovery of dead peer found no free connection in the resetter's pool before its reset timeout; will retry: every connection was in use (the host's, when it shares the pool); give the resetter a pool of its own",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrMisconfigured):

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"log/slog"
 	"unicode/utf8"
+
+	"github.com/alya/recovery/internal/contract"
 )
 
 // checkSchema runs the resetter's Check, bounded by ctx and the reset
@@ -25,7 +27,7 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	defer cancel()
 	info, err := w.resetter.Check(ctx, schema)
-	if !errors.Is(err, ErrPoolExhausted) { // the error says it better
+	if !errors.Is(err, contract.ErrPoolExhausted) { // the error says it better
 		w.checkPool(info)
 	}
 	if schema {
@@ -68,7 +70,7 @@ const minResetterConns = 2
 // timeout, scan after scan. It only warns: a pool shared with a host
 // whose transactions are short serves both in practice, and a pool with
 // room at Start may still be exhausted later, which the recovery's error
-// then says (ErrPoolExhausted).
+// then says (postgres.ErrPoolExhausted).
 func (w *Worker) checkPool(info ResetterInfo) {
 	free := info.PoolSize - info.PoolInUse
 	if info.PoolSize <= 0 || free >= minResetterConns {

@@ -22,7 +22,7 @@ var (
 	ErrReadOnly = errors.New("recovery: database session is read-only")
 	// ErrRowsLocked: see recovery.ErrRowsLocked.
 	ErrRowsLocked = errors.New("recovery: rows locked by another session")
-	// ErrPoolExhausted: see recovery.ErrPoolExhausted.
+	// ErrPoolExhausted: see postgres.ErrPoolExhausted.
 	ErrPoolExhausted = errors.New("recovery: no free connection in the resetter's pool")
 )
 
