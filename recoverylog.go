@@ -15,12 +15,13 @@ import (
 // when it first appears and when it clears, not at every scan. The
 // recoverer, the sweeper and the dead-peer path share it; it writes to
 // log.
-func newRecoveryLog(log *slog.Logger) *recoveryLog {
-	return &recoveryLog{log: log, failing: make(map[string]string), invalid: make(map[string]bool)}
+func newRecoveryLog(log *slog.Logger, opTimeout time.Duration) *recoveryLog {
+	return &recoveryLog{log: log, opTimeout: opTimeout, failing: make(map[string]string), invalid: make(map[string]bool)}
 }
 
 type recoveryLog struct {
 	log          *slog.Logger
+	opTimeout    time.Duration // each Redis call's (redisSlow)
 	mu           sync.Mutex
 	scanFailing  bool
 	sweepFailing bool
@@ -50,7 +51,7 @@ func (l *recoveryLog) scanned(rep report.RecoveryReport, err error) {
 	}
 	if scanErr != nil {
 		if !l.scanFailing {
-			log.Warn("recovery scan failed; will retry", slog.Any("error", scanErr))
+			log.Warn("recovery scan failed; will retry", slog.Any("error", redisSlow(l.opTimeout, scanErr)))
 		}
 		l.scanFailing = true
 		return

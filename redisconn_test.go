@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -150,3 +151,40 @@ func TestStartWithoutThePasswordSaysSoAndGoRedisPrintsNothing(t *testing.T) {
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.Empty(t, ours())
 }
+
+// A heartbeat and a recovery scan that Redis did not answer within the
+// operation timeout say which assumption of the crash bound failed, not
+// only "context deadline exceeded" (a real redis-server behind a proxy
+// that stops carrying bytes, as a Redis that answers too late looks to
+// the worker).
+func TestARedisThatDoesNotAnswerInTimeIsNamedAsTheFailedAssumptionOfTheBound(t *testing.T) {
+	_, proxy, rdb := behindProxy(t)
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "slow")
+	proxy.Cut()
+	signals(w).beat.WaitFor(t, func(err error) bool { return err != nil })
+	waitTurns(t, &signals(w).scan, 10*time.Second, func() bool { return logs.Count("recovery scan failed; will retry") > 0 },
+		"a scan that Redis did not answer")
+
+	const want = "Redis did not answer within the operation timeout 250ms: the crash bound assumes it does"
+	assert.Regexp(t, `"heartbeat failed; retrying"[^\n]*`+regexp.QuoteMeta(want), logs.String())
+	assert.Regexp(t, `"recovery scan failed; will retry"[^\n]*`+regexp.QuoteMeta(want), logs.String())
+}
+
+// An error that is not a timeout is left as it is.
+func TestRedisSlowNamesOnlyTimeouts(t *testing.T) {
+	wrongType := errors.New("WRONGTYPE Operation against a key holding the wrong kind of value")
+	assert.Same(t, wrongType, redisSlow(250*time.Millisecond, wrongType))
+	assert.NoError(t, redisSlow(250*time.Millisecond, nil))
+	err := redisSlow(250*time.Millisecond, fmt.Errorf("claim: %w", context.DeadlineExceeded))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, "Redis did not answer within the operation timeout 250ms: the crash bound assumes it does: claim: context deadline exceeded", err.Error())
+	var ne net.Error = &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}
+	assert.Contains(t, redisSlow(time.Second, ne).Error(), "within the operation timeout 1s")
+}
+
+// timeoutErr is a network error that timed out.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
