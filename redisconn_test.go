@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -188,3 +190,46 @@ type timeoutErr struct{}
 func (timeoutErr) Error() string   { return "i/o timeout" }
 func (timeoutErr) Timeout() bool   { return true }
 func (timeoutErr) Temporary() bool { return true }
+
+// A claim that Redis did not answer within the operation timeout, at
+// every try, fails the recovery with an error, and a Warn, that name the
+// assumption (a real redis-server; the worker's client holds back the
+// claim script, as a Redis that answers too late).
+func TestAClaimThatRedisDidNotAnswerInTimeNamesTheFailedAssumption(t *testing.T) {
+	ctx := context.Background()
+	direct := testutil.Redis(t)
+	prefix := testutil.Name("SLOWCLAIM")
+	plantDeadPeer(t, direct, prefix, "dead", "1", "2")
+	rdb := redis.NewClient(&redis.Options{Addr: direct.Options().Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(&withholder{key: store.InstanceKeys(prefix, "dead").Claim})
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "recoverer", WithKeyPrefix(prefix))
+
+	_, err := w.recoverNow(ctx)
+
+	const want = "Redis did not answer within the operation timeout 250ms: the crash bound assumes it does: claim: "
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), want)
+	assert.Regexp(t, `"recovery of dead peer failed; will retry"[^\n]*`+regexp.QuoteMeta(want), logs.String())
+}
+
+// withholder is a go-redis hook that never sends a script touching key:
+// the call ends with its context, as one Redis did not answer in time.
+type withholder struct{ key string }
+
+func (h *withholder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *withholder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && slices.Contains(cmd.Args(), any(h.key)) {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *withholder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
+}
