@@ -76,7 +76,6 @@ func (w *Worker) checkPool(info ResetterInfo) {
 	if info.PoolSize <= 0 || free >= minResetterConns {
 		return
 	}
-	w.log.Warn(fmt.Sprintf("the resetter's connection pool had %d of its %d connections free at Start; recovery uses up to %d at once, and a host that shares the pool can hold them all, leaving dead peers' rows in progress until one is free: give the resetter a pool of its own (docs/operations.md)",
-		max(free, 0), info.PoolSize, minResetterConns),
-		slog.Int("pool_max_conns", info.PoolSize), slog.Int("pool_in_use", info.PoolInUse))
+	w.log.Warn("the resetter's connection pool had fewer connections free at Start than recovery uses at once (2); a host that shares the pool can hold them all, leaving dead peers' rows in progress until one is free: give the resetter a pool of its own (docs/operations.md)",
+		slog.Int("pool_max_conns", info.PoolSize), slog.Int("pool_in_use", info.PoolInUse), slog.Int("pool_free", max(free, 0)))
 }
