@@ -264,7 +264,7 @@ func (r *peerRecovery) takeClaim(ctx context.Context) (context.Context, context.
 			if !store.IsReply(err) { // no answer: the claim may have run
 				r.dropClaim()
 			}
-			return ctx, func() {}, res, err
+			return ctx, func() {}, res, redisSlow(r.p.opts.opTimeout, err)
 		}
 		if r.foundBy == foundByRestart {
 			continue // this worker's own ID: Start judged it, and holds it

@@ -211,6 +211,7 @@ func (h *heartbeater) restored() {
 
 // failed notes a heartbeat that failed.
 func (h *heartbeater) failed(err error) {
+	err = redisSlow(h.opts.opTimeout, err)
 	if h.failures == 0 {
 		h.outageStart = time.Now()
 		h.log.Warn("heartbeat failed; retrying", slog.Any("error", err))

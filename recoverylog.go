@@ -6,6 +6,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/alya/recovery/internal/contract"
 	"github.com/alya/recovery/internal/report"
 )
 
@@ -14,12 +15,13 @@ import (
 // when it first appears and when it clears, not at every scan. The
 // recoverer, the sweeper and the dead-peer path share it; it writes to
 // log.
-func newRecoveryLog(log *slog.Logger) *recoveryLog {
-	return &recoveryLog{log: log, failing: make(map[string]string), invalid: make(map[string]bool)}
+func newRecoveryLog(log *slog.Logger, opTimeout time.Duration) *recoveryLog {
+	return &recoveryLog{log: log, opTimeout: opTimeout, failing: make(map[string]string), invalid: make(map[string]bool)}
 }
 
 type recoveryLog struct {
 	log          *slog.Logger
+	opTimeout    time.Duration // each Redis call's (redisSlow)
 	mu           sync.Mutex
 	scanFailing  bool
 	sweepFailing bool
@@ -49,7 +51,7 @@ func (l *recoveryLog) scanned(rep report.RecoveryReport, err error) {
 	}
 	if scanErr != nil {
 		if !l.scanFailing {
-			log.Warn("recovery scan failed; will retry", slog.Any("error", scanErr))
+			log.Warn("recovery scan failed; will retry", slog.Any("error", redisSlow(l.opTimeout, scanErr)))
 		}
 		l.scanFailing = true
 		return
@@ -99,6 +101,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
 		kind = "not_reset"
+	case errors.Is(err, contract.ErrPoolExhausted):
+		kind = "starved"
 	case errors.Is(err, ErrMisconfigured):
 		kind = "misconfigured"
 	case errors.Is(err, errUnverified):
@@ -117,6 +121,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsNotReset):
 		l.log.Error("recovery of dead peer found rows it could neither reset nor show finished; its rows set is kept and retried: check the resetter's statuses and owner column",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, contract.ErrPoolExhausted):
+		l.log.Warn("recovery of dead peer found no free connection in the resetter's pool before its reset timeout; will retry: every connection was in use (the host's, when it shares the pool); give the resetter a pool of its own",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrMisconfigured):
 		l.log.Error("recovery of dead peer held: this worker's self-check found its own statuses or owner column wrong, so it would take the peer's rows for settled; the peer and its rows set are left to a worker configured right",

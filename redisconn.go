@@ -11,6 +11,7 @@ import (
 	"slices"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/redis/go-redis/v9"
 
@@ -134,6 +135,18 @@ func (t redisTarget) diagnose(parent context.Context, o *options) string {
 	}
 	wg.Wait()
 	return strings.Join(out, "; ")
+}
+
+// redisSlow returns err, the failure of a Redis call of the background
+// work made under the operation timeout opTimeout, saying which of the
+// bounds' assumptions failed when the call timed out (isTimeout): Redis
+// answering within the operation timeout (docs/safety.md, "What every
+// bound assumes"). Any other error is returned as it is.
+func redisSlow(opTimeout time.Duration, err error) error {
+	if err == nil || !isTimeout(err) {
+		return err
+	}
+	return fmt.Errorf("Redis did not answer within the operation timeout %v: the crash bound assumes it does: %w", opTimeout, err)
 }
 
 // RedisLogger returns a go-redis logger that writes each line go-redis

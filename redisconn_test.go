@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -14,6 +16,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 )
 
@@ -149,4 +152,84 @@ func TestStartWithoutThePasswordSaysSoAndGoRedisPrintsNothing(t *testing.T) {
 	require.NoError(t, w.Start(context.Background()))
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.Empty(t, ours())
+}
+
+// A heartbeat and a recovery scan that Redis did not answer within the
+// operation timeout say which assumption of the crash bound failed, not
+// only "context deadline exceeded" (a real redis-server behind a proxy
+// that stops carrying bytes, as a Redis that answers too late looks to
+// the worker).
+func TestARedisThatDoesNotAnswerInTimeIsNamedAsTheFailedAssumptionOfTheBound(t *testing.T) {
+	_, proxy, rdb := behindProxy(t)
+	w, logs := startWorker(t, rdb, &fakeResetter{}, "slow")
+	proxy.Cut()
+	signals(w).beat.WaitFor(t, func(err error) bool { return err != nil })
+	waitTurns(t, &signals(w).scan, 10*time.Second, func() bool { return logs.Count("recovery scan failed; will retry") > 0 },
+		"a scan that Redis did not answer")
+
+	const want = "Redis did not answer within the operation timeout 250ms: the crash bound assumes it does"
+	assert.Regexp(t, `"heartbeat failed; retrying"[^\n]*`+regexp.QuoteMeta(want), logs.String())
+	assert.Regexp(t, `"recovery scan failed; will retry"[^\n]*`+regexp.QuoteMeta(want), logs.String())
+}
+
+// An error that is not a timeout is left as it is.
+func TestRedisSlowNamesOnlyTimeouts(t *testing.T) {
+	wrongType := errors.New("WRONGTYPE Operation against a key holding the wrong kind of value")
+	assert.Same(t, wrongType, redisSlow(250*time.Millisecond, wrongType))
+	assert.NoError(t, redisSlow(250*time.Millisecond, nil))
+	err := redisSlow(250*time.Millisecond, fmt.Errorf("claim: %w", context.DeadlineExceeded))
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Equal(t, "Redis did not answer within the operation timeout 250ms: the crash bound assumes it does: claim: context deadline exceeded", err.Error())
+	var ne net.Error = &net.OpError{Op: "read", Net: "tcp", Err: timeoutErr{}}
+	assert.Contains(t, redisSlow(time.Second, ne).Error(), "within the operation timeout 1s")
+}
+
+// timeoutErr is a network error that timed out.
+type timeoutErr struct{}
+
+func (timeoutErr) Error() string   { return "i/o timeout" }
+func (timeoutErr) Timeout() bool   { return true }
+func (timeoutErr) Temporary() bool { return true }
+
+// A claim that Redis did not answer within the operation timeout, at
+// every try, fails the recovery with an error, and a Warn, that name the
+// assumption (a real redis-server; the worker's client holds back the
+// claim script, as a Redis that answers too late).
+func TestAClaimThatRedisDidNotAnswerInTimeNamesTheFailedAssumption(t *testing.T) {
+	ctx := context.Background()
+	direct := testutil.Redis(t)
+	prefix := testutil.Name("SLOWCLAIM")
+	plantDeadPeer(t, direct, prefix, "dead", "1", "2")
+	rdb := redis.NewClient(&redis.Options{Addr: direct.Options().Addr, ContextTimeoutEnabled: true})
+	t.Cleanup(func() { rdb.Close() })
+	rdb.AddHook(&withholder{key: store.InstanceKeys(prefix, "dead").Claim})
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "recoverer", WithKeyPrefix(prefix))
+
+	_, err := w.recoverNow(ctx)
+
+	const want = "Redis did not answer within the operation timeout 250ms: the crash bound assumes it does: claim: "
+	require.ErrorIs(t, err, context.DeadlineExceeded)
+	assert.Contains(t, err.Error(), want)
+	assert.Regexp(t, `"recovery of dead peer failed; will retry"[^\n]*`+regexp.QuoteMeta(want), logs.String())
+}
+
+// withholder is a go-redis hook that never sends a script touching key:
+// the call ends with its context, as one Redis did not answer in time.
+type withholder struct{ key string }
+
+func (h *withholder) DialHook(next redis.DialHook) redis.DialHook { return next }
+
+func (h *withholder) ProcessHook(next redis.ProcessHook) redis.ProcessHook {
+	return func(ctx context.Context, cmd redis.Cmder) error {
+		if name := cmd.Name(); (name == "evalsha" || name == "eval") && slices.Contains(cmd.Args(), any(h.key)) {
+			<-ctx.Done()
+			cmd.SetErr(ctx.Err())
+			return ctx.Err()
+		}
+		return next(ctx, cmd)
+	}
+}
+
+func (h *withholder) ProcessPipelineHook(next redis.ProcessPipelineHook) redis.ProcessPipelineHook {
+	return next
 }

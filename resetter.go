@@ -22,7 +22,8 @@ type Resetter interface {
 	Info() ResetterInfo
 	// Check compares the configuration with the store and reads what it
 	// serves (ResetterInfo's Serves, Server, OwnerWidth,
-	// IdleInTxTimeout). Start calls it before writing to Redis. With
+	// IdleInTxTimeout) and the pool of its handle (PoolSize, PoolInUse:
+	// Start warns about a pool with fewer than 2 connections free). Start calls it before writing to Redis. With
 	// schema false (WithoutSchemaCheck) only the identity is read. Its
 	// errors wrap ErrSchema or ErrReadOnly.
 	Check(ctx context.Context, schema bool) (ResetterInfo, error)
@@ -51,7 +52,8 @@ type Resetter interface {
 // ResetterInfo says what a Resetter guarantees and how its rows read: its
 // fields are documented on internal/contract.ResetterInfo. Info fills the
 // guarantees; Check also fills what it read from the server (Serves,
-// Server, OwnerWidth, IdleInTxTimeout).
+// Server, OwnerWidth, IdleInTxTimeout) and its handle's pool (PoolSize,
+// PoolInUse).
 type ResetterInfo = contract.ResetterInfo
 
 // ResetRequest asks a Resetter to return rows to the queue: RowIDs of one

@@ -2,9 +2,12 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"unicode/utf8"
+
+	"github.com/alya/recovery/internal/contract"
 )
 
 // checkSchema runs the resetter's Check, bounded by ctx and the reset
@@ -24,6 +27,9 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 	ctx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
 	defer cancel()
 	info, err := w.resetter.Check(ctx, schema)
+	if !errors.Is(err, contract.ErrPoolExhausted) { // the error says it better
+		w.checkPool(info)
+	}
 	if schema {
 		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
 		n := utf8.RuneCountInString(w.tracker.currentOwner())
@@ -49,4 +55,27 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 		return ResetterInfo{}, nil
 	}
 	return info, nil
+}
+
+// minResetterConns is how many connections of its pool the resetter may
+// use at once: the recovery loop's reset and one more, the backstop
+// sweep's, the self-check's, Release's or ops.RecoverNow's, which run in
+// their own goroutines.
+const minResetterConns = 2
+
+// checkPool warns when the resetter's pool (ResetterInfo.PoolSize, a pool
+// with a limit) had fewer than minResetterConns connections free when
+// Check began. A host that shares the pool with the resetter can then
+// hold every connection, and recovery waits for one past its reset
+// timeout, scan after scan. It only warns: a pool shared with a host
+// whose transactions are short serves both in practice, and a pool with
+// room at Start may still be exhausted later, which the recovery's error
+// then says (postgres.ErrPoolExhausted).
+func (w *Worker) checkPool(info ResetterInfo) {
+	free := info.PoolSize - info.PoolInUse
+	if info.PoolSize <= 0 || free >= minResetterConns {
+		return
+	}
+	w.log.Warn("the resetter's connection pool had fewer connections free at Start than recovery uses at once (2); a host that shares the pool can hold them all, leaving dead peers' rows in progress until one is free: give the resetter a pool of its own (docs/operations.md)",
+		slog.Int("pool_max_conns", info.PoolSize), slog.Int("pool_in_use", info.PoolInUse), slog.Int("pool_free", max(free, 0)))
 }

@@ -143,7 +143,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	state := &w.state
 	running := func() bool { return state.Load() == stateRunning }
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
-	rlog := newRecoveryLog(w.log)
+	rlog := newRecoveryLog(w.log, w.opts.opTimeout)
 	// lease: what noting its loss touches (lease.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
 	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode

@@ -37,3 +37,11 @@ const (
 // ErrNoLedger is wrapped by the error of a reset that needs the reset
 // ledger (no owner column) when its table does not exist.
 var ErrNoLedger = pgcore.ErrNoLedger
+
+// ErrPoolExhausted is wrapped by the error of a reset, a recovery or
+// Start's check whose resetter waited past its deadline for a connection
+// from its pool, every connection being in use (the host's transactions,
+// typically, in a pool it shares with the resetter). The message says how
+// long it waited and how many connections were in use. Give the resetter
+// a pool of its own (docs/operations.md, "The resetter's connections").
+var ErrPoolExhausted = pgcore.ErrPoolExhausted

@@ -22,6 +22,8 @@ var (
 	ErrReadOnly = errors.New("recovery: database session is read-only")
 	// ErrRowsLocked: see recovery.ErrRowsLocked.
 	ErrRowsLocked = errors.New("recovery: rows locked by another session")
+	// ErrPoolExhausted: see postgres.ErrPoolExhausted.
+	ErrPoolExhausted = errors.New("recovery: no free connection in the resetter's pool")
 )
 
 // ResetRequest asks a resetter to return rows to the queue. Exactly one
@@ -144,4 +146,11 @@ type ResetterInfo struct {
 	// IdleInTxTimeout is the session's idle_in_transaction_session_timeout;
 	// 0 when it is off.
 	IdleInTxTimeout time.Duration
+	// PoolSize is the most connections the resetter's handle opens at
+	// once (pgxpool's MaxConns, database/sql's SetMaxOpenConns); 0 when
+	// it has no limit or is not a pool (a connection, a transaction).
+	PoolSize int
+	// PoolInUse is how many of the pool's connections were in use when
+	// Check began, taken by the host or by the resetter.
+	PoolInUse int
 }

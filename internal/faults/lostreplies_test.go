@@ -345,10 +345,7 @@ func TestScenarioF2CommitReplyOfAResetLost(t *testing.T) {
 // block every recoverer for.
 func TestScenarioF4ReplyToTheClaimScriptLost(t *testing.T) {
 	e := newEnv(t, "F4 reply to the claim script lost", envConfig{rows: 300})
-	proxy, err := netfault.NewProxy(e.redisSrv.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	viaProxy := strings.Replace(e.redisURL, e.redisSrv.Addr, proxy.Addr, 1)
+	proxy, viaProxy := e.redisProxy()
 	ws := e.spawnStarted([]string{"f4-w1", "f4-w2", "f4-w3"}, map[string]string{"REDIS_URL": viaProxy})
 	victim, survivors := ws[0], ws[1:]
 	ctx := context.Background()

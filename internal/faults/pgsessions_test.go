@@ -4,7 +4,6 @@ package faults
 
 import (
 	"fmt"
-	"net/url"
 	"slices"
 	"testing"
 	"time"
@@ -36,13 +35,9 @@ const l1IdleTimeout = 15 * time.Second
 func TestScenarioL1HostVanishesHoldingARowLock(t *testing.T) {
 	e := newEnv(t, "L1 host vanishes mid-completion, row lock held", envConfig{rows: 200, ownerMode: true})
 	proxy, viaProxy := e.postgresProxy()
-	u, err := url.Parse(viaProxy)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("idle_in_transaction_session_timeout", fmt.Sprint(l1IdleTimeout.Milliseconds()))
-	u.RawQuery = q.Encode()
+	idleEnds := withParam(t, viaProxy, "idle_in_transaction_session_timeout", fmt.Sprint(l1IdleTimeout.Milliseconds()))
 
-	victim := e.spawnStarted([]string{"l1-victim"}, map[string]string{"DATABASE_URL": u.String()},
+	victim := e.spawnStarted([]string{"l1-victim"}, map[string]string{"DATABASE_URL": idleEnds},
 		"-stall-completion", "1h")[0]
 	survivors := e.start([]string{"l1-w1", "l1-w2"})
 	const stalling = "fault: stalling in the completion transaction, holding the row's lock"
@@ -82,12 +77,8 @@ func TestScenarioL1HostVanishesHoldingARowLock(t *testing.T) {
 // ErrReadOnly's message, having registered nothing, and the fleet goes on.
 func TestScenarioR1ReadOnlySessionRefusedAtStart(t *testing.T) {
 	e := newEnv(t, "R1 read-only session refused at Start", envConfig{rows: 60, ownerMode: true})
-	u, err := url.Parse(e.dbURL)
-	require.NoError(t, err)
-	q := u.Query()
-	q.Set("default_transaction_read_only", "on")
-	u.RawQuery = q.Encode()
-	bad := e.spawn("bad-r1", map[string]string{"DATABASE_URL": u.String()}, e.workerArgs("bad-r1")...)
+	readOnly := withParam(t, e.dbURL, "default_transaction_read_only", "on")
+	bad := e.spawn("bad-r1", map[string]string{"DATABASE_URL": readOnly}, e.workerArgs("bad-r1")...)
 	code := bad.wait(t, 20*time.Second)
 	assert.NotZero(t, code, "refused")
 	assert.Contains(t, bad.out.String(), "recovery: database session is read-only: transaction_read_only is on")

@@ -16,7 +16,6 @@ import (
 
 	"github.com/redis/go-redis/v9"
 
-	"github.com/alya/recovery/internal/netfault"
 	"github.com/alya/recovery/internal/servers"
 	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
@@ -271,10 +270,7 @@ func (e *env) assertTracked(p *proc) {
 // others lose their lease, hand their blocks back, and re-register.
 func TestScenario06RedisUnreachableForTwiceTheTTL(t *testing.T) {
 	e := newEnv(t, "6 Redis unreachable for 2x TTL, then back", envConfig{rows: 300})
-	proxy, err := netfault.NewProxy(e.redisSrv.Addr)
-	require.NoError(t, err)
-	t.Cleanup(func() { proxy.Close() })
-	viaProxy := strings.Replace(e.redisURL, e.redisSrv.Addr, proxy.Addr, 1)
+	proxy, viaProxy := e.redisProxy()
 	var ws []*proc
 	for _, id := range []string{"s6-w1", "s6-w2", "s6-w3"} {
 		ws = append(ws, e.spawn(id, map[string]string{"REDIS_URL": viaProxy}, e.workerArgs(id)...))

@@ -33,7 +33,8 @@ type Proxy struct {
 	vanished bool // Vanish: a client that ends leaves its server connection open
 	closed   bool
 	pairs    map[*pair]struct{}
-	drop     *dropArm // armed by DropReplyTo
+	drop     *dropArm      // armed by DropReplyTo
+	slow     time.Duration // SlowReplies: every reply held this long
 }
 
 // pair is one client connection and, while forwarded, its upstream.
@@ -177,7 +178,11 @@ func (p *Proxy) copyReplies(pr *pair) {
 			p.mu.Lock()
 			arm := pr.dropNext
 			pr.dropNext = nil
+			slow := p.slow
 			p.mu.Unlock()
+			if slow > 0 {
+				time.Sleep(slow) // SlowReplies: a server that answers late
+			}
 			if arm != nil && arm.delay > 0 {
 				time.Sleep(arm.delay) // the reply is late, not lost
 				close(arm.done)
@@ -222,6 +227,15 @@ func (p *Proxy) DelayReplyTo(marker []byte, d time.Duration) <-chan struct{} {
 	p.drop = arm
 	p.mu.Unlock()
 	return arm.done
+}
+
+// SlowReplies holds every reply the server sends from now on for d before
+// forwarding it (0: none), as a server that answers late: a client whose
+// deadline is shorter gives up on each request, which the server ran.
+func (p *Proxy) SlowReplies(d time.Duration) {
+	p.mu.Lock()
+	p.slow = d
+	p.mu.Unlock()
 }
 
 // Cut turns the proxy into a black hole until Restore.

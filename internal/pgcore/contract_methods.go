@@ -30,8 +30,9 @@ func (r *Resetter) Info() ResetterInfo {
 	}
 }
 
-// Check returns Info filled with what it reads from the server. With
-// schema, it first checks the session (checkSession: an error wrapping
+// Check returns Info filled with what it reads from the server. It
+// first reads the handle's pool, when it is one (PoolSize, PoolInUse).
+// With schema, it first checks the session (checkSession: an error wrapping
 // ErrReadOnly, prefixed "check database session: ", when it cannot
 // write; it fills OwnerWidth and IdleInTxTimeout), then the table
 // (checkSchema: errors wrapping ErrSchema, prefixed "check schema: ").
@@ -43,6 +44,9 @@ func (r *Resetter) Info() ResetterInfo {
 // Resetter.
 func (r *Resetter) Check(ctx context.Context, schema bool) (ResetterInfo, error) {
 	info := r.Info()
+	if st, ok := r.poolStats(); ok {
+		info.PoolSize, info.PoolInUse = st.Max, st.InUse
+	}
 	if schema {
 		s, err := r.checkSession(ctx)
 		if err != nil {

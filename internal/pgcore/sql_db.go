@@ -3,6 +3,7 @@ package pgcore
 import (
 	"context"
 	"database/sql"
+	"time"
 )
 
 // SQLExecer is sqlreset.Execer: what an sqlreset.Resetter calls on its database/sql handle:
@@ -45,11 +46,43 @@ const savepoint = "recovery_reset"
 // sqlDB is DB over database/sql.
 type sqlDB struct{ db SQLExecer }
 
+// sqlStats is a database/sql pool (*sql.DB, *sqlx.DB, a host's type
+// embedding one).
+type sqlStats interface{ Stats() sql.DBStats }
+
+// PoolStats reads d's pool, when its handle is one. It implements
+// Pooled.
+func (d sqlDB) PoolStats() (PoolStats, bool) {
+	p, ok := d.db.(sqlStats)
+	if !ok {
+		return PoolStats{}, false
+	}
+	st := p.Stats()
+	return PoolStats{InUse: st.InUse, Max: st.MaxOpenConnections}, true
+}
+
+// explain returns err, the failure of a call on d's handle begun at
+// start, as a wait for a connection (PoolWait) when the pool has every
+// connection in use after the call's deadline: database/sql waits for one
+// inside the call and reports only the context's error. The call runs on
+// the host's handle as the host gave it, so that a type wrapping
+// *sql.DB keeps its methods.
+func (d sqlDB) explain(err error, start time.Time) error {
+	if err == nil {
+		return nil
+	}
+	if st, ok := d.PoolStats(); ok {
+		return PoolWait(err, time.Since(start), st)
+	}
+	return err
+}
+
 func (d sqlDB) Begin(ctx context.Context) (Tx, error) {
 	if b, ok := d.db.(sqlBeginner); ok {
+		start := time.Now()
 		tx, err := b.BeginTx(ctx, nil)
 		if err != nil {
-			return nil, err
+			return nil, d.explain(err, start)
 		}
 		return sqlTx{ex: tx, tx: tx}, nil
 	}
@@ -60,12 +93,15 @@ func (d sqlDB) Begin(ctx context.Context) (Tx, error) {
 }
 
 func (d sqlDB) Query(ctx context.Context, sql string, args ...any) (Rows, error) {
-	return sqlQuery(ctx, d.db, sql, args)
+	start := time.Now()
+	rows, err := sqlQuery(ctx, d.db, sql, args)
+	return rows, d.explain(err, start)
 }
 
 func (d sqlDB) Exec(ctx context.Context, sql string, args ...any) error {
+	start := time.Now()
 	_, err := d.db.ExecContext(ctx, sql, sqlArgs(args)...)
-	return err
+	return d.explain(err, start)
 }
 
 // sqlTx is Tx over a *sql.Tx, or over a savepoint of the caller's
