@@ -55,6 +55,9 @@ type peerRecoverer struct {
 	// (registry.go); its nodeWatch holds verdicts after a restart
 	// (nodeage.go).
 	judge *judge
+	// seen is what the scans remember of the dead peers they found
+	// (scanorder.go).
+	seen deadSeen
 
 	// What it needs of the other parts, set in New.
 

@@ -3,6 +3,7 @@ package recovery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -68,13 +69,19 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 	}
 	noticed := time.Now()
 	rep.Dead = dead
+	plan := r.planScan(ctx, dead, noticed)
+	deadline := start.Add(r.opts.scanBudget())
 	var errs []error
-	for _, peer := range dead {
+	for i, peer := range plan.order {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			continue
 		}
-		pr, claimed, err := r.peers.recoverDead(ctx, peer, foundByScan, noticed)
+		if i > 0 && !time.Now().Before(deadline) {
+			rep.Deferred = append(rep.Deferred, plan.order[i:]...) // the next scan, newer deaths first
+			break
+		}
+		pr, claimed, err := r.peers.recoverDeadLives(ctx, peer, foundByScan, noticed, plan.lives[peer])
 		switch {
 		case err != nil:
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
@@ -85,6 +92,14 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 		default:
 			rep.Recovered = append(rep.Recovered, pr)
 			rep.RowsReset += pr.RowsReset
+		}
+	}
+	if len(plan.idle) > 0 {
+		n, err := r.deregisterIdle(ctx, plan.idle, deadline)
+		rep.IdleDeregistered = n
+		r.stats.peersDead.Add(uint64(n))
+		if err != nil {
+			errs = append(errs, fmt.Errorf("deregister dead peers with nothing to recover: %w", err))
 		}
 	}
 	return rep, errors.Join(errs...)
@@ -133,11 +148,15 @@ func (r *recoverer) run(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
+		began := time.Now()
 		r.runOnce(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		t.Reset(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1))
+		// The next scan starts an interval after this one began (at once
+		// if this one took longer): a scan's own duration does not add to
+		// the wait for the next (scanBudget).
+		t.Reset(max(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1)-time.Since(began), 0))
 		r.opts.sig.scan.Signal(struct{}{}) // test signal: a recovery turn ended
 	}
 }

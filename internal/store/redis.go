@@ -241,6 +241,83 @@ func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error
 	return out, nil
 }
 
+// Records pipelines SCARD, PTTL, PTTL, EXISTS per peer.
+func (s *Redis) Records(ctx context.Context, peers []string) (_ []Record, err error) {
+	defer s.failed(&err)
+	type cmds struct {
+		rows            *redis.IntCmd
+		rowsTTL, incTTL *redis.DurationCmd
+		claim           *redis.IntCmd
+	}
+	pipe := s.rdb.Pipeline()
+	cs := make([]cmds, len(peers))
+	for i, id := range peers {
+		k := s.Keys(id)
+		cs[i] = cmds{rows: pipe.SCard(ctx, k.Rows), rowsTTL: pipe.PTTL(ctx, k.Rows),
+			incTTL: pipe.PTTL(ctx, k.Incarnation), claim: pipe.Exists(ctx, k.Claim)}
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read the records of %d peers: %w", len(peers), err)
+	}
+	out := make([]Record, len(peers))
+	for i, c := range cs {
+		out[i] = Record{Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(), IncarnationTTL: c.incTTL.Val(),
+			Claim: c.claim.Val() == 1}
+	}
+	return out, nil
+}
+
+// DeregisterIdle pipelines deregisterScript per peer on a single server;
+// on a Cluster it pipelines the SREMs, then the heartbeat EXISTS, then the
+// SADDs of the peers whose heartbeat is back (Deregister's sequence).
+func (s *Redis) DeregisterIdle(ctx context.Context, ids []string) (_ int, err error) {
+	defer s.failed(&err)
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(ids))
+		for i, id := range ids {
+			k := s.Keys(id)
+			cmds[i] = deregisterScript.Eval(ctx, pipe, []string{s.registry, k.Heartbeat, k.Rows}, id)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+		}
+		removed := 0
+		for _, c := range cmds {
+			if n, _ := c.Int(); n == 1 {
+				removed++
+			}
+		}
+		return removed, nil
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	if err := s.rdb.SRem(ctx, s.registry, members...).Err(); err != nil {
+		return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+	}
+	alive, err := s.Heartbeats(ctx, ids)
+	var back []any
+	for i, l := range alive {
+		if l != Absent { // alive, or unknown: back into the registry
+			back = append(back, ids[i])
+		}
+	}
+	if len(back) > 0 {
+		if serr := s.rdb.SAdd(ctx, s.registry, back...).Err(); serr != nil {
+			return 0, fmt.Errorf("re-register %d peers: %w", len(back), serr)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("recheck heartbeats: %w", err)
+	}
+	return len(ids) - len(back), nil
+}
+
 // ClaimDead runs claimScript.
 func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (_ ClaimResult, err error) {
 	defer s.failed(&err)
