@@ -26,10 +26,10 @@ import (
 const massDeathEntries = 10_000
 
 // plantMassDeath registers n dead workers under prefix: registry entries
-// without a heartbeat, and with records, an incarnation (what every
-// heartbeat writes) living a minute, so that none can be removed without
+// without a heartbeat, and, with a records TTL, an incarnation (what every
+// heartbeat writes) living that long, so that none can be removed without
 // its recovery.
-func plantMassDeath(t testing.TB, rdb redis.UniversalClient, prefix string, n int, records bool) {
+func plantMassDeath(t testing.TB, rdb redis.UniversalClient, prefix string, n int, records time.Duration) {
 	t.Helper()
 	ctx := context.Background()
 	ids := make([]any, n)
@@ -37,12 +37,12 @@ func plantMassDeath(t testing.TB, rdb redis.UniversalClient, prefix string, n in
 		ids[i] = fmt.Sprintf("dead-%06d", i)
 	}
 	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), ids...).Err())
-	if !records {
+	if records == 0 {
 		return
 	}
 	pipe := rdb.Pipeline()
 	for _, id := range ids {
-		pipe.Set(ctx, store.InstanceKeys(prefix, id.(string)).Incarnation, "life-1", time.Minute)
+		pipe.Set(ctx, store.InstanceKeys(prefix, id.(string)).Incarnation, "life-1", records)
 	}
 	_, err := pipe.Exec(ctx)
 	require.NoError(t, err)
@@ -87,7 +87,11 @@ func testFreshDeathAmongMassDeath(t *testing.T, ownerMode, records bool) {
 	}
 	require.NoError(t, a.Track(ctx, 1, 2, 3, 4, 5))
 	b, _ := startWorker(t, rdb, r, "scanner", opts...)
-	plantMassDeath(t, rdb, prefix, massDeathEntries, records)
+	var ttl time.Duration
+	if records {
+		ttl = b.fleet.incarnationTTL() // as their last heartbeats wrote it, just now
+	}
+	plantMassDeath(t, rdb, prefix, massDeathEntries, ttl)
 	a.crash()
 	killed := time.Now()
 
@@ -108,8 +112,8 @@ func testFreshDeathAmongMassDeath(t *testing.T, ownerMode, records bool) {
 	// itself and a loaded machine get a second.
 	assert.Less(t, took, bound+time.Second, "within TTL + 1.1 × recovery interval + the scan turn")
 	if !records {
-		n, err := rdb.SCard(ctx, store.RegistryKey(prefix)).Result()
-		require.NoError(t, err)
-		assert.Equal(t, int64(1), n, "the entries that held nothing are deregistered in bulk; the scanner stays")
+		waitTurns(t, &signals(b).scan, 10*time.Second, func() bool {
+			return rdb.SCard(ctx, store.RegistryKey(prefix)).Val() == 1
+		}, "the entries that held nothing are deregistered in bulk; the scanner stays")
 	}
 }

@@ -16,7 +16,8 @@ import (
 // leaves thousands of registry entries without a heartbeat):
 //
 //   - one pipelined read of every dead peer's record (store.Records) and
-//     one renewal of every rows set found (store.KeepRows), before any
+//     one renewal of every rows set and incarnation found that might not
+//     outlive two more scans (store.KeepRows), in batches, before any
 //     recovery: no set waits in the queue long enough to expire, whatever
 //     its place in it;
 //   - the peers that left something to recover (a rows set, an
@@ -28,8 +29,9 @@ import (
 //     from the registry in pipelined batches (store.DeregisterIdle: the
 //     same check as one deregistration) when there are more than
 //     idleOneByOne of them; fewer go down the one path like any other;
-//   - a scan starts no recovery once scanBudget has passed: the rest is
-//     left to the next scan, which orders them again, behind any newer
+//   - a scan starts no recovery once scanBudget has passed, and no bulk
+//     removal half a budget after that (at least one of each): the rest
+//     is left to the next scan, which orders them again, behind any newer
 //     death.
 
 // idleOneByOne is how many dead peers with nothing to recover a scan
@@ -87,33 +89,53 @@ type scanPlan struct {
 }
 
 // planScan reads the dead peers' records, renews their rows sets, and
-// orders them. A read that fails leaves every peer to the one path, in
-// the registry's order.
+// orders them. Peers whose records could not be read go down the one
+// path after those whose could.
 func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) scanPlan {
 	if len(dead) == 0 {
 		return scanPlan{}
 	}
-	opCtx, cancel := r.opts.opContext(ctx)
-	recs, err := r.store.Records(opCtx, dead)
-	cancel()
-	if err != nil {
-		r.log.Warn("reading the records of dead peers failed; they are recovered in the registry's order",
-			slog.Int("peers_dead", len(dead)), slog.Any("error", err))
-		return scanPlan{order: dead}
-	}
+	// In batches, each under its own operation timeout: one pipeline of
+	// 10,000 peers' reads outlasts a short timeout on a loaded machine.
+	// A set is renewed when it might not outlive the next two scans: one
+	// comes within the longest recovery wait, so a set renewed when it
+	// gets shorter than two is never lost in the queue, and a backlog of
+	// thousands costs a renewal every other scan or so, not every scan.
+	renewBelow := 2 * r.opts.longestRecoveryWait()
+	recs := make([]store.Record, len(dead))
+	unread := map[string]bool{}
 	var kept []string
-	for i, rec := range recs {
-		if rec.RowsTTL != -2 || rec.IncarnationTTL != -2 {
-			kept = append(kept, dead[i])
+	for from := 0; from < len(dead); from += idleBatch {
+		batch := dead[from:min(from+idleBatch, len(dead))]
+		opCtx, cancel := r.opts.opContext(ctx)
+		got, err := r.store.Records(opCtx, batch)
+		cancel()
+		if err != nil {
+			if len(unread) == 0 {
+				r.log.Warn("reading the records of dead peers failed; they are recovered after the others",
+					slog.Int("peers_dead", len(batch)), slog.Any("error", err))
+			}
+			for i, p := range batch {
+				unread[p] = true
+				recs[from+i] = store.Record{Claim: true, RowsTTL: -2, IncarnationTTL: -2} // unknown: not idle
+			}
+			continue
+		}
+		copy(recs[from:], got)
+		for i, rec := range got {
+			if rec.RowsTTL != -2 && rec.RowsTTL < renewBelow || rec.IncarnationTTL != -2 && rec.IncarnationTTL < renewBelow {
+				kept = append(kept, batch[i])
+			}
 		}
 	}
-	if len(kept) > 0 {
+	for from := 0; from < len(kept); from += idleBatch {
 		opCtx, cancel := r.opts.opContext(ctx)
-		kerr := r.store.KeepRows(opCtx, kept, r.peers.fleet.rowsTTL())
+		kerr := r.store.KeepRows(opCtx, kept[from:min(from+idleBatch, len(kept))], r.peers.fleet.rowsTTL())
 		cancel()
 		if kerr != nil {
 			r.log.Warn("renewing the rows sets of dead peers before their recovery failed; each claim renews its own",
 				slog.Int("peers_dead", len(kept)), slog.Any("error", kerr))
+			break
 		}
 	}
 	first := r.peers.seen.note(dead, recs, now)
@@ -125,11 +147,15 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 		ttl   time.Duration
 	}
 	var rec, idle []entry
+	var later []string
 	for i, p := range dead {
 		e := entry{peer: p, first: first[i], fresh: first[i].Equal(now), ttl: max(recs[i].RowsTTL, recs[i].IncarnationTTL)}
-		if recs[i].Empty() {
+		switch {
+		case unread[p]:
+			later = append(later, p)
+		case recs[i].Empty():
 			idle = append(idle, e)
-		} else {
+		default:
 			rec = append(rec, e)
 		}
 	}
@@ -149,6 +175,7 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 	for _, e := range rec {
 		plan.order = append(plan.order, e.peer)
 	}
+	plan.order = append(plan.order, later...)
 	idleIDs := make([]string, 0, len(idle))
 	for _, e := range idle {
 		idleIDs = append(idleIDs, e.peer)
@@ -235,10 +262,14 @@ func (d *deadSeen) note(dead []string, recs []store.Record, now time.Time) []tim
 }
 
 // deregisterIdle removes the idle dead peers from the registry in
-// batches, until the scan's budget or ctx ends; it returns how many it
-// removed, and the first error.
+// batches, until half a scan budget after the scan's budget (from now, if
+// later) or ctx ends; it returns how many it removed, and the first
+// error.
 func (r *recoverer) deregisterIdle(ctx context.Context, idle []string, deadline time.Time) (int, error) {
 	removed := 0
+	if d := time.Now().Add(r.opts.scanBudget() / 2); d.After(deadline) {
+		deadline = d
+	}
 	for len(idle) > 0 && ctx.Err() == nil && time.Now().Before(deadline) {
 		n := min(len(idle), idleBatch)
 		opCtx, cancel := r.opts.opContext(ctx)

@@ -241,46 +241,73 @@ func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error
 	return out, nil
 }
 
-// Records pipelines SCARD, PTTL, PTTL, EXISTS per peer.
+// Records pipelines one EXISTS of the rows set, incarnation and claim per
+// peer (keys of one slot), then, for the peers that have any, SCARD,
+// PTTL, PTTL, EXISTS: a mass death of registry entries alone costs one
+// command each.
 func (s *Redis) Records(ctx context.Context, peers []string) (_ []Record, err error) {
 	defer s.failed(&err)
-	type cmds struct {
-		rows            *redis.IntCmd
-		rowsTTL, incTTL *redis.DurationCmd
-		claim           *redis.IntCmd
-	}
 	pipe := s.rdb.Pipeline()
-	cs := make([]cmds, len(peers))
+	any := make([]*redis.IntCmd, len(peers))
 	for i, id := range peers {
 		k := s.Keys(id)
-		cs[i] = cmds{rows: pipe.SCard(ctx, k.Rows), rowsTTL: pipe.PTTL(ctx, k.Rows),
-			incTTL: pipe.PTTL(ctx, k.Incarnation), claim: pipe.Exists(ctx, k.Claim)}
+		any[i] = pipe.Exists(ctx, k.Rows, k.Incarnation, k.Claim)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("read the records of %d peers: %w", len(peers), err)
 	}
 	out := make([]Record, len(peers))
-	for i, c := range cs {
-		out[i] = Record{Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(), IncarnationTTL: c.incTTL.Val(),
+	type cmds struct {
+		i               int
+		rows, claim     *redis.IntCmd
+		rowsTTL, incTTL *redis.DurationCmd
+	}
+	var cs []cmds
+	pipe = s.rdb.Pipeline()
+	for i, id := range peers {
+		out[i] = Record{RowsTTL: -2, IncarnationTTL: -2}
+		if any[i].Val() == 0 {
+			continue
+		}
+		k := s.Keys(id)
+		cs = append(cs, cmds{i: i, rows: pipe.SCard(ctx, k.Rows), rowsTTL: pipe.PTTL(ctx, k.Rows),
+			incTTL: pipe.PTTL(ctx, k.Incarnation), claim: pipe.Exists(ctx, k.Claim)})
+	}
+	if len(cs) == 0 {
+		return out, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read the records of %d peers: %w", len(cs), err)
+	}
+	for _, c := range cs {
+		out[c.i] = Record{Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(), IncarnationTTL: c.incTTL.Val(),
 			Claim: c.claim.Val() == 1}
 	}
 	return out, nil
 }
 
-// DeregisterIdle pipelines deregisterScript per peer on a single server;
-// on a Cluster it pipelines the SREMs, then the heartbeat EXISTS, then the
-// SADDs of the peers whose heartbeat is back (Deregister's sequence).
+// DeregisterIdle pipelines deregisterScript (by its hash) per peer on a
+// single server; on a Cluster it sends the SREM, then pipelines one EXISTS
+// of each peer's heartbeat and rows set (one slot), then the SADD of the
+// peers that have either (or did not answer) back: Deregister's sequence,
+// which also checks the rows set.
 func (s *Redis) DeregisterIdle(ctx context.Context, ids []string) (_ int, err error) {
 	defer s.failed(&err)
 	if len(ids) == 0 {
 		return 0, nil
 	}
 	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
+		// Loaded first, so the pipeline sends its hash, not its body, per
+		// peer; a server that lost it meanwhile fails the batch (NOSCRIPT),
+		// which the next scan sends again.
+		if err := deregisterScript.Load(ctx, s.rdb).Err(); err != nil {
+			return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+		}
 		pipe := s.rdb.Pipeline()
 		cmds := make([]*redis.Cmd, len(ids))
 		for i, id := range ids {
 			k := s.Keys(id)
-			cmds[i] = deregisterScript.Eval(ctx, pipe, []string{s.registry, k.Heartbeat, k.Rows}, id)
+			cmds[i] = deregisterScript.EvalSha(ctx, pipe, []string{s.registry, k.Heartbeat, k.Rows}, id)
 		}
 		if _, err := pipe.Exec(ctx); err != nil {
 			return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
@@ -300,10 +327,17 @@ func (s *Redis) DeregisterIdle(ctx context.Context, ids []string) (_ int, err er
 	if err := s.rdb.SRem(ctx, s.registry, members...).Err(); err != nil {
 		return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
 	}
-	alive, err := s.Heartbeats(ctx, ids)
+	// The heartbeat and the rows set share a slot: one EXISTS each.
+	pipe := s.rdb.Pipeline()
+	held := make([]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		k := s.Keys(id)
+		held[i] = pipe.Exists(ctx, k.Heartbeat, k.Rows)
+	}
+	_, err = pipe.Exec(ctx)
 	var back []any
-	for i, l := range alive {
-		if l != Absent { // alive, or unknown: back into the registry
+	for i, c := range held {
+		if c.Err() != nil || c.Val() > 0 { // unknown, alive or holding rows: back into the registry
 			back = append(back, ids[i])
 		}
 	}
