@@ -20,17 +20,15 @@ import (
 // scan of release 0.2, one peer after another, they came back after 4.5
 // to 8.8 s, or never without the sweep.
 func TestScenarioD1MassDeathThenSigkillMidBlock(t *testing.T) {
-	for _, v := range []struct {
-		name      string
-		ownerMode bool
-	}{
-		{"D1 10,000 dead entries, then SIGKILL mid-block (rows sets, no sweep)", false},
-		{"D1 owner mode: 10,000 dead entries, then SIGKILL mid-block", true},
-	} {
-		t.Run(v.name, func(t *testing.T) {
-			e := newEnv(t, v.name, envConfig{rows: 300, ownerMode: v.ownerMode})
+	for _, ownerMode := range []bool{false, true} {
+		name := "D1 10,000 dead entries, then SIGKILL mid-block (rows sets, no sweep)"
+		if ownerMode {
+			name = "D1 owner mode: 10,000 dead entries, then SIGKILL mid-block"
+		}
+		t.Run(name, func(t *testing.T) {
+			e := newEnv(t, name, envConfig{rows: 300, ownerMode: ownerMode})
 			var extra []string
-			if !v.ownerMode {
+			if !ownerMode {
 				extra = append(extra, "-no-backstop")
 			}
 			ws := e.start([]string{"d1-w1", "d1-w2"}, extra...)
