@@ -3,7 +3,6 @@ package recovery
 import (
 	"context"
 	"errors"
-	"fmt"
 	"log/slog"
 	"time"
 
@@ -95,11 +94,17 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 		}
 	}
 	if len(plan.idle) > 0 {
+		// Logged here, not returned: the scan's other results stand.
 		n, err := r.deregisterIdle(ctx, plan.idle, deadline)
 		rep.IdleDeregistered = n
 		r.stats.peersDead.Add(uint64(n))
-		if err != nil {
-			errs = append(errs, fmt.Errorf("deregister dead peers with nothing to recover: %w", err))
+		if n > 0 {
+			r.log.Info("removed dead peers with nothing to recover from the registry",
+				slog.Int("peers_removed", n), slog.Int("peers_left", len(plan.idle)-n))
+		}
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("removing dead peers with nothing to recover from the registry failed; the next scan tries again",
+				slog.Int("peers_left", len(plan.idle)-n), slog.Any("error", err))
 		}
 	}
 	return rep, errors.Join(errs...)
