@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -384,4 +385,65 @@ func BenchmarkInflightBytesPerRow(b *testing.B) {
 		runtime.KeepAlive(&s)
 	}
 	b.ReportMetric(total/float64(b.N), "B/row")
+}
+
+// BenchmarkFreshDeathAmongDeadEntries: how long a scan takes to reach the
+// reset of one fresh death (a rows set of 5 rows) when n dead registry
+// entries without a heartbeat (a zone outage) are registered too, for n of
+// 1, 1,000, 10,000 and 100,000, with a resetter that returns at once.
+// Each sub-benchmark reports fresh-ns/op (scan start to the fresh peer's
+// reset), scan-ns/op (the whole scan, bulk removal of the entries
+// included) and ratio, fresh-ns/op against the n=1 run before it.
+func BenchmarkFreshDeathAmongDeadEntries(b *testing.B) {
+	rdb := testutil.Redis(b)
+	ctx := context.Background()
+	var resetAt time.Time
+	r := &fakeResetter{before: func(peer string) {
+		if strings.HasPrefix(peer, "fresh-") {
+			resetAt = time.Now()
+		}
+	}}
+	var base float64
+	for _, n := range []int{1, 1000, 10_000, 100_000} {
+		b.Run(fmt.Sprintf("dead=%d", n), func(b *testing.B) {
+			// Not started: its own scans would race the measured one.
+			prefix := testutil.Name("B")
+			w, err := New(rdb, r, WithKeyPrefix(prefix), WithLogger(discardLogger))
+			if err != nil {
+				b.Fatal(err)
+			}
+			var tf, ts time.Duration
+			b.ResetTimer()
+			for i := range b.N {
+				b.StopTimer()
+				plantMassDeath(b, rdb, prefix, n, 0)
+				id := "fresh-" + strconv.Itoa(i) // a finished recovery leaves a tombstone claim
+				fresh := store.InstanceKeys(prefix, id)
+				if err := rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err(); err != nil {
+					b.Fatal(err)
+				}
+				if err := rdb.SAdd(ctx, fresh.Rows, 1, 2, 3, 4, 5).Err(); err != nil {
+					b.Fatal(err)
+				}
+				b.StartTimer()
+				start := time.Now()
+				rep, err := w.recoverNow(ctx)
+				ts += time.Since(start)
+				tf += resetAt.Sub(start)
+				if err != nil || rep.RowsReset != 5 {
+					b.Fatalf("reset %d rows: %v", rep.RowsReset, err)
+				}
+			}
+			b.StopTimer()
+			fns := float64(tf.Nanoseconds()) / float64(b.N)
+			b.ReportMetric(fns, "fresh-ns/op")
+			b.ReportMetric(float64(ts.Nanoseconds())/float64(b.N), "scan-ns/op")
+			if n == 1 {
+				base = fns
+			}
+			if base > 0 {
+				b.ReportMetric(fns/base, "ratio")
+			}
+		})
+	}
 }

@@ -55,6 +55,9 @@ type peerRecoverer struct {
 	// (registry.go); its nodeWatch holds verdicts after a restart
 	// (nodeage.go).
 	judge *judge
+	// seen is what the scans remember of the dead peers they found
+	// (scanorder.go).
+	seen deadSeen
 
 	// What it needs of the other parts, set in New.
 
@@ -212,6 +215,17 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 		return true, fmt.Errorf("%w: %s", ErrRowsSetLost, r.peer)
 	case res != store.ClaimTaken && !r.byOwner:
 		r.rep.NoRecord = true
+		if n, at := p.seen.rowsSeen(r.peer); n > 0 {
+			// A scan saw its rows set, and it is gone without a finish
+			// (which forgets the peer): it expired or was evicted before
+			// the recovery. Nothing in Redis says which rows it held any
+			// more; deregister it and say so loudly, as above.
+			if err := r.finish(claimCtx, ctx); err != nil {
+				return true, err
+			}
+			return true, fmt.Errorf("%w: %s: its rows set, %d rows when a scan of this worker saw it %s ago, expired or was evicted before its recovery",
+				ErrRowsSetLost, r.peer, n, time.Since(at).Round(time.Millisecond))
+		}
 	}
 
 	if err := r.reset(claimCtx, res == store.ClaimTaken); err != nil {
@@ -564,8 +578,10 @@ func (r *peerRecovery) finish(ctx, parent context.Context) error {
 		return fmt.Errorf("claim on %s was lost before the rows set could be deleted (it expired, or the peer came back)", r.peer)
 	case store.FinishBack:
 		r.rep.PeerCameBack = true
+		p.seen.forget(r.peer)
 		return nil
 	}
+	p.seen.forget(r.peer)
 	return p.judge.deregister(parent, r.peer)
 }
 

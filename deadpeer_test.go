@@ -709,6 +709,40 @@ func TestRowsSetLostAfterAFailedRecoveryOfANewVersionPeerIsReported(t *testing.T
 	assert.Empty(t, rep.Recovered)
 }
 
+// A rows set a scan saw, gone when the peer's recovery comes to it (it
+// expired, or was evicted): with the sweep off nothing else would ever
+// reset its rows, so the recovery fails with ErrRowsSetLost naming how
+// many rows the set held, logged at Error, instead of finding "no record"
+// and deregistering the peer in silence.
+func TestRowsSetGoneBeforeItsRecoveryIsAnErrorNamingItsRows(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2", "3", "4", "5")
+	require.NoError(t, rdb.Set(ctx, keysOf("dead").Claim, "another-recoverer", time.Minute).Err())
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", WithBackstopSweep(false))
+
+	rep, err := w.recoverNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"dead"}, rep.Skipped, "another recoverer holds the claim")
+	mr.Del(keysOf("dead").Rows)  // expired (or evicted) meanwhile
+	mr.Del(keysOf("dead").Claim) // and that recoverer died
+
+	rep, err = w.recoverNow(ctx)
+	require.ErrorIs(t, err, ErrRowsSetLost)
+	assert.Contains(t, err.Error(), "5 rows")
+	assert.Empty(t, rep.Recovered)
+	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"rows set of dead peer vanished`))
+	assert.False(t, registered(t, rdb, "ALYA", "dead"), "nothing left to retry: deregistered")
+
+	// A peer recovered in full is forgotten: dying again idle is no loss.
+	plantDeadPeer(t, rdb, "ALYA", "again", "7")
+	_, err = w.recoverNow(ctx)
+	require.NoError(t, err)
+	plantDeadPeer(t, rdb, "ALYA", "again")
+	_, err = w.recoverNow(ctx)
+	require.NoError(t, err)
+}
+
 // comebackStore is a store whose ReadRows lets the peer come back between
 // the recoverer's claim and its read of the rows set: after the read
 // (whose answer already lists what the peer tracks on its return) it runs

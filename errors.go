@@ -54,8 +54,10 @@ var (
 
 	// ErrRowsSetLost is wrapped by the error of a recovery that found a
 	// dead peer's rows set gone after an earlier recovery of it had
-	// failed: the rows it held may stay in progress. The backstop sweep
-	// recovers them (unless WithBackstopSweep(false)).
+	// failed, or after a scan of this worker had seen it (it expired or
+	// was evicted; the error names how many rows it held): the rows it
+	// held may stay in progress. The backstop sweep recovers them (unless
+	// WithBackstopSweep(false)).
 	ErrRowsSetLost = errors.New("recovery: rows set of a dead peer lost before its rows were reset")
 
 	// ErrUntrackedRows is wrapped by Healthy's error, and by the error

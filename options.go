@@ -163,7 +163,11 @@ type Timings struct {
 	// the scan turn (min(0.8 × RecoveryInterval, HeartbeatTTL), when
 	// WithScanTurn is on), so a dead worker's rows set is still there when
 	// a peer first comes to recover it; it bounds how long an orphaned set
-	// can stay in Redis when no peer ever does. Default: three heartbeat
+	// can stay in Redis when no peer ever does. The scan's own duration
+	// does not count, however many peers died: each scan renews the rows
+	// set of every dead peer it finds before recovering any, starts no
+	// recovery after half the recovery interval, and the next starts a
+	// recovery interval after it began. Default: three heartbeat
 	// TTLs, or that wait + one HeartbeatTTL when three TTLs are not longer
 	// (180 s for the default TTL and recovery interval).
 	RowsTTL time.Duration

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"time"
 
 	"github.com/alya/recovery/internal/report"
@@ -68,17 +69,27 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 	}
 	noticed := time.Now()
 	rep.Dead = dead
+	if len(r.keep) > 0 { // ops.RecoverNowKeeping: left registered, untouched
+		dead = slices.DeleteFunc(slices.Clone(dead), func(peer string) bool {
+			if r.keep[peer] {
+				rep.Skipped = append(rep.Skipped, peer)
+			}
+			return r.keep[peer]
+		})
+	}
+	plan := r.planScan(ctx, dead, noticed)
+	deadline := start.Add(r.opts.scanBudget())
 	var errs []error
-	for _, peer := range dead {
-		if r.keep[peer] { // ops.RecoverNowKeeping: left registered, untouched
-			rep.Skipped = append(rep.Skipped, peer)
-			continue
-		}
+	for i, peer := range plan.order {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			continue
 		}
-		pr, claimed, err := r.peers.recoverDead(ctx, peer, foundByScan, noticed)
+		if i > 0 && !time.Now().Before(deadline) {
+			rep.Deferred = append(rep.Deferred, plan.order[i:]...) // the next scan, newer deaths first
+			break
+		}
+		pr, claimed, err := r.peers.recoverDeadLives(ctx, peer, foundByScan, noticed, plan.lives[peer])
 		switch {
 		case err != nil:
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
@@ -89,6 +100,20 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 		default:
 			rep.Recovered = append(rep.Recovered, pr)
 			rep.RowsReset += pr.RowsReset
+		}
+	}
+	if len(plan.idle) > 0 {
+		// Logged here, not returned: the scan's other results stand.
+		n, err := r.deregisterIdle(ctx, plan.idle, deadline)
+		rep.IdleDeregistered = n
+		r.stats.peersDead.Add(uint64(n))
+		if n > 0 {
+			r.log.Info("removed dead peers with nothing to recover from the registry",
+				slog.Int("peers_removed", n), slog.Int("peers_left", len(plan.idle)-n))
+		}
+		if err != nil && ctx.Err() == nil {
+			r.log.Warn("removing dead peers with nothing to recover from the registry failed; the next scan tries again",
+				slog.Int("peers_left", len(plan.idle)-n), slog.Any("error", err))
 		}
 	}
 	return rep, errors.Join(errs...)
@@ -140,11 +165,15 @@ func (r *recoverer) run(ctx context.Context) {
 			continue
 		case <-t.C:
 		}
+		began := time.Now()
 		r.runOnce(ctx)
 		if ctx.Err() != nil {
 			return
 		}
-		t.Reset(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1))
+		// The next scan starts an interval after this one began (at once
+		// if this one took longer): a scan's own duration does not add to
+		// the wait for the next (scanBudget).
+		t.Reset(max(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1)-time.Since(began), 0))
 		r.opts.sig.scan.Signal(struct{}{}) // test signal: a recovery turn ended
 	}
 }

@@ -114,7 +114,7 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	l.failing[peer] = kind
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
-		l.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress until the backstop sweep recovers them",
+		l.log.Error("rows set of dead peer vanished before its rows were reset (an earlier recovery failed, or it expired or was evicted first): rows it held stay in progress until the backstop sweep, if on, recovers them",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsLocked):
 		l.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",

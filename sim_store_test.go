@@ -407,6 +407,41 @@ func (s *simStore) Deregister(ctx context.Context, id string) error {
 	return nil
 }
 
+// Records is the scan's pipelined read of the dead peers' records.
+func (s *simStore) Records(ctx context.Context, peers []string) ([]store.Record, error) {
+	out := make([]store.Record, len(peers))
+	err := s.c.roundTrip(ctx, "records", func(r *simRedis) {
+		for i, p := range peers {
+			k := s.Keys(p)
+			out[i] = store.Record{Rows: int64(len(r.smembers(k.Rows))), RowsTTL: r.pttl(k.Rows),
+				IncarnationTTL: r.pttl(k.Incarnation), Claim: r.exists(k.Claim)}
+		}
+	})
+	if err != nil {
+		return nil, fmt.Errorf("read the records of %d peers: %w", len(peers), err)
+	}
+	return out, nil
+}
+
+// DeregisterIdle is deregisterScript for each of ids, in one round trip.
+func (s *simStore) DeregisterIdle(ctx context.Context, ids []string) (int, error) {
+	removed := 0
+	err := s.c.roundTrip(ctx, "deregister-idle", func(r *simRedis) {
+		for _, id := range ids {
+			k := s.Keys(id)
+			if !r.exists(k.Heartbeat) && !r.exists(k.Rows) && r.sismember(s.Registry(), id) {
+				r.srem(s.Registry(), id)
+				removed++
+			}
+		}
+	})
+	s.c.trace("deregister idle %d: %v", len(ids), err)
+	if err != nil {
+		return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+	}
+	return removed, nil
+}
+
 func (s *simStore) Heartbeats(ctx context.Context, ids []string) ([]store.Liveness, error) {
 	out := make([]store.Liveness, len(ids))
 	err := s.c.roundTrip(ctx, "heartbeats", func(r *simRedis) {

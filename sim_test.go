@@ -41,7 +41,9 @@ package recovery
 // within the bound, the locked one within the bound after the lock ends);
 // and, for the backstop sweep by row version (issue 21), a Redis that
 // restarts empty before every sweep look (youngRedis) and an operator
-// re-queueing the rows of a sweep's reset on its way (operator).
+// re-queueing the rows of a sweep's reset on its way (operator); and a
+// mass death of 2,000 registered workers right before the bound check's
+// kill (massDeath).
 //   - no goroutine of any Worker is left after Shutdown.
 
 import (
@@ -156,7 +158,17 @@ type simConfig struct {
 	// the others within the bound, report it (RowState.Locked) and come
 	// back to it once the lock ends (issue 20, item 5).
 	vanish bool
+	// massDeath: right before the bound check's kill, simMassDeath
+	// registered workers of a zone outage that came before it are found
+	// dead: registry entries without a heartbeat, every tenth with an
+	// incarnation a heartbeat wrote before the victim's last (it needs its
+	// own recovery). The victim's rows must be back within the bound all
+	// the same (issue 33).
+	massDeath bool
 }
+
+// simMassDeath is how many dead entries the massDeath class registers.
+const simMassDeath = 2000
 
 func (c simConfig) fenced() bool { return c.mode != "rows" && c.mode != "rows+sweep" }
 func (c simConfig) sweep() bool {
@@ -369,6 +381,8 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	// A stream of its own again; the class changes nothing before the
 	// bound check's kill, so every run replays as before up to there.
 	cfg.vanish = rand.New(rand.NewPCG(seed, 0x10c4)).IntN(2) == 0
+	// The same for the mass death.
+	cfg.massDeath = rand.New(rand.NewPCG(seed, 0xdea7)).IntN(2) == 0
 	ledger := (!cfg.fenced() || cfg.rollout) && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
 		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
@@ -985,6 +999,20 @@ func (w *simWorld) checkBound(t *testing.T) {
 		w.mu.Lock()
 		w.table.rows[lockedID].lockTill = lockEnd
 		w.tracef("FAULT %s vanishes completing row %d: locked until %.6fs", victim, lockedID, lockEnd.Sub(w.start).Seconds())
+		w.mu.Unlock()
+	}
+	if w.cfg.massDeath {
+		w.mu.Lock()
+		reg := store.RegistryKey(defaultKeyPrefix)
+		for i := range simMassDeath {
+			id := fmt.Sprintf("gone-%04d", i)
+			w.redis.sadd(reg, id)
+			if i%10 == 0 {
+				// Written by its last heartbeat, before the victim's.
+				w.redis.set(store.InstanceKeys(defaultKeyPrefix, id).Incarnation, "life", simTTL/2)
+			}
+		}
+		w.tracef("FAULT %d registered workers found dead at once (a zone outage)", simMassDeath)
 		w.mu.Unlock()
 	}
 	w.crash(victim)

@@ -29,6 +29,15 @@ type RecoveryReport struct {
 	// InvalidMembers lists registry members that are not valid instance
 	// IDs. They are left in the registry and ignored.
 	InvalidMembers []string
+	// Deferred lists dead peers this scan did not come to within its
+	// budget (half the recovery interval); the next scan takes them, after
+	// any newer death.
+	Deferred []string
+	// IdleDeregistered is how many dead peers with nothing to recover (no
+	// rows set, incarnation or claim; in owner mode, no row in progress
+	// either) this scan removed from the registry in bulk, when there were
+	// too many to take one by one.
+	IdleDeregistered int
 	// RowsReset is the sum of RowsReset over Recovered and Failed.
 	RowsReset int64
 	// Duration is how long the scan took.

@@ -241,6 +241,117 @@ func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error
 	return out, nil
 }
 
+// Records pipelines one EXISTS of the rows set, incarnation and claim per
+// peer (keys of one slot), then, for the peers that have any, SCARD,
+// PTTL, PTTL, EXISTS: a mass death of registry entries alone costs one
+// command each.
+func (s *Redis) Records(ctx context.Context, peers []string) (_ []Record, err error) {
+	defer s.failed(&err)
+	pipe := s.rdb.Pipeline()
+	any := make([]*redis.IntCmd, len(peers))
+	for i, id := range peers {
+		k := s.Keys(id)
+		any[i] = pipe.Exists(ctx, k.Rows, k.Incarnation, k.Claim)
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read the records of %d peers: %w", len(peers), err)
+	}
+	out := make([]Record, len(peers))
+	type cmds struct {
+		i               int
+		rows, claim     *redis.IntCmd
+		rowsTTL, incTTL *redis.DurationCmd
+	}
+	var cs []cmds
+	pipe = s.rdb.Pipeline()
+	for i, id := range peers {
+		out[i] = Record{RowsTTL: -2, IncarnationTTL: -2}
+		if any[i].Val() == 0 {
+			continue
+		}
+		k := s.Keys(id)
+		cs = append(cs, cmds{i: i, rows: pipe.SCard(ctx, k.Rows), rowsTTL: pipe.PTTL(ctx, k.Rows),
+			incTTL: pipe.PTTL(ctx, k.Incarnation), claim: pipe.Exists(ctx, k.Claim)})
+	}
+	if len(cs) == 0 {
+		return out, nil
+	}
+	if _, err := pipe.Exec(ctx); err != nil {
+		return nil, fmt.Errorf("read the records of %d peers: %w", len(cs), err)
+	}
+	for _, c := range cs {
+		out[c.i] = Record{Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(), IncarnationTTL: c.incTTL.Val(),
+			Claim: c.claim.Val() == 1}
+	}
+	return out, nil
+}
+
+// DeregisterIdle pipelines deregisterScript (by its hash) per peer on a
+// single server; on a Cluster it sends the SREM, then pipelines one EXISTS
+// of each peer's heartbeat and rows set (one slot), then the SADD of the
+// peers that have either (or did not answer) back: Deregister's sequence,
+// which also checks the rows set.
+func (s *Redis) DeregisterIdle(ctx context.Context, ids []string) (_ int, err error) {
+	defer s.failed(&err)
+	if len(ids) == 0 {
+		return 0, nil
+	}
+	if _, cluster := s.rdb.(*redis.ClusterClient); !cluster {
+		// Loaded first, so the pipeline sends its hash, not its body, per
+		// peer; a server that lost it meanwhile fails the batch (NOSCRIPT),
+		// which the next scan sends again.
+		if err := deregisterScript.Load(ctx, s.rdb).Err(); err != nil {
+			return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+		}
+		pipe := s.rdb.Pipeline()
+		cmds := make([]*redis.Cmd, len(ids))
+		for i, id := range ids {
+			k := s.Keys(id)
+			cmds[i] = deregisterScript.EvalSha(ctx, pipe, []string{s.registry, k.Heartbeat, k.Rows}, id)
+		}
+		if _, err := pipe.Exec(ctx); err != nil {
+			return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+		}
+		removed := 0
+		for _, c := range cmds {
+			if n, _ := c.Int(); n == 1 {
+				removed++
+			}
+		}
+		return removed, nil
+	}
+	members := make([]any, len(ids))
+	for i, id := range ids {
+		members[i] = id
+	}
+	if err := s.rdb.SRem(ctx, s.registry, members...).Err(); err != nil {
+		return 0, fmt.Errorf("deregister %d peers: %w", len(ids), err)
+	}
+	// The heartbeat and the rows set share a slot: one EXISTS each.
+	pipe := s.rdb.Pipeline()
+	held := make([]*redis.IntCmd, len(ids))
+	for i, id := range ids {
+		k := s.Keys(id)
+		held[i] = pipe.Exists(ctx, k.Heartbeat, k.Rows)
+	}
+	_, err = pipe.Exec(ctx)
+	var back []any
+	for i, c := range held {
+		if c.Err() != nil || c.Val() > 0 { // unknown, alive or holding rows: back into the registry
+			back = append(back, ids[i])
+		}
+	}
+	if len(back) > 0 {
+		if serr := s.rdb.SAdd(ctx, s.registry, back...).Err(); serr != nil {
+			return 0, fmt.Errorf("re-register %d peers: %w", len(back), serr)
+		}
+	}
+	if err != nil {
+		return 0, fmt.Errorf("recheck heartbeats: %w", err)
+	}
+	return len(ids) - len(back), nil
+}
+
 // ClaimDead runs claimScript.
 func (s *Redis) ClaimDead(ctx context.Context, peer, token string, claimTTL, rowsTTL time.Duration) (_ ClaimResult, err error) {
 	defer s.failed(&err)

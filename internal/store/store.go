@@ -65,6 +65,17 @@ type Store interface {
 	// of each of ids exists. It returns an error only if no answer came.
 	Heartbeats(ctx context.Context, ids []string) ([]Liveness, error)
 
+	// Records reads, in one round trip per node, what Redis holds of
+	// each of peers' recovery record: its rows set's size and TTL, its
+	// incarnation's TTL, and whether its claim key exists. The scan reads
+	// it to recover first the dead peers that left something to recover.
+	Records(ctx context.Context, peers []string) ([]Record, error)
+	// DeregisterIdle is Deregister of many peers, in one round trip per
+	// node (three on Cluster): each leaves the registry only while
+	// neither its heartbeat nor its rows set exists. It returns how many
+	// it removed.
+	DeregisterIdle(ctx context.Context, ids []string) (int, error)
+
 	// ClaimDead re-checks that peer's heartbeat is absent and takes the
 	// recovery claim with token, renewing the TTL of peer's rows set and
 	// incarnation to rowsTTL.
@@ -245,4 +256,19 @@ type Instance struct {
 	RowsTTL      time.Duration // -2 when absent, -1 without expiry
 	Claim        string        // the claim key's value, "" when absent
 	Incarnation  string        // "" when absent
+}
+
+// Record is what Records read of one peer's recovery record. A TTL is -2
+// when the key is absent, -1 when it has no expiry.
+type Record struct {
+	Rows           int64 // members of the rows set
+	RowsTTL        time.Duration
+	IncarnationTTL time.Duration
+	Claim          bool // the claim key exists (a claim, a failure note or a tombstone)
+}
+
+// Empty reports whether Redis holds nothing of the peer's recovery: no
+// rows set, no incarnation, no claim.
+func (r Record) Empty() bool {
+	return r.RowsTTL == -2 && r.IncarnationTTL == -2 && !r.Claim
 }
