@@ -30,6 +30,7 @@ type resetValues struct {
 	owner       string // the instance whose rows these are
 	incarnation string
 	after       int64 // by owner: the last ID of the previous chunk
+	limit       int   // by owner: the chunk's rows; 0 is WithChunkSize
 	versions    []string
 }
 
@@ -52,6 +53,9 @@ func (r *Resetter) bind(q query, v resetValues) []any {
 			args[i] = r.o.MaxRecoveries
 		case "chunk":
 			args[i] = r.o.ChunkSize
+			if v.limit > 0 {
+				args[i] = v.limit
+			}
 		case "after":
 			args[i] = v.after
 		case "versions":
