@@ -144,4 +144,10 @@ type ResetterInfo struct {
 	// IdleInTxTimeout is the session's idle_in_transaction_session_timeout;
 	// 0 when it is off.
 	IdleInTxTimeout time.Duration
+	// StatementTimeout is the session's statement_timeout; 0 when it is
+	// off. The PostgreSQL resetters size their chunks to fit it.
+	StatementTimeout time.Duration
+	// LockTimeout is the session's lock_timeout; 0 when it is off. The
+	// PostgreSQL resetters set their own in each reset's transaction.
+	LockTimeout time.Duration
 }
