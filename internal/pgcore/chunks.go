@@ -88,15 +88,18 @@ func (c *chunkSizer) next(ctx context.Context) int {
 	return int(max(n, 1))
 }
 
-// done records a chunk of n rows that committed in d: its rate, and a
-// size doubled when it took under a quarter of its budget.
-func (c *chunkSizer) done(ctx context.Context, n int, d time.Duration) {
-	if n <= 0 {
+// done records a chunk that committed in d after working on rows rows
+// (the IDs it was given, or the rows it locked by owner): its rate, and,
+// when the chunk was full (rows is the current size) and took under a
+// quarter of its budget, a size doubled. A chunk that found few rows (an
+// owner with none left) tells no rate.
+func (c *chunkSizer) done(ctx context.Context, rows int, d time.Duration) {
+	if rows < min(probeChunk, int(c.size.Load())) {
 		return
 	}
-	c.perRow.Store(max(int64(d)/int64(n), 1))
-	if b := c.budget(ctx); b > 0 && 4*d < b && int64(n) >= c.size.Load() {
-		c.size.Store(min(2*int64(n), c.max))
+	c.perRow.Store(max(int64(d)/int64(rows), 1))
+	if b := c.budget(ctx); b > 0 && 4*d < b && int64(rows) >= c.size.Load() {
+		c.size.Store(min(2*int64(rows), c.max))
 	}
 }
 
@@ -117,11 +120,12 @@ func outOfTime(ctx context.Context, err error) bool {
 }
 
 // chunkStep runs one chunk of at most n rows in tx and returns what it
-// changed, and advance, which byChunk calls once the chunk's transaction
-// committed: it moves past the chunk and reports whether rows may be left.
-// A step does not move on itself: a transaction retried after a deadlock
-// runs the same chunk again.
-type chunkStep func(ctx context.Context, tx Tx, n int) (res ResetResult, advance func() (more bool), err error)
+// changed, how many rows it worked on (chunkSizer.done), and advance,
+// which byChunk calls once the chunk's transaction committed: it moves
+// past the chunk and reports whether rows may be left. A step does not
+// move on itself: a transaction retried after a deadlock runs the same
+// chunk again.
+type chunkStep func(ctx context.Context, tx Tx, n int) (res ResetResult, rows int, advance func() (more bool), err error)
 
 // byChunk runs step chunk after chunk, each chunk in a transaction of its
 // own (withRetry) committed before the next begins, until step says no
@@ -134,10 +138,13 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 	for {
 		n := r.chunks.next(ctx)
 		start := time.Now()
-		var advance func() bool
+		var (
+			advance func() bool
+			rows    int
+		)
 		res, err := r.withRetry(ctx, func(tx Tx) (ResetResult, error) {
-			res, adv, err := step(ctx, tx, n)
-			advance = adv
+			res, worked, adv, err := step(ctx, tx, n)
+			rows, advance = worked, adv
 			return res, err
 		})
 		if err != nil {
@@ -152,7 +159,7 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 			}
 			return ResetResult{}, err
 		}
-		r.chunks.done(ctx, n, time.Since(start))
+		r.chunks.done(ctx, rows, time.Since(start))
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.NotReset = append(total.NotReset, res.NotReset...)
@@ -177,10 +184,10 @@ func (r *Resetter) commitsByChunk(req ResetRequest) bool {
 // by chunk (byChunk). The ledger's expired entries are cleaned in the last
 // chunk's transaction.
 func (r *Resetter) resetIDsByChunk(ctx context.Context, req ResetRequest, ids []int64) (ResetResult, error) {
-	return r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, func() bool, error) {
+	return r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, int, func() bool, error) {
 		n = min(n, len(ids))
 		res, err := r.resetInTx(ctx, tx, req, ids[:n], n == len(ids))
-		return res, func() bool {
+		return res, n, func() bool {
 			ids = ids[n:]
 			return len(ids) > 0
 		}, err
@@ -194,7 +201,7 @@ func (r *Resetter) resetIDsByChunk(ctx context.Context, req ResetRequest, ids []
 func (r *Resetter) resetOwnedByChunk(ctx context.Context, owner string) (ResetResult, error) {
 	v := resetValues{owner: owner}
 	q := r.byOwner
-	all, err := r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, func() bool, error) {
+	all, err := r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, int, func() bool, error) {
 		var (
 			res    ResetResult
 			locked int
@@ -203,7 +210,7 @@ func (r *Resetter) resetOwnedByChunk(ctx context.Context, owner string) (ResetRe
 		w := v
 		w.limit = n
 		err := queryRow(ctx, tx, q.sql, r.bind(q, w), &res.Changed, &res.Quarantined, &locked, &after)
-		return res, func() bool {
+		return res, locked, func() bool {
 			// A short chunk means no unlocked row is left; a full one
 			// moves the keyset on.
 			q, v.after = r.byOwnerAfter, after
@@ -225,10 +232,10 @@ func (r *Resetter) resetOwnedByChunk(ctx context.Context, owner string) (ResetRe
 // resetVersionsByChunk resets sorted (in ascending ID order) chunk by
 // chunk (byChunk): the version guard fences each row on its own.
 func (r *Resetter) resetVersionsByChunk(ctx context.Context, sorted []RowState) (ResetResult, error) {
-	return r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, func() bool, error) {
+	return r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, int, func() bool, error) {
 		n = min(n, len(sorted))
 		res, err := r.resetVersionsInTx(ctx, tx, sorted[:n])
-		return res, func() bool {
+		return res, n, func() bool {
 			sorted = sorted[n:]
 			return len(sorted) > 0
 		}, err
