@@ -19,9 +19,13 @@ import (
 //
 //   - by owner (WithOwnerColumn): the reset requires the dead owner, and a
 //     worker that takes the row writes its own;
-//   - by the reset ledger: the chunk records the rows it resets in its own
-//     transaction, and every later chunk of the same incarnation skips
-//     them (read under the incarnation's lock, chunk by chunk);
+//   - by the reset ledger, in a recovery (ResetRequest.FromRowsSet): the
+//     chunk records the rows it resets in its own transaction, and every
+//     later chunk of the same incarnation skips them (read under the
+//     incarnation's lock, chunk by chunk). A Release under the ledger
+//     stays whole: on an error the worker takes its rows as not released
+//     and may track a row again under the same incarnation, which a
+//     committed chunk's record would then hide from its recovery;
 //   - by row version (the sweep without an owner column): a row written
 //     since has another version.
 //
@@ -29,6 +33,7 @@ import (
 // unknown incarnation; or rows without an owner read from a rows set, with
 // an owner column and no ledger) stays one transaction: a retry after a
 // committed chunk would reset again a row a live worker took since.
+// So does a Release under the ledger (above).
 //
 // The chunk size adapts (chunkSizer): no more rows than fit half the
 // session's statement_timeout and half the time the reset has left, at
@@ -127,14 +132,22 @@ func outOfTime(ctx context.Context, err error) bool {
 // chunk again.
 type chunkStep func(ctx context.Context, tx Tx, n int) (res ResetResult, rows int, advance func() (more bool), err error)
 
+// oneRowTimeouts is how many times in a row byChunk tries a chunk of one
+// row the statement_timeout cancelled before it gives up: on a loaded
+// server a statement may outrun a short statement_timeout once, whatever
+// its size; a row whose reset always does never comes back (Start warns).
+const oneRowTimeouts = 3
+
 // byChunk runs step chunk after chunk, each chunk in a transaction of its
 // own (withRetry) committed before the next begins, until step says no
 // row is left. A chunk the statement_timeout cancelled is tried again at
-// half the size while ctx lasts; one that ran out of ctx's time halves
-// the size of the next try's chunks. On an error, what earlier chunks
-// committed stays committed; the error says how many rows they changed.
+// half the size while ctx lasts (a chunk of one row, oneRowTimeouts times
+// in a row); one that ran out of ctx's time halves the size of the next
+// try's chunks. On an error, what earlier chunks committed stays
+// committed; the error says how many rows they changed.
 func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, error) {
 	var total ResetResult
+	stalls := 0
 	for {
 		n := r.chunks.next(ctx)
 		start := time.Now()
@@ -150,7 +163,10 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 		if err != nil {
 			if outOfTime(ctx, err) {
 				r.chunks.failed(n)
-				if ctx.Err() == nil && n > 1 {
+				if n == 1 {
+					stalls++
+				}
+				if ctx.Err() == nil && stalls < oneRowTimeouts {
 					continue
 				}
 			}
@@ -160,6 +176,7 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 			return ResetResult{}, err
 		}
 		r.chunks.done(ctx, rows, time.Since(start))
+		stalls = 0
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.NotReset = append(total.NotReset, res.NotReset...)
@@ -177,7 +194,7 @@ func (r *Resetter) commitsByChunk(req ResetRequest) bool {
 		// ledger alone (unownedReset).
 		return !req.FromRowsSet || (!r.o.NoLedger && req.Incarnation != "")
 	}
-	return r.ledgerFor(req)
+	return r.ledgerFor(req) && req.FromRowsSet
 }
 
 // resetIDsByChunk resets ids (sorted, without duplicates) for req chunk

@@ -2,6 +2,7 @@ package pgcore_test
 
 import (
 	"context"
+	"errors"
 	"testing"
 	"time"
 
@@ -18,7 +19,8 @@ import (
 
 // blockInProgress returns a pool on a fresh schema whose rows 1..n are in
 // progress, owned by owner ("" for none), as a fetch leaves them, under
-// an audit trigger doing work (pgtest.AuditTrigger) that has recorded nothing.
+// an audit trigger doing work (pgtest.AuditTrigger) that has recorded
+// nothing; with an owner, the table has the migration's index on it.
 func blockInProgress(t testing.TB, n, work int, owner string) *pgxpool.Pool {
 	t.Helper()
 	db := testutil.Postgres(t)
@@ -32,6 +34,12 @@ func blockInProgress(t testing.TB, n, work int, owner string) *pgxpool.Pool {
 	require.NoError(t, err)
 	_, err = db.Exec(context.Background(), `TRUNCATE batchrows_audit`)
 	require.NoError(t, err)
+	if owner != "" {
+		// The migration's index (docs/integration.md): without it each
+		// chunk by owner sorts every row left, whatever its size.
+		_, err = db.Exec(context.Background(), `CREATE INDEX ON batchrows (owner, rowid) WHERE status = 'inprog'`)
+		require.NoError(t, err)
+	}
 	return db
 }
 
@@ -86,8 +94,9 @@ func TestResetByOwnerOfABlockLongerThanTheResetTimeoutComesBackChunkByChunk(t *t
 		// As recovery does: first the bare instance ID, which owns no
 		// row (a chunk that finds none must not tell a rate), then A.
 		_, err := r.Reset(resetCtx, contract.ResetRequest{Owner: "A-bare"})
-		require.NoError(t, err)
-		_, err = r.Reset(resetCtx, contract.ResetRequest{Owner: "A"})
+		if err == nil {
+			_, err = r.Reset(resetCtx, contract.ResetRequest{Owner: "A"})
+		}
 		cancel()
 		queued = queuedCount(t, db)
 		t.Logf("try %d: %d rows queued (error: %v)", tries+1, queued, err)
@@ -126,14 +135,18 @@ func TestResetSizesItsChunksToFitTheStatementTimeout(t *testing.T) {
 			require.NoError(t, err)
 			assert.Equal(t, 100*time.Millisecond, info.StatementTimeout, "Check reads statement_timeout")
 
-			resetCtx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			start := time.Now()
-			res, err := r.Reset(resetCtx, mode.req)
-			require.NoError(t, err)
-			t.Logf("%d rows back in one reset in %v", res.Changed, time.Since(start).Round(time.Millisecond))
-			assert.Equal(t, int64(rows), res.Changed)
-			assert.Equal(t, rows, queuedCount(t, db))
+			// Tries of 5 s, as recovery tries at each scan: on a loaded
+			// machine a statement may outrun 100 ms whatever its size.
+			start, tries := time.Now(), 0
+			for queued := 0; queued < rows; tries++ {
+				require.Less(t, tries, 10, "%d of %d rows back after %d tries", queued, rows, tries)
+				resetCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
+				_, err := r.Reset(resetCtx, mode.req)
+				cancel()
+				queued = queuedCount(t, db)
+				t.Logf("try %d: %d rows queued (error: %v)", tries+1, queued, err)
+			}
+			t.Logf("%d rows back in %d tries, %v", rows, tries, time.Since(start).Round(time.Millisecond))
 			requeuedOnce(t, db, rows)
 		})
 	}
@@ -184,27 +197,42 @@ func TestAResetInterruptedAfterSomeChunksIsFinishedWithoutRepeatingWork(t *testi
 // A reset by IDs whose rows are fenced neither by owner nor by the ledger
 // (no owner column, no ledger) stays one transaction: a try that runs out
 // of time commits nothing, so the next try resetting the same IDs cannot
-// reset a row a live worker took since.
+// reset a row a live worker took since. So does a Release (not
+// FromRowsSet) under the ledger: a worker whose Release failed may track a
+// row again under the same incarnation, which a committed chunk's ledger
+// record would hide from its recovery.
 func TestAResetWithoutFencingStaysOneTransaction(t *testing.T) {
 	const rows = 5000
-	ctx := context.Background()
-	db := blockInProgress(t, rows, 600, "")
-	r, err := pgxreset.New(db, postgres.WithoutResetLedger())
-	require.NoError(t, err)
-	short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-	_, err = r.Reset(short, contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)})
-	cancel()
-	require.Error(t, err)
-	assert.Zero(t, queuedCount(t, db), "nothing committed")
+	for _, c := range []struct {
+		name string
+		opts []postgres.Option
+	}{
+		{"no ledger", []postgres.Option{postgres.WithoutResetLedger()}},
+		{"a release under the ledger", nil},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			db := blockInProgress(t, rows, 600, "")
+			r, err := pgxreset.New(db, c.opts...)
+			require.NoError(t, err)
+			req := contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}
+			short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			_, err = r.Reset(short, req)
+			cancel()
+			require.Error(t, err)
+			assert.Zero(t, queuedCount(t, db), "nothing committed")
 
-	assert.Equal(t, int64(rows), resetUntilSettled(t, r, contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}))
-	requeuedOnce(t, db, rows)
+			assert.Equal(t, int64(rows), resetUntilSettled(t, r, req))
+			requeuedOnce(t, db, rows)
+		})
+	}
 }
 
 // resetUntilSettled runs the reset of req until it leaves no row locked
-// (NotReset), as recovery tries again at every scan: the session of a try
-// that ran out of time may still hold its rows locked for a moment after
-// the client gave up on it. It returns the rows changed in all.
+// (NotReset) and no error wrapping ErrRowsLocked, as recovery tries again
+// at every scan: the session of a try that ran out of time may still hold
+// its rows (or its incarnation's lock) for a moment after the client gave
+// up on it. It returns the rows changed in all.
 func resetUntilSettled(t testing.TB, r resetter, req contract.ResetRequest) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
@@ -212,6 +240,9 @@ func resetUntilSettled(t testing.TB, r resetter, req contract.ResetRequest) int6
 	var changed int64
 	for {
 		res, err := r.Reset(ctx, req)
+		if errors.Is(err, contract.ErrRowsLocked) {
+			continue // the incarnation's lock, still held by that session
+		}
 		require.NoError(t, err)
 		changed += res.Changed
 		if len(res.NotReset) == 0 {
@@ -239,7 +270,7 @@ func fencedModes(n int) []resetMode {
 	return []resetMode{
 		{"owner", owner, "A", contract.ResetRequest{Owner: "A"}},
 		{"rows set with an owner column", owner, "A", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(n), FromRowsSet: true}},
-		{"rows set with the ledger", nil, "", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(n)}},
+		{"rows set with the ledger", nil, "", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(n), FromRowsSet: true}},
 	}
 }
 
