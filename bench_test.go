@@ -347,7 +347,8 @@ func BenchmarkResetRows100000Modes(b *testing.B) {
 // peer's block under the default reset timeout, as recovery runs it, for
 // blocks of 1,000, 10,000 and 100,000 rows, on a plain table and under an
 // ordinary audit trigger (AFTER UPDATE, one INSERT a row), in owner mode
-// (by owner) and rows-set mode (by IDs, with the reset ledger). Each
+// (by owner) and rows-set mode (by IDs read from a rows set, with the
+// reset ledger). Each
 // reset commits chunk by chunk (a fresh resetter: its first chunk is the
 // probe). x_1000_plain is the rate against the same mode's 1,000-row
 // plain block in the same run.
@@ -390,7 +391,7 @@ func BenchmarkResetThroughput(b *testing.B) {
 						}
 						req := ResetRequest{Owner: "dead"}
 						if mode.opts == nil {
-							req = ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids}
+							req = ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids, FromRowsSet: true}
 						}
 						b.StartTimer()
 						start := time.Now()

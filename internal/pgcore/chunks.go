@@ -93,6 +93,19 @@ func (c *chunkSizer) next(ctx context.Context) int {
 	return int(max(n, 1))
 }
 
+// statement returns how many rows a statement inside a transaction takes
+// (resetInTx, resetVersionsInTx): the current size, no more than fit half
+// the statement_timeout at the last chunk's rate. Unlike next, it does
+// not fit the time left nor probe: all the statements of a transaction
+// commit together, so smaller ones would not make it fit.
+func (c *chunkSizer) statement() int {
+	n := c.size.Load()
+	if st, per := c.stmtTimeout.Load(), c.perRow.Load(); st > 0 && per > 0 {
+		n = min(n, int64(time.Duration(st)*time.Millisecond/2)/per)
+	}
+	return int(max(n, 1))
+}
+
 // done records a chunk that committed in d after working on rows rows
 // (the IDs it was given, or the rows it locked by owner): its rate, and,
 // when the chunk was full (rows is the current size) and took under a

@@ -22,6 +22,7 @@ func TestChunkSizerFitsChunksToTheTimeLeftAndTheStatementTimeout(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Hour)
 	defer cancel()
 	assert.Equal(t, probeChunk, c.next(ctx), "under a deadline, before any rate: the probe")
+	assert.Equal(t, 5000, c.statement(), "a statement in a transaction does not probe")
 
 	c.done(ctx, 0, time.Millisecond)
 	assert.Equal(t, probeChunk, c.next(ctx), "a chunk that found no rows tells no rate")
@@ -31,6 +32,7 @@ func TestChunkSizerFitsChunksToTheTimeLeftAndTheStatementTimeout(t *testing.T) {
 
 	c.stmtTimeout.Store(100) // ms
 	assert.Equal(t, 50, c.next(ctx), "half of 100 ms at 1 ms a row")
+	assert.Equal(t, 50, c.statement(), "a statement in a transaction: the same")
 
 	short, cancel := context.WithTimeout(context.Background(), 40*time.Millisecond)
 	defer cancel()

@@ -295,7 +295,7 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 		}
 	}
 	var total ResetResult
-	for chunk := range slices.Chunk(ids, r.chunks.next(ctx)) {
+	for chunk := range slices.Chunk(ids, r.chunks.statement()) {
 		v := resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation}
 		res, err := r.run(ctx, tx, reset, v)
 		if err != nil {
@@ -457,7 +457,7 @@ func sortedVersions(rows []RowState) []RowState {
 // resetRowVersions commits it, a dry run rolls it back.
 func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowState) (ResetResult, error) {
 	var total ResetResult
-	for chunk := range slices.Chunk(sorted, r.chunks.next(ctx)) {
+	for chunk := range slices.Chunk(sorted, r.chunks.statement()) {
 		v := resetValues{ids: make([]int64, len(chunk)), versions: make([]string, len(chunk))}
 		for i, rv := range chunk {
 			v.ids[i], v.versions[i] = rv.ID, rv.Version
