@@ -68,25 +68,52 @@ func TestStartWarnsWithoutIdleInTransactionSessionTimeout(t *testing.T) {
 	rdb := testutil.Redis(t)
 	db := testutil.Postgres(t)
 	testutil.CreateBatch(t, db, 1)
-	ctx := context.Background()
 	const warning = "the database session has no idle_in_transaction_session_timeout"
 
-	cfg := db.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "0"
-	none, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(none.Close)
+	none := poolWithSetting(t, db, "idle_in_transaction_session_timeout", "0")
 	_, logs := startWorker(t, rdb, fencedResetter(t, none), "idle-0", WithKeyPrefix(testutil.Name("I")))
 	assert.Equal(t, 1, logs.Count(warning), logs.String())
 	assert.Contains(t, logs.String(), `"level":"WARN","msg":"`+warning)
 
-	cfg = db.Config().Copy()
-	cfg.ConnConfig.RuntimeParams["idle_in_transaction_session_timeout"] = "60000"
-	set, err := pgxpool.NewWithConfig(ctx, cfg)
-	require.NoError(t, err)
-	t.Cleanup(set.Close)
+	set := poolWithSetting(t, db, "idle_in_transaction_session_timeout", "60000")
 	_, logs = startWorker(t, rdb, fencedResetter(t, set), "idle-60", WithKeyPrefix(testutil.Name("I")))
 	assert.Zero(t, logs.Count(warning), logs.String())
+}
+
+// poolWithSetting returns a pool like db whose sessions set the run-time
+// parameter name to value; it is closed when the test ends.
+func poolWithSetting(t *testing.T, db *pgxpool.Pool, name, value string) *pgxpool.Pool {
+	t.Helper()
+	cfg := db.Config().Copy()
+	cfg.ConnConfig.RuntimeParams[name] = value
+	pool, err := pgxpool.NewWithConfig(context.Background(), cfg)
+	require.NoError(t, err)
+	t.Cleanup(pool.Close)
+	return pool
+}
+
+// Start reads the session's statement_timeout and lock_timeout and warns
+// when statement_timeout is shorter than the reset timeout (resets then
+// size their chunks to fit it), naming both; not when it is off or
+// longer.
+func TestStartWarnsWhenStatementTimeoutIsShorterThanTheResetTimeout(t *testing.T) {
+	t.Parallel()
+	rdb := testutil.Redis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	const warning = "the database session's statement_timeout is shorter than the reset timeout"
+	timings := WithTimings(Timings{ResetTimeout: 2 * time.Second})
+
+	short := poolWithSetting(t, poolWithSetting(t, db, "statement_timeout", "100"), "lock_timeout", "50")
+	_, logs := startWorker(t, rdb, fencedResetter(t, short), "stmt-100", WithKeyPrefix(testutil.Name("S")), timings)
+	assert.Equal(t, 1, logs.Count(warning), logs.String())
+	assert.Contains(t, logs.String(), `"statement_timeout":100000000,"reset_timeout":2000000000,"lock_timeout":50000000`)
+
+	for _, v := range []string{"0", "2000", "60000"} {
+		pool := poolWithSetting(t, db, "statement_timeout", v)
+		_, logs := startWorker(t, rdb, fencedResetter(t, pool), "stmt-"+v, WithKeyPrefix(testutil.Name("S")), timings)
+		assert.Zero(t, logs.Count(warning), "statement_timeout %s ms: %s", v, logs.String())
+	}
 }
 
 // Start refuses a hot standby (issue 20, item 7): the resetter's session

@@ -13,8 +13,9 @@ import (
 // checkSchema runs the resetter's Check, bounded by ctx and the reset
 // timeout: with the schema check on (not WithoutSchemaCheck), the session
 // (it must be able to write; a session without
-// idle_in_transaction_session_timeout is warned about, when the resetter
-// tells what it serves: a database), the owner column's
+// idle_in_transaction_session_timeout, or with a statement_timeout shorter
+// than the reset timeout, is warned about, when the resetter tells what it
+// serves: a database), the owner column's
 // width against this worker's owner value, and the table; either way,
 // what the resetter serves, which fleetView.check then records. It runs before
 // anything is written to Redis: a failure leaves no heartbeat and no
@@ -46,6 +47,11 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 		}
 		if info.IdleInTxTimeout == 0 && info.Serves != "" {
 			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")
+		}
+		if st := info.StatementTimeout; st > 0 && st < w.opts.resetTimeout {
+			w.log.Warn("the database session's statement_timeout is shorter than the reset timeout: resets size their chunks to fit half of it, and a reset whose chunk of one row takes longer (a slow trigger, a wait for a table lock) never completes; raise it for the role of the workers (docs/operations.md)",
+				slog.Duration("statement_timeout", st), slog.Duration("reset_timeout", w.opts.resetTimeout),
+				slog.Duration("lock_timeout", info.LockTimeout))
 		}
 		return info, nil
 	}

@@ -153,4 +153,10 @@ type ResetterInfo struct {
 	// PoolInUse is how many of the pool's connections were in use when
 	// Check began, taken by the host or by the resetter.
 	PoolInUse int
+	// StatementTimeout is the session's statement_timeout; 0 when it is
+	// off. The PostgreSQL resetters size their chunks to fit it.
+	StatementTimeout time.Duration
+	// LockTimeout is the session's lock_timeout; 0 when it is off. The
+	// PostgreSQL resetters set their own in each reset's transaction.
+	LockTimeout time.Duration
 }

@@ -349,7 +349,8 @@ FROM %[2]s t LEFT JOIN free f ON f.id = t.%[1]s WHERE t.%[1]s = ANY($1::bigint[]
 
 // checkSession reads, in a transaction begun as a reset begins one (and
 // rolled back), whether it can write, and the session's
-// idle_in_transaction_session_timeout. A standby (pg_is_in_recovery) or a
+// idle_in_transaction_session_timeout, statement_timeout (which then sizes
+// the resets' chunks) and lock_timeout. A standby (pg_is_in_recovery) or a
 // transaction that is read-only (default_transaction_read_only, set for the
 // role, the database or the server: a replica or a read endpoint) cannot
 // reset a row: an error wrapping ErrReadOnly names the cause. (lib/pq
@@ -360,6 +361,8 @@ func (r *Resetter) checkSession(ctx context.Context) (info sessionInfo, err erro
 		readOnly, standby bool
 		source            string
 		idleMillis        int64
+		stmtMillis        int64
+		lockMillis        int64
 	)
 	tx, err := r.conn.Begin(ctx)
 	if err != nil {
@@ -372,8 +375,10 @@ func (r *Resetter) checkSession(ctx context.Context) (info sessionInfo, err erro
 	}()
 	err = queryRow(ctx, tx, `SELECT current_setting('transaction_read_only') = 'on', pg_is_in_recovery(),
 	coalesce((SELECT source FROM pg_settings WHERE name = 'default_transaction_read_only'), ''),
-	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'), 0)`,
-		nil, &readOnly, &standby, &source, &idleMillis)
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'idle_in_transaction_session_timeout'), 0),
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), 0),
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'lock_timeout'), 0)`,
+		nil, &readOnly, &standby, &source, &idleMillis, &stmtMillis, &lockMillis)
 	if err != nil {
 		return sessionInfo{}, fmt.Errorf("read session settings: %w", err)
 	}
@@ -384,7 +389,12 @@ func (r *Resetter) checkSession(ctx context.Context) (info sessionInfo, err erro
 		return sessionInfo{}, fmt.Errorf("%w: transaction_read_only is on (default_transaction_read_only set by the %s: a replica or read endpoint, or ALTER ROLE or ALTER DATABASE ... SET default_transaction_read_only): give the %s a session that can write",
 			ErrReadOnly, source, r.kind)
 	}
-	info = sessionInfo{idleInTxTimeout: time.Duration(idleMillis) * time.Millisecond}
+	info = sessionInfo{
+		idleInTxTimeout:  time.Duration(idleMillis) * time.Millisecond,
+		statementTimeout: time.Duration(stmtMillis) * time.Millisecond,
+		lockTimeout:      time.Duration(lockMillis) * time.Millisecond,
+	}
+	r.chunks.stmtTimeout.Store(stmtMillis)
 	if r.o.OwnerColumn != "" {
 		// The owner column's declared length (char(n), varchar(n), or a
 		// domain over one): an instance ID longer than it cannot be
@@ -406,6 +416,9 @@ WHERE a.attrelid = to_regclass($1) AND a.attname = $2 AND NOT a.attisdropped`,
 type sessionInfo struct {
 	// idleInTxTimeout is idle_in_transaction_session_timeout; 0 is none.
 	idleInTxTimeout time.Duration
+	// statementTimeout and lockTimeout are statement_timeout and
+	// lock_timeout; 0 is none.
+	statementTimeout, lockTimeout time.Duration
 	// ownerWidth is how many characters the owner column holds; 0 is no
 	// limit (text, or no owner column).
 	ownerWidth int

@@ -34,7 +34,8 @@ func (r *Resetter) Info() ResetterInfo {
 // first reads the handle's pool, when it is one (PoolSize, PoolInUse).
 // With schema, it first checks the session (checkSession: an error wrapping
 // ErrReadOnly, prefixed "check database session: ", when it cannot
-// write; it fills OwnerWidth and IdleInTxTimeout), then the table
+// write; it fills OwnerWidth, IdleInTxTimeout, StatementTimeout and
+// LockTimeout), then the table
 // (checkSchema: errors wrapping ErrSchema, prefixed "check schema: ").
 // Then, with schema or without, it reads what it serves (Serves,
 // fleetIdentity) and the server's identifier (Server, serverIdentity: ""
@@ -53,6 +54,7 @@ func (r *Resetter) Check(ctx context.Context, schema bool) (ResetterInfo, error)
 			return info, fmt.Errorf("check database session: %w", err)
 		}
 		info.OwnerWidth, info.IdleInTxTimeout = s.ownerWidth, s.idleInTxTimeout
+		info.StatementTimeout, info.LockTimeout = s.statementTimeout, s.lockTimeout
 		if err := r.checkSchema(ctx); err != nil {
 			return info, fmt.Errorf("check schema: %w", err)
 		}

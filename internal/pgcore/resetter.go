@@ -25,9 +25,13 @@ import (
 // never waits for a row another session holds locked (a transaction left
 // open on a host that vanished holds its locks until the server notices,
 // hours later), it reports the row as not reset (RowState.Locked) and the
-// next attempt tries it again. Rows are reset in chunks inside one
-// transaction: a failure resets none of them, and the next attempt starts
-// clean. The parent batch is never touched. Identifiers come from options
+// next attempt tries it again. Rows are reset in chunks, each committed in
+// a transaction of its own when every row is fenced on its own (by owner,
+// by the reset ledger or by row version: chunks.go), so each try keeps
+// what it did and the next resumes from what is left; else in one
+// transaction, which a failure leaves whole for the next attempt. The
+// chunk size adapts to the reset's deadline and the session's
+// statement_timeout (chunkSizer). The parent batch is never touched. Identifiers come from options
 // and are quoted; values are parameters. Statements are sent without named
 // prepared statements (pgx.QueryExecModeExec in pgxreset), so the resetter works
 // through PgBouncer in transaction pooling mode.
@@ -56,6 +60,7 @@ type Resetter struct {
 	inProgress   string // list the rows in progress with their versions
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
+	chunks        chunkSizer   // the size of the next chunk of a reset
 }
 
 // New returns the resetter over conn, or an error wrapping
@@ -87,6 +92,7 @@ func (r *Resetter) init(handle any, conn DB, kind string, opts []Option) error {
 		return err
 	}
 	r.conn, r.kind, r.o = conn, kind, o
+	r.chunks.init(o.ChunkSize)
 	r.byIDs, r.rest = o.resetQuery(resetShape{}), o.restQuery(false)
 	if o.usesLedger() {
 		r.logged = o.resetQuery(resetShape{ledger: true})
@@ -227,8 +233,9 @@ const resetAttempts = 4
 // when the reset's context has ended.
 const rollbackTimeout = 5 * time.Second
 
-// resetIncarnation resets the rows of req in one transaction, in chunks in
-// ascending ID order; a deadlock or serialization failure is retried with
+// resetIncarnation resets the rows of req in chunks in ascending ID order,
+// each chunk committed on its own when commitsByChunk allows it, else all
+// in one transaction; a deadlock or serialization failure is retried with
 // backoff. With the reset ledger (no owner column) it skips the rows a
 // committed reset of the same instance and incarnation already changed,
 // and records the ones it changes, in the same transaction. It serves
@@ -240,9 +247,20 @@ func (r *Resetter) resetIncarnation(ctx context.Context, req ResetRequest) (Rese
 	ids := slices.Clone(req.RowIDs)
 	slices.Sort(ids)
 	ids = slices.Compact(ids)
-	res, err := r.withRetry(ctx, func(tx Tx) (ResetResult, error) {
-		return r.resetInTx(ctx, tx, req, ids, true)
-	})
+	var (
+		res ResetResult
+		err error
+	)
+	if r.commitsByChunk(req) {
+		res, err = r.resetIDsByChunk(ctx, req, ids)
+	} else {
+		res, err = r.withRetry(ctx, func(tx Tx) (ResetResult, error) {
+			return r.resetInTx(ctx, tx, req, ids, true)
+		})
+		if err != nil && outOfTime(ctx, err) {
+			r.chunks.failed(r.chunks.next(ctx))
+		}
+	}
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows of %s: %w", req.InstanceID, r.explainResetError(r.explainLedgerError(err)))
 	}
@@ -277,7 +295,7 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 		}
 	}
 	var total ResetResult
-	for chunk := range slices.Chunk(ids, r.o.ChunkSize) {
+	for chunk := range slices.Chunk(ids, r.chunks.statement()) {
 		v := resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation}
 		res, err := r.run(ctx, tx, reset, v)
 		if err != nil {
@@ -342,11 +360,11 @@ func (r *Resetter) unownedReset(ctx context.Context, tx Tx, req ResetRequest, id
 	return r.unownedLog, r.restUnowned, true, nil
 }
 
-// withoutRecorded returns ids (sorted) without the rows the ledger holds
-// for req's instance and incarnation.
+// withoutRecorded returns ids (sorted) without the rows among them the
+// ledger holds for req's instance and incarnation.
 func (r *Resetter) withoutRecorded(ctx context.Context, tx Tx, req ResetRequest, ids []int64) ([]int64, error) {
-	recorded, err := collect(ctx, tx, fmt.Sprintf("SELECT row_id FROM %s WHERE instance_id = $1 AND incarnation = $2 ORDER BY row_id",
-		r.o.ledgerIdent()), []any{req.InstanceID, req.Incarnation}, scanOne[int64])
+	recorded, err := collect(ctx, tx, fmt.Sprintf("SELECT row_id FROM %s WHERE instance_id = $1 AND incarnation = $2 AND row_id = ANY($3::bigint[]) ORDER BY row_id",
+		r.o.ledgerIdent()), []any{req.InstanceID, req.Incarnation, ids}, scanOne[int64])
 	if err != nil || len(recorded) == 0 {
 		return ids, err
 	}
@@ -365,7 +383,7 @@ func (r *Resetter) withoutRecorded(ctx context.Context, tx Tx, req ResetRequest,
 }
 
 // unsettled runs q (restQuery or ownedRestQuery) in tx.
-func (r *Resetter) unsettled(ctx context.Context, tx Tx, q query, v resetValues) ([]RowState, error) {
+func (r *Resetter) unsettled(ctx context.Context, tx Querier, q query, v resetValues) ([]RowState, error) {
 	return collect(ctx, tx, q.sql, r.bind(q, v), func(row Rows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Locked, &s.Owner)
@@ -406,8 +424,8 @@ func (r *Resetter) InProgressRows(ctx context.Context) ([]RowState, error) {
 }
 
 // resetRowVersions returns the rows of rows that are still in progress at
-// the version given to the queue (or quarantine), in one transaction,
-// WithChunkSize rows per statement in ID order. A row written since its
+// the version given to the queue (or quarantine), chunk by chunk in ID
+// order, each chunk committed on its own (resetVersionsByChunk). A row written since its
 // version was read is left alone and not reported: it is not stuck. A row
 // still at its version that another session held locked is skipped (SKIP
 // LOCKED) and listed in NotReset (Locked), for the sweep to try again. The
@@ -420,10 +438,7 @@ func (r *Resetter) resetRowVersions(ctx context.Context, rows []RowState) (Reset
 	if len(rows) == 0 {
 		return ResetResult{}, nil
 	}
-	sorted := sortedVersions(rows)
-	res, err := r.withRetry(ctx, func(tx Tx) (ResetResult, error) {
-		return r.resetVersionsInTx(ctx, tx, sorted)
-	})
+	res, err := r.resetVersionsByChunk(ctx, sortedVersions(rows))
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
 	}
@@ -442,7 +457,7 @@ func sortedVersions(rows []RowState) []RowState {
 // resetRowVersions commits it, a dry run rolls it back.
 func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowState) (ResetResult, error) {
 	var total ResetResult
-	for chunk := range slices.Chunk(sorted, r.o.ChunkSize) {
+	for chunk := range slices.Chunk(sorted, r.chunks.statement()) {
 		v := resetValues{ids: make([]int64, len(chunk)), versions: make([]string, len(chunk))}
 		for i, rv := range chunk {
 			v.ids[i], v.versions[i] = rv.ID, rv.Version
@@ -463,8 +478,8 @@ func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowSta
 }
 
 // resetOwnerRows returns every row still in progress and owned by owner to
-// the queue (or quarantine), in one transaction, WithChunkSize rows per
-// statement in ID order, and lists in NotReset (Locked) the rows it
+// the queue (or quarantine), chunk by chunk in ID order, each chunk
+// committed on its own (resetOwnedByChunk), and lists in NotReset (Locked) the rows it
 // skipped because another session held them locked. It needs
 // WithOwnerColumn. On a large table give
 // it the partial index the migration in docs/integration.md creates,
@@ -474,9 +489,7 @@ func (r *Resetter) resetOwnerRows(ctx context.Context, owner string) (ResetResul
 	if err := r.needOwnerColumn("resetting by owner"); err != nil {
 		return ResetResult{}, err
 	}
-	res, err := r.withRetry(ctx, func(tx Tx) (ResetResult, error) {
-		return r.resetOwnedInTx(ctx, tx, owner)
-	})
+	res, err := r.resetOwnedByChunk(ctx, owner)
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("reset rows owned by %s: %w", owner, r.explainResetError(err))
 	}
@@ -484,7 +497,8 @@ func (r *Resetter) resetOwnerRows(ctx context.Context, owner string) (ResetResul
 }
 
 // resetOwnedInTx resets the rows of owner chunk after chunk, in ID order,
-// in tx: locks are taken in the order every reset takes them, and no
+// in tx (planOwnerReset's dry run; a reset commits chunk by chunk,
+// resetOwnedByChunk): locks are taken in the order every reset takes them, and no
 // statement locks an unbounded number of rows at once.
 func (r *Resetter) resetOwnedInTx(ctx context.Context, tx Tx, owner string) (ResetResult, error) {
 	var all ResetResult
@@ -559,7 +573,7 @@ func (r *Resetter) inTx(ctx context.Context, f func(Tx) (ResetResult, error)) (r
 			cancel()
 		}
 	}()
-	if err = setLockTimeout(ctx, tx); err != nil {
+	if err = r.setLockTimeout(ctx, tx); err != nil {
 		return ResetResult{}, err
 	}
 	if res, err = f(tx); err != nil {
@@ -591,17 +605,24 @@ const lockTimeoutShare = 0.8
 // advisory lock; every later reset would skip those rows. The server ends
 // such a session by itself once it has idled past the reset's deadline,
 // which the live client never lets happen.
-func setLockTimeout(ctx context.Context, tx Tx) error {
+//
+// The same statement reads the session's statement_timeout, which sizes
+// the chunks (chunkSizer).
+func (r *Resetter) setLockTimeout(ctx context.Context, tx Tx) error {
 	deadline, ok := ctx.Deadline()
 	if !ok || tx.Nested() {
 		return nil
 	}
 	left := time.Until(deadline).Milliseconds()
 	lock := max(int64(float64(left)*lockTimeoutShare), 1)
-	if err := tx.Exec(ctx, "SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true)",
-		strconv.FormatInt(lock, 10), strconv.FormatInt(max(left, 1), 10)); err != nil {
+	var set1, set2 string
+	var stmt int64
+	if err := queryRow(ctx, tx, `SELECT set_config('lock_timeout', $1, true), set_config('idle_in_transaction_session_timeout', $2, true),
+	coalesce((SELECT setting::bigint FROM pg_settings WHERE name = 'statement_timeout'), 0)`,
+		[]any{strconv.FormatInt(lock, 10), strconv.FormatInt(max(left, 1), 10)}, &set1, &set2, &stmt); err != nil {
 		return fmt.Errorf("set lock_timeout: %w", err)
 	}
+	r.chunks.stmtTimeout.Store(stmt)
 	return nil
 }
 

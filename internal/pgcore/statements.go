@@ -30,6 +30,7 @@ type resetValues struct {
 	owner       string // the instance whose rows these are
 	incarnation string
 	after       int64 // by owner: the last ID of the previous chunk
+	limit       int   // by owner: the chunk's rows; 0 is WithChunkSize
 	versions    []string
 }
 
@@ -52,6 +53,9 @@ func (r *Resetter) bind(q query, v resetValues) []any {
 			args[i] = r.o.MaxRecoveries
 		case "chunk":
 			args[i] = r.o.ChunkSize
+			if v.limit > 0 {
+				args[i] = v.limit
+			}
 		case "after":
 			args[i] = v.after
 		case "versions":
@@ -131,12 +135,15 @@ func (o *Settings) inProgressQuery() string {
 // transaction left open on a host that vanished holds its locks until the
 // server notices, hours with TCP keepalive's defaults; the reset never
 // waits for it, and the caller reports the rows it skipped), updates them with the status guard (and the owner guard when
-// fencing), records them in the ledger (with ledger: the caller has left
+// fencing) through the primary key (joined with the locked rows instead,
+// the planner hashed the whole table for each statement: a sequential
+// scan per chunk, whatever the chunk's size), records them in the ledger
+// (with ledger: the caller has left
 // out of $ids the rows the ledger already holds), and returns the number
 // changed and the IDs quarantined:
 //
 //	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE SKIP LOCKED),
-//	     changed AS (UPDATE t SET ... FROM locked WHERE t.id = locked.id AND <guard> RETURNING ...),
+//	     changed AS (UPDATE t SET ... WHERE t.id = ANY(ARRAY(SELECT id FROM locked)) AND <guard> RETURNING ...),
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
 //	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
 //
@@ -219,7 +226,7 @@ func (o *Settings) resetQuery(s resetShape) query {
 	fmt.Fprintf(&sql, `WITH locked AS (
 	SELECT %[1]s FROM %[2]s WHERE %[3]s ORDER BY %[1]s%[7]s FOR UPDATE SKIP LOCKED
 ), changed AS (
-	UPDATE %[2]s AS r SET %[4]s FROM locked WHERE r.%[1]s = locked.%[1]s AND %[5]s
+	UPDATE %[2]s AS r SET %[4]s WHERE r.%[1]s = ANY(ARRAY(SELECT %[1]s FROM locked)) AND %[5]s
 	RETURNING r.%[1]s AS id, r.%[6]s AS st
 )`, id, table, strings.Join(match, " AND "), strings.Join(set, ", "), strings.Join(guard, " AND "), status, limit)
 	if s.ledger {
