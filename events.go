@@ -159,6 +159,15 @@ type Event struct {
 	StuckFor time.Duration
 	// Err is the failure, for failed events.
 	Err error
+
+	// RowIDs, on EventRowsReset, EventRowsRecovered and
+	// EventStrayRowsReset, are the rows reset (quarantined ones included),
+	// ascending, as the resetter listed them (ResetResult.ChangedIDs: the
+	// PostgreSQL resetters list every row; a resetter that lists none
+	// leaves it empty). On EventUntrackedRows they are the rows found.
+	// QuarantinedIDs are the rows quarantined. The fleet's history
+	// records them (WithHistory). Each event has slices of its own.
+	RowIDs, QuarantinedIDs []int64
 }
 
 // eventBuffer is how many events wait for a slow observer before new ones
