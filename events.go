@@ -84,6 +84,12 @@ const (
 	// progress by a worker that had not tracked them (Err wraps
 	// ErrUntrackedRows).
 	EventUntrackedRows
+	// EventEndedLifeRowsReset: the backstop sweep with an owner column
+	// reset RowsReset rows (RowIDs; RowsQuarantined quarantined) in
+	// progress under an ended life of PeerID, a live worker: committed
+	// after that life ended, or left by its host. Rows counts them and
+	// the rows left locked.
+	EventEndedLifeRowsReset
 )
 
 var eventNames = map[EventKind]string{
@@ -105,6 +111,8 @@ var eventNames = map[EventKind]string{
 	EventRowsReset:         "rows_reset",
 	EventStrayRowsReset:    "stray_rows_reset",
 	EventUntrackedRows:     "untracked_rows",
+
+	EventEndedLifeRowsReset: "ended_life_rows_reset",
 }
 
 // String returns the event's snake_case name.
@@ -160,8 +168,8 @@ type Event struct {
 	// Err is the failure, for failed events.
 	Err error
 
-	// RowIDs, on EventRowsReset, EventRowsRecovered and
-	// EventStrayRowsReset, are the rows reset (quarantined ones included),
+	// RowIDs, on EventRowsReset, EventRowsRecovered, EventStrayRowsReset
+	// and EventEndedLifeRowsReset, are the rows reset (quarantined ones included),
 	// ascending, as the resetter listed them (ResetResult.ChangedIDs: the
 	// PostgreSQL resetters list every row; a resetter that lists none
 	// leaves it empty). On EventUntrackedRows they are the rows found.

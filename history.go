@@ -47,6 +47,8 @@ func historyKind(e Event) (string, bool) {
 		return store.HistoryKindStrayRowsReset, true
 	case EventUntrackedRows:
 		return store.HistoryKindUntrackedRows, true
+	case EventEndedLifeRowsReset:
+		return store.HistoryKindEndedLifeReset, true
 	}
 	return "", false
 }
@@ -68,7 +70,7 @@ func historyFields(kind, uid string, e Event) []string {
 		f = append(f, store.HistoryFieldFoundBy, e.FoundBy)
 	}
 	switch kind {
-	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset:
+	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset, store.HistoryKindEndedLifeReset:
 		f = append(f, store.HistoryFieldRows, strconv.Itoa(e.Rows), store.HistoryFieldRowsReset, strconv.FormatInt(e.RowsReset, 10),
 			store.HistoryFieldQuarantined, strconv.Itoa(e.RowsQuarantined))
 	case store.HistoryKindRowsQuarantined:
@@ -99,7 +101,7 @@ func historyFields(kind, uid string, e Event) []string {
 // historyRowIDs returns the rows an entry of kind lists (ascending).
 func historyRowIDs(kind string, e Event) []int64 {
 	switch kind {
-	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset, store.HistoryKindUntrackedRows:
+	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset, store.HistoryKindUntrackedRows, store.HistoryKindEndedLifeReset:
 		return e.RowIDs
 	case store.HistoryKindRowsQuarantined:
 		return e.QuarantinedIDs
@@ -183,7 +185,8 @@ func (h *historian) offer(e Event) {
 		return
 	}
 	items := []historyItem{{kind, newUID(), e}}
-	if (kind == store.HistoryKindRowsRecovered || kind == store.HistoryKindStrayRowsReset) && e.RowsQuarantined > 0 {
+	if (kind == store.HistoryKindRowsRecovered || kind == store.HistoryKindStrayRowsReset || kind == store.HistoryKindEndedLifeReset) &&
+		e.RowsQuarantined > 0 {
 		items = append(items, historyItem{store.HistoryKindRowsQuarantined, newUID(), e})
 	}
 	if inline := h.queue(kind, e, items); inline {

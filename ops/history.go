@@ -61,6 +61,11 @@ const (
 	// HistoryUntrackedRows: InstanceID's backstop sweep found Rows rows
 	// (RowIDs) committed in progress that no worker had tracked (Error).
 	HistoryUntrackedRows = store.HistoryKindUntrackedRows
+	// HistoryEndedLifeRowsReset: InstanceID's backstop sweep (owner
+	// column) reset RowsReset rows (RowIDs), RowsQuarantined of them
+	// quarantined, in progress under an ended life of PeerID, a live
+	// worker: committed after that life ended, or left by its host.
+	HistoryEndedLifeRowsReset = store.HistoryKindEndedLifeReset
 )
 
 // A HistoryEntry is one entry of the fleet's history. Only the fields its

@@ -38,7 +38,7 @@ func historyToJSON(e ops.HistoryEntry) historyJSON {
 	j := historyJSON{ID: e.ID, Added: e.Added.UTC().Format(time.RFC3339Nano), Time: e.Time.UTC().Format(time.RFC3339Nano),
 		Kind: e.Kind, InstanceID: e.InstanceID, PeerID: e.PeerID, FoundBy: e.FoundBy, Error: e.Error}
 	switch e.Kind {
-	case ops.HistoryRowsRecovered, ops.HistoryStrayRowsReset:
+	case ops.HistoryRowsRecovered, ops.HistoryStrayRowsReset, ops.HistoryEndedLifeRowsReset:
 		j.Rows, j.RowsReset, j.RowsQuarantined = &e.Rows, &e.RowsReset, &e.RowsQuarantined
 	case ops.HistoryRowsQuarantined:
 		j.RowsQuarantined = &e.RowsQuarantined
@@ -160,6 +160,8 @@ func historyDetails(e ops.HistoryEntry) string {
 	case ops.HistoryStrayRowsReset:
 		d = fmt.Sprintf("sweep: %d of %d stray rows reset, %d quarantined, held by no rows set for %s", e.RowsReset, e.Rows,
 			e.RowsQuarantined, roundDuration(e.Duration))
+	case ops.HistoryEndedLifeRowsReset:
+		d = fmt.Sprintf("sweep: %d rows of an ended life reset, %d quarantined (the worker lives on)", e.RowsReset, e.RowsQuarantined)
 	case ops.HistoryUntrackedRows:
 		d = fmt.Sprintf("sweep: %d rows in progress that no worker tracked: %s", e.Rows, clean(e.Error))
 	case ops.HistoryRowsNotReset:

@@ -171,15 +171,18 @@ func TestHistoryRowsListsTheRowsOfEachReset(t *testing.T) {
 		"rows_quarantined", "0", "duration_ms", "6150", "row_ids", "7,9,11", "row_ids_total", "250")
 	add("kind", "untracked_rows", "time", at, "instance", "w-1", "rows", "2", "row_ids", "20,21", "row_ids_total", "2",
 		"error", "rows in progress that no rows set held")
+	add("kind", "ended_life_rows_reset", "time", at, "instance", "w-1", "peer", "live-1", "found_by", "sweep", "rows", "1",
+		"rows_reset", "1", "rows_quarantined", "0", "row_ids", "5", "row_ids_total", "1")
 
 	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "history", "--rows")
 	require.Equal(t, exitOK, code, errOut)
 	lines := strings.Split(strings.TrimSpace(out), "\n")
-	require.Len(t, lines, 4, out)
+	require.Len(t, lines, 5, out)
 	assert.Regexp(t, `^TIME\s+EVENT\s+PEER\s+BY\s+DETAILS\s+ROWS$`, lines[0])
 	assert.Regexp(t, `rows_recovered\s+dead-1\s+w-1\s+3 rows: 2 reset, 0 quarantined, 2.1s after found\s+-$`, lines[1])
 	assert.Regexp(t, `stray_rows_reset\s+-\s+w-1\s+sweep: 250 of 250 stray rows reset, 0 quarantined, held by no rows set for 6.2s\s+7,9,11 \(\+247 more\)$`, lines[2])
 	assert.Regexp(t, `untracked_rows\s+-\s+w-1\s+sweep: 2 rows in progress that no worker tracked: rows in progress that no rows set held\s+20,21$`, lines[3])
+	assert.Regexp(t, `ended_life_rows_reset\s+live-1\s+w-1\s+sweep: 1 rows of an ended life reset, 0 quarantined \(the worker lives on\)\s+5$`, lines[4])
 
 	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "history")
 	require.Equal(t, exitOK, code, errOut)
@@ -189,7 +192,7 @@ func TestHistoryRowsListsTheRowsOfEachReset(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	var got historyOut
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
-	require.Len(t, got.Entries, 3)
+	require.Len(t, got.Entries, 4)
 	assert.Nil(t, got.Entries[0].RowIDs)
 	assert.Nil(t, got.Entries[0].RowIDsTotal, "an entry without row IDs has no row_ids_total")
 	assert.Equal(t, []int64{7, 9, 11}, got.Entries[1].RowIDs)

@@ -53,4 +53,5 @@ const (
 	HistoryKindRowsNotReset    = "rows_not_reset"
 	HistoryKindStrayRowsReset  = "stray_rows_reset"
 	HistoryKindUntrackedRows   = "untracked_rows"
+	HistoryKindEndedLifeReset  = "ended_life_rows_reset"
 )
