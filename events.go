@@ -78,18 +78,16 @@ const (
 	// EventStrayRowsReset: the backstop sweep without an owner column
 	// reset RowsReset of Rows rows in progress that no rows set had held
 	// for Duration (RowsQuarantined quarantined); the others had changed
-	// meanwhile. PeerID is empty: no record says whose they were.
+	// meanwhile. PeerID is empty: no record says whose they were. The
+	// backstop sweep with an owner column emits it too, with PeerID, when
+	// it reset RowsReset rows in progress under an ended life of PeerID, a
+	// live worker (committed after that life ended, or left by its host);
+	// Rows counts them and the rows left locked.
 	EventStrayRowsReset
 	// EventUntrackedRows: the backstop sweep found Rows rows committed in
 	// progress by a worker that had not tracked them (Err wraps
 	// ErrUntrackedRows).
 	EventUntrackedRows
-	// EventEndedLifeRowsReset: the backstop sweep with an owner column
-	// reset RowsReset rows (RowIDs; RowsQuarantined quarantined) in
-	// progress under an ended life of PeerID, a live worker: committed
-	// after that life ended, or left by its host. Rows counts them and
-	// the rows left locked.
-	EventEndedLifeRowsReset
 )
 
 var eventNames = map[EventKind]string{
@@ -111,8 +109,6 @@ var eventNames = map[EventKind]string{
 	EventRowsReset:         "rows_reset",
 	EventStrayRowsReset:    "stray_rows_reset",
 	EventUntrackedRows:     "untracked_rows",
-
-	EventEndedLifeRowsReset: "ended_life_rows_reset",
 }
 
 // String returns the event's snake_case name.
@@ -168,8 +164,8 @@ type Event struct {
 	// Err is the failure, for failed events.
 	Err error
 
-	// RowIDs, on EventRowsReset, EventRowsRecovered, EventStrayRowsReset
-	// and EventEndedLifeRowsReset, are the rows reset (quarantined ones included),
+	// RowIDs, on EventRowsReset, EventRowsRecovered and
+	// EventStrayRowsReset, are the rows reset (quarantined ones included),
 	// ascending, as the resetter listed them (ResetResult.ChangedIDs: the
 	// PostgreSQL resetters list every row; a resetter that lists none
 	// leaves it empty). On EventUntrackedRows they are the rows found.

@@ -44,11 +44,12 @@ func historyKind(e Event) (string, bool) {
 	case EventRowsNotReset:
 		return store.HistoryKindRowsNotReset, true
 	case EventStrayRowsReset:
+		if e.PeerID != "" { // the owner-column sweep's, of a live worker's ended life
+			return store.HistoryKindEndedLifeReset, true
+		}
 		return store.HistoryKindStrayRowsReset, true
 	case EventUntrackedRows:
 		return store.HistoryKindUntrackedRows, true
-	case EventEndedLifeRowsReset:
-		return store.HistoryKindEndedLifeReset, true
 	}
 	return "", false
 }

@@ -386,6 +386,8 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	}
 	_, ok = historyKind(Event{Kind: EventRecoveryFailed})
 	assert.False(t, ok, "a failed scan is no recovery")
+	kind, _ = historyKind(Event{Kind: EventStrayRowsReset, PeerID: "live-1"})
+	assert.Equal(t, store.HistoryKindEndedLifeReset, kind, "the owner-column sweep's reset of a live worker's ended life")
 }
 
 // TestHistoryWritesARepeatedFailureOnce: a recovery that keeps failing for

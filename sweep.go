@@ -385,7 +385,7 @@ func (s *ownerSweep) sweepEndedLives(ctx context.Context, values []string, check
 		s.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
 			"owner", clip(v), "rows_reset", res.Changed, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))
 		if res.Changed > 0 {
-			s.peers.events.emit(Event{Kind: EventEndedLifeRowsReset, PeerID: id, FoundBy: foundBySweep, Rows: pr.RowsFound,
+			s.peers.events.emit(Event{Kind: EventStrayRowsReset, PeerID: id, FoundBy: foundBySweep, Rows: pr.RowsFound,
 				RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined),
 				RowIDs: sortedIDs(res.ChangedIDs), QuarantinedIDs: sortedIDs(res.Quarantined)})
 		}
