@@ -131,7 +131,8 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 			p.stats.noteRowsStuck(r.rowsStuck)
 			p.events.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-				Duration: time.Since(noticed), StuckFor: r.rowsStuck})
+				Duration: time.Since(noticed), StuckFor: r.rowsStuck,
+				RowIDs: sortedIDs(r.changed), QuarantinedIDs: sortedIDs(pr.Quarantined)})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself
 			p.rlog.recovered(pr, foundBy, r.rowsStuck)
@@ -180,6 +181,9 @@ type peerRecovery struct {
 	// lives are owner values of the peer's lives the sweep saw in
 	// progress (owner.go).
 	lives []string
+	// changed are the rows the resets changed, as the resetter listed
+	// them (Event.RowIDs).
+	changed []int64
 	// life is the peer's incarnation, read under the claim (lifeRead);
 	// confirmed is set once a claim sent after that read was still ours,
 	// so the read was made while the peer was dead and names the life
@@ -244,7 +248,7 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	}
 	p.events.emit(Event{Kind: EventRowsReset, PeerID: r.peer, FoundBy: r.foundBy, Rows: r.rep.RowsFound,
 		RowsReset: r.rep.RowsReset, RowsQuarantined: len(r.rep.Quarantined), Duration: sinceNoticed,
-		StuckFor: r.rowsStuck})
+		StuckFor: r.rowsStuck, RowIDs: sortedIDs(r.changed), QuarantinedIDs: sortedIDs(r.rep.Quarantined)})
 	return true, r.finish(claimCtx, ctx)
 }
 
@@ -476,6 +480,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}
 	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Changed, res.Quarantined, res.NotReset
+	r.changed = append(r.changed, res.ChangedIDs...)
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
 	return notResetError(r.peer, len(ids), res.NotReset, p.opts.info.OwnerFencing)
@@ -551,6 +556,7 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 		}
 		r.rep.RowsReset += res.Changed
 		r.rep.Quarantined = append(r.rep.Quarantined, res.Quarantined...)
+		r.changed = append(r.changed, res.ChangedIDs...)
 		found += int(res.Changed) + len(res.NotReset) // quarantined rows included
 		notReset = append(notReset, res.NotReset...)
 	}
@@ -598,6 +604,14 @@ func (r *peerRecovery) release() {
 	if err := p.store.FailRecovery(ctx, r.peer, r.token, p.fleet.failureNoteTTL()); err != nil {
 		p.rlog.claimNotReleased(r.peer, err)
 	}
+}
+
+// sortedIDs returns a sorted copy of ids without duplicates, nil for none.
+func sortedIDs(ids []int64) []int64 {
+	if len(ids) == 0 {
+		return nil
+	}
+	return slices.Compact(slices.Sorted(slices.Values(ids)))
 }
 
 // parseRowIDs splits rows-set members into row IDs (sorted) and the members

@@ -78,7 +78,11 @@ const (
 	// EventStrayRowsReset: the backstop sweep without an owner column
 	// reset RowsReset of Rows rows in progress that no rows set had held
 	// for Duration (RowsQuarantined quarantined); the others had changed
-	// meanwhile. PeerID is empty: no record says whose they were.
+	// meanwhile. PeerID is empty: no record says whose they were. The
+	// backstop sweep with an owner column emits it too, with PeerID, when
+	// it reset RowsReset rows in progress under an ended life of PeerID, a
+	// live worker (committed after that life ended, or left by its host);
+	// Rows counts them and the rows left locked.
 	EventStrayRowsReset
 	// EventUntrackedRows: the backstop sweep found Rows rows committed in
 	// progress by a worker that had not tracked them (Err wraps
@@ -159,6 +163,15 @@ type Event struct {
 	StuckFor time.Duration
 	// Err is the failure, for failed events.
 	Err error
+
+	// RowIDs, on EventRowsReset, EventRowsRecovered and
+	// EventStrayRowsReset, are the rows reset (quarantined ones included),
+	// ascending, as the resetter listed them (ResetResult.ChangedIDs: the
+	// PostgreSQL resetters list every row; a resetter that lists none
+	// leaves it empty). On EventUntrackedRows they are the rows found.
+	// QuarantinedIDs are the rows quarantined. The fleet's history
+	// records them (WithHistory). Each event has slices of its own.
+	RowIDs, QuarantinedIDs []int64
 }
 
 // eventBuffer is how many events wait for a slow observer before new ones

@@ -93,6 +93,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	if h.opts.ownerMode {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
 	}
+	oldest, holds := h.rows.oldestTracked()
 	sentAt := time.Now()
 	serves, server := h.fleet.mem.served()
 	res, err := h.store.Beat(ctx, h.opts.instanceID, store.Heartbeat{
@@ -100,6 +101,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		Incarnation: incarnation, IncarnationTTL: h.fleet.incarnationTTL(),
 		Remove: unremoved, Add: tracked, RowsTTL: h.fleet.rowsTTL(),
 		Serves: serves, Server: server, Announce: h.fleet.announcement(),
+		HoldsRows: holds, OldestRowAge: sentAt.Sub(oldest),
 	})
 	h.fleet.note(res.Fleet, res.FleetErr)
 	if res.Foreign {

@@ -44,6 +44,9 @@ func historyKind(e Event) (string, bool) {
 	case EventRowsNotReset:
 		return store.HistoryKindRowsNotReset, true
 	case EventStrayRowsReset:
+		if e.PeerID != "" { // the owner-column sweep's, of a live worker's ended life
+			return store.HistoryKindEndedLifeReset, true
+		}
 		return store.HistoryKindStrayRowsReset, true
 	case EventUntrackedRows:
 		return store.HistoryKindUntrackedRows, true
@@ -68,7 +71,7 @@ func historyFields(kind, uid string, e Event) []string {
 		f = append(f, store.HistoryFieldFoundBy, e.FoundBy)
 	}
 	switch kind {
-	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset:
+	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset, store.HistoryKindEndedLifeReset:
 		f = append(f, store.HistoryFieldRows, strconv.Itoa(e.Rows), store.HistoryFieldRowsReset, strconv.FormatInt(e.RowsReset, 10),
 			store.HistoryFieldQuarantined, strconv.Itoa(e.RowsQuarantined))
 	case store.HistoryKindRowsQuarantined:
@@ -78,6 +81,10 @@ func historyFields(kind, uid string, e Event) []string {
 	case store.HistoryKindRowsNotReset:
 		f = append(f, store.HistoryFieldRows, strconv.Itoa(e.Rows), store.HistoryFieldRowsReset, strconv.FormatInt(e.RowsReset, 10),
 			store.HistoryFieldNotReset, strconv.Itoa(e.RowsNotReset))
+	}
+	if ids := historyRowIDs(kind, e); len(ids) > 0 {
+		f = append(f, store.HistoryFieldRowIDs, joinIDs(ids[:min(len(ids), store.HistoryRowIDsMax)]),
+			store.HistoryFieldRowIDsTotal, strconv.Itoa(len(ids)))
 	}
 	if e.Duration > 0 {
 		f = append(f, store.HistoryFieldDurationMs, strconv.FormatFloat(float64(e.Duration)/float64(time.Millisecond), 'f', -1, 64))
@@ -90,6 +97,29 @@ func historyFields(kind, uid string, e Event) []string {
 		f = append(f, store.HistoryFieldError, msg)
 	}
 	return f
+}
+
+// historyRowIDs returns the rows an entry of kind lists (ascending).
+func historyRowIDs(kind string, e Event) []int64 {
+	switch kind {
+	case store.HistoryKindRowsRecovered, store.HistoryKindStrayRowsReset, store.HistoryKindUntrackedRows, store.HistoryKindEndedLifeReset:
+		return e.RowIDs
+	case store.HistoryKindRowsQuarantined:
+		return e.QuarantinedIDs
+	}
+	return nil
+}
+
+// joinIDs writes ids as decimals separated by commas.
+func joinIDs(ids []int64) string {
+	b := make([]byte, 0, 8*len(ids))
+	for i, id := range ids {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = strconv.AppendInt(b, id, 10)
+	}
+	return string(b)
 }
 
 // historyQueue is how many entries wait for Redis before new ones are
@@ -156,7 +186,8 @@ func (h *historian) offer(e Event) {
 		return
 	}
 	items := []historyItem{{kind, newUID(), e}}
-	if kind == store.HistoryKindRowsRecovered && e.RowsQuarantined > 0 {
+	if (kind == store.HistoryKindRowsRecovered || kind == store.HistoryKindStrayRowsReset || kind == store.HistoryKindEndedLifeReset) &&
+		e.RowsQuarantined > 0 {
 		items = append(items, historyItem{store.HistoryKindRowsQuarantined, newUID(), e})
 	}
 	if inline := h.queue(kind, e, items); inline {

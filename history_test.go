@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"runtime"
 	"strconv"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
@@ -24,8 +25,8 @@ import (
 
 // TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration: a real recovery
 // on redis-server and PostgreSQL leaves, in the fleet's stream, who found
-// the peer dead and claimed it, how many rows it reset and quarantined and
-// how long that took; a failed recovery leaves its cause.
+// the peer dead and claimed it, how many rows it reset and quarantined,
+// which, and how long that took; a failed recovery leaves its cause.
 func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
 	rdb, db, prefix := onRealServers(t, 4, "H")
 	ctx := context.Background()
@@ -63,6 +64,9 @@ func TestHistoryRecordsWhoRecoveredWhomWithCountsAndDuration(t *testing.T) {
 	assert.Equal(t, int64(4), recovered.RowsReset, "quarantined rows count as reset")
 	assert.Equal(t, 2, recovered.RowsQuarantined)
 	assert.Equal(t, 2, quarantined.RowsQuarantined)
+	assert.Equal(t, []string{"1,2,3,4", "4"}, []string{recovered.RowIDs, recovered.RowIDsTotal}, "which rows came back")
+	assert.Equal(t, []string{"3,4", "2"}, []string{quarantined.RowIDs, quarantined.RowIDsTotal}, "which rows were quarantined")
+	assert.Empty(t, dead.RowIDs)
 	assert.Positive(t, recovered.Duration)
 	assert.Less(t, recovered.Duration, time.Since(began))
 	assert.LessOrEqual(t, dead.Duration, recovered.Duration, "claimed before the end")
@@ -209,6 +213,7 @@ type streamEntry struct {
 	RowsReset                           int64
 	Duration                            time.Duration
 	Error                               string
+	RowIDs, RowIDsTotal                 string // as written
 }
 
 // readHistory reads the fleet's history stream as it is, oldest first.
@@ -221,7 +226,8 @@ func readHistory(t *testing.T, rdb redis.UniversalClient, prefix string) []strea
 		f := r.Fields
 		e := streamEntry{ID: r.ID, UID: f[store.HistoryFieldUID], Added: r.Added, Kind: f[store.HistoryFieldKind],
 			InstanceID: f[store.HistoryFieldInstance], PeerID: f[store.HistoryFieldPeer],
-			FoundBy: f[store.HistoryFieldFoundBy], Error: f[store.HistoryFieldError]}
+			FoundBy: f[store.HistoryFieldFoundBy], Error: f[store.HistoryFieldError],
+			RowIDs: f[store.HistoryFieldRowIDs], RowIDsTotal: f[store.HistoryFieldRowIDsTotal]}
 		e.Time, _ = time.Parse(time.RFC3339Nano, f[store.HistoryFieldTime])
 		e.Rows, _ = strconv.Atoi(f[store.HistoryFieldRows])
 		e.RowsReset, _ = strconv.ParseInt(f[store.HistoryFieldRowsReset], 10, 64)
@@ -327,20 +333,40 @@ func TestHistorianNeverMakesARecoveryWait(t *testing.T) {
 func TestHistoryEntryRoundTrip(t *testing.T) {
 	at := time.Date(2026, 11, 23, 3, 12, 7, 123456789, time.UTC)
 	e := Event{Kind: EventRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2", FoundBy: "expiry",
-		Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond}
+		Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond,
+		RowIDs: []int64{-4, 1, 2, 3, 5, 8}, QuarantinedIDs: []int64{5}}
 	assert.Equal(t, map[string]string{"kind": "rows_recovered", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
 		"uid": "u1", "peer": "w-2", "found_by": "expiry", "rows": "7", "rows_reset": "6", "rows_quarantined": "1",
-		"duration_ms": "1.5"}, fieldMap(historyFields(store.HistoryKindRowsRecovered, "u1", e)))
+		"duration_ms": "1.5", "row_ids": "-4,1,2,3,5,8", "row_ids_total": "6"}, fieldMap(historyFields(store.HistoryKindRowsRecovered, "u1", e)))
+	assert.Equal(t, map[string]string{"kind": "rows_quarantined", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
+		"uid": "u6", "peer": "w-2", "found_by": "expiry", "rows_quarantined": "1", "duration_ms": "1.5",
+		"row_ids": "5", "row_ids_total": "1"}, fieldMap(historyFields(store.HistoryKindRowsQuarantined, "u6", e)),
+		"the quarantine entry lists the quarantined rows")
 
-	// The backstop sweep's two kinds keep their counts too.
-	stray := Event{Kind: EventStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep", Rows: 4, RowsReset: 3, RowsQuarantined: 1}
+	// The backstop sweep's two kinds keep their counts too, and list
+	// their rows.
+	stray := Event{Kind: EventStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep", Rows: 4, RowsReset: 3, RowsQuarantined: 1,
+		RowIDs: []int64{10, 11, 12}, QuarantinedIDs: []int64{12}}
 	assert.Equal(t, map[string]string{"kind": "stray_rows_reset", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
-		"uid": "u3", "found_by": "sweep", "rows": "4", "rows_reset": "3", "rows_quarantined": "1"},
+		"uid": "u3", "found_by": "sweep", "rows": "4", "rows_reset": "3", "rows_quarantined": "1",
+		"row_ids": "10,11,12", "row_ids_total": "3"},
 		fieldMap(historyFields(store.HistoryKindStrayRowsReset, "u3", stray)))
-	untracked := Event{Kind: EventUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2}
+	untracked := Event{Kind: EventUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2, RowIDs: []int64{20, 21}}
 	assert.Equal(t, map[string]string{"kind": "untracked_rows", "time": "2026-11-23T03:12:07.123456789Z", "instance": "w-1",
-		"uid": "u4", "rows": "2"}, fieldMap(historyFields(store.HistoryKindUntrackedRows, "u4", untracked)),
-		"an untracked_rows entry says how many rows")
+		"uid": "u4", "rows": "2", "row_ids": "20,21", "row_ids_total": "2"}, fieldMap(historyFields(store.HistoryKindUntrackedRows, "u4", untracked)),
+		"an untracked_rows entry says how many rows, and which")
+
+	// Of many rows an entry lists the lowest HistoryRowIDsMax, and how
+	// many there were.
+	many := Event{Kind: EventStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep", Rows: 250, RowsReset: 250}
+	for id := range int64(250) {
+		many.RowIDs = append(many.RowIDs, 1000+id)
+	}
+	f := fieldMap(historyFields(store.HistoryKindStrayRowsReset, "u7", many))
+	assert.Equal(t, "250", f[store.HistoryFieldRowIDsTotal])
+	assert.Equal(t, joinIDs(many.RowIDs[:store.HistoryRowIDsMax]), f[store.HistoryFieldRowIDs])
+	assert.True(t, strings.HasPrefix(f[store.HistoryFieldRowIDs], "1000,1001,") && strings.HasSuffix(f[store.HistoryFieldRowIDs], ",1099"),
+		f[store.HistoryFieldRowIDs])
 
 	// A claim is written "peer_dead", the wire value of every release.
 	claimed := Event{Kind: EventPeerClaimed, Time: at, InstanceID: "w-1", PeerID: "w-2", FoundBy: "registry", Duration: 2 * time.Millisecond}
@@ -350,7 +376,7 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 		"uid": "u5", "peer": "w-2", "found_by": "registry", "duration_ms": "2"}, fieldMap(historyFields(kind, "u5", claimed)))
 
 	long := errors.New(string(make([]byte, 5000)))
-	f := fieldMap(historyFields(store.HistoryKindRecoveryFailed, "u2", Event{Kind: EventRecoveryFailed, Err: long}))
+	f = fieldMap(historyFields(store.HistoryKindRecoveryFailed, "u2", Event{Kind: EventRecoveryFailed, Err: long}))
 	assert.Len(t, f[store.HistoryFieldError], maxHistoryError+3, "clipped")
 
 	for kind, want := range map[EventKind]bool{EventPeerClaimed: true, EventRowsRecovered: true, EventLeaseLost: true,
@@ -360,6 +386,8 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	}
 	_, ok = historyKind(Event{Kind: EventRecoveryFailed})
 	assert.False(t, ok, "a failed scan is no recovery")
+	kind, _ = historyKind(Event{Kind: EventStrayRowsReset, PeerID: "live-1"})
+	assert.Equal(t, store.HistoryKindEndedLifeReset, kind, "the owner-column sweep's reset of a live worker's ended life")
 }
 
 // TestHistoryWritesARepeatedFailureOnce: a recovery that keeps failing for

@@ -2,8 +2,10 @@ package recovery
 
 import (
 	"cmp"
+	"math"
 	"slices"
 	"sync"
+	"time"
 )
 
 // inflight is the worker's own record of the rows it is processing. Redis
@@ -61,6 +63,10 @@ type inflight struct {
 	// written is the incarnation the last heartbeat wrote: in owner mode a
 	// row is tracked only under a life Redis has recorded (owner.go).
 	written string
+	// marks say when generations began, for the age of the oldest row
+	// (oldestTracked): one per Track at least trackMarkEvery after the
+	// last, so a generation's time is known to within that, from below.
+	marks []trackMark
 
 	// assert orders the writes of the rows set. Writers of a snapshot (the
 	// heartbeat, which re-adds ids and removes unremoved, Shutdown's
@@ -119,6 +125,7 @@ func (s *inflight) addOwned(ids []int64, owner, life string) bool {
 		return false
 	}
 	s.gen++
+	s.mark()
 	for _, id := range ids {
 		s.ids[id] = s.gen
 		delete(s.unremoved, id)
@@ -159,6 +166,7 @@ func (s *inflight) add(ids []int64) (retaken bool) {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.gen++
+	s.mark()
 	for _, id := range ids {
 		s.ids[id] = s.gen
 		delete(s.unremoved, id)
@@ -480,6 +488,54 @@ func (s *inflight) len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return len(s.ids)
+}
+
+// trackMarkEvery is the resolution of the oldest row's age: a Track costs
+// a clock read, and a mark at most once this often.
+const trackMarkEvery = time.Second
+
+// A trackMark says that generations from gen on began at or after at.
+type trackMark struct {
+	gen uint64
+	at  time.Time
+}
+
+// mark records when generation s.gen began, unless the last mark is
+// recent enough to stand for it; s.mu is held.
+func (s *inflight) mark() {
+	now := time.Now()
+	if n := len(s.marks); n > 0 && now.Sub(s.marks[n-1].at) < trackMarkEvery {
+		return
+	}
+	s.marks = append(s.marks, trackMark{gen: s.gen, at: now})
+}
+
+// oldestTracked returns when the oldest row tracked now was tracked (its
+// last Track), to within trackMarkEvery earlier, and false when none is.
+// It reads every tracked row once (the heartbeat's snapshot does too) and
+// drops the marks no tracked row needs any more.
+func (s *inflight) oldestTracked() (time.Time, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if len(s.ids) == 0 {
+		s.marks = s.marks[:0]
+		return time.Time{}, false
+	}
+	oldest := uint64(math.MaxUint64)
+	for _, g := range s.ids {
+		oldest = min(oldest, g)
+	}
+	// The last mark at or before the oldest generation: every generation
+	// has one, the first Track after the marks were emptied makes one.
+	i, found := slices.BinarySearchFunc(s.marks, oldest, func(m trackMark, g uint64) int { return cmp.Compare(m.gen, g) })
+	if !found {
+		i--
+	}
+	if i < 0 {
+		return time.Time{}, false
+	}
+	s.marks = s.marks[i:]
+	return s.marks[0].at, true
 }
 
 func members[V any](set map[int64]V) []int64 {

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -173,7 +174,7 @@ func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 	take(t, db, lifeOwner("live", "ended0000000000000000000000000000"), 1)
 	take(t, db, live.OwnerValue(), 2)
 	require.NoError(t, live.TrackAs(context.Background(), live.OwnerValue(), 2))
-	_, logs := startWorker(t, rdb, r, "B", opts...)
+	other, logs := startWorker(t, rdb, r, "B", opts...)
 
 	require.Eventually(t, func() bool { s, _ := rowState(t, db, 1); return s == "queued" }, 20*time.Second, 20*time.Millisecond,
 		"the ended life's row is reset")
@@ -182,6 +183,16 @@ func TestOwnerModeSweepResetsTheRowsOfAnEndedLifeOfALiveWorker(t *testing.T) {
 	require.NoError(t, live.CheckLease())
 	const msg = "reset the rows of an ended life of a live worker"
 	assert.Equal(t, 1, logs.Count(msg)+liveLogs.Count(msg), "logged once, by the holder of the sweep turn")
+	// The history says which rows of which worker came back.
+	require.NoError(t, live.Untrack(2))
+	shutdown(t, live, other) // sends the history entries queued
+	var ended []string
+	for _, e := range readHistory(t, rdb, prefix) {
+		if e.Kind == "ended_life_rows_reset" {
+			ended = append(ended, e.PeerID+" "+e.FoundBy+" "+e.RowIDs+" "+strconv.FormatInt(e.RowsReset, 10))
+		}
+	}
+	assert.Equal(t, []string{"live sweep 1 1"}, ended)
 }
 
 // A heartbeat sent when less than an operation timeout of the lease is

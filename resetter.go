@@ -31,7 +31,8 @@ type Resetter interface {
 	// Release), every row in progress owned by req.Owner (owner mode, the
 	// sweep), or req.Versions (the sweep without an owner column). It must
 	// only change rows that are still in progress. With req.DryRun it
-	// changes nothing and fills ChangedIDs.
+	// changes nothing and fills ChangedIDs; a reset should fill it too
+	// (the fleet's history records the rows).
 	Reset(ctx context.Context, req ResetRequest) (ResetResult, error)
 	// InProgressOwners returns the distinct owners of rows in progress
 	// (with ResetterInfo.OwnerFencing and ListsInProgress).

@@ -233,7 +233,8 @@ func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 	s.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
 	s.stats.strayRowsReset.Add(uint64(res.Changed))
 	s.events.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
-		RowsQuarantined: len(res.Quarantined), Duration: gap})
+		RowsQuarantined: len(res.Quarantined), Duration: gap,
+		RowIDs: sortedIDs(res.ChangedIDs), QuarantinedIDs: sortedIDs(res.Quarantined)})
 	return nil
 }
 
@@ -455,7 +456,7 @@ func (s *rowSweep) untrackedFound(ctx context.Context, ids []int64, by map[strin
 		attrs = append(attrs, slog.Int("rows_no_set_held", n))
 	}
 	s.log.Error("rows in progress were committed by a worker that had not tracked them: call Track inside the fetch's transaction, before its COMMIT", attrs...)
-	s.events.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err})
+	s.events.emit(Event{Kind: EventUntrackedRows, FoundBy: foundBySweep, Rows: len(ids), Err: err, RowIDs: sortedIDs(ids)})
 	if len(notes) > 0 {
 		opCtx, cancel := s.opts.opContext(ctx)
 		nerr := s.store.NoteUntracked(opCtx, notes, s.opts.rowsTTL)

@@ -138,6 +138,13 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				// committed in progress again by no tracking worker, is.
 				assert.Equal(t, uint64(1), w.Stats().UntrackedRows)
 				assert.Contains(t, logs.String(), `"first_row":4`)
+				// The history says which rows came back, and which were
+				// committed untracked (w has no loops: it appends at once).
+				rowsOf := map[string]string{}
+				for _, e := range readHistory(t, rdb, prefix) {
+					rowsOf[e.Kind] = e.RowIDs
+				}
+				assert.Equal(t, map[string]string{"stray_rows_reset": "1,2", "untracked_rows": "4"}, rowsOf)
 
 				// The same versions again change nothing: no double reset.
 				again, err := r.Reset(ctx, ResetRequest{Versions: []RowState{{ID: 1, Version: "1"}, {ID: 4, Version: "1"}}})

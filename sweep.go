@@ -384,6 +384,11 @@ func (s *ownerSweep) sweepEndedLives(ctx context.Context, values []string, check
 		rep.recovered = append(rep.recovered, pr)
 		s.log.Warn("backstop sweep: reset the rows of an ended life of a live worker (committed after that life ended, or left by its host)",
 			"owner", clip(v), "rows_reset", res.Changed, "rows_quarantined", len(res.Quarantined), "rows_not_reset", len(res.NotReset))
+		if res.Changed > 0 {
+			s.peers.events.emit(Event{Kind: EventStrayRowsReset, PeerID: id, FoundBy: foundBySweep, Rows: pr.RowsFound,
+				RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined),
+				RowIDs: sortedIDs(res.ChangedIDs), QuarantinedIDs: sortedIDs(res.Quarantined)})
+		}
 	}
 	for v := range s.endedSince {
 		if !seen[v] {

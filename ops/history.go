@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -27,11 +28,11 @@ const (
 	// name of earlier releases, which ReadHistory maps to this kind.
 	HistoryPeerClaimed = "peer_claimed"
 	// HistoryRowsRecovered: InstanceID reset the rows of dead PeerID:
-	// Rows found, RowsReset reset, RowsQuarantined quarantined, Duration
-	// from the death being noticed to the end of the recovery.
+	// Rows found, RowsReset reset (RowIDs), RowsQuarantined quarantined,
+	// Duration from the death being noticed to the end of the recovery.
 	HistoryRowsRecovered = store.HistoryKindRowsRecovered
 	// HistoryRowsQuarantined: that recovery quarantined RowsQuarantined
-	// rows (they reached their recovery limit); written beside
+	// rows (RowIDs: they reached their recovery limit); written beside
 	// HistoryRowsRecovered so it stands out.
 	HistoryRowsQuarantined = store.HistoryKindRowsQuarantined
 	// HistoryRecoveryFailed: InstanceID's recovery of PeerID failed
@@ -53,12 +54,18 @@ const (
 	// failing, like peer_claimed.
 	HistoryRowsNotReset = store.HistoryKindRowsNotReset
 	// HistoryStrayRowsReset: InstanceID's backstop sweep (no owner column)
-	// reset RowsReset of Rows rows in progress that no rows set had held
-	// for Duration; PeerID is empty.
+	// reset RowsReset of Rows rows in progress (RowIDs) that no rows set
+	// had held for Duration, RowsQuarantined of them quarantined; PeerID
+	// is empty.
 	HistoryStrayRowsReset = store.HistoryKindStrayRowsReset
 	// HistoryUntrackedRows: InstanceID's backstop sweep found Rows rows
-	// committed in progress that no worker had tracked (Error).
+	// (RowIDs) committed in progress that no worker had tracked (Error).
 	HistoryUntrackedRows = store.HistoryKindUntrackedRows
+	// HistoryEndedLifeRowsReset: InstanceID's backstop sweep (owner
+	// column) reset RowsReset rows (RowIDs), RowsQuarantined of them
+	// quarantined, in progress under an ended life of PeerID, a live
+	// worker: committed after that life ended, or left by its host.
+	HistoryEndedLifeRowsReset = store.HistoryKindEndedLifeReset
 )
 
 // A HistoryEntry is one entry of the fleet's history. Only the fields its
@@ -93,7 +100,23 @@ type HistoryEntry struct {
 	Duration time.Duration
 	// Error is the failure's message.
 	Error string
+
+	// RowIDs are the entry's rows, ascending: those reset
+	// (HistoryRowsRecovered, HistoryStrayRowsReset: quarantined ones
+	// included), quarantined (HistoryRowsQuarantined) or found
+	// (HistoryUntrackedRows); at most HistoryRowIDsMax, the lowest.
+	// RowIDsTotal is how many rows the writer had IDs of, more than
+	// RowIDs holds when it listed a sample. Both are zero in entries of
+	// releases before them, and when the resetter does not list the rows
+	// it resets (recovery.ResetResult.ChangedIDs).
+	RowIDs      []int64
+	RowIDsTotal int
 }
+
+// HistoryRowIDsMax bounds the row IDs one history entry lists
+// (HistoryEntry.RowIDs): a recovery of more rows lists the lowest
+// HistoryRowIDsMax and their total.
+const HistoryRowIDsMax = store.HistoryRowIDsMax
 
 // historyEntry reads an entry the Worker wrote. Fields it cannot parse are
 // left zero: the history is for reading, not for failing.
@@ -112,7 +135,24 @@ func historyEntry(r store.HistoryRecord) HistoryEntry {
 	if ms, err := strconv.ParseFloat(f[store.HistoryFieldDurationMs], 64); err == nil {
 		e.Duration = time.Duration(ms * float64(time.Millisecond))
 	}
+	e.RowIDs = parseRowIDs(f[store.HistoryFieldRowIDs])
+	e.RowIDsTotal, _ = strconv.Atoi(f[store.HistoryFieldRowIDsTotal])
+	e.RowIDsTotal = max(e.RowIDsTotal, len(e.RowIDs))
 	return e
+}
+
+// parseRowIDs reads an entry's row IDs, at most HistoryRowIDsMax of them;
+// what is not a decimal ID is skipped.
+func parseRowIDs(s string) []int64 {
+	var out []int64
+	for s != "" && len(out) < HistoryRowIDsMax {
+		var part string
+		part, s, _ = strings.Cut(s, ",")
+		if id, err := strconv.ParseInt(part, 10, 64); err == nil {
+			out = append(out, id)
+		}
+	}
+	return out
 }
 
 // HistoryQuery says which entries ReadHistory returns.

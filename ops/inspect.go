@@ -49,6 +49,15 @@ type InstanceState struct {
 	// fills them in.
 	AnnouncedTTL time.Duration
 	Mode         string
+
+	// OldestRowKnown says whether the instance's last heartbeat reported
+	// the rows it holds (workers of earlier releases do not, and the
+	// report lives a heartbeat TTL); HoldsRows whether it held any, and
+	// OldestRowAge how long it has held the oldest: the age its heartbeat
+	// reported plus the time since, on Redis's clock, to the second.
+	OldestRowKnown bool
+	HoldsRows      bool
+	OldestRowAge   time.Duration
 }
 
 // Alive reports whether the instance's heartbeat key exists.
@@ -229,6 +238,9 @@ func describe(ctx context.Context, s *store.Redis, ids []string) ([]InstanceStat
 			RowsTTL:          k.RowsTTL,
 			Incarnation:      k.Incarnation,
 			Claim:            report.ClaimOf(k.Claim),
+			OldestRowKnown:   k.OldestRowKnown,
+			HoldsRows:        k.HoldsRows,
+			OldestRowAge:     k.OldestRow,
 		}
 	}
 	return out, nil

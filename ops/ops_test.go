@@ -6,6 +6,8 @@ import (
 	"io"
 	"log/slog"
 	"os"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -137,11 +139,12 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	at := time.Date(2026, 11, 23, 3, 12, 7, 123456789, time.UTC)
 	xadd(t, rdb, prefix, "1-0", map[string]string{"kind": "rows_recovered", "time": "2026-11-23T03:12:07.123456789Z",
 		"instance": "w-1", "uid": "u1", "peer": "w-2", "found_by": "expiry", "rows": "7", "rows_reset": "6",
-		"rows_quarantined": "1", "duration_ms": "1.5"})
+		"rows_quarantined": "1", "duration_ms": "1.5", "row_ids": "-4,1,2,3,5,8", "row_ids_total": "6"})
+	// As a release before row IDs wrote it: no row_ids, no row_ids_total.
 	xadd(t, rdb, prefix, "2-0", map[string]string{"kind": "stray_rows_reset", "time": "2026-11-23T03:12:07.123456789Z",
 		"instance": "w-1", "uid": "u3", "found_by": "sweep", "rows": "4", "rows_reset": "3", "rows_quarantined": "1"})
 	xadd(t, rdb, prefix, "3-0", map[string]string{"kind": "untracked_rows", "time": "2026-11-23T03:12:07.123456789Z",
-		"instance": "w-1", "uid": "u4", "rows": "2"})
+		"instance": "w-1", "uid": "u4", "rows": "2", "row_ids": "20,x,21", "row_ids_total": "2"})
 	xadd(t, rdb, prefix, "4-0", map[string]string{"kind": "peer_dead", "time": "2026-11-23T03:12:07.123456789Z",
 		"instance": "w-1", "uid": "u5", "peer": "w-2", "found_by": "registry", "duration_ms": "2"})
 	xadd(t, rdb, prefix, "5-0", map[string]string{"kind": "from_the_future", "rows": "many", "extra": "x"})
@@ -151,14 +154,37 @@ func TestHistoryEntryRoundTrip(t *testing.T) {
 	ms := func(n int64) time.Time { return time.UnixMilli(n) }
 	assert.Equal(t, []ops.HistoryEntry{
 		{ID: "1-0", Added: ms(1), Kind: ops.HistoryRowsRecovered, Time: at, InstanceID: "w-1", PeerID: "w-2",
-			FoundBy: "expiry", Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond},
+			FoundBy: "expiry", Rows: 7, RowsReset: 6, RowsQuarantined: 1, Duration: 1500 * time.Microsecond,
+			RowIDs: []int64{-4, 1, 2, 3, 5, 8}, RowIDsTotal: 6},
 		{ID: "2-0", Added: ms(2), Kind: ops.HistoryStrayRowsReset, Time: at, InstanceID: "w-1", FoundBy: "sweep",
 			Rows: 4, RowsReset: 3, RowsQuarantined: 1},
-		{ID: "3-0", Added: ms(3), Kind: ops.HistoryUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2},
+		{ID: "3-0", Added: ms(3), Kind: ops.HistoryUntrackedRows, Time: at, InstanceID: "w-1", Rows: 2,
+			RowIDs: []int64{20, 21}, RowIDsTotal: 2},
 		{ID: "4-0", Added: ms(4), Kind: ops.HistoryPeerClaimed, Time: at, InstanceID: "w-1", PeerID: "w-2",
 			FoundBy: "registry", Duration: 2 * time.Millisecond},
 		{ID: "5-0", Added: ms(5), Kind: "from_the_future"},
 	}, h)
+}
+
+// TestHistoryEntryListsAtMostHistoryRowIDsMaxRows: an entry's row IDs are
+// read up to the bound, whatever the stream holds (a stranger may write a
+// huge field), with the total the writer gave.
+func TestHistoryEntryListsAtMostHistoryRowIDsMaxRows(t *testing.T) {
+	rdb, prefix := fleet(t)
+	ids := make([]string, 3*ops.HistoryRowIDsMax)
+	for i := range ids {
+		ids[i] = strconv.Itoa(i)
+	}
+	xadd(t, rdb, prefix, "1-0", map[string]string{"kind": "stray_rows_reset", "row_ids": strings.Join(ids, ","), "row_ids_total": "5000"})
+	xadd(t, rdb, prefix, "2-0", map[string]string{"kind": "stray_rows_reset", "row_ids": "7,8", "row_ids_total": "-1"})
+	h, err := ops.ReadHistory(context.Background(), rdb, prefix, ops.HistoryQuery{})
+	require.NoError(t, err)
+	require.Len(t, h, 2)
+	require.Len(t, h[0].RowIDs, ops.HistoryRowIDsMax)
+	assert.Equal(t, int64(ops.HistoryRowIDsMax-1), h[0].RowIDs[ops.HistoryRowIDsMax-1])
+	assert.Equal(t, 5000, h[0].RowIDsTotal)
+	assert.Equal(t, []int64{7, 8}, h[1].RowIDs)
+	assert.Equal(t, 2, h[1].RowIDsTotal, "never fewer than it lists")
 }
 
 // TestReadHistoryDropsTheCopyOfARetriedAppend: an XADD retried after a

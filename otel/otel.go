@@ -42,6 +42,7 @@
 //	recovery.history.dropped        {entry}      history entries not appended to <prefix>_HISTORY
 //	recovery.rows.tracked           {row}        rows being processed now (up-down counter)
 //	recovery.registry.broken        1            1 while the registry key is not a set (gauge)
+//	recovery.rows.oldest.age        s            how long the oldest row tracked now has been held, 0 with none (gauge)
 //	recovery.scan.duration          s            histogram of scan durations
 //	recovery.peer.recovery.duration s            histogram: dead peer found → reset committed
 //	recovery.rows.stuck.duration    s            histogram: dead peer's last heartbeat → its rows queued again
@@ -134,6 +135,7 @@ type Observer struct {
 	rowsStuck                      metric.Float64Histogram
 	counters                       []statCounter
 	tracked, broken                metric.Int64Observable
+	oldestAge                      metric.Float64Observable
 
 	mu      sync.Mutex
 	workers map[string]*recovery.Worker
@@ -287,7 +289,12 @@ func (o *Observer) instruments(m metric.Meter) error {
 			"scans cannot find dead peers until it is deleted.")); err != nil {
 		return err
 	}
-	observables := []metric.Observable{o.tracked, o.broken}
+	if o.oldestAge, err = m.Float64ObservableGauge("recovery.rows.oldest.age", metric.WithUnit("s"),
+		metric.WithDescription("How long the worker has held the oldest row it tracks now (since its last Track, "+
+			"to the second); 0 when it tracks none.")); err != nil {
+		return err
+	}
+	observables := []metric.Observable{o.tracked, o.broken, o.oldestAge}
 	for _, c := range o.counters {
 		observables = append(observables, c.inst)
 	}
@@ -341,7 +348,7 @@ func (o *Observer) observeStats(_ context.Context, obs metric.Observer) error {
 	o.mu.Unlock()
 	// report reports one data point per instrument for a group of
 	// workers: counters and tracked rows summed, the registry broken if
-	// it is for any of them.
+	// it is for any of them, the oldest row the oldest of any.
 	report := func(group []recovery.Stats, opts ...metric.ObserveOption) {
 		for _, c := range o.counters {
 			var v uint64
@@ -351,14 +358,17 @@ func (o *Observer) observeStats(_ context.Context, obs metric.Observer) error {
 			obs.ObserveInt64(c.inst, int64(v), opts...)
 		}
 		var tracked, broken int64
+		var oldest time.Duration
 		for _, s := range group {
 			tracked += int64(s.TrackedRows)
 			if s.RegistryBroken {
 				broken = 1
 			}
+			oldest = max(oldest, s.OldestRowAge)
 		}
 		obs.ObserveInt64(o.tracked, tracked, opts...)
 		obs.ObserveInt64(o.broken, broken, opts...)
+		obs.ObserveFloat64(o.oldestAge, oldest.Seconds(), opts...)
 	}
 	if o.instanceAttr {
 		for _, s := range stats {

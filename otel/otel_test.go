@@ -319,6 +319,41 @@ func TestWithoutInstanceIDSumsTheWatchedWorkers(t *testing.T) {
 	assert.Equal(t, int64(5), point(t, after["recovery.rows.tracked"], none))
 }
 
+// TestOldestRowAgeIsAGaugePerWorker: recovery.rows.oldest.age is how
+// long each watched worker has held the oldest row it tracks now, in
+// seconds, 0 when it tracks none.
+func TestOldestRowAgeIsAGaugePerWorker(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	s := newSDK(t)
+	w, err := recovery.New(rdb, noReset{}, recovery.WithKeyPrefix(testutil.Name("P")), recovery.WithInstanceID("w-1"),
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}))
+	require.NoError(t, err)
+	s.obs.Watch(w)
+	require.NoError(t, w.Start(ctx))
+	t.Cleanup(func() { require.NoError(t, w.Shutdown(context.Background())) })
+	age := func() float64 {
+		t.Helper()
+		g, ok := s.collect(t)["recovery.rows.oldest.age"].Data.(metricdata.Gauge[float64])
+		require.True(t, ok)
+		require.Len(t, g.DataPoints, 1)
+		id, _ := g.DataPoints[0].Attributes.Value(recoveryotel.InstanceIDKey)
+		assert.Equal(t, "w-1", id.AsString())
+		return g.DataPoints[0].Value
+	}
+	assert.Zero(t, age(), "no row held")
+	tracked := time.Now()
+	require.NoError(t, w.Track(ctx, 1))
+	time.Sleep(1200 * time.Millisecond) // real time: the age is clock time
+	require.NoError(t, w.Track(ctx, 2))
+	a := age()
+	assert.GreaterOrEqual(t, a, 1.2, "row 1's age, not row 2's")
+	assert.LessOrEqual(t, a, time.Since(tracked).Seconds()+1, "to the second")
+	require.NoError(t, w.Untrack(1, 2))
+	assert.Zero(t, age())
+}
+
 // memExporter keeps the Int64 sums of the last export, by name.
 type memExporter struct {
 	mu      sync.Mutex

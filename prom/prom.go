@@ -64,6 +64,7 @@ type Collector struct {
 	strayRowsReset, untrackedRows            *prometheus.Desc
 	registryBroken, registryWrongType        *prometheus.Desc
 	eventsDropped, historyDropped            *prometheus.Desc
+	oldestRowAge                             *prometheus.Desc
 }
 
 // An Option configures a Collector.
@@ -137,6 +138,9 @@ func NewCollector(opts ...Option) *Collector {
 		"Events the observer did not receive: the histograms miss them.")
 	c.historyDropped = desc("recovery_history_dropped_total",
 		"Entries of the fleet's history stream the worker could not append (queue full, or Redis did not take them).")
+	c.oldestRowAge = desc("recovery_oldest_row_age_seconds",
+		"How long the worker has held the oldest row it tracks now (since its last Track, to the second); 0 when it tracks none. "+
+			"With WithoutInstanceID, the oldest over the watched workers.")
 	return c
 }
 
@@ -175,7 +179,8 @@ func (c *Collector) descs() []*prometheus.Desc {
 	return []*prometheus.Desc{c.heartbeats, c.heartbeatFailures, c.leaseLost, c.scans,
 		c.peersDead, c.peersRecovered, c.rowsRecovered, c.rowsQuarantined, c.rowsNotReset,
 		c.strayRowsReset, c.untrackedRows,
-		c.errors, c.trackedRows, c.registryBroken, c.registryWrongType, c.eventsDropped, c.historyDropped}
+		c.errors, c.trackedRows, c.registryBroken, c.registryWrongType, c.eventsDropped, c.historyDropped,
+		c.oldestRowAge}
 }
 
 // Describe implements prometheus.Collector.
@@ -234,10 +239,12 @@ func (c *Collector) collect(ch chan<- prometheus.Metric, s recovery.Stats, label
 		broken = 1
 	}
 	ch <- prometheus.MustNewConstMetric(c.registryBroken, prometheus.GaugeValue, broken, labels...)
+	ch <- prometheus.MustNewConstMetric(c.oldestRowAge, prometheus.GaugeValue, s.OldestRowAge.Seconds(), labels...)
 }
 
 // sum adds the counters and tracked rows of several workers; the registry
-// is broken if it is broken for any of them.
+// is broken if it is broken for any of them, and the oldest row is the
+// oldest of any.
 func sum(stats []recovery.Stats) recovery.Stats {
 	var t recovery.Stats
 	for _, s := range stats {
@@ -258,6 +265,7 @@ func sum(stats []recovery.Stats) recovery.Stats {
 		t.HistoryDropped += s.HistoryDropped
 		t.TrackedRows += s.TrackedRows
 		t.RegistryBroken = t.RegistryBroken || s.RegistryBroken
+		t.OldestRowAge = max(t.OldestRowAge, s.OldestRowAge)
 	}
 	return t
 }

@@ -117,9 +117,35 @@ func TestDescribeListsEveryMetric(t *testing.T) {
 		"recovery_scan_duration_seconds", "recovery_registry_broken", "recovery_registry_wrong_type_total",
 		"recovery_rows_not_reset_total", "recovery_peers_recovered_total", "recovery_scans_total",
 		"recovery_events_dropped_total", "recovery_history_dropped_total", "recovery_latency_seconds",
-		"recovery_rows_stuck_seconds"} {
+		"recovery_rows_stuck_seconds", "recovery_oldest_row_age_seconds"} {
 		assert.Contains(t, all, `"`+n+`"`)
 	}
+}
+
+// TestScrapeShowsTheAgeOfTheOldestRowEachWorkerHolds: the gauge is how
+// long the worker has held the oldest row it tracks now, 0 with none.
+func TestScrapeShowsTheAgeOfTheOldestRowEachWorkerHolds(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	c := recoveryprom.NewCollector(recoveryprom.WithoutInstanceID()) // one series, as value reads it
+	w, err := recovery.New(rdb, noReset{}, recovery.WithKeyPrefix(testutil.Name("P")), recovery.WithInstanceID("w-1"),
+		recovery.WithTimings(recovery.Timings{HeartbeatTTL: 2 * time.Second, HeartbeatInterval: 100 * time.Millisecond,
+			RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}))
+	require.NoError(t, err)
+	c.Watch(w)
+	require.NoError(t, w.Start(ctx))
+	defer func() { require.NoError(t, w.Shutdown(context.Background())) }()
+	assert.Equal(t, 0.0, value(scrape(t, c), "recovery_oldest_row_age_seconds"), "no row held")
+
+	tracked := time.Now()
+	require.NoError(t, w.Track(ctx, 1))
+	time.Sleep(1200 * time.Millisecond) // real time: the age is clock time
+	require.NoError(t, w.Track(ctx, 2))
+	age := value(scrape(t, c), "recovery_oldest_row_age_seconds")
+	assert.GreaterOrEqual(t, age, 1.2, "row 1's age, not row 2's")
+	assert.LessOrEqual(t, age, time.Since(tracked).Seconds()+1, "to the second")
+	require.NoError(t, w.Untrack(1, 2))
+	assert.Equal(t, 0.0, value(scrape(t, c), "recovery_oldest_row_age_seconds"))
 }
 
 // noReset is a Resetter for tests that never recover anything.

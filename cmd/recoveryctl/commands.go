@@ -47,6 +47,11 @@ type instanceJSON struct {
 	// fleet record; absent for a worker that announces nothing.
 	AnnouncedTTLMs int64  `json:"announced_ttl_ms,omitempty"`
 	Mode           string `json:"mode,omitempty"`
+	// OldestRowMs is how long the instance has held the oldest row it
+	// tracks, by its heartbeat's report; null when it holds none or did
+	// not report (OldestRowKnown false: a worker of an earlier release).
+	OldestRowMs    *int64 `json:"oldest_row_ms"`
+	OldestRowKnown bool   `json:"oldest_row_known"`
 }
 
 func (o *options) toJSON(i ops.InstanceState) instanceJSON {
@@ -67,7 +72,24 @@ func (o *options) toJSON(i ops.InstanceState) instanceJSON {
 		ms := b.age.Milliseconds()
 		j.LastBeatMs, j.Late = &ms, b.late
 	}
+	if j.OldestRowKnown = i.OldestRowKnown; i.OldestRowKnown && i.HoldsRows {
+		ms := i.OldestRowAge.Milliseconds()
+		j.OldestRowMs = &ms
+	}
 	return j
+}
+
+// oldestRowText shows how long an instance has held its oldest row:
+// "none" when it holds no row, "unknown" when its heartbeat does not say
+// (a worker of an earlier release, or no heartbeat for a TTL).
+func oldestRowText(i ops.InstanceState) string {
+	switch {
+	case !i.OldestRowKnown:
+		return "unknown"
+	case !i.HoldsRows:
+		return "none"
+	}
+	return roundDuration(i.OldestRowAge)
 }
 
 // beat is what an instance's heartbeat key says of its last heartbeat.
@@ -200,10 +222,10 @@ func countsText(alive, late, dead int) string {
 // writeWorkers writes the table of instances.
 func (o *options) writeWorkers(w io.Writer, insts []ops.InstanceState) {
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "INSTANCE\tSTATE\tLAST BEAT\tHEARTBEAT TTL\tROWS\tROWS TTL")
+	fmt.Fprintln(tw, "INSTANCE\tSTATE\tLAST BEAT\tHEARTBEAT TTL\tROWS\tROWS TTL\tOLDEST ROW")
 	for _, i := range insts {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\n", i.InstanceID, o.stateText(i), o.lastBeatText(i),
-			ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%d\t%s\t%s\n", i.InstanceID, o.stateText(i), o.lastBeatText(i),
+			ttlText(i.HeartbeatPresent, i.HeartbeatTTL), i.Rows, ttlText(i.RowsPresent, i.RowsTTL), oldestRowText(i))
 	}
 	tw.Flush()
 }
@@ -402,9 +424,9 @@ func printRows(stdout io.Writer, o *options, inst ops.InstanceState, tracked ops
 		out.Rows = int64(len(ids) + len(invalid))
 		return writeJSON(stdout, out)
 	}
-	fmt.Fprintf(stdout, "instance %s: %s, last beat %s, heartbeat TTL %s, %d rows tracked (set TTL %s)\n",
+	fmt.Fprintf(stdout, "instance %s: %s, last beat %s, heartbeat TTL %s, %d rows tracked (set TTL %s), oldest row held %s\n",
 		inst.InstanceID, o.stateText(inst), o.lastBeatText(inst), ttlText(inst.HeartbeatPresent, inst.HeartbeatTTL),
-		len(ids)+len(invalid), ttlText(inst.RowsPresent, inst.RowsTTL))
+		len(ids)+len(invalid), ttlText(inst.RowsPresent, inst.RowsTTL), oldestRowText(inst))
 	for _, n := range ids {
 		fmt.Fprintln(stdout, n)
 	}

@@ -4,6 +4,8 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"strconv"
+	"strings"
 	"text/tabwriter"
 	"time"
 
@@ -26,16 +28,25 @@ type historyJSON struct {
 	RowsQuarantined *int     `json:"rows_quarantined,omitempty"`
 	DurationMs      *float64 `json:"duration_ms,omitempty"`
 	Error           string   `json:"error,omitempty"`
+	// RowIDs are the entry's rows (at most ops.HistoryRowIDsMax);
+	// RowIDsTotal how many it had in all.
+	RowIDs      []int64 `json:"row_ids,omitempty"`
+	RowIDsTotal *int    `json:"row_ids_total,omitempty"`
 }
 
 func historyToJSON(e ops.HistoryEntry) historyJSON {
 	j := historyJSON{ID: clean(e.ID), Added: e.Added.UTC().Format(time.RFC3339Nano), Time: e.Time.UTC().Format(time.RFC3339Nano),
 		Kind: clean(e.Kind), InstanceID: clean(e.InstanceID), PeerID: clean(e.PeerID), FoundBy: clean(e.FoundBy), Error: clean(e.Error)}
 	switch e.Kind {
-	case ops.HistoryRowsRecovered:
+	case ops.HistoryRowsRecovered, ops.HistoryStrayRowsReset, ops.HistoryEndedLifeRowsReset:
 		j.Rows, j.RowsReset, j.RowsQuarantined = &e.Rows, &e.RowsReset, &e.RowsQuarantined
 	case ops.HistoryRowsQuarantined:
 		j.RowsQuarantined = &e.RowsQuarantined
+	case ops.HistoryUntrackedRows:
+		j.Rows = &e.Rows
+	}
+	if e.RowIDsTotal > 0 {
+		j.RowIDs, j.RowIDsTotal = e.RowIDs, &e.RowIDsTotal
 	}
 	if e.Duration > 0 {
 		ms := float64(e.Duration) / float64(time.Millisecond)
@@ -79,26 +90,54 @@ func cmdHistory(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		}
 		return writeJSON(stdout, out)
 	}
-	writeHistory(stdout, entries, "2006-01-02T15:04:05.000Z")
+	writeHistory(stdout, entries, "2006-01-02T15:04:05.000Z", o.rows)
 	return nil
 }
 
-// writeHistory prints entries as a table, their times in layout (UTC).
-func writeHistory(w io.Writer, entries []ops.HistoryEntry, layout string) {
+// writeHistory prints entries as a table, their times in layout (UTC);
+// with rows, a last column lists each entry's row IDs.
+func writeHistory(w io.Writer, entries []ops.HistoryEntry, layout string, rows bool) {
 	if len(entries) == 0 {
 		return
 	}
 	tw := tabwriter.NewWriter(w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "TIME\tEVENT\tPEER\tBY\tDETAILS")
+	head := "TIME\tEVENT\tPEER\tBY\tDETAILS"
+	if rows {
+		head += "\tROWS"
+	}
+	fmt.Fprintln(tw, head)
 	for _, e := range entries {
 		peer := clean(e.PeerID)
 		if peer == "" {
 			peer = "-"
 		}
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.Time.UTC().Format(layout), clean(e.Kind), peer,
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s", e.Time.UTC().Format(layout), clean(e.Kind), peer,
 			clean(e.InstanceID), historyDetails(e))
+		if rows {
+			fmt.Fprintf(tw, "\t%s", historyRows(e))
+		}
+		fmt.Fprintln(tw)
 	}
 	tw.Flush()
+}
+
+// historyRows lists an entry's row IDs, "-" when it has none, and how many
+// more it had than it lists.
+func historyRows(e ops.HistoryEntry) string {
+	if len(e.RowIDs) == 0 {
+		return "-"
+	}
+	var b strings.Builder
+	for i, id := range e.RowIDs {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		b.WriteString(strconv.FormatInt(id, 10))
+	}
+	if more := e.RowIDsTotal - len(e.RowIDs); more > 0 {
+		fmt.Fprintf(&b, " (+%d more)", more)
+	}
+	return b.String()
 }
 
 // historyDetails says what an entry means, in a few words.
@@ -118,6 +157,15 @@ func historyDetails(e ops.HistoryEntry) string {
 		d = fmt.Sprintf("no heartbeat for %s: peers may recover its rows", roundDuration(e.Duration))
 	case ops.HistoryLeaseRegained:
 		d = "heartbeat back"
+	case ops.HistoryStrayRowsReset:
+		d = fmt.Sprintf("sweep: %d of %d stray rows reset, %d quarantined, held by no rows set for %s", e.RowsReset, e.Rows,
+			e.RowsQuarantined, roundDuration(e.Duration))
+	case ops.HistoryEndedLifeRowsReset:
+		d = fmt.Sprintf("sweep: %d rows of an ended life reset, %d quarantined (the worker lives on)", e.RowsReset, e.RowsQuarantined)
+	case ops.HistoryUntrackedRows:
+		d = fmt.Sprintf("sweep: %d rows in progress that no worker tracked: %s", e.Rows, clean(e.Error))
+	case ops.HistoryRowsNotReset:
+		d = fmt.Sprintf("%d of %d rows neither reset nor settled (%d reset)", e.RowsNotReset, e.Rows, e.RowsReset)
 	default:
 		d = clean(e.Error)
 	}

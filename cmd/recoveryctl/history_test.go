@@ -35,7 +35,7 @@ func (p picky) Reset(_ context.Context, req recovery.ResetRequest) (recovery.Res
 	if req.InstanceID == p.fail {
 		return recovery.ResetResult{}, errors.New("connection refused by the test")
 	}
-	return recovery.ResetResult{Changed: int64(len(req.RowIDs))}, nil
+	return recovery.ResetResult{Changed: int64(len(req.RowIDs)), ChangedIDs: req.RowIDs}, nil
 }
 
 func (picky) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }
@@ -131,6 +131,9 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 			assert.Equal(t, 0, *e.RowsQuarantined)
 			require.NotNil(t, e.DurationMs)
 			assert.Positive(t, *e.DurationMs)
+			assert.Equal(t, []int64{1, 2, 3}, e.RowIDs, "which rows came back")
+			require.NotNil(t, e.RowIDsTotal)
+			assert.Equal(t, 3, *e.RowIDsTotal)
 		}
 		at, err := time.Parse(time.RFC3339Nano, e.Time)
 		require.NoError(t, err)
@@ -148,6 +151,56 @@ func TestHistoryShowsWhoRecoveredWhomOnARealFleet(t *testing.T) {
 	require.Equal(t, exitOK, code, errOut)
 	assert.Empty(t, out)
 	assert.Contains(t, errOut, "_HISTORY is empty or absent")
+}
+
+// TestHistoryRowsListsTheRowsOfEachReset: --rows adds a ROWS column with
+// each entry's row IDs (a sample and how many more past the bound); every
+// reset, the sweep's included, says what it did in DETAILS; an entry of a
+// release before row IDs shows none.
+func TestHistoryRowsListsTheRowsOfEachReset(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	prefix := testutil.Name("CTL")
+	add := func(fields ...any) {
+		require.NoError(t, rdb.XAdd(context.Background(), &redis.XAddArgs{Stream: store.HistoryKey(prefix), Values: fields}).Err())
+	}
+	at := time.Now().UTC().Format(time.RFC3339Nano)
+	add("kind", "rows_recovered", "time", at, "instance", "w-1", "peer", "dead-1", "found_by", "registry", "rows", "3",
+		"rows_reset", "2", "rows_quarantined", "0", "duration_ms", "2100")
+	add("kind", "stray_rows_reset", "time", at, "instance", "w-1", "found_by", "sweep", "rows", "250", "rows_reset", "250",
+		"rows_quarantined", "0", "duration_ms", "6150", "row_ids", "7,9,11", "row_ids_total", "250")
+	add("kind", "untracked_rows", "time", at, "instance", "w-1", "rows", "2", "row_ids", "20,21", "row_ids_total", "2",
+		"error", "rows in progress that no rows set held")
+	add("kind", "ended_life_rows_reset", "time", at, "instance", "w-1", "peer", "live-1", "found_by", "sweep", "rows", "1",
+		"rows_reset", "1", "rows_quarantined", "0", "row_ids", "5", "row_ids_total", "1")
+
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "history", "--rows")
+	require.Equal(t, exitOK, code, errOut)
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	require.Len(t, lines, 5, out)
+	assert.Regexp(t, `^TIME\s+EVENT\s+PEER\s+BY\s+DETAILS\s+ROWS$`, lines[0])
+	assert.Regexp(t, `rows_recovered\s+dead-1\s+w-1\s+3 rows: 2 reset, 0 quarantined, 2.1s after found\s+-$`, lines[1])
+	assert.Regexp(t, `stray_rows_reset\s+-\s+w-1\s+sweep: 250 of 250 stray rows reset, 0 quarantined, held by no rows set for 6.2s\s+7,9,11 \(\+247 more\)$`, lines[2])
+	assert.Regexp(t, `untracked_rows\s+-\s+w-1\s+sweep: 2 rows in progress that no worker tracked: rows in progress that no rows set held\s+20,21$`, lines[3])
+	assert.Regexp(t, `ended_life_rows_reset\s+live-1\s+w-1\s+sweep: 1 rows of an ended life reset, 0 quarantined \(the worker lives on\)\s+5$`, lines[4])
+
+	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "history")
+	require.Equal(t, exitOK, code, errOut)
+	assert.NotContains(t, out, "ROWS", "the column only with --rows")
+
+	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "history", "--json")
+	require.Equal(t, exitOK, code, errOut)
+	var got historyOut
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.Len(t, got.Entries, 4)
+	assert.Nil(t, got.Entries[0].RowIDs)
+	assert.Nil(t, got.Entries[0].RowIDsTotal, "an entry without row IDs has no row_ids_total")
+	assert.Equal(t, []int64{7, 9, 11}, got.Entries[1].RowIDs)
+	require.NotNil(t, got.Entries[1].RowIDsTotal)
+	assert.Equal(t, 250, *got.Entries[1].RowIDsTotal)
+	require.NotNil(t, got.Entries[1].RowsReset)
+	assert.Equal(t, int64(250), *got.Entries[1].RowsReset, "a sweep's entry has its counts")
+	assert.Equal(t, []int64{20, 21}, got.Entries[2].RowIDs)
 }
 
 func TestHistoryOnRedisCluster(t *testing.T) {

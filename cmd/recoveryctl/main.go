@@ -7,7 +7,7 @@
 //
 //	recoveryctl [flags] workers
 //	recoveryctl [flags] rows <instance>
-//	recoveryctl [flags] history [--since 1h] [--last N]
+//	recoveryctl [flags] history [--since 1h] [--last N] [--rows]
 //	recoveryctl [flags] watch [--interval 2s] [--last 10] [--count N] [--plain]
 //	recoveryctl [flags] recover [--dry-run] [--database-url URL] [resetter flags]
 //
@@ -46,7 +46,10 @@
 // recovery.WithHistory): which peer died, who recovered it, how many rows
 // were reset and quarantined and how long it took, what failed and why,
 // who lost its lease. --since keeps the entries Redis appended in that
-// last stretch of time, --last the newest N; --json prints every field.
+// last stretch of time, --last the newest N; --rows adds the IDs of the
+// rows each entry reset, quarantined or found (the lowest
+// ops.HistoryRowIDsMax, and how many more); --json prints every field,
+// row IDs included.
 //
 // watch shows the fleet live: every worker, alive or dead, its heartbeat
 // TTL left and the rows it holds, who holds the scan and sweep turns, and
@@ -148,6 +151,7 @@ type options struct {
 	databaseURL   string
 	noSchemaCheck bool
 	since         time.Duration // history
+	rows          bool          // history
 	last          int           // history, watch
 	interval      time.Duration // watch
 	count         int           // watch
@@ -214,6 +218,7 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 func (o *options) registerHistory(fs *flag.FlagSet) {
 	fs.DurationVar(&o.since, "since", 0, "only the entries appended in this last stretch of time (default: all kept)")
 	fs.IntVar(&o.last, "last", 0, "only the newest N entries (default: all)")
+	fs.BoolVar(&o.rows, "rows", false, fmt.Sprintf("add a ROWS column: the IDs of the rows each entry reset, quarantined or found (at most %d each)", ops.HistoryRowIDsMax))
 }
 
 // registerWatch defines the flags of watch.

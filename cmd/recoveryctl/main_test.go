@@ -885,3 +885,65 @@ func TestRecoverDryRunFailsWhereTheRunWould(t *testing.T) {
 	require.NoError(t, err)
 	assert.True(t, member)
 }
+
+// TestWorkersShowsHowLongEachWorkerHasHeldItsOldestRow: a live worker's
+// heartbeat reports how long it has held its oldest row, and workers and
+// rows show it, aged on Redis's clock; a worker holding none shows none; a
+// worker of an earlier release (no report) and a report a stranger
+// overwrote show unknown, and nothing fails.
+func TestWorkersShowsHowLongEachWorkerHasHeldItsOldestRow(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	prefix := testutil.Name("CTL")
+	ctx := context.Background()
+	start := func(id string) *recovery.Worker {
+		log, _ := testutil.Logger(t)
+		w, err := recovery.New(rdb, &refuser{}, recovery.WithKeyPrefix(prefix), recovery.WithInstanceID(id), recovery.WithLogger(log),
+			recovery.WithTimings(recovery.Timings{HeartbeatInterval: 100 * time.Millisecond, HeartbeatTTL: time.Second,
+				RecoveryInterval: time.Hour, RowsTTL: 3 * time.Hour}))
+		require.NoError(t, err)
+		require.NoError(t, w.Start(ctx))
+		t.Cleanup(func() { _ = w.Shutdown(context.Background()) })
+		return w
+	}
+	holder, idle := start("holder-1"), start("idle-1")
+	tracked := time.Now()
+	require.NoError(t, holder.Track(ctx, 7, 8))
+	plantAlive(t, rdb, prefix, "old-1", "3") // a worker of an earlier release
+	plantAlive(t, rdb, prefix, "odd-1")
+	require.NoError(t, rdb.HSet(ctx, store.InstanceKeys(prefix, "odd-1").OldestRow, "x", "y").Err())
+	_ = idle
+
+	var got workersOut
+	require.Eventually(t, func() bool { // poll: the age grows with the clock
+		out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "--heartbeat-ttl", "1s", "--heartbeat-interval", "100ms", "workers", "--json")
+		require.Equal(t, exitOK, code, errOut)
+		require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+		return len(got.Workers) == 4 && got.Workers[0].OldestRowMs != nil && *got.Workers[0].OldestRowMs >= 500
+	}, 10*time.Second, 50*time.Millisecond, "holder-1 reports a row held half a second")
+	byID := map[string]instanceJSON{}
+	for _, w := range got.Workers {
+		byID[w.InstanceID] = w
+	}
+	h := byID["holder-1"]
+	assert.True(t, h.OldestRowKnown)
+	assert.LessOrEqual(t, *h.OldestRowMs, time.Since(tracked).Milliseconds()+1000, "no older than the Track (to the second)")
+	assert.True(t, byID["idle-1"].OldestRowKnown)
+	assert.Nil(t, byID["idle-1"].OldestRowMs, "holds none")
+	for _, id := range []string{"old-1", "odd-1"} {
+		assert.False(t, byID[id].OldestRowKnown, id)
+		assert.Nil(t, byID[id].OldestRowMs, id)
+	}
+
+	out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "--heartbeat-ttl", "1s", "--heartbeat-interval", "100ms", "workers")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Regexp(t, `(?m)^INSTANCE\s+STATE\s+LAST BEAT\s+HEARTBEAT TTL\s+ROWS\s+ROWS TTL\s+OLDEST ROW$`, out)
+	assert.Regexp(t, `(?m)^holder-1\s+alive.*\s\d+(\.\d+)?m?s$`, out)
+	assert.Regexp(t, `(?m)^idle-1\s+alive.*\snone$`, out)
+	assert.Regexp(t, `(?m)^old-1\s+alive.*\sunknown$`, out)
+	assert.Regexp(t, `(?m)^odd-1\s+alive.*\sunknown$`, out)
+
+	out, errOut, code = ctl(t, nil, "--redis-url", url, "--prefix", prefix, "--heartbeat-ttl", "1s", "--heartbeat-interval", "100ms", "rows", "holder-1")
+	require.Equal(t, exitOK, code, errOut)
+	assert.Regexp(t, `^instance holder-1: alive, .*, oldest row held \d+(\.\d+)?m?s\n7\n8\n$`, out)
+}

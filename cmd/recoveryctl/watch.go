@@ -145,7 +145,7 @@ func (f frame) lines(o *options, name string) []string {
 		fmt.Fprintf(&buf, "no history yet in %s\n", store.HistoryKey(o.prefix))
 	default:
 		fmt.Fprintf(&buf, "last %d of the history (%s):\n", len(f.history), store.HistoryKey(o.prefix))
-		writeHistory(&buf, f.history, "2006-01-02 15:04:05.000")
+		writeHistory(&buf, f.history, "2006-01-02 15:04:05.000", false)
 	}
 	return append(lines, strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")...)
 }

@@ -73,8 +73,10 @@ type ResetRequest struct {
 type ResetResult struct {
 	// Changed is how many rows changed: queued again or quarantined.
 	Changed int64
-	// ChangedIDs lists the rows a dry run would change; a reset may leave
-	// it empty.
+	// ChangedIDs lists the rows a dry run would change. A reset lists the
+	// rows it changed when it can (the PostgreSQL resetters do, ascending):
+	// recovery records them in the fleet's history; a reset that leaves it
+	// empty leaves the history with counts only.
 	ChangedIDs []int64
 	// Quarantined lists the rows that reached their recovery limit and were
 	// set to the terminal status instead of queued.

@@ -80,9 +80,10 @@ func (r *Resetter) Check(ctx context.Context, schema bool) (ResetterInfo, error)
 //   - else req.RowIDs, under req.InstanceID and req.Incarnation
 //     (resetIncarnation).
 //
-// With req.DryRun it runs the same statements in a transaction it always
-// rolls back (planReset, planOwnerReset) and returns what they changed,
-// the rows in ChangedIDs (ascending) and their count in Changed. A
+// It lists the rows it changed in ChangedIDs (ascending). With req.DryRun
+// it runs the same statements in a transaction it always rolls back
+// (planReset, planOwnerReset) and returns what they changed, the rows in
+// ChangedIDs (ascending) and their count in Changed. A
 // request naming more than one of RowIDs, Owner and Versions is refused
 // with an error wrapping ErrInvalidConfig. It implements Resetter.
 func (r *Resetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
@@ -159,6 +160,7 @@ func (r *Resetter) planVersions(ctx context.Context, rows []RowState) (res Reset
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("plan reset of %d stray rows: %w", len(rows), err)
 	}
+	res.ChangedIDs = nil // the plan's are read from the statuses, as checked below
 	for _, id := range ids {
 		if a, ok := after[id]; ok && a != before[id] {
 			res.ChangedIDs = append(res.ChangedIDs, id)

@@ -307,6 +307,7 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 		}
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
 		total.NotReset = append(total.NotReset, notReset...)
 	}
 	if clean && ledger {
@@ -472,6 +473,7 @@ func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowSta
 		}
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
 		total.NotReset = append(total.NotReset, locked...)
 	}
 	return total, nil
@@ -509,13 +511,14 @@ func (r *Resetter) resetOwnedInTx(ctx context.Context, tx Tx, owner string) (Res
 			res    ResetResult
 			locked int
 		)
-		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &locked, &v.after)
+		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs, &locked, &v.after)
 		q = r.byOwnerAfter
 		if err != nil {
 			return ResetResult{}, err
 		}
 		all.Changed += res.Changed
 		all.Quarantined = append(all.Quarantined, res.Quarantined...)
+		all.ChangedIDs = append(all.ChangedIDs, res.ChangedIDs...)
 		if locked < r.o.ChunkSize {
 			break
 		}
@@ -532,7 +535,7 @@ func (r *Resetter) resetOwnedInTx(ctx context.Context, tx Tx, owner string) (Res
 
 func (r *Resetter) run(ctx context.Context, tx Tx, q query, v resetValues) (ResetResult, error) {
 	var res ResetResult
-	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined); err != nil {
+	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs); err != nil {
 		return ResetResult{}, err
 	}
 	return res, nil

@@ -344,6 +344,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 		require.NoError(t, err)
 		assert.EqualValues(t, len(plan.ChangedIDs), res.Changed)
 		assert.Equal(t, plan.Changed, res.Changed)
+		assert.Equal(t, plan.ChangedIDs, res.ChangedIDs, "the reset lists the rows it changed")
 		assert.Equal(t, plan.Quarantined, res.Quarantined)
 		assert.Equal(t, plan.NotReset, res.NotReset)
 
@@ -474,6 +475,42 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		var ledger int
 		require.NoError(t, db.QueryRow(ctx, `SELECT count(*) FROM recovery_ledger`).Scan(&ledger))
 		assert.Zero(t, ledger, "nothing recorded")
+	})
+}
+
+// TestPgContractResetListsTheRowsItChanged: a committed reset by each
+// selector lists the rows it changed in ChangedIDs, ascending, over
+// several chunks, quarantined rows included, finished rows not.
+func TestPgContractResetListsTheRowsItChanged(t *testing.T) {
+	forEachImpl(t, func(t *testing.T, impl resetterImpl) {
+		ctx := context.Background()
+		db := testutil.Postgres(t)
+		testutil.CreateBatch(t, db, 9)
+		take(t, db, "A", 7, 1, 3, 5, 2)
+		take(t, db, "B", 8, 6)
+		setStatus(t, db, "done", 2)
+		_, err := db.Exec(ctx, `UPDATE batchrows SET recoveries = 2 WHERE rowid = 3`)
+		require.NoError(t, err)
+		fenced := impl.Must(t, db, postgres.WithOwnerColumn("owner"), postgres.WithChunkSize(2),
+			postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
+
+		res, err := fenced.Reset(ctx, contract.ResetRequest{InstanceID: "A", RowIDs: []int64{7, 5, 3, 2, 1}})
+		require.NoError(t, err)
+		assert.Equal(t, []int64{1, 3, 5, 7}, res.ChangedIDs, "by IDs, in chunks of 2: not the finished row 2")
+		assert.Equal(t, []int64{3}, res.Quarantined)
+		assert.EqualValues(t, 4, res.Changed)
+
+		res, err = fenced.Reset(ctx, contract.ResetRequest{Owner: "B"})
+		require.NoError(t, err)
+		assert.Equal(t, []int64{6, 8}, res.ChangedIDs, "by owner")
+
+		take(t, db, "", 9, 4)
+		plain := impl.Must(t, db, postgres.WithChunkSize(1))
+		rows, err := plain.InProgressRows(ctx)
+		require.NoError(t, err)
+		res, err = plain.Reset(ctx, contract.ResetRequest{Versions: rows})
+		require.NoError(t, err)
+		assert.Equal(t, []int64{4, 9}, res.ChangedIDs, "by row version")
 	})
 }
 

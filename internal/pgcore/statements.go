@@ -140,12 +140,12 @@ func (o *Settings) inProgressQuery() string {
 // scan per chunk, whatever the chunk's size), records them in the ledger
 // (with ledger: the caller has left
 // out of $ids the rows the ledger already holds), and returns the number
-// changed and the IDs quarantined:
+// changed, the IDs quarantined and the IDs changed:
 //
 //	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE SKIP LOCKED),
 //	     changed AS (UPDATE t SET ... WHERE t.id = ANY(ARRAY(SELECT id FROM locked)) AND <guard> RETURNING ...),
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
-//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal) FROM changed
+//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal), array_agg(id ORDER BY id) FROM changed
 //
 // versionRestQuery reads, after versionsQuery and in its transaction, the
 // rows among $ids still in progress at the version the sweep saw: the
@@ -235,7 +235,7 @@ func (o *Settings) resetQuery(s resetShape) query {
 	SELECT %s::text, %s::text, id FROM changed ON CONFLICT DO NOTHING
 )`, o.ledgerIdent(), q.param("owner"), q.param("incarnation"))
 	}
-	fmt.Fprintf(&sql, "\nSELECT count(*), %s", quarantined)
+	fmt.Fprintf(&sql, "\nSELECT count(*), %s, array_agg(id ORDER BY id)", quarantined)
 	if s.byOwner {
 		fmt.Fprintf(&sql, ", (SELECT count(*) FROM locked), (SELECT coalesce(max(%s), 0) FROM locked)", id)
 	}

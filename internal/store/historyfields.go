@@ -24,6 +24,21 @@ const (
 	HistoryFieldUID = "uid"
 )
 
+// The rows of an entry: added after the fields above, so entries of older
+// versions have none, and older readers skip them.
+const (
+	// HistoryFieldRowIDs lists the entry's rows (reset, quarantined or
+	// found untracked): decimal IDs, ascending, comma-separated, at most
+	// HistoryRowIDsMax of them (the lowest).
+	HistoryFieldRowIDs = "row_ids"
+	// HistoryFieldRowIDsTotal is how many rows the entry has IDs of: more
+	// than HistoryFieldRowIDs lists when it exceeds HistoryRowIDsMax.
+	HistoryFieldRowIDsTotal = "row_ids_total"
+	// HistoryRowIDsMax bounds the IDs one entry lists: about 2 KB of
+	// 20-digit IDs, so a mass recovery cannot bloat the capped stream.
+	HistoryRowIDsMax = 100
+)
+
 // Kinds of history entries, as the stream holds them.
 const (
 	// HistoryKindPeerDead is written when a worker claims the recovery of
@@ -38,4 +53,5 @@ const (
 	HistoryKindRowsNotReset    = "rows_not_reset"
 	HistoryKindStrayRowsReset  = "stray_rows_reset"
 	HistoryKindUntrackedRows   = "untracked_rows"
+	HistoryKindEndedLifeReset  = "ended_life_rows_reset"
 )

@@ -8,6 +8,10 @@
 //	<prefix>_{<instanceID>}_ROWS       set of decimal row IDs, TTL = rows TTL
 //	<prefix>_{<instanceID>}_RECOVERY   string claim token of the recoverer, PX
 //	<prefix>_{<instanceID>}_INCARNATION string token of the rows set's life, TTL > rows TTL
+//	<prefix>_{<instanceID>}_OLDEST_ROW string "<age ms> <ttl ms>": the age of the oldest row the
+//	                                   instance tracks when its heartbeat wrote it ("-" for none), PX
+//	                                   <ttl ms> = heartbeat TTL (added in this release: earlier workers
+//	                                   neither write nor read it)
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
 //	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner (the scan turn), PX
 //	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
@@ -44,6 +48,7 @@ const (
 	rowsSuffix      = "_ROWS"
 	claimSuffix     = "_RECOVERY"
 	incSuffix       = "_INCARNATION"
+	oldestSuffix    = "_OLDEST_ROW"
 	registrySuffix  = "_WORKER_REGISTRY"
 	// HeartbeatValue is what a live worker's heartbeat key held before
 	// heartbeats carried a token, and what workers of that version still
@@ -66,6 +71,10 @@ type Keys struct {
 	// a retried recovery never resets a row twice. Added in the second
 	// protocol version; workers of the first neither write nor read it.
 	Incarnation string
+	// OldestRow holds the age of the oldest row the instance tracks, as
+	// its last heartbeat wrote it (WriteOldestRow). Added in this
+	// release; no worker's logic reads it.
+	OldestRow string
 }
 
 // InstanceKeys returns the key names of instance id under prefix. It does not
@@ -78,6 +87,7 @@ func InstanceKeys(prefix, id string) Keys {
 		Claim:     tag + claimSuffix,
 
 		Incarnation: tag + incSuffix,
+		OldestRow:   tag + oldestSuffix,
 	}
 }
 

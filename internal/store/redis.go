@@ -62,6 +62,7 @@ func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (_ BeatResult,
 	script := beatScript.Eval(ctx, pipe, []string{k.Heartbeat, k.Incarnation, k.Rows, k.Claim}, args...)
 	reg := pipe.SAdd(ctx, s.registry, id)
 	fleet := s.fleetBeat(ctx, pipe, id, b)
+	oldest := pipe.Set(ctx, k.OldestRow, OldestRowValue(b.HoldsRows, b.OldestRowAge, b.TTL), b.TTL)
 	cmds, err := pipe.Exec(ctx)
 	wrote, scriptErr := script.Int()
 	res := BeatResult{RegistryErr: reg.Err()}
@@ -72,7 +73,7 @@ func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (_ BeatResult,
 	if res.FleetErr != nil {
 		res.FleetErr = fmt.Errorf("fleet record %s: %w", FleetKey(s.prefix), res.FleetErr)
 	}
-	if err != nil && failedOnlyOn(cmds, reg, fleet) {
+	if err != nil && failedOnlyOn(cmds, reg, fleet, oldest) {
 		// A registry key of the wrong type is the fleet's outage; this
 		// instance's heartbeat and rows are written.
 		err = nil
@@ -140,6 +141,7 @@ func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResul
 	k := s.Keys(id)
 	pipe := s.rdb.Pipeline()
 	leaveScript.Eval(ctx, pipe, []string{k.Heartbeat}, d.Value)
+	pipe.Del(ctx, k.OldestRow) // the report goes with the heartbeat
 	var reg redis.Cmder
 	if !d.Stay {
 		reg = pipe.SRem(ctx, s.registry, id)
@@ -805,9 +807,9 @@ func (s *Redis) MemoryInfos(ctx context.Context) (_ map[string]string, err error
 func (s *Redis) Describe(ctx context.Context, ids []string) (_ []Instance, err error) {
 	defer s.failed(&err)
 	type cmds struct {
-		hbTTL, rowsTTL     *redis.DurationCmd
-		rows               *redis.IntCmd
-		claim, incarnation *redis.StringCmd
+		hbTTL, rowsTTL, oldestTTL  *redis.DurationCmd
+		rows                       *redis.IntCmd
+		claim, incarnation, oldest *redis.StringCmd
 	}
 	pipe := s.rdb.Pipeline()
 	cs := make([]cmds, len(ids))
@@ -819,10 +821,19 @@ func (s *Redis) Describe(ctx context.Context, ids []string) (_ []Instance, err e
 			rowsTTL:     pipe.PTTL(ctx, k.Rows),
 			claim:       pipe.Get(ctx, k.Claim),
 			incarnation: pipe.Get(ctx, k.Incarnation),
+			oldest:      pipe.Get(ctx, k.OldestRow),
+			oldestTTL:   pipe.PTTL(ctx, k.OldestRow),
 		}
 	}
 	ran, _ := pipe.Exec(ctx)
+	oldest := make(map[redis.Cmder]bool, len(cs))
+	for _, c := range cs {
+		oldest[c.oldest] = true
+	}
 	for _, c := range ran {
+		if oldest[c] && IsReply(c.Err()) {
+			continue // an oldest-row key a stranger wrote (another type) reads as unknown
+		}
 		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
 			return nil, fmt.Errorf("read the keys of %d instances: %w", len(ids), err)
 		}
@@ -832,8 +843,43 @@ func (s *Redis) Describe(ctx context.Context, ids []string) (_ []Instance, err e
 		c := cs[i]
 		out[i] = Instance{ID: id, HeartbeatTTL: c.hbTTL.Val(), Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(),
 			Claim: c.claim.Val(), Incarnation: c.incarnation.Val()}
+		out[i].OldestRow, out[i].HoldsRows, out[i].OldestRowKnown = ParseOldestRow(c.oldest.Val(), c.oldestTTL.Val())
 	}
 	return out, nil
+}
+
+// OldestRowValue is what a heartbeat writes into the OldestRow key, which
+// lives ttl: "<age ms> <ttl ms>", or "- <ttl ms>" when the worker holds no
+// row. Beside the age it gives the TTL it was written with, so a reader
+// ages it by the time the key has lived (ttl − PTTL), on the server's
+// clock: no two hosts' clocks are compared.
+func OldestRowValue(holds bool, age, ttl time.Duration) string {
+	a := "-"
+	if holds {
+		a = strconv.FormatInt(max(age.Milliseconds(), 0), 10)
+	}
+	return a + " " + strconv.FormatInt(ttl.Milliseconds(), 10)
+}
+
+// ParseOldestRow reads an OldestRow key's value and its remaining TTL
+// (PTTL): the oldest row's age now, whether the worker held rows, and
+// whether the value could be read at all (absent, malformed or without
+// the TTL its writer sets: unknown).
+func ParseOldestRow(v string, pttl time.Duration) (age time.Duration, holds, known bool) {
+	a, t, ok := strings.Cut(v, " ")
+	ttlMs, err := strconv.ParseInt(t, 10, 64)
+	if !ok || err != nil || pttl <= 0 || ttlMs <= 0 {
+		return 0, false, false
+	}
+	if a == "-" {
+		return 0, false, true
+	}
+	ms, err := strconv.ParseInt(a, 10, 64)
+	if err != nil || ms < 0 {
+		return 0, false, false
+	}
+	lived := max(time.Duration(ttlMs)*time.Millisecond-pttl, 0)
+	return time.Duration(ms)*time.Millisecond + lived, true, true
 }
 
 // IsWrongType reports whether err is Redis's WRONGTYPE reply: the key holds
@@ -870,14 +916,15 @@ func failedOnlyOnWrongType(cmds []redis.Cmder, reg redis.Cmder) bool {
 // failedOnlyOn reports whether the failures of a heartbeat pipeline are
 // only its side commands': the registry SADD (reg) refused with WRONGTYPE,
 // the fleet record's script (fleet) answered with an error. The
-// instance's own heartbeat is written then. (A pipeline that failed as a
+// instance's own heartbeat is written then, and so it is when only the
+// oldest row's age (oldest) was refused. (A pipeline that failed as a
 // whole leaves no command's error set: that is not this case.)
-func failedOnlyOn(cmds []redis.Cmder, reg, fleet redis.Cmder) bool {
+func failedOnlyOn(cmds []redis.Cmder, reg, fleet, oldest redis.Cmder) bool {
 	side := false
 	for _, c := range cmds {
 		switch {
 		case c.Err() == nil:
-		case c == reg && IsWrongType(c.Err()), c == fleet && IsReply(c.Err()):
+		case c == reg && IsWrongType(c.Err()), (c == fleet || c == oldest) && IsReply(c.Err()):
 			side = true
 		default:
 			return false

@@ -263,3 +263,66 @@ func TestClaimFindsAHeartbeatThatCameBackAfterTheScan(t *testing.T) {
 	assert.Zero(t, rdb.Exists(ctx, k.Claim).Val(), "no claim on a live peer")
 	assert.True(t, rdb.SIsMember(ctx, k.Rows, "7").Val())
 }
+
+// TestBeatReportsTheOldestRowAgedOnTheServersClock: on a real
+// redis-server, a heartbeat writes the age of the worker's oldest row
+// beside its heartbeat, living a heartbeat TTL; Describe reads it aged by
+// the time the key has lived. A worker holding none reads as known and
+// holding none; a worker that never wrote it (an earlier release) and a
+// key a stranger wrote (another type, or without the TTL) read as unknown,
+// and Describe still answers. Leave deletes it.
+func TestBeatReportsTheOldestRowAgedOnTheServersClock(t *testing.T) {
+	rdb := testutil.Redis(t)
+	s := NewRedis(rdb, testutil.Name("OR"), time.Second)
+	ctx := context.Background()
+	beat := func(id string, holds bool, age time.Duration) {
+		t.Helper()
+		_, err := s.Beat(ctx, id, Heartbeat{Value: HeartbeatOf("p"), TTL: time.Minute, Incarnation: "i",
+			IncarnationTTL: time.Minute, RowsTTL: time.Minute, HoldsRows: holds, OldestRowAge: age})
+		require.NoError(t, err)
+	}
+	beat("holder", true, 2*time.Hour)
+	beat("idle", false, 0)
+	require.NoError(t, rdb.Set(ctx, s.Keys("old").Heartbeat, HeartbeatValue, time.Minute).Err())
+	require.NoError(t, rdb.Set(ctx, s.Keys("odd").Heartbeat, HeartbeatValue, time.Minute).Err())
+	require.NoError(t, rdb.HSet(ctx, s.Keys("odd").OldestRow, "a", "b").Err())
+	require.NoError(t, rdb.Set(ctx, s.Keys("nottl").OldestRow, "5 60000", 0).Err())
+
+	assert.Equal(t, "7200000 60000", rdb.Get(ctx, s.Keys("holder").OldestRow).Val())
+	assert.InDelta(t, time.Minute, rdb.PTTL(ctx, s.Keys("holder").OldestRow).Val(), float64(5*time.Second), "it lives a heartbeat TTL")
+	// The key has lived 1.5 s: 60 s set, 58.5 s left.
+	require.NoError(t, rdb.PExpire(ctx, s.Keys("holder").OldestRow, 58500*time.Millisecond).Err())
+
+	got, err := s.Describe(ctx, []string{"holder", "idle", "old", "odd", "nottl"})
+	require.NoError(t, err, "a stranger's key of another type fails nothing")
+	h := got[0]
+	assert.True(t, h.OldestRowKnown)
+	assert.True(t, h.HoldsRows)
+	assert.InDelta(t, 2*time.Hour+1500*time.Millisecond, h.OldestRow, float64(100*time.Millisecond))
+	assert.Equal(t, []bool{true, false}, []bool{got[1].OldestRowKnown, got[1].HoldsRows}, "idle: known, none held")
+	for _, i := range got[2:] {
+		assert.False(t, i.OldestRowKnown, i.ID)
+		assert.Zero(t, i.OldestRow, i.ID)
+	}
+
+	_, err = s.Leave(ctx, "holder", Departure{Value: HeartbeatOf("p")})
+	require.NoError(t, err)
+	assert.Zero(t, rdb.Exists(ctx, s.Keys("holder").OldestRow).Val(), "Shutdown takes the report with the heartbeat")
+}
+
+// TestParseOldestRowTakesOnlyWhatAHeartbeatWrites: malformed values read
+// as unknown, never as an age.
+func TestParseOldestRowTakesOnlyWhatAHeartbeatWrites(t *testing.T) {
+	for _, v := range []string{"", "5", "x 1000", "-5 1000", "5 0", "5 -1", "5 x", "- x"} {
+		_, _, known := ParseOldestRow(v, time.Second)
+		assert.False(t, known, "%q", v)
+	}
+	_, _, known := ParseOldestRow("5 1000", -1)
+	assert.False(t, known, "no expiry: not a heartbeat's")
+	age, holds, known := ParseOldestRow("5 1000", 400*time.Millisecond)
+	assert.Equal(t, []any{605 * time.Millisecond, true, true}, []any{age, holds, known})
+	age, holds, known = ParseOldestRow("- 1000", 400*time.Millisecond)
+	assert.Equal(t, []any{time.Duration(0), false, true}, []any{age, holds, known})
+	assert.Equal(t, "- 60000", OldestRowValue(false, time.Hour, time.Minute))
+	assert.Equal(t, "0 60000", OldestRowValue(true, -time.Second, time.Minute), "never negative")
+}

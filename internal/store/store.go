@@ -180,6 +180,11 @@ type Heartbeat struct {
 	// RecordFleet records it; Announce its timings there.
 	Serves, Server string
 	Announce       Announcement
+	// HoldsRows says whether the worker tracks rows; OldestRowAge is how
+	// long it has tracked the oldest of them. The heartbeat writes both
+	// into the instance's OldestRow key, which lives a TTL.
+	HoldsRows    bool
+	OldestRowAge time.Duration
 }
 
 // BeatResult is what a heartbeat found.
@@ -256,6 +261,13 @@ type Instance struct {
 	RowsTTL      time.Duration // -2 when absent, -1 without expiry
 	Claim        string        // the claim key's value, "" when absent
 	Incarnation  string        // "" when absent
+	// OldestRow is the age of the oldest row the instance tracks, as of
+	// now, by its last heartbeat's report; OldestRowKnown says whether
+	// that heartbeat reported it (workers of earlier releases do not,
+	// and a key a stranger wrote reads as unknown), HoldsRows whether it
+	// tracked any.
+	OldestRow                 time.Duration
+	OldestRowKnown, HoldsRows bool
 }
 
 // Record is what Records read of one peer's recovery record. A TTL is -2
