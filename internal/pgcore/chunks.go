@@ -192,6 +192,7 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 		stalls = 0
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
 		total.NotReset = append(total.NotReset, res.NotReset...)
 		if !advance() {
 			return total, nil
@@ -239,7 +240,7 @@ func (r *Resetter) resetOwnedByChunk(ctx context.Context, owner string) (ResetRe
 		)
 		w := v
 		w.limit = n
-		err := queryRow(ctx, tx, q.sql, r.bind(q, w), &res.Changed, &res.Quarantined, &locked, &after)
+		err := queryRow(ctx, tx, q.sql, r.bind(q, w), &res.Changed, &res.Quarantined, &res.ChangedIDs, &locked, &after)
 		return res, locked, func() bool {
 			// A short chunk means no unlocked row is left; a full one
 			// moves the keyset on.
