@@ -34,8 +34,9 @@ type lease struct {
 	// more, and neither are the rows tracked under it.
 	ousted atomic.Bool
 	// heldUntil, in nanoseconds since epoch, ends the hold after a lost
-	// lease was regained (hold).
-	heldUntil atomic.Int64
+	// lease was regained (hold); regainedAt is when that regain was.
+	heldUntil  atomic.Int64
+	regainedAt atomic.Int64
 	// perLife is set while the rows this worker takes carry per-life owner
 	// values (owner mode, the host writing OwnerValue()): a recovery of a life
 	// judged dead reaches none of the rows of a later life, so a regain
@@ -92,7 +93,9 @@ func (l *lease) sinceRefresh() time.Duration {
 // one: the hold is recorded but not counted, except for rows tracked under
 // the bare instance ID (TrackAs).
 func (l *lease) hold(d time.Duration) {
-	l.heldUntil.Store(int64(time.Since(l.epoch) + d))
+	now := time.Since(l.epoch)
+	l.regainedAt.Store(int64(now))
+	l.heldUntil.Store(int64(now + d))
 }
 
 // held reports whether the lease is held after a regain.
@@ -154,7 +157,10 @@ func (l *lease) checkIn(state *atomic.Int32) error {
 	case stateShutdown:
 		return ErrShutdown
 	}
-	if err := l.check(l.rows.heldAtLoss()); err != nil {
+	if n := l.rows.heldAtLoss(); n > 0 && !l.ousted.Load() && l.valid() && !l.lost.Load() {
+		return l.heldErr(n) // back, but for the rows held at the loss: it names them
+	}
+	if err := l.check(0); err != nil {
 		return err
 	}
 	if _, written := l.rows.writtenLife(); l.ownerMode && !written {

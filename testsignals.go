@@ -25,6 +25,7 @@ type testSignals struct {
 	masters testsignal.Signal[struct{}] // the expiry watcher's check of the masters ended (expiry.go)
 	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (expiry.go)
 	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (twin.go)
+	gave    testsignal.Signal[error]    // a give-back of the rows held at a lost lease ended, with its error (giveback.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -49,6 +50,7 @@ func withTestSignals() Option {
 		o.sig.masters.Init()
 		o.sig.heard.Init()
 		o.sig.locked.Init()
+		o.sig.gave.Init()
 	})
 }
 

@@ -1,0 +1,88 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/postgres/pgxreset"
+)
+
+// A host that abandons its block on a lost lease and never calls Release
+// (the forgetful host of issue 32's report) does not leave its worker idle:
+// in owner mode the worker gives the ended life's rows back itself half a
+// heartbeat interval after the regain, takes rows again within one
+// interval, and a late completion under the ended life is refused.
+// (Reverted, the heartbeat not waking the give-back: the lease stayed lost
+// and Track refused for good.)
+func TestOwnerModeWorkerGivesBackTheRowsItsHostLeftAtALostLease(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBO")
+	ctx := context.Background()
+	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	old := w.OwnerValue()
+	take(t, db, old, 1, 2)
+	require.NoError(t, w.TrackAs(ctx, old, 1, 2))
+
+	loseLease(t, rdb, w, fr) // the host abandons the block here, without Release
+	fr.thaw()
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
+	regained := time.Now()
+	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"the rows of the ended life given back by the worker")
+	assert.Less(t, time.Since(regained), w.opts.heartbeatInterval, "rows taken again within a heartbeat interval of the regain")
+	assertRequeued(t, db, 1, 2)
+	assert.False(t, complete(t, db, old, 1), "a late completion under the ended life is refused")
+	assert.Equal(t, 1, logs.Count("the host did not release them"))
+
+	take(t, db, w.OwnerValue(), 3)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 3))
+	assert.Equal(t, 1, w.Stats().TrackedRows)
+}
+
+// In rows-set mode (the reset ledger, no owner column) the worker gives the
+// rows held at the loss back itself when the hold after the regain ends;
+// until then Track's error names the rows and the call that gives them
+// back. (Reverted, the heartbeat not waking the give-back: the lease stayed
+// lost and Track refused for good.)
+func TestRowsSetWorkerGivesBackTheRowsItsHostLeftWhenTheHoldEnds(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBR")
+	ctx := context.Background()
+	r, err := pgxreset.New(db) // no owner column: the reset ledger
+	require.NoError(t, err)
+	wc := redis.NewClient(rdb.Options())
+	t.Cleanup(func() { _ = wc.Close() })
+	fr := &freezer{}
+	wc.AddHook(fr)
+	w, logs := startWorker(t, wc, r, "w", lifeTimings(prefix)...)
+	require.False(t, w.Stats().OwnerMode)
+	take(t, db, "w", 1, 2)
+	require.NoError(t, w.Track(ctx, 1, 2))
+
+	fr.freeze()
+	waitHeartbeatGone(t, rdb, prefix, "w")
+	fr.thaw()
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
+	regained := time.Now()
+	err = w.Track(ctx, 3)
+	require.ErrorIs(t, err, ErrLeaseLost, "held after the regain")
+	assert.Contains(t, err.Error(), "rows 1, 2")
+	assert.Contains(t, err.Error(), "Release them")
+
+	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"the rows held at the loss given back by the worker")
+	assert.GreaterOrEqual(t, time.Since(regained), w.fleet.claimTTL()-w.opts.heartbeatInterval, "not before the hold ends")
+	assert.Less(t, time.Since(regained), w.fleet.claimTTL()+w.opts.heartbeatInterval, "when the hold ends")
+	for _, id := range []int64{1, 2} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+	}
+	take(t, db, "w", 3)
+	require.NoError(t, w.Track(ctx, 3))
+	assert.Equal(t, 1, w.Stats().TrackedRows)
+}
