@@ -48,12 +48,11 @@ type Block struct {
 // ErrLeaseLost while peers may consider this worker dead (wait and call
 // Begin again: a lost lease comes back with Redis). Begin sends nothing.
 func (w *Worker) Begin() (*Block, error) {
+	losses := w.stats.leaseLosses.Load() // before the check: a loss after it fails the block
 	if err := w.CheckLease(); err != nil {
 		return nil, fmt.Errorf("begin a block: %w", err)
 	}
-	b := &Block{w: w, losses: w.stats.leaseLosses.Load(), rows: make(map[int64]struct{})}
-	b.owner = w.OwnerValue()
-	return b, nil
+	return &Block{w: w, owner: w.OwnerValue(), losses: losses, rows: make(map[int64]struct{})}, nil
 }
 
 // OwnerValue returns the value the block's fetch writes into the owner
@@ -62,7 +61,10 @@ func (b *Block) OwnerValue() string { return b.owner }
 
 // Track records the rows the block's fetch took (Worker.TrackAs under the
 // block's owner value): call it inside the fetch's transaction, before its
-// COMMIT. On an error nothing is tracked: roll the fetch back. It refuses,
+// COMMIT. On an error wrapping ErrLeaseLost, ErrShutdown or ErrNotStarted
+// nothing is tracked: roll the fetch back. On another (rows-set mode: only
+// the Redis write failed) the rows are tracked all the same, in memory, and
+// the next heartbeat writes them, as with Worker.Track. It refuses,
 // with an error wrapping ErrLeaseLost, once the lease was lost after Begin
 // (Begin again and fetch under the new value), and with ErrBlockClosed
 // after Close.
@@ -75,13 +77,17 @@ func (b *Block) Track(ctx context.Context, rowIDs ...int64) error {
 	if err := b.lost(); err != nil {
 		return fmt.Errorf("track %d rows: %w", len(rowIDs), err)
 	}
-	if err := b.w.TrackAs(ctx, b.owner, rowIDs...); err != nil {
-		return err
+	err := b.w.TrackAs(ctx, b.owner, rowIDs...)
+	tracked := rowIDs
+	if err != nil {
+		// Only the Redis write failed (rows-set mode): the worker keeps
+		// the rows, and so does the block, for Close.
+		tracked = b.w.rows.trackedAmong(rowIDs)
 	}
-	for _, id := range rowIDs {
+	for _, id := range tracked {
 		b.rows[id] = struct{}{}
 	}
-	return nil
+	return err
 }
 
 // Check reports whether the host may process the block's next row: nil

@@ -149,3 +149,22 @@ func TestBlocksOfConcurrentFetchersGiveBackOnlyTheirOwnRows(t *testing.T) {
 	}
 	assert.Zero(t, w.Stats().TrackedRows)
 }
+
+// A Track whose Redis write failed (rows-set mode) leaves the rows tracked
+// in memory, for the next heartbeat: the block keeps them too, and Close
+// gives them back. (Reverted to record nothing on an error: nothing reset.)
+func TestBlockKeepsTheRowsATrackWithoutRedisTracked(t *testing.T) {
+	mr, rdb := newMini(t)
+	ctx := context.Background()
+	r := &fakeResetter{}
+	w, _ := startWorker(t, rdb, r, "w")
+	b, err := w.Begin()
+	require.NoError(t, err)
+	mr.SetError("ERR down")
+	require.Error(t, b.Track(ctx, 1, 2))
+	mr.SetError("")
+	assert.ElementsMatch(t, []int64{1, 2}, b.Rows())
+	require.NoError(t, b.Close())
+	assert.ElementsMatch(t, []int64{1, 2}, r.resetOf("w"))
+	assert.Zero(t, w.Stats().TrackedRows)
+}
