@@ -5,8 +5,20 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/redis/go-redis/v9"
+
 	"github.com/alya/recovery"
 )
+
+// startedWorker is New and Start of a worker over rows, as a host does at
+// start-up.
+func startedWorker(ctx context.Context, rdb redis.UniversalClient, rows recovery.Resetter) (*recovery.Worker, error) {
+	w, err := recovery.New(rdb, rows, recovery.WithInstanceID("worker-1"))
+	if err != nil {
+		return nil, err
+	}
+	return w, w.Start(ctx)
+}
 
 // One block, the way a host processes it: Begin, defer Close, Track before
 // the fetch's COMMIT, Check before each row and Done after its commit. The
@@ -18,12 +30,8 @@ func ExampleWorker_Begin() {
 	defer rdb.Close()
 	ctx := context.Background()
 	rows := newQueue(101, 102, 103)
-	w, err := recovery.New(rdb, rows, recovery.WithInstanceID("worker-1"))
+	w, err := startedWorker(ctx, rdb, rows)
 	if err != nil {
-		fmt.Println(err)
-		return
-	}
-	if err := w.Start(ctx); err != nil {
 		fmt.Println(err)
 		return
 	}
@@ -68,4 +76,31 @@ func ExampleWorker_Begin() {
 	// row 102: queued
 	// row 103: queued
 	// tracked: 0
+}
+
+// Close gives back only what is not Done, and nothing once every row is:
+// deferred, it is always right, as a Tx's Rollback after Commit.
+func ExampleBlock_Close() {
+	mr, rdb := redisForExample()
+	defer mr.Close()
+	defer rdb.Close()
+	ctx := context.Background()
+	rows := newQueue(1, 2)
+	w, err := startedWorker(ctx, rdb, rows)
+	if err != nil {
+		fmt.Println(err)
+		return
+	}
+	defer w.Shutdown(context.Background())
+
+	b, _ := w.Begin()
+	rows.set("inprog", 1, 2)
+	_ = b.Track(ctx, 1, 2)
+	rows.set("done", 1, 2)
+	_ = b.Done(1, 2)
+	fmt.Println("close:", b.Close(), "released:", w.Stats().RowsReleased)
+	fmt.Println("track after close:", b.Track(ctx, 3))
+	// Output:
+	// close: <nil> released: 0
+	// track after close: recovery: block closed
 }
