@@ -130,7 +130,11 @@ func (l *lease) check(heldAtLoss int) error {
 // lost after the heartbeat is back for as long as the rows tracked when it
 // was lost are tracked: peers may have recovered them meanwhile (a worker
 // resuming from a long pause sees its heartbeat succeed within
-// milliseconds). Untrack or Release them and the lease is valid again.
+// milliseconds). Untrack or Release them (a Block's Close does) and the
+// lease is valid again; the error names them. A host that does neither does
+// not idle the worker: it gives them back itself, as Release would, half a
+// heartbeat interval after the regain in owner mode with per-life owner
+// values, when the hold below ends otherwise (docs/safety.md §3).
 // Rows a worker without an owner column left to the backstop sweep (its
 // rows set was gone when its heartbeat came back, docs/safety.md §3) count
 // among them: they are no longer written back, but the lease stays lost
