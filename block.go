@@ -48,8 +48,8 @@ type Block struct {
 // ErrLeaseLost while peers may consider this worker dead (wait and call
 // Begin again: a lost lease comes back with Redis). Begin sends nothing.
 func (w *Worker) Begin() (*Block, error) {
-	losses := w.stats.leaseLosses.Load() // before the check: a loss after it fails the block
-	if err := w.CheckLease(); err != nil {
+	losses := w.stats.leaseLosses.Load()                 // before the check: a loss after it fails the block
+	if err := w.lease.checkTrack(&w.state); err != nil { // CheckLease; the host has moved on
 		return nil, fmt.Errorf("begin a block: %w", err)
 	}
 	return &Block{w: w, owner: w.OwnerValue(), losses: losses, rows: make(map[int64]struct{})}, nil
@@ -60,8 +60,12 @@ func (w *Worker) Begin() (*Block, error) {
 func (b *Block) OwnerValue() string { return b.owner }
 
 // Track records the rows the block's fetch took (Worker.TrackAs under the
-// block's owner value): call it inside the fetch's transaction, before its
-// COMMIT. On an error wrapping ErrLeaseLost, ErrShutdown or ErrNotStarted
+// block's owner value): call it inside the fetch's transaction, as the last
+// step before its COMMIT. Close gives back what Track took if the COMMIT
+// fails, committed or not; an error between Track and a COMMIT never sent
+// (the transaction certainly rolled back) wants Done of those rows instead
+// in rows-set mode without an owner column, where Close's reset cannot
+// tell them from another worker's that took them since. On an error wrapping ErrLeaseLost, ErrShutdown or ErrNotStarted
 // nothing is tracked: roll the fetch back. On another (rows-set mode: only
 // the Redis write failed) the rows are tracked all the same, in memory, and
 // the next heartbeat writes them, as with Worker.Track. It refuses,
@@ -144,9 +148,9 @@ func (b *Block) Rows() []int64 {
 // give back stay tracked, for a peer to recover should this worker die.
 //
 // After a fetch that rolled back, Close's reset finds the rows queued and
-// leaves them so, with owner fencing also once another worker took them. In
-// rows-set mode it cannot tell them from another worker's: roll a fetch
-// back before the Track, or Done its rows once the rollback is certain.
+// leaves them so, with owner fencing also once another worker took them.
+// Without an owner column it cannot tell them from another worker's: Track
+// as the last step before the COMMIT (see Track).
 func (b *Block) Close() error {
 	b.mu.Lock()
 	if b.closed {

@@ -23,12 +23,18 @@ import (
 //
 //   - with per-life owner values (owner mode), half a heartbeat interval
 //     after the regain: the reset names the ended life, so a completion the
-//     host still commits under it is refused by the owner guard, and rows of
-//     the new life are out of its reach;
-//   - otherwise when the hold after the regain ends (a claim TTL): every
-//     recovery that claimed the worker while it looked dead has ended, and
-//     a host that checks the lease before each row has been told to stop
-//     the old block for that long.
+//     host still commits under it is refused by the owner guard, a crash
+//     leaves none of them in progress under it, and rows of the new life
+//     are out of its reach;
+//   - otherwise once the hold after the regain has ended (a claim TTL:
+//     every recovery that claimed the worker while it looked dead has
+//     ended) and the host has moved on: it called Track, TrackAs or Begin
+//     (lease.checkTrack). A host still in the old block, one long row past
+//     the hold, would otherwise go on with the next row once CheckLease
+//     said nil, a row given back (its completion guarded by the status
+//     only) or left to the backstop sweep (untracked: a crash would strand
+//     it past the crash bound). The simulator found the latter (seed 721)
+//     with a give-back at the end of the hold alone.
 //
 // The reset is Release's (the ledger skips a row a recovery already reset;
 // owner fencing leaves a row someone else holds); rows left to the backstop
@@ -51,7 +57,11 @@ func newGiver(l *lease, rows *inflight, t tracker, opts *options, log *slog.Logg
 // note wakes the loop if rows held at a loss are still held: the heartbeat
 // calls it after each success. It never blocks.
 func (g *giver) note() {
-	if g == nil || g.rows.heldAtLoss() == 0 {
+	if g == nil {
+		return
+	}
+	if g.rows.heldAtLoss() == 0 {
+		g.lease.movedOn.Store(false) // for the next loss
 		return
 	}
 	select {
@@ -102,8 +112,11 @@ func (g *giver) due() (time.Duration, bool) {
 		return 0, false
 	}
 	end := l.heldUntil.Load()
-	if l.perLife.Load() {
+	switch {
+	case l.perLife.Load():
 		end = l.regainedAt.Load() + int64(g.opts.heartbeatInterval/2)
+	case !l.movedOn.Load():
+		return 0, false // the host may still be in the old block: a Track or Begin says it left
 	}
 	return time.Duration(end) - time.Since(l.epoch), true
 }

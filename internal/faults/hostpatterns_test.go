@@ -94,7 +94,7 @@ func TestScenarioH1ForgetfulHostSigstopPastTheTTL(t *testing.T) {
 // Scenario H2: hosts written with the Block handle (-host block), each
 // worker with two fetch goroutines, every 7th row's processing panicking
 // (the host's own recover stops it), every 5th fetch failing between its
-// Track and its COMMIT; one worker is SIGSTOPped past its TTL and resumed.
+// UPDATE and its COMMIT; one worker is SIGSTOPped past its TTL and resumed.
 // Each deferred Close gives back what its block did not finish: every row
 // is done exactly once (once at least without an owner column) and none is
 // stuck.

@@ -19,7 +19,7 @@ import (
 // the block's owner value and Track it before the COMMIT, then Check
 // before each row and Done after its commit. Close gives back what a block
 // did not finish: on a lost lease, on a fetch that failed between its
-// Track and its COMMIT (-fail-fetch-every), and on a panic in processing
+// UPDATE and its COMMIT (-fail-fetch-every), and on a panic in processing
 // (-panic-every), which the host's own recover stops, or which crashes the
 // process (-panic-crash).
 func (h *host) blockLoop(ctx context.Context) {
@@ -53,7 +53,7 @@ func (h *host) safeBlock(ctx context.Context, fetches, rows *atomic.Int64) (took
 }
 
 // errFailedFetch is the fault -fail-fetch-every injects between a fetch's
-// Track and its COMMIT.
+// UPDATE and its COMMIT (before the Track, the last step before the COMMIT).
 var errFailedFetch = errors.New("fault: the fetch failed before its COMMIT")
 
 // oneBlock begins a block, fetches it and processes it.
@@ -111,11 +111,11 @@ func (h *host) fetchUnder(ctx context.Context, b *recovery.Block, n int64) ([]in
 		return nil, err
 	}
 	slices.Sort(ids)
-	if err := b.Track(ctx, ids...); err != nil {
-		return nil, fmt.Errorf("track block: %w", err) // rolled back: still queued
-	}
 	if h.cfg.failFetchEvery > 0 && n%int64(h.cfg.failFetchEvery) == 0 {
-		return nil, errFailedFetch // rolled back; Close untracks (nothing to reset)
+		return nil, errFailedFetch // rolled back, nothing tracked: still queued
+	}
+	if err := b.Track(ctx, ids...); err != nil { // the last step before the COMMIT
+		return nil, fmt.Errorf("track block: %w", err) // rolled back: still queued
 	}
 	if err := tx.Commit(ctx); err != nil {
 		return nil, fmt.Errorf("commit block: %w", err) // Close gives back what this worker owns

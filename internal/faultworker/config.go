@@ -148,7 +148,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.IntVar(&c.fetchers, "fetchers", 1, "with -host block: goroutines fetching and processing blocks at once")
 	fs.IntVar(&c.panicEvery, "panic-every", 0, "with -host block: every Nth row's processing panics, recovered by the host's own recover (0: never)")
 	fs.BoolVar(&c.panicCrash, "panic-crash", false, "with -panic-every: the panic is not recovered and crashes the process, after the block's deferred Close")
-	fs.IntVar(&c.failFetchEvery, "fail-fetch-every", 0, "with -host block: every Nth fetch fails between its Track and its COMMIT, and rolls back (0: never)")
+	fs.IntVar(&c.failFetchEvery, "fail-fetch-every", 0, "with -host block: every Nth fetch fails between its UPDATE and its COMMIT, and rolls back (0: never)")
 	fs.BoolVar(&c.noBackstop, "no-backstop", false, "WithBackstopSweep(false): no sweep without an owner column")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {

@@ -16,7 +16,7 @@
 //     block takes each block through a recovery.Block (Begin, a deferred
 //     Close, Track, Check, Done) on -fetchers goroutines, with faults in
 //     the host: -panic-every (recovered, or crashing with -panic-crash) and
-//     -fail-fetch-every (an error between Track and COMMIT).
+//     -fail-fetch-every (an error between the fetch's UPDATE and COMMIT).
 //   - SIGTERM or Ctrl-C cancels the processing context; the worker
 //     finishes its block and calls Shutdown, as the design says.
 //   - SIGUSR1 runs one recovery scan now (RecoverNow), so the suite can
