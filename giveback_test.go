@@ -133,3 +133,15 @@ func TestRowsSetWorkerKeepsTheRowsOfAHostStillInItsOldBlock(t *testing.T) {
 	s, _ := rowState(t, db, 1)
 	assert.Equal(t, "queued", s)
 }
+
+// The give-back loop runs only where a lost lease is sticky (here owner
+// fencing), and Shutdown stops it with the others.
+func TestShutdownStopsTheGiveBackLoop(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{fenced: true}, "w1", WithTimings(Timings{RecoveryInterval: 50 * time.Millisecond}))
+	waitTurns(t, &signals(w).scan, 5*time.Second, func() bool { return w.Stats().Scans >= 3 },
+		"the loops are running: the recovery loop has scanned a few times")
+	require.Equal(t, 4, workerGoroutines(), "two loops, the give-back and their waiter")
+	require.NoError(t, w.Shutdown(context.Background()))
+	assert.Zero(t, workerGoroutines(), "no goroutine outlives Shutdown")
+}

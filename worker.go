@@ -68,7 +68,7 @@ type loops struct {
 	recov   *recoverer   // recovery.go
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
-	giver   *giver       // giveback.go
+	giver   *giver       // giveback.go; nil when a lost lease is not sticky
 
 	// The parts the loops share with Start and the exported methods.
 	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
@@ -162,8 +162,11 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	} else {
 		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
 	}
-	// giver: gives back the rows held at a lost lease the host left (giveback.go).
-	w.giver = newGiver(&w.lease, &w.rows, w.tracker, &w.opts, w.log)
+	// giver: gives back the rows held at a lost lease the host left
+	// (giveback.go); only where a loss is sticky, nil elsewhere.
+	if w.lease.releaseSafe {
+		w.giver = newGiver(&w.lease, &w.rows, w.tracker, &w.opts, w.log)
+	}
 	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
 	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
 		trackCalled: w.tracker.trackCalled}
@@ -315,7 +318,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.heart.run(loopCtx) })
 	wg.Go(func() { w.recov.run(loopCtx) })
-	wg.Go(func() { w.giver.run(loopCtx) })
+	if w.giver != nil {
+		wg.Go(func() { w.giver.run(loopCtx) })
+	}
 	if flush := w.tracker.loop(); flush != nil {
 		wg.Go(func() { flush(loopCtx) })
 	}
