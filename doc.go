@@ -54,14 +54,19 @@
 //
 //	w, err := recovery.New(rdb, resetter, opts...) // validates, no I/O
 //	err = w.Start(ctx)                             // schema check, first heartbeat, loops start
-//	for {                                          // the host's batch loop
+//	for {                                          // the host's batch loop, one block per turn:
+//		b, err := w.Begin()                        // fails while the lease is lost
+//		defer b.Close()                            // gives back what is not Done (error, panic, lost lease)
 //		tx := begin()
-//		ids := FetchBlockOfRows(tx)                // marks them inprog
-//		w.Track(ctx, ids...)                       // before the COMMIT of the fetch
+//		ids := FetchBlockOfRows(tx, b.OwnerValue()) // marks them inprog
+//		b.Track(ctx, ids...)                       // before the COMMIT of the fetch
 //		tx.Commit()
-//		for each row { process; commit; w.Untrack(id) }
+//		for each row { b.Check(); process; commit; b.Done(id) }
 //	}
 //	err = w.Shutdown(ctx)                          // after the last block
+//
+// A Block is the host's part in one handle (Track, Untrack, Release and the
+// lease check are the calls it makes, there for hosts that need them).
 //
 // Track goes inside the transaction that marks the rows in progress, before
 // its COMMIT: in rows-set mode a crash after the commit then always finds

@@ -43,7 +43,10 @@ func (noopResetter) RowStates(context.Context, []int64) ([]recovery.RowState, er
 }
 
 // healthHandler answers 200 while the worker holds its heartbeat lease and
-// 503 otherwise: wire it to a Kubernetes liveness or readiness probe.
+// 503 otherwise: wire it to a Kubernetes readiness probe. Not to the
+// liveness probe: a Redis outage fails every pod's at once, and a restart
+// helps none (docs/integration.md, "What a batch-worker pod does with
+// Healthy()").
 func healthHandler(w *recovery.Worker) http.Handler {
 	return http.HandlerFunc(func(rw http.ResponseWriter, _ *http.Request) {
 		if err := w.Healthy(); err != nil {

@@ -36,6 +36,7 @@ type heartbeater struct {
 	tracker tracker
 	judge   *judge
 	ousted  func()
+	giver   *giver // wakes to give back rows held at a loss (giveback.go)
 	// failures counts the heartbeats failed in a row; outageStart is when
 	// the first of them failed. Only run touches them.
 	failures    int
@@ -167,6 +168,7 @@ func (h *heartbeater) run(ctx context.Context) {
 		}
 		if err == nil {
 			h.restored()
+			h.giver.note()
 			// The period runs from send to send: a slow answer must not
 			// push the next heartbeat past the end of the lease.
 			next := max(0, h.opts.heartbeatInterval-time.Since(sent))

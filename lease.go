@@ -34,8 +34,12 @@ type lease struct {
 	// more, and neither are the rows tracked under it.
 	ousted atomic.Bool
 	// heldUntil, in nanoseconds since epoch, ends the hold after a lost
-	// lease was regained (hold).
-	heldUntil atomic.Int64
+	// lease was regained (hold); regainedAt is when that regain was.
+	heldUntil  atomic.Int64
+	regainedAt atomic.Int64
+	// movedOn is set when the host took rows (checkTrack) while rows held
+	// at the last loss were still its own: it has left them (giveback.go).
+	movedOn atomic.Bool
 	// perLife is set while the rows this worker takes carry per-life owner
 	// values (owner mode, the host writing OwnerValue()): a recovery of a life
 	// judged dead reaches none of the rows of a later life, so a regain
@@ -92,7 +96,9 @@ func (l *lease) sinceRefresh() time.Duration {
 // one: the hold is recorded but not counted, except for rows tracked under
 // the bare instance ID (TrackAs).
 func (l *lease) hold(d time.Duration) {
-	l.heldUntil.Store(int64(time.Since(l.epoch) + d))
+	now := time.Since(l.epoch)
+	l.regainedAt.Store(int64(now))
+	l.heldUntil.Store(int64(now + d))
 }
 
 // held reports whether the lease is held after a regain.
@@ -127,7 +133,12 @@ func (l *lease) check(heldAtLoss int) error {
 // lost after the heartbeat is back for as long as the rows tracked when it
 // was lost are tracked: peers may have recovered them meanwhile (a worker
 // resuming from a long pause sees its heartbeat succeed within
-// milliseconds). Untrack or Release them and the lease is valid again.
+// milliseconds). Untrack or Release them (a Block's Close does) and the
+// lease is valid again; the error names them. A host that does neither does
+// not idle the worker: it gives them back itself, as Release would, half a
+// heartbeat interval after the regain in owner mode with per-life owner
+// values; otherwise once the hold below has ended and the host has moved
+// on (it called Track, TrackAs or Begin for new rows) (docs/safety.md §3).
 // Rows a worker without an owner column left to the backstop sweep (its
 // rows set was gone when its heartbeat came back, docs/safety.md §3) count
 // among them: they are no longer written back, but the lease stays lost
@@ -145,22 +156,43 @@ func (l *lease) check(heldAtLoss int) error {
 // as soon as a heartbeat has recorded the new life (docs/safety.md §3).
 func (w *Worker) CheckLease() error { return w.lease.checkIn(&w.state) }
 
-// checkIn is CheckLease for a worker in lifecycle state: Track and TrackAs
-// call it too.
+// checkIn is CheckLease for a worker in lifecycle state.
 func (l *lease) checkIn(state *atomic.Int32) error {
+	_, err := l.checkHeld(state)
+	return err
+}
+
+// checkTrack is checkIn for a host that takes rows (Track, TrackAs,
+// Begin): one that does so while rows held at the last loss are still its
+// own has moved on from them (movedOn), which lets the worker give them
+// back (giveback.go).
+func (l *lease) checkTrack(state *atomic.Int32) error {
+	held, err := l.checkHeld(state)
+	if held {
+		l.movedOn.Store(true)
+	}
+	return err
+}
+
+// checkHeld is checkIn; held reports that the lease is back but for the
+// rows held at the loss.
+func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
 	switch state.Load() {
 	case stateNew:
-		return ErrNotStarted
+		return false, ErrNotStarted
 	case stateShutdown:
-		return ErrShutdown
+		return false, ErrShutdown
 	}
-	if err := l.check(l.rows.heldAtLoss()); err != nil {
-		return err
+	if n := l.rows.heldAtLoss(); n > 0 && !l.ousted.Load() && l.valid() && !l.lost.Load() {
+		return true, l.heldErr(n) // back, but for the rows held at the loss: it names them
+	}
+	if err := l.check(0); err != nil {
+		return false, err
 	}
 	if _, written := l.rows.writtenLife(); l.ownerMode && !written {
-		return ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
+		return false, ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
 	}
-	return nil
+	return false, nil
 }
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and

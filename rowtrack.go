@@ -170,7 +170,7 @@ func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts 
 
 func (t *rowsSetTracker) track(ctx context.Context, ids []int64) error {
 	t.calls.Add(1)
-	if err := t.lease.checkIn(t.state); err != nil {
+	if err := t.lease.checkTrack(t.state); err != nil {
 		return err
 	}
 	if len(ids) == 0 {

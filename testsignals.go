@@ -26,6 +26,7 @@ type testSignals struct {
 	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (expiry.go)
 	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (twin.go)
 	preread testsignal.Signal[bool]     // Track's read of the rows being fetched ended: true if it answered in time (selfcheck_fetch.go)
+	gave    testsignal.Signal[error]    // a give-back of the rows held at a lost lease ended, with its error (giveback.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -51,6 +52,7 @@ func withTestSignals() Option {
 		o.sig.heard.Init()
 		o.sig.locked.Init()
 		o.sig.preread.Init()
+		o.sig.gave.Init()
 	})
 }
 

@@ -68,6 +68,7 @@ type loops struct {
 	recov   *recoverer   // recovery.go
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
+	giver   *giver       // giveback.go; nil when a lost lease is not sticky
 
 	// The parts the loops share with Start and the exported methods.
 	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
@@ -161,6 +162,11 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	} else {
 		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
 	}
+	// giver: gives back the rows held at a lost lease the host left
+	// (giveback.go); only where a loss is sticky, nil elsewhere.
+	if w.lease.releaseSafe {
+		w.giver = newGiver(&w.lease, &w.rows, w.tracker, &w.opts, w.log)
+	}
 	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
 	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
 		trackCalled: w.tracker.trackCalled}
@@ -177,7 +183,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts,
 		byVersion: rs != nil,
 		lease:     &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted}
+		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted, giver: w.giver}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
@@ -312,6 +318,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	var wg sync.WaitGroup
 	wg.Go(func() { w.heart.run(loopCtx) })
 	wg.Go(func() { w.recov.run(loopCtx) })
+	if w.giver != nil {
+		wg.Go(func() { w.giver.run(loopCtx) })
+	}
 	if flush := w.tracker.loop(); flush != nil {
 		wg.Go(func() { flush(loopCtx) })
 	}

@@ -300,10 +300,10 @@ func TestACompletionIsDiscardedWhenTheRowIsNoLongerOwned(t *testing.T) {
 	require.NoError(t, err)
 	h := &host{pool: f.pool}
 
-	owned, err := h.complete(ctx, row{id: 1, owner: "me"}, "R1", nil)
+	owned, err := h.complete(ctx, row{id: 1}, "me", "R1", nil)
 	require.NoError(t, err)
 	assert.False(t, owned)
-	owned, err = h.complete(ctx, row{id: 2, owner: "me"}, "", errors.New("bad payload"))
+	owned, err = h.complete(ctx, row{id: 2}, "me", "", errors.New("bad payload"))
 	require.NoError(t, err)
 	assert.True(t, owned)
 
@@ -379,7 +379,7 @@ func TestConfigComesFromFlagsAndEnvironment(t *testing.T) {
 func TestConnectionErrorsNeverShowThePassword(t *testing.T) {
 	port := testutil.FreePort(t, false)
 	cfg := config{databaseURL: fmt.Sprintf("postgres://app:s3cretX@127.0.0.1:%d/x?sslmode=disable&connect_timeout=2", port)}
-	_, err := openPostgres(context.Background(), cfg)
+	_, err := openPostgres(context.Background(), cfg, 0)
 	require.Error(t, err)
 	assert.Contains(t, err.Error(), "PostgreSQL unreachable")
 	assert.NotContains(t, err.Error(), "s3cretX")

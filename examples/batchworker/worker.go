@@ -54,7 +54,7 @@ const dbTimeout = 10 * time.Second
 // cancelled (or, with -exit-when-done, until no work is left), and shuts
 // down. It closes what it opened.
 func run(ctx context.Context, cfg config, log *slog.Logger) error {
-	pool, err := openPostgres(ctx, cfg)
+	pool, err := openPostgres(ctx, cfg, 0)
 	if err != nil {
 		return err
 	}
@@ -78,7 +78,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 		log.Info("seeded a batch", "batch_id", id, "rows", cfg.seed)
 	}
 
-	resetter, err := pgxreset.New(pool, resetterOptions()...)
+	// The resetter gets a small pool of its own: with the host's pool held
+	// by its long transactions, a recovery would wait for a connection
+	// (docs/integration.md, step 4).
+	resetPool, err := openPostgres(ctx, cfg, 2)
+	if err != nil {
+		return err
+	}
+	defer resetPool.Close()
+	resetter, err := pgxreset.New(resetPool, resetterOptions()...)
 	if err != nil {
 		return err
 	}
@@ -124,10 +132,15 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	return loopErr
 }
 
-func openPostgres(ctx context.Context, cfg config) (*pgxpool.Pool, error) {
+// openPostgres opens a pool of at most maxConns connections (0: pgx's
+// default).
+func openPostgres(ctx context.Context, cfg config, maxConns int32) (*pgxpool.Pool, error) {
 	pc, err := pgxpool.ParseConfig(cfg.databaseURL)
 	if err != nil {
 		return nil, hideSecrets(fmt.Errorf("database URL: %w", err), cfg.databaseURL)
+	}
+	if maxConns > 0 {
+		pc.MaxConns = maxConns
 	}
 	if cfg.schema != "" {
 		pc.ConnConfig.RuntimeParams["search_path"] = cfg.schema
@@ -170,9 +183,6 @@ type row struct {
 	id      int64
 	batchID int64
 	payload string
-	// owner is the owner value the block was taken under (Worker.OwnerValue,
-	// read once per block in the fetch); the completion guard matches it.
-	owner string
 }
 
 // host is the batch loop of one worker process.
@@ -192,7 +202,7 @@ type host struct {
 func (h *host) loop(ctx context.Context) error {
 	failing := false
 	for ctx.Err() == nil {
-		block, err := h.fetchBlock(ctx)
+		took, err := h.runBlock(ctx)
 		switch {
 		case err != nil && ctx.Err() != nil:
 			return nil
@@ -202,7 +212,7 @@ func (h *host) loop(ctx context.Context) error {
 			}
 			failing = true
 			h.wait(ctx)
-		case len(block) == 0:
+		case !took:
 			if failing {
 				h.log.Info("fetching blocks works again")
 			}
@@ -220,10 +230,34 @@ func (h *host) loop(ctx context.Context) error {
 				h.log.Info("fetching blocks works again")
 			}
 			failing = false
-			h.processBlock(block)
 		}
 	}
 	return nil
+}
+
+// runBlock takes one block and processes it; it reports whether there was
+// one. The deferred Close gives back what the block did not finish: rows
+// after a lost lease, a row whose outcome could not be committed, a fetch
+// whose COMMIT failed, the rest of the block on a panic.
+func (h *host) runBlock(ctx context.Context) (took bool, err error) {
+	b, err := h.w.Begin() // fails while the lease is lost: the loop waits and retries
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		n := len(b.Rows())
+		if err := b.Close(); err != nil {
+			h.log.Error("giving rows back failed; they stay tracked", "rows", n, "error", err)
+			return
+		}
+		h.givenBack += n
+	}()
+	block, err := h.fetchBlock(ctx, b)
+	if err != nil || len(block) == 0 {
+		return false, err
+	}
+	h.processBlock(b, block)
+	return true, nil
 }
 
 func (h *host) wait(ctx context.Context) {
@@ -255,19 +289,18 @@ RETURNING r.rowid, r.batchid, r.payload`
 // crash after the commit then always finds them in this worker's rows set,
 // and a crash before it leaves them queued (recovering a queued row changes
 // nothing, the reset is guarded by status = 'inprog').
-func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
+func (h *host) fetchBlock(ctx context.Context, b *recovery.Block) ([]row, error) {
 	tx, err := h.pool.Begin(ctx)
 	if err != nil {
 		return nil, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	owner := h.w.OwnerValue() // once per block: the completion guard uses the same value
-	rows, err := tx.Query(ctx, fetchBlockSQL, h.cfg.block, owner)
+	rows, err := tx.Query(ctx, fetchBlockSQL, h.cfg.block, b.OwnerValue())
 	if err != nil {
 		return nil, fmt.Errorf("select block: %w", err)
 	}
 	block, err := pgx.CollectRows(rows, func(r pgx.CollectableRow) (row, error) {
-		x := row{owner: owner}
+		var x row
 		err := r.Scan(&x.id, &x.batchID, &x.payload)
 		return x, err
 	})
@@ -285,7 +318,7 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 	// block back instead of finishing it.
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
-	if err := h.w.TrackAs(ctx, owner, ids...); err != nil { // refused if a lost lease ended the life owner names
+	if err := b.Track(ctx, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) || errors.Is(err, recovery.ErrNotStarted) {
 			// Nothing was tracked; the rollback leaves the rows queued.
 			return nil, fmt.Errorf("track block: %w", err)
@@ -295,9 +328,8 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 		h.log.Warn("tracking the block in Redis failed; the next heartbeat retries", "rows", len(ids), "error", err)
 	}
 	if err := tx.Commit(ctx); err != nil {
-		// The commit may or may not have happened: give back whatever this
-		// worker owns (nothing if it did not) and stop tracking it.
-		h.giveBack(ids)
+		// The commit may or may not have happened: the block's Close gives
+		// back whatever this worker owns (nothing if it did not).
 		return nil, fmt.Errorf("commit block: %w", err)
 	}
 	h.log.Debug("fetched a block", "rows", len(block), "first_row", ids[0], "last_row", ids[len(ids)-1])
@@ -306,37 +338,36 @@ func (h *host) fetchBlock(ctx context.Context) ([]row, error) {
 
 // processBlock processes every row of the block. It takes no context on
 // purpose: once rows are committed as inprog, this worker finishes them
-// even after SIGTERM (the design's graceful shutdown). It stops early only if the heartbeat lease
-// is lost, when peers may already consider it dead: then it gives the
-// rows it has not started back.
-func (h *host) processBlock(block []row) {
+// even after SIGTERM (the design's graceful shutdown). It stops early only
+// if the heartbeat lease was lost, when peers may already consider it
+// dead: the block's Close then gives the rows it has not started back.
+func (h *host) processBlock(b *recovery.Block, block []row) {
 	batches := map[int64]bool{}
 	for i, r := range block {
-		if err := h.w.CheckLease(); err != nil {
+		if err := b.Check(); err != nil {
 			h.log.Warn("heartbeat lease lost mid-block; giving the rest of the block back",
 				"rows", len(block)-i, "error", err)
-			h.giveBack(idsOf(block[i:]))
 			break
 		}
-		h.processRow(r)
+		h.processRow(b, r)
 		batches[r.batchID] = true
 	}
 	h.finishBatches(batches)
 }
 
 // processRow does the work of one row and commits its outcome, then
-// untracks it. Untrack runs on its own context inside the library: a
-// finished row must leave the rows set even during shutdown.
-func (h *host) processRow(r row) {
+// marks it Done (untracked; Untrack runs on its own context inside the
+// library: a finished row must leave the rows set even during shutdown).
+func (h *host) processRow(b *recovery.Block, r row) {
 	ctx, cancel := context.WithTimeout(context.Background(), h.cfg.rowTimeout)
 	defer cancel()
 	result, workErr := process(ctx, r, h.cfg.work)
-	owned, err := h.complete(ctx, r, result, workErr)
+	owned, err := h.complete(ctx, r, b.OwnerValue(), result, workErr)
 	switch {
 	case err != nil:
-		// The outcome is not committed: give the row back for another try.
+		// The outcome is not committed: the block's Close gives the row back
+		// for another try.
 		h.log.Error("committing a row failed; giving it back", "row_id", r.id, "error", err)
-		h.giveBack([]int64{r.id})
 		return
 	case !owned:
 		// Recovery returned the row while this worker was presumed dead, and
@@ -347,7 +378,7 @@ func (h *host) processRow(r row) {
 	default:
 		h.done++
 	}
-	if err := h.w.Untrack(r.id); err != nil {
+	if err := b.Done(r.id); err != nil {
 		h.log.Warn("untrack failed; the next heartbeat removes the row", "row_id", r.id, "error", err)
 	}
 }
@@ -375,10 +406,10 @@ const completeSQL = `
 UPDATE batchrows SET status = $3, result = $4
 WHERE rowid = $1 AND owner = $2 AND status = 'inprog'`
 
-// complete commits the outcome of row r: done with result, or failed with
-// workErr's text. owned is false, and nothing is committed, when the row is
-// no longer this worker's.
-func (h *host) complete(ctx context.Context, r row, result string, workErr error) (owned bool, err error) {
+// complete commits the outcome of row r, taken under owner: done with
+// result, or failed with workErr's text. owned is false, and nothing is
+// committed, when the row is no longer this worker's.
+func (h *host) complete(ctx context.Context, r row, owner, result string, workErr error) (owned bool, err error) {
 	status := "done"
 	if workErr != nil {
 		status, result = "failed", workErr.Error()
@@ -388,7 +419,7 @@ func (h *host) complete(ctx context.Context, r row, result string, workErr error
 		return false, fmt.Errorf("begin: %w", err)
 	}
 	defer rollback(tx)
-	tag, err := tx.Exec(ctx, completeSQL, r.id, r.owner, status, result)
+	tag, err := tx.Exec(ctx, completeSQL, r.id, owner, status, result)
 	if err != nil {
 		return false, fmt.Errorf("mark row %d %s: %w", r.id, status, err)
 	}
@@ -399,21 +430,6 @@ func (h *host) complete(ctx context.Context, r row, result string, workErr error
 		return false, fmt.Errorf("commit row %d: %w", r.id, err)
 	}
 	return true, nil
-}
-
-// giveBack returns rows this worker took and will not finish to the queue
-// at once, through the resetter (guarded by status and owner, like a
-// recovery), and untracks them. If the database cannot be reached the rows
-// stay tracked: should this worker die, a peer recovers them; while it
-// lives they stay in progress until it restarts.
-func (h *host) giveBack(ids []int64) {
-	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-	defer cancel()
-	if err := h.w.Release(ctx, ids...); err != nil {
-		h.log.Error("giving rows back failed; they stay tracked", "rows", len(ids), "error", err)
-		return
-	}
-	h.givenBack += len(ids)
 }
 
 // finishBatchesSQL marks batches done once none of their rows is queued or

@@ -10,9 +10,10 @@
 // tables and the ledger; for an existing table the migration is the ledger
 // alone (sqlreset.Resetter.LedgerDDL gives its statements).
 //
-// It takes blocks of pending jobs, marks them running and tracks them before
-// the commit, does each one and commits its outcome, then untracks it. On
-// SIGTERM it finishes its block and shuts down; killed, a peer returns its
+// It takes blocks of pending jobs through a recovery.Block: marks them
+// running and tracks them before the commit, does each one and commits its
+// outcome, then marks it done; the block's deferred Close gives back what it
+// did not finish (a lost lease, a failed commit). On SIGTERM it finishes its block and shuts down; killed, a peer returns its
 // running jobs to pending within heartbeat TTL + 1.1 × recovery interval +
 // the scan lease. With -exit-when-done it stops once no job is pending or
 // running and prints a verdict on the whole table: every job finished once.
@@ -134,7 +135,16 @@ func run(ctx context.Context, c config, log *slog.Logger) error {
 	rdb := redis.NewClient(opt)
 	defer rdb.Close()
 
-	resetter, err := sqlreset.New(db, resetterOptions...)
+	// The resetter gets a small pool of its own: with the host's
+	// connections held by its transactions, a recovery would wait for one
+	// (docs/integration.md).
+	resetDB, err := openDB(os.Getenv("DATABASE_URL"))
+	if err != nil {
+		return err
+	}
+	defer resetDB.Close()
+	resetDB.SetMaxOpenConns(2)
+	resetter, err := sqlreset.New(resetDB, resetterOptions...)
 	if err != nil {
 		return err
 	}
@@ -222,20 +232,11 @@ type host struct {
 	done int
 }
 
-// errLeaseLost ends the loop when the heartbeat lease is lost mid-block.
-// Without an owner column the rest of the block cannot be given back safely
-// (peers may have recovered it already: Release refuses), so the process
-// stops and leaves the jobs to recovery.
-var errLeaseLost = errors.New("heartbeat lease lost mid-block; leaving the rest of the block to recovery")
-
 func (h *host) loop(ctx context.Context) error {
 	for ctx.Err() == nil {
-		ids, err := h.fetch(ctx)
+		took, err := h.runBlock(ctx)
 		switch {
-		case len(ids) > 0: // fetched is finished, SIGTERM or not
-			if err := h.processBlock(ids); err != nil {
-				return err
-			}
+		case took: // fetched is finished, SIGTERM or not
 			continue
 		case ctx.Err() != nil:
 			return nil
@@ -252,6 +253,30 @@ func (h *host) loop(ctx context.Context) error {
 	return nil
 }
 
+// runBlock takes one block and does it; it reports whether there was one.
+// The deferred Close gives back what the block did not finish: the jobs
+// left after a lost lease, a job whose outcome could not be committed, a
+// fetch whose COMMIT failed. With the reset ledger that is safe in any
+// state, also once peers may have recovered the jobs: a job a recovery
+// already reset is left alone, whoever holds it now.
+func (h *host) runBlock(ctx context.Context) (took bool, err error) {
+	b, err := h.w.Begin() // fails while the lease is lost: the loop waits and retries
+	if err != nil {
+		return false, err
+	}
+	defer func() {
+		if err := b.Close(); err != nil {
+			h.log.Error("giving jobs back failed; they stay tracked", "error", err)
+		}
+	}()
+	ids, err := h.fetch(ctx, b)
+	if err != nil || len(ids) == 0 {
+		return false, err
+	}
+	h.processBlock(b, ids)
+	return true, nil
+}
+
 // fetch marks a block of pending jobs running and tracks it before the
 // commit: a crash after the commit always finds the jobs tracked, and one
 // before leaves them pending.
@@ -261,7 +286,7 @@ func (h *host) loop(ctx context.Context) error {
 // begun with ends, so a SIGTERM between Track and COMMIT would otherwise
 // give a fetched block back instead of finishing it. The loop checks for
 // SIGTERM before each fetch.
-func (h *host) fetch(ctx context.Context) ([]int64, error) {
+func (h *host) fetch(ctx context.Context, b *recovery.Block) ([]int64, error) {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), dbTimeout)
 	defer cancel()
 	tx, err := h.db.BeginTx(ctx, nil)
@@ -294,44 +319,35 @@ func (h *host) fetch(ctx context.Context) ([]int64, error) {
 	// SIGTERM does not interrupt what follows either: a COMMIT cut off
 	// after the server applied it would give the block back instead of
 	// finishing it.
-	if err := h.w.Track(ctx, ids...); err != nil {
+	if err := b.Track(ctx, ids...); err != nil {
 		if errors.Is(err, recovery.ErrLeaseLost) || errors.Is(err, recovery.ErrShutdown) {
 			return nil, fmt.Errorf("track block: %w", err) // the rollback leaves them pending
 		} // otherwise the worker keeps the IDs and its next heartbeat writes them
 		h.log.Warn("tracking the block failed; the next heartbeat retries", "error", err)
 	}
 	if err := tx.Commit(); err != nil {
-		if err := h.w.Release(ctx, ids...); err != nil { // committed or not: give back what is running
-			h.log.Error("giving the block back failed; it stays tracked", "error", err)
-		}
-		return nil, fmt.Errorf("commit block: %w", err)
+		return nil, fmt.Errorf("commit block: %w", err) // committed or not: the block's Close gives back what is running
 	}
 	return ids, nil
 }
 
 // processBlock does every job of the block, even after SIGTERM, and stops
-// only when the lease is lost.
-func (h *host) processBlock(ids []int64) error {
+// only when the lease was lost: the block's Close gives the rest back.
+func (h *host) processBlock(b *recovery.Block, ids []int64) {
 	for i, id := range ids {
-		if err := h.w.CheckLease(); err != nil {
-			h.log.Error(errLeaseLost.Error(), "jobs", len(ids)-i, "error", err)
-			return errLeaseLost
+		if err := b.Check(); err != nil {
+			h.log.Warn("heartbeat lease lost mid-block; giving the rest of the block back", "jobs", len(ids)-i, "error", err)
+			return
 		}
 		output, workErr := work(id, h.c.work)
 		if err := h.complete(id, output, workErr); err != nil {
-			h.log.Error("committing a job failed; giving it back", "job_id", id, "error", err)
-			ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
-			if err := h.w.Release(ctx, id); err != nil {
-				h.log.Error("giving a job back failed; it stays tracked", "job_id", id, "error", err)
-			}
-			cancel()
-			continue // Release untracked it
+			h.log.Error("committing a job failed; the block's Close gives it back", "job_id", id, "error", err)
+			continue
 		}
-		if err := h.w.Untrack(id); err != nil { // its own context, after the commit
+		if err := b.Done(id); err != nil { // its own context, after the commit
 			h.log.Warn("untrack failed; the next heartbeat retries", "job_id", id, "error", err)
 		}
 	}
-	return nil
 }
 
 // work is the job: replace it with yours. It runs outside any

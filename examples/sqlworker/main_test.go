@@ -183,10 +183,10 @@ func TestSIGTERMFinishesTheBlockThenShutsDown(t *testing.T) {
 	assert.NotContains(t, out.String(), "verdict", "no verdict when interrupted")
 }
 
-// TestLosingTheLeaseStopsTheWorkerAndLeavesTheBlockToRecovery: without an
-// owner column the rest of a block cannot be given back once the lease is
-// lost, so the worker stops and leaves it running, tracked, for recovery.
-func TestLosingTheLeaseStopsTheWorkerAndLeavesTheBlockToRecovery(t *testing.T) {
+// TestLosingTheLeaseGivesTheRestOfTheBlockBack: once the lease is lost
+// the block's Close gives the jobs not done back to pending at once,
+// through the reset ledger (safe in any state), even with Redis gone.
+func TestLosingTheLeaseGivesTheRestOfTheBlockBack(t *testing.T) {
 	f := setup(t)
 	srv := testutil.StartRedis(t)
 	t.Setenv("REDIS_URL", "redis://"+srv.Addr)
@@ -195,26 +195,31 @@ func TestLosingTheLeaseStopsTheWorkerAndLeavesTheBlockToRecovery(t *testing.T) {
 	cfg := config{block: 20, work: 100 * time.Millisecond, poll: 50 * time.Millisecond, shutdown: 500 * time.Millisecond,
 		ttl: time.Second, heartbeat: 250 * time.Millisecond, recoveryInterval: 500 * time.Millisecond,
 		instanceID: "sw-lease", prefix: f.prefix, migrate: true, seed: 20}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
 	errc := make(chan error, 1)
-	go func() { errc <- run(context.Background(), cfg, log) }()
+	go func() { errc <- run(ctx, cfg, log) }()
 
 	require.Eventually(t, func() bool {
 		return f.db.QueryRow(`SELECT 1 FROM batch.results LIMIT 1`).Scan(new(int)) == nil
 	}, 15*time.Second, 5*time.Millisecond)
 	srv.Kill() // no more heartbeats: the lease ends 0.9s after the last one
-	var err error
-	select {
-	case err = <-errc:
-	case <-time.After(15 * time.Second):
-		t.Fatal("the worker did not stop after losing its lease")
-	}
-	require.ErrorIs(t, err, errLeaseLost)
-	assert.Contains(t, err.Error(), "shut down crash recovery", "Shutdown cannot reach Redis either")
-	assert.Equal(t, 1, logs.Count("heartbeat lease lost mid-block"))
-
+	require.Eventually(t, func() bool { return logs.Count("released rows") == 1 }, 15*time.Second, 10*time.Millisecond,
+		"the block's Close gave the rest back")
+	assert.Equal(t, 1, logs.Count("heartbeat lease lost mid-block; giving the rest of the block back"))
 	finished := f.count(t, `SELECT count(*) FROM batch.jobs WHERE state = 'finished'`)
 	assert.Less(t, finished, 20, "it stopped processing once the lease was lost")
-	assert.Equal(t, 20-finished, f.count(t, `SELECT count(*) FROM batch.jobs WHERE state = 'running'`), "the rest is left running, for recovery")
+	assert.Equal(t, 20-finished, f.count(t, `SELECT count(*) FROM batch.jobs WHERE state = 'pending'`), "the rest is pending again")
+	assert.Zero(t, f.count(t, `SELECT count(*) FROM batch.jobs WHERE state = 'running'`))
+
+	cancel()
+	select {
+	case err := <-errc:
+		require.Error(t, err)
+		assert.Contains(t, err.Error(), "shut down crash recovery", "Shutdown cannot reach Redis")
+	case <-time.After(15 * time.Second):
+		t.Fatal("the worker did not stop")
+	}
 }
 
 // TestConnectionsEndIdleTransactions: the program's connections carry an

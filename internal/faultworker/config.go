@@ -28,6 +28,17 @@ const (
 	guardNone = "none"
 )
 
+// Host loops (-host): the calls the host makes.
+const (
+	// hostProtocol calls Track, CheckLease, Untrack and Release itself.
+	hostProtocol = "protocol"
+	// hostForgetful is hostProtocol abandoning a block on a lost lease
+	// without Release (issue 32's report).
+	hostForgetful = "forgetful"
+	// hostBlock uses the Block handle: Begin, defer Close, Track, Check, Done.
+	hostBlock = "block"
+)
+
 // config is everything the worker can be told. Connection strings come
 // from the environment only (REDIS_URL, REDIS_CLUSTER_ADDRS, or
 // REDIS_SENTINEL_ADDRS with REDIS_SENTINEL_MASTER; and DATABASE_URL), so
@@ -89,6 +100,12 @@ type config struct {
 	dieAfterCommit bool
 	resetterInprog string
 	noBackstop     bool // WithBackstopSweep(false): the sweep's "before" figures
+	// host is the host loop (hostProtocol, hostForgetful, hostBlock);
+	// with hostBlock, fetchers goroutines fetch at once, every panicEvery-th
+	// row panics and every failFetchEvery-th fetch fails before its COMMIT.
+	host                                 string
+	fetchers, panicEvery, failFetchEvery int
+	panicCrash                           bool // -panic-every's panic crashes the process
 
 	logLevel slog.Level
 }
@@ -127,6 +144,11 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.StringVar(&c.track, "track", "before", "when the host calls Track: before the fetch's COMMIT (the design), after it, or never")
 	fs.BoolVar(&c.dieAfterCommit, "die-after-commit", false, "SIGKILL this process right after its first fetch commits, before a Track that comes after it (with -track after)")
 	fs.StringVar(&c.resetterInprog, "resetter-inprog", "", "the in-progress status the resetter is told (default 'inprog'; a misspelt one for issue 21)")
+	fs.StringVar(&c.host, "host", hostProtocol, "the host loop: protocol (Track, CheckLease, Untrack, Release), forgetful (the same, abandoning a block on a lost lease without Release), or block (the Block handle)")
+	fs.IntVar(&c.fetchers, "fetchers", 1, "with -host block: goroutines fetching and processing blocks at once")
+	fs.IntVar(&c.panicEvery, "panic-every", 0, "with -host block: every Nth row's processing panics, recovered by the host's own recover (0: never)")
+	fs.BoolVar(&c.panicCrash, "panic-crash", false, "with -panic-every: the panic is not recovered and crashes the process, after the block's deferred Close")
+	fs.IntVar(&c.failFetchEvery, "fail-fetch-every", 0, "with -host block: every Nth fetch fails between its UPDATE and its COMMIT, and rolls back (0: never)")
 	fs.BoolVar(&c.noBackstop, "no-backstop", false, "WithBackstopSweep(false): no sweep without an owner column")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
@@ -163,6 +185,14 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	case guardOwner, guardStatus, guardNone:
 	default:
 		problems = append(problems, fmt.Sprintf("-guard %q must be owner, status or none", c.guard))
+	}
+	switch c.host {
+	case hostProtocol, hostForgetful, hostBlock:
+	default:
+		problems = append(problems, fmt.Sprintf("-host %q must be protocol, forgetful or block", c.host))
+	}
+	if c.fetchers < 1 || c.panicEvery < 0 || c.failFetchEvery < 0 {
+		problems = append(problems, "-fetchers must be at least 1, -panic-every and -fail-fetch-every at least 0")
 	}
 	switch c.track {
 	case "before", "after", "never":

@@ -8,6 +8,7 @@ import (
 	"os"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -32,8 +33,8 @@ type host struct {
 	completeSQL string
 	guardOwner  bool // completeSQL takes the owner as $2
 
-	// Counters for the last log line; used by the loop's goroutine only.
-	done, discarded, released, abandoned int
+	// Counters for the last log line (several fetchers with -host block).
+	done, discarded, released, abandoned atomic.Int64
 
 	stallOnce sync.Once // -stall-completion fires once
 }
@@ -78,6 +79,10 @@ RETURNING r.rowid`, table)
 func (h *host) loop(ctx context.Context) {
 	if h.cfg.recoverOnly {
 		<-ctx.Done()
+		return
+	}
+	if h.cfg.host == hostBlock {
+		h.blockLoop(ctx)
 		return
 	}
 	failing := ""
@@ -192,6 +197,11 @@ func (h *host) commitThenTrack(ctx context.Context, tx pgx.Tx, ids []int64) ([]i
 func (h *host) processBlock(ids []int64) {
 	for i, id := range ids {
 		if err := h.w.CheckLease(); err != nil {
+			if h.cfg.host == hostForgetful {
+				h.log.Warn("heartbeat lease lost mid-block; abandoning the rest of the block without Release",
+					"rows", len(ids)-i, "error", err)
+				return
+			}
 			h.log.Warn("heartbeat lease lost mid-block; handing the rest of the block back",
 				"rows", len(ids)-i, "error", err)
 			h.giveBack(ids[i:])
@@ -200,19 +210,20 @@ func (h *host) processBlock(ids []int64) {
 		if h.cfg.work > 0 {
 			time.Sleep(h.cfg.work) // the work of the row
 		}
-		h.finishRow(id)
+		h.finishRow(id, h.owner, h.w.Untrack)
 	}
 }
 
 // finishRow commits the row's outcome, retrying while the database fails
-// (the row stays tracked meanwhile), then untracks it.
-func (h *host) finishRow(id int64) {
+// (the row stays tracked meanwhile), then untracks it (Worker.Untrack, or
+// Block.Done).
+func (h *host) finishRow(id int64, owner string, untrack func(...int64) error) {
 	deadline := time.Now().Add(h.cfg.rowTimeout)
 	backoff := 50 * time.Millisecond
 	var owned bool
 	for attempt := 1; ; attempt++ {
 		var err error
-		owned, err = h.complete(id)
+		owned, err = h.complete(id, owner)
 		if err == nil {
 			if attempt > 1 {
 				h.log.Info("committing the row worked again", "row_id", id, "attempts", attempt)
@@ -224,7 +235,7 @@ func (h *host) finishRow(id int64) {
 		}
 		if time.Now().Add(backoff).After(deadline) {
 			// Left tracked: should this worker die, a peer recovers it.
-			h.abandoned++
+			h.abandoned.Add(1)
 			h.log.Error("giving up on a row; it stays tracked", "row_id", id, "error", err)
 			return
 		}
@@ -232,23 +243,23 @@ func (h *host) finishRow(id int64) {
 		backoff = min(2*backoff, time.Second)
 	}
 	if owned {
-		h.done++
+		h.done.Add(1)
 	} else {
 		// Recovered while this worker was presumed dead: the result is
 		// discarded, and recorded as such for the suite.
-		h.discarded++
+		h.discarded.Add(1)
 		h.log.Warn("row is no longer this worker's; result discarded", "row_id", id)
 		h.record(id, "discarded")
 	}
-	if err := h.w.Untrack(id); err != nil {
+	if err := untrack(id); err != nil {
 		h.log.Warn("untrack failed; the next heartbeat removes the row", "row_id", id, "error", err)
 	}
 }
 
-// complete marks row id done under the guard and writes the ledger in the
+// complete marks row id done, fetched under owner, under the guard and writes the ledger in the
 // same transaction. owned is false, and nothing is committed, when the
 // guard rejects the row.
-func (h *host) complete(id int64) (owned bool, err error) {
+func (h *host) complete(id int64, owner string) (owned bool, err error) {
 	ctx, cancel := context.WithTimeout(context.Background(), dbTimeout)
 	defer cancel()
 	tx, err := h.pool.Begin(ctx)
@@ -258,7 +269,7 @@ func (h *host) complete(id int64) (owned bool, err error) {
 	defer rollback(tx)
 	args := []any{id}
 	if h.guardOwner {
-		args = append(args, h.owner)
+		args = append(args, owner)
 	}
 	tag, err := tx.Exec(ctx, h.completeSQL, args...)
 	if err != nil {
@@ -310,14 +321,14 @@ func (h *host) giveBack(ids []int64) {
 		err := h.w.Release(ctx, ids...)
 		cancel()
 		if err == nil {
-			h.released += len(ids)
+			h.released.Add(int64(len(ids)))
 			return
 		}
 		if attempt == 1 {
 			h.log.Warn("handing rows back failed; retrying", "rows", len(ids), "error", err)
 		}
 		if time.Now().Add(backoff).After(deadline) {
-			h.abandoned += len(ids)
+			h.abandoned.Add(int64(len(ids)))
 			h.log.Error("giving up handing rows back; they stay tracked", "rows", len(ids), "error", err)
 			return
 		}

@@ -12,6 +12,11 @@
 //     as (rowid, instance, 'discarded') instead. Then Untrack.
 //   - Before each row, CheckLease: with the lease lost, the rest of the
 //     block is handed back with Release.
+//   - -host forgetful abandons the block there without Release; -host
+//     block takes each block through a recovery.Block (Begin, a deferred
+//     Close, Track, Check, Done) on -fetchers goroutines, with faults in
+//     the host: -panic-every (recovered, or crashing with -panic-crash) and
+//     -fail-fetch-every (an error between the fetch's UPDATE and COMMIT).
 //   - SIGTERM or Ctrl-C cancels the processing context; the worker
 //     finishes its block and calls Shutdown, as the design says.
 //   - SIGUSR1 runs one recovery scan now (RecoverNow), so the suite can

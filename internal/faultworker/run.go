@@ -81,8 +81,8 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 	if err := w.Shutdown(shutdownCtx); err != nil {
 		return redact.Error(fmt.Errorf("shut down crash recovery: %w", err), cfg.redisURL, cfg.databaseURL, cfg.resetDatabaseURL)
 	}
-	log.Info("faultworker stopped", "rows_done", h.done, "rows_discarded", h.discarded,
-		"rows_released", h.released, "rows_abandoned", h.abandoned)
+	log.Info("faultworker stopped", "rows_done", h.done.Load(), "rows_discarded", h.discarded.Load(),
+		"rows_released", h.released.Load(), "rows_abandoned", h.abandoned.Load())
 	return nil
 }
 

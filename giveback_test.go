@@ -1,0 +1,147 @@
+package recovery
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/jackc/pgx/v5/pgxpool"
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
+	"github.com/stretchr/testify/require"
+
+	"github.com/alya/recovery/internal/testutil"
+	"github.com/alya/recovery/postgres/pgxreset"
+)
+
+// A host that abandons its block on a lost lease and never calls Release
+// (the forgetful host of issue 32's report) does not leave its worker idle:
+// in owner mode the worker gives the ended life's rows back itself half a
+// heartbeat interval after the regain, takes rows again within one
+// interval, and a late completion under the ended life is refused.
+// (Reverted, the heartbeat not waking the give-back: the lease stayed lost
+// and Track refused for good.)
+func TestOwnerModeWorkerGivesBackTheRowsItsHostLeftAtALostLease(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBO")
+	ctx := context.Background()
+	w, fr, logs := frozenWorker(t, rdb, fencedResetter(t, db), "w", lifeTimings(prefix)...)
+	old := w.OwnerValue()
+	take(t, db, old, 1, 2)
+	require.NoError(t, w.TrackAs(ctx, old, 1, 2))
+
+	loseLease(t, rdb, w, fr) // the host abandons the block here, without Release
+	fr.thaw()
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
+	regained := time.Now()
+	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"the rows of the ended life given back by the worker")
+	assert.Less(t, time.Since(regained), w.opts.heartbeatInterval, "rows taken again within a heartbeat interval of the regain")
+	assertRequeued(t, db, 1, 2)
+	assert.False(t, complete(t, db, old, 1), "a late completion under the ended life is refused")
+	assert.Equal(t, 1, logs.Count("the host did not release them"))
+
+	take(t, db, w.OwnerValue(), 3)
+	require.NoError(t, w.TrackAs(ctx, w.OwnerValue(), 3))
+	assert.Equal(t, 1, w.Stats().TrackedRows)
+}
+
+// In rows-set mode (the reset ledger, no owner column) the worker gives the
+// rows held at the loss back itself once the host has moved on (a Track of
+// new rows) and the hold after the regain has ended; until then Track's
+// error names the rows and the call that gives them back. (Reverted, the
+// heartbeat not waking the give-back: the lease stayed lost and Track
+// refused for good.)
+func TestRowsSetWorkerGivesBackTheRowsItsHostLeftWhenTheHoldEnds(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBR")
+	ctx := context.Background()
+	w, fr, logs := rowsSetWorker(t, rdb, db, prefix)
+	take(t, db, "w", 1, 2)
+	require.NoError(t, w.Track(ctx, 1, 2))
+	var err error
+
+	regained := loseRowsSetLease(t, rdb, prefix, w, fr, logs)
+	err = w.Track(ctx, 3)
+	require.ErrorIs(t, err, ErrLeaseLost, "held after the regain")
+	assert.Contains(t, err.Error(), "rows 1, 2")
+	assert.Contains(t, err.Error(), "Release them")
+
+	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"the rows held at the loss given back by the worker")
+	assert.GreaterOrEqual(t, time.Since(regained), w.fleet.claimTTL()-w.opts.heartbeatInterval, "not before the hold ends")
+	assert.Less(t, time.Since(regained), w.fleet.claimTTL()+w.opts.heartbeatInterval, "when the hold ends")
+	for _, id := range []int64{1, 2} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "queued", s, "row %d", id)
+	}
+	take(t, db, "w", 3)
+	require.NoError(t, w.Track(ctx, 3))
+	assert.Equal(t, 1, w.Stats().TrackedRows)
+}
+
+// rowsSetWorker starts a rows-set worker "w" without an owner column (the
+// reset ledger) whose Redis calls a freezer can stop.
+func rowsSetWorker(t *testing.T, rdb *redis.Client, db *pgxpool.Pool, prefix string) (*Worker, *freezer, *testutil.LogBuffer) {
+	t.Helper()
+	r, err := pgxreset.New(db)
+	require.NoError(t, err)
+	wc := redis.NewClient(rdb.Options())
+	t.Cleanup(func() { _ = wc.Close() })
+	fr := &freezer{}
+	wc.AddHook(fr)
+	w, logs := startWorker(t, wc, r, "w", lifeTimings(prefix)...)
+	require.False(t, w.Stats().OwnerMode)
+	return w, fr, logs
+}
+
+// loseRowsSetLease freezes w until its heartbeat is gone, thaws it and
+// returns when the regain was seen.
+func loseRowsSetLease(t *testing.T, rdb *redis.Client, prefix string, w *Worker, fr *freezer, logs *testutil.LogBuffer) time.Time {
+	t.Helper()
+	fr.freeze()
+	waitHeartbeatGone(t, rdb, prefix, "w")
+	fr.thaw()
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 1 })
+	return time.Now()
+}
+
+// In rows-set mode a host still in its old block (one long row past the
+// hold, no Track since) keeps its rows and the lease stays lost: given back,
+// the host's next CheckLease would say nil and it would go on with a row
+// no longer its own (the simulator, seed 721). Its next Track says it moved
+// on, and the worker gives them back. (Reverted to a give-back at the end
+// of the hold alone: the lease was valid again without any Track.)
+func TestRowsSetWorkerKeepsTheRowsOfAHostStillInItsOldBlock(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBS")
+	ctx := context.Background()
+	w, fr, logs := rowsSetWorker(t, rdb, db, prefix)
+	take(t, db, "w", 1, 2)
+	require.NoError(t, w.Track(ctx, 1, 2))
+	regained := loseRowsSetLease(t, rdb, prefix, w, fr, logs)
+
+	past := w.fleet.claimTTL() + 2*w.opts.heartbeatInterval
+	waitTurns(t, &signals(w).beat, 2*past, func() bool { return time.Since(regained) > past }, // poll: the clock ends the hold
+		"the hold over, and two heartbeats more")
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "the host may still be in rows 1 and 2")
+	assert.Zero(t, logs.Count("the host did not release them"))
+
+	require.ErrorIs(t, w.Track(ctx, 3), ErrLeaseLost) // a new fetch: the host moved on
+	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"given back once the host fetched again")
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "queued", s)
+}
+
+// The give-back loop runs only where a lost lease is sticky (here owner
+// fencing), and Shutdown stops it with the others.
+func TestShutdownStopsTheGiveBackLoop(t *testing.T) {
+	_, rdb := newMini(t)
+	w, _ := startWorker(t, rdb, &fakeResetter{fenced: true}, "w1", WithTimings(Timings{RecoveryInterval: 50 * time.Millisecond}))
+	waitTurns(t, &signals(w).scan, 5*time.Second, func() bool { return w.Stats().Scans >= 3 },
+		"the loops are running: the recovery loop has scanned a few times")
+	require.Equal(t, 4, workerGoroutines(), "two loops, the give-back and their waiter")
+	require.NoError(t, w.Shutdown(context.Background()))
+	assert.Zero(t, workerGoroutines(), "no goroutine outlives Shutdown")
+}
