@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/alya/recovery/internal/report"
+	"github.com/alya/recovery/internal/store"
 )
 
 // recoveryLog logs what recovery does, once per outage: a scan that keeps
@@ -15,7 +16,8 @@ import (
 // recoverer, the sweeper and the dead-peer path share it; it writes to
 // log.
 func newRecoveryLog(log *slog.Logger) *recoveryLog {
-	return &recoveryLog{log: log, failing: make(map[string]string), invalid: make(map[string]bool)}
+	return &recoveryLog{log: log, failing: make(map[string]string), invalid: make(map[string]bool),
+		strangers: make(map[string]string)}
 }
 
 type recoveryLog struct {
@@ -26,6 +28,7 @@ type recoveryLog struct {
 	sweepYields  bool              // the sweep by row version leaves the turn to owner-mode members
 	failing      map[string]string // peers whose recovery failed last time: the kind of failure
 	invalid      map[string]bool   // registry members already reported
+	strangers    map[string]string // turn: the stranger last logged taking it over
 }
 
 // scanned logs a scan of the recovery loop; the dead-peer path logged each
@@ -214,6 +217,22 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),
 		slog.Bool("redis_too_young", rep.nodeHeld),
 		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
+}
+
+// turnFromStranger logs a turn this worker took from a key no live worker
+// held (t.Stranger says why), at Error: left alone, it would have stopped
+// that turn fleet-wide. Logged once per stranger: one that keeps writing
+// the same is not logged at every take.
+func (l *recoveryLog) turnFromStranger(turn, key string, t store.TurnTake) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := t.Stranger + "\x00" + t.Was
+	if l.strangers[turn] == seen {
+		return
+	}
+	l.strangers[turn] = seen
+	l.log.Error("took a turn from a key no live worker held: something other than a worker wrote it (a stray write, a tool, another application under the same prefix); left alone it would have stopped that turn fleet-wide",
+		slog.String("turn", turn), slog.String("key", key), slog.String("reason", t.Stranger), slog.String("found", clip(t.Was)))
 }
 
 // invalidOwner logs an owner of rows in progress that the sweep cannot use

@@ -72,6 +72,12 @@ type Stats struct {
 	// RegistryWrongType counts registry commands Redis refused with
 	// WRONGTYPE.
 	RegistryWrongType uint64
+	// TurnsFromStrangers counts the scan and sweep turns this worker took
+	// from a key no live worker held: another type than a string, a string
+	// without a TTL, or a value no worker writes (a stranger's write). Each
+	// would have stopped that turn fleet-wide; the first of each is logged
+	// at Error.
+	TurnsFromStrangers uint64
 	// EventsDropped counts events the observer did not receive.
 	EventsDropped uint64
 	// HistoryDropped counts entries of the fleet's history (WithHistory)
@@ -89,6 +95,7 @@ type counters struct {
 	misconfigured                              atomic.Uint64
 	strayRowsReset, untrackedRows              atomic.Uint64
 	registryWrongType                          atomic.Uint64
+	turnsFromStrangers                         atomic.Uint64
 	registryBroken                             atomic.Bool
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
 	lastRowsStuck, maxRowsStuck                atomic.Int64 // nanoseconds
@@ -137,6 +144,7 @@ func (w *Worker) Stats() Stats {
 		RegistryWrongType: w.stats.registryWrongType.Load(),
 		EventsDropped:     w.events.dropped.Load(),
 	}
+	s.TurnsFromStrangers = w.stats.turnsFromStrangers.Load()
 	if h := w.events.hist; h != nil {
 		s.HistoryDropped = h.dropped.Load()
 	}

@@ -9,7 +9,11 @@
 // the caller itself took, nor "claim lost" for a recovery it finished.
 package store
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // ClaimResult is what ClaimDead found.
 type ClaimResult int
@@ -181,7 +185,9 @@ return 0
 
 // turnScript takes a fleet-wide turn (the scan or the sweep turn), or extends it if the caller holds it
 // already: the holder keeps the lease for as long as it renews it, and a
-// retry after a lost reply finds the caller holding it.
+// retry after a lost reply finds the caller holding it. Workers before
+// takeTurnScript ran it; it stays for the tests that run old and new
+// workers' scripts together.
 //
 //	KEYS[1] lease key
 //	ARGV[1] holder token, ARGV[2] TTL in milliseconds
@@ -196,6 +202,51 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
 return 0
+`)
+
+// takeTurnScript is turnScript that also takes the turn from a stranger:
+// a key of another type than a string, a string without a TTL (every
+// worker, old or new, writes the turn with PX), or the value ARGV[3] the
+// caller found to be no live worker's (TakeScanTurn and TakeSweepTurn
+// judge it between two runs; the value must be unchanged since). A live
+// worker's value always has a TTL and is never ARGV[3], so the script
+// never takes the turn from one: two live workers never both hold it, and
+// workers that run turnScript keep their turns.
+//
+//	KEYS[1] lease key
+//	ARGV[1] holder token, ARGV[2] TTL in milliseconds, ARGV[3] the value
+//	found to be no worker's ("" for none)
+//
+// Returns {1, why, was} when the caller holds the lease, {0, "", holder}
+// otherwise; why is "" for an ordinary take or renewal, else "type" (was:
+// the key's type), "nottl" or "stranger" (was: the value, clipped to
+// turnValueClip bytes). The holder is clipped the same way.
+var takeTurnScript = redis.NewScript(`
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'string' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 'type', t}
+end
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, '', ''}
+end
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, '', ''}
+end
+local was = string.sub(v, 1, ` + strconv.Itoa(turnValueClip) + `)
+if redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 'nottl', was}
+end
+if ARGV[3] ~= '' and was == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 'stranger', was}
+end
+return {0, '', was}
 `)
 
 // beatScript writes one heartbeat of an instance on the instance's own slot: if
@@ -277,13 +328,13 @@ return 0
 `)
 
 // Script returns a protocol script by name ("claim", "finish", "fail",
-// "drop", "keep", "turn", "beat", "leave", "deregister", "fleet" or
+// "drop", "keep", "turn", "take-turn", "beat", "leave", "deregister", "fleet" or
 // "record-fleet"; nil for another), for tests that must
 // recognise one on the wire by its hash.
 func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "fail": failScript, "drop": dropScript, "keep": keepScript,
-		"turn": turnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
+		"turn": turnScript, "take-turn": takeTurnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
 		"fleet": fleetBeatScript, "record-fleet": recordFleetScript,
 	}[name]
 }
