@@ -98,6 +98,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		kind = "lost"
+	case errors.Is(err, ErrRowsRefused):
+		kind = "refused"
 	case errors.Is(err, ErrRowsLocked):
 		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
@@ -114,6 +116,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		l.log.Error("rows set of dead peer vanished after its recovery failed: rows it held may stay in progress until the backstop sweep recovers them",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrRowsRefused):
+		l.log.Error("recovery of dead peer left rows the database refused to change (a BEFORE UPDATE trigger returning NULL, a rule, a constraint, a trigger raising an error); it is retried at every scan, and fails until the trigger, rule or constraint lets the reset through",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsLocked):
 		l.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
@@ -156,6 +161,9 @@ func (l *recoveryLog) recovered(pr report.PeerRecovery, source string, stuck tim
 	}
 	if stuck > 0 {
 		attrs = append(attrs, slog.Duration("rows_stuck", stuck))
+	}
+	if len(pr.Gone) > 0 {
+		attrs = append(attrs, slog.Int("rows_gone", len(pr.Gone)), slog.Int64("first_gone", pr.Gone[0]))
 	}
 	if len(pr.InvalidMembers) > 0 {
 		attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),
@@ -211,7 +219,8 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		l.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
 			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
 			slog.Int("rows_quarantined", rep.strayQuarantined), slog.Int("rows_locked", rep.strayLocked),
-			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked))
+			slog.Int("rows_refused", rep.strayRefused),
+			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked-rep.strayRefused))
 	}
 	l.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),

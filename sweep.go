@@ -80,6 +80,9 @@ type sweepReport struct {
 	// them locked; they are due again at the next look.
 	strayLocked int
 	strayReset  int64
+	// strayRefused of them the database refused to change (a BEFORE
+	// UPDATE trigger returned NULL); they are tried again a gap later.
+	strayRefused int
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64

@@ -21,4 +21,5 @@ var (
 	ErrSchema        = contract.ErrSchema
 	ErrReadOnly      = contract.ErrReadOnly
 	ErrRowsLocked    = contract.ErrRowsLocked
+	ErrRowsRefused   = contract.ErrRowsRefused
 )

@@ -61,6 +61,9 @@ type PeerRecovery struct {
 	// the next scan. Locked rows are not counted in Stats.RowsNotReset
 	// nor in the rows_not_reset event: they are no misconfiguration.
 	NotReset []contract.RowState
+	// Gone lists rows of its rows set that no longer exist in the table
+	// (deleted since they were taken; ResetResult.Gone): nothing to reset.
+	Gone []int64
 	// PeerCameBack is set when the peer's heartbeat reappeared during the
 	// recovery: its rows set was left as the peer keeps it, and it stays
 	// registered.
