@@ -101,3 +101,36 @@ func TestRecoveryReportsARowLockedAloneAsLocked(t *testing.T) {
 	assert.Empty(t, rep.Failed[0].Gone)
 	assert.EqualValues(t, 0, w.Stats().RowsRefused)
 }
+
+// TestResetRefusedByAConstraintOrARaisingTriggerSaysSo: on real
+// PostgreSQL, a reset whose UPDATE breaks a CHECK constraint, or meets a
+// trigger that raises an error, fails whole with an error wrapping
+// ErrRowsRefused that names the cause, logged at Error as a refusal; the
+// rows stay in progress and the peer registered.
+func TestResetRefusedByAConstraintOrARaisingTriggerSaysSo(t *testing.T) {
+	for _, c := range []struct{ name, ddl, says string }{
+		{"check constraint", `ALTER TABLE batchrows ADD CONSTRAINT never_queued_two CHECK (rowid <> 2 OR status <> 'queued')`,
+			"broke a constraint"},
+		{"raising trigger", `CREATE FUNCTION raise_two() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF OLD.rowid = 2 THEN RAISE EXCEPTION 'row 2 stays'; END IF; RETURN NEW; END $$;
+CREATE TRIGGER raise_two BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION raise_two()`, "a trigger"},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := testutil.Redis(t)
+			db := testutil.Postgres(t)
+			ctx := context.Background()
+			prefix := testutil.DeadPeer(t, rdb, db, "dead", 3)
+			_, err := db.Exec(ctx, c.ddl)
+			require.NoError(t, err)
+			w, logs := newWorker(t, rdb, fencedResetter(t, db), "rec", WithKeyPrefix(prefix), WithRowsSets())
+			_, err = w.recoverNow(ctx)
+			require.ErrorIs(t, err, ErrRowsRefused)
+			assert.NotErrorIs(t, err, ErrRowsLocked)
+			assert.Contains(t, err.Error(), c.says)
+			assert.Equal(t, map[int64]string{1: "inprog", 2: "inprog", 3: "inprog"}, statuses(t, db))
+			assert.True(t, registered(t, rdb, prefix, "dead"))
+			w.peers.rlog.peerFailed("dead", err)
+			assert.Contains(t, logs.String(), `"level":"ERROR","msg":"recovery of dead peer left rows the database refused to change`)
+		})
+	}
+}
