@@ -50,3 +50,38 @@ func TestScanTurnHeldByAStrangerIsTakenAndLoggedOnce(t *testing.T) {
 	assert.Equal(t, 2, logs.Count(msg), "another stranger is logged")
 	assert.Contains(t, logs.String(), `"reason":"wrong type","found":"hash"`)
 }
+
+// TestStrangersOverSharedKeysDoNotStopRecovery: on a real redis-server, a
+// string without a TTL written by a stranger over the fleet record, the
+// history stream, the untracked-rows hash or a dead peer's claim does not
+// stop recovery: the dead peer's rows are reset. The fleet record and the
+// history say so at Warn; the claim is taken over as no claim.
+func TestStrangersOverSharedKeysDoNotStopRecovery(t *testing.T) {
+	for _, c := range []struct{ key, says string }{
+		{store.FleetKey(defaultKeyPrefix), "cannot write the fleet record"},
+		{store.HistoryKey(defaultKeyPrefix), "fleet history not appended"},
+		{store.UntrackedKey(defaultKeyPrefix), ""},
+		{keysOf("deadA").Claim, ""},
+	} {
+		t.Run(c.key, func(t *testing.T) {
+			rdb := testutil.Redis(t)
+			ctx := context.Background()
+			r := &fakeResetter{}
+			w, logs := startWorker(t, rdb, r, "w1", WithHistory(100))
+			require.NoError(t, rdb.Del(ctx, c.key).Err())
+			require.NoError(t, rdb.Set(ctx, c.key, "stray", 0).Err())
+			plantDeadPeer(t, rdb, defaultKeyPrefix, "deadA", "1", "2")
+			waitTurns(t, &signals(w).scan, 8*time.Second, func() bool { return len(r.resetOf("deadA")) == 2 },
+				"the dead peer recovered although a stranger wrote "+c.key)
+			switch c.key {
+			case store.FleetKey(defaultKeyPrefix):
+				waitBeat(t, w) // the fleet record is written with the heartbeat
+			case store.HistoryKey(defaultKeyPrefix):
+				signals(w).history.WaitFor(t, func(err error) bool { return err != nil })
+			}
+			if c.says != "" {
+				assert.Contains(t, logs.String(), `"level":"WARN","msg":"`+c.says)
+			}
+		})
+	}
+}

@@ -55,6 +55,9 @@ const (
 // retry by the same caller (same token) finds its own claim and answers as
 // the first call did. The note a failed recovery left (FailedClaim) is
 // taken over; if the peer's record is gone despite it, the answer says so.
+// A claim key no worker wrote (another type, or a string without a TTL:
+// every claim, note and tombstone is written with PX) is a stranger's and
+// counts as no claim, so it never blocks the peer's recovery for good.
 //
 //	KEYS[1] heartbeat, KEYS[2] claim, KEYS[3] rows set, KEYS[4] incarnation
 //	ARGV[1] claim token, ARGV[2] claim TTL ms, ARGV[3] rows TTL ms
@@ -62,7 +65,14 @@ var claimScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t ~= 'string' and t ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
 local held = redis.call('GET', KEYS[2])
+if held and redis.call('PTTL', KEYS[2]) < 0 then
+  held = false
+end
 local failed = false
 if held == ARGV[1] or held == 'lost:' .. ARGV[1] then
   -- a retry of our own call
