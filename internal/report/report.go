@@ -57,7 +57,8 @@ type PeerRecovery struct {
 	// (see recovery.ResetResult.NotReset). The peer's rows set and
 	// registry entry were kept, and the recovery returned an error
 	// wrapping recovery.ErrRowsNotReset (and recovery.ErrRowsLocked when
-	// every one was locked by another session), so it is tried again by
+	// every one was locked by another session, recovery.ErrRowsRefused
+	// when the database refused some: RowState.Refused), so it is tried again by
 	// the next scan. Locked rows are not counted in Stats.RowsNotReset
 	// nor in the rows_not_reset event: they are no misconfiguration.
 	NotReset []contract.RowState
