@@ -114,15 +114,19 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 	// Rows left because another session held them locked are not a
 	// misconfiguration: the failed recovery (an error wrapping
 	// ErrRowsLocked) reports them, and the next scan retries them.
-	if n := len(pr.NotReset) - lockedRows(pr.NotReset); n > 0 {
+	locked, refused := lockedRows(pr.NotReset), refusedRows(pr.NotReset)
+	p.stats.rowsLocked.Add(uint64(locked))
+	p.stats.rowsRefused.Add(uint64(refused))
+	if n := len(pr.NotReset) - locked; n > 0 {
 		p.stats.rowsNotReset.Add(uint64(n))
 		p.events.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
-			RowsReset: pr.RowsReset, RowsNotReset: n, Err: err})
+			RowsReset: pr.RowsReset, RowsNotReset: n, RowsLocked: locked, RowsRefused: refused, Err: err})
 	}
 	switch {
 	case err != nil:
 		if p.stats.countFailure(ctx) {
-			p.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err})
+			p.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err,
+				RowsLocked: locked, RowsRefused: refused})
 			p.rlog.peerFailed(peer, err)
 		}
 	case claimed:
@@ -479,7 +483,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		// it too: one more "of <peer>" would repeat it.
 		return fmt.Errorf("reset %d rows: %w", len(ids), err)
 	}
-	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset = res.Changed, res.Quarantined, res.NotReset
+	r.rep.RowsReset, r.rep.Quarantined, r.rep.NotReset, r.rep.Gone = res.Changed, res.Quarantined, res.NotReset, res.Gone
 	r.changed = append(r.changed, res.ChangedIDs...)
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
@@ -495,9 +499,22 @@ func notResetError(peer string, found int, notReset []RowState, fenced bool) err
 	if len(notReset) == 0 {
 		return nil
 	}
-	if locked := lockedRows(notReset); locked == len(notReset) {
+	locked, refused := lockedRows(notReset), refusedRows(notReset)
+	if locked == len(notReset) {
 		return fmt.Errorf("%w: %w: %d of %d rows of %s (first: row %d) are held by a transaction still open (retried at every scan; idle_in_transaction_session_timeout ends such a session)",
 			ErrRowsNotReset, ErrRowsLocked, locked, found, peer, notReset[0].ID)
+	}
+	if refused > 0 {
+		first := notReset[slices.IndexFunc(notReset, func(s RowState) bool { return s.Refused })]
+		also, lockErr := "", error(nil)
+		if locked > 0 {
+			also, lockErr = fmt.Sprintf("; %d more held by a transaction still open", locked), ErrRowsLocked
+		}
+		if other := len(notReset) - locked - refused; other > 0 {
+			also += fmt.Sprintf("; %d more neither reset nor settled", other)
+		}
+		return errors.Join(fmt.Errorf("%w: %w: %d of %d rows of %s (first: row %d) were refused by the database: a BEFORE UPDATE trigger returned NULL for them (retried at every scan; fix the trigger)%s",
+			ErrRowsNotReset, ErrRowsRefused, refused, found, peer, first.ID, also), lockErr)
 	}
 	first := notReset[slices.IndexFunc(notReset, func(s RowState) bool { return !s.Locked })]
 	return fmt.Errorf("%w: %d of %d rows of %s (first: row %d has status %q)%s",
@@ -527,9 +544,20 @@ func noOwnerHint(rows []RowState, fenced bool) string {
 // lockedRows counts the rows among notReset left because another session
 // held them locked.
 func lockedRows(notReset []RowState) int {
+	return rowsThat(notReset, func(s RowState) bool { return s.Locked })
+}
+
+// refusedRows counts the rows among notReset the database refused to
+// change (RowState.Refused).
+func refusedRows(notReset []RowState) int {
+	return rowsThat(notReset, func(s RowState) bool { return s.Refused })
+}
+
+// rowsThat counts the rows of rows for which is holds.
+func rowsThat(rows []RowState, is func(RowState) bool) int {
 	n := 0
-	for _, s := range notReset {
-		if s.Locked {
+	for _, s := range rows {
+		if is(s) {
 			n++
 		}
 	}

@@ -44,6 +44,15 @@ var (
 	// same rows set, wraps it too.
 	ErrRowsLocked = contract.ErrRowsLocked
 
+	// ErrRowsRefused is wrapped, with ErrRowsNotReset, by the error of a
+	// recovery or a reset that left rows in progress because the database
+	// would not change them: a BEFORE UPDATE trigger returned NULL
+	// (RowState.Refused), or the reset's UPDATE failed on a constraint, a
+	// trigger raising an error, or a rule. Unlike a lock, waiting does not
+	// end it: the trigger, rule or constraint must change. The rows are
+	// kept and retried at every scan.
+	ErrRowsRefused = contract.ErrRowsRefused
+
 	// ErrReadOnly is wrapped by the error Start returns when the resetter's
 	// database session cannot write: the server is a standby
 	// (pg_is_in_recovery), or transactions are read-only

@@ -143,6 +143,13 @@ type Event struct {
 	RowsQuarantined int
 	// RowsNotReset is how many rows were neither reset nor settled.
 	RowsNotReset int
+	// RowsLocked and RowsRefused, on EventRowsNotReset and on the
+	// EventRecoveryFailed of a peer, tell why rows were left in progress:
+	// another session held them locked (RowState.Locked; not counted in
+	// RowsNotReset: waiting ends it), or the database refused to change
+	// them (RowState.Refused: a BEFORE UPDATE trigger returned NULL; in
+	// RowsNotReset).
+	RowsLocked, RowsRefused int
 	// PeersChecked and PeersDead describe a scan.
 	PeersChecked, PeersDead int
 	// Attempt counts heartbeat failures in the current outage.

@@ -65,6 +65,13 @@ func fencedResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) *pg
 	return r
 }
 
+// bothModes are the options of a worker in owner mode (none: a fenced
+// resetter's default) and in rows-set mode, for tests run in both.
+var bothModes = []struct {
+	name string
+	opts []Option
+}{{"owner mode", nil}, {"rows sets", []Option{WithRowsSets()}}}
+
 // onRealServers returns a real Redis, a fresh PostgreSQL schema holding a
 // batch of rows 1..n (testutil.BatchSchema, reset ledger included), and a
 // fresh key prefix starting with prefix.

@@ -169,10 +169,7 @@ func TestResetWithTheLedgerDoesNotWaitForAnotherSessionsIncarnationLock(t *testi
 // resets the locked row at the first scan after the lock is gone. In both
 // modes.
 func TestRecoveryOfAPeerWithALockedRowResetsTheRestAndRetriesIt(t *testing.T) {
-	for _, mode := range []struct {
-		name string
-		opts []Option
-	}{{"owner mode", nil}, {"rows sets", []Option{WithRowsSets()}}} {
+	for _, mode := range bothModes {
 		t.Run(mode.name, func(t *testing.T) {
 			rdb := testutil.Redis(t)
 			db := testutil.Postgres(t)

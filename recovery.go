@@ -207,7 +207,9 @@ func (r *recoverer) hand(peer string) {
 // one worker instead of growing with the square of its size. The key holds
 // the instance ID, so a retry after a lost reply finds this worker holding
 // it instead of skipping the scan. If Redis cannot be asked, the worker
-// scans anyway: the scan reports the outage.
+// scans anyway: the scan reports the outage. A turn key held by no live
+// worker (another type, no TTL, a value not the ID of an instance with a
+// heartbeat) is taken over and logged at Error.
 //
 // The turn adds to the detection bound: see options.scanTurnTTL and
 // options.detectionWindow.
@@ -223,7 +225,11 @@ func (r *recoverer) takeScanTurn(ctx context.Context) bool {
 	}
 	opCtx, cancel := r.opts.opContext(ctx)
 	defer cancel()
-	held, note, err := r.store.TakeScanTurn(opCtx, r.opts.instanceID, r.opts.scanTurnTTL())
+	turn, note, err := r.store.TakeScanTurn(opCtx, r.opts.instanceID, r.opts.scanTurnTTL())
 	r.untracked.note(note)
-	return held || err != nil
+	if turn.Stranger != "" {
+		r.stats.turnsFromStrangers.Add(1)
+		r.rlog.turnFromStranger("scan", store.ScanTurnKey(r.opts.keyPrefix), turn)
+	}
+	return turn.Held || err != nil
 }

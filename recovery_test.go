@@ -25,6 +25,7 @@ func TestScanLeaseLetsOneWorkerScanPerInterval(t *testing.T) {
 		for i := range 5 {
 			w, _ := newWorker(t, rdb, &fakeResetter{}, fmt.Sprintf("w%d", i), WithKeyPrefix(prefix), WithScanTurn(lease))
 			fleet = append(fleet, w)
+			beating(t, rdb, prefix, w.InstanceID()) // a turn's holder is a live worker
 		}
 		for _, w := range fleet {
 			w.recov.runOnce(ctx)
@@ -41,6 +42,14 @@ func TestScanLeaseLetsOneWorkerScanPerInterval(t *testing.T) {
 	}
 }
 
+// beating writes the heartbeat key of id under prefix, with the fast
+// timings' TTL, as a live worker's last heartbeat: a scan turn held by an
+// instance without one is taken over (TestTurnsOfLiveWorkersAreNotTaken).
+func beating(t *testing.T, rdb redis.UniversalClient, prefix, id string) {
+	t.Helper()
+	require.NoError(t, rdb.Set(context.Background(), store.InstanceKeys(prefix, id).Heartbeat, "alive", 2*time.Second).Err())
+}
+
 func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 	rdb := testutil.Redis(t)
 	ctx := context.Background()
@@ -48,6 +57,7 @@ func TestScanLeaseOfADeadHolderDelaysRecoveryByAtMostOneInterval(t *testing.T) {
 	plantDeadPeer(t, rdb, prefix, "dead", "1")
 	r := &fakeResetter{}
 	holder, _ := newWorker(t, rdb, &fakeResetter{delay: time.Hour}, "holder", WithKeyPrefix(prefix))
+	beating(t, rdb, prefix, "holder") // its last heartbeat outlives its turn
 	require.True(t, holder.recov.takeScanTurn(ctx), "the holder takes the lease and dies before scanning")
 	other, _ := newWorker(t, rdb, r, "other", WithKeyPrefix(prefix)) // recovery interval 1s
 
@@ -198,6 +208,7 @@ func TestScanLeaseOfAHolderThatDiesAfterScanningDelaysRecoveryByAtMostTheLease(t
 
 	advance(ttl - time.Millisecond)
 	holder.recov.runOnce(ctx)
+	beating(t, rdb, "ALYA", "holder") // its last heartbeat, a TTL long, outlives its turn
 	require.Equal(t, uint64(1), holder.Stats().Scans, "the holder scans while V is alive")
 	require.Empty(t, holder.Stats().PeersDead)
 	advance(2 * time.Millisecond) // V's heartbeat expires; the holder dies

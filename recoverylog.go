@@ -8,6 +8,7 @@ import (
 
 	"github.com/alya/recovery/internal/contract"
 	"github.com/alya/recovery/internal/report"
+	"github.com/alya/recovery/internal/store"
 )
 
 // recoveryLog logs what recovery does, once per outage: a scan that keeps
@@ -16,7 +17,8 @@ import (
 // recoverer, the sweeper and the dead-peer path share it; it writes to
 // log.
 func newRecoveryLog(log *slog.Logger, opTimeout time.Duration) *recoveryLog {
-	return &recoveryLog{log: log, opTimeout: opTimeout, failing: make(map[string]string), invalid: make(map[string]bool)}
+	return &recoveryLog{log: log, opTimeout: opTimeout, failing: make(map[string]string), invalid: make(map[string]bool),
+		strangers: make(map[string]string)}
 }
 
 type recoveryLog struct {
@@ -28,6 +30,7 @@ type recoveryLog struct {
 	sweepYields  bool              // the sweep by row version leaves the turn to owner-mode members
 	failing      map[string]string // peers whose recovery failed last time: the kind of failure
 	invalid      map[string]bool   // registry members already reported
+	strangers    map[string]string // turn: the stranger last logged taking it over
 }
 
 // scanned logs a scan of the recovery loop; the dead-peer path logged each
@@ -97,6 +100,8 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		kind = "lost"
+	case errors.Is(err, ErrRowsRefused):
+		kind = "refused"
 	case errors.Is(err, ErrRowsLocked):
 		kind = "locked"
 	case errors.Is(err, ErrRowsNotReset):
@@ -115,6 +120,9 @@ func (l *recoveryLog) peerFailed(peer string, err error) {
 	switch {
 	case errors.Is(err, ErrRowsSetLost):
 		l.log.Error("rows set of dead peer vanished before its rows were reset (an earlier recovery failed, or it expired or was evicted first): rows it held stay in progress until the backstop sweep, if on, recovers them",
+			slog.String("peer_id", peer), slog.Any("error", err))
+	case errors.Is(err, ErrRowsRefused):
+		l.log.Error("recovery of dead peer left rows the database refused to change (a BEFORE UPDATE trigger returning NULL, a rule, a constraint, a trigger raising an error); it is retried at every scan, and fails until the trigger, rule or constraint lets the reset through",
 			slog.String("peer_id", peer), slog.Any("error", err))
 	case errors.Is(err, ErrRowsLocked):
 		l.log.Warn("recovery of dead peer left rows another session holds locked (a transaction left open, perhaps on a host that vanished); it is retried at every scan until that session ends",
@@ -160,6 +168,9 @@ func (l *recoveryLog) recovered(pr report.PeerRecovery, source string, stuck tim
 	}
 	if stuck > 0 {
 		attrs = append(attrs, slog.Duration("rows_stuck", stuck))
+	}
+	if len(pr.Gone) > 0 {
+		attrs = append(attrs, slog.Int("rows_gone", len(pr.Gone)), slog.Int64("first_gone", pr.Gone[0]))
 	}
 	if len(pr.InvalidMembers) > 0 {
 		attrs = append(attrs, slog.Int("invalid_members", len(pr.InvalidMembers)),
@@ -215,12 +226,29 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		l.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
 			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
 			slog.Int("rows_quarantined", rep.strayQuarantined), slog.Int("rows_locked", rep.strayLocked),
-			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked))
+			slog.Int("rows_refused", rep.strayRefused),
+			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked-rep.strayRefused))
 	}
 	l.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),
 		slog.Bool("redis_too_young", rep.nodeHeld),
 		slog.Int("owners", rep.owners), slog.Int("owners_absent", len(rep.absent)))
+}
+
+// turnFromStranger logs a turn this worker took from a key no live worker
+// held (t.Stranger says why), at Error: left alone, it would have stopped
+// that turn fleet-wide. Logged once per stranger: one that keeps writing
+// the same is not logged at every take.
+func (l *recoveryLog) turnFromStranger(turn, key string, t store.TurnTake) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	seen := t.Stranger + "\x00" + t.Was
+	if l.strangers[turn] == seen {
+		return
+	}
+	l.strangers[turn] = seen
+	l.log.Error("took a turn from a key no live worker held: something other than a worker wrote it (a stray write, a tool, another application under the same prefix); left alone it would have stopped that turn fleet-wide",
+		slog.String("turn", turn), slog.String("key", key), slog.String("reason", t.Stranger), slog.String("found", clip(t.Was)))
 }
 
 // invalidOwner logs an owner of rows in progress that the sweep cannot use

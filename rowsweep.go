@@ -228,10 +228,15 @@ func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 			m.stray[s.ID] = st
 			rep.strayLocked++
 		}
+		if s.Refused {
+			rep.strayRefused++
+		}
 	}
 	s.stats.rowsRecovered.Add(uint64(res.Changed))
 	s.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
 	s.stats.strayRowsReset.Add(uint64(res.Changed))
+	s.stats.rowsLocked.Add(uint64(rep.strayLocked))
+	s.stats.rowsRefused.Add(uint64(rep.strayRefused))
 	s.events.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
 		RowsQuarantined: len(res.Quarantined), Duration: gap,
 		RowIDs: sortedIDs(res.ChangedIDs), QuarantinedIDs: sortedIDs(res.Quarantined)})

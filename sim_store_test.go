@@ -660,17 +660,17 @@ func (s *simStore) UntrackedNote(ctx context.Context, id string) (string, error)
 
 // TakeScanTurn is turnScript and the HGET of holder's untracked-rows note,
 // in one round trip.
-func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (bool, string, error) {
+func (s *simStore) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (store.TurnTake, string, error) {
 	var note string
 	held, err := s.takeTurnThen(ctx, "scanturn", store.ScanTurnKey(s.prefix), holder, ttl, func(r *simRedis) {
 		if e := r.get(store.UntrackedKey(s.prefix)); e != nil {
 			note = e.hash[holder]
 		}
 	})
-	return held, note, err
+	return store.TurnTake{Held: held}, note, err
 }
 
-func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
+func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (store.TurnTake, error) {
 	w := s.c.world
 	key := store.SweepTurnKey(s.prefix)
 	var held bool
@@ -688,7 +688,7 @@ func (s *simStore) TakeSweepTurn(ctx context.Context, holder string, ttl time.Du
 			w.tracef("FAULT Redis restarted empty just before %s's sweep turn script", s.c.proc)
 		}
 	})
-	return held, err
+	return store.TurnTake{Held: held}, err
 }
 
 // takeTurn is turnScript.

@@ -51,6 +51,13 @@ type Stats struct {
 	// RowsNotReset counts rows recovery found but could neither reset nor
 	// show to be settled, once per attempt (see ResetResult.NotReset).
 	RowsNotReset uint64
+	// RowsLocked counts rows recovery or the backstop sweep left in
+	// progress because another session held them locked
+	// (RowState.Locked), once per attempt; not in RowsNotReset.
+	// RowsRefused counts rows they left because the database refused to
+	// change them (RowState.Refused: a BEFORE UPDATE trigger returned
+	// NULL), once per attempt; recovery's are in RowsNotReset too.
+	RowsLocked, RowsRefused uint64
 	// StrayRowsReset counts rows the backstop sweep without an owner
 	// column reset: in progress, held by no rows set at two looks a rows
 	// TTL apart (also counted in RowsRecovered).
@@ -72,6 +79,12 @@ type Stats struct {
 	// RegistryWrongType counts registry commands Redis refused with
 	// WRONGTYPE.
 	RegistryWrongType uint64
+	// TurnsFromStrangers counts the scan and sweep turns this worker took
+	// from a key no live worker held: another type than a string, a string
+	// without a TTL, or a value no worker writes (a stranger's write). Each
+	// would have stopped that turn fleet-wide; the first of each is logged
+	// at Error.
+	TurnsFromStrangers uint64
 	// EventsDropped counts events the observer did not receive.
 	EventsDropped uint64
 	// HistoryDropped counts entries of the fleet's history (WithHistory)
@@ -96,9 +109,11 @@ type counters struct {
 	scans, peersDead, peersRecovered           atomic.Uint64
 	rowsRecovered, rowsQuarantined             atomic.Uint64
 	rowsReleased, rowsNotReset, errors         atomic.Uint64
+	rowsLocked, rowsRefused                    atomic.Uint64
 	misconfigured                              atomic.Uint64
 	strayRowsReset, untrackedRows              atomic.Uint64
 	registryWrongType                          atomic.Uint64
+	turnsFromStrangers                         atomic.Uint64
 	registryBroken                             atomic.Bool
 	lastHeartbeat                              atomic.Int64 // unix nanoseconds
 	lastRowsStuck, maxRowsStuck                atomic.Int64 // nanoseconds
@@ -147,6 +162,8 @@ func (w *Worker) Stats() Stats {
 		RegistryWrongType: w.stats.registryWrongType.Load(),
 		EventsDropped:     w.events.dropped.Load(),
 	}
+	s.TurnsFromStrangers = w.stats.turnsFromStrangers.Load()
+	s.RowsLocked, s.RowsRefused = w.stats.rowsLocked.Load(), w.stats.rowsRefused.Load()
 	if h := w.events.hist; h != nil {
 		s.HistoryDropped = h.dropped.Load()
 	}

@@ -80,6 +80,9 @@ type sweepReport struct {
 	// them locked; they are due again at the next look.
 	strayLocked int
 	strayReset  int64
+	// strayRefused of them the database refused to change (a BEFORE
+	// UPDATE trigger returned NULL); they are tried again a gap later.
+	strayRefused int
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64
@@ -109,15 +112,22 @@ type sweepTurn struct {
 	store store.Store
 	opts  *options
 	token string // holds the sweep turn
+	stats *counters
+	rlog  *recoveryLog
 }
 
 // take takes or renews the sweep turn for a sweep turn's TTL, and reports
-// whether this worker holds it.
+// whether this worker holds it. A turn key held by no live worker is
+// taken over and logged at Error.
 func (t *sweepTurn) take(ctx context.Context) (bool, error) {
 	opCtx, cancel := t.opts.opContext(ctx)
-	held, err := t.store.TakeSweepTurn(opCtx, t.token, t.opts.sweepTurnTTL())
+	turn, err := t.store.TakeSweepTurn(opCtx, t.token, t.opts.sweepTurnTTL())
 	cancel()
-	return held, err
+	if turn.Stranger != "" {
+		t.stats.turnsFromStrangers.Add(1)
+		t.rlog.turnFromStranger("sweep", store.SweepTurnKey(t.opts.keyPrefix), turn)
+	}
+	return turn.Held, err
 }
 
 // sweepStrategy is what the sweeper does around and with the sweep turn:

@@ -202,7 +202,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 			nodes: nodes}
 	}
 	if by != nil {
-		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken()}, by: by,
+		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken(), stats: &w.stats, rlog: rlog}, by: by,
 			opts: &w.opts, rlog: rlog, stats: &w.stats, ousted: &w.lease.ousted}
 	}
 	return w, nil

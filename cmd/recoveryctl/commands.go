@@ -442,6 +442,9 @@ type rowJSON struct {
 	Status string `json:"status"`
 	// Locked: another session held the row locked (recovery.RowState.Locked).
 	Locked bool `json:"locked,omitempty"`
+	// Refused: the database refused to change it, a BEFORE UPDATE trigger
+	// returning NULL (recovery.RowState.Refused).
+	Refused bool `json:"refused,omitempty"`
 }
 
 // peerJSON is one dead instance in the output of recover.
@@ -729,7 +732,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 func rowsJSON(rs []recovery.RowState) []rowJSON {
 	var out []rowJSON
 	for _, r := range rs {
-		out = append(out, rowJSON{RowID: r.ID, Status: clean(r.Status), Locked: r.Locked})
+		out = append(out, rowJSON{RowID: r.ID, Status: clean(r.Status), Locked: r.Locked, Refused: r.Refused})
 	}
 	return out
 }
@@ -807,6 +810,9 @@ func rowList(rs []rowJSON) string {
 		part := fmt.Sprintf("row %d status %s", r.RowID, strconv.Quote(r.Status))
 		if r.Locked {
 			part += " (locked by another session)"
+		}
+		if r.Refused {
+			part += " (refused by the database: a trigger)"
 		}
 		parts = append(parts, part)
 	}

@@ -150,16 +150,23 @@ func (f frame) lines(o *options, name string) []string {
 	return append(lines, strings.Split(strings.TrimRight(buf.String(), "\n"), "\n")...)
 }
 
-// turnText shows who holds a turn: the scan turn's holder is an instance
+// turnText shows who holds a turn, and whether it is a stranger (no live
+// worker: store.Turn.Stranger): the scan turn's holder is an instance
 // ID, the sweep turn's a token, so only whether it is held shows.
 func turnText(t store.Turn, showHolder bool) string {
+	left := ttlText(true, t.TTL) + " left"
+	if t.Stranger != "" {
+		// A stranger's value is shown whatever the turn: it is no token.
+		showHolder = true
+		left += ", held by no live worker: " + t.Stranger + "; a worker's next take replaces it"
+	}
 	switch {
 	case t.Holder == "":
 		return "free"
 	case showHolder:
-		return fmt.Sprintf("%s (%s left)", clean(t.Holder), ttlText(true, t.TTL))
+		return fmt.Sprintf("%s (%s)", clean(t.Holder), left)
 	default:
-		return fmt.Sprintf("held (%s left)", ttlText(true, t.TTL))
+		return fmt.Sprintf("held (%s)", left)
 	}
 }
 

@@ -13,6 +13,7 @@ import (
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/store"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/ops"
 )
@@ -141,4 +142,35 @@ func TestWatchOnRedisCluster(t *testing.T) {
 		assert.Regexp(t, `(?m)^`+id+`\s+alive\s+\S+ ago\s+\S+\s+1\s+`, out)
 	}
 	assert.Regexp(t, `rows_recovered\s+dead-1\s+rec-1\s+3 rows: 3 reset`, out)
+}
+
+// TestWatchNamesTurnsHeldByStrangers: a turn key no live worker holds (a
+// string without a TTL over the scan turn, a hash over the sweep turn, a
+// departed instance's ID) is shown as such, with what it holds; a live
+// worker's turn is shown as before.
+func TestWatchNamesTurnsHeldByStrangers(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	prefix := testutil.Name("CTL")
+	plantAlive(t, rdb, prefix, "live-1")
+	frame := func() string {
+		out, errOut, code := ctl(t, nil, "--redis-url", url, "--prefix", prefix, "watch", "--count", "1", "--last", "0")
+		require.Equal(t, exitOK, code, errOut)
+		return out
+	}
+
+	require.NoError(t, rdb.Set(ctx, store.ScanTurnKey(prefix), "junk\x1b[2J", 0).Err())
+	require.NoError(t, rdb.HSet(ctx, store.SweepTurnKey(prefix), "f", "v").Err())
+	out := frame()
+	assert.Contains(t, out, "scan turn: junk [2J (no expiry left, held by no live worker: no TTL; a worker's next take replaces it)")
+	assert.Contains(t, out, "sweep turn: hash (no expiry left, held by no live worker: wrong type; a worker's next take replaces it)")
+	assert.NotContains(t, out, "\x1b")
+
+	require.NoError(t, rdb.Set(ctx, store.ScanTurnKey(prefix), "gone-1", time.Minute).Err())
+	assert.Regexp(t, `scan turn: gone-1 \(\S+ left, held by no live worker: not a live worker;`, frame())
+
+	require.NoError(t, rdb.Set(ctx, store.ScanTurnKey(prefix), "live-1", time.Minute).Err())
+	require.NoError(t, rdb.Set(ctx, store.SweepTurnKey(prefix), strings.Repeat("ab", 16), time.Minute).Err())
+	assert.Regexp(t, `scan turn: live-1 \(\S+ left\), sweep turn: held \(\S+ left\)\n`, frame())
 }

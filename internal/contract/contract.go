@@ -24,6 +24,8 @@ var (
 	ErrRowsLocked = errors.New("recovery: rows locked by another session")
 	// ErrPoolExhausted: see postgres.ErrPoolExhausted.
 	ErrPoolExhausted = errors.New("recovery: no free connection in the resetter's pool")
+	// ErrRowsRefused: see recovery.ErrRowsRefused.
+	ErrRowsRefused = errors.New("recovery: rows refused by the database")
 )
 
 // ResetRequest asks a resetter to return rows to the queue. Exactly one
@@ -89,6 +91,10 @@ type ResetResult struct {
 	// such rows, and tries again, instead of forgetting rows it could not
 	// reset.
 	NotReset []RowState
+	// Gone lists the rows among RowIDs (or Versions) that no longer
+	// exist: deleted since they were taken. They are not stuck, and not
+	// in NotReset; a resetter that cannot tell leaves it empty.
+	Gone []int64
 }
 
 // RowState is a row as a resetter found it.
@@ -108,6 +114,10 @@ type RowState struct {
 	// still open, perhaps on a host that vanished. A reset does not wait
 	// for it and leaves it in progress; recovery tries it again later.
 	Locked bool
+	// Refused is set on a row the reset locked and the database would not
+	// change: a BEFORE UPDATE trigger returned NULL for it. It stays in
+	// progress until the trigger lets it go; recovery tries it again later.
+	Refused bool
 }
 
 // ResetterInfo says what a resetter guarantees and how its rows read. A

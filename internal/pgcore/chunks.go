@@ -194,6 +194,7 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
 		total.NotReset = append(total.NotReset, res.NotReset...)
+		total.Gone = append(total.Gone, res.Gone...)
 		if !advance() {
 			return total, nil
 		}
@@ -232,18 +233,21 @@ func (r *Resetter) resetIDsByChunk(ctx context.Context, req ResetRequest, ids []
 func (r *Resetter) resetOwnedByChunk(ctx context.Context, owner string) (ResetResult, error) {
 	v := resetValues{owner: owner}
 	q := r.byOwner
+	var refused []int64 // locked by a committed chunk and refused by the database
 	all, err := r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, int, func() bool, error) {
 		var (
 			res    ResetResult
 			locked int
 			after  int64
+			refuse []int64
 		)
 		w := v
 		w.limit = n
-		err := queryRow(ctx, tx, q.sql, r.bind(q, w), &res.Changed, &res.Quarantined, &res.ChangedIDs, &locked, &after)
+		err := queryRow(ctx, tx, q.sql, r.bind(q, w), &res.Changed, &res.Quarantined, &res.ChangedIDs, &refuse, &locked, &after)
 		return res, locked, func() bool {
 			// A short chunk means no unlocked row is left; a full one
 			// moves the keyset on.
+			refused = append(refused, refuse...)
 			q, v.after = r.byOwnerAfter, after
 			return locked == n
 		}, err
@@ -251,8 +255,9 @@ func (r *Resetter) resetOwnedByChunk(ctx context.Context, owner string) (ResetRe
 	if err != nil {
 		return ResetResult{}, err
 	}
-	// SKIP LOCKED passed over the rows another session holds.
-	skipped, err := r.unsettled(ctx, r.conn, r.ownedRest, resetValues{owner: owner})
+	// SKIP LOCKED passed over the rows another session holds; the
+	// database refused the rows among refused.
+	skipped, err := r.unsettled(ctx, r.conn, r.ownedRest, resetValues{owner: owner}, refused)
 	if err != nil {
 		return ResetResult{}, fmt.Errorf("%d rows reset; read the rows left: %w", all.Changed, err)
 	}

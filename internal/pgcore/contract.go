@@ -22,4 +22,5 @@ var (
 	ErrReadOnly      = contract.ErrReadOnly
 	ErrRowsLocked    = contract.ErrRowsLocked
 	ErrPoolExhausted = contract.ErrPoolExhausted
+	ErrRowsRefused   = contract.ErrRowsRefused
 )

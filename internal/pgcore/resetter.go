@@ -297,11 +297,11 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 	var total ResetResult
 	for chunk := range slices.Chunk(ids, r.chunks.statement()) {
 		v := resetValues{ids: chunk, owner: req.InstanceID, incarnation: req.Incarnation}
-		res, err := r.run(ctx, tx, reset, v)
+		res, refused, err := r.run(ctx, tx, reset, v)
 		if err != nil {
 			return ResetResult{}, err
 		}
-		notReset, err := r.unsettled(ctx, tx, rest, v)
+		notReset, err := r.unsettled(ctx, tx, rest, v, refused)
 		if err != nil {
 			return ResetResult{}, err
 		}
@@ -309,6 +309,7 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
 		total.NotReset = append(total.NotReset, notReset...)
+		total.Gone = append(total.Gone, res.Gone...)
 	}
 	if clean && ledger {
 		if err := r.cleanLedger(ctx, tx); err != nil {
@@ -383,11 +384,18 @@ func (r *Resetter) withoutRecorded(ctx context.Context, tx Tx, req ResetRequest,
 	return out, nil
 }
 
-// unsettled runs q (restQuery or ownedRestQuery) in tx.
-func (r *Resetter) unsettled(ctx context.Context, tx Querier, q query, v resetValues) ([]RowState, error) {
+// unsettled runs q (restQuery, ownedRestQuery or versionRestQuery) in
+// tx. A row that still matches the reset was either passed over because
+// another session held it locked (Locked) or locked by the reset and
+// refused by the database (Refused: among refused, which the reset
+// statement returned).
+func (r *Resetter) unsettled(ctx context.Context, tx Querier, q query, v resetValues, refused []int64) ([]RowState, error) {
 	return collect(ctx, tx, q.sql, r.bind(q, v), func(row Rows) (RowState, error) {
 		var s RowState
 		err := row.Scan(&s.ID, &s.Status, &s.Locked, &s.Owner)
+		if s.Locked && slices.Contains(refused, s.ID) {
+			s.Locked, s.Refused = false, true
+		}
 		return s, err
 	})
 }
@@ -441,7 +449,7 @@ func (r *Resetter) resetRowVersions(ctx context.Context, rows []RowState) (Reset
 	}
 	res, err := r.resetVersionsByChunk(ctx, sortedVersions(rows))
 	if err != nil {
-		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), err)
+		return ResetResult{}, fmt.Errorf("reset %d stray rows: %w", len(rows), r.explainResetError(err))
 	}
 	return res, nil
 }
@@ -463,11 +471,11 @@ func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowSta
 		for i, rv := range chunk {
 			v.ids[i], v.versions[i] = rv.ID, rv.Version
 		}
-		res, err := r.run(ctx, tx, r.byVersion, v)
+		res, refused, err := r.run(ctx, tx, r.byVersion, v)
 		if err != nil {
 			return ResetResult{}, err
 		}
-		locked, err := r.unsettled(ctx, tx, r.versionRest, v)
+		locked, err := r.unsettled(ctx, tx, r.versionRest, v, refused)
 		if err != nil {
 			return ResetResult{}, err
 		}
@@ -475,6 +483,7 @@ func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowSta
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
 		total.NotReset = append(total.NotReset, locked...)
+		total.Gone = append(total.Gone, res.Gone...)
 	}
 	return total, nil
 }
@@ -503,15 +512,19 @@ func (r *Resetter) resetOwnerRows(ctx context.Context, owner string) (ResetResul
 // resetOwnedByChunk): locks are taken in the order every reset takes them, and no
 // statement locks an unbounded number of rows at once.
 func (r *Resetter) resetOwnedInTx(ctx context.Context, tx Tx, owner string) (ResetResult, error) {
-	var all ResetResult
+	var (
+		all     ResetResult
+		refused []int64
+	)
 	v := resetValues{owner: owner}
 	q := r.byOwner
 	for {
 		var (
 			res    ResetResult
 			locked int
+			refuse []int64
 		)
-		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs, &locked, &v.after)
+		err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs, &refuse, &locked, &v.after)
 		q = r.byOwnerAfter
 		if err != nil {
 			return ResetResult{}, err
@@ -519,13 +532,14 @@ func (r *Resetter) resetOwnedInTx(ctx context.Context, tx Tx, owner string) (Res
 		all.Changed += res.Changed
 		all.Quarantined = append(all.Quarantined, res.Quarantined...)
 		all.ChangedIDs = append(all.ChangedIDs, res.ChangedIDs...)
+		refused = append(refused, refuse...)
 		if locked < r.o.ChunkSize {
 			break
 		}
 	}
 	// SKIP LOCKED passed over the rows another session holds: a short
 	// chunk means no unlocked row is left, not that no row is.
-	skipped, err := r.unsettled(ctx, tx, r.ownedRest, resetValues{owner: owner})
+	skipped, err := r.unsettled(ctx, tx, r.ownedRest, resetValues{owner: owner}, refused)
 	if err != nil {
 		return ResetResult{}, err
 	}
@@ -533,12 +547,18 @@ func (r *Resetter) resetOwnedInTx(ctx context.Context, tx Tx, owner string) (Res
 	return all, nil
 }
 
-func (r *Resetter) run(ctx context.Context, tx Tx, q query, v resetValues) (ResetResult, error) {
-	var res ResetResult
-	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs); err != nil {
-		return ResetResult{}, err
+// run runs the reset statement q (by IDs or versions) in tx: what it
+// changed, the rows gone, and the rows it locked and could not change
+// (refused by the database).
+func (r *Resetter) run(ctx context.Context, tx Tx, q query, v resetValues) (ResetResult, []int64, error) {
+	var (
+		res     ResetResult
+		refused []int64
+	)
+	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs, &refused, &res.Gone); err != nil {
+		return ResetResult{}, nil, err
 	}
-	return res, nil
+	return res, refused, nil
 }
 
 // withRetry runs f in a transaction, again after a deadlock or a
@@ -631,9 +651,11 @@ func (r *Resetter) setLockTimeout(ctx context.Context, tx Tx) error {
 
 // explainResetError names what a reset that failed waited for or was
 // refused by: a lock (lock_timeout, 55P03: ErrRowsLocked), the
-// statement_timeout (57014), or a session that cannot write (25006, or a
-// standby refusing lib/pq's BEGIN READ WRITE: ErrReadOnly). Other errors
-// are returned as they are.
+// statement_timeout (57014), a session that cannot write (25006, or a
+// standby refusing lib/pq's BEGIN READ WRITE: ErrReadOnly), or the
+// database refusing the UPDATE (a constraint, class 23; a trigger raising
+// an error, P0001; a rule, which a data-modifying WITH refuses, 0A000:
+// ErrRowsRefused). Other errors are returned as they are.
 func (r *Resetter) explainResetError(err error) error {
 	switch sqlState(err) {
 	case "55P03":
@@ -650,6 +672,14 @@ func (r *Resetter) explainResetError(err error) error {
 		if strings.Contains(serverMessage(err), "during recovery") {
 			return fmt.Errorf("%w: the server is a standby in recovery: %w", ErrReadOnly, err)
 		}
+		if strings.Contains(serverMessage(err), "rules are not supported") {
+			return fmt.Errorf("%w: a rule on %s rewrites the reset's UPDATE: %w", ErrRowsRefused, r.o.tableIdent(), err)
+		}
+	case "P0001":
+		return fmt.Errorf("%w: a trigger on %s raised an error at the reset's UPDATE: %w", ErrRowsRefused, r.o.tableIdent(), err)
+	}
+	if strings.HasPrefix(sqlState(err), "23") {
+		return fmt.Errorf("%w: the reset's UPDATE of %s broke a constraint: %w", ErrRowsRefused, r.o.tableIdent(), err)
 	}
 	return err
 }

@@ -145,7 +145,13 @@ func (o *Settings) inProgressQuery() string {
 //	WITH locked  AS (SELECT id FROM t WHERE <match> ORDER BY id FOR UPDATE SKIP LOCKED),
 //	     changed AS (UPDATE t SET ... WHERE t.id = ANY(ARRAY(SELECT id FROM locked)) AND <guard> RETURNING ...),
 //	     logged  AS (INSERT INTO ledger SELECT $owner, $incarnation, id FROM changed)  -- ledger only
-//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal), array_agg(id ORDER BY id) FROM changed
+//	SELECT count(*), array_agg(id) FILTER (WHERE status = $terminal), array_agg(id ORDER BY id),
+//	       (SELECT array_agg(id) FROM locked WHERE id NOT IN (SELECT id FROM changed)) FROM changed
+//
+// The fourth column lists the rows it locked and could not change: a BEFORE
+// UPDATE trigger returned NULL for them (refused, RowState.Refused). A
+// reset by IDs also returns the IDs among $ids no row has (gone,
+// ResetResult.Gone).
 //
 // versionRestQuery reads, after versionsQuery and in its transaction, the
 // rows among $ids still in progress at the version the sweep saw: the
@@ -235,9 +241,17 @@ func (o *Settings) resetQuery(s resetShape) query {
 	SELECT %s::text, %s::text, id FROM changed ON CONFLICT DO NOTHING
 )`, o.ledgerIdent(), q.param("owner"), q.param("incarnation"))
 	}
-	fmt.Fprintf(&sql, "\nSELECT count(*), %s, array_agg(id ORDER BY id)", quarantined)
+	// The rows it locked and did not change: the database refused them (a
+	// BEFORE UPDATE trigger returning NULL). A row another session held
+	// locked is not among them: SKIP LOCKED passed it over.
+	fmt.Fprintf(&sql, "\nSELECT count(*), %s, array_agg(id ORDER BY id), (SELECT array_agg(l.%s ORDER BY l.%s) FROM locked l WHERE l.%s NOT IN (SELECT id FROM changed))",
+		quarantined, id, id, id)
 	if s.byOwner {
 		fmt.Fprintf(&sql, ", (SELECT count(*) FROM locked), (SELECT coalesce(max(%s), 0) FROM locked)", id)
+	} else {
+		// The rows among $ids that no longer exist (deleted): gone.
+		fmt.Fprintf(&sql, ", (SELECT array_agg(x ORDER BY x) FROM unnest(%[1]s::bigint[]) x WHERE NOT EXISTS (SELECT 1 FROM %[2]s g WHERE g.%[3]s = x))",
+			q.param("ids"), table, id)
 	}
 	sql.WriteString(" FROM changed")
 	q.sql = sql.String()

@@ -66,10 +66,14 @@ type PeerRecovery struct {
 	// (see recovery.ResetResult.NotReset). The peer's rows set and
 	// registry entry were kept, and the recovery returned an error
 	// wrapping recovery.ErrRowsNotReset (and recovery.ErrRowsLocked when
-	// every one was locked by another session), so it is tried again by
+	// every one was locked by another session, recovery.ErrRowsRefused
+	// when the database refused some: RowState.Refused), so it is tried again by
 	// the next scan. Locked rows are not counted in Stats.RowsNotReset
 	// nor in the rows_not_reset event: they are no misconfiguration.
 	NotReset []contract.RowState
+	// Gone lists rows of its rows set that no longer exist in the table
+	// (deleted since they were taken; ResetResult.Gone): nothing to reset.
+	Gone []int64
 	// PeerCameBack is set when the peer's heartbeat reappeared during the
 	// recovery: its rows set was left as the peer keeps it, and it stays
 	// registered.

@@ -101,25 +101,3 @@ func (s *Redis) ReadHistory(ctx context.Context, q HistoryQuery) ([]HistoryRecor
 	}
 	return out, nil
 }
-
-// Turn is who holds one of the fleet's turns, and for how long more.
-type Turn struct {
-	// Holder is the key's value: the scanning instance's ID for the scan
-	// turn, a random token for the sweep turn; "" when nobody holds it.
-	Holder string
-	TTL    time.Duration
-}
-
-// Turns reads the scan turn and the sweep turn, in one pipeline.
-func (s *Redis) Turns(ctx context.Context) (scan, sweep Turn, err error) {
-	pipe := s.rdb.Pipeline()
-	scanGet, scanTTL := pipe.Get(ctx, ScanTurnKey(s.prefix)), pipe.PTTL(ctx, ScanTurnKey(s.prefix))
-	sweepGet, sweepTTL := pipe.Get(ctx, SweepTurnKey(s.prefix)), pipe.PTTL(ctx, SweepTurnKey(s.prefix))
-	ran, _ := pipe.Exec(ctx)
-	for _, c := range ran {
-		if err := c.Err(); err != nil && !errors.Is(err, redis.Nil) {
-			return Turn{}, Turn{}, fmt.Errorf("read the scan and sweep turns: %w", err)
-		}
-	}
-	return Turn{scanGet.Val(), scanTTL.Val()}, Turn{sweepGet.Val(), sweepTTL.Val()}, nil
-}

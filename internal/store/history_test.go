@@ -65,9 +65,9 @@ func TestTurnsNamesTheirHolders(t *testing.T) {
 	assert.Equal(t, Turn{Holder: "", TTL: -2 * time.Nanosecond}, Turn{Holder: scan.Holder, TTL: scan.TTL})
 	assert.Empty(t, sweep.Holder)
 
-	held, _, err := s.TakeScanTurn(ctx, "w-1", time.Minute)
+	took, _, err := s.TakeScanTurn(ctx, "w-1", time.Minute)
 	require.NoError(t, err)
-	require.True(t, held)
+	require.True(t, took.Held)
 	scan, sweep, err = s.Turns(ctx)
 	require.NoError(t, err)
 	assert.Equal(t, "w-1", scan.Holder)

@@ -15,6 +15,8 @@
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
 //	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner (the scan turn), PX
 //	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
+//	                                   (a turn key without a TTL, of another type, or holding what no
+//	                                   live worker writes is a stranger's: takeTurnScript takes it over)
 //	<prefix>_HISTORY                   stream of the fleet's recoveries and lease losses, XADD MAXLEN ~
 //	                                   (third protocol version: earlier workers ignore it)
 //	<prefix>_FLEET                     hash, no TTL (fourth protocol version: earlier workers ignore it):

@@ -498,22 +498,20 @@ func (s *Redis) DropClaim(ctx context.Context, peer, token string, noteTTL time.
 	return nil
 }
 
-// TakeScanTurn runs turnScript on the scan turn's key, and HGET of
+// TakeScanTurn runs takeTurnScript on the scan turn's key, and HGET of
 // holder's untracked-rows note beside it, in one pipeline (EVAL: a
 // pipeline cannot fall back on NOSCRIPT). A failed note read is only a
-// missing note: the turn is what the caller acts on.
-func (s *Redis) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (_ bool, _ string, err error) {
+// missing note: the turn is what the caller acts on. A holder that is not
+// an instance ID with a heartbeat loses the turn to the caller (takeTurn).
+func (s *Redis) TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (_ TurnTake, _ string, err error) {
 	defer s.failed(&err)
 	key := ScanTurnKey(s.prefix)
 	pipe := s.rdb.Pipeline()
-	turn := turnScript.Eval(ctx, pipe, []string{key}, holder, ttl.Milliseconds())
+	turn := takeTurnScript.Eval(ctx, pipe, []string{key}, holder, ttl.Milliseconds(), "")
 	note := pipe.HGet(ctx, UntrackedKey(s.prefix), holder)
 	_, _ = pipe.Exec(ctx)
-	held, err := turn.Int()
-	if err != nil {
-		return false, "", fmt.Errorf("take %s: %w", key, err)
-	}
-	return held == 1, note.Val(), nil
+	t, err := s.takeTurn(ctx, key, true, holder, ttl, turn)
+	return t, note.Val(), err
 }
 
 // NoteUntracked is HSET of notes and PEXPIRE of the untracked-rows hash,
@@ -551,18 +549,11 @@ func (s *Redis) UntrackedNote(ctx context.Context, id string) (_ string, err err
 	return v, nil
 }
 
-// TakeSweepTurn runs turnScript on the sweep turn's key.
-func (s *Redis) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error) {
-	return s.takeTurn(ctx, SweepTurnKey(s.prefix), holder, ttl)
-}
-
-func (s *Redis) takeTurn(ctx context.Context, key, holder string, ttl time.Duration) (_ bool, err error) {
+// TakeSweepTurn runs takeTurnScript on the sweep turn's key. A holder
+// that is not a worker's token loses the turn to the caller (takeTurn).
+func (s *Redis) TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (_ TurnTake, err error) {
 	defer s.failed(&err)
-	held, err := turnScript.Run(ctx, s.rdb, []string{key}, holder, ttl.Milliseconds()).Int()
-	if err != nil {
-		return false, fmt.Errorf("take %s: %w", key, err)
-	}
-	return held == 1, nil
+	return s.takeTurn(ctx, SweepTurnKey(s.prefix), false, holder, ttl, nil)
 }
 
 // NodeOf asks a Cluster client which master holds id's slot, and remembers

@@ -9,7 +9,11 @@
 // the caller itself took, nor "claim lost" for a recovery it finished.
 package store
 
-import "github.com/redis/go-redis/v9"
+import (
+	"strconv"
+
+	"github.com/redis/go-redis/v9"
+)
 
 // ClaimResult is what ClaimDead found.
 type ClaimResult int
@@ -51,6 +55,9 @@ const (
 // retry by the same caller (same token) finds its own claim and answers as
 // the first call did. The note a failed recovery left (FailedClaim) is
 // taken over; if the peer's record is gone despite it, the answer says so.
+// A claim key no worker wrote (another type, or a string without a TTL:
+// every claim, note and tombstone is written with PX) is a stranger's and
+// counts as no claim, so it never blocks the peer's recovery for good.
 //
 //	KEYS[1] heartbeat, KEYS[2] claim, KEYS[3] rows set, KEYS[4] incarnation
 //	ARGV[1] claim token, ARGV[2] claim TTL ms, ARGV[3] rows TTL ms
@@ -58,7 +65,14 @@ var claimScript = redis.NewScript(`
 if redis.call('EXISTS', KEYS[1]) == 1 then
   return 0
 end
+local t = redis.call('TYPE', KEYS[2])['ok']
+if t ~= 'string' and t ~= 'none' then
+  redis.call('DEL', KEYS[2])
+end
 local held = redis.call('GET', KEYS[2])
+if held and redis.call('PTTL', KEYS[2]) < 0 then
+  held = false
+end
 local failed = false
 if held == ARGV[1] or held == 'lost:' .. ARGV[1] then
   -- a retry of our own call
@@ -181,7 +195,9 @@ return 0
 
 // turnScript takes a fleet-wide turn (the scan or the sweep turn), or extends it if the caller holds it
 // already: the holder keeps the lease for as long as it renews it, and a
-// retry after a lost reply finds the caller holding it.
+// retry after a lost reply finds the caller holding it. Workers before
+// takeTurnScript ran it; it stays for the tests that run old and new
+// workers' scripts together.
 //
 //	KEYS[1] lease key
 //	ARGV[1] holder token, ARGV[2] TTL in milliseconds
@@ -196,6 +212,51 @@ if redis.call('SET', KEYS[1], ARGV[1], 'NX', 'PX', ARGV[2]) then
   return 1
 end
 return 0
+`)
+
+// takeTurnScript is turnScript that also takes the turn from a stranger:
+// a key of another type than a string, a string without a TTL (every
+// worker, old or new, writes the turn with PX), or the value ARGV[3] the
+// caller found to be no live worker's (TakeScanTurn and TakeSweepTurn
+// judge it between two runs; the value must be unchanged since). A live
+// worker's value always has a TTL and is never ARGV[3], so the script
+// never takes the turn from one: two live workers never both hold it, and
+// workers that run turnScript keep their turns.
+//
+//	KEYS[1] lease key
+//	ARGV[1] holder token, ARGV[2] TTL in milliseconds, ARGV[3] the value
+//	found to be no worker's ("" for none)
+//
+// Returns {1, why, was} when the caller holds the lease, {0, "", holder}
+// otherwise; why is "" for an ordinary take or renewal, else "type" (was:
+// the key's type), "nottl" or "stranger" (was: the value, clipped to
+// turnValueClip bytes). The holder is clipped the same way.
+var takeTurnScript = redis.NewScript(`
+local t = redis.call('TYPE', KEYS[1])['ok']
+if t ~= 'string' and t ~= 'none' then
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 'type', t}
+end
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[1] then
+  redis.call('PEXPIRE', KEYS[1], ARGV[2])
+  return {1, '', ''}
+end
+if not v then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, '', ''}
+end
+local was = string.sub(v, 1, ` + strconv.Itoa(turnValueClip) + `)
+if redis.call('PTTL', KEYS[1]) < 0 then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 'nottl', was}
+end
+if ARGV[3] ~= '' and was == ARGV[3] then
+  redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
+  return {1, 'stranger', was}
+end
+return {0, '', was}
 `)
 
 // beatScript writes one heartbeat of an instance on the instance's own slot: if
@@ -277,13 +338,13 @@ return 0
 `)
 
 // Script returns a protocol script by name ("claim", "finish", "fail",
-// "drop", "keep", "turn", "beat", "leave", "deregister", "fleet" or
+// "drop", "keep", "turn", "take-turn", "beat", "leave", "deregister", "fleet" or
 // "record-fleet"; nil for another), for tests that must
 // recognise one on the wire by its hash.
 func Script(name string) *redis.Script {
 	return map[string]*redis.Script{
 		"claim": claimScript, "finish": finishScript, "fail": failScript, "drop": dropScript, "keep": keepScript,
-		"turn": turnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
+		"turn": turnScript, "take-turn": takeTurnScript, "beat": beatScript, "leave": leaveScript, "deregister": deregisterScript,
 		"fleet": fleetBeatScript, "record-fleet": recordFleetScript,
 	}[name]
 }

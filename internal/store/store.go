@@ -114,10 +114,12 @@ type Store interface {
 
 	// TakeScanTurn takes or renews the fleet's scan turn for holder, and
 	// reads holder's note in the untracked-rows hash ("" if none) in the
-	// same round trip.
-	TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (held bool, note string, err error)
-	// TakeSweepTurn takes or renews the fleet's sweep turn for holder.
-	TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (bool, error)
+	// same round trip. A turn held by no live worker is taken over
+	// (TurnTake.Stranger says why).
+	TakeScanTurn(ctx context.Context, holder string, ttl time.Duration) (turn TurnTake, note string, err error)
+	// TakeSweepTurn takes or renews the fleet's sweep turn for holder,
+	// taking it over as TakeScanTurn does.
+	TakeSweepTurn(ctx context.Context, holder string, ttl time.Duration) (TurnTake, error)
 
 	// NodeOf returns the name of the node that holds id's keys: a Cluster
 	// master's address, "" for a single server.
