@@ -11,6 +11,7 @@ package recovery
 import (
 	"context"
 	"errors"
+	"fmt"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -741,6 +742,30 @@ func TestRowsSetGoneBeforeItsRecoveryIsAnErrorNamingItsRows(t *testing.T) {
 	plantDeadPeer(t, rdb, "ALYA", "again")
 	_, err = w.recoverNow(ctx)
 	require.NoError(t, err)
+}
+
+// A scan with more than idleOneByOne idle dead peers removes them in bulk;
+// a peer whose set a scan saw holding rows, gone since, is not one of
+// them: its recovery reports the lost set.
+func TestRowsSetGoneAmongIdlePeersIsStillAnErrorNamingItsRows(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2", "3")
+	require.NoError(t, rdb.Set(ctx, keysOf("dead").Claim, "another-recoverer", time.Minute).Err())
+	w, logs := newWorker(t, rdb, &fakeResetter{}, "w", WithBackstopSweep(false))
+	_, err := w.recoverNow(ctx)
+	require.NoError(t, err)
+	mr.Del(keysOf("dead").Rows)
+	mr.Del(keysOf("dead").Claim)
+	for i := range idleOneByOne + 8 {
+		plantDeadPeer(t, rdb, "ALYA", fmt.Sprintf("idle-%d", i))
+	}
+
+	rep, err := w.recoverNow(ctx)
+	require.ErrorIs(t, err, ErrRowsSetLost)
+	assert.Contains(t, err.Error(), "3 rows")
+	assert.Equal(t, idleOneByOne+8, rep.IdleDeregistered, "the idle ones went in bulk")
+	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"rows set of dead peer vanished`))
 }
 
 // comebackStore is a store whose ReadRows lets the peer come back between

@@ -73,6 +73,12 @@ func (d *deadSeen) rowsSeen(peer string) (int64, time.Time) {
 	return s.rows, s.at
 }
 
+// heldRows reports whether a scan saw peer's rows set hold rows.
+func (d *deadSeen) heldRows(peer string) bool {
+	rows, _ := d.rowsSeen(peer)
+	return rows > 0
+}
+
 // forget drops peer (recovered, or deregistered).
 func (d *deadSeen) forget(peer string) {
 	d.mu.Lock()
@@ -153,7 +159,9 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 		switch {
 		case unread[p]:
 			later = append(later, p)
-		case recs[i].Empty():
+		case recs[i].Empty() && !r.peers.seen.heldRows(p):
+			// A peer whose set a scan saw holding rows is not idle: its
+			// set is lost, which its recovery reports (ErrRowsSetLost).
 			idle = append(idle, e)
 		default:
 			rec = append(rec, e)
