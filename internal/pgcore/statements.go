@@ -250,7 +250,7 @@ func (o *Settings) resetQuery(s resetShape) query {
 		fmt.Fprintf(&sql, ", (SELECT count(*) FROM locked), (SELECT coalesce(max(%s), 0) FROM locked)", id)
 	} else {
 		// The rows among $ids that no longer exist (deleted): gone.
-		fmt.Fprintf(&sql, ", (SELECT array_agg(x ORDER BY x) FROM unnest(%[1]s::bigint[]) x WHERE NOT EXISTS (SELECT 1 FROM %[2]s g WHERE g.%[3]s = x))",
+		fmt.Fprintf(&sql, ", (SELECT array_agg(u.x ORDER BY u.x) FROM unnest(%[1]s::bigint[]) AS u(x) WHERE NOT EXISTS (SELECT 1 FROM %[2]s g WHERE g.%[3]s = u.x))",
 			q.param("ids"), table, id)
 	}
 	sql.WriteString(" FROM changed")
