@@ -344,7 +344,13 @@ func (s *Redis) DeregisterIdle(ctx context.Context, ids []string) (_ int, err er
 		}
 	}
 	if len(back) > 0 {
-		if serr := s.rdb.SAdd(ctx, s.registry, back...).Err(); serr != nil {
+		// Under an operation timeout of its own: the EXISTS pipeline may
+		// have used up ctx's, and a peer removed here that is alive or
+		// holds rows must be back before anything else.
+		addCtx, cancel := context.WithTimeout(context.WithoutCancel(ctx), s.opTimeout)
+		serr := s.rdb.SAdd(addCtx, s.registry, back...).Err()
+		cancel()
+		if serr != nil {
 			return 0, fmt.Errorf("re-register %d peers: %w", len(back), serr)
 		}
 	}
