@@ -72,13 +72,6 @@ type Embedded2 interface{ Other() }
 	assert.Equal(t, 3+1+1+6+5, c.total())
 }
 
-// rootLimit is the most exported identifiers the root package may have
-// (docs/plans/v2.md §1a: 79 after v2; then the block handle, Block with
-// Worker.Begin, its six methods and ErrBlockClosed, and ErrRowsRefused,
-// each asked for by users' reports). A name added to the root has to
-// replace one.
-const rootLimit = 90
-
 // handles are the exported types a host holds for a while that hold the
 // *Worker they came from, as database/sql's Tx holds its DB: a host's
 // handle on the Worker, not one of its parts wired to another.
