@@ -58,6 +58,7 @@ type Resetter struct {
 	byVersion    query  // reset rows still at the version the sweep saw (no owner column)
 	versionRest  query  // the rows byVersion skipped, locked by another session (versionRestQuery)
 	inProgress   string // list the rows in progress with their versions
+	gone         string // the IDs among $1 no row has (goneIDs)
 
 	ledgerCleaned atomic.Int64 // unix nanoseconds of the last ledger clean-up
 	chunks        chunkSizer   // the size of the next chunk of a reset
@@ -94,6 +95,8 @@ func (r *Resetter) init(handle any, conn DB, kind string, opts []Option) error {
 	r.conn, r.kind, r.o = conn, kind, o
 	r.chunks.init(o.ChunkSize)
 	r.byIDs, r.rest = o.resetQuery(resetShape{}), o.restQuery(false)
+	r.gone = fmt.Sprintf("SELECT u.x FROM unnest($1::bigint[]) AS u(x) WHERE NOT EXISTS (SELECT 1 FROM %s g WHERE g.%s = u.x) ORDER BY u.x",
+		o.tableIdent(), ident(o.IDColumn))
 	if o.usesLedger() {
 		r.logged = o.resetQuery(resetShape{ledger: true})
 	}
@@ -305,6 +308,9 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 		if err != nil {
 			return ResetResult{}, err
 		}
+		if res.Gone, err = r.goneIDs(ctx, tx, chunk, res.ChangedIDs, notReset); err != nil {
+			return ResetResult{}, err
+		}
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
@@ -400,6 +406,46 @@ func (r *Resetter) unsettled(ctx context.Context, tx Querier, q query, v resetVa
 	})
 }
 
+// goneMax is the most IDs goneIDs asks about: a reset whose rows are
+// mostly gone (a rows set of a million IDs deleted long ago) is not made
+// twice as long by a report.
+const goneMax = 1000
+
+// goneIDs returns, among ids (sorted) that a reset statement neither
+// changed nor left unsettled (still in progress: locked, refused), those
+// no row has any more: deleted since they were taken. The others moved on
+// (finished, taken by another owner). It asks only when at most goneMax
+// are left to tell apart, which is the common case of none; past that it
+// returns nil (ResetResult.Gone: the resetter cannot tell).
+func (r *Resetter) goneIDs(ctx context.Context, tx Querier, ids, changed []int64, unsettled []RowState) ([]int64, error) {
+	if len(ids) == len(changed) {
+		return nil, nil
+	}
+	left := make(map[int64]bool, len(changed)+len(unsettled))
+	for _, id := range changed {
+		left[id] = true
+	}
+	for _, s := range unsettled {
+		left[s.ID] = true
+	}
+	var ask []int64
+	for _, id := range ids {
+		if !left[id] {
+			if ask = append(ask, id); len(ask) > goneMax {
+				return nil, nil
+			}
+		}
+	}
+	if len(ask) == 0 {
+		return nil, nil
+	}
+	gone, err := collect(ctx, tx, r.gone, []any{ask}, scanOne[int64])
+	if err != nil {
+		return nil, fmt.Errorf("read which rows are gone: %w", err)
+	}
+	return gone, nil
+}
+
 // InProgressOwners returns the distinct owners of rows in progress. It
 // needs WithOwnerColumn.
 func (r *Resetter) InProgressOwners(ctx context.Context) ([]string, error) {
@@ -479,6 +525,9 @@ func (r *Resetter) resetVersionsInTx(ctx context.Context, tx Tx, sorted []RowSta
 		if err != nil {
 			return ResetResult{}, err
 		}
+		if res.Gone, err = r.goneIDs(ctx, tx, v.ids, res.ChangedIDs, locked); err != nil {
+			return ResetResult{}, err
+		}
 		total.Changed += res.Changed
 		total.Quarantined = append(total.Quarantined, res.Quarantined...)
 		total.ChangedIDs = append(total.ChangedIDs, res.ChangedIDs...)
@@ -555,7 +604,7 @@ func (r *Resetter) run(ctx context.Context, tx Tx, q query, v resetValues) (Rese
 		res     ResetResult
 		refused []int64
 	)
-	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs, &refused, &res.Gone); err != nil {
+	if err := queryRow(ctx, tx, q.sql, r.bind(q, v), &res.Changed, &res.Quarantined, &res.ChangedIDs, &refused); err != nil {
 		return ResetResult{}, nil, err
 	}
 	return res, refused, nil

@@ -149,8 +149,9 @@ func (o *Settings) inProgressQuery() string {
 //	       (SELECT array_agg(id) FROM locked WHERE id NOT IN (SELECT id FROM changed)) FROM changed
 //
 // The fourth column lists the rows it locked and could not change: a BEFORE
-// UPDATE trigger returned NULL for them (refused, RowState.Refused). A
-// reset by IDs also returns the IDs among $ids no row has (gone,
+// UPDATE trigger returned NULL for them (refused, RowState.Refused).
+// goneQuery then names, among the few IDs of a reset by IDs that are
+// neither changed nor still matching, those no row has (gone,
 // ResetResult.Gone).
 //
 // versionRestQuery reads, after versionsQuery and in its transaction, the
@@ -248,10 +249,7 @@ func (o *Settings) resetQuery(s resetShape) query {
 		quarantined, id, id, id)
 	if s.byOwner {
 		fmt.Fprintf(&sql, ", (SELECT count(*) FROM locked), (SELECT coalesce(max(%s), 0) FROM locked)", id)
-	} else {
-		// The rows among $ids that no longer exist (deleted): gone.
-		fmt.Fprintf(&sql, ", (SELECT array_agg(u.x ORDER BY u.x) FROM unnest(%[1]s::bigint[]) AS u(x) WHERE NOT EXISTS (SELECT 1 FROM %[2]s g WHERE g.%[3]s = u.x))",
-			q.param("ids"), table, id)
+
 	}
 	sql.WriteString(" FROM changed")
 	q.sql = sql.String()
