@@ -188,7 +188,12 @@ func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, member, "deregistered once its rows are accounted for")
 
-	out, errOut, code = ctl(t, env, base...)
+	// With no instance registered any more, recover cannot tell this
+	// fleet from a wrong --prefix: it refuses unless told the fleet is down.
+	_, errOut, code = ctl(t, env, base...)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "has no registered instance")
+	out, errOut, code = ctl(t, env, append(base, "--fleet-down")...)
 	t.Logf("recover again:\n%s%s", out, errOut)
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "PostgreSQL: no rows in progress")
@@ -258,7 +263,7 @@ func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
 	// No worker ever ran: the fleet record is empty, so --heartbeat-ttl
 	// gives the fleet's TTL, and with it the sweep's gap (3 × 1s).
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
-		"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--json")
+		"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--fleet-down", "--json")
 	assert.Equal(t, exitFail, code, errOut)
 	assert.Contains(t, errOut, "rows in progress that no live worker holds are stuck: 1 rows (5) are still in progress after the backstop sweep's second look (1 held locked by another session")
 	var got recoverJSON
@@ -299,7 +304,7 @@ func TestRecoverByOwnerResetsRowsOfOwnersRedisDoesNotKnow(t *testing.T) {
 	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'ghost-1' WHERE rowid IN (1, 2)`)
 	require.NoError(t, err)
 	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
-	args := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover",
+	args := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--fleet-down",
 		"--schema", schema, "--owner-column", "owner"}
 
 	out, errOut, code := ctl(t, env, append(args, "--timeout", "1s")...)
@@ -333,7 +338,7 @@ func TestRecoverWithoutOwnerColumnLeavesOwnerModeMembersRowsAlone(t *testing.T) 
 		fmt.Sprintf("1000 1000 1000 owner %d", time.Now().Add(time.Minute).UnixMilli())).Err())
 
 	_, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
-		"--redis-url", url, "--prefix", prefix, "recover")
+		"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down")
 	assert.Equal(t, exitFail, code)
 	assert.Contains(t, errOut, "live members announce owner mode (owner-1)")
 	assert.Len(t, inProgress(t, db), 2, "their rows are left alone")
