@@ -278,6 +278,45 @@ func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
 	assert.Equal(t, map[int64]string{5: "inprog"}, inProgress(t, db))
 }
 
+// TestRecoverFailsNamingRowsTheDatabaseRefused: rows in progress that no
+// rows set holds, one of them refused by a BEFORE UPDATE trigger that
+// returns NULL: recover resets the other, exits 1 naming the refused one
+// as refused by the database, and keeps the dead instance that left no
+// rows set registered.
+func TestRecoverFailsNamingRowsTheDatabaseRefused(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	waitUptime(t, rdb)
+	db := testutil.Postgres(t)
+	schema := newcomerSchema(t, db)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid IN (4, 5);
+CREATE FUNCTION refuse_five() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF OLD.rowid = 5 THEN RETURN NULL; END IF; RETURN NEW; END $$;
+CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
+	require.NoError(t, err)
+	prefix := testutil.Name("CTL")
+	// A dead instance that left no rows set: the rows may be its.
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "gone-1").Err())
+
+	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
+		"--redis-url", url, "--prefix", prefix, "--heartbeat-ttl", "1s", "recover", "--fleet-down", "--json")
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "rows in progress that no live worker holds are stuck: 1 rows (5) are still in progress after the backstop sweep's second look (1 refused by the database (5): a BEFORE UPDATE trigger returned NULL")
+	var got recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.NotNil(t, got.Sweep)
+	assert.Equal(t, []int64{4, 5}, got.Sweep.RowsUnheld)
+	assert.Equal(t, []int64{5}, got.Sweep.RowsStuck)
+	assert.Equal(t, []int64{5}, got.Sweep.RowsRefused)
+	assert.EqualValues(t, 1, got.Sweep.RowsReset)
+	assert.Equal(t, []string{"gone-1"}, got.Sweep.Kept)
+	assert.Equal(t, map[int64]string{5: "inprog"}, inProgress(t, db))
+	member, err := rdb.SIsMember(ctx, store.RegistryKey(prefix), "gone-1").Result()
+	require.NoError(t, err)
+	assert.True(t, member, "kept registered while a row it may have held is stuck")
+}
+
 // waitUptime waits until the Redis server has been up for 2s: the sweep
 // judges nothing on a server up for less than a heartbeat TTL (1s in these
 // tests), as live workers may not have written their keys to it yet.
