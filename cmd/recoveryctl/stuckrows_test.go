@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -345,6 +346,15 @@ func TestRecoverByOwnerResetsRowsOfOwnersRedisDoesNotKnow(t *testing.T) {
 	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
 	args := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--fleet-down",
 		"--schema", schema, "--owner-column", "owner"}
+
+	// The prefix has no fleet record nor registered instance, as a wrong
+	// --prefix would: by owner too, recover refuses unless told the fleet
+	// is down, and ghost-1's rows stay in progress.
+	noFlag := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--fleet-down" })
+	_, errOut, code := ctl(t, env, noFlag...)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "has no fleet record")
+	assert.Len(t, inProgress(t, db), 2)
 
 	out, errOut, code := ctl(t, env, append(args, "--timeout", "1s")...)
 	t.Logf("recover --timeout 1s:\n%s%s", out, errOut)
