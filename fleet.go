@@ -67,11 +67,8 @@ func (v *fleetView) check(ctx context.Context, checked ResetterInfo) (f store.Fl
 	if err != nil {
 		return f, false, err
 	}
-	if f.Serves != serves {
-		return f, true, v.mismatch(f.Serves, serves)
-	}
-	if server != "" && f.Server != "" && f.Server != server {
-		return f, true, v.mismatch(f.Serves+" on "+f.Server, serves+" on "+server)
+	if recorded, theirs, differs := f.Differs(serves, server); differs {
+		return f, true, v.mismatch(recorded, theirs)
 	}
 	v.mem.setServes(serves, server)
 	return f, true, nil

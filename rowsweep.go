@@ -230,6 +230,7 @@ func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 		}
 		if s.Refused {
 			rep.strayRefused++
+			rep.refusedIDs = append(rep.refusedIDs, s.ID)
 		}
 	}
 	s.stats.rowsRecovered.Add(uint64(res.Changed))

@@ -82,7 +82,9 @@ type sweepReport struct {
 	strayReset  int64
 	// strayRefused of them the database refused to change (a BEFORE
 	// UPDATE trigger returned NULL); they are tried again a gap later.
+	// refusedIDs lists them (sweepNow reports them stuck).
 	strayRefused int
+	refusedIDs   []int64
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64

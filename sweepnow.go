@@ -90,7 +90,14 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 	if second.nodeHeld {
 		rep.NodeHeld = true
 	}
-	rep.Stuck = slices.Sorted(maps.Keys(rs.mem.stray))
+	// A row the database refused is still in progress: stuck, though the
+	// sweep's memory tries it again only a gap later, as a new stray row.
+	rep.Refused = slices.Sorted(slices.Values(second.refusedIDs))
+	stuck := maps.Clone(rs.mem.stray)
+	for _, id := range rep.Refused {
+		stuck[id] = strayRow{}
+	}
+	rep.Stuck = slices.Sorted(maps.Keys(stuck))
 	if err != nil {
 		return rep, fmt.Errorf("backstop sweep: %w", err)
 	}

@@ -499,12 +499,15 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 		return err
 	}
 	defer rdb.Close()
-	w, closeDB, err := newWorker(ctx, rdb, o, stderr)
+	w, info, closeDB, err := newWorker(ctx, rdb, o, stderr)
 	if err != nil {
 		return err
 	}
 	defer closeDB()
 	defer w.Shutdown(context.Background()) // never started: returns at once
+	if err := checkFleet(ctx, rdb, o, info); err != nil {
+		return err
+	}
 
 	var out recoverJSON
 	if o.dryRun {
@@ -549,36 +552,35 @@ type noDB struct{ pgxreset.Execer }
 // pgxreset.Resetter built from the flags, after checking it against
 // the catalogue (unless --no-schema-check). The Worker is never started:
 // no heartbeat, no registration; ops.RecoverNow and ops.PlanRecovery only.
-func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (*recovery.Worker, func(), error) {
+func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stderr io.Writer) (*recovery.Worker, recovery.ResetterInfo, func(), error) {
+	var info recovery.ResetterInfo
 	cfg, err := pgxpool.ParseConfig(o.databaseURL)
 	if err != nil {
-		return nil, nil, &usageError{fmt.Sprintf("database URL %s: %v", redact.URL(o.databaseURL), err)}
+		return nil, info, nil, &usageError{fmt.Sprintf("database URL %s: %v", redact.URL(o.databaseURL), err)}
 	}
 	cfg.MaxConns = 2
 	cfg.ConnConfig.ConnectTimeout = dialTimeout
 	pool, err := pgxpool.NewWithConfig(ctx, cfg)
 	if err != nil {
-		return nil, nil, fmt.Errorf("open PostgreSQL pool: %w", err)
+		return nil, info, nil, fmt.Errorf("open PostgreSQL pool: %w", err)
 	}
 	if err := pool.Ping(ctx); err != nil {
 		pool.Close()
-		return nil, nil, fmt.Errorf("PostgreSQL at %s unreachable: %w", redact.URL(o.databaseURL), err)
+		return nil, info, nil, fmt.Errorf("PostgreSQL at %s unreachable: %w", redact.URL(o.databaseURL), err)
 	}
 	resetter, err := pgxreset.New(pool, o.pgx.Options()...)
 	if err != nil {
 		pool.Close()
-		return nil, nil, &usageError{err.Error()}
+		return nil, info, nil, &usageError{err.Error()}
 	}
-	if !o.noSchemaCheck {
-		if _, err := resetter.Check(ctx, true); err != nil {
-			pool.Close()
-			return nil, nil, fmt.Errorf("%w (fix the flags or RECOVERY_* variables, or skip the check with --no-schema-check)", err)
-		}
+	if info, err = resetter.Check(ctx, !o.noSchemaCheck); err != nil && !o.noSchemaCheck {
+		pool.Close()
+		return nil, info, nil, fmt.Errorf("%w (fix the flags or RECOVERY_* variables, or skip the check with --no-schema-check)", err)
 	}
 	ttl, err := fleetTTL(ctx, rdb, o)
 	if err != nil {
 		pool.Close()
-		return nil, nil, err
+		return nil, info, nil, err
 	}
 	w, err := recovery.New(rdb, resetter,
 		recovery.WithKeyPrefix(o.prefix),
@@ -590,9 +592,56 @@ func newWorker(ctx context.Context, rdb redis.UniversalClient, o *options, stder
 		recovery.WithLogger(slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))))
 	if err != nil {
 		pool.Close()
-		return nil, nil, &usageError{err.Error()}
+		return nil, info, nil, &usageError{err.Error()}
 	}
-	return w, pool.Close, nil
+	return w, info, pool.Close, nil
+}
+
+// checkFleet is Start's fleet check for a Worker that is never started:
+// the fleet record under --prefix must serve what the resetter serves
+// (info, its Check's result; store.Fleet.Differs, the comparison Start
+// makes), and with no --fleet-down the record must exist and the
+// registry hold an instance. Under a wrong --prefix or --redis-url the
+// registry is empty, so every row in progress would look held by no rows
+// set, and live workers' rows would be reset under them.
+func checkFleet(ctx context.Context, rdb redis.UniversalClient, o *options, info recovery.ResetterInfo) error {
+	serves := info.Serves
+	if info.Server != "" {
+		serves += " on " + info.Server
+	}
+	f, err := store.NewRedis(rdb, o.prefix, dialTimeout).ReadFleet(ctx)
+	if err != nil {
+		return fmt.Errorf("read the fleet record %s: %w", store.FleetKey(o.prefix), err)
+	}
+	if f.Serves != "" && info.Serves != "" {
+		if recorded, theirs, differs := f.Differs(info.Serves, info.Server); differs {
+			return fmt.Errorf("%w: the fleet record of prefix %q serves %s, the resetter serves %s: check --prefix, --redis-url, DATABASE_URL and --schema/--table; recover refused, nothing changed",
+				recovery.ErrFleetMismatch, o.prefix, recorded, theirs)
+		}
+	}
+	if o.fleetDown {
+		return nil
+	}
+	switch {
+	case info.Serves == "":
+		return fmt.Errorf("recover refused, nothing changed: the resetter cannot tell what it serves, so the fleet record of prefix %q cannot be checked against it; if the whole fleet is down, run again with --fleet-down", o.prefix)
+	case f.Serves == "":
+		return fmt.Errorf("recover refused, nothing changed: prefix %q has no fleet record (%s), the resetter serves %s: no worker ever started under this prefix on this Redis, so --prefix or --redis-url is likely wrong, and every live worker's rows would look held by no one; fix them, or if the whole fleet is down, run again with --fleet-down",
+			o.prefix, store.FleetKey(o.prefix), serves)
+	}
+	fleet, err := ops.Inspect(ctx, rdb, o.prefix)
+	if err != nil {
+		return fmt.Errorf("read the registry: %w", err)
+	}
+	if len(fleet.Instances) == 0 {
+		recorded := f.Serves
+		if f.Server != "" {
+			recorded += " on " + f.Server
+		}
+		return fmt.Errorf("recover refused, nothing changed: prefix %q has no registered instance (its fleet record serves %s, the resetter serves %s): under a wrong --prefix or --redis-url every live worker's rows would look held by no one; fix them, or if the whole fleet is down, run again with --fleet-down",
+			o.prefix, recorded, serves)
+	}
+	return nil
 }
 
 // fleetTTL is the longest heartbeat TTL the fleet record holds of any

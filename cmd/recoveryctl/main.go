@@ -9,7 +9,7 @@
 //	recoveryctl [flags] rows <instance>
 //	recoveryctl [flags] history [--since 1h] [--last N] [--rows]
 //	recoveryctl [flags] watch [--interval 2s] [--last 10] [--count N] [--plain]
-//	recoveryctl [flags] recover [--dry-run] [--database-url URL] [resetter flags]
+//	recoveryctl [flags] recover [--dry-run] [--fleet-down] [--database-url URL] [resetter flags]
 //
 // Flags may come before or after the command:
 //
@@ -75,6 +75,14 @@
 // time for it; otherwise, or when rows stay in progress, it exits 1 naming
 // them (or their owners), and without an owner column keeps registered
 // every dead instance that left no rows set, whose rows they may be.
+//
+// Before it reads PostgreSQL, recover (and --dry-run) requires the fleet
+// record under --prefix, serving what the resetter serves (the check
+// Start makes, ErrFleetMismatch), and at least one registered instance:
+// under a wrong --prefix or --redis-url every live worker's rows would
+// look held by no rows set, and be reset under them. It refuses, exit 1,
+// when the record serves something else, and when the record is missing
+// or the registry empty unless --fleet-down says the whole fleet is down.
 //
 // recover --dry-run changes nothing: it finds the dead instances as a scan
 // does and asks PostgreSQL which rows a reset would change, by running the
@@ -150,12 +158,15 @@ type options struct {
 	dryRun        bool
 	databaseURL   string
 	noSchemaCheck bool
-	since         time.Duration // history
-	rows          bool          // history
-	last          int           // history, watch
-	interval      time.Duration // watch
-	count         int           // watch
-	plain         bool          // watch
+	// fleetDown: the operator says the whole fleet is down, so recover
+	// runs without a fleet record or registered instances under --prefix.
+	fleetDown bool
+	since     time.Duration // history
+	rows      bool          // history
+	last      int           // history, watch
+	interval  time.Duration // watch
+	count     int           // watch
+	plain     bool          // watch
 	// heartbeatTTL and heartbeatInterval are the fleet's, for the time
 	// since each instance's last heartbeat (workers, rows, watch).
 	heartbeatTTL, heartbeatInterval time.Duration
@@ -190,6 +201,7 @@ func (o *options) registerRecover(fs *flag.FlagSet) {
 	fs.BoolVar(&o.dryRun, "dry-run", false, "ask PostgreSQL which rows a scan would change, and change nothing")
 	fs.StringVar(&o.databaseURL, "database-url", "", "PostgreSQL URL (default $DATABASE_URL)")
 	fs.BoolVar(&o.noSchemaCheck, "no-schema-check", false, "do not check table, columns and statuses against the catalogue first")
+	fs.BoolVar(&o.fleetDown, "fleet-down", false, "the whole fleet is down: run although --prefix has no fleet record or no registered instance (without it, recover refuses, since a wrong --prefix or --redis-url would make every live worker's rows look unheld)")
 	str := func(p *string, name, env, def, usage string) {
 		fs.StringVar(p, name, *p, fmt.Sprintf("%s (postgres.%s; default $%s, else %s)", usage, optionName(name), env, def))
 	}

@@ -364,7 +364,7 @@ func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T
 	ids := []string{"dead-1", "dead-2", "dead-empty", "dead-claimed"}
 	redisBefore, dbBefore := dump(t, rdb, prefix, ids...), itemStates(t, db)
 
-	args := append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--dry-run"}, flags...)
+	args := append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--dry-run"}, flags...)
 	out, errOut, code := ctl(t, env, args...)
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "dry run: 5 registered instances checked, 4 dead, 4 rows would be reset; nothing was changed")
@@ -398,7 +398,7 @@ func TestRecoverDryRunOnAnEnumTablePromisesExactlyTheRowsThatChange(t *testing.T
 	assert.Equal(t, dbBefore, itemStates(t, db), "a dry run commits nothing")
 
 	// The real run does what the dry run said, no more.
-	out, errOut, code = ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--json"}, flags...)...)
+	out, errOut, code = ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--json"}, flags...)...)
 	require.Equal(t, exitOK, code, errOut)
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
 	assert.EqualValues(t, 4, got.RowsReset)
@@ -425,7 +425,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	misspelt[slices.Index(misspelt, "running")] = "runing"
 
 	// On an enum, the catalogue shows it before anything is touched.
-	_, errOut, code := ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover"}, misspelt...)...)
+	_, errOut, code := ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down"}, misspelt...)...)
 	assert.Equal(t, exitFail, code, errOut)
 	assert.Regexp(t, `in-progress status "runing" \(WithStatuses\) is not a label of enum \S*job_state`, errOut)
 	assert.Contains(t, errOut, "--no-schema-check")
@@ -434,7 +434,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 
 	// Without the check, PostgreSQL refuses the value: the recovery fails
 	// and keeps everything for the next try.
-	_, errOut, code = ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--no-schema-check"}, misspelt...)...)
+	_, errOut, code = ctl(t, env, append([]string{"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--no-schema-check"}, misspelt...)...)
 	assert.Equal(t, exitFail, code, errOut)
 	assert.Contains(t, errOut, "could not be recovered; their rows stay tracked")
 	assert.Equal(t, redisBefore["registry"], dump(t, rdb, prefix, "dead-1")["registry"])
@@ -449,7 +449,7 @@ func TestRecoverKeepsTheRowsSetAndRegistryEntryWhenAStatusIsMisspelt(t *testing.
 	require.NoError(t, err)
 	require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, "dead-1").Rows, "3").Err())
 	misspelt[slices.Index(misspelt, "items")] = "textitems"
-	base := []string{"--redis-url", url, "--prefix", prefix, "recover"}
+	base := []string{"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down"}
 	// The dry run says so, and exits 1 as the real run will.
 	out, errOut, code := ctl(t, env, append(append(base, "--dry-run"), misspelt...)...)
 	require.Equal(t, exitFail, code, errOut)
@@ -560,7 +560,7 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "5")
 
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
-		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema, "--json")
+		"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--schema", schema, "--json")
 	require.Equal(t, exitOK, code, errOut)
 	var got recoverJSON
 	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
@@ -602,7 +602,7 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 
 	// A second scan finds nothing to do; the text form says so.
 	out, errOut, code = ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
-		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema)
+		"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--schema", schema)
 	require.Equal(t, exitOK, code, errOut)
 	assert.Equal(t, "1 registered instances checked, 0 dead, 0 rows reset\n"+
 		"PostgreSQL: 1 rows in progress, every one in a live worker's rows set\n", out)
@@ -624,7 +624,7 @@ func TestRecoverWithOwnerFencingLeavesRowsOthersHold(t *testing.T) {
 	plantAlive(t, rdb, prefix, "other")
 
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
-		"--redis-url", url, "--prefix", prefix, "recover", "--schema", schema,
+		"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--schema", schema,
 		"--owner-column", "owner", "--recovery-count-column", "recoveries")
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "recovered dead-1: 3 rows tracked, 2 reset to queued")
@@ -868,7 +868,7 @@ func TestRecoverDryRunFailsWhereTheRunWould(t *testing.T) {
 	prefix := testutil.Name("CTL")
 	plantDead(t, rdb, prefix, "dead-lost")
 	require.NoError(t, rdb.Set(context.Background(), store.InstanceKeys(prefix, "dead-lost").Claim, "failed", time.Minute).Err())
-	base := []string{"--redis-url", url, "--prefix", prefix, "recover", "--no-schema-check"}
+	base := []string{"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--no-schema-check"}
 
 	out, errOut, code := ctl(t, env, append(base, "--dry-run")...)
 	assert.Equal(t, exitFail, code, errOut)

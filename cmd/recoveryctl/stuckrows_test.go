@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
+	"slices"
 	"strings"
 	"syscall"
 	"testing"
@@ -188,7 +189,12 @@ func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 	require.NoError(t, err)
 	assert.False(t, member, "deregistered once its rows are accounted for")
 
-	out, errOut, code = ctl(t, env, base...)
+	// With no instance registered any more, recover cannot tell this
+	// fleet from a wrong --prefix: it refuses unless told the fleet is down.
+	_, errOut, code = ctl(t, env, base...)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "has no registered instance")
+	out, errOut, code = ctl(t, env, append(base, "--fleet-down")...)
 	t.Logf("recover again:\n%s%s", out, errOut)
 	require.Equal(t, exitOK, code, errOut)
 	assert.Contains(t, out, "PostgreSQL: no rows in progress")
@@ -258,7 +264,7 @@ func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
 	// No worker ever ran: the fleet record is empty, so --heartbeat-ttl
 	// gives the fleet's TTL, and with it the sweep's gap (3 × 1s).
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
-		"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--json")
+		"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--fleet-down", "--json")
 	assert.Equal(t, exitFail, code, errOut)
 	assert.Contains(t, errOut, "rows in progress that no live worker holds are stuck: 1 rows (5) are still in progress after the backstop sweep's second look (1 held locked by another session")
 	var got recoverJSON
@@ -271,6 +277,45 @@ func TestRecoverFailsNamingRowsStillStuck(t *testing.T) {
 	assert.EqualValues(t, 3000, got.Sweep.GapMs)
 	require.NoError(t, tx.Rollback(ctx))
 	assert.Equal(t, map[int64]string{5: "inprog"}, inProgress(t, db))
+}
+
+// TestRecoverFailsNamingRowsTheDatabaseRefused: rows in progress that no
+// rows set holds, one of them refused by a BEFORE UPDATE trigger that
+// returns NULL: recover resets the other, exits 1 naming the refused one
+// as refused by the database, and keeps the dead instance that left no
+// rows set registered.
+func TestRecoverFailsNamingRowsTheDatabaseRefused(t *testing.T) {
+	url := testutil.RedisURL(t)
+	rdb := client(t, url)
+	ctx := context.Background()
+	waitUptime(t, rdb)
+	db := testutil.Postgres(t)
+	schema := newcomerSchema(t, db)
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid IN (4, 5);
+CREATE FUNCTION refuse_five() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN IF OLD.rowid = 5 THEN RETURN NULL; END IF; RETURN NEW; END $$;
+CREATE TRIGGER refuse_five BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION refuse_five();`)
+	require.NoError(t, err)
+	prefix := testutil.Name("CTL")
+	// A dead instance that left no rows set: the rows may be its.
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), "gone-1").Err())
+
+	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
+		"--redis-url", url, "--prefix", prefix, "--heartbeat-ttl", "1s", "recover", "--fleet-down", "--json")
+	assert.Equal(t, exitFail, code, errOut)
+	assert.Contains(t, errOut, "rows in progress that no live worker holds are stuck: 1 rows (5) are still in progress after the backstop sweep's second look (1 refused by the database (5): a BEFORE UPDATE trigger returned NULL")
+	var got recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+	require.NotNil(t, got.Sweep)
+	assert.Equal(t, []int64{4, 5}, got.Sweep.RowsUnheld)
+	assert.Equal(t, []int64{5}, got.Sweep.RowsStuck)
+	assert.Equal(t, []int64{5}, got.Sweep.RowsRefused)
+	assert.EqualValues(t, 1, got.Sweep.RowsReset)
+	assert.Equal(t, []string{"gone-1"}, got.Sweep.Kept)
+	assert.Equal(t, map[int64]string{5: "inprog"}, inProgress(t, db))
+	member, err := rdb.SIsMember(ctx, store.RegistryKey(prefix), "gone-1").Result()
+	require.NoError(t, err)
+	assert.True(t, member, "kept registered while a row it may have held is stuck")
 }
 
 // waitUptime waits until the Redis server has been up for 2s: the sweep
@@ -299,8 +344,17 @@ func TestRecoverByOwnerResetsRowsOfOwnersRedisDoesNotKnow(t *testing.T) {
 	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'ghost-1' WHERE rowid IN (1, 2)`)
 	require.NoError(t, err)
 	env := map[string]string{"DATABASE_URL": testutil.PostgresURL(t)}
-	args := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover",
+	args := []string{"--redis-url", url, "--prefix", testutil.Name("CTL"), "--heartbeat-ttl", "1s", "recover", "--fleet-down",
 		"--schema", schema, "--owner-column", "owner"}
+
+	// The prefix has no fleet record nor registered instance, as a wrong
+	// --prefix would: by owner too, recover refuses unless told the fleet
+	// is down, and ghost-1's rows stay in progress.
+	noFlag := slices.DeleteFunc(slices.Clone(args), func(a string) bool { return a == "--fleet-down" })
+	_, errOut, code := ctl(t, env, noFlag...)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "has no fleet record")
+	assert.Len(t, inProgress(t, db), 2)
 
 	out, errOut, code := ctl(t, env, append(args, "--timeout", "1s")...)
 	t.Logf("recover --timeout 1s:\n%s%s", out, errOut)
@@ -333,7 +387,7 @@ func TestRecoverWithoutOwnerColumnLeavesOwnerModeMembersRowsAlone(t *testing.T) 
 		fmt.Sprintf("1000 1000 1000 owner %d", time.Now().Add(time.Minute).UnixMilli())).Err())
 
 	_, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t), "RECOVERY_SCHEMA": schema},
-		"--redis-url", url, "--prefix", prefix, "recover")
+		"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down")
 	assert.Equal(t, exitFail, code)
 	assert.Contains(t, errOut, "live members announce owner mode (owner-1)")
 	assert.Len(t, inProgress(t, db), 2, "their rows are left alone")

@@ -31,6 +31,9 @@ type sweepJSON struct {
 	RowsReset   int64 `json:"rows_reset"`
 	Quarantined int   `json:"quarantined"`
 	Locked      int   `json:"locked"`
+	// RowsRefused are the rows of RowsStuck the database refused to
+	// change at the second look (a BEFORE UPDATE trigger returning NULL).
+	RowsRefused []int64 `json:"rows_refused,omitempty"`
 	// RedisTooYoung: a Redis master was up for less than a heartbeat TTL
 	// (or evicted keys), so no row could be judged.
 	RedisTooYoung bool `json:"redis_too_young,omitempty"`
@@ -50,7 +53,7 @@ type sweepJSON struct {
 func toSweepJSON(r ops.SweepReport) *sweepJSON {
 	return &sweepJSON{RowsInProgress: r.RowsInProgress, RowsUnheld: nonNil(r.Stray), RowsStuck: nonNil(r.Stuck),
 		GapMs: r.Gap.Milliseconds(), Waited: r.Waited, RowsReset: r.RowsReset, Quarantined: r.Quarantined,
-		Locked: r.Locked, RedisTooYoung: r.NodeHeld, ByOwner: r.ByOwner, Owners: cleanAll(r.Owners), OwnersStuck: cleanAll(r.StuckOwners)}
+		Locked: r.Locked, RowsRefused: r.Refused, RedisTooYoung: r.NodeHeld, ByOwner: r.ByOwner, Owners: cleanAll(r.Owners), OwnersStuck: cleanAll(r.StuckOwners)}
 }
 
 func nonNil(ids []int64) []int64 {
@@ -130,6 +133,10 @@ func stuckErr(s *sweepJSON) error {
 		return fmt.Errorf("%w: %d rows (%s) were not reset: the backstop sweep resets them at a second look %s after the first, past --timeout; run recover again with --timeout %s, or start a worker, whose backstop sweep resets them",
 			ops.ErrRowsStuck, len(s.RowsStuck), idList(s.RowsStuck), durText(gap), durText(2*gap+30*time.Second))
 	}
+	if len(s.RowsRefused) > 0 {
+		return fmt.Errorf("%w: %d rows (%s) are still in progress after the backstop sweep's second look (%d refused by the database (%s): a BEFORE UPDATE trigger returned NULL, so the reset changed nothing; %d held locked by another session, the others first seen unheld then); fix the trigger, then run recover again",
+			ops.ErrRowsStuck, len(s.RowsStuck), idList(s.RowsStuck), len(s.RowsRefused), idList(s.RowsRefused), s.Locked)
+	}
 	return fmt.Errorf("%w: %d rows (%s) are still in progress after the backstop sweep's second look (%d held locked by another session, the others first seen unheld then); run recover again",
 		ops.ErrRowsStuck, len(s.RowsStuck), idList(s.RowsStuck), s.Locked)
 }
@@ -165,7 +172,7 @@ func printSweep(w io.Writer, out recoverJSON) {
 			s.RowsInProgress, len(s.RowsUnheld), idList(s.RowsUnheld), gap, s.RowsReset, s.Quarantined)
 	}
 	if s.Waited && len(s.RowsStuck) > 0 {
-		fmt.Fprintf(w, "  still stuck: %d rows (%s), %d of them held locked by another session\n", len(s.RowsStuck), idList(s.RowsStuck), s.Locked)
+		fmt.Fprintf(w, "  still stuck: %d rows (%s), %d of them held locked by another session, %d refused by the database\n", len(s.RowsStuck), idList(s.RowsStuck), s.Locked, len(s.RowsRefused))
 	}
 	for _, id := range s.Kept {
 		fmt.Fprintf(w, "kept %s registered: it is dead and left no rows set, and rows in progress that no worker holds are stuck or could not be told\n", id)

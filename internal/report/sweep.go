@@ -40,10 +40,15 @@ type SweepReport struct {
 	Quarantined int
 	// Stuck lists, sorted, the rows in progress that no rows set held at
 	// the last look and that are still in progress: without Waited, all
-	// of Stray; after the second look, those another session held locked
-	// and those first seen unheld then.
+	// of Stray; after the second look, those another session held locked,
+	// those the database refused (Refused) and those first seen unheld
+	// then.
 	Stuck []int64
 	// Locked is how many rows due at the second look another session
 	// held locked.
 	Locked int
+	// Refused lists, sorted, the rows due at the second look that the
+	// database refused to change (a BEFORE UPDATE trigger returning NULL:
+	// RowState.Refused); they are in Stuck too.
+	Refused []int64
 }

@@ -65,6 +65,22 @@ type Fleet struct {
 	Members        []Member
 }
 
+// Differs reports whether the record f serves something other than
+// serves on server, and then the two as an error names them: the
+// recorded identity and serves, each with its server when the servers
+// differ. A record without a server (a release before the field), or a
+// caller that cannot tell its server, differs by identity only. Start's
+// fleet check and recoveryctl recover both judge with it.
+func (f Fleet) Differs(serves, server string) (recorded, theirs string, differs bool) {
+	if f.Serves != serves {
+		return f.Serves, serves, true
+	}
+	if server != "" && f.Server != "" && f.Server != server {
+		return f.Serves + " on " + f.Server, serves + " on " + server, true
+	}
+	return "", "", false
+}
+
 // recordFleetScript records what the fleet serves unless a value is there
 // already, and the server it serves it on unless one is there or the
 // recorded identity is another's (a record of the release before the
