@@ -92,6 +92,7 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 		pr, claimed, err := r.peers.recoverDeadLives(ctx, peer, foundByScan, noticed, plan.lives[peer])
 		switch {
 		case err != nil:
+			r.peers.seen.failedOnce(peer) // tried first among the peers seen before
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			rep.Failed = append(rep.Failed, pr)
 			rep.RowsReset += pr.RowsReset

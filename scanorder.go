@@ -59,9 +59,10 @@ type deadSeen struct {
 }
 
 type seenPeer struct {
-	first time.Time
-	rows  int64
-	at    time.Time // when rows was read
+	first  time.Time
+	rows   int64
+	at     time.Time // when rows was read
+	failed bool      // a recovery of it failed: it holds rows it could not reset yet
 }
 
 // rowsSeen returns how many rows peer's rows set held when a scan last
@@ -71,6 +72,35 @@ func (d *deadSeen) rowsSeen(peer string) (int64, time.Time) {
 	defer d.mu.Unlock()
 	s := d.peers[peer]
 	return s.rows, s.at
+}
+
+// failedBefore reports whether a recovery of peer failed since a scan
+// first saw it dead.
+func (d *deadSeen) failedBefore(peer string) bool {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	return d.peers[peer].failed
+}
+
+// boolFirst orders true before false.
+func boolFirst(a, b bool) int {
+	switch {
+	case a == b:
+		return 0
+	case a:
+		return -1
+	}
+	return 1
+}
+
+// failedOnce notes that a recovery of peer failed.
+func (d *deadSeen) failedOnce(peer string) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if s, ok := d.peers[peer]; ok {
+		s.failed = true
+		d.peers[peer] = s
+	}
 }
 
 // heldRows reports whether a scan saw peer's rows set hold rows.
@@ -151,11 +181,14 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 		fresh bool
 		first time.Time
 		ttl   time.Duration
+		retry bool // its last recovery failed: it holds rows for sure
+		rows  bool // a scan saw its rows set hold rows
 	}
 	var rec, idle []entry
 	var later []string
 	for i, p := range dead {
-		e := entry{peer: p, first: first[i], fresh: first[i].Equal(now), ttl: max(recs[i].RowsTTL, recs[i].IncarnationTTL)}
+		e := entry{peer: p, first: first[i], fresh: first[i].Equal(now), ttl: max(recs[i].RowsTTL, recs[i].IncarnationTTL),
+			retry: r.peers.seen.failedBefore(p), rows: recs[i].Rows > 0 || r.peers.seen.heldRows(p)}
 		switch {
 		case unread[p]:
 			later = append(later, p)
@@ -176,6 +209,11 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 			return 1
 		case a.fresh:
 			return cmp.Compare(b.ttl, a.ttl) // newest record first
+		case a.retry != b.retry, a.rows != b.rows:
+			// Peers known to hold rows before those that may hold none:
+			// a peer whose reset a lock held up is not queued behind a
+			// mass death's empty records once the lock is gone.
+			return cmp.Or(boolFirst(a.retry, b.retry), boolFirst(a.rows, b.rows))
 		}
 		return a.first.Compare(b.first) // waited longest first
 	})
@@ -260,7 +298,7 @@ func (d *deadSeen) note(dead []string, recs []store.Record, now time.Time) []tim
 		if recs[i].Rows > 0 {
 			s.rows, s.at = recs[i].Rows, now
 		}
-		if s.rows > 0 || !recs[i].Empty() {
+		if s.rows > 0 || s.failed || !recs[i].Empty() {
 			next[p] = s // an idle entry is not remembered: nothing to lose
 		}
 		first[i] = s.first
