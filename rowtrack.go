@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
 
 	"github.com/alya/recovery/internal/store"
@@ -56,6 +57,9 @@ type trackerCore struct {
 	log      *slog.Logger
 	stats    *counters
 	events   *dispatcher
+	// releaseMu serializes the releases of the worker (releaseBy); shared
+	// by the copies of the core.
+	releaseMu *sync.Mutex
 }
 
 // checkTracked tells the self-check about rows just tracked.
