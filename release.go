@@ -63,8 +63,12 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 	// One release of this worker at a time: the library releases the same
 	// rows from two places (the give-back, Block.Close), and a release that
 	// fails must not drop the marks of one that committed (below).
-	c.releaseMu.Lock()
-	defer c.releaseMu.Unlock()
+	select {
+	case c.releaseLock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("release %d rows of %s: waiting for another release: %w", len(rowIDs), c.id, ctx.Err())
+	}
+	defer func() { <-c.releaseLock }()
 	if !releaseSafeAfterLoss(c.info) {
 		switch {
 		case c.state.Load() == stateShutdown:
