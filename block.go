@@ -31,7 +31,9 @@ var ErrBlockClosed = errors.New("recovery: block closed")
 // Check stays failed, for good, once the lease was lost after Begin: the
 // block's rows may have been recovered, even if the worker's lease is back
 // (then the next Begin succeeds). Close releases the rows tracked and not
-// Done (Release); after every row is Done it does nothing. A Block is used
+// Done (Release); after every row is Done it does nothing. In rows-set
+// mode the worker gives back no rows held at a loss while a Block begun
+// before it is open: Close every Block. A Block is used
 // by one goroutine; Close may be called any number of times.
 type Block struct {
 	w      *Worker
@@ -48,11 +50,16 @@ type Block struct {
 // ErrLeaseLost while peers may consider this worker dead (wait and call
 // Begin again: a lost lease comes back with Redis). Begin sends nothing.
 func (w *Worker) Begin() (*Block, error) {
-	losses := w.stats.leaseLosses.Load()                 // before the check: a loss after it fails the block
+	b := &Block{w: w, rows: make(map[int64]struct{})}
+	// Open before the check, with the losses so far: a loss after it fails
+	// the block, and the give-back waits for its Close.
+	b.losses = w.lease.blocks.open(b, &w.stats.leaseLosses)
 	if err := w.lease.checkTrack(&w.state); err != nil { // CheckLease; the host has moved on
+		w.lease.blocks.close(b)
 		return nil, fmt.Errorf("begin a block: %w", err)
 	}
-	return &Block{w: w, owner: w.OwnerValue(), losses: losses, rows: make(map[int64]struct{})}, nil
+	b.owner = w.OwnerValue()
+	return b, nil
 }
 
 // OwnerValue returns the value the block's fetch writes into the owner
@@ -161,6 +168,10 @@ func (b *Block) Close() error {
 	ids := b.w.rows.heldAmong(members(b.rows))
 	clear(b.rows)
 	b.mu.Unlock()
+	// Then the give-back may go on without this block (giveback.go): its
+	// rows are released below or were done.
+	defer b.w.giver.wake()
+	defer b.w.lease.blocks.close(b)
 	if len(ids) == 0 {
 		return nil
 	}

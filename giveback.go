@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"slices"
 	"strings"
+	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -61,7 +63,14 @@ func (g *giver) note() {
 		return
 	}
 	if g.rows.heldAtLoss() == 0 {
-		g.lease.movedOn.Store(false) // for the next loss
+		return
+	}
+	g.wake()
+}
+
+// wake wakes the loop; it never blocks.
+func (g *giver) wake() {
+	if g == nil {
 		return
 	}
 	select {
@@ -115,8 +124,11 @@ func (g *giver) due() (time.Duration, bool) {
 	switch {
 	case l.perLife.Load():
 		end = l.regainedAt.Load() + int64(g.opts.heartbeatInterval/2)
-	case !l.movedOn.Load():
-		return 0, false // the host may still be in the old block: a Track or Begin says it left
+	case !l.movedOn.Load() || l.blocks.openBefore(l.stats.leaseLosses.Load()):
+		// The host may still be in the old block: a Track or Begin says
+		// it left, and Close of every Block begun before the loss (which
+		// wakes the loop).
+		return 0, false
 	}
 	return time.Duration(end) - time.Since(l.epoch), true
 }
@@ -165,4 +177,43 @@ func (l *lease) heldErr(n int) error {
 	}
 	return fmt.Errorf("%w: %d rows held when it was lost are not given back yet (rows %s): Release them (Block.Close does); otherwise the worker gives them back itself once safe (docs/safety.md §3)",
 		ErrLeaseLost, n, list)
+}
+
+// openBlocks are the Blocks open now, each with the worker's lease losses
+// at its Begin.
+type openBlocks struct {
+	mu    sync.Mutex
+	began map[*Block]uint64
+}
+
+// open registers b, begun now, and returns the lease losses so far.
+func (o *openBlocks) open(b *Block, losses *atomic.Uint64) uint64 {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	n := losses.Load()
+	if o.began == nil {
+		o.began = make(map[*Block]uint64)
+	}
+	o.began[b] = n
+	return n
+}
+
+// close forgets b.
+func (o *openBlocks) close(b *Block) {
+	o.mu.Lock()
+	delete(o.began, b)
+	o.mu.Unlock()
+}
+
+// openBefore reports whether a Block begun before the losses-th lease loss
+// is open.
+func (o *openBlocks) openBefore(losses uint64) bool {
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	for _, n := range o.began {
+		if n < losses {
+			return true
+		}
+	}
+	return false
 }

@@ -145,3 +145,89 @@ func TestShutdownStopsTheGiveBackLoop(t *testing.T) {
 	require.NoError(t, w.Shutdown(context.Background()))
 	assert.Zero(t, workerGoroutines(), "no goroutine outlives Shutdown")
 }
+
+// In rows-set mode a Block begun before a loss keeps its rows while it is
+// open, whatever other goroutines do: goroutine A is inside a long row of
+// its block while goroutine B retries Begin after the regain, as the docs
+// say. Given back at the end of the hold, row 2 would go back to the queue
+// under A, and A's status-guarded completion would commit after another
+// worker fetched it: done twice. A's Close gives the rest back, and the
+// lease is valid again. (Reverted, one movedOn for the whole process: rows
+// 1 and 2 were given back at the end of the hold, under A.)
+func TestRowsSetWorkerKeepsTheRowsOfAnOpenBlockBegunBeforeTheLoss(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBB")
+	ctx := context.Background()
+	w, fr, logs := rowsSetWorker(t, rdb, db, prefix)
+	a, err := w.Begin()
+	require.NoError(t, err)
+	take(t, db, "w", 1, 2)
+	require.NoError(t, a.Track(ctx, 1, 2)) // A goes on with row 1, a long row
+	regained := loseRowsSetLease(t, rdb, prefix, w, fr, logs)
+
+	begun := make(chan error)
+	go func() { // goroutine B retries Begin, each try refused
+		_, err := w.Begin()
+		begun <- err
+	}()
+	require.ErrorIs(t, <-begun, ErrLeaseLost)
+	past := w.fleet.claimTTL() + 2*w.opts.heartbeatInterval
+	waitTurns(t, &signals(w).beat, 2*past, func() bool { return time.Since(regained) > past }, // poll: the clock ends the hold
+		"the hold over, and two heartbeats more")
+	go func() {
+		_, err := w.Begin()
+		begun <- err
+	}()
+	assert.ErrorIs(t, <-begun, ErrLeaseLost, "B still refused: A's rows are not given back")
+	waitBeat(t, w)
+	assert.Zero(t, logs.Count("the host did not release them"), "nothing given back while A's block is open")
+	for _, id := range []int64{1, 2} {
+		s, _ := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, "row %d, A's, is not given back under it", id)
+	}
+
+	assert.ErrorIs(t, a.Check(), ErrLeaseLost, "A stops after row 1")
+	assert.True(t, complete(t, db, "w", 1), "A's completion of row 1")
+	require.NoError(t, a.Done(1))
+	require.NoError(t, a.Close()) // gives row 2 back
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"the lease valid again once A's block is closed")
+	s, _ := rowState(t, db, 2)
+	assert.Equal(t, "queued", s)
+	b, err := w.Begin()
+	require.NoError(t, err)
+	require.NoError(t, b.Close())
+}
+
+// Each loss waits for the host to move on from its own rows: a host that
+// moved on after a first loss (a Track refused) has not moved on from a
+// second one before the give-back. (Reverted, movedOn cleared only after a
+// heartbeat with nothing held: the rows were given back at the end of the
+// second hold without any Track since.)
+func TestRowsSetWorkerWaitsForTheHostAgainAfterASecondLoss(t *testing.T) {
+	t.Parallel()
+	rdb, db, prefix := onRealServers(t, 3, "GBL")
+	ctx := context.Background()
+	w, fr, logs := rowsSetWorker(t, rdb, db, prefix)
+	take(t, db, "w", 1, 2)
+	require.NoError(t, w.Track(ctx, 1, 2))
+	loseRowsSetLease(t, rdb, prefix, w, fr, logs)
+	require.ErrorIs(t, w.Track(ctx, 3), ErrLeaseLost) // the host moved on from the first loss
+
+	w.lease.markLeaseLost(nil) // a second loss before the give-back (a heartbeat sent too late), within the first hold
+	waitTurns(t, &signals(w).beat, 5*time.Second, func() bool { return logs.Count("heartbeat lease regained") == 2 })
+	regained := time.Now()
+	require.EqualValues(t, 2, w.Stats().LeaseLosses)
+
+	past := w.fleet.claimTTL() + 2*w.opts.heartbeatInterval
+	waitTurns(t, &signals(w).beat, 2*past, func() bool { return time.Since(regained) > past }, // poll: the clock ends the hold
+		"the second hold over, and two heartbeats more")
+	assert.ErrorIs(t, w.CheckLease(), ErrLeaseLost, "the host may still be in rows 1 and 2")
+	assert.Zero(t, logs.Count("the host did not release them"))
+
+	require.ErrorIs(t, w.Track(ctx, 3), ErrLeaseLost) // the host moves on again
+	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
+		"given back once the host fetched again")
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "queued", s)
+}

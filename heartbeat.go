@@ -257,6 +257,7 @@ func (l *lease) markLeaseLost(cause error) {
 	if l.lost.Swap(true) {
 		return
 	}
+	l.movedOn.Store(false) // the host has not moved on from this loss's rows yet
 	since := l.sinceRefresh()
 	// Only a host whose Release is safe now (owner fencing, or the reset
 	// ledger) can do something with rows peers may have taken; for any

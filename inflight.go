@@ -427,13 +427,19 @@ func (s *inflight) currentIncarnation() string {
 }
 
 // markReleased records rows this worker reset itself under the current
-// incarnation.
-func (s *inflight) markReleased(ids []int64) {
+// incarnation, and returns those not marked yet: the only ones a failed
+// reset may unmark.
+func (s *inflight) markReleased(ids []int64) (marked map[int64]struct{}) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	marked = make(map[int64]struct{}, len(ids))
 	for _, id := range ids {
-		s.released[id] = struct{}{}
+		if _, ok := s.released[id]; !ok {
+			s.released[id] = struct{}{}
+			marked[id] = struct{}{}
+		}
 	}
-	s.mu.Unlock()
+	return marked
 }
 
 // retaken reports whether a row released under the current incarnation

@@ -38,8 +38,13 @@ type lease struct {
 	heldUntil  atomic.Int64
 	regainedAt atomic.Int64
 	// movedOn is set when the host took rows (checkTrack) while rows held
-	// at the last loss were still its own: it has left them (giveback.go).
+	// at the last loss were still its own and no Block begun before that
+	// loss was open: it has left them (giveback.go). Each loss clears it
+	// (markLeaseLost).
 	movedOn atomic.Bool
+	// blocks are the Blocks open now (block.go): the give-back waits for
+	// those begun before the last loss.
+	blocks openBlocks
 	// perLife is set while the rows this worker takes carry per-life owner
 	// values (owner mode, the host writing OwnerValue()): a recovery of a life
 	// judged dead reaches none of the rows of a later life, so a regain
@@ -138,7 +143,8 @@ func (l *lease) check(heldAtLoss int) error {
 // not idle the worker: it gives them back itself, as Release would, half a
 // heartbeat interval after the regain in owner mode with per-life owner
 // values; otherwise once the hold below has ended and the host has moved
-// on (it called Track, TrackAs or Begin for new rows) (docs/safety.md §3).
+// on (it called Track, TrackAs or Begin for new rows since the loss) and
+// every Block begun before the loss is closed (docs/safety.md §3).
 // Rows a worker without an owner column left to the backstop sweep (its
 // rows set was gone when its heartbeat came back, docs/safety.md §3) count
 // among them: they are no longer written back, but the lease stays lost
@@ -165,10 +171,11 @@ func (l *lease) checkIn(state *atomic.Int32) error {
 // checkTrack is checkIn for a host that takes rows (Track, TrackAs,
 // Begin): one that does so while rows held at the last loss are still its
 // own has moved on from them (movedOn), which lets the worker give them
-// back (giveback.go).
+// back (giveback.go); not while a Block begun before the loss is open (a
+// goroutine may still be in one of its rows).
 func (l *lease) checkTrack(state *atomic.Int32) error {
 	held, err := l.checkHeld(state)
-	if held {
+	if held && !l.blocks.openBefore(l.stats.leaseLosses.Load()) {
 		l.movedOn.Store(true)
 	}
 	return err

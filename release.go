@@ -60,6 +60,15 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 	if len(rowIDs) == 0 {
 		return nil
 	}
+	// One release of this worker at a time: the library releases the same
+	// rows from two places (the give-back, Block.Close), and a release that
+	// fails must not drop the marks of one that committed (below).
+	select {
+	case c.releaseLock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("release %d rows of %s: waiting for another release: %w", len(rowIDs), c.id, ctx.Err())
+	}
+	defer func() { <-c.releaseLock }()
 	if !releaseSafeAfterLoss(c.info) {
 		switch {
 		case c.state.Load() == stateShutdown:
@@ -77,16 +86,19 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 		req.Incarnation = ""
 	}
 	fenced := c.info.OwnerFencing
+	var marked map[int64]struct{}
 	if !fenced {
 		// The reset is recorded under this incarnation: a row taken again,
 		// even before this call returns, must be tracked under a new one
-		// (Track rotates it).
-		c.rows.markReleased(rowIDs)
+		// (Track rotates it). Only the rows this call marks are unmarked
+		// on failure: a mark an earlier release left (its reset committed,
+		// the incarnation not rotated yet) stays.
+		marked = c.rows.markReleased(rowIDs)
 	}
 	res, err := by.reset(ctx, req)
 	if err != nil {
 		if !fenced {
-			c.rows.unmarkReleased(rowIDs)
+			c.rows.unmarkReleased(members(marked))
 		}
 		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), c.id, err)
 	}
@@ -98,7 +110,9 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 		for _, s := range res.NotReset {
 			if s.Locked {
 				delete(gens, s.ID)
-				locked = append(locked, s.ID)
+				if _, ok := marked[s.ID]; ok {
+					locked = append(locked, s.ID)
+				}
 			}
 		}
 		if !fenced {

@@ -56,6 +56,12 @@ type trackerCore struct {
 	log      *slog.Logger
 	stats    *counters
 	events   *dispatcher
+	// releaseLock, a channel of capacity 1 shared by the copies of the
+	// core, serializes the releases of the worker (releaseBy); a channel,
+	// not a mutex, so that a release waiting for another is durably
+	// blocked in the simulator's synctest bubble, and gives up with its
+	// context.
+	releaseLock chan struct{}
 }
 
 // checkTracked tells the self-check about rows just tracked.

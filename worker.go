@@ -156,7 +156,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	// the rows in the rows set (rowtrack.go); the mode is decided here.
 	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
 		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
-		events: &w.events}
+		events: &w.events, releaseLock: make(chan struct{}, 1)}
 	if ownerMode {
 		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners}
 	} else {

@@ -17,8 +17,8 @@ import (
 // left. A row is fenced on its own when a reset applied to it again, after
 // a live worker took it since, would change nothing:
 //
-//   - by owner (WithOwnerColumn): the reset requires the dead owner, and a
-//     worker that takes the row writes its own;
+//   - by owner (WithOwnerColumn), in a recovery: the reset requires the
+//     dead owner, and a worker that takes the row writes its own;
 //   - by the reset ledger, in a recovery (ResetRequest.FromRowsSet): the
 //     chunk records the rows it resets in its own transaction, and every
 //     later chunk of the same incarnation skips them (read under the
@@ -33,7 +33,9 @@ import (
 // unknown incarnation; or rows without an owner read from a rows set, with
 // an owner column and no ledger) stays one transaction: a retry after a
 // committed chunk would reset again a row a live worker took since.
-// So does a Release under the ledger (above).
+// So does a Release (a reset by IDs not from a rows set), under the ledger
+// (above) or with an owner column: its owner value is a live worker's,
+// which may take a row again under it after a partial failure.
 //
 // The chunk size adapts (chunkSizer): no more rows than fit half the
 // session's statement_timeout and half the time the reset has left, at
@@ -204,12 +206,19 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 // commitsByChunk reports whether the reset of req by IDs may commit chunk
 // by chunk: every row it may change is fenced on its own (see above).
 func (r *Resetter) commitsByChunk(req ResetRequest) bool {
+	if !req.FromRowsSet {
+		// A Release (by IDs, not from a rows set) stays whole, with an
+		// owner column too: on an error the worker takes its rows as not
+		// released, and may take a row again under the same owner value,
+		// which a repeat of the Release would then reset under it.
+		return false
+	}
 	if r.o.OwnerColumn != "" {
 		// Rows without an owner read from a rows set are fenced by the
 		// ledger alone (unownedReset).
-		return !req.FromRowsSet || (!r.o.NoLedger && req.Incarnation != "")
+		return !r.o.NoLedger && req.Incarnation != ""
 	}
-	return r.ledgerFor(req) && req.FromRowsSet
+	return r.ledgerFor(req)
 }
 
 // resetIDsByChunk resets ids (sorted, without duplicates) for req chunk

@@ -282,3 +282,54 @@ func seq(n int) []int64 {
 	}
 	return out
 }
+
+// A Release (by IDs, not from a rows set) with an owner column stays one
+// transaction too: the worker takes the rows of a failed Release as still
+// its own, so another of its goroutines may take a row a committed chunk
+// put back, under the same owner value (the bare instance ID, or the same
+// life's), and the host's repeated Release would reset it under that
+// goroutine.
+func TestAReleaseWithAnOwnerColumnStaysOneTransaction(t *testing.T) {
+	const rows = 5000
+	for _, c := range []struct {
+		name string
+		req  contract.ResetRequest
+	}{
+		{"a life's owner value", contract.ResetRequest{InstanceID: "A", RowIDs: seq(rows)}},
+		{"the bare instance ID", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			ctx := context.Background()
+			db := blockInProgress(t, rows, 600, "A")
+			r, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
+			require.NoError(t, err)
+			short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
+			_, err = r.Reset(short, c.req)
+			cancel()
+			require.Error(t, err)
+
+			// Another goroutine of the worker fetches what is queued again,
+			// under the same owner value.
+			var retaken []int64
+			q, err := db.Query(ctx, `UPDATE batchrows SET status = 'inprog', owner = 'A' WHERE status = 'queued' RETURNING rowid`)
+			require.NoError(t, err)
+			for q.Next() {
+				var id int64
+				require.NoError(t, q.Scan(&id))
+				retaken = append(retaken, id)
+			}
+			require.NoError(t, q.Err())
+			assert.Zero(t, len(retaken), "the failed Release committed nothing")
+
+			resetUntilSettled(t, r, c.req) // the host repeats its Release
+			for _, id := range retaken {
+				var status string
+				require.NoError(t, db.QueryRow(ctx, `SELECT status FROM batchrows WHERE rowid = $1`, id).Scan(&status))
+				assert.Equal(t, "inprog", status, "row %d, taken again by a live goroutine, is reset under it", id)
+			}
+			if len(retaken) == 0 {
+				requeuedOnce(t, db, rows)
+			}
+		})
+	}
+}
