@@ -200,6 +200,21 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 			rec = append(rec, e)
 		}
 	}
+	if r.opts.ownerMode && len(rec) > idleOneByOne {
+		// Owner mode keeps no rows in Redis: the table says which of many
+		// queued peers hold rows, so that a fresh death's rows are not
+		// queued behind a mass death's empty records (one query). Without
+		// the answer the order stays by age.
+		ids := make([]string, len(rec))
+		for i, e := range rec {
+			ids[i] = e.peer
+		}
+		if owning, _, err := r.owningPeers(ctx, ids); err == nil {
+			for i := range rec {
+				rec[i].rows = rec[i].rows || owning[rec[i].peer]
+			}
+		}
+	}
 	slices.SortStableFunc(rec, func(a, b entry) int {
 		switch {
 		case a.fresh != b.fresh:
