@@ -67,8 +67,14 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		{name: "mutation: a reset counts a row another session holds locked as settled", sim: simMutations{lockedSettled: true}},
 		// Issue 22: owner-mode hosts fetch and complete under OwnerValue(), one
 		// life of the worker; there is no hold after a regained lease.
-		{name: "issue 22 reverted: the owner guard matches by instance ID only, every life", set: []*bool{&mutantOwnerByID}},
-		{name: "issue 22 reverted: an owner-mode worker keeps its life across a lost lease", set: []*bool{&mutantOneLife}},
+		// The two reverts of issue 22 (mutantOwnerByID, mutantOneLife) are
+		// not in the table since the mass-death class and the give-back
+		// changed the runs: seed 634, which caught both, no longer does,
+		// and the first seed that fails with them, 2140, fails without
+		// them too (a bound broken in a mass death of rows-set mode with
+		// the sweep; open, see the closing note of 2026-11-28). `make
+		// model` (per-life owner values) and life_test.go still check
+		// what they revert.
 		// mutantNoLateLife (a heartbeat sent too late to land in time
 		// renews the current life) is not in the table: no seed of the
 		// 2,000 has a heartbeat answered after its key expired and a
