@@ -29,7 +29,9 @@ package recovery
 //     turn, from its last heartbeat, + one scan (+ 2 TTLs after a
 //     failover or evictions: the hold, by up to two workers in turn); in a fleet of
 //     mixed timings, its TTL + the slowest member's wait for a scan, and
-//     the fleet's longest TTLs for the hold;
+//     the fleet's longest TTLs for the hold; with its rows set taken by a
+//     FLUSHALL or an eviction after its last heartbeat (rows+sweep), the
+//     backstop sweep's bound;
 //
 // Fault classes added later (issue 20) draw from a stream of their own, so
 // earlier seeds replay as they did: members with different timings (a
