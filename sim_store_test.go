@@ -65,6 +65,10 @@ type simRedis struct {
 	evictTill time.Time
 	evictRng  *rand.Rand
 	evicted   int64
+	// When the last eviction struck, and each key evicted last was (the
+	// bound check's: a rows set lost to an eviction is the sweep's).
+	lastEvict time.Time
+	evictedAt map[string]time.Time
 }
 
 func newSimRedis(now time.Time) *simRedis {
@@ -239,8 +243,14 @@ func (r *simRedis) evict() {
 		return
 	}
 	slices.Sort(volatile)
-	delete(r.keys, volatile[r.evictRng.IntN(len(volatile))])
+	k := volatile[r.evictRng.IntN(len(volatile))]
+	delete(r.keys, k)
 	r.evicted++
+	if r.evictedAt == nil {
+		r.evictedAt = map[string]time.Time{}
+	}
+	r.lastEvict = time.Now()
+	r.evictedAt[k] = r.lastEvict
 }
 
 func (r *simRedis) info() string {
