@@ -55,22 +55,8 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	defer cancel()
 
 	if h.rows.needsLossCheck() && h.byVersion && !h.opts.ownerMode {
-		// Without an owner column the backstop sweep by row version resets
-		// rows no set held at two looks a gap apart, and records that in
-		// no ledger. If this worker's rows set is gone, the sweep may have
-		// reset the rows held at the loss and peers taken them again:
-		// written back, a Release of them (or a recovery of this worker)
-		// would reset them under their new holder. They are left to the
-		// sweep instead. The set is only ever created by this worker, so
-		// a set still there has held them throughout.
-		own, err := h.store.ReadOwn(ctx, h.opts.instanceID)
-		if err != nil {
-			h.stats.heartbeatFailures.Add(1)
-			return fmt.Errorf("look for the rows set after a lost lease: %w", err)
-		}
-		if ids := h.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
-			h.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
-				slog.Int("rows", len(ids)))
+		if err := h.checkRowsSet(ctx); err != nil {
+			return err
 		}
 	}
 
@@ -94,17 +80,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	if h.opts.ownerMode {
 		tracked, unremoved = nil, nil // no rows set: the owner column says it all
 	}
-	oldest, holds := h.rows.oldestTracked()
-	sentAt := time.Now()
-	serves, server := h.fleet.mem.served()
-	res, err := h.store.Beat(ctx, h.opts.instanceID, store.Heartbeat{
-		Value: h.opts.beatValue, TTL: h.opts.heartbeatTTL,
-		Incarnation: incarnation, IncarnationTTL: h.fleet.incarnationTTL(),
-		Remove: unremoved, Add: tracked, RowsTTL: h.fleet.rowsTTL(),
-		Serves: serves, Server: server, Announce: h.fleet.announcement(),
-		HoldsRows: holds, OldestRowAge: sentAt.Sub(oldest),
-	})
-	h.fleet.note(res.Fleet, res.FleetErr)
+	res, sentAt, err := h.beat(ctx, tracked, unremoved, incarnation)
 	if res.Foreign {
 		// Nothing of ours was written; the registry entry is the ID's
 		// whoever holds it.
@@ -112,20 +88,7 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		return errOusted
 	}
 	if res.Wrote {
-		// A write whose reply came after the lease had ended (sent before
-		// its end, delivered late: a server restarting, a network stall)
-		// may have found the key expired and a peer's claim taken, which
-		// it cancelled. Note the loss before renewing, so that the regain
-		// is held (restored) as any other. Without this the lease went
-		// from lost to valid with no hold, and the loop noted nothing.
-		// (Start's first heartbeat has no lease to lose.)
-		if h.lease.until.Load() > 0 {
-			h.lease.noteLeaseLoss(nil)
-		}
-		// The key is live for a TTL whatever happened to the rest (on
-		// Cluster the registry may sit on a node that is down).
-		h.lease.renew(sentAt)
-		h.rows.wrote(incarnation)
+		h.wrote(sentAt, incarnation)
 	}
 	h.judge.noteRegistry(res.RegistryErr)
 	if err != nil {
@@ -140,6 +103,63 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		h.tracker.retrack(ctx, unremoved)
 	}
 	return nil
+}
+
+// checkRowsSet looks, after a lost lease, for this worker's rows set.
+// Without an owner column the backstop sweep by row version resets rows
+// no set held at two looks a gap apart, and records that in no ledger.
+// If this worker's rows set is gone, the sweep may have reset the rows
+// held at the loss and peers taken them again: written back, a Release
+// of them (or a recovery of this worker) would reset them under their
+// new holder. They are left to the sweep instead. The set is only ever
+// created by this worker, so a set still there has held them throughout.
+func (h *heartbeater) checkRowsSet(ctx context.Context) error {
+	own, err := h.store.ReadOwn(ctx, h.opts.instanceID)
+	if err != nil {
+		h.stats.heartbeatFailures.Add(1)
+		return fmt.Errorf("look for the rows set after a lost lease: %w", err)
+	}
+	if ids := h.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
+		h.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
+			slog.Int("rows", len(ids)))
+	}
+	return nil
+}
+
+// beat sends the heartbeat script (store.Beat) with the rows to add to
+// and remove from the rows set, and notes the fleet record it returned;
+// it returns when it was sent.
+func (h *heartbeater) beat(ctx context.Context, tracked, unremoved []int64, incarnation string) (store.BeatResult, time.Time, error) {
+	oldest, holds := h.rows.oldestTracked()
+	sentAt := time.Now()
+	serves, server := h.fleet.mem.served()
+	res, err := h.store.Beat(ctx, h.opts.instanceID, store.Heartbeat{
+		Value: h.opts.beatValue, TTL: h.opts.heartbeatTTL,
+		Incarnation: incarnation, IncarnationTTL: h.fleet.incarnationTTL(),
+		Remove: unremoved, Add: tracked, RowsTTL: h.fleet.rowsTTL(),
+		Serves: serves, Server: server, Announce: h.fleet.announcement(),
+		HoldsRows: holds, OldestRowAge: sentAt.Sub(oldest),
+	})
+	h.fleet.note(res.Fleet, res.FleetErr)
+	return res, sentAt, err
+}
+
+// wrote renews the lease after a heartbeat sent at sentAt wrote the key.
+// A write whose reply came after the lease had ended (sent before its
+// end, delivered late: a server restarting, a network stall) may have
+// found the key expired and a peer's claim taken, which it cancelled.
+// The loss is noted before renewing, so that the regain is held
+// (restored) as any other. Without this the lease went from lost to
+// valid with no hold, and the loop noted nothing. (Start's first
+// heartbeat has no lease to lose.)
+func (h *heartbeater) wrote(sentAt time.Time, incarnation string) {
+	if h.lease.until.Load() > 0 {
+		h.lease.noteLeaseLoss(nil)
+	}
+	// The key is live for a TTL whatever happened to the rest (on
+	// Cluster the registry may sit on a node that is down).
+	h.lease.renew(sentAt)
+	h.rows.wrote(incarnation)
 }
 
 // run refreshes the heartbeat every interval until ctx, which only

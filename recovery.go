@@ -46,26 +46,45 @@ func (w *Worker) recoverNow(ctx context.Context) (report.RecoveryReport, error) 
 // path for every dead peer.
 func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err error) {
 	start := time.Now()
-	defer func() {
-		rep.Duration = time.Since(start)
-		r.stats.scans.Add(1)
-		if err != nil && len(rep.Dead) == 0 && r.stats.countFailure(ctx) {
-			// The scan itself failed; peer failures are counted by recoverDead.
-			r.events.emit(Event{Kind: EventRecoveryFailed, Err: err})
-		}
-		r.events.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
-			PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
-	}()
+	defer func() { r.scanned(ctx, start, &rep, err) }()
 
-	peers, invalid, err := r.judge.registeredPeers(ctx)
+	dead, noticed, err := r.findDead(ctx, &rep)
 	if err != nil {
 		return rep, err
+	}
+	plan := r.planScan(ctx, dead, noticed)
+	deadline := start.Add(r.opts.scanBudget())
+	errs := r.recoverPlan(ctx, &rep, plan.order, plan.lives, noticed, deadline)
+	if len(plan.idle) > 0 {
+		r.removeIdle(ctx, &rep, plan.idle, deadline)
+	}
+	return rep, errors.Join(errs...)
+}
+
+// scanned counts a scan begun at start, and emits its events.
+func (r *recoverer) scanned(ctx context.Context, start time.Time, rep *report.RecoveryReport, err error) {
+	rep.Duration = time.Since(start)
+	r.stats.scans.Add(1)
+	if err != nil && len(rep.Dead) == 0 && r.stats.countFailure(ctx) {
+		// The scan itself failed; peer failures are counted by recoverDead.
+		r.events.emit(Event{Kind: EventRecoveryFailed, Err: err})
+	}
+	r.events.emit(Event{Kind: EventScanFinished, PeersChecked: rep.PeersChecked,
+		PeersDead: len(rep.Dead), Duration: rep.Duration, Err: err})
+}
+
+// findDead reads the registry and returns the dead peers to recover
+// (those RecoverNowKeeping keeps left out), and when they were found.
+func (r *recoverer) findDead(ctx context.Context, rep *report.RecoveryReport) ([]string, time.Time, error) {
+	peers, invalid, err := r.judge.registeredPeers(ctx)
+	if err != nil {
+		return nil, time.Time{}, err
 	}
 	rep.InvalidMembers = invalid
 	rep.PeersChecked = len(peers)
 	dead, err := r.judge.deadPeers(ctx, peers)
 	if err != nil {
-		return rep, err
+		return nil, time.Time{}, err
 	}
 	noticed := time.Now()
 	rep.Dead = dead
@@ -77,19 +96,24 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 			return r.keep[peer]
 		})
 	}
-	plan := r.planScan(ctx, dead, noticed)
-	deadline := start.Add(r.opts.scanBudget())
+	return dead, noticed, nil
+}
+
+// recoverPlan sends the peers of order down the one path, in order,
+// until the deadline (at least one): the rest is deferred to the next
+// scan. It returns the peers' errors.
+func (r *recoverer) recoverPlan(ctx context.Context, rep *report.RecoveryReport, order []string, lives map[string][]string, noticed, deadline time.Time) []error {
 	var errs []error
-	for i, peer := range plan.order {
+	for i, peer := range order {
 		if err := ctx.Err(); err != nil {
 			errs = append(errs, &report.PeerError{InstanceID: peer, Err: err})
 			continue
 		}
 		if i > 0 && !time.Now().Before(deadline) {
-			rep.Deferred = append(rep.Deferred, plan.order[i:]...) // the next scan, newer deaths first
+			rep.Deferred = append(rep.Deferred, order[i:]...) // the next scan, newer deaths first
 			break
 		}
-		pr, claimed, err := r.peers.recoverDeadLives(ctx, peer, foundByScan, noticed, plan.lives[peer])
+		pr, claimed, err := r.peers.recoverDeadLives(ctx, peer, foundByScan, noticed, lives[peer])
 		switch {
 		case err != nil:
 			r.peers.seen.failedOnce(peer) // tried first among the peers seen before
@@ -103,21 +127,23 @@ func (r *recoverer) scan(ctx context.Context) (rep report.RecoveryReport, err er
 			rep.RowsReset += pr.RowsReset
 		}
 	}
-	if len(plan.idle) > 0 {
-		// Logged here, not returned: the scan's other results stand.
-		n, err := r.deregisterIdle(ctx, plan.idle, deadline)
-		rep.IdleDeregistered = n
-		r.stats.peersDead.Add(uint64(n))
-		if n > 0 {
-			r.log.Info("removed dead peers with nothing to recover from the registry",
-				slog.Int("peers_removed", n), slog.Int("peers_left", len(plan.idle)-n))
-		}
-		if err != nil && ctx.Err() == nil {
-			r.log.Warn("removing dead peers with nothing to recover from the registry failed; the next scan tries again",
-				slog.Int("peers_left", len(plan.idle)-n), slog.Any("error", err))
-		}
+	return errs
+}
+
+// removeIdle deregisters the idle dead peers in bulk, and logs what it
+// did: not returned, the scan's other results stand.
+func (r *recoverer) removeIdle(ctx context.Context, rep *report.RecoveryReport, idle []string, deadline time.Time) {
+	n, err := r.deregisterIdle(ctx, idle, deadline)
+	rep.IdleDeregistered = n
+	r.stats.peersDead.Add(uint64(n))
+	if n > 0 {
+		r.log.Info("removed dead peers with nothing to recover from the registry",
+			slog.Int("peers_removed", n), slog.Int("peers_left", len(idle)-n))
 	}
-	return rep, errors.Join(errs...)
+	if err != nil && ctx.Err() == nil {
+		r.log.Warn("removing dead peers with nothing to recover from the registry failed; the next scan tries again",
+			slog.Int("peers_left", len(idle)-n), slog.Any("error", err))
+	}
 }
 
 // recoverer is the recovery loop. New builds it; it hands every dead peer

@@ -69,13 +69,8 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 		return fmt.Errorf("release %d rows of %s: waiting for another release: %w", len(rowIDs), c.id, ctx.Err())
 	}
 	defer func() { <-c.releaseLock }()
-	if !releaseSafeAfterLoss(c.info) {
-		switch {
-		case c.state.Load() == stateShutdown:
-			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), c.id, ErrShutdown)
-		case c.state.Load() == stateRunning && c.lease.check(c.rows.heldAtLoss()) != nil:
-			return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", len(rowIDs), c.id, ErrLeaseLost)
-		}
+	if err := c.releaseRefused(len(rowIDs)); err != nil {
+		return err
 	}
 	// The host may take a row again as soon as the reset commits, and
 	// Track it before this Release untracks it: only rows tracked now, and
@@ -102,25 +97,7 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 		}
 		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), c.id, err)
 	}
-	// A row another session holds locked was skipped: it stays tracked,
-	// for a peer to recover should this worker die, and the error says so.
-	var lockedErr error
-	if n := lockedRows(res.NotReset); n > 0 {
-		var locked []int64
-		for _, s := range res.NotReset {
-			if s.Locked {
-				delete(gens, s.ID)
-				if _, ok := marked[s.ID]; ok {
-					locked = append(locked, s.ID)
-				}
-			}
-		}
-		if !fenced {
-			c.rows.unmarkReleased(locked)
-		}
-		lockedErr = fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
-			len(rowIDs), c.id, ErrRowsLocked, n, res.NotReset[0].ID)
-	}
+	lockedErr := c.keepLocked(res, gens, marked, len(rowIDs))
 	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Changed),
 		slog.Int("rows_quarantined", len(res.Quarantined))}
 	if err := by.untrackUnchanged(gens); err != nil {
@@ -130,6 +107,47 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 	c.stats.rowsReleased.Add(uint64(len(rowIDs)))
 	c.events.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
 	return lockedErr
+}
+
+// releaseRefused returns why a release of n rows is refused: without
+// owner fencing or reset ledger, after Shutdown or with the lease lost
+// (peers may already have recovered the rows); nil when it may go on.
+func (c *trackerCore) releaseRefused(n int) error {
+	if releaseSafeAfterLoss(c.info) {
+		return nil
+	}
+	switch {
+	case c.state.Load() == stateShutdown:
+		return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", n, c.id, ErrShutdown)
+	case c.state.Load() == stateRunning && c.lease.check(c.rows.heldAtLoss()) != nil:
+		return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", n, c.id, ErrLeaseLost)
+	}
+	return nil
+}
+
+// keepLocked keeps tracked the rows of a release of n rows that another
+// session held locked: the reset skipped them, they stay tracked for a
+// peer to recover should this worker die (dropped from gens, their marks
+// undone), and the error it returns says so; nil when none was locked.
+func (c *trackerCore) keepLocked(res ResetResult, gens map[int64]uint64, marked map[int64]struct{}, n int) error {
+	locks := lockedRows(res.NotReset)
+	if locks == 0 {
+		return nil
+	}
+	var locked []int64
+	for _, s := range res.NotReset {
+		if s.Locked {
+			delete(gens, s.ID)
+			if _, ok := marked[s.ID]; ok {
+				locked = append(locked, s.ID)
+			}
+		}
+	}
+	if !c.info.OwnerFencing {
+		c.rows.unmarkReleased(locked)
+	}
+	return fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
+		n, c.id, ErrRowsLocked, locks, res.NotReset[0].ID)
 }
 
 // release resets the rows under the instance ID and the incarnation, in

@@ -125,50 +125,84 @@ func (s *rowSweep) look(ctx context.Context, rep *sweepReport) error {
 
 // rowsLook is one look of the sweep without an owner column.
 func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
-	dbAt := time.Now()
+	lk, err := s.readLook(ctx, rep)
+	if err != nil || lk == nil {
+		s.mem.clear()
+		return err
+	}
+	due, dueAs := s.judgeRows(lk, rep)
+	rep.strayWaiting = len(s.mem.stray)
+	if len(rep.untracked) > 0 {
+		s.untrackedFound(ctx, rep.untracked, rep.untrackedBy)
+	}
+	if len(due) == 0 {
+		return nil
+	}
+	return s.resetDue(ctx, rep, due, dueAs, lk.gap)
+}
+
+// rowsRead is what one look read: the rows in progress, the rows the
+// rows sets hold (by holder), and when.
+type rowsRead struct {
+	rows       []RowState
+	held       map[int64]string
+	gap        time.Duration
+	registered map[string]bool
+	dbAt       time.Time // when the database read began
+	setsAt     time.Time // when the sets' read began
+	setsDone   time.Time // when it ended
+}
+
+// readLook reads the rows in progress and the rows sets, and checks that
+// the look can be trusted. It returns nil, and the error if any, when
+// the look must stop there (the caller clears the memory).
+func (s *rowSweep) readLook(ctx context.Context, rep *sweepReport) (*rowsRead, error) {
+	lk := &rowsRead{dbAt: time.Now()}
 	dbCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
 	rows, err := s.resetter.InProgressRows(dbCtx)
 	cancel()
 	if err != nil {
-		s.mem.clear()
-		return err
+		return nil, err
 	}
-	setsAt := time.Now()
-	held, gap, registered, err := s.heldRows(ctx)
+	lk.rows, lk.setsAt = rows, time.Now()
+	lk.held, lk.gap, lk.registered, err = s.heldRows(ctx)
 	if err != nil {
-		s.mem.clear()
-		return err
+		return nil, err
 	}
-	setsDone := time.Now()
+	lk.setsDone = time.Now()
 	if mutantSweepIgnoresSets {
-		held = map[int64]string{}
+		lk.held = map[int64]string{}
 	}
 	rep.rowsInProgress = len(rows)
-	if !s.mastersTrusted(ctx, setsAt) && !mutantSweepAnyNode {
+	if !s.mastersTrusted(ctx, lk.setsAt) && !mutantSweepAnyNode {
 		rep.nodeHeld = true
-		s.mem.clear()
-		return nil
+		return nil, nil
 	}
 	if err := s.misconfigured(); err != nil {
-		s.mem.clear()
-		return fmt.Errorf("backstop sweep held: %w", err)
+		return nil, fmt.Errorf("backstop sweep held: %w", err)
 	}
-	if suspect(rows, held) && !s.heldRowsStale(ctx, held) {
-		s.mem.clear()
-		return fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(held), len(rows))
+	if suspect(rows, lk.held) && !s.heldRowsStale(ctx, lk.held) {
+		return nil, fmt.Errorf("%w: backstop sweep held: the rows sets hold %d rows and none of them is in progress by the resetter's statuses, %d other rows are", ErrMisconfigured, len(lk.held), len(rows))
 	}
+	return lk, nil
+}
 
+// judgeRows holds the look's rows against the memory of the looks before:
+// it notes the rows tracked after their COMMIT (rep.untracked), remembers
+// the rows found in no set, and returns those in no set for a gap, due
+// for a reset, with what each was remembered as.
+func (s *rowSweep) judgeRows(lk *rowsRead, rep *sweepReport) ([]RowState, map[int64]strayRow) {
 	m := &s.mem
 	rep.untrackedBy = make(map[string][]int64)
-	freshOK := m.prev != nil && setsAt.Sub(m.prevAt) <= s.opts.rowsTTL-s.opts.heartbeatTTL
+	freshOK := m.prev != nil && lk.setsAt.Sub(m.prevAt) <= s.opts.rowsTTL-s.opts.heartbeatTTL
 	stray := make(map[int64]strayRow)
-	now := make(map[int64]string, len(rows))
+	now := make(map[int64]string, len(lk.rows))
 	var due []RowState
 	dueAs := make(map[int64]strayRow) // what each due row was remembered as
-	for _, r := range rows {
+	for _, r := range lk.rows {
 		now[r.ID] = r.Version
 		st, seen := m.stray[r.ID]
-		if holder, ok := held[r.ID]; ok {
+		if holder, ok := lk.held[r.ID]; ok {
 			if seen && st.fresh && st.version == r.Version && (m.registered[holder] || mutantAccuseUnregistered) {
 				// Tracked after the COMMIT: in no set at the last look,
 				// unchanged since, and in holder's set now. Only a holder
@@ -187,7 +221,7 @@ func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 		}
 		if !seen || st.version != r.Version {
 			prevVersion, wasThere := m.prev[r.ID]
-			stray[r.ID] = strayRow{version: r.Version, absentAt: setsDone,
+			stray[r.ID] = strayRow{version: r.Version, absentAt: lk.setsDone,
 				fresh: freshOK && (!wasThere || prevVersion != r.Version)}
 			continue
 		}
@@ -199,21 +233,22 @@ func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 			rep.untrackedBy[""] = append(rep.untrackedBy[""], r.ID)
 			st.fresh = false
 		}
-		if setsAt.Sub(st.absentAt) >= gap {
+		if lk.setsAt.Sub(st.absentAt) >= lk.gap {
 			due = append(due, r)
 			dueAs[r.ID] = st
 			continue
 		}
 		stray[r.ID] = st
 	}
-	m.stray, m.prev, m.prevAt, m.registered = stray, now, dbAt, registered
-	rep.strayWaiting = len(stray)
-	if len(rep.untracked) > 0 {
-		s.untrackedFound(ctx, rep.untracked, rep.untrackedBy)
-	}
-	if len(due) == 0 {
-		return nil
-	}
+	m.stray, m.prev, m.prevAt, m.registered = stray, now, lk.dbAt, lk.registered
+	return due, dueAs
+}
+
+// resetDue resets the due rows by version and counts and reports what
+// the reset did. A row another session held locked is still due:
+// remembered as it was, it is tried again at the next look, not a gap
+// later.
+func (s *rowSweep) resetDue(ctx context.Context, rep *sweepReport, due []RowState, dueAs map[int64]strayRow, gap time.Duration) error {
 	resetCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
 	res, err := s.resetter.Reset(resetCtx, ResetRequest{Versions: due})
 	cancel()
@@ -221,16 +256,14 @@ func (s *rowSweep) rowsLook(ctx context.Context, rep *sweepReport) error {
 		return err
 	}
 	rep.strayFound, rep.strayReset, rep.strayQuarantined = len(due), res.Changed, len(res.Quarantined)
-	// A row another session held locked is still due: remembered as it
-	// was, it is tried again at the next look, not a gap later.
-	for _, s := range res.NotReset {
-		if st, ok := dueAs[s.ID]; ok && s.Locked {
-			m.stray[s.ID] = st
+	for _, st := range res.NotReset {
+		if was, ok := dueAs[st.ID]; ok && st.Locked {
+			s.mem.stray[st.ID] = was
 			rep.strayLocked++
 		}
-		if s.Refused {
+		if st.Refused {
 			rep.strayRefused++
-			rep.refusedIDs = append(rep.refusedIDs, s.ID)
+			rep.refusedIDs = append(rep.refusedIDs, st.ID)
 		}
 	}
 	s.stats.rowsRecovered.Add(uint64(res.Changed))

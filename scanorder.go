@@ -124,6 +124,17 @@ type scanPlan struct {
 	lives map[string][]string // owner mode: per-life owner values in progress, by peer
 }
 
+// scanEntry is one dead peer whose record a scan read, with what orders
+// it in the plan.
+type scanEntry struct {
+	peer  string
+	fresh bool
+	first time.Time
+	ttl   time.Duration
+	retry bool // its last recovery failed: it holds rows for sure
+	rows  bool // a scan saw its rows set hold rows
+}
+
 // planScan reads the dead peers' records, renews their rows sets, and
 // orders them. Peers whose records could not be read go down the one
 // path after those whose could.
@@ -131,16 +142,62 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 	if len(dead) == 0 {
 		return scanPlan{}
 	}
-	// In batches, each under its own operation timeout: one pipeline of
-	// 10,000 peers' reads outlasts a short timeout on a loaded machine.
-	// A set is renewed when it might not outlive the next two scans: one
-	// comes within the longest recovery wait, so a set renewed when it
-	// gets shorter than two is never lost in the queue, and a backlog of
-	// thousands costs a renewal every other scan or so, not every scan.
+	recs, unread, kept := r.readRecords(ctx, dead)
+	r.keepRows(ctx, kept)
+	first := r.peers.seen.note(dead, recs, now)
+	var rec, idle []scanEntry
+	var later []string
+	for i, p := range dead {
+		e := scanEntry{peer: p, first: first[i], fresh: first[i].Equal(now), ttl: max(recs[i].RowsTTL, recs[i].IncarnationTTL),
+			retry: r.peers.seen.failedBefore(p), rows: recs[i].Rows > 0 || r.peers.seen.heldRows(p)}
+		switch {
+		case unread[p]:
+			later = append(later, p)
+		case recs[i].Empty() && !r.peers.seen.heldRows(p):
+			// A peer whose set a scan saw holding rows is not idle: its
+			// set is lost, which its recovery reports (ErrRowsSetLost).
+			idle = append(idle, e)
+		default:
+			rec = append(rec, e)
+		}
+	}
+	if r.opts.ownerMode && len(rec) > idleOneByOne {
+		r.markOwning(ctx, rec)
+	}
+	sortScanEntries(rec)
+	plan := scanPlan{order: make([]string, 0, len(dead))}
+	for _, e := range rec {
+		plan.order = append(plan.order, e.peer)
+	}
+	plan.order = append(plan.order, later...)
+	idleIDs := make([]string, 0, len(idle))
+	for _, e := range idle {
+		idleIDs = append(idleIDs, e.peer)
+	}
+	if r.opts.ownerMode && len(idleIDs) > idleOneByOne {
+		idleIDs = r.owningIdle(ctx, &plan, idleIDs)
+	}
+	if len(idleIDs) <= idleOneByOne {
+		plan.order = append(plan.order, idleIDs...)
+	} else {
+		plan.idle = idleIDs
+	}
+	return plan
+}
+
+// readRecords reads the dead peers' records, in batches, each under its
+// own operation timeout: one pipeline of 10,000 peers' reads outlasts a
+// short timeout on a loaded machine. It returns the records (an unread
+// one counts as not idle), the peers whose records could not be read,
+// and those whose rows set or incarnation needs renewing: a set is
+// renewed when it might not outlive the next two scans. One comes within
+// the longest recovery wait, so a set renewed when it gets shorter than
+// two is never lost in the queue, and a backlog of thousands costs a
+// renewal every other scan or so, not every scan.
+func (r *recoverer) readRecords(ctx context.Context, dead []string) (recs []store.Record, unread map[string]bool, kept []string) {
 	renewBelow := 2 * r.opts.longestRecoveryWait()
-	recs := make([]store.Record, len(dead))
-	unread := map[string]bool{}
-	var kept []string
+	recs = make([]store.Record, len(dead))
+	unread = map[string]bool{}
 	for from := 0; from < len(dead); from += idleBatch {
 		batch := dead[from:min(from+idleBatch, len(dead))]
 		opCtx, cancel := r.opts.opContext(ctx)
@@ -164,6 +221,12 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 			}
 		}
 	}
+	return recs, unread, kept
+}
+
+// keepRows renews the rows sets and incarnations of kept, in batches,
+// before any recovery; it stops at the first failure.
+func (r *recoverer) keepRows(ctx context.Context, kept []string) {
 	for from := 0; from < len(kept); from += idleBatch {
 		opCtx, cancel := r.opts.opContext(ctx)
 		kerr := r.store.KeepRows(opCtx, kept[from:min(from+idleBatch, len(kept))], r.peers.fleet.rowsTTL())
@@ -171,51 +234,33 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 		if kerr != nil {
 			r.log.Warn("renewing the rows sets of dead peers before their recovery failed; each claim renews its own",
 				slog.Int("peers_dead", len(kept)), slog.Any("error", kerr))
-			break
+			return
 		}
 	}
-	first := r.peers.seen.note(dead, recs, now)
+}
 
-	type entry struct {
-		peer  string
-		fresh bool
-		first time.Time
-		ttl   time.Duration
-		retry bool // its last recovery failed: it holds rows for sure
-		rows  bool // a scan saw its rows set hold rows
+// markOwning marks the entries whose peer owns rows in progress. Owner
+// mode keeps no rows in Redis: the table says which of many queued peers
+// hold rows, so that a fresh death's rows are not queued behind a mass
+// death's empty records (one query). Without the answer the order stays
+// by age.
+func (r *recoverer) markOwning(ctx context.Context, rec []scanEntry) {
+	ids := make([]string, len(rec))
+	for i, e := range rec {
+		ids[i] = e.peer
 	}
-	var rec, idle []entry
-	var later []string
-	for i, p := range dead {
-		e := entry{peer: p, first: first[i], fresh: first[i].Equal(now), ttl: max(recs[i].RowsTTL, recs[i].IncarnationTTL),
-			retry: r.peers.seen.failedBefore(p), rows: recs[i].Rows > 0 || r.peers.seen.heldRows(p)}
-		switch {
-		case unread[p]:
-			later = append(later, p)
-		case recs[i].Empty() && !r.peers.seen.heldRows(p):
-			// A peer whose set a scan saw holding rows is not idle: its
-			// set is lost, which its recovery reports (ErrRowsSetLost).
-			idle = append(idle, e)
-		default:
-			rec = append(rec, e)
+	if owning, _, err := r.owningPeers(ctx, ids); err == nil {
+		for i := range rec {
+			rec[i].rows = rec[i].rows || owning[rec[i].peer]
 		}
 	}
-	if r.opts.ownerMode && len(rec) > idleOneByOne {
-		// Owner mode keeps no rows in Redis: the table says which of many
-		// queued peers hold rows, so that a fresh death's rows are not
-		// queued behind a mass death's empty records (one query). Without
-		// the answer the order stays by age.
-		ids := make([]string, len(rec))
-		for i, e := range rec {
-			ids[i] = e.peer
-		}
-		if owning, _, err := r.owningPeers(ctx, ids); err == nil {
-			for i := range rec {
-				rec[i].rows = rec[i].rows || owning[rec[i].peer]
-			}
-		}
-	}
-	slices.SortStableFunc(rec, func(a, b entry) int {
+}
+
+// sortScanEntries orders the peers to recover: those not seen dead
+// before first, newest record first; then those known to hold rows; then
+// the rest, the one waiting longest first.
+func sortScanEntries(rec []scanEntry) {
+	slices.SortStableFunc(rec, func(a, b scanEntry) int {
 		switch {
 		case a.fresh != b.fresh:
 			if a.fresh {
@@ -232,42 +277,30 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 		}
 		return a.first.Compare(b.first) // waited longest first
 	})
-	plan := scanPlan{order: make([]string, 0, len(dead))}
-	for _, e := range rec {
-		plan.order = append(plan.order, e.peer)
-	}
-	plan.order = append(plan.order, later...)
-	idleIDs := make([]string, 0, len(idle))
-	for _, e := range idle {
-		idleIDs = append(idleIDs, e.peer)
-	}
-	if r.opts.ownerMode && len(idleIDs) > idleOneByOne {
-		// Nothing in Redis, but rows in progress may carry the ID: those
-		// peers go down the one path, with the lives the table lists.
-		owning, lives, err := r.owningPeers(ctx, idleIDs)
-		if err != nil {
-			r.log.Warn("listing the owners of rows in progress failed; dead peers with nothing in Redis are recovered one by one",
-				slog.Int("peers_dead", len(idleIDs)), slog.Any("error", err))
-			plan.order = append(plan.order, idleIDs...)
-			return plan
-		}
-		plan.lives = lives
-		var rest []string
-		for _, p := range idleIDs {
-			if owning[p] {
-				plan.order = append(plan.order, p)
-			} else {
-				rest = append(rest, p)
-			}
-		}
-		idleIDs = rest
-	}
-	if len(idleIDs) <= idleOneByOne {
+}
+
+// owningIdle sends down the one path, with the lives the table lists,
+// the idle peers that own rows in progress: nothing in Redis, but rows
+// in progress may carry the ID. It returns the peers left idle; when the
+// owners cannot be listed, every idle peer goes down the one path.
+func (r *recoverer) owningIdle(ctx context.Context, plan *scanPlan, idleIDs []string) []string {
+	owning, lives, err := r.owningPeers(ctx, idleIDs)
+	if err != nil {
+		r.log.Warn("listing the owners of rows in progress failed; dead peers with nothing in Redis are recovered one by one",
+			slog.Int("peers_dead", len(idleIDs)), slog.Any("error", err))
 		plan.order = append(plan.order, idleIDs...)
-	} else {
-		plan.idle = idleIDs
+		return nil
 	}
-	return plan
+	plan.lives = lives
+	var rest []string
+	for _, p := range idleIDs {
+		if owning[p] {
+			plan.order = append(plan.order, p)
+		} else {
+			rest = append(rest, p)
+		}
+	}
+	return rest
 }
 
 // owningPeers lists the owners of rows in progress (one query) and

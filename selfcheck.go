@@ -236,15 +236,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	if c.lease.valid() && c.judgeLeaving(ctx) {
 		return true
 	}
-	ids := make([]int64, 0, selfCheckSample)
-	for id, s := range c.seen {
-		if g, ok := c.rows.settledGeneration(id); ok && g == s.gen {
-			ids = append(ids, id)
-		} else {
-			delete(c.seen, id) // untracked, or taken again: it proved nothing
-		}
-	}
-	ids = append(ids, c.rows.newestSettled(selfCheckSample-len(ids), c.seen)...)
+	ids := c.lookIDs()
 	c.skipped = false
 	if len(ids) == 0 {
 		return false
@@ -256,15 +248,7 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	loss := c.rows.lossGeneration()
 	before := c.rows.generations(ids)
 	start := time.Now()
-	dbCtx, cancel := context.WithTimeout(ctx, c.opts.resetTimeout)
-	var states []RowState
-	images, err := c.readRows(dbCtx, ids)
-	for _, m := range images {
-		if !m.Locked {
-			states = append(states, m)
-		}
-	}
-	cancel()
+	images, states, err := c.readStates(ctx, ids)
 	if err != nil {
 		c.log.Debug("self-check: cannot read the state of tracked rows", slog.Any("error", err))
 		return false // the sightings stand; the next look reads them again
@@ -276,6 +260,46 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	}
 	after := c.rows.generations(ids)
 	c.skipped = len(states) < len(after)
+	if c.swappedStatuses(images, states, before, after) {
+		return true
+	}
+	return c.judgeStates(states, before, after, start, end)
+}
+
+// lookIDs returns the rows a look reads: those sighted before and still
+// tracked under the same generation, then the newest settled ones, up to
+// selfCheckSample.
+func (c *selfChecker) lookIDs() []int64 {
+	ids := make([]int64, 0, selfCheckSample)
+	for id, s := range c.seen {
+		if g, ok := c.rows.settledGeneration(id); ok && g == s.gen {
+			ids = append(ids, id)
+		} else {
+			delete(c.seen, id) // untracked, or taken again: it proved nothing
+		}
+	}
+	return append(ids, c.rows.newestSettled(selfCheckSample-len(ids), c.seen)...)
+}
+
+// readStates reads the rows' images, and returns them with the states of
+// those no other session held locked.
+func (c *selfChecker) readStates(ctx context.Context, ids []int64) (images, states []RowState, err error) {
+	dbCtx, cancel := context.WithTimeout(ctx, c.opts.resetTimeout)
+	defer cancel()
+	images, err = c.readRows(dbCtx, ids)
+	for _, m := range images {
+		if !m.Locked {
+			states = append(states, m)
+		}
+	}
+	return images, states, err
+}
+
+// swappedStatuses raises the alarm, and reports true, when the look's
+// images show a fetch that committed the status taken for queued over
+// the one taken for in progress, and no row of the same look is in
+// progress by this worker.
+func (c *selfChecker) swappedStatuses(images, states []RowState, before, after map[int64]uint64) bool {
 	swapped, _, bad := c.sawFetch(images)
 	if bad && !mutantSwappedBeatsInProgress {
 		// A row of the same look in progress by this worker is the
@@ -296,8 +320,15 @@ func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
 	}
 	if bad {
 		c.raiseBecause(swapped, "was committed by its fetch with the status the resetter takes for queued, and had the one it takes for in progress before the fetch", len(images))
-		return true
 	}
+	return bad
+}
+
+// judgeStates holds the states a look began at start read (by end)
+// against the sightings before: a row in progress by this worker ends
+// the self-check; one not in progress at two looks a window apart raises
+// the alarm. It reports whether the self-check is over.
+func (c *selfChecker) judgeStates(states []RowState, before, after map[int64]uint64, start, end time.Time) bool {
 	for _, s := range states {
 		g, ok := before[s.ID]
 		if !ok || after[s.ID] != g {

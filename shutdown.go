@@ -60,14 +60,36 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 		w.cleaned = true
 		return w.events.close(ctx)
 	}
-	// Like the heartbeat, hold the rows set's write lock from the snapshot
-	// until Redis has answered: a synchronous Untrack running now either
-	// finishes its SREM before the snapshot (and the row is not written
-	// back) or waits and sends it after our SADD. Only our own heartbeat
-	// is deleted: a process that took the ID over since the last heartbeat
-	// keeps its. With rows still tracked, they are written back (Redis may
-	// have lost them) and the worker stays registered, or no peer would
-	// ever look for them.
+	tracked, err := leave(ctx, w)
+	if err != nil {
+		// The clean-up is retried by a later call; the events and the
+		// history are delivered (or dropped) now, so no goroutine of the
+		// Worker outlives a Shutdown that gave up, whatever the caller does.
+		_ = w.events.close(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
+	}
+	w.cleaned = true
+	if tracked > 0 {
+		w.log.Warn("shut down with rows still tracked; peers will recover them",
+			slog.Int("rows", tracked))
+	}
+	w.log.Debug("recovery worker shut down")
+	return w.events.close(ctx)
+}
+
+// leave deletes the heartbeat and the registry entry (store.Leave); it
+// returns how many rows were still tracked. Like the heartbeat, it holds
+// the rows set's write lock from the snapshot until Redis has answered: a
+// synchronous Untrack running now either finishes its SREM before the
+// snapshot (and the row is not written back) or waits and sends it after
+// our SADD. Only our own heartbeat is deleted: a process that took the ID
+// over since the last heartbeat keeps its. With rows still tracked, they
+// are written back (Redis may have lost them) and the worker stays
+// registered, or no peer would ever look for them.
+func leave(ctx context.Context, w *Worker) (int, error) {
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
 	d := store.Departure{Value: w.opts.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.fleet.rowsTTL()}
@@ -81,21 +103,5 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 	if res.Deregistered {
 		w.peers.judge.noteRegistry(res.RegistryErr)
 	}
-	if err != nil {
-		// The clean-up is retried by a later call; the events and the
-		// history are delivered (or dropped) now, so no goroutine of the
-		// Worker outlives a Shutdown that gave up, whatever the caller does.
-		_ = w.events.close(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
-	}
-	w.cleaned = true
-	if len(tracked) > 0 {
-		w.log.Warn("shut down with rows still tracked; peers will recover them",
-			slog.Int("rows", len(tracked)))
-	}
-	w.log.Debug("recovery worker shut down")
-	return w.events.close(ctx)
+	return len(tracked), err
 }

@@ -260,12 +260,36 @@ func (s *ownerSweep) look(ctx context.Context, rep *sweepReport) error {
 		return err
 	}
 	rep.owners = len(owners)
-	// An owner value is an instance ID or one life of one (owner.go): the
-	// instance's heartbeat judges every life, and a recovery resets the
-	// lives the sweep saw with the instance's other rows.
-	candidates := owners[:0:0]
-	lives := make(map[string][]string)
-	var own []string // this worker's per-life values
+	candidates, lives, own := s.sortOwners(owners, rep)
+	checkedAt := time.Now()
+	dead, err := s.judge.deadOwners(ctx, candidates)
+	if err != nil {
+		s.stats.countFailure(ctx)
+		return err
+	}
+	isDead := make(map[string]bool, len(dead))
+	for _, o := range dead {
+		isDead[o] = true
+	}
+	for o := range s.absentSince {
+		if !isDead[o] {
+			delete(s.absentSince, o) // alive again, or no rows left
+		}
+	}
+	errs := []error{s.sweepEndedLives(ctx, livesOfLive(lives, isDead, own), checkedAt, rep)}
+	errs = append(errs, s.recoverAbsent(ctx, dead, lives, checkedAt, rep)...)
+	return errors.Join(errs...)
+}
+
+// sortOwners sorts the owner values of rows in progress: an owner value
+// is an instance ID or one life of one (owner.go). The instance's
+// heartbeat judges every life, and a recovery resets the lives the sweep
+// saw with the instance's other rows. It returns the other instances to
+// judge, the values listed of each, and this worker's per-life values;
+// the values that name no instance go to rep, each logged once.
+func (s *ownerSweep) sortOwners(owners []string, rep *sweepReport) (candidates []string, lives map[string][]string, own []string) {
+	candidates = owners[:0:0]
+	lives = make(map[string][]string)
 	for _, o := range owners {
 		id, life, ok := parseOwner(o)
 		switch {
@@ -286,22 +310,14 @@ func (s *ownerSweep) look(ctx context.Context, rep *sweepReport) error {
 			lives[id] = append(lives[id], o)
 		}
 	}
-	checkedAt := time.Now()
-	dead, err := s.judge.deadOwners(ctx, candidates)
-	if err != nil {
-		s.stats.countFailure(ctx)
-		return err
-	}
-	isDead := make(map[string]bool, len(dead))
-	for _, o := range dead {
-		isDead[o] = true
-	}
-	for o := range s.absentSince {
-		if !isDead[o] {
-			delete(s.absentSince, o) // alive again, or no rows left
-		}
-	}
-	errs := []error{s.sweepEndedLives(ctx, livesOfLive(lives, isDead, own), checkedAt, rep)}
+	return candidates, lives, own
+}
+
+// recoverAbsent sends down the one dead-peer path the owners found dead
+// whose heartbeat has stayed absent for the fleet's TTL since this
+// holder of the turn first saw it absent; it returns their errors.
+func (s *ownerSweep) recoverAbsent(ctx context.Context, dead []string, lives map[string][]string, checkedAt time.Time, rep *sweepReport) []error {
+	var errs []error
 	for _, o := range dead {
 		since, seen := s.absentSince[o]
 		if !seen {
@@ -320,7 +336,7 @@ func (s *ownerSweep) look(ctx context.Context, rep *sweepReport) error {
 			rep.recovered = append(rep.recovered, pr)
 		}
 	}
-	return errors.Join(errs...)
+	return errs
 }
 
 // livesOfLive returns the per-life owner values of the instances not found

@@ -51,40 +51,58 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 	w.fleet.learnRecord(ctx)
 	rs.forget()
 	defer rs.forget()
-	if err := ownerPeersLive(ctx, rs); err != nil {
+	gap, err := firstRowsLook(ctx, rs, &rep)
+	if err != nil {
 		return rep, err
 	}
-	var first sweepReport
-	if err := rs.rowsLook(ctx, &first); err != nil {
-		return rep, fmt.Errorf("backstop sweep: %w", err)
-	}
-	rep.RowsInProgress = first.rowsInProgress
-	rep.Stray = slices.Sorted(maps.Keys(rs.mem.stray))
-	held, gap, _, err := rs.heldRows(ctx)
-	if err != nil {
-		return rep, fmt.Errorf("backstop sweep: %w", err)
-	}
-	rep.Gap = gap
-	if first.nodeHeld {
-		// The look judged nothing. Rows in progress that every one is in
-		// a set need no judging; the others are reported unjudged.
-		if rep.Stray, err = unheld(ctx, rs, held); err != nil {
-			return rep, fmt.Errorf("backstop sweep: %w", err)
-		}
-		rep.NodeHeld = len(rep.Stray) > 0
-	}
-	rep.Stuck = rep.Stray
 	if dryRun || rep.NodeHeld || len(rep.Stray) == 0 {
 		return rep, nil
 	}
 	if waited, err := waitGap(ctx, gap); !waited {
 		return rep, err
 	}
+	return rep, secondRowsLook(ctx, rs, &rep)
+}
+
+// firstRowsLook is the first look of a sweep on demand by row version:
+// it reports the rows in progress in no rows set, and returns the gap to
+// wait before the second look may reset them.
+func firstRowsLook(ctx context.Context, rs *rowSweep, rep *report.SweepReport) (time.Duration, error) {
 	if err := ownerPeersLive(ctx, rs); err != nil {
-		return rep, err
+		return 0, err
+	}
+	var first sweepReport
+	if err := rs.rowsLook(ctx, &first); err != nil {
+		return 0, fmt.Errorf("backstop sweep: %w", err)
+	}
+	rep.RowsInProgress = first.rowsInProgress
+	rep.Stray = slices.Sorted(maps.Keys(rs.mem.stray))
+	held, gap, _, err := rs.heldRows(ctx)
+	if err != nil {
+		return 0, fmt.Errorf("backstop sweep: %w", err)
+	}
+	rep.Gap = gap
+	if first.nodeHeld {
+		// The look judged nothing. Rows in progress that every one is in
+		// a set need no judging; the others are reported unjudged.
+		if rep.Stray, err = unheld(ctx, rs, held); err != nil {
+			return 0, fmt.Errorf("backstop sweep: %w", err)
+		}
+		rep.NodeHeld = len(rep.Stray) > 0
+	}
+	rep.Stuck = rep.Stray
+	return gap, nil
+}
+
+// secondRowsLook is the second look of a sweep on demand by row version,
+// a gap after the first: it resets the rows still in no rows set and
+// reports those still stuck.
+func secondRowsLook(ctx context.Context, rs *rowSweep, rep *report.SweepReport) error {
+	if err := ownerPeersLive(ctx, rs); err != nil {
+		return err
 	}
 	var second sweepReport
-	err = rs.rowsLook(ctx, &second)
+	err := rs.rowsLook(ctx, &second)
 	rep.Waited = true
 	rep.RowsReset, rep.Quarantined, rep.Locked = second.strayReset, second.strayQuarantined, second.strayLocked
 	if second.nodeHeld {
@@ -99,9 +117,9 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 	}
 	rep.Stuck = slices.Sorted(maps.Keys(stuck))
 	if err != nil {
-		return rep, fmt.Errorf("backstop sweep: %w", err)
+		return fmt.Errorf("backstop sweep: %w", err)
 	}
-	return rep, nil
+	return nil
 }
 
 // sweepOwners is sweepNow by owner: a look of the sweep by owner

@@ -92,32 +92,10 @@ type loops struct {
 // and decides everything from it: a wrapper that embeds a Resetter keeps
 // every guarantee of the resetter it wraps.
 func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker, error) {
-	if isNil(rdb) {
-		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
-	}
-	if isNil(resetter) {
-		return nil, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
-	}
-	o := defaultOptions()
-	for _, opt := range opts {
-		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalidConfig)
-		}
-		opt.apply(&o)
-	}
-	if err := o.validate(); err != nil {
-		return nil, err
-	}
-	info := resetter.Info()
-	if err := checkInfo(resetter, info); err != nil {
-		return nil, err
-	}
-	ownerMode := ownerModeOf(info, o)
-	sw, rs, err := sweepOf(resetter, info, o, ownerMode)
+	o, sw, rs, err := configure(rdb, resetter, opts)
 	if err != nil {
 		return nil, err
 	}
-	o.target, o.info, o.ownerMode, o.sweepByOwner, o.beatValue = targetOf(rdb), info, ownerMode, sw != nil, store.HeartbeatOf(newToken())
 	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
 	if o.wrapStore != nil {
 		st = o.wrapStore(st)
@@ -135,6 +113,50 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
 	jd := &judge{store: w.store, log: w.log, opts: &w.opts, nodes: nodes, fleet: w.fleet,
 		stats: &w.stats, events: &w.events}
+	rlog := newRecoveryLog(w.log, w.opts.opTimeout)
+	buildShared(w)
+	buildLoops(w, nodes, jd, rlog, rs != nil)
+	w.sweeper = newSweeper(w, sw, rs, nodes, jd, rlog)
+	return w, nil
+}
+
+// configure applies and validates the options, asks the resetter's Info
+// once, and decides from both the mode and the backstop sweep: by owner
+// (sw) or by row version (rs), or none.
+func configure(rdb redis.UniversalClient, resetter Resetter, opts []Option) (o options, sw, rs Resetter, err error) {
+	if isNil(rdb) {
+		return o, nil, nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
+	}
+	if isNil(resetter) {
+		return o, nil, nil, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
+	}
+	o = defaultOptions()
+	for _, opt := range opts {
+		if opt == nil {
+			return o, nil, nil, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+		}
+		opt.apply(&o)
+	}
+	if err := o.validate(); err != nil {
+		return o, nil, nil, err
+	}
+	info := resetter.Info()
+	if err := checkInfo(resetter, info); err != nil {
+		return o, nil, nil, err
+	}
+	ownerMode := ownerModeOf(info, o)
+	sw, rs, err = sweepOf(resetter, info, o, ownerMode)
+	if err != nil {
+		return o, nil, nil, err
+	}
+	o.target, o.info, o.ownerMode, o.sweepByOwner, o.beatValue = targetOf(rdb), info, ownerMode, sw != nil, store.HeartbeatOf(newToken())
+	return o, sw, rs, nil
+}
+
+// buildShared sets up the state the parts share: the rows, the event
+// dispatcher, the lease, the self-check and the tracker.
+func buildShared(w *Worker) {
+	o, info, ownerMode := w.opts, w.opts.info, w.opts.ownerMode
 	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
@@ -144,17 +166,16 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	state := &w.state
 	running := func() bool { return state.Load() == stateRunning }
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
-	rlog := newRecoveryLog(w.log, w.opts.opTimeout)
 	// lease: what noting its loss touches (lease.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
 	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
 	// selfChecker: the self-check loop (selfcheck.go)
-	w.checker = (&selfChecker{resetter: resetter, opts: &w.opts, log: w.log,
+	w.checker = (&selfChecker{resetter: w.resetter, opts: &w.opts, log: w.log,
 		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
 		running: running}).init()
 	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
 	// the rows in the rows set (rowtrack.go); the mode is decided here.
-	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
+	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: w.resetter, info: info,
 		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
 		events: &w.events, releaseLock: make(chan struct{}, 1)}
 	if ownerMode {
@@ -162,6 +183,11 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	} else {
 		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
 	}
+}
+
+// buildLoops builds the loops and the parts they share; byVersion: the
+// backstop sweep resets by row version.
+func buildLoops(w *Worker, nodes *nodeWatch, jd *judge, rlog *recoveryLog, byVersion bool) {
 	// giver: gives back the rows held at a lost lease the host left
 	// (giveback.go); only where a loss is sticky, nil elsewhere.
 	if w.lease.releaseSafe {
@@ -171,7 +197,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
 		trackCalled: w.tracker.trackCalled}
 	// peers: the dead-peer path (deadpeer.go).
-	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter,
+	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: w.resetter,
 		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
 		judge: jd, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold}
@@ -181,15 +207,18 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		nodes: nodes, peers: w.peers}
 	// heartbeater: the heartbeat loop (heartbeat.go)
 	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts,
-		byVersion: rs != nil,
+		byVersion: byVersion,
 		lease:     &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
 		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted, giver: w.giver}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, peers: w.peers,
 		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
 		judge: jd, untracked: w.untracked}
-	// sweep: the backstop sweep with its strategy, by owner (sw) or by row
-	// version (rs).
+}
+
+// newSweeper returns the backstop sweep with its strategy, by owner (sw)
+// or by row version (rs); nil when neither.
+func newSweeper(w *Worker, sw, rs Resetter, nodes *nodeWatch, jd *judge, rlog *recoveryLog) *sweeper {
 	var by sweepStrategy
 	switch {
 	case sw != nil:
@@ -197,15 +226,14 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 			log: w.log, rlog: rlog, judge: jd, peers: w.peers,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
 	case rs != nil:
-		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
+		by = &rowSweep{resetter: rs, info: w.opts.info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
 			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
 			nodes: nodes}
+	default:
+		return nil
 	}
-	if by != nil {
-		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken(), stats: &w.stats, rlog: rlog}, by: by,
-			opts: &w.opts, rlog: rlog, stats: &w.stats, ousted: &w.lease.ousted}
-	}
-	return w, nil
+	return &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken(), stats: &w.stats, rlog: rlog}, by: by,
+		opts: &w.opts, rlog: rlog, stats: &w.stats, ousted: &w.lease.ousted}
 }
 
 // InstanceID returns the worker's identity in Redis.
@@ -263,50 +291,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	case stateRunning:
 		return ErrAlreadyStarted
 	}
-	checked, err := w.checkSchema(ctx)
+	expiry, err := startUp(ctx, w)
 	if err != nil {
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	w.checker.probe(ctx)
-	if err := w.opts.target.ping(ctx, w.store, &w.opts); err != nil {
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	if err := w.peers.judge.nodes.checkEviction(ctx); err != nil {
-		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
-		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	fleet, read, err := w.fleet.check(ctx, checked)
-	if err != nil {
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	// Before the first heartbeat's recount drops them: a record loaded
-	// from an old snapshot lists members whose announcements have lapsed.
-	// fleetView.check's script returned the record; read it when it did not run.
-	if read {
-		w.fleet.learnMembers(fleet)
-	} else {
-		w.fleet.learnRecord(ctx)
-	}
-	if err := w.twin.claimInstanceID(ctx); err != nil {
-		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
-		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	if err := w.heart.runOnce(ctx); err != nil {
-		if errors.Is(err, ErrInstanceIDInUse) {
-			return fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
-		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.opts.target.firstHeartbeatError(ctx, &w.opts, err))
-	}
-	w.peers.judge.nodes.observeNodes(ctx)
-	var expiry *expiryWatcher
-	if w.opts.expiry {
-		// expiry: built with what it uses, subscribed here.
-		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.peers.judge.nodes,
-			judge: w.peers.judge, hand: w.recov.hand})
+		return err
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
@@ -337,6 +324,67 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.log.Debug("recovery worker started",
 		slog.Duration("heartbeat_ttl", w.opts.heartbeatTTL),
 		slog.Duration("recovery_interval", w.opts.recoveryInterval))
+	return nil
+}
+
+// startUp is what Start does before its loops run: the checks, the claim
+// on the instance ID, the first heartbeat, and the expiry watcher's
+// subscription (nil when expiry is off). Its error is Start's.
+func startUp(ctx context.Context, w *Worker) (*expiryWatcher, error) {
+	if err := startChecks(ctx, w); err != nil {
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.twin.claimInstanceID(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
+		}
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.heart.runOnce(ctx); err != nil {
+		if errors.Is(err, ErrInstanceIDInUse) {
+			return nil, fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
+		}
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, w.opts.target.firstHeartbeatError(ctx, &w.opts, err))
+	}
+	w.peers.judge.nodes.observeNodes(ctx)
+	if !w.opts.expiry {
+		return nil, nil
+	}
+	// expiry: built with what it uses, subscribed here.
+	return subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.peers.judge.nodes,
+		judge: w.peers.judge, hand: w.recov.hand}), nil
+}
+
+// startChecks runs what Start checks before it writes a heartbeat: the
+// schema, the self-check's probe, Redis's reachability and eviction
+// policy, and the fleet record, whose members it learns.
+func startChecks(ctx context.Context, w *Worker) error {
+	checked, err := w.checkSchema(ctx)
+	if err != nil {
+		return err
+	}
+	w.checker.probe(ctx)
+	if err := w.opts.target.ping(ctx, w.store, &w.opts); err != nil {
+		return err
+	}
+	if err := w.peers.judge.nodes.checkEviction(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
+		}
+		return err
+	}
+	fleet, read, err := w.fleet.check(ctx, checked)
+	if err != nil {
+		return err
+	}
+	// Before the first heartbeat's recount drops them: a record loaded
+	// from an old snapshot lists members whose announcements have lapsed.
+	// fleetView.check's script returned the record; read it when it did not run.
+	if read {
+		w.fleet.learnMembers(fleet)
+	} else {
+		w.fleet.learnRecord(ctx)
+	}
 	return nil
 }
 
