@@ -55,6 +55,9 @@ type peerRecoverer struct {
 	// (registry.go); its nodeWatch holds verdicts after a restart
 	// (nodeage.go).
 	judge *judge
+	// held answers, for the mode, who holds a dead peer's rows (the
+	// tracker, rowtrack.go).
+	held holdings
 	// seen is what the scans remember of the dead peers they found
 	// (scanorder.go).
 	seen deadSeen
@@ -105,7 +108,7 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 		p.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{p: p, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: p.opts.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.opts.sweepByOwner),
+		byOwner: p.held.heldByOwner() || foundBy == foundBySweep || (foundBy == foundByRestart && p.opts.sweepByOwner),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)

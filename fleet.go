@@ -42,6 +42,7 @@ type fleetView struct {
 	store store.Store
 	log   *slog.Logger
 	opts  *options
+	mode  string // what the heartbeats announce: "owner" or "rows-set"
 }
 
 // check finds what this worker serves, and on which server, and
@@ -81,13 +82,9 @@ func (v *fleetView) mismatch(recorded, serves string) error {
 
 // announcement is what this worker's heartbeats announce.
 func (v *fleetView) announcement() store.Announcement {
-	mode := "rows-set"
-	if v.opts.ownerMode {
-		mode = "owner"
-	}
 	return store.Announcement{
 		TTL: v.opts.heartbeatTTL, Claim: v.opts.claimTTL(),
-		Wait: v.opts.detectionWindow() - v.opts.heartbeatTTL, Mode: mode,
+		Wait: v.opts.detectionWindow() - v.opts.heartbeatTTL, Mode: v.mode,
 	}
 }
 

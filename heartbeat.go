@@ -18,19 +18,20 @@ import (
 // the registry SADD goes in the same round trip. Each success renews the
 // lease (lease.go).
 type heartbeater struct {
-	store     store.Store
-	log       *slog.Logger
-	opts      *options // read-only after New
-	byVersion bool     // this worker runs the backstop sweep by row version (sweepOf)
-	lease     *lease
-	rows      *inflight
-	fleet     *fleetView
-	stats     *counters
-	events    *dispatcher
-	// tracker gives the rows set a new incarnation (rotateLocked, the
-	// caller holding the rows-set lock), writes back the rows among those
-	// removed that are tracked again (retrack), and names the current
-	// owner value for a log line (rowtrack.go); judge records the outcome
+	store  store.Store
+	log    *slog.Logger
+	opts   *options // read-only after New
+	lease  *lease
+	rows   *inflight
+	fleet  *fleetView
+	stats  *counters
+	events *dispatcher
+	// tracker looks after a lost lease (checkLoss), gives the rows set a
+	// new incarnation (rotateLocked, the caller holding the rows-set
+	// lock), begins a new life before a late heartbeat (lateBeat), says
+	// which rows the heartbeat writes (beatRows), writes back the rows
+	// among those removed that are tracked again (retrack), and names the
+	// current owner value for a log line (rowtrack.go); judge records the outcome
 	// of the registry SADD (registry.go); ousted records that another
 	// process took the instance ID (twin.noteOusted).
 	tracker tracker
@@ -54,10 +55,8 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	ctx, cancel := h.opts.opContext(parent)
 	defer cancel()
 
-	if h.rows.needsLossCheck() && h.byVersion && !h.opts.ownerMode {
-		if err := h.checkRowsSet(ctx); err != nil {
-			return err
-		}
+	if err := h.tracker.checkLoss(ctx); err != nil {
+		return err
 	}
 
 	h.rows.assert.Lock()
@@ -68,18 +67,9 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 		h.stats.heartbeatFailures.Add(1)
 		return fmt.Errorf("new incarnation: %w", err)
 	}
-	if h.opts.ownerMode && h.lease.until.Load() > 0 && h.lease.remaining() < h.opts.opTimeout && !mutantNoLateLife {
-		// Answered within the operation timeout, this heartbeat may land
-		// after the lease ended, on an expired key, when a recoverer may
-		// have read the current life under its claim: it must not renew
-		// that life. It records a new one, and the rows of this one are
-		// handled as after any lost lease (owner.go).
-		h.lease.markLeaseLost(nil)
-	}
+	h.tracker.lateBeat()
 	tracked, unremoved, incarnation := h.rows.snapshot()
-	if h.opts.ownerMode {
-		tracked, unremoved = nil, nil // no rows set: the owner column says it all
-	}
+	tracked, unremoved = h.tracker.beatRows(tracked, unremoved)
 	res, sentAt, err := h.beat(ctx, tracked, unremoved, incarnation)
 	if res.Foreign {
 		// Nothing of ours was written; the registry entry is the ID's
@@ -101,27 +91,6 @@ func (h *heartbeater) runOnce(parent context.Context) error {
 	if len(unremoved) > 0 {
 		h.rows.forgetUnremoved(unremoved)
 		h.tracker.retrack(ctx, unremoved)
-	}
-	return nil
-}
-
-// checkRowsSet looks, after a lost lease, for this worker's rows set.
-// Without an owner column the backstop sweep by row version resets rows
-// no set held at two looks a gap apart, and records that in no ledger.
-// If this worker's rows set is gone, the sweep may have reset the rows
-// held at the loss and peers taken them again: written back, a Release
-// of them (or a recovery of this worker) would reset them under their
-// new holder. They are left to the sweep instead. The set is only ever
-// created by this worker, so a set still there has held them throughout.
-func (h *heartbeater) checkRowsSet(ctx context.Context) error {
-	own, err := h.store.ReadOwn(ctx, h.opts.instanceID)
-	if err != nil {
-		h.stats.heartbeatFailures.Add(1)
-		return fmt.Errorf("look for the rows set after a lost lease: %w", err)
-	}
-	if ids := h.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
-		h.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
-			slog.Int("rows", len(ids)))
 	}
 	return nil
 }
@@ -284,7 +253,7 @@ func (l *lease) markLeaseLost(cause error) {
 	// other the loss is not sticky, or it could never work again. The
 	// self-check stops judging those rows either way: a recoverer may have
 	// reset them.
-	l.rows.markLoss(l.releaseSafe && !mutantNoStickyLease, l.ownerMode && !mutantOneLife)
+	l.rows.markLoss(l.releaseSafe && !mutantNoStickyLease, l.newLives && !mutantOneLife)
 	l.stats.leaseLosses.Add(1)
 	l.events.emit(Event{Kind: EventLeaseLost, Duration: since, Err: cause})
 	attrs := []any{slog.Duration("since_last_heartbeat", since)}

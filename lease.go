@@ -56,13 +56,14 @@ type lease struct {
 	// New: the rows tracked, the counters, the events and the log.
 	// releaseSafe is set when the host's Release is safe after a loss
 	// (releaseSafeAfterLoss: owner fencing or the reset ledger), which
-	// makes the loss sticky; ownerMode when a loss begins a new life.
+	// makes the loss sticky; newLives when a loss begins a new life
+	// (owner mode).
 	rows        *inflight
 	stats       *counters
 	events      *dispatcher
 	log         *slog.Logger
 	releaseSafe bool
-	ownerMode   bool
+	newLives    bool
 }
 
 func newLease(ttl time.Duration) lease {
@@ -196,7 +197,7 @@ func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
 	if err := l.check(0); err != nil {
 		return false, err
 	}
-	if _, written := l.rows.writtenLife(); l.ownerMode && !written {
+	if _, written := l.rows.writtenLife(); l.newLives && !written {
 		return false, ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
 	}
 	return false, nil

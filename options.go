@@ -30,12 +30,11 @@ func withStore(wrap func(store.Store) store.Store) Option {
 // New decided from them and the resetter. It does not change after New.
 type options struct {
 	// Decided by New: how the client reaches Redis (for messages), what
-	// the resetter guarantees (its Info), whether rows are recovered by
-	// owner (ownermode.go), whether the backstop sweep resets by owner
-	// (sweepOf), and this process's heartbeat value (twin.go).
+	// the resetter guarantees (its Info), whether the backstop sweep
+	// resets by owner (sweepOf), and this process's heartbeat value
+	// (twin.go).
 	target       redisTarget
 	info         ResetterInfo
-	ownerMode    bool
 	sweepByOwner bool
 	beatValue    string
 

@@ -81,6 +81,55 @@ type ownerTracker struct {
 	// ownerRead is the life the last call of OwnerValue named: the value a
 	// plain Track takes its rows for (trackOwner).
 	ownerRead atomic.Pointer[string]
+	opts      *options // read-only: the operation and reset timeouts
+}
+
+// heldByOwner is true: the owner column says which rows a worker holds.
+func (t *ownerTracker) heldByOwner() bool { return true }
+
+// checkLoss has nothing to look for: no rows set, and a loss began a new
+// life (lease.go).
+func (t *ownerTracker) checkLoss(context.Context) error { return nil }
+
+// lateBeat begins a new life before a heartbeat that, answered within the
+// operation timeout, may land after the lease ended, on an expired key,
+// when a recoverer may have read the current life under its claim: it
+// must not renew that life. It records a new one, and the rows of this
+// one are handled as after any lost lease.
+func (t *ownerTracker) lateBeat() {
+	if t.lease.until.Load() > 0 && t.lease.remaining() < t.opts.opTimeout && !mutantNoLateLife {
+		t.lease.markLeaseLost(nil)
+	}
+}
+
+// beatRows is nothing: no rows set, the owner column says it all.
+func (t *ownerTracker) beatRows(_, _ []int64) (add, remove []int64) { return nil, nil }
+
+// owningPeers lists the owners of rows in progress (one query) and
+// returns which of peers own some, and the per-life owner values of each.
+func (t *ownerTracker) owningPeers(ctx context.Context, peers []string) (map[string]bool, map[string][]string, error) {
+	dbCtx, cancel := context.WithTimeout(ctx, t.opts.resetTimeout)
+	owners, err := t.resetter.InProgressOwners(dbCtx)
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	want := make(map[string]bool, len(peers))
+	for _, p := range peers {
+		want[p] = true
+	}
+	owning, lives := map[string]bool{}, map[string][]string{}
+	for _, o := range owners {
+		id, life, ok := parseOwner(o)
+		if !ok || !want[id] {
+			continue
+		}
+		owning[id] = true
+		if life != "" {
+			lives[id] = append(lives[id], o)
+		}
+	}
+	return owning, lives, nil
 }
 
 func (t *ownerTracker) track(ctx context.Context, ids []int64) error {

@@ -57,7 +57,7 @@ func (p *peerRecoverer) plan(ctx context.Context, plan *report.RecoveryPlan, dea
 		return err
 	}
 	canPlan := p.opts.info.DryRun
-	byOwner := canPlan && p.opts.ownerMode
+	byOwner := canPlan && p.held.heldByOwner()
 	for _, st := range states {
 		pp := report.PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}
 		switch {

@@ -242,12 +242,7 @@ func (r *recoverer) hand(peer string) {
 // options.detectionWindow.
 func (r *recoverer) takeScanTurn(ctx context.Context) bool {
 	if !r.opts.scanLease {
-		if !r.opts.ownerMode {
-			opCtx, cancel := r.opts.opContext(ctx)
-			note, _ := r.store.UntrackedNote(opCtx, r.opts.instanceID)
-			cancel()
-			r.untracked.note(note)
-		}
+		r.untracked.readNote(ctx, r.store)
 		return true
 	}
 	opCtx, cancel := r.opts.opContext(ctx)

@@ -97,7 +97,7 @@ func (s *rowSweep) yield(ctx context.Context, rep *sweepReport) (bool, error) {
 	// by row version would take them for stray rows and reset them
 	// under their live workers. It leaves the turn to those members,
 	// whose sweep by owner covers their rows.
-	peers, err := s.ownerModePeers(ctx)
+	peers, err := s.ownerColumnMembers(ctx)
 	if err != nil {
 		s.stats.countFailure(ctx)
 		s.mem.clear()
@@ -311,10 +311,10 @@ func (s *rowSweep) heldRowsStale(ctx context.Context, held map[int64]string) boo
 	return true
 }
 
-// ownerModePeers lists the members of the fleet record that announce owner
+// ownerColumnMembers lists the members of the fleet record that announce owner
 // mode and have not lapsed. Members of releases before the fleet record
 // announce nothing and are not listed (docs/safety.md §5b).
-func (s *rowSweep) ownerModePeers(ctx context.Context) ([]string, error) {
+func (s *rowSweep) ownerColumnMembers(ctx context.Context) ([]string, error) {
 	opCtx, cancel := s.opts.opContext(ctx)
 	f, err := s.store.ReadFleet(opCtx)
 	cancel()
@@ -517,6 +517,9 @@ type untrackedAlarm struct {
 	// tracker's); state is the Worker's lifecycle state.
 	trackCalled func() bool
 	state       *atomic.Int32
+	// off: the rows are held by owner (owner mode), no rows set, so no
+	// row can be tracked after its COMMIT unseen; the alarm stays silent.
+	off bool
 	// at is when the backstop sweep last found rows this worker did not
 	// track before their COMMIT, or when it was called to untrack rows
 	// without any Track (unix nanoseconds).
@@ -532,7 +535,7 @@ type untrackedAlarm struct {
 // only after their COMMIT. Healthy then fails with ErrUntrackedRows until
 // the note's end (a rows TTL after the finding); each note is logged once.
 func (u *untrackedAlarm) note(note string) {
-	if note == "" || u.opts.ownerMode {
+	if note == "" || u.off {
 		return
 	}
 	var until, n, first int64
@@ -550,12 +553,25 @@ func (u *untrackedAlarm) note(note string) {
 		slog.Any("error", fmt.Errorf("%w: %d rows (first %d) were in progress in no rows set after their COMMIT and then in this worker's", ErrUntrackedRows, n, first)))
 }
 
+// readNote reads this worker's note in the untracked-rows hash, when
+// the scan turn is off and so does not bring it (takeScanTurn), and
+// takes it in (note); nothing when the alarm is off.
+func (u *untrackedAlarm) readNote(ctx context.Context, st store.Store) {
+	if u.off {
+		return
+	}
+	opCtx, cancel := u.opts.opContext(ctx)
+	note, _ := st.UntrackedNote(opCtx, u.opts.instanceID)
+	cancel()
+	u.note(note)
+}
+
 // untrackCall is Untrack's check for a host that never calls Track: a
 // running worker in rows-set mode asked to untrack rows without any Track
 // call since it started. Healthy then fails with ErrUntrackedRows for a
 // rows TTL, logged once.
 func (u *untrackedAlarm) untrackCall(ids []int64) {
-	if u.opts.ownerMode || u.trackCalled() || u.state.Load() != stateRunning || !u.called.CompareAndSwap(false, true) {
+	if u.off || u.trackCalled() || u.state.Load() != stateRunning || !u.called.CompareAndSwap(false, true) {
 		return
 	}
 	u.at.Store(time.Now().UnixNano())

@@ -11,7 +11,7 @@ import (
 
 // tracker is how this worker records the rows it holds: Track, TrackAs,
 // Untrack, Release and OwnerValue are calls into it. New picks one of two
-// once, by mode (ownerModeOf), and nothing else branches on the mode:
+// once, by mode (decisions, worker.go), and nothing else branches on the mode:
 // ownerTracker (owner.go) keeps the rows in memory and sends nothing to
 // Redis, the owner column says it all; rowsSetTracker (below) mirrors them
 // in the worker's rows set (SADD and SREM, the incarnation, retrack and
@@ -41,6 +41,32 @@ type tracker interface {
 	trackCalled() bool
 	// loop is the deferred-untrack flusher for Start to run, or nil.
 	loop() func(context.Context)
+
+	// checkLoss is the heartbeat's look, after a lost lease and before
+	// it writes anything, at what became of the rows held at the loss.
+	// lateBeat, under the rows-set lock, handles a heartbeat sent so late
+	// it may land on an expired key. beatRows returns, of the rows
+	// tracked and those whose removal failed, what a heartbeat or a
+	// departure writes to the rows set and removes from it.
+	checkLoss(ctx context.Context) error
+	lateBeat()
+	beatRows(tracked, unremoved []int64) (add, remove []int64)
+
+	holdings
+}
+
+// holdings is what the rest of the worker asks the mode about the rows
+// workers hold: the dead-peer path, the scan's order and the plan of a
+// recovery. Each tracker answers for its mode.
+type holdings interface {
+	// heldByOwner reports whether the owner column, not a rows set, says
+	// which rows a worker holds (owner mode): a dead peer's rows are then
+	// reset by owner, found whether or not Redis remembers them.
+	heldByOwner() bool
+	// owningPeers asks the table which of peers own rows in progress,
+	// with the per-life owner values of each; nil maps and no error when
+	// the mode keeps no owner in the table (rows-set mode).
+	owningPeers(ctx context.Context, peers []string) (owning map[string]bool, lives map[string][]string, err error)
 }
 
 // trackerCore is what both trackers share: the worker's own record of its
@@ -162,12 +188,56 @@ type rowsSetTracker struct {
 	flusher *untrackFlusher
 	// calls counts Track calls (the untracked-rows note, rowsweep.go).
 	calls atomic.Uint64
+	// byVersion: the backstop sweep resets by row version (sweepOf), so a
+	// rows set lost during a lost lease leaves its rows to the sweep
+	// (checkLoss).
+	byVersion bool
+}
+
+// heldByOwner is false: the rows set says which rows a worker holds.
+func (t *rowsSetTracker) heldByOwner() bool { return false }
+
+// owningPeers asks nothing: no owner is kept in the table.
+func (t *rowsSetTracker) owningPeers(context.Context, []string) (map[string]bool, map[string][]string, error) {
+	return nil, nil, nil
+}
+
+// beatRows is what the rows set must hold and lose.
+func (t *rowsSetTracker) beatRows(tracked, unremoved []int64) (add, remove []int64) {
+	return tracked, unremoved
+}
+
+// lateBeat has nothing to do: a late heartbeat renews the one rows set.
+func (t *rowsSetTracker) lateBeat() {}
+
+// checkLoss looks, after a lost lease, for this worker's rows set when
+// the backstop sweep resets by row version. That sweep resets rows no
+// set held at two looks a gap apart, and records that in no ledger. If
+// this worker's rows set is gone, the sweep may have reset the rows held
+// at the loss and peers taken them again: written back, a Release of
+// them (or a recovery of this worker) would reset them under their new
+// holder. They are left to the sweep instead. The set is only ever
+// created by this worker, so a set still there has held them throughout.
+func (t *rowsSetTracker) checkLoss(ctx context.Context) error {
+	if !t.rows.needsLossCheck() || !t.byVersion {
+		return nil
+	}
+	own, err := t.store.ReadOwn(ctx, t.id)
+	if err != nil {
+		t.stats.heartbeatFailures.Add(1)
+		return fmt.Errorf("look for the rows set after a lost lease: %w", err)
+	}
+	if ids := t.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
+		t.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
+			slog.Int("rows", len(ids)))
+	}
+	return nil
 }
 
 // newRowsSetTracker returns the tracker of rows-set mode; with
 // WithDeferredUntrack it has a flusher, which Start runs (loop).
-func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts *options) *rowsSetTracker {
-	t := &rowsSetTracker{trackerCore: core, store: st, fleet: fleet, opts: opts}
+func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts *options, byVersion bool) *rowsSetTracker {
+	t := &rowsSetTracker{trackerCore: core, store: st, fleet: fleet, opts: opts, byVersion: byVersion}
 	if opts.untrackLinger > 0 {
 		t.flusher = newUntrackFlusher(t)
 	}

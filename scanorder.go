@@ -161,7 +161,7 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 			rec = append(rec, e)
 		}
 	}
-	if r.opts.ownerMode && len(rec) > idleOneByOne {
+	if len(rec) > idleOneByOne {
 		r.markOwning(ctx, rec)
 	}
 	sortScanEntries(rec)
@@ -174,7 +174,7 @@ func (r *recoverer) planScan(ctx context.Context, dead []string, now time.Time) 
 	for _, e := range idle {
 		idleIDs = append(idleIDs, e.peer)
 	}
-	if r.opts.ownerMode && len(idleIDs) > idleOneByOne {
+	if len(idleIDs) > idleOneByOne {
 		idleIDs = r.owningIdle(ctx, &plan, idleIDs)
 	}
 	if len(idleIDs) <= idleOneByOne {
@@ -239,17 +239,17 @@ func (r *recoverer) keepRows(ctx context.Context, kept []string) {
 	}
 }
 
-// markOwning marks the entries whose peer owns rows in progress. Owner
-// mode keeps no rows in Redis: the table says which of many queued peers
-// hold rows, so that a fresh death's rows are not queued behind a mass
-// death's empty records (one query). Without the answer the order stays
-// by age.
+// markOwning marks the entries whose peer owns rows in progress, where
+// the table says who holds rows (owner mode, which keeps no rows in
+// Redis): which of many queued peers hold rows, so that a fresh death's
+// rows are not queued behind a mass death's empty records (one query).
+// Without the answer the order stays by age.
 func (r *recoverer) markOwning(ctx context.Context, rec []scanEntry) {
 	ids := make([]string, len(rec))
 	for i, e := range rec {
 		ids[i] = e.peer
 	}
-	if owning, _, err := r.owningPeers(ctx, ids); err == nil {
+	if owning, _, err := r.peers.held.owningPeers(ctx, ids); err == nil {
 		for i := range rec {
 			rec[i].rows = rec[i].rows || owning[rec[i].peer]
 		}
@@ -280,11 +280,15 @@ func sortScanEntries(rec []scanEntry) {
 }
 
 // owningIdle sends down the one path, with the lives the table lists,
-// the idle peers that own rows in progress: nothing in Redis, but rows
-// in progress may carry the ID. It returns the peers left idle; when the
-// owners cannot be listed, every idle peer goes down the one path.
+// the idle peers that own rows in progress, where the table says who
+// holds rows: nothing in Redis, but rows in progress may carry the ID.
+// It returns the peers left idle; when the owners cannot be listed,
+// every idle peer goes down the one path.
 func (r *recoverer) owningIdle(ctx context.Context, plan *scanPlan, idleIDs []string) []string {
-	owning, lives, err := r.owningPeers(ctx, idleIDs)
+	owning, lives, err := r.peers.held.owningPeers(ctx, idleIDs)
+	if owning == nil && err == nil {
+		return idleIDs // the table keeps no owners
+	}
 	if err != nil {
 		r.log.Warn("listing the owners of rows in progress failed; dead peers with nothing in Redis are recovered one by one",
 			slog.Int("peers_dead", len(idleIDs)), slog.Any("error", err))
@@ -301,33 +305,6 @@ func (r *recoverer) owningIdle(ctx context.Context, plan *scanPlan, idleIDs []st
 		}
 	}
 	return rest
-}
-
-// owningPeers lists the owners of rows in progress (one query) and
-// returns which of peers own some, and the per-life owner values of each.
-func (r *recoverer) owningPeers(ctx context.Context, peers []string) (map[string]bool, map[string][]string, error) {
-	dbCtx, cancel := context.WithTimeout(ctx, r.opts.resetTimeout)
-	owners, err := r.peers.resetter.InProgressOwners(dbCtx)
-	cancel()
-	if err != nil {
-		return nil, nil, err
-	}
-	want := make(map[string]bool, len(peers))
-	for _, p := range peers {
-		want[p] = true
-	}
-	owning, lives := map[string]bool{}, map[string][]string{}
-	for _, o := range owners {
-		id, life, ok := parseOwner(o)
-		if !ok || !want[id] {
-			continue
-		}
-		owning[id] = true
-		if life != "" {
-			lives[id] = append(lives[id], o)
-		}
-	}
-	return owning, lives, nil
 }
 
 // note records the peers of this scan's dead list (with their records)

@@ -36,7 +36,7 @@ func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
 		n := utf8.RuneCountInString(w.tracker.currentOwner())
 		if info.OwnerWidth > 0 && n > info.OwnerWidth {
 			what := "instance ID"
-			if w.opts.ownerMode {
+			if w.tracker.heldByOwner() {
 				what = fmt.Sprintf("owner value (the instance ID and its life, %d characters more: docs/safety.md §2)", lifeWidth)
 			}
 			return info, fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's %s %q has %d: widen the column (text) or use a shorter WithInstanceID",

@@ -92,10 +92,8 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 func leave(ctx context.Context, w *Worker) (int, error) {
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
-	d := store.Departure{Value: w.opts.beatValue, Stay: len(tracked) > 0, Tracked: tracked, Unremoved: unremoved, RowsTTL: w.fleet.rowsTTL()}
-	if w.opts.ownerMode {
-		d.Tracked, d.Unremoved = nil, nil // the owner column says it all
-	}
+	d := store.Departure{Value: w.opts.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
+	d.Tracked, d.Unremoved = w.tracker.beatRows(tracked, unremoved)
 	opCtx, cancel := w.opts.opContext(ctx)
 	res, err := w.store.Leave(opCtx, w.opts.instanceID, d)
 	cancel()

@@ -47,7 +47,12 @@ type twin struct {
 	// eviction.go); peers is the one recovery path every peer runs
 	// (recoverDead, deadpeer.go).
 	nodes *nodeWatch
-	peers *peerRecoverer
+	// ownedRows: the table may name this instance ID the owner of rows
+	// in progress (owner mode, or the backstop sweep by owner), so Start
+	// recovers a predecessor of a fixed ID even when Redis remembers
+	// nothing of it.
+	ownedRows bool
+	peers     *peerRecoverer
 }
 
 // errOusted is what a Worker whose instance ID another process took over
@@ -120,7 +125,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 			if err := tw.awaitPredecessor(ctx, k); err != nil {
 				return err
 			}
-		case k.Record || ((tw.opts.ownerMode || tw.opts.sweepByOwner) && tw.opts.instanceIDSet && !recovered):
+		case k.Record || (tw.ownedRows && tw.opts.instanceIDSet && !recovered):
 			if tw.nodes.predecessorHeld(ctx, sent) {
 				// The server evicts keys: the absent heartbeat may be a
 				// live twin's (eviction.go). Look again after a poll.

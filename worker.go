@@ -92,7 +92,7 @@ type loops struct {
 // and decides everything from it: a wrapper that embeds a Resetter keeps
 // every guarantee of the resetter it wraps.
 func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker, error) {
-	o, sw, rs, err := configure(rdb, resetter, opts)
+	o, d, err := configure(rdb, resetter, opts)
 	if err != nil {
 		return nil, err
 	}
@@ -107,56 +107,75 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		resetter: resetter,
 		lease:    newLease(o.heartbeatTTL),
 	}
-	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts}
+	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, mode: d.announce()}
 	// nodes: node ages, their holds and the eviction hold (nodeage.go, eviction.go).
 	nodes := &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
 	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
 	jd := &judge{store: w.store, log: w.log, opts: &w.opts, nodes: nodes, fleet: w.fleet,
 		stats: &w.stats, events: &w.events}
 	rlog := newRecoveryLog(w.log, w.opts.opTimeout)
-	buildShared(w)
-	buildLoops(w, nodes, jd, rlog, rs != nil)
-	w.sweeper = newSweeper(w, sw, rs, nodes, jd, rlog)
+	buildShared(w, d)
+	buildLoops(w, d, nodes, jd, rlog)
+	w.sweeper = newSweeper(w, d, nodes, jd, rlog)
 	return w, nil
 }
 
+// decisions are what New decides once, from the options and the
+// resetter's Info, to build the parts with.
+type decisions struct {
+	// ownerMode: the owner column, not a rows set, says which rows a
+	// worker holds (ownerModeOf); it picks the tracker.
+	ownerMode bool
+	// sw and rs back the backstop sweep, by owner or by row version
+	// (sweepOf); both nil without one.
+	sw, rs Resetter
+}
+
+// announce is the mode the heartbeats announce in the fleet record.
+func (d decisions) announce() string {
+	if d.ownerMode {
+		return "owner"
+	}
+	return "rows-set"
+}
+
 // configure applies and validates the options, asks the resetter's Info
-// once, and decides from both the mode and the backstop sweep: by owner
-// (sw) or by row version (rs), or none.
-func configure(rdb redis.UniversalClient, resetter Resetter, opts []Option) (o options, sw, rs Resetter, err error) {
+// once, and decides from both the mode and the backstop sweep.
+func configure(rdb redis.UniversalClient, resetter Resetter, opts []Option) (o options, d decisions, err error) {
 	if isNil(rdb) {
-		return o, nil, nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
+		return o, d, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
 	}
 	if isNil(resetter) {
-		return o, nil, nil, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
+		return o, d, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
 	}
 	o = defaultOptions()
 	for _, opt := range opts {
 		if opt == nil {
-			return o, nil, nil, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+			return o, d, fmt.Errorf("%w: nil option", ErrInvalidConfig)
 		}
 		opt.apply(&o)
 	}
 	if err := o.validate(); err != nil {
-		return o, nil, nil, err
+		return o, d, err
 	}
 	info := resetter.Info()
 	if err := checkInfo(resetter, info); err != nil {
-		return o, nil, nil, err
+		return o, d, err
 	}
-	ownerMode := ownerModeOf(info, o)
-	sw, rs, err = sweepOf(resetter, info, o, ownerMode)
+	d.ownerMode = ownerModeOf(info, o)
+	d.sw, d.rs, err = sweepOf(resetter, info, o, d.ownerMode)
 	if err != nil {
-		return o, nil, nil, err
+		return o, d, err
 	}
-	o.target, o.info, o.ownerMode, o.sweepByOwner, o.beatValue = targetOf(rdb), info, ownerMode, sw != nil, store.HeartbeatOf(newToken())
-	return o, sw, rs, nil
+	o.target, o.info, o.sweepByOwner, o.beatValue = targetOf(rdb), info, d.sw != nil, store.HeartbeatOf(newToken())
+	return o, d, nil
 }
 
 // buildShared sets up the state the parts share: the rows, the event
-// dispatcher, the lease, the self-check and the tracker.
-func buildShared(w *Worker) {
-	o, info, ownerMode := w.opts, w.opts.info, w.opts.ownerMode
+// dispatcher, the lease, the self-check and the tracker, which is the
+// mode's.
+func buildShared(w *Worker, d decisions) {
+	o, info, ownerMode := w.opts, w.opts.info, d.ownerMode
 	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
@@ -168,7 +187,7 @@ func buildShared(w *Worker) {
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
 	// lease: what noting its loss touches (lease.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
-	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
+	w.lease.releaseSafe, w.lease.newLives = releaseSafeAfterLoss(info), ownerMode
 	// selfChecker: the self-check loop (selfcheck.go)
 	w.checker = (&selfChecker{resetter: w.resetter, opts: &w.opts, log: w.log,
 		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
@@ -179,15 +198,14 @@ func buildShared(w *Worker) {
 		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
 		events: &w.events, releaseLock: make(chan struct{}, 1)}
 	if ownerMode {
-		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners}
+		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners, opts: &w.opts}
 	} else {
-		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
+		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts, d.rs != nil)
 	}
 }
 
-// buildLoops builds the loops and the parts they share; byVersion: the
-// backstop sweep resets by row version.
-func buildLoops(w *Worker, nodes *nodeWatch, jd *judge, rlog *recoveryLog, byVersion bool) {
+// buildLoops builds the loops and the parts they share.
+func buildLoops(w *Worker, d decisions, nodes *nodeWatch, jd *judge, rlog *recoveryLog) {
 	// giver: gives back the rows held at a lost lease the host left
 	// (giveback.go); only where a loss is sticky, nil elsewhere.
 	if w.lease.releaseSafe {
@@ -195,20 +213,19 @@ func buildLoops(w *Worker, nodes *nodeWatch, jd *judge, rlog *recoveryLog, byVer
 	}
 	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
 	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
-		trackCalled: w.tracker.trackCalled}
+		trackCalled: w.tracker.trackCalled, off: w.tracker.heldByOwner()}
 	// peers: the dead-peer path (deadpeer.go).
 	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: w.resetter,
 		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
-		judge: jd, misconfigured: w.checker.alarmErr,
+		judge: jd, held: w.tracker, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold}
 	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
 	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts,
 		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
-		nodes: nodes, peers: w.peers}
+		nodes: nodes, peers: w.peers, ownedRows: d.ownerMode || d.sw != nil}
 	// heartbeater: the heartbeat loop (heartbeat.go)
 	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts,
-		byVersion: byVersion,
-		lease:     &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
+		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
 		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted, giver: w.giver}
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, peers: w.peers,
@@ -216,17 +233,17 @@ func buildLoops(w *Worker, nodes *nodeWatch, jd *judge, rlog *recoveryLog, byVer
 		judge: jd, untracked: w.untracked}
 }
 
-// newSweeper returns the backstop sweep with its strategy, by owner (sw)
-// or by row version (rs); nil when neither.
-func newSweeper(w *Worker, sw, rs Resetter, nodes *nodeWatch, jd *judge, rlog *recoveryLog) *sweeper {
+// newSweeper returns the backstop sweep with its strategy, by owner or by
+// row version; nil when neither.
+func newSweeper(w *Worker, d decisions, nodes *nodeWatch, jd *judge, rlog *recoveryLog) *sweeper {
 	var by sweepStrategy
 	switch {
-	case sw != nil:
-		by = &ownerSweep{resetter: sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
+	case d.sw != nil:
+		by = &ownerSweep{resetter: d.sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
 			log: w.log, rlog: rlog, judge: jd, peers: w.peers,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
-	case rs != nil:
-		by = &rowSweep{resetter: rs, info: w.opts.info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
+	case d.rs != nil:
+		by = &rowSweep{resetter: d.rs, info: w.opts.info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
 			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
 			nodes: nodes}
 	default:
