@@ -53,13 +53,13 @@ type peerRecoverer struct {
 	rlog     *recoveryLog
 	// judge judges peers dead or alive, and deregisters the dead
 	// (registry.go); its nodeWatch holds verdicts after a restart
-	// (nodeage.go).
+	// (registry.go).
 	judge *judge
 	// held answers, for the mode, who holds a dead peer's rows (the
 	// tracker, rowtrack.go).
 	held holdings
 	// seen is what the scans remember of the dead peers they found
-	// (scanorder.go).
+	// (recovery.go).
 	seen deadSeen
 
 	// What it needs of the other parts, set in New.
@@ -67,7 +67,7 @@ type peerRecoverer struct {
 	// misconfigured returns the self-check's alarm, or nil (selfcheck.go).
 	misconfigured func() error
 	// unverifiedHold holds a suspect recovery while this worker's
-	// configuration is unverified (selfcheck_fetch.go).
+	// configuration is unverified (selfcheck.go).
 	unverifiedHold func(ctx context.Context, peer string, ids []int64) error
 }
 

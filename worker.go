@@ -9,9 +9,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/alya/recovery/internal/contract"
 	"github.com/alya/recovery/internal/store"
 )
 
@@ -42,7 +44,7 @@ type Worker struct {
 	rows    inflight   // the rows tracked now (inflight.go)
 	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
 	lease   lease      // lease.go
-	fleet   *fleetView // fleet.go
+	fleet   *fleetView // registry.go
 	stats   counters   // stats.go
 	events  dispatcher // events.go
 
@@ -68,12 +70,12 @@ type loops struct {
 	recov   *recoverer   // recovery.go
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
-	giver   *giver       // giveback.go; nil when a lost lease is not sticky
+	giver   *giver       // lease.go; nil when a lost lease is not sticky
 
 	// The parts the loops share with Start and the exported methods.
 	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
-	twin      *twin           // Start's claim on the instance ID; the heartbeat's ousting (twin.go)
-	untracked *untrackedAlarm // the ErrUntrackedRows alarm (rowsweep.go)
+	twin      *twin           // Start's claim on the instance ID; the heartbeat's ousting (heartbeat.go)
+	untracked *untrackedAlarm // the ErrUntrackedRows alarm (rowtrack.go)
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -108,7 +110,7 @@ func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker,
 		lease:    newLease(o.heartbeatTTL),
 	}
 	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, mode: d.announce()}
-	// nodes: node ages, their holds and the eviction hold (nodeage.go, eviction.go).
+	// nodes: node ages, their holds and the eviction hold (registry.go).
 	nodes := &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
 	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
 	jd := &judge{store: w.store, log: w.log, opts: &w.opts, nodes: nodes, fleet: w.fleet,
@@ -180,7 +182,7 @@ func buildShared(w *Worker, d decisions) {
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
 	w.events.obs, w.events.sig = o.observer, &w.opts.sig.deliver
-	// historian: the fleet history's writer, nil when it is off (history.go);
+	// historian: the fleet history's writer, nil when it is off (events.go);
 	// running is also the self-check's
 	state := &w.state
 	running := func() bool { return state.Load() == stateRunning }
@@ -207,11 +209,11 @@ func buildShared(w *Worker, d decisions) {
 // buildLoops builds the loops and the parts they share.
 func buildLoops(w *Worker, d decisions, nodes *nodeWatch, jd *judge, rlog *recoveryLog) {
 	// giver: gives back the rows held at a lost lease the host left
-	// (giveback.go); only where a loss is sticky, nil elsewhere.
+	// (lease.go); only where a loss is sticky, nil elsewhere.
 	if w.lease.releaseSafe {
 		w.giver = newGiver(&w.lease, &w.rows, w.tracker, &w.opts, w.log)
 	}
-	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
+	// untracked: the ErrUntrackedRows alarm (rowtrack.go).
 	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
 		trackCalled: w.tracker.trackCalled, off: w.tracker.heldByOwner()}
 	// peers: the dead-peer path (deadpeer.go).
@@ -219,7 +221,7 @@ func buildLoops(w *Worker, d decisions, nodes *nodeWatch, jd *judge, rlog *recov
 		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
 		judge: jd, held: w.tracker, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold}
-	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
+	// twin: Start's claim on the instance ID, and the heartbeat's ousting (heartbeat.go)
 	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts,
 		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
 		nodes: nodes, peers: w.peers, ownedRows: d.ownerMode || d.sw != nil}
@@ -454,3 +456,175 @@ func sweepOf(r Resetter, info ResetterInfo, o options, ownerMode bool) (sw, rs R
 
 // ownKeys returns the key names of this worker's instance.
 func (w *Worker) ownKeys() store.Keys { return w.store.Keys(w.opts.instanceID) }
+
+// Shutdown stops the worker: it stops the heartbeat and recovery loops and
+// waits for them, then deletes the heartbeat key and removes the worker from
+// the registry, so peers see at once that it left. The rows set is left in
+// place. If rows are still tracked (there should be none once the host has
+// finished its block, or released what it will not finish), the worker
+// stays registered, with its heartbeat deleted: the next scan of any peer
+// finds it dead and recovers those rows at once.
+//
+// Call Shutdown after the host has finished its current block, as the
+// design's graceful shutdown says. If ctx ends first, Shutdown returns
+// ctx.Err(); the loops have been told to stop and end within the operation
+// timeout, and a later call with a fresh context finishes the clean-up.
+// The clean-up is one round trip bounded by the operation timeout too (an
+// Untrack running at the same moment waits for it, as it waits for a
+// heartbeat); if it fails, Shutdown returns the error and a later call
+// tries again.
+//
+// A Worker whose instance ID another process took over (CheckLease
+// reports ErrInstanceIDInUse) leaves every key to that process.
+//
+// Shutdown is idempotent, safe to call concurrently and safe to call
+// without Start. After it, Start, Track and ops.RecoverNow return ErrShutdown.
+// It never closes the Redis client or the database handle it was given.
+// With an observer, it also waits for the events already queued to be
+// delivered, and for the fleet history's entries queued to be appended
+// (once each; see WithHistory).
+func (w *Worker) Shutdown(ctx context.Context) error {
+	w.mu.Lock()
+	w.state.Store(stateShutdown)
+	started, stop, done := w.started, w.stopLoops, w.loopsDone
+	w.mu.Unlock()
+	if !started {
+		return w.events.close(ctx)
+	}
+	stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cleaned {
+		return w.events.close(ctx)
+	}
+	if w.lease.ousted.Load() {
+		// Another process heartbeats this instance ID: the heartbeat, the
+		// registry entry and the rows set are its own now (heartbeat.go).
+		w.cleaned = true
+		return w.events.close(ctx)
+	}
+	tracked, err := leave(ctx, w)
+	if err != nil {
+		// The clean-up is retried by a later call; the events and the
+		// history are delivered (or dropped) now, so no goroutine of the
+		// Worker outlives a Shutdown that gave up, whatever the caller does.
+		_ = w.events.close(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
+	}
+	w.cleaned = true
+	if tracked > 0 {
+		w.log.Warn("shut down with rows still tracked; peers will recover them",
+			slog.Int("rows", tracked))
+	}
+	w.log.Debug("recovery worker shut down")
+	return w.events.close(ctx)
+}
+
+// leave deletes the heartbeat and the registry entry (store.Leave); it
+// returns how many rows were still tracked. Like the heartbeat, it holds
+// the rows set's write lock from the snapshot until Redis has answered: a
+// synchronous Untrack running now either finishes its SREM before the
+// snapshot (and the row is not written back) or waits and sends it after
+// our SADD. Only our own heartbeat is deleted: a process that took the ID
+// over since the last heartbeat keeps its. With rows still tracked, they
+// are written back (Redis may have lost them) and the worker stays
+// registered, or no peer would ever look for them.
+func leave(ctx context.Context, w *Worker) (int, error) {
+	w.rows.assert.Lock()
+	tracked, unremoved, _ := w.rows.snapshot()
+	d := store.Departure{Value: w.opts.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
+	d.Tracked, d.Unremoved = w.tracker.beatRows(tracked, unremoved)
+	opCtx, cancel := w.opts.opContext(ctx)
+	res, err := w.store.Leave(opCtx, w.opts.instanceID, d)
+	cancel()
+	w.rows.assert.Unlock()
+	if res.Deregistered {
+		w.peers.judge.noteRegistry(res.RegistryErr)
+	}
+	return len(tracked), err
+}
+
+// checkSchema runs the resetter's Check, bounded by ctx and the reset
+// timeout: with the schema check on (not WithoutSchemaCheck), the session
+// (it must be able to write; a session without
+// idle_in_transaction_session_timeout, or with a statement_timeout shorter
+// than the reset timeout, is warned about, when the resetter tells what it
+// serves: a database), the owner column's
+// width against this worker's owner value, and the table; either way,
+// what the resetter serves, which fleetView.check then records. It runs before
+// anything is written to Redis: a failure leaves no heartbeat and no
+// registry entry behind (which peers would take for a dead worker), and
+// Start can be retried. With WithoutSchemaCheck an error only means that
+// the resetter cannot tell what it serves: it is logged at Warn, and the
+// fleet is not checked.
+func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
+	schema := !w.opts.noSchemaCheck
+	ctx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	defer cancel()
+	info, err := w.resetter.Check(ctx, schema)
+	if !errors.Is(err, contract.ErrPoolExhausted) { // the error says it better
+		w.checkPool(info)
+	}
+	if schema {
+		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
+		n := utf8.RuneCountInString(w.tracker.currentOwner())
+		if info.OwnerWidth > 0 && n > info.OwnerWidth {
+			what := "instance ID"
+			if w.tracker.heldByOwner() {
+				what = fmt.Sprintf("owner value (the instance ID and its life, %d characters more: docs/safety.md §2)", lifeWidth)
+			}
+			return info, fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's %s %q has %d: widen the column (text) or use a shorter WithInstanceID",
+				ErrSchema, info.OwnerWidth, what, clip(w.tracker.currentOwner()), n)
+		}
+		if err != nil {
+			return info, err
+		}
+		if info.IdleInTxTimeout == 0 && info.Serves != "" {
+			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")
+		}
+		if st := info.StatementTimeout; st > 0 && st < w.opts.resetTimeout {
+			w.log.Warn("the database session's statement_timeout is shorter than the reset timeout: resets size their chunks to fit half of it, and a reset whose chunk of one row takes longer (a slow trigger, a wait for a table lock) never completes; raise it for the role of the workers (docs/operations.md)",
+				slog.Duration("statement_timeout", st), slog.Duration("reset_timeout", w.opts.resetTimeout),
+				slog.Duration("lock_timeout", info.LockTimeout))
+		}
+		return info, nil
+	}
+	if err != nil {
+		w.log.Warn("cannot tell what this worker serves; the key prefix is not checked against the fleet's record",
+			slog.Any("error", err))
+		return ResetterInfo{}, nil
+	}
+	return info, nil
+}
+
+// minResetterConns is how many connections of its pool the resetter may
+// use at once: the recovery loop's reset and one more, the backstop
+// sweep's, the self-check's, Release's or ops.RecoverNow's, which run in
+// their own goroutines.
+const minResetterConns = 2
+
+// checkPool warns when the resetter's pool (ResetterInfo.PoolSize, a pool
+// with a limit) had fewer than minResetterConns connections free when
+// Check began. A host that shares the pool with the resetter can then
+// hold every connection, and recovery waits for one past its reset
+// timeout, scan after scan. It only warns: a pool shared with a host
+// whose transactions are short serves both in practice, and a pool with
+// room at Start may still be exhausted later, which the recovery's error
+// then says (postgres.ErrPoolExhausted).
+func (w *Worker) checkPool(info ResetterInfo) {
+	free := info.PoolSize - info.PoolInUse
+	if info.PoolSize <= 0 || free >= minResetterConns {
+		return
+	}
+	w.log.Warn("the resetter's connection pool had fewer connections free at Start than recovery uses at once (2); a host that shares the pool can hold them all, leaving dead peers' rows in progress until one is free: give the resetter a pool of its own (docs/operations.md)",
+		slog.Int("pool_max_conns", info.PoolSize), slog.Int("pool_in_use", info.PoolInUse), slog.Int("pool_free", max(free, 0)))
+}
