@@ -723,7 +723,7 @@ type historyItem struct {
 // newHistorian returns the historian that appends to st with the history
 // options of o, or nil when the history is off. running reports whether
 // the Worker's loops run (historian.running).
-func newHistorian(st store.Store, log *slog.Logger, o *options, running func() bool) *historian {
+func newHistorian(st store.Store, log *slog.Logger, o *options, sig *testSignals, running func() bool) *historian {
 	if o.historyLen == 0 {
 		return nil
 	}
@@ -731,7 +731,7 @@ func newHistorian(st store.Store, log *slog.Logger, o *options, running func() b
 	// entries are for people, later.
 	return &historian{store: st, log: log, maxLen: int64(o.historyLen),
 		opTimeout: o.opTimeout, retry: max(o.heartbeatInterval, time.Second),
-		running: running, sig: &o.sig.history}
+		running: running, sig: &sig.history}
 }
 
 // offer queues the entry e makes, if it makes one, without waiting.
@@ -949,7 +949,7 @@ func (h *historian) close(ctx context.Context) error {
 
 // testSignals are the loops' notes to the package's tests that they did
 // something, so a test waits for the turn it needs instead of sleeping or
-// polling a log or Stats (River's test signals). The options hold them; in
+// polling a log or Stats (River's test signals). The test hooks hold them; in
 // production they are never initialised and each emission is a nil check.
 // Every loop emits once at the end of its turn, through the options it
 // holds; deliver, heard and locked are emitted once per event or try, as
@@ -977,16 +977,33 @@ type lookTurn struct {
 	over  bool      // the self-check is over: no turn follows
 }
 
+// testHooks are what the package's tests set through their own options
+// (hookFunc): not settings, so apart from the options.
+type testHooks struct {
+	// wrapStore, set only by withStore, wraps the Redis store before New
+	// hands it to the Worker's parts.
+	wrapStore func(store.Store) store.Store
+	// sig holds the loops' test signals, off unless withTestSignals
+	// turns them on.
+	sig testSignals
+}
+
+// hookFunc is an Option of the package's tests: New applies it to the
+// test hooks; it sets nothing in the options.
+type hookFunc func(*testHooks)
+
+func (hookFunc) apply(*options) {}
+
 // withStore wraps the Worker's Redis store in what wrap returns: the
 // package's tests use it to inject faults and the simulation's store.
 func withStore(wrap func(store.Store) store.Store) Option {
-	return optionFunc(func(o *options) { o.wrapStore = wrap })
+	return hookFunc(func(o *testHooks) { o.wrapStore = wrap })
 }
 
 // withTestSignals turns the loops' test signals on (testSignals); the
 // package's test helpers set it on every Worker they build.
 func withTestSignals() Option {
-	return optionFunc(func(o *options) {
+	return hookFunc(func(o *testHooks) {
 		o.sig.beat.Init()
 		o.sig.scan.Init()
 		o.sig.expired.Init()

@@ -18,24 +18,18 @@ import (
 // the registry SADD goes in the same round trip. Each success renews the
 // lease (lease.go).
 type heartbeater struct {
-	store  store.Store
-	log    *slog.Logger
-	opts   *options // read-only after New
-	lease  *lease
-	rows   *inflight
-	fleet  *fleetView
-	stats  *counters
-	events *dispatcher
+	deps  // the settings, the store, the log and the shared parts (worker.go)
+	lease *lease
+	rows  *inflight
 	// tracker looks after a lost lease (checkLoss), gives the rows set a
 	// new incarnation (rotateLocked, the caller holding the rows-set
 	// lock), begins a new life before a late heartbeat (lateBeat), says
 	// which rows the heartbeat writes (beatRows), writes back the rows
 	// among those removed that are tracked again (retrack), and names the
-	// current owner value for a log line (rowtrack.go); judge records the outcome
-	// of the registry SADD (registry.go); ousted records that another
-	// process took the instance ID (twin.noteOusted).
+	// current owner value for a log line (rowtrack.go); ousted records
+	// that another process took the instance ID (twin.noteOusted). The
+	// judge (deps) records the outcome of the registry SADD.
 	tracker tracker
-	judge   *judge
 	ousted  func()
 	giver   *giver // wakes to give back rows held at a loss (lease.go)
 	// failures counts the heartbeats failed in a row; outageStart is when
@@ -103,7 +97,7 @@ func (h *heartbeater) beat(ctx context.Context, tracked, unremoved []int64, inca
 	sentAt := time.Now()
 	serves, server := h.fleet.mem.served()
 	res, err := h.store.Beat(ctx, h.opts.instanceID, store.Heartbeat{
-		Value: h.opts.beatValue, TTL: h.opts.heartbeatTTL,
+		Value: h.beatValue, TTL: h.opts.heartbeatTTL,
 		Incarnation: incarnation, IncarnationTTL: h.fleet.incarnationTTL(),
 		Remove: unremoved, Add: tracked, RowsTTL: h.fleet.rowsTTL(),
 		Serves: serves, Server: server, Announce: h.fleet.announcement(),
@@ -165,12 +159,12 @@ func (h *heartbeater) run(ctx context.Context) {
 				next = 0 // a life begun while this one was in flight: record it now
 			}
 			t.Reset(next)
-			h.opts.sig.beat.Signal(nil) // test signal: a heartbeat turn ended
+			h.sig.beat.Signal(nil) // test signal: a heartbeat turn ended
 			continue
 		}
 		h.failed(err)
 		t.Reset(h.retryDelay(h.failures))
-		h.opts.sig.beat.Signal(err) // test signal: a heartbeat turn ended
+		h.sig.beat.Signal(err) // test signal: a heartbeat turn ended
 	}
 }
 
@@ -312,13 +306,9 @@ var jitterSource = func(*options, string) float64 { return rand.Float64() }
 // twin is Start's claim on the instance ID (claimInstanceID), and what
 // the heartbeat does when another process took it (noteOusted).
 type twin struct {
-	store  store.Store
-	log    *slog.Logger
-	opts   *options // read-only after New
-	lease  *lease
-	rows   *inflight
-	stats  *counters
-	events *dispatcher
+	deps  // the settings, the store, the log and the shared parts (worker.go)
+	lease *lease
+	rows  *inflight
 	// nodes tells whether the server's evictions hold the recovery of a
 	// predecessor whose heartbeat an EXISTS found absent (predecessorHeld,
 	// registry.go); peers is the one recovery path every peer runs
@@ -396,7 +386,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 			return err
 		}
 		switch {
-		case k.Value == tw.opts.beatValue:
+		case k.Value == tw.beatValue:
 			return nil // written by an earlier try of this Start
 		case k.Value != "":
 			if err := tw.awaitPredecessor(ctx, k); err != nil {
@@ -416,7 +406,7 @@ func (tw *twin) claimInstanceID(ctx context.Context) error {
 			if recovered, err = tw.recoverPredecessor(ctx, &warnedLocked); err != nil {
 				// A twin may have taken the ID meanwhile (its recovery
 				// waited for ours, ours outlived its claim): say so.
-				if k, rerr := tw.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != tw.opts.beatValue {
+				if k, rerr := tw.readOwn(ctx); rerr == nil && k.Value != "" && k.Value != tw.beatValue {
 					return fmt.Errorf("%w: another process took it while this one recovered its predecessor (%v)", ErrInstanceIDInUse, err)
 				}
 				return err
@@ -489,7 +479,7 @@ func (tw *twin) recoverPredecessor(ctx context.Context, warnedLocked *bool) (don
 			tw.log.Warn("Start waits for rows a previous process left under this instance ID: another session holds them locked (its host vanished with a transaction open?); they are reset once that session ends (idle_in_transaction_session_timeout)",
 				slog.Any("error", err))
 		}
-		tw.opts.sig.locked.Signal(struct{}{}) // test signal: a try at the locked rows ended
+		tw.sig.locked.Signal(struct{}{}) // test signal: a try at the locked rows ended
 		select {
 		case <-ctx.Done():
 			return false, fmt.Errorf("recover the rows a previous process left under this instance ID: %w (%w)", err, ctx.Err())

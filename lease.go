@@ -268,18 +268,17 @@ func (l *lease) noteBareOwners() {
 // owner fencing leaves a row someone else holds); rows left to the backstop
 // sweep are only forgotten, as Release does.
 type giver struct {
+	deps    // the settings, the store, the log and the shared parts (worker.go)
 	lease   *lease
 	rows    *inflight
 	tracker tracker
-	opts    *options // read-only: the heartbeat interval, the reset timeout
-	log     *slog.Logger
 	// kick wakes the loop after a heartbeat that succeeded with rows held
 	// at a loss (note).
 	kick chan struct{}
 }
 
-func newGiver(l *lease, rows *inflight, t tracker, opts *options, log *slog.Logger) *giver {
-	return &giver{lease: l, rows: rows, tracker: t, opts: opts, log: log, kick: make(chan struct{}, 1)}
+func newGiver(d deps, l *lease, rows *inflight, t tracker) *giver {
+	return &giver{deps: d, lease: l, rows: rows, tracker: t, kick: make(chan struct{}, 1)}
 }
 
 // note wakes the loop if rows held at a loss are still held: the heartbeat
@@ -334,7 +333,7 @@ func (g *giver) run(ctx context.Context) {
 			g.log.Warn("giving back the rows held when the lease was lost failed; retrying", slog.Any("error", err))
 			t.Reset(g.opts.jitter("giveback", g.opts.heartbeatInterval, 0.1))
 		}
-		g.opts.sig.gave.Signal(err) // test signal: a give-back ended
+		g.sig.gave.Signal(err) // test signal: a give-back ended
 	}
 }
 

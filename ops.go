@@ -42,7 +42,7 @@ func (w *Worker) sweepNow(ctx context.Context, dryRun bool) (report.SweepReport,
 	}
 	switch {
 	case rs != nil:
-	case !w.opts.info.ListsInProgress:
+	case !w.info.ListsInProgress:
 		rep.Why = fmt.Sprintf("the resetter (%T) cannot list the rows in progress", w.resetter)
 		return rep, nil
 	default:
@@ -319,7 +319,7 @@ func (p *peerRecoverer) plan(ctx context.Context, plan *report.RecoveryPlan, dea
 	if err != nil {
 		return err
 	}
-	canPlan := p.opts.info.DryRun
+	canPlan := p.info.DryRun
 	byOwner := canPlan && p.held.heldByOwner()
 	for _, st := range states {
 		pp := report.PeerPlan{InstanceID: st.InstanceID, Claim: st.Claim}

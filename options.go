@@ -20,25 +20,11 @@ type optionFunc func(*options)
 
 func (f optionFunc) apply(o *options) { f(o) }
 
-// options is the Worker's configuration: what the options set, and what
-// New decided from them and the resetter. It does not change after New.
+// options are the Worker's settings: what the options set, with their
+// defaults. They do not change after New; what New decides from them and
+// the resetter is in deps (worker.go), the test hooks in testHooks
+// (events.go).
 type options struct {
-	// Decided by New: how the client reaches Redis (for messages), what
-	// the resetter guarantees (its Info), whether the backstop sweep
-	// resets by owner (sweepOf), and this process's heartbeat value
-	// (heartbeat.go).
-	target       redisTarget
-	info         ResetterInfo
-	sweepByOwner bool
-	beatValue    string
-
-	// wrapStore, set only by the package's tests (withStore), wraps the
-	// Redis store before New hands it to the Worker's parts.
-	wrapStore func(store.Store) store.Store
-	// sig holds the loops' test signals, off unless a test turns them on
-	// (withTestSignals, events.go).
-	sig testSignals
-
 	instanceID        string
 	keyPrefix         string
 	heartbeatTTL      time.Duration

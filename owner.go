@@ -81,7 +81,6 @@ type ownerTracker struct {
 	// ownerRead is the life the last call of OwnerValue named: the value a
 	// plain Track takes its rows for (trackOwner).
 	ownerRead atomic.Pointer[string]
-	opts      *options // read-only: the operation and reset timeouts
 }
 
 // heldByOwner is true: the owner column says which rows a worker holds.

@@ -152,19 +152,13 @@ func (r *recoverer) removeIdle(ctx context.Context, rep *report.RecoveryReport, 
 // recoverer is the recovery loop. New builds it; it hands every dead peer
 // to peers.
 type recoverer struct {
-	store   store.Store
-	log     *slog.Logger
-	opts    *options // read-only after New
+	deps    // the settings, the store, the log and the shared parts (worker.go)
 	peers   *peerRecoverer
-	stats   *counters
-	events  *dispatcher
-	rlog    *recoveryLog
 	expired chan string // peers whose heartbeat just expired (recovery.go)
 
-	// judge reads the registry and judges which registered peers are
-	// dead (registry.go); untracked takes this worker's note in the
-	// untracked-rows hash (rowtrack.go).
-	judge     *judge
+	// untracked takes this worker's note in the untracked-rows hash
+	// (rowtrack.go). The judge (deps) reads the registry and judges which
+	// registered peers are dead.
 	untracked *untrackedAlarm
 	// keep lists the dead peers a scan leaves alone: only
 	// recoverNowKeeping sets it, on a Worker never started (ops.go).
@@ -191,7 +185,7 @@ func (r *recoverer) run(ctx context.Context) {
 		case peer := <-r.expired:
 			// Every subscribed worker hears of it; the claim lets one act.
 			_, _, _ = r.peers.recoverDead(ctx, peer, foundByExpiry, time.Now())
-			r.opts.sig.expired.Signal(peer) // test signal: an expiry message acted on
+			r.sig.expired.Signal(peer) // test signal: an expiry message acted on
 			continue
 		case <-t.C:
 		}
@@ -204,7 +198,7 @@ func (r *recoverer) run(ctx context.Context) {
 		// if this one took longer): a scan's own duration does not add to
 		// the wait for the next (scanBudget).
 		t.Reset(max(r.opts.jitter("scan", r.opts.recoveryInterval, 0.1)-time.Since(began), 0))
-		r.opts.sig.scan.Signal(struct{}{}) // test signal: a recovery turn ended
+		r.sig.scan.Signal(struct{}{}) // test signal: a recovery turn ended
 	}
 }
 
@@ -626,15 +620,11 @@ func (r *recoverer) deregisterIdle(ctx context.Context, idle []string, deadline 
 // those peers. A single server's or a failover client's one subscription
 // follows the server, and the check sends nothing.
 type expiryWatcher struct {
-	store store.Store
-	log   *slog.Logger
-	opts  *options
-	fleet *fleetView
+	deps             // the settings, the store, the log and the shared parts (worker.go)
 	nodes *nodeWatch // reads a node's INFO and remembers its age (registry.go)
-	// judge judges peers' heartbeats (registry.go); hand passes a dead peer
-	// to the recoverer without waiting (recovery.go).
-	judge *judge
-	hand  func(peer string)
+	// hand passes a dead peer to the recoverer without waiting; the judge
+	// (deps) judges peers' heartbeats.
+	hand func(peer string)
 	// subs holds the subscription of each master, by node; only Start
 	// and then the watcher's loop touch it.
 	subs map[string]*watch
@@ -693,7 +683,7 @@ func (e *expiryWatcher) run(ctx context.Context) {
 		}
 		e.runOnce(ctx)
 		t.Reset(jitter(e.opts.heartbeatInterval, 0.1))
-		e.opts.sig.masters.Signal(struct{}{}) // test signal: a check of the masters ended
+		e.sig.masters.Signal(struct{}{}) // test signal: a check of the masters ended
 	}
 }
 
@@ -863,5 +853,5 @@ func (e *expiryWatcher) handle(ctx context.Context, key string) {
 	if dead, err := e.judge.deadPeers(ctx, []string{id}); err == nil && len(dead) > 0 {
 		e.hand(id)
 	}
-	e.opts.sig.heard.Signal(id) // test signal: an expiry event judged
+	e.sig.heard.Signal(id) // test signal: an expiry event judged
 }

@@ -27,13 +27,8 @@ import (
 // the backstop sweep, expiry events, the dead-peer path, the heartbeat and
 // Shutdown share one, built in New.
 type judge struct {
-	store  store.Store
-	log    *slog.Logger
-	opts   *options // read-only after New
-	nodes  *nodeWatch
-	fleet  *fleetView
-	stats  *counters
-	events *dispatcher
+	deps  // the settings, the store, the log and the shared parts (worker.go)
+	nodes *nodeWatch
 }
 
 // registeredPeers returns the registry's valid members other than this
@@ -339,11 +334,8 @@ func (a *nodeAges) observe(addr string, f nodeFacts, recv time.Time, ttl time.Du
 // Start's check of the eviction policy (registry.go). The judge, the row
 // sweep, expiry events and Start share one, built in New.
 type nodeWatch struct {
-	ages  nodeAges
-	store store.Store
-	log   *slog.Logger
-	opts  *options // read-only after New
-	fleet *fleetView
+	deps // the settings, the store, the log and the shared parts (worker.go)
+	ages nodeAges
 }
 
 // nodeInfo asks one node (as the store names it) for the facts of its age

@@ -75,16 +75,13 @@ type holdings interface {
 // trackerCore is what both trackers share: the worker's own record of its
 // rows and what Release reports to.
 type trackerCore struct {
+	deps     // the settings, the store, the log and the shared parts (worker.go)
 	rows     *inflight
 	id       string // the instance ID
 	resetter Resetter
-	info     ResetterInfo
 	state    *atomic.Int32 // the Worker's lifecycle state
 	lease    *lease
 	checker  *selfChecker
-	log      *slog.Logger
-	stats    *counters
-	events   *dispatcher
 	// releaseLock, a channel of capacity 1 shared by the copies of the
 	// core, serializes the releases of the worker (releaseBy); a channel,
 	// not a mutex, so that a release waiting for another is durably
@@ -183,9 +180,6 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 // member of the worker's rows set in Redis, which recovery reads.
 type rowsSetTracker struct {
 	trackerCore
-	store store.Store
-	fleet *fleetView // the rows set's TTLs
-	opts  *options   // read-only: the operation timeout
 	// flusher removes deferred Untracks from the rows set
 	// (WithDeferredUntrack); nil without it.
 	flusher *untrackFlusher
@@ -239,9 +233,9 @@ func (t *rowsSetTracker) checkLoss(ctx context.Context) error {
 
 // newRowsSetTracker returns the tracker of rows-set mode; with
 // WithDeferredUntrack it has a flusher, which Start runs (loop).
-func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts *options, byVersion bool) *rowsSetTracker {
-	t := &rowsSetTracker{trackerCore: core, store: st, fleet: fleet, opts: opts, byVersion: byVersion}
-	if opts.untrackLinger > 0 {
+func newRowsSetTracker(core trackerCore, byVersion bool) *rowsSetTracker {
+	t := &rowsSetTracker{trackerCore: core, byVersion: byVersion}
+	if t.opts.untrackLinger > 0 {
 		t.flusher = newUntrackFlusher(t)
 	}
 	return t
@@ -425,7 +419,7 @@ func (f *untrackFlusher) run(ctx context.Context) {
 
 // runOnce removes the rows waiting for their SREM, in one command.
 func (f *untrackFlusher) runOnce(ctx context.Context) {
-	defer f.set.opts.sig.flush.Signal(struct{}{}) // test signal: a flush turn ended
+	defer f.set.sig.flush.Signal(struct{}{}) // test signal: a flush turn ended
 	t := f.set
 	t.rows.assert.Lock()
 	defer t.rows.assert.Unlock()
@@ -836,8 +830,7 @@ func (s *inflight) heldAmong(ids []int64) []int64 {
 // the note another worker's sweep left for this one (note, read with the
 // scan turn), and by an Untrack without any Track (untrackCall).
 type untrackedAlarm struct {
-	log  *slog.Logger
-	opts *options
+	deps // the settings, the store, the log and the shared parts (worker.go)
 	// trackCalled reports whether Track was called since New (the
 	// tracker's); state is the Worker's lifecycle state.
 	trackCalled func() bool

@@ -67,14 +67,10 @@ type sighting struct {
 
 // selfChecker is the self-check loop.
 type selfChecker struct {
+	deps     // the settings, the store, the log and the shared parts (worker.go)
 	resetter Resetter
-	opts     *options // read-only after New
-	log      *slog.Logger
 	rows     *inflight
 	lease    *lease
-	fleet    *fleetView
-	stats    *counters
-	events   *dispatcher
 	// running reports whether the Worker's loops run (unverifiedHold).
 	running func() bool
 	// runningSince is when Start ended (Unix nanoseconds): a worker that
@@ -120,7 +116,7 @@ func (c *selfChecker) init() *selfChecker {
 // inProgress reports whether a row in state s is one the resetter would
 // reset as in progress for owner.
 func (c *selfChecker) inProgress(s RowState, owner string) bool {
-	return inProgress(c.opts.info, s, owner)
+	return inProgress(c.info, s, owner)
 }
 
 // probe asks the resetter, at Start, whether it reads rows at all:
@@ -230,8 +226,8 @@ func (c *selfChecker) confirmAt() (time.Time, bool) {
 
 // runOnce is one look; it reports whether the self-check is over.
 func (c *selfChecker) runOnce(ctx context.Context) (done bool) {
-	if c.opts.sig.look.On() {
-		defer c.opts.sig.looked(c, time.Now(), c.checks.Load(), &done) // test signal: a self-check turn ended
+	if c.sig.look.On() {
+		defer c.sig.looked(c, time.Now(), c.checks.Load(), &done) // test signal: a self-check turn ended
 	}
 	if c.lease.valid() && c.judgeLeaving(ctx) {
 		return true
@@ -358,7 +354,7 @@ func (c *selfChecker) judgeStates(states []RowState, before, after map[int64]uin
 // raiseBecause records the alarm about row s; what says what was seen of
 // it, and read rows were read.
 func (c *selfChecker) raiseBecause(s RowState, what string, read int) {
-	inprog, queued := c.opts.info.InProgressStatus, c.opts.info.QueuedStatus
+	inprog, queued := c.info.InProgressStatus, c.info.QueuedStatus
 	expect := fmt.Sprintf(" (the resetter takes status %q for in progress", inprog)
 	switch s.Status {
 	case queued:
@@ -400,7 +396,7 @@ func (c *selfChecker) alarmErr() error {
 // configuration is right but a regained lease must be held
 // (noteBareOwners).
 func (c *selfChecker) bareOwned(s RowState, owner string) bool {
-	if owner == c.opts.instanceID || !inProgress(c.opts.info, s, c.opts.instanceID) {
+	if owner == c.opts.instanceID || !inProgress(c.info, s, c.opts.instanceID) {
 		return false
 	}
 	c.lease.noteBareOwners()
@@ -488,12 +484,12 @@ func (c *selfChecker) preImages(ctx context.Context, ids []int64) {
 	opCtx, cancel := context.WithTimeout(ctx, min(c.opts.opTimeout, max(c.window()/10, 10*time.Millisecond)))
 	ims, err := c.readRows(opCtx, sample)
 	cancel()
-	c.opts.sig.preread.Signal(err == nil) // test signal: the read ended
+	c.sig.preread.Signal(err == nil) // test signal: the read ended
 	if err != nil {
 		c.log.Debug("self-check: cannot read the state of rows being fetched", slog.Any("error", err))
 		return
 	}
-	inprog := c.opts.info.InProgressStatus
+	inprog := c.info.InProgressStatus
 	c.imu.Lock()
 	for _, m := range ims {
 		g, ok := gens[m.ID]
@@ -515,7 +511,7 @@ func (c *selfChecker) untracking(ids []int64) {
 		return
 	}
 	gens := c.rows.generations(ids)
-	queued := c.opts.info.QueuedStatus
+	queued := c.info.QueuedStatus
 	asked := false
 	c.imu.Lock()
 	for _, id := range ids {
@@ -543,7 +539,7 @@ func (c *selfChecker) untracking(ids []int64) {
 // committed version. It returns the row whose fetch swapped the statuses,
 // if any. states are the rows read unlocked; the caller checked the lease.
 func (c *selfChecker) sawFetch(states []RowState) (RowState, *fetchImage, bool) {
-	queued := c.opts.info.QueuedStatus
+	queued := c.info.QueuedStatus
 	c.imu.Lock()
 	defer c.imu.Unlock()
 	for _, s := range states {
@@ -609,7 +605,7 @@ func (c *selfChecker) judgeLeaving(ctx context.Context) bool {
 	for _, m := range ims {
 		by[m.ID] = m
 	}
-	queued := c.opts.info.QueuedStatus
+	queued := c.info.QueuedStatus
 	for _, r := range rows {
 		m, ok := by[r.id]
 		if !ok || m.Locked || r.im.gen <= loss || m.Version == r.im.after || c.inProgress(m, c.opts.instanceID) {
@@ -670,10 +666,10 @@ func (c *selfChecker) unverifiedHold(ctx context.Context, peer string, ids []int
 	}
 	var queued *RowState
 	for i, s := range states {
-		if inProgress(c.opts.info, s, peer) {
+		if inProgress(c.info, s, peer) {
 			return nil // one row as the resetter expects: nothing swapped
 		}
-		if queued == nil && s.Status == c.opts.info.QueuedStatus {
+		if queued == nil && s.Status == c.info.QueuedStatus {
 			queued = &states[i]
 		}
 	}

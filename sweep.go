@@ -102,21 +102,16 @@ type sweepReport struct {
 // it holds it, sweeps by its strategy, by owner (ownerSweep) or by row
 // version (rowSweep, below). New picks the strategy.
 type sweeper struct {
+	deps   // the settings, the store, the log and the shared parts (worker.go)
 	turn   sweepTurn
 	by     sweepStrategy
-	opts   *options
-	rlog   *recoveryLog
-	stats  *counters
 	ousted *atomic.Bool // the lease's: another process holds this instance ID now
 }
 
 // sweepTurn is the fleet's one sweep turn, taken and renewed under token.
 type sweepTurn struct {
-	store store.Store
-	opts  *options
+	deps         // the settings, the store, the log and the shared parts (worker.go)
 	token string // holds the sweep turn
-	stats *counters
-	rlog  *recoveryLog
 }
 
 // take takes or renews the sweep turn for a sweep turn's TTL, and reports
@@ -152,18 +147,12 @@ type sweepStrategy interface {
 // dead-peer path, and the rows of ended lives of live instances are reset
 // by owner value (sweepEndedLives).
 type ownerSweep struct {
-	resetter Resetter // InProgressOwners, Reset by Owner
-	store    store.Store
-	opts     *options
+	deps               // the settings, the store, the log and the shared parts (worker.go)
+	resetter Resetter  // InProgressOwners, Reset by Owner
 	rows     *inflight // this worker's current life (lifeEnded)
-	fleet    *fleetView
-	stats    *counters
-	log      *slog.Logger
-	rlog     *recoveryLog
-	// judge judges the owners' heartbeats (registry.go); peers is the one
-	// dead-peer path (recoverDeadLives), which also counts the rows a
-	// recovery reset and quarantined (countRows; deadpeer.go).
-	judge *judge
+	// peers is the one dead-peer path (recoverDeadLives), which also
+	// counts the rows a recovery reset and quarantined (countRows;
+	// deadpeer.go); the judge (deps) judges the owners' heartbeats.
 	peers *peerRecoverer
 	// absentSince is when each owner was first seen without a heartbeat
 	// by this holder of the turn. Only look and forget (runOnce) touch it.
@@ -200,7 +189,7 @@ func (s *sweeper) run(ctx context.Context) {
 		}
 		s.rlog.swept(rep, err)
 		t.Reset(s.opts.jitter("sweep", s.opts.recoveryInterval, 0.1))
-		s.opts.sig.sweep.Signal(err) // test signal: a sweep turn ended
+		s.sig.sweep.Signal(err) // test signal: a sweep turn ended
 	}
 }
 
@@ -509,20 +498,14 @@ func (m *rowsMemory) clear() { *m = rowsMemory{} }
 // rowSweep is the sweep by row version, the strategy without an owner
 // column. It alone reads other workers' rows sets (heldRows).
 type rowSweep struct {
+	deps              // the settings, the store, the log and the shared parts (worker.go)
 	resetter Resetter // InProgressRows, Reset by Versions, RowStates
-	info     ResetterInfo
-	store    store.Store
-	opts     *options
-	fleet    *fleetView
-	stats    *counters
-	events   *dispatcher
-	log      *slog.Logger
 	// untracked is this worker's ErrUntrackedRows alarm (untrackedFound).
 	untracked *untrackedAlarm
 	// misconfigured is the self-check's alarm, or nil (selfcheck.go).
 	misconfigured func() error
-	// nodes is the memory of Redis nodes' ages and evictions (registry.go,
-	// registry.go) that mastersTrusted asks.
+	// nodes is the memory of Redis nodes' ages and evictions (registry.go)
+	// that mastersTrusted asks.
 	nodes *nodeWatch
 	mem   rowsMemory // what absentSince is to the sweep by owner
 }

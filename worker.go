@@ -34,21 +34,46 @@ const (
 // lifecycle.
 type Worker struct {
 	opts     options
-	log      *slog.Logger
-	store    store.Store // every Redis command goes through it
 	resetter Resetter
 
 	lifecycle // Start, Shutdown
+	deps      // what every part is built from: the store, the log, New's decisions
 
 	// Shared state.
 	rows    inflight   // the rows tracked now (inflight.go)
 	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
 	lease   lease      // lease.go
-	fleet   *fleetView // registry.go
 	stats   counters   // stats.go
 	events  dispatcher // events.go
 
 	loops // what Start runs, and the parts they share
+}
+
+// deps are what New builds once and every part of a Worker is built
+// from: each part embeds them (River's archetype) instead of holding a
+// pointer to each. Besides the settings and the shared services, they
+// hold New's decisions: how the client reaches Redis (for messages),
+// what the resetter guarantees (its Info), whether the backstop sweep
+// resets by owner (sweepOf), and this process's heartbeat value
+// (heartbeat.go).
+type deps struct {
+	opts   *options    // the settings, read-only after New
+	store  store.Store // every Redis command goes through it
+	log    *slog.Logger
+	stats  *counters
+	events *dispatcher
+	rlog   *recoveryLog // the recovery's log lines (events.go)
+	fleet  *fleetView   // the fleet record and its timings (registry.go)
+	// judge says who is dead: the registry, the heartbeats, node ages and
+	// evictions, with the fleet's timings (registry.go); nil in the
+	// judge itself and in the fleet view and node watch it is built on.
+	judge *judge
+	sig   *testSignals // the loops' test signals (events.go)
+
+	target       redisTarget
+	info         ResetterInfo
+	sweepByOwner bool
+	beatValue    string
 }
 
 // lifecycle is the state Start and Shutdown share.
@@ -94,37 +119,34 @@ type loops struct {
 // and decides everything from it: a wrapper that embeds a Resetter keeps
 // every guarantee of the resetter it wraps.
 func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker, error) {
-	o, d, err := configure(rdb, resetter, opts)
+	o, hooks, d, err := configure(rdb, resetter, opts)
 	if err != nil {
 		return nil, err
 	}
 	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
-	if o.wrapStore != nil {
-		st = o.wrapStore(st)
+	if hooks.wrapStore != nil {
+		st = hooks.wrapStore(st)
 	}
-	w := &Worker{
-		opts:     o,
-		log:      o.logger.With(slog.String("instance_id", o.instanceID)),
-		store:    st,
-		resetter: resetter,
-		lease:    newLease(o.heartbeatTTL),
-	}
-	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts, mode: d.announce()}
+	w := &Worker{opts: o, resetter: resetter, lease: newLease(o.heartbeatTTL)}
+	log := o.logger.With(slog.String("instance_id", o.instanceID))
+	w.deps = deps{opts: &w.opts, store: st, log: log, stats: &w.stats, events: &w.events,
+		rlog: newRecoveryLog(log, o.opTimeout), sig: &hooks.sig,
+		target: targetOf(rdb), info: d.info, sweepByOwner: d.sw != nil, beatValue: store.HeartbeatOf(newToken())}
+	w.fleet = &fleetView{store: st, log: log, opts: &w.opts, mode: d.announce()}
 	// nodes: node ages, their holds and the eviction hold (registry.go).
-	nodes := &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
+	nodes := &nodeWatch{deps: w.deps}
 	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
-	jd := &judge{store: w.store, log: w.log, opts: &w.opts, nodes: nodes, fleet: w.fleet,
-		stats: &w.stats, events: &w.events}
-	rlog := newRecoveryLog(w.log, w.opts.opTimeout)
+	w.judge = &judge{deps: w.deps, nodes: nodes}
 	buildShared(w, d)
-	buildLoops(w, d, nodes, jd, rlog)
-	w.sweeper = newSweeper(w, d, nodes, jd, rlog)
+	buildLoops(w, d, nodes)
+	w.sweeper = newSweeper(w, d, nodes)
 	return w, nil
 }
 
 // decisions are what New decides once, from the options and the
 // resetter's Info, to build the parts with.
 type decisions struct {
+	info ResetterInfo // the resetter's Info, asked once
 	// ownerMode: the owner column, not a rows set, says which rows a
 	// worker holds (ownerModeOf); it picks the tracker.
 	ownerMode bool
@@ -141,118 +163,114 @@ func (d decisions) announce() string {
 	return "rows-set"
 }
 
-// configure applies and validates the options, asks the resetter's Info
-// once, and decides from both the mode and the backstop sweep.
-func configure(rdb redis.UniversalClient, resetter Resetter, opts []Option) (o options, d decisions, err error) {
+// configure applies and validates the options (the package's tests'
+// own to the test hooks), asks the resetter's Info once, and decides
+// from both the mode and the backstop sweep.
+func configure(rdb redis.UniversalClient, resetter Resetter, opts []Option) (o options, hooks *testHooks, d decisions, err error) {
 	if isNil(rdb) {
-		return o, d, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
+		return o, nil, d, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
 	}
 	if isNil(resetter) {
-		return o, d, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
+		return o, nil, d, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
 	}
-	o = defaultOptions()
+	o, hooks = defaultOptions(), new(testHooks)
 	for _, opt := range opts {
 		if opt == nil {
-			return o, d, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+			return o, nil, d, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+		}
+		if h, ok := opt.(hookFunc); ok {
+			h(hooks)
+			continue
 		}
 		opt.apply(&o)
 	}
 	if err := o.validate(); err != nil {
-		return o, d, err
+		return o, nil, d, err
 	}
-	info := resetter.Info()
-	if err := checkInfo(resetter, info); err != nil {
-		return o, d, err
+	d.info = resetter.Info()
+	if err := checkInfo(resetter, d.info); err != nil {
+		return o, nil, d, err
 	}
-	d.ownerMode = ownerModeOf(info, o)
-	d.sw, d.rs, err = sweepOf(resetter, info, o, d.ownerMode)
+	d.ownerMode = ownerModeOf(d.info, o)
+	d.sw, d.rs, err = sweepOf(resetter, d.info, o, d.ownerMode)
 	if err != nil {
-		return o, d, err
+		return o, nil, d, err
 	}
-	o.target, o.info, o.sweepByOwner, o.beatValue = targetOf(rdb), info, d.sw != nil, store.HeartbeatOf(newToken())
-	return o, d, nil
+	return o, hooks, d, nil
 }
 
 // buildShared sets up the state the parts share: the rows, the event
 // dispatcher, the lease, the self-check and the tracker, which is the
 // mode's.
 func buildShared(w *Worker, d decisions) {
-	o, info, ownerMode := w.opts, w.opts.info, d.ownerMode
+	o, ownerMode := w.opts, d.ownerMode
 	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
-	w.events.obs, w.events.sig = o.observer, &w.opts.sig.deliver
+	w.events.obs, w.events.sig = o.observer, &w.sig.deliver
 	// historian: the fleet history's writer, nil when it is off (events.go);
 	// running is also the self-check's
 	state := &w.state
 	running := func() bool { return state.Load() == stateRunning }
-	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
+	w.events.hist = newHistorian(w.store, w.log, &w.opts, w.sig, running)
 	// lease: what noting its loss touches (lease.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
-	w.lease.releaseSafe, w.lease.newLives = releaseSafeAfterLoss(info), ownerMode
+	w.lease.releaseSafe, w.lease.newLives = releaseSafeAfterLoss(d.info), ownerMode
 	// selfChecker: the self-check loop (selfcheck.go)
-	w.checker = (&selfChecker{resetter: w.resetter, opts: &w.opts, log: w.log,
-		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		running: running}).init()
+	w.checker = (&selfChecker{deps: w.deps, resetter: w.resetter,
+		rows: &w.rows, lease: &w.lease, running: running}).init()
 	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
 	// the rows in the rows set (rowtrack.go); the mode is decided here.
-	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: w.resetter, info: info,
-		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
-		events: &w.events, releaseLock: make(chan struct{}, 1)}
+	core := trackerCore{deps: w.deps, rows: &w.rows, id: o.instanceID, resetter: w.resetter,
+		state: &w.state, lease: &w.lease, checker: w.checker, releaseLock: make(chan struct{}, 1)}
 	if ownerMode {
-		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners, opts: &w.opts}
+		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners}
 	} else {
-		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts, d.rs != nil)
+		w.tracker = newRowsSetTracker(core, d.rs != nil)
 	}
 }
 
 // buildLoops builds the loops and the parts they share.
-func buildLoops(w *Worker, d decisions, nodes *nodeWatch, jd *judge, rlog *recoveryLog) {
+func buildLoops(w *Worker, d decisions, nodes *nodeWatch) {
 	// giver: gives back the rows held at a lost lease the host left
 	// (lease.go); only where a loss is sticky, nil elsewhere.
 	if w.lease.releaseSafe {
-		w.giver = newGiver(&w.lease, &w.rows, w.tracker, &w.opts, w.log)
+		w.giver = newGiver(w.deps, &w.lease, &w.rows, w.tracker)
 	}
 	// untracked: the ErrUntrackedRows alarm (rowtrack.go).
-	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
+	w.untracked = &untrackedAlarm{deps: w.deps, state: &w.state,
 		trackCalled: w.tracker.trackCalled, off: w.tracker.heldByOwner()}
 	// peers: the dead-peer path (deadpeer.go).
-	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: w.resetter,
-		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
-		judge: jd, held: w.tracker, misconfigured: w.checker.alarmErr,
+	w.peers = &peerRecoverer{deps: w.deps, resetter: w.resetter,
+		held: w.tracker, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold}
 	// twin: Start's claim on the instance ID, and the heartbeat's ousting (heartbeat.go)
-	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts,
-		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
+	w.twin = &twin{deps: w.deps, lease: &w.lease, rows: &w.rows,
 		nodes: nodes, peers: w.peers, ownedRows: d.ownerMode || d.sw != nil}
 	// heartbeater: the heartbeat loop (heartbeat.go)
-	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts,
-		lease: &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted, giver: w.giver}
+	w.heart = &heartbeater{deps: w.deps, lease: &w.lease, rows: &w.rows,
+		tracker: w.tracker, ousted: w.twin.noteOusted, giver: w.giver}
 	// recov: the recovery loop (recovery.go).
-	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, peers: w.peers,
-		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
-		judge: jd, untracked: w.untracked}
+	w.recov = &recoverer{deps: w.deps, peers: w.peers,
+		expired: make(chan string, expiredQueue), untracked: w.untracked}
 }
 
 // newSweeper returns the backstop sweep with its strategy, by owner or by
 // row version; nil when neither.
-func newSweeper(w *Worker, d decisions, nodes *nodeWatch, jd *judge, rlog *recoveryLog) *sweeper {
+func newSweeper(w *Worker, d decisions, nodes *nodeWatch) *sweeper {
 	var by sweepStrategy
 	switch {
 	case d.sw != nil:
-		by = &ownerSweep{resetter: d.sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
-			log: w.log, rlog: rlog, judge: jd, peers: w.peers,
+		by = &ownerSweep{deps: w.deps, resetter: d.sw, rows: &w.rows, peers: w.peers,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
 	case d.rs != nil:
-		by = &rowSweep{resetter: d.rs, info: w.opts.info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
-			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
+		by = &rowSweep{deps: w.deps, resetter: d.rs, untracked: w.untracked, misconfigured: w.checker.alarmErr,
 			nodes: nodes}
 	default:
 		return nil
 	}
-	return &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken(), stats: &w.stats, rlog: rlog}, by: by,
-		opts: &w.opts, rlog: rlog, stats: &w.stats, ousted: &w.lease.ousted}
+	return &sweeper{deps: w.deps, turn: sweepTurn{deps: w.deps, token: newToken()}, by: by,
+		ousted: &w.lease.ousted}
 }
 
 // InstanceID returns the worker's identity in Redis.
@@ -355,7 +373,7 @@ func startUp(ctx context.Context, w *Worker) (*expiryWatcher, error) {
 	}
 	if err := w.twin.claimInstanceID(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
+			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
 		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, err)
 	}
@@ -363,15 +381,14 @@ func startUp(ctx context.Context, w *Worker) (*expiryWatcher, error) {
 		if errors.Is(err, ErrInstanceIDInUse) {
 			return nil, fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
 		}
-		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, w.opts.target.firstHeartbeatError(ctx, &w.opts, err))
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, w.target.firstHeartbeatError(ctx, &w.opts, err))
 	}
-	w.peers.judge.nodes.observeNodes(ctx)
+	w.judge.nodes.observeNodes(ctx)
 	if !w.opts.expiry {
 		return nil, nil
 	}
 	// expiry: built with what it uses, subscribed here.
-	return subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.peers.judge.nodes,
-		judge: w.peers.judge, hand: w.recov.hand}), nil
+	return subscribeExpiry(ctx, &expiryWatcher{deps: w.deps, nodes: w.judge.nodes, hand: w.recov.hand}), nil
 }
 
 // startChecks runs what Start checks before it writes a heartbeat: the
@@ -383,12 +400,12 @@ func startChecks(ctx context.Context, w *Worker) error {
 		return err
 	}
 	w.checker.probe(ctx)
-	if err := w.opts.target.ping(ctx, w.store, &w.opts); err != nil {
+	if err := w.target.ping(ctx, w.store, &w.opts); err != nil {
 		return err
 	}
-	if err := w.peers.judge.nodes.checkEviction(ctx); err != nil {
+	if err := w.judge.nodes.checkEviction(ctx); err != nil {
 		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
+			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
 		}
 		return err
 	}
@@ -541,14 +558,14 @@ func (w *Worker) Shutdown(ctx context.Context) error {
 func leave(ctx context.Context, w *Worker) (int, error) {
 	w.rows.assert.Lock()
 	tracked, unremoved, _ := w.rows.snapshot()
-	d := store.Departure{Value: w.opts.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
+	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
 	d.Tracked, d.Unremoved = w.tracker.beatRows(tracked, unremoved)
 	opCtx, cancel := w.opts.opContext(ctx)
 	res, err := w.store.Leave(opCtx, w.opts.instanceID, d)
 	cancel()
 	w.rows.assert.Unlock()
 	if res.Deregistered {
-		w.peers.judge.noteRegistry(res.RegistryErr)
+		w.judge.noteRegistry(res.RegistryErr)
 	}
 	return len(tracked), err
 }
