@@ -203,7 +203,7 @@ type dispatcher struct {
 	ch      chan Event
 	done    chan struct{}
 	dropped atomic.Uint64
-	sig     *testsignal.Signal[struct{}] // the options' deliver test signal (events.go)
+	sig     *testsignal.Signal[struct{}] // the test hooks' deliver signal (testSignals)
 }
 
 // emit stamps an event with the time and the instance ID, and dispatches
@@ -700,7 +700,7 @@ type historian struct {
 	// opTimeout bounds each XADD; retry is the wait before sending again
 	// an entry Redis did not answer.
 	opTimeout, retry time.Duration
-	sig              *testsignal.Signal[error] // the options' history test signal (events.go)
+	sig              *testsignal.Signal[error] // the test hooks' history signal (testSignals)
 
 	mu      sync.Mutex        // guards the fields below and the send on ch
 	failing map[string]string // peer → the cause of its last failed recovery, written once
@@ -951,7 +951,7 @@ func (h *historian) close(ctx context.Context) error {
 // something, so a test waits for the turn it needs instead of sleeping or
 // polling a log or Stats (River's test signals). The test hooks hold them; in
 // production they are never initialised and each emission is a nil check.
-// Every loop emits once at the end of its turn, through the options it
+// Every loop emits once at the end of its turn, through the deps it
 // holds; deliver, heard and locked are emitted once per event or try, as
 // their fields say; preread once per read.
 type testSignals struct {
