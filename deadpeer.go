@@ -43,20 +43,13 @@ import (
 // expiry watcher hands it), the backstop sweep and Start share the one New
 // builds, concurrently.
 type peerRecoverer struct {
-	store    store.Store
-	log      *slog.Logger
-	opts     *options // read-only after New
+	deps     // the settings, the store, the log and the shared parts (worker.go)
 	resetter Resetter
-	fleet    *fleetView
-	stats    *counters
-	events   *dispatcher
-	rlog     *recoveryLog
-	// judge judges peers dead or alive, and deregisters the dead
-	// (registry.go); its nodeWatch holds verdicts after a restart
-	// (nodeage.go).
-	judge *judge
+	// held answers, for the mode, who holds a dead peer's rows (the
+	// tracker, rowtrack.go).
+	held holdings
 	// seen is what the scans remember of the dead peers they found
-	// (scanorder.go).
+	// (recovery.go).
 	seen deadSeen
 
 	// What it needs of the other parts, set in New.
@@ -64,7 +57,7 @@ type peerRecoverer struct {
 	// misconfigured returns the self-check's alarm, or nil (selfcheck.go).
 	misconfigured func() error
 	// unverifiedHold holds a suspect recovery while this worker's
-	// configuration is unverified (selfcheck_fetch.go).
+	// configuration is unverified (selfcheck.go).
 	unverifiedHold func(ctx context.Context, peer string, ids []int64) error
 }
 
@@ -105,7 +98,7 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 		p.events.emit(Event{Kind: EventPeerDead, PeerID: peer, FoundBy: foundBy})
 	}
 	r := &peerRecovery{p: p, peer: peer, foundBy: foundBy, noticed: noticed,
-		byOwner: p.opts.ownerMode || foundBy == foundBySweep || (foundBy == foundByRestart && p.opts.sweepByOwner),
+		byOwner: p.held.heldByOwner() || foundBy == foundBySweep || (foundBy == foundByRestart && p.sweepByOwner),
 		token:   newToken(), lives: lives}
 	r.rep.InstanceID = peer
 	claimed, err := r.run(ctx)
@@ -391,7 +384,7 @@ func (r *peerRecovery) confirmLife(ctx context.Context) error {
 // the table, read through the resetter's InProgressOwners (none when it
 // does not fence by owner or cannot list the rows in progress).
 func (r *peerRecovery) listLives(ctx context.Context) ([]string, error) {
-	if !r.p.opts.info.OwnerFencing || !r.p.opts.info.ListsInProgress {
+	if !r.p.info.OwnerFencing || !r.p.info.ListsInProgress {
 		return nil, nil
 	}
 	dbCtx, cancel := context.WithTimeout(ctx, r.p.opts.resetTimeout)
@@ -487,7 +480,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 	r.changed = append(r.changed, res.ChangedIDs...)
 	// Forgetting the set now would lose rows not reset for good: keep it
 	// and the registry entry, and try again at the next scan.
-	return notResetError(r.peer, len(ids), res.NotReset, p.opts.info.OwnerFencing)
+	return notResetError(r.peer, len(ids), res.NotReset, p.info.OwnerFencing)
 }
 
 // notResetError returns nil when no row is left not reset, else an error
@@ -568,7 +561,7 @@ func rowsThat(rows []RowState, is func(RowState) bool) int {
 // and adds them to what resetTracked found.
 func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	p := r.p
-	if !p.opts.info.OwnerFencing {
+	if !p.info.OwnerFencing {
 		return fmt.Errorf("%w: resetting rows by owner needs a resetter that fences by owner (Info().OwnerFencing); %T does not", ErrInvalidConfig, p.resetter)
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)

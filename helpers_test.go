@@ -552,7 +552,7 @@ func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
 
 // signals are w's test signals (testsignals.go), on for every Worker that
 // newWorker builds.
-func signals(w *Worker) *testSignals { return &w.opts.sig }
+func signals(w *Worker) *testSignals { return w.sig }
 
 // waitLook waits for a self-check turn of w that read its rows, none
 // locked: the quick look after a fetch's COMMIT.

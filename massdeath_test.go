@@ -79,7 +79,7 @@ func testFreshDeathAmongMassDeath(t *testing.T, ownerMode, records bool) {
 	opts := []Option{WithKeyPrefix(prefix), WithBackstopSweep(false)} // the scan alone
 
 	a, _ := startWorker(t, rdb, r, "victim", opts...)
-	require.Equal(t, ownerMode, a.opts.ownerMode)
+	require.Equal(t, ownerMode, a.tracker.heldByOwner())
 	if ownerMode {
 		take(t, db, a.OwnerValue(), 1, 2, 3, 4, 5)
 	} else {

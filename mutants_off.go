@@ -30,7 +30,7 @@ const (
 	mutantReleaseUnrecorded = false
 	// mutantSweepOneLook: the backstop sweep without an owner column
 	// resets a row at the first look that finds no rows set holding it
-	// (rowsweep.go), not at two looks a rows TTL apart.
+	// (rowSweep.judgeRows, sweep.go), not at two looks a rows TTL apart.
 	mutantSweepOneLook = false
 	// mutantSweepAnyNode: that sweep trusts a Redis master whatever its
 	// age (mastersTrusted).

@@ -83,6 +83,54 @@ type ownerTracker struct {
 	ownerRead atomic.Pointer[string]
 }
 
+// heldByOwner is true: the owner column says which rows a worker holds.
+func (t *ownerTracker) heldByOwner() bool { return true }
+
+// checkLoss has nothing to look for: no rows set, and a loss began a new
+// life (lease.go).
+func (t *ownerTracker) checkLoss(context.Context) error { return nil }
+
+// lateBeat begins a new life before a heartbeat that, answered within the
+// operation timeout, may land after the lease ended, on an expired key,
+// when a recoverer may have read the current life under its claim: it
+// must not renew that life. It records a new one, and the rows of this
+// one are handled as after any lost lease.
+func (t *ownerTracker) lateBeat() {
+	if t.lease.until.Load() > 0 && t.lease.remaining() < t.opts.opTimeout && !mutantNoLateLife {
+		t.lease.markLeaseLost(nil)
+	}
+}
+
+// beatRows is nothing: no rows set, the owner column says it all.
+func (t *ownerTracker) beatRows(_, _ []int64) (add, remove []int64) { return nil, nil }
+
+// owningPeers lists the owners of rows in progress (one query) and
+// returns which of peers own some, and the per-life owner values of each.
+func (t *ownerTracker) owningPeers(ctx context.Context, peers []string) (map[string]bool, map[string][]string, error) {
+	dbCtx, cancel := context.WithTimeout(ctx, t.opts.resetTimeout)
+	owners, err := t.resetter.InProgressOwners(dbCtx)
+	cancel()
+	if err != nil {
+		return nil, nil, err
+	}
+	want := make(map[string]bool, len(peers))
+	for _, p := range peers {
+		want[p] = true
+	}
+	owning, lives := map[string]bool{}, map[string][]string{}
+	for _, o := range owners {
+		id, life, ok := parseOwner(o)
+		if !ok || !want[id] {
+			continue
+		}
+		owning[id] = true
+		if life != "" {
+			lives[id] = append(lives[id], o)
+		}
+	}
+	return owning, lives, nil
+}
+
 func (t *ownerTracker) track(ctx context.Context, ids []int64) error {
 	return t.trackAs(ctx, t.trackOwner(), ids)
 }
@@ -172,3 +220,31 @@ func (t *ownerTracker) trackCalled() bool { return false }
 
 // loop is nil: no deferred Untrack, nothing to flush.
 func (t *ownerTracker) loop() func(context.Context) { return nil }
+
+// Owner mode. When the resetter fences by owner and lists the owners of
+// rows in progress (ResetterInfo's OwnerFencing and ListsInProgress: a
+// pgxreset.Resetter with postgres.WithOwnerColumn), PostgreSQL knows which rows each worker
+// holds, atomically with the fetch that set the owner column: the worker
+// mirrors nothing into Redis. Track and Untrack keep the worker's own view
+// (Release, the lease, the self-check) and send nothing; the heartbeat
+// writes no rows; a dead peer goes down the one dead-peer path as ever
+// (claim, reset, finish, deregister), its reset being
+//
+//	UPDATE ... SET status = queued, owner = NULL WHERE owner = $dead AND status = inprog
+//
+// (chunked, lock-ordered, with the recovery count and quarantine), which is
+// idempotent (a second one finds nothing the dead peer owns) and which no
+// Redis expiry can undo. The backstop sweep is always on: the owners of rows
+// in progress in PostgreSQL are part of what recovery looks at, so a Redis
+// that forgets its registry cannot strand a row.
+//
+// WithRowsSets keeps the design's rows sets instead, as releases before
+// owner mode did.
+
+// ownerModeOf reports whether a Worker whose resetter says info, with
+// options o, runs in owner mode: the resetter fences by owner (it resets
+// by owner) and lists the owners of rows in progress, and WithRowsSets is
+// not set.
+func ownerModeOf(info ResetterInfo, o options) bool {
+	return !o.rowsSets && info.OwnerFencing && info.ListsInProgress
+}

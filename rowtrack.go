@@ -2,16 +2,19 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
+	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/alya/recovery/internal/store"
 )
 
 // tracker is how this worker records the rows it holds: Track, TrackAs,
 // Untrack, Release and OwnerValue are calls into it. New picks one of two
-// once, by mode (ownerModeOf), and nothing else branches on the mode:
+// once, by mode (decisions, worker.go), and nothing else branches on the mode:
 // ownerTracker (owner.go) keeps the rows in memory and sends nothing to
 // Redis, the owner column says it all; rowsSetTracker (below) mirrors them
 // in the worker's rows set (SADD and SREM, the incarnation, retrack and
@@ -21,7 +24,7 @@ type tracker interface {
 	track(ctx context.Context, ids []int64) error
 	trackAs(ctx context.Context, owner string, ids []int64) error
 	// untrack is Untrack, after its check for a host that never calls
-	// Track (untrackedAlarm.untrackCall, rowsweep.go).
+	// Track (untrackedAlarm.untrackCall, below).
 	untrack(ids []int64) error
 	// release is Release of rows the host passed (not none).
 	release(ctx context.Context, ids []int64) error
@@ -37,25 +40,48 @@ type tracker interface {
 	rotateLocked(ctx context.Context) error
 	retrack(ctx context.Context, removed []int64)
 	// trackCalled reports whether Track was called since New in rows-set
-	// mode (the untracked-rows note, rowsweep.go); owner mode counts none.
+	// mode (the untracked-rows note, untrackedAlarm); owner mode counts none.
 	trackCalled() bool
 	// loop is the deferred-untrack flusher for Start to run, or nil.
 	loop() func(context.Context)
+
+	// checkLoss is the heartbeat's look, after a lost lease and before
+	// it writes anything, at what became of the rows held at the loss.
+	// lateBeat, under the rows-set lock, handles a heartbeat sent so late
+	// it may land on an expired key. beatRows returns, of the rows
+	// tracked and those whose removal failed, what a heartbeat or a
+	// departure writes to the rows set and removes from it.
+	checkLoss(ctx context.Context) error
+	lateBeat()
+	beatRows(tracked, unremoved []int64) (add, remove []int64)
+
+	holdings
+}
+
+// holdings is what the rest of the worker asks the mode about the rows
+// workers hold: the dead-peer path, the scan's order and the plan of a
+// recovery. Each tracker answers for its mode.
+type holdings interface {
+	// heldByOwner reports whether the owner column, not a rows set, says
+	// which rows a worker holds (owner mode): a dead peer's rows are then
+	// reset by owner, found whether or not Redis remembers them.
+	heldByOwner() bool
+	// owningPeers asks the table which of peers own rows in progress,
+	// with the per-life owner values of each; nil maps and no error when
+	// the mode keeps no owner in the table (rows-set mode).
+	owningPeers(ctx context.Context, peers []string) (owning map[string]bool, lives map[string][]string, err error)
 }
 
 // trackerCore is what both trackers share: the worker's own record of its
 // rows and what Release reports to.
 type trackerCore struct {
+	deps     // the settings, the store, the log and the shared parts (worker.go)
 	rows     *inflight
 	id       string // the instance ID
 	resetter Resetter
-	info     ResetterInfo
 	state    *atomic.Int32 // the Worker's lifecycle state
 	lease    *lease
 	checker  *selfChecker
-	log      *slog.Logger
-	stats    *counters
-	events   *dispatcher
 	// releaseLock, a channel of capacity 1 shared by the copies of the
 	// core, serializes the releases of the worker (releaseBy); a channel,
 	// not a mutex, so that a release waiting for another is durably
@@ -154,21 +180,62 @@ func (w *Worker) Untrack(rowIDs ...int64) error {
 // member of the worker's rows set in Redis, which recovery reads.
 type rowsSetTracker struct {
 	trackerCore
-	store store.Store
-	fleet *fleetView // the rows set's TTLs
-	opts  *options   // read-only: the operation timeout
 	// flusher removes deferred Untracks from the rows set
 	// (WithDeferredUntrack); nil without it.
 	flusher *untrackFlusher
-	// calls counts Track calls (the untracked-rows note, rowsweep.go).
+	// calls counts Track calls (the untracked-rows note, untrackedAlarm).
 	calls atomic.Uint64
+	// byVersion: the backstop sweep resets by row version (sweepOf), so a
+	// rows set lost during a lost lease leaves its rows to the sweep
+	// (checkLoss).
+	byVersion bool
+}
+
+// heldByOwner is false: the rows set says which rows a worker holds.
+func (t *rowsSetTracker) heldByOwner() bool { return false }
+
+// owningPeers asks nothing: no owner is kept in the table.
+func (t *rowsSetTracker) owningPeers(context.Context, []string) (map[string]bool, map[string][]string, error) {
+	return nil, nil, nil
+}
+
+// beatRows is what the rows set must hold and lose.
+func (t *rowsSetTracker) beatRows(tracked, unremoved []int64) (add, remove []int64) {
+	return tracked, unremoved
+}
+
+// lateBeat has nothing to do: a late heartbeat renews the one rows set.
+func (t *rowsSetTracker) lateBeat() {}
+
+// checkLoss looks, after a lost lease, for this worker's rows set when
+// the backstop sweep resets by row version. That sweep resets rows no
+// set held at two looks a gap apart, and records that in no ledger. If
+// this worker's rows set is gone, the sweep may have reset the rows held
+// at the loss and peers taken them again: written back, a Release of
+// them (or a recovery of this worker) would reset them under their new
+// holder. They are left to the sweep instead. The set is only ever
+// created by this worker, so a set still there has held them throughout.
+func (t *rowsSetTracker) checkLoss(ctx context.Context) error {
+	if !t.rows.needsLossCheck() || !t.byVersion {
+		return nil
+	}
+	own, err := t.store.ReadOwn(ctx, t.id)
+	if err != nil {
+		t.stats.heartbeatFailures.Add(1)
+		return fmt.Errorf("look for the rows set after a lost lease: %w", err)
+	}
+	if ids := t.rows.abandonStale(!own.RowsSet); len(ids) > 0 {
+		t.log.Warn("rows held when the lease was lost are left to the backstop sweep: this worker's rows set was gone when its heartbeat came back, so the sweep may have reset them and peers taken them again; they are not written back, and Release of them only forgets them",
+			slog.Int("rows", len(ids)))
+	}
+	return nil
 }
 
 // newRowsSetTracker returns the tracker of rows-set mode; with
 // WithDeferredUntrack it has a flusher, which Start runs (loop).
-func newRowsSetTracker(core trackerCore, st store.Store, fleet *fleetView, opts *options) *rowsSetTracker {
-	t := &rowsSetTracker{trackerCore: core, store: st, fleet: fleet, opts: opts}
-	if opts.untrackLinger > 0 {
+func newRowsSetTracker(core trackerCore, byVersion bool) *rowsSetTracker {
+	t := &rowsSetTracker{trackerCore: core, byVersion: byVersion}
+	if t.opts.untrackLinger > 0 {
 		t.flusher = newUntrackFlusher(t)
 	}
 	return t
@@ -303,4 +370,540 @@ func (t *rowsSetTracker) loop() func(context.Context) {
 		return nil
 	}
 	return t.flusher.run
+}
+
+// The untrack flusher serves WithDeferredUntrack: Untrack forgets rows in
+// memory and returns; the flusher removes them from the rows set in one
+// SREM shortly after. A failed flush is retried by the next heartbeat
+// (its script removes the rows still pending); Shutdown flushes what is
+// left.
+type untrackFlusher struct {
+	set  *rowsSetTracker
+	due  chan struct{} // a deferred Untrack is waiting
+	wait time.Duration // the linger
+}
+
+func newUntrackFlusher(set *rowsSetTracker) *untrackFlusher {
+	return &untrackFlusher{set: set, due: make(chan struct{}, 1), wait: set.opts.untrackLinger}
+}
+
+// kick tells the flusher rows are waiting; it never blocks.
+func (f *untrackFlusher) kick() {
+	select {
+	case f.due <- struct{}{}:
+	default: // a flush is already due
+	}
+}
+
+// run waits, after the first Untrack of a batch, for the linger, then
+// flushes every row untracked meanwhile, until ctx is done.
+func (f *untrackFlusher) run(ctx context.Context) {
+	linger := time.NewTimer(0)
+	<-linger.C
+	defer linger.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-f.due:
+		}
+		linger.Reset(f.wait)
+		select {
+		case <-ctx.Done():
+			return
+		case <-linger.C:
+		}
+		f.runOnce(ctx)
+	}
+}
+
+// runOnce removes the rows waiting for their SREM, in one command.
+func (f *untrackFlusher) runOnce(ctx context.Context) {
+	defer f.set.sig.flush.Signal(struct{}{}) // test signal: a flush turn ended
+	t := f.set
+	t.rows.assert.Lock()
+	defer t.rows.assert.Unlock()
+	pending := t.rows.pendingRemovals()
+	if len(pending) == 0 {
+		return
+	}
+	opCtx, cancel := t.opts.opContext(ctx)
+	defer cancel()
+	if err := t.store.UntrackRows(opCtx, t.id, pending); err == nil {
+		t.rows.forgetUnremoved(pending)
+		t.retrack(opCtx, pending)
+	}
+}
+
+// Release hands rows this worker took but will not finish back to the queue
+// at once, instead of leaving them for a peer to recover after the worker
+// dies: call it when the host abandons a block (CheckLease said
+// ErrLeaseLost, or the shutdown deadline is near: call it before
+// Shutdown). The rows go through the resetter like any reset, then they are
+// untracked.
+//
+// With owner fencing (a resetter whose Info reports OwnerFencing, such as
+// a pgxreset.Resetter with postgres.WithOwnerColumn) a row another worker holds now is left
+// alone, so Release is safe in any state, also with the lease lost and
+// after Shutdown. So it is with the reset ledger (a pgxreset.Resetter or
+// sqlreset.Resetter without an owner column, unless postgres.WithoutResetLedger): the
+// release is a reset under this worker's instance ID and incarnation, like
+// a recovery of it, and skips the rows a recovery already reset, whoever
+// holds them now (docs/safety.md §3). With neither, the status guard alone
+// cannot tell this worker's rows from a peer's that were recovered and
+// fetched again, so Release refuses with ErrLeaseLost while the lease is
+// lost and with ErrShutdown after Shutdown: in those states peers may
+// already have recovered the rows.
+//
+// The error says the rows could not be returned to the queue; they are
+// then still tracked, for a peer to recover should this worker die. Rows
+// another session holds locked are skipped (the reset does not wait for
+// them): the others are released, and the error wraps ErrRowsLocked. Once
+// they are back in the queue Release succeeds even if Redis cannot be
+// reached to untrack them (a worker that lost its lease often cannot): the
+// next heartbeat removes them from the rows set.
+func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	return w.tracker.release(ctx, rowIDs)
+}
+
+// releaseSteps are the two steps of a release that differ by mode: the
+// reset, and the untrack of the rows reset.
+type releaseSteps interface {
+	reset(ctx context.Context, req ResetRequest) (ResetResult, error)
+	untrackUnchanged(gens map[int64]uint64) error
+}
+
+// releaseBy is Release, in either mode: by resets and untracks the rows
+// as its mode does.
+func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseSteps) error {
+	// Rows left to the backstop sweep after a lost lease (heartbeat.go):
+	// a reset of them could reach a peer that took them since.
+	rowIDs, left := c.rows.takeAbandoned(rowIDs)
+	if left > 0 {
+		c.log.Info("released rows left to the backstop sweep: nothing reset for them", slog.Int("rows", left))
+		c.stats.rowsReleased.Add(uint64(left))
+	}
+	if len(rowIDs) == 0 {
+		return nil
+	}
+	// One release of this worker at a time: the library releases the same
+	// rows from two places (the give-back, Block.Close), and a release that
+	// fails must not drop the marks of one that committed (below).
+	select {
+	case c.releaseLock <- struct{}{}:
+	case <-ctx.Done():
+		return fmt.Errorf("release %d rows of %s: waiting for another release: %w", len(rowIDs), c.id, ctx.Err())
+	}
+	defer func() { <-c.releaseLock }()
+	if err := c.releaseRefused(len(rowIDs)); err != nil {
+		return err
+	}
+	// The host may take a row again as soon as the reset commits, and
+	// Track it before this Release untracks it: only rows tracked now, and
+	// not tracked again by then, are untracked below.
+	gens := c.rows.generations(rowIDs)
+	req := ResetRequest{InstanceID: c.id, Incarnation: c.rows.currentIncarnation(), RowIDs: rowIDs}
+	if mutantReleaseUnrecorded {
+		req.Incarnation = ""
+	}
+	fenced := c.info.OwnerFencing
+	var marked map[int64]struct{}
+	if !fenced {
+		// The reset is recorded under this incarnation: a row taken again,
+		// even before this call returns, must be tracked under a new one
+		// (Track rotates it). Only the rows this call marks are unmarked
+		// on failure: a mark an earlier release left (its reset committed,
+		// the incarnation not rotated yet) stays.
+		marked = c.rows.markReleased(rowIDs)
+	}
+	res, err := by.reset(ctx, req)
+	if err != nil {
+		if !fenced {
+			c.rows.unmarkReleased(members(marked))
+		}
+		return fmt.Errorf("release %d rows of %s: %w", len(rowIDs), c.id, err)
+	}
+	lockedErr := c.keepLocked(res, gens, marked, len(rowIDs))
+	attrs := []any{slog.Int("rows", len(rowIDs)), slog.Int64("rows_reset", res.Changed),
+		slog.Int("rows_quarantined", len(res.Quarantined))}
+	if err := by.untrackUnchanged(gens); err != nil {
+		attrs = append(attrs, slog.String("untrack_error", err.Error()))
+	}
+	c.log.Info("released rows", attrs...)
+	c.stats.rowsReleased.Add(uint64(len(rowIDs)))
+	c.events.emit(Event{Kind: EventRowsReleased, Rows: len(rowIDs), RowsReset: res.Changed, RowsQuarantined: len(res.Quarantined)})
+	return lockedErr
+}
+
+// releaseRefused returns why a release of n rows is refused: without
+// owner fencing or reset ledger, after Shutdown or with the lease lost
+// (peers may already have recovered the rows); nil when it may go on.
+func (c *trackerCore) releaseRefused(n int) error {
+	if releaseSafeAfterLoss(c.info) {
+		return nil
+	}
+	switch {
+	case c.state.Load() == stateShutdown:
+		return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", n, c.id, ErrShutdown)
+	case c.state.Load() == stateRunning && c.lease.check(c.rows.heldAtLoss()) != nil:
+		return fmt.Errorf("release %d rows of %s without owner fencing or reset ledger: %w", n, c.id, ErrLeaseLost)
+	}
+	return nil
+}
+
+// keepLocked keeps tracked the rows of a release of n rows that another
+// session held locked: the reset skipped them, they stay tracked for a
+// peer to recover should this worker die (dropped from gens, their marks
+// undone), and the error it returns says so; nil when none was locked.
+func (c *trackerCore) keepLocked(res ResetResult, gens map[int64]uint64, marked map[int64]struct{}, n int) error {
+	locks := lockedRows(res.NotReset)
+	if locks == 0 {
+		return nil
+	}
+	var locked []int64
+	for _, s := range res.NotReset {
+		if s.Locked {
+			delete(gens, s.ID)
+			if _, ok := marked[s.ID]; ok {
+				locked = append(locked, s.ID)
+			}
+		}
+	}
+	if !c.info.OwnerFencing {
+		c.rows.unmarkReleased(locked)
+	}
+	return fmt.Errorf("release %d rows of %s: %w: %d rows (first: row %d) are held by another session's open transaction; they stay tracked",
+		n, c.id, ErrRowsLocked, locks, res.NotReset[0].ID)
+}
+
+// release resets the rows under the instance ID and the incarnation, in
+// one reset.
+func (t *rowsSetTracker) release(ctx context.Context, ids []int64) error {
+	return t.releaseBy(ctx, ids, t)
+}
+
+func (t *rowsSetTracker) reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	return t.resetter.Reset(ctx, req)
+}
+
+// release resets the rows under the owner value each was fetched under.
+func (t *ownerTracker) release(ctx context.Context, ids []int64) error {
+	return t.releaseBy(ctx, ids, t)
+}
+
+// reset resets the rows of req under the owner value each was fetched
+// under (TrackAs), one reset per value: a row of an ended life is matched
+// by that life's value, not the current one. A per-life value is the whole
+// guard, so those resets use no ledger; rows under the bare instance ID
+// are reset as before, under the incarnation.
+func (t *ownerTracker) reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+	var total ResetResult
+	add := func(res ResetResult) int {
+		total.Changed += res.Changed
+		total.Quarantined = append(total.Quarantined, res.Quarantined...)
+		total.NotReset = append(total.NotReset, res.NotReset...)
+		return int(res.Changed) + len(res.NotReset) // quarantined rows included
+	}
+	var bare []int64
+	for owner, ids := range t.rows.ownersOf(req.RowIDs, t.currentOwner()) {
+		if owner == t.id {
+			bare = append(bare, ids...)
+			continue
+		}
+		res, err := t.resetter.Reset(ctx, ResetRequest{InstanceID: owner, RowIDs: ids})
+		if err != nil {
+			return total, err
+		}
+		if add(res) < len(ids) {
+			// Some were not this life's: a host that wrote the bare ID
+			// (before the self-check noticed) holds them under it.
+			bare = append(bare, ids...)
+		}
+	}
+	if len(bare) > 0 {
+		res, err := t.resetter.Reset(ctx, ResetRequest{InstanceID: t.id, Incarnation: req.Incarnation, RowIDs: bare})
+		if err != nil {
+			return total, err
+		}
+		add(res)
+	}
+	return total, nil
+}
+
+// ErrBlockClosed is returned by a Block's calls after its Close.
+var ErrBlockClosed = errors.New("recovery: block closed")
+
+// A Block is one block of rows a host takes and processes: the host's part
+// of the protocol in one handle, as database/sql's Tx is for a
+// transaction. Begin one per fetch, and defer its Close at once:
+//
+//	b, err := w.Begin()
+//	if err != nil { ... } // the lease is lost or the worker is not running: wait and retry
+//	defer b.Close()       // gives back what the host did not finish: on an error, a panic, a lost lease
+//	// fetch: UPDATE ... SET status = 'inprog', owner = b.OwnerValue() ... RETURNING id;
+//	//        b.Track(ctx, ids...) before the COMMIT
+//	for _, id := range ids {
+//		if b.Check() != nil { return } // the lease was lost: Close gives the rest back
+//		// process; complete: UPDATE ... WHERE id = $id AND owner = b.OwnerValue() AND status = 'inprog'
+//		b.Done(id)
+//	}
+//
+// A Block carries the owner value the block is fetched under (read once,
+// at Begin), so a goroutine's completions name the value its own fetch
+// wrote: goroutines that fetch concurrently each Begin their own Block.
+// Check stays failed, for good, once the lease was lost after Begin: the
+// block's rows may have been recovered, even if the worker's lease is back
+// (then the next Begin succeeds). Close releases the rows tracked and not
+// Done (Release); after every row is Done it does nothing. In rows-set
+// mode the worker gives back no rows held at a loss while a Block begun
+// before it is open: Close every Block. A Block is used
+// by one goroutine; Close may be called any number of times.
+type Block struct {
+	w      *Worker
+	owner  string
+	losses uint64 // the worker's lease losses at Begin
+	mu     sync.Mutex
+	rows   map[int64]struct{} // tracked, not Done
+	closed bool
+}
+
+// Begin returns a handle for the next block of rows, carrying the owner
+// value to fetch it under (Block.OwnerValue). It fails, beginning nothing,
+// with CheckLease's error: ErrNotStarted, ErrShutdown, or one wrapping
+// ErrLeaseLost while peers may consider this worker dead (wait and call
+// Begin again: a lost lease comes back with Redis). Begin sends nothing.
+func (w *Worker) Begin() (*Block, error) {
+	b := &Block{w: w, rows: make(map[int64]struct{})}
+	// Open before the check, with the losses so far: a loss after it fails
+	// the block, and the give-back waits for its Close.
+	b.losses = w.lease.blocks.open(b, &w.stats.leaseLosses)
+	if err := w.lease.checkTrack(&w.state); err != nil { // CheckLease; the host has moved on
+		w.lease.blocks.close(b)
+		return nil, fmt.Errorf("begin a block: %w", err)
+	}
+	b.owner = w.OwnerValue()
+	return b, nil
+}
+
+// OwnerValue returns the value the block's fetch writes into the owner
+// column and its completions match (Worker.OwnerValue, read at Begin).
+func (b *Block) OwnerValue() string { return b.owner }
+
+// Track records the rows the block's fetch took (Worker.TrackAs under the
+// block's owner value): call it inside the fetch's transaction, as the last
+// step before its COMMIT. Close gives back what Track took if the COMMIT
+// fails, committed or not; an error between Track and a COMMIT never sent
+// (the transaction certainly rolled back) wants Done of those rows instead
+// in rows-set mode without an owner column, where Close's reset cannot
+// tell them from another worker's that took them since. On an error wrapping ErrLeaseLost, ErrShutdown or ErrNotStarted
+// nothing is tracked: roll the fetch back. On another (rows-set mode: only
+// the Redis write failed) the rows are tracked all the same, in memory, and
+// the next heartbeat writes them, as with Worker.Track. It refuses,
+// with an error wrapping ErrLeaseLost, once the lease was lost after Begin
+// (Begin again and fetch under the new value), and with ErrBlockClosed
+// after Close.
+func (b *Block) Track(ctx context.Context, rowIDs ...int64) error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrBlockClosed
+	}
+	if err := b.lost(); err != nil {
+		return fmt.Errorf("track %d rows: %w", len(rowIDs), err)
+	}
+	err := b.w.TrackAs(ctx, b.owner, rowIDs...)
+	tracked := rowIDs
+	if err != nil {
+		// Only the Redis write failed (rows-set mode): the worker keeps
+		// the rows, and so does the block, for Close.
+		tracked = b.w.rows.trackedAmong(rowIDs)
+	}
+	for _, id := range tracked {
+		b.rows[id] = struct{}{}
+	}
+	return err
+}
+
+// Check reports whether the host may process the block's next row: nil
+// while the worker's lease is valid and has not been lost since Begin;
+// CheckLease's error, or one wrapping ErrLeaseLost for good once the lease
+// was lost after Begin (peers may have recovered the block's rows), and
+// ErrBlockClosed after Close. On an error stop processing the block; Close
+// gives the rest back.
+func (b *Block) Check() error {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.closed {
+		return ErrBlockClosed
+	}
+	if err := b.lost(); err != nil {
+		return err
+	}
+	return b.w.CheckLease()
+}
+
+// lost reports a lease lost since Begin; the caller holds b.mu.
+func (b *Block) lost() error {
+	if b.w.stats.leaseLosses.Load() != b.losses {
+		return fmt.Errorf("%w: lost since the block began; its rows may have been recovered", ErrLeaseLost)
+	}
+	return nil
+}
+
+// Done records that the host has finished rowIDs, successfully or not,
+// once each outcome is committed: it untracks them (Worker.Untrack) and
+// Close will not give them back. It works after Close too.
+func (b *Block) Done(rowIDs ...int64) error {
+	b.mu.Lock()
+	for _, id := range rowIDs {
+		delete(b.rows, id)
+	}
+	b.mu.Unlock()
+	return b.w.Untrack(rowIDs...)
+}
+
+// Rows returns the rows tracked by the block and not Done, in no order.
+func (b *Block) Rows() []int64 {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return members(b.rows)
+}
+
+// Close gives back the block's rows tracked and not Done (Worker.Release,
+// bounded by the reset timeout, not by any context of the host's) and ends
+// the block: later calls but Done and Close return ErrBlockClosed. With
+// every row Done, or after a first Close, it does nothing and returns nil.
+// Rows the worker gave back already (after a lost lease, docs/safety.md
+// §3) are not reset again. Its error is Release's: the rows it could not
+// give back stay tracked, for a peer to recover should this worker die.
+//
+// After a fetch that rolled back, Close's reset finds the rows queued and
+// leaves them so, with owner fencing also once another worker took them.
+// Without an owner column it cannot tell them from another worker's: Track
+// as the last step before the COMMIT (see Track).
+func (b *Block) Close() error {
+	b.mu.Lock()
+	if b.closed {
+		b.mu.Unlock()
+		return nil
+	}
+	b.closed = true
+	ids := b.w.rows.heldAmong(members(b.rows))
+	clear(b.rows)
+	b.mu.Unlock()
+	// Then the give-back may go on without this block (lease.go): its
+	// rows are released below or were done.
+	defer b.w.giver.wake()
+	defer b.w.lease.blocks.close(b)
+	if len(ids) == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), b.w.opts.resetTimeout)
+	defer cancel()
+	if err := b.w.Release(ctx, ids...); err != nil {
+		return fmt.Errorf("close the block: %w", err)
+	}
+	return nil
+}
+
+// heldAmong returns the rows of ids that are tracked now or were left to
+// the backstop sweep at a lost lease: those a Release of ids acts on.
+func (s *inflight) heldAmong(ids []int64) []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int64
+	for _, id := range ids {
+		_, tracked := s.ids[id]
+		_, left := s.abandoned[id]
+		if tracked || left {
+			out = append(out, id)
+		}
+	}
+	return out
+}
+
+// untrackedAlarm is this worker's ErrUntrackedRows alarm, which Healthy
+// reports: set by the sweep by row version (rowSweep.untrackedFound), by
+// the note another worker's sweep left for this one (note, read with the
+// scan turn), and by an Untrack without any Track (untrackCall).
+type untrackedAlarm struct {
+	deps // the settings, the store, the log and the shared parts (worker.go)
+	// trackCalled reports whether Track was called since New (the
+	// tracker's); state is the Worker's lifecycle state.
+	trackCalled func() bool
+	state       *atomic.Int32
+	// off: the rows are held by owner (owner mode), no rows set, so no
+	// row can be tracked after its COMMIT unseen; the alarm stays silent.
+	off bool
+	// at is when the backstop sweep last found rows this worker did not
+	// track before their COMMIT, or when it was called to untrack rows
+	// without any Track (unix nanoseconds).
+	at atomic.Int64
+	// lastNote is the last note of the untracked-rows hash logged;
+	// called is set once Untrack without any Track has been logged.
+	lastNote atomic.Value
+	called   atomic.Bool
+}
+
+// note reads this worker's note in the untracked-rows hash (read
+// with its scan turn): a backstop sweep found rows this worker tracked
+// only after their COMMIT. Healthy then fails with ErrUntrackedRows until
+// the note's end (a rows TTL after the finding); each note is logged once.
+func (u *untrackedAlarm) note(note string) {
+	if note == "" || u.off {
+		return
+	}
+	var until, n, first int64
+	var sweeper string
+	if k, _ := fmt.Sscanf(note, "%d %d %d %s", &until, &n, &first, &sweeper); k != 4 {
+		return
+	}
+	at := time.UnixMilli(until)
+	if !time.Now().Before(at) || u.lastNote.Swap(note) == note {
+		return
+	}
+	u.at.Store(at.Add(-u.opts.rowsTTL).UnixNano())
+	u.log.Error("this worker tracked rows only after the COMMIT that put them in progress: a crash in between strands them; call Track inside the fetch's transaction, before its COMMIT",
+		slog.Int64("rows", n), slog.Int64("first_row", first), slog.String("found_by", sweeper),
+		slog.Any("error", fmt.Errorf("%w: %d rows (first %d) were in progress in no rows set after their COMMIT and then in this worker's", ErrUntrackedRows, n, first)))
+}
+
+// readNote reads this worker's note in the untracked-rows hash, when
+// the scan turn is off and so does not bring it (takeScanTurn), and
+// takes it in (note); nothing when the alarm is off.
+func (u *untrackedAlarm) readNote(ctx context.Context, st store.Store) {
+	if u.off {
+		return
+	}
+	opCtx, cancel := u.opts.opContext(ctx)
+	note, _ := st.UntrackedNote(opCtx, u.opts.instanceID)
+	cancel()
+	u.note(note)
+}
+
+// untrackCall is Untrack's check for a host that never calls Track: a
+// running worker in rows-set mode asked to untrack rows without any Track
+// call since it started. Healthy then fails with ErrUntrackedRows for a
+// rows TTL, logged once.
+func (u *untrackedAlarm) untrackCall(ids []int64) {
+	if u.off || u.trackCalled() || u.state.Load() != stateRunning || !u.called.CompareAndSwap(false, true) {
+		return
+	}
+	u.at.Store(time.Now().UnixNano())
+	u.log.Error("Untrack was called, but never Track since this worker started: rows it processes are in no rows set, and a crash strands them; call Track inside the fetch's transaction, before its COMMIT",
+		slog.Int("rows", len(ids)), slog.Int64("first_row", ids[0]),
+		slog.Any("error", fmt.Errorf("%w: Untrack of %d rows (first %d) that this worker never tracked", ErrUntrackedRows, len(ids), ids[0])))
+}
+
+// err returns ErrUntrackedRows while the backstop sweep of this
+// worker found untracked rows less than a rows TTL ago.
+func (u *untrackedAlarm) err() error {
+	at := u.at.Load()
+	if at == 0 || time.Since(time.Unix(0, at)) >= u.opts.rowsTTL {
+		return nil
+	}
+	return fmt.Errorf("%w (found %s ago)", ErrUntrackedRows, time.Since(time.Unix(0, at)).Round(time.Second))
 }

@@ -147,7 +147,7 @@ func (c *counters) noteRowsStuck(d time.Duration) {
 func (w *Worker) Stats() Stats {
 	s := Stats{
 		InstanceID:        w.opts.instanceID,
-		OwnerMode:         w.opts.ownerMode,
+		OwnerMode:         w.tracker.heldByOwner(),
 		TrackedRows:       w.rows.len(),
 		LeaseValid:        w.CheckLease() == nil,
 		Heartbeats:        w.stats.heartbeats.Load(),

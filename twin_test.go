@@ -46,7 +46,7 @@ func TestStartRefusesAnInstanceIDAnotherLiveWorkerHeartbeats(t *testing.T) {
 	assert.Less(t, took, 2*time.Second, "refused within the watch (500ms + 250ms + 50ms), well before the TTL")
 	v, err := rdb.Get(ctx, store.InstanceKeys(prefix, "pod-0").Heartbeat).Result()
 	require.NoError(t, err)
-	assert.Equal(t, first.opts.beatValue, v, "the refused Worker wrote nothing")
+	assert.Equal(t, first.beatValue, v, "the refused Worker wrote nothing")
 	assert.ErrorIs(t, second.Track(ctx, 1), ErrNotStarted)
 	beats := first.Stats().Heartbeats
 	waitTurns(t, &signals(first).beat, 5*time.Second, func() bool { return first.Stats().Heartbeats >= beats+2 },
@@ -295,7 +295,7 @@ func TestFixedInstanceIDRestartedAfterSIGKILLRecoversItsPredecessorsRows(t *test
 	assert.Equal(t, 3, ledgered, "reset under the predecessor's incarnation")
 	assert.Empty(t, rowsOf(t, rdb, prefix, "pod-0"), "the new process's rows set holds none of them")
 	assert.NotEqual(t, oldInc, rdb.Get(ctx, k.Incarnation).Val(), "a rows set of its own")
-	assert.Equal(t, w.opts.beatValue, rdb.Get(ctx, k.Heartbeat).Val())
+	assert.Equal(t, w.beatValue, rdb.Get(ctx, k.Heartbeat).Val())
 	assert.Equal(t, 1, logs.Count("recovered rows a previous process left under this instance ID"))
 	assert.NoError(t, w.CheckLease())
 }

@@ -9,9 +9,11 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/redis/go-redis/v9"
 
+	"github.com/alya/recovery/internal/contract"
 	"github.com/alya/recovery/internal/store"
 )
 
@@ -32,21 +34,46 @@ const (
 // lifecycle.
 type Worker struct {
 	opts     options
-	log      *slog.Logger
-	store    store.Store // every Redis command goes through it
 	resetter Resetter
 
 	lifecycle // Start, Shutdown
+	deps      // what every part is built from: the store, the log, New's decisions
 
 	// Shared state.
 	rows    inflight   // the rows tracked now (inflight.go)
 	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
 	lease   lease      // lease.go
-	fleet   *fleetView // fleet.go
 	stats   counters   // stats.go
 	events  dispatcher // events.go
 
 	loops // what Start runs, and the parts they share
+}
+
+// deps are what New builds once and every part of a Worker is built
+// from: each part embeds them (River's archetype) instead of holding a
+// pointer to each. Besides the settings and the shared services, they
+// hold New's decisions: how the client reaches Redis (for messages),
+// what the resetter guarantees (its Info), whether the backstop sweep
+// resets by owner (sweepOf), and this process's heartbeat value
+// (heartbeat.go).
+type deps struct {
+	opts   *options    // the settings, read-only after New
+	store  store.Store // every Redis command goes through it
+	log    *slog.Logger
+	stats  *counters
+	events *dispatcher
+	rlog   *recoveryLog // the recovery's log lines (events.go)
+	fleet  *fleetView   // the fleet record and its timings (registry.go)
+	// judge says who is dead: the registry, the heartbeats, node ages and
+	// evictions, with the fleet's timings (registry.go); nil in the
+	// judge itself and in the fleet view and node watch it is built on.
+	judge *judge
+	sig   *testSignals // the loops' test signals (events.go)
+
+	target       redisTarget
+	info         ResetterInfo
+	sweepByOwner bool
+	beatValue    string
 }
 
 // lifecycle is the state Start and Shutdown share.
@@ -68,12 +95,12 @@ type loops struct {
 	recov   *recoverer   // recovery.go
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
-	giver   *giver       // giveback.go; nil when a lost lease is not sticky
+	giver   *giver       // lease.go; nil when a lost lease is not sticky
 
 	// The parts the loops share with Start and the exported methods.
 	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
-	twin      *twin           // Start's claim on the instance ID; the heartbeat's ousting (twin.go)
-	untracked *untrackedAlarm // the ErrUntrackedRows alarm (rowsweep.go)
+	twin      *twin           // Start's claim on the instance ID; the heartbeat's ousting (heartbeat.go)
+	untracked *untrackedAlarm // the ErrUntrackedRows alarm (rowtrack.go)
 }
 
 // New returns a Worker that keeps its keys in rdb and resets the rows of
@@ -92,120 +119,158 @@ type loops struct {
 // and decides everything from it: a wrapper that embeds a Resetter keeps
 // every guarantee of the resetter it wraps.
 func New(rdb redis.UniversalClient, resetter Resetter, opts ...Option) (*Worker, error) {
+	o, hooks, d, err := configure(rdb, resetter, opts)
+	if err != nil {
+		return nil, err
+	}
+	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
+	if hooks.wrapStore != nil {
+		st = hooks.wrapStore(st)
+	}
+	w := &Worker{opts: o, resetter: resetter, lease: newLease(o.heartbeatTTL)}
+	log := o.logger.With(slog.String("instance_id", o.instanceID))
+	w.deps = deps{opts: &w.opts, store: st, log: log, stats: &w.stats, events: &w.events,
+		rlog: newRecoveryLog(log, o.opTimeout), sig: &hooks.sig,
+		target: targetOf(rdb), info: d.info, sweepByOwner: d.sw != nil, beatValue: store.HeartbeatOf(newToken())}
+	w.fleet = &fleetView{store: st, log: log, opts: &w.opts, mode: d.announce()}
+	// nodes: node ages, their holds and the eviction hold (registry.go).
+	nodes := &nodeWatch{deps: w.deps}
+	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
+	w.judge = &judge{deps: w.deps, nodes: nodes}
+	buildShared(w, d)
+	buildLoops(w, d, nodes)
+	w.sweeper = newSweeper(w, d, nodes)
+	return w, nil
+}
+
+// decisions are what New decides once, from the options and the
+// resetter's Info, to build the parts with.
+type decisions struct {
+	info ResetterInfo // the resetter's Info, asked once
+	// ownerMode: the owner column, not a rows set, says which rows a
+	// worker holds (ownerModeOf); it picks the tracker.
+	ownerMode bool
+	// sw and rs back the backstop sweep, by owner or by row version
+	// (sweepOf); both nil without one.
+	sw, rs Resetter
+}
+
+// announce is the mode the heartbeats announce in the fleet record.
+func (d decisions) announce() string {
+	if d.ownerMode {
+		return "owner"
+	}
+	return "rows-set"
+}
+
+// configure applies and validates the options (the package's tests'
+// own to the test hooks), asks the resetter's Info once, and decides
+// from both the mode and the backstop sweep.
+func configure(rdb redis.UniversalClient, resetter Resetter, opts []Option) (o options, hooks *testHooks, d decisions, err error) {
 	if isNil(rdb) {
-		return nil, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
+		return o, nil, d, fmt.Errorf("%w: redis client is nil", ErrInvalidConfig)
 	}
 	if isNil(resetter) {
-		return nil, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
+		return o, nil, d, fmt.Errorf("%w: row resetter is nil", ErrInvalidConfig)
 	}
-	o := defaultOptions()
+	o, hooks = defaultOptions(), new(testHooks)
 	for _, opt := range opts {
 		if opt == nil {
-			return nil, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+			return o, nil, d, fmt.Errorf("%w: nil option", ErrInvalidConfig)
+		}
+		if h, ok := opt.(hookFunc); ok {
+			h(hooks)
+			continue
 		}
 		opt.apply(&o)
 	}
 	if err := o.validate(); err != nil {
-		return nil, err
+		return o, nil, d, err
 	}
-	info := resetter.Info()
-	if err := checkInfo(resetter, info); err != nil {
-		return nil, err
+	d.info = resetter.Info()
+	if err := checkInfo(resetter, d.info); err != nil {
+		return o, nil, d, err
 	}
-	ownerMode := ownerModeOf(info, o)
-	sw, rs, err := sweepOf(resetter, info, o, ownerMode)
+	d.ownerMode = ownerModeOf(d.info, o)
+	d.sw, d.rs, err = sweepOf(resetter, d.info, o, d.ownerMode)
 	if err != nil {
-		return nil, err
+		return o, nil, d, err
 	}
-	o.target, o.info, o.ownerMode, o.sweepByOwner, o.beatValue = targetOf(rdb), info, ownerMode, sw != nil, store.HeartbeatOf(newToken())
-	var st store.Store = store.NewRedis(rdb, o.keyPrefix, o.opTimeout)
-	if o.wrapStore != nil {
-		st = o.wrapStore(st)
-	}
-	w := &Worker{
-		opts:     o,
-		log:      o.logger.With(slog.String("instance_id", o.instanceID)),
-		store:    st,
-		resetter: resetter,
-		lease:    newLease(o.heartbeatTTL),
-	}
-	w.fleet = &fleetView{store: w.store, log: w.log, opts: &w.opts}
-	// nodes: node ages, their holds and the eviction hold (nodeage.go, eviction.go).
-	nodes := &nodeWatch{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet}
-	// judge: the registry, death verdicts, deregistration, registry health (registry.go).
-	jd := &judge{store: w.store, log: w.log, opts: &w.opts, nodes: nodes, fleet: w.fleet,
-		stats: &w.stats, events: &w.events}
+	return o, hooks, d, nil
+}
+
+// buildShared sets up the state the parts share: the rows, the event
+// dispatcher, the lease, the self-check and the tracker, which is the
+// mode's.
+func buildShared(w *Worker, d decisions) {
+	o, ownerMode := w.opts, d.ownerMode
 	w.events.id = o.instanceID
 	w.rows.init()
 	w.lease.perLife.Store(ownerMode) // per-life owner values (owner.go)
-	w.events.obs, w.events.sig = o.observer, &w.opts.sig.deliver
-	// historian: the fleet history's writer, nil when it is off (history.go);
+	w.events.obs, w.events.sig = o.observer, &w.sig.deliver
+	// historian: the fleet history's writer, nil when it is off (events.go);
 	// running is also the self-check's
 	state := &w.state
 	running := func() bool { return state.Load() == stateRunning }
-	w.events.hist = newHistorian(w.store, w.log, &w.opts, running)
-	rlog := newRecoveryLog(w.log, w.opts.opTimeout)
+	w.events.hist = newHistorian(w.store, w.log, &w.opts, w.sig, running)
 	// lease: what noting its loss touches (lease.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
-	w.lease.releaseSafe, w.lease.ownerMode = releaseSafeAfterLoss(info), ownerMode
+	w.lease.releaseSafe, w.lease.newLives = releaseSafeAfterLoss(d.info), ownerMode
 	// selfChecker: the self-check loop (selfcheck.go)
-	w.checker = (&selfChecker{resetter: resetter, opts: &w.opts, log: w.log,
-		rows: &w.rows, lease: &w.lease, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		running: running}).init()
+	w.checker = (&selfChecker{deps: w.deps, resetter: w.resetter,
+		rows: &w.rows, lease: &w.lease, running: running}).init()
 	// tracker: owner mode sends nothing to Redis, rows-set mode mirrors
 	// the rows in the rows set (rowtrack.go); the mode is decided here.
-	core := trackerCore{rows: &w.rows, id: o.instanceID, resetter: resetter, info: info,
-		state: &w.state, lease: &w.lease, checker: w.checker, log: w.log, stats: &w.stats,
-		events: &w.events, releaseLock: make(chan struct{}, 1)}
+	core := trackerCore{deps: w.deps, rows: &w.rows, id: o.instanceID, resetter: w.resetter,
+		state: &w.state, lease: &w.lease, checker: w.checker, releaseLock: make(chan struct{}, 1)}
 	if ownerMode {
 		w.tracker = &ownerTracker{trackerCore: core, noteBareOwners: w.lease.noteBareOwners}
 	} else {
-		w.tracker = newRowsSetTracker(core, w.store, w.fleet, &w.opts)
+		w.tracker = newRowsSetTracker(core, d.rs != nil)
 	}
+}
+
+// buildLoops builds the loops and the parts they share.
+func buildLoops(w *Worker, d decisions, nodes *nodeWatch) {
 	// giver: gives back the rows held at a lost lease the host left
-	// (giveback.go); only where a loss is sticky, nil elsewhere.
+	// (lease.go); only where a loss is sticky, nil elsewhere.
 	if w.lease.releaseSafe {
-		w.giver = newGiver(&w.lease, &w.rows, w.tracker, &w.opts, w.log)
+		w.giver = newGiver(w.deps, &w.lease, &w.rows, w.tracker)
 	}
-	// untracked: the ErrUntrackedRows alarm (rowsweep.go).
-	w.untracked = &untrackedAlarm{log: w.log, opts: &w.opts, state: &w.state,
-		trackCalled: w.tracker.trackCalled}
+	// untracked: the ErrUntrackedRows alarm (rowtrack.go).
+	w.untracked = &untrackedAlarm{deps: w.deps, state: &w.state,
+		trackCalled: w.tracker.trackCalled, off: w.tracker.heldByOwner()}
 	// peers: the dead-peer path (deadpeer.go).
-	w.peers = &peerRecoverer{store: w.store, log: w.log, opts: &w.opts, resetter: resetter,
-		fleet: w.fleet, stats: &w.stats, events: &w.events, rlog: rlog,
-		judge: jd, misconfigured: w.checker.alarmErr,
+	w.peers = &peerRecoverer{deps: w.deps, resetter: w.resetter,
+		held: w.tracker, misconfigured: w.checker.alarmErr,
 		unverifiedHold: w.checker.unverifiedHold}
-	// twin: Start's claim on the instance ID, and the heartbeat's ousting (twin.go)
-	w.twin = &twin{store: w.store, log: w.log, opts: &w.opts,
-		lease: &w.lease, rows: &w.rows, stats: &w.stats, events: &w.events,
-		nodes: nodes, peers: w.peers}
+	// twin: Start's claim on the instance ID, and the heartbeat's ousting (heartbeat.go)
+	w.twin = &twin{deps: w.deps, lease: &w.lease, rows: &w.rows,
+		nodes: nodes, peers: w.peers, ownedRows: d.ownerMode || d.sw != nil}
 	// heartbeater: the heartbeat loop (heartbeat.go)
-	w.heart = &heartbeater{store: w.store, log: w.log, opts: &w.opts,
-		byVersion: rs != nil,
-		lease:     &w.lease, rows: &w.rows, fleet: w.fleet, stats: &w.stats, events: &w.events,
-		tracker: w.tracker, judge: jd, ousted: w.twin.noteOusted, giver: w.giver}
+	w.heart = &heartbeater{deps: w.deps, lease: &w.lease, rows: &w.rows,
+		tracker: w.tracker, ousted: w.twin.noteOusted, giver: w.giver}
 	// recov: the recovery loop (recovery.go).
-	w.recov = &recoverer{store: w.store, log: w.log, opts: &w.opts, peers: w.peers,
-		stats: &w.stats, events: &w.events, rlog: rlog, expired: make(chan string, expiredQueue),
-		judge: jd, untracked: w.untracked}
-	// sweep: the backstop sweep with its strategy, by owner (sw) or by row
-	// version (rs).
+	w.recov = &recoverer{deps: w.deps, peers: w.peers,
+		expired: make(chan string, expiredQueue), untracked: w.untracked}
+}
+
+// newSweeper returns the backstop sweep with its strategy, by owner or by
+// row version; nil when neither.
+func newSweeper(w *Worker, d decisions, nodes *nodeWatch) *sweeper {
 	var by sweepStrategy
 	switch {
-	case sw != nil:
-		by = &ownerSweep{resetter: sw, store: w.store, opts: &w.opts, rows: &w.rows, fleet: w.fleet, stats: &w.stats,
-			log: w.log, rlog: rlog, judge: jd, peers: w.peers,
+	case d.sw != nil:
+		by = &ownerSweep{deps: w.deps, resetter: d.sw, rows: &w.rows, peers: w.peers,
 			absentSince: make(map[string]time.Time), warned: make(map[string]bool), endedSince: make(map[string]time.Time)}
-	case rs != nil:
-		by = &rowSweep{resetter: rs, info: info, store: w.store, opts: &w.opts, fleet: w.fleet, stats: &w.stats,
-			events: &w.events, log: w.log, untracked: w.untracked, misconfigured: w.checker.alarmErr,
+	case d.rs != nil:
+		by = &rowSweep{deps: w.deps, resetter: d.rs, untracked: w.untracked, misconfigured: w.checker.alarmErr,
 			nodes: nodes}
+	default:
+		return nil
 	}
-	if by != nil {
-		w.sweeper = &sweeper{turn: sweepTurn{store: w.store, opts: &w.opts, token: newToken(), stats: &w.stats, rlog: rlog}, by: by,
-			opts: &w.opts, rlog: rlog, stats: &w.stats, ousted: &w.lease.ousted}
-	}
-	return w, nil
+	return &sweeper{deps: w.deps, turn: sweepTurn{deps: w.deps, token: newToken()}, by: by,
+		ousted: &w.lease.ousted}
 }
 
 // InstanceID returns the worker's identity in Redis.
@@ -263,50 +328,9 @@ func (w *Worker) Start(ctx context.Context) error {
 	case stateRunning:
 		return ErrAlreadyStarted
 	}
-	checked, err := w.checkSchema(ctx)
+	expiry, err := startUp(ctx, w)
 	if err != nil {
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	w.checker.probe(ctx)
-	if err := w.opts.target.ping(ctx, w.store, &w.opts); err != nil {
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	if err := w.peers.judge.nodes.checkEviction(ctx); err != nil {
-		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
-		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	fleet, read, err := w.fleet.check(ctx, checked)
-	if err != nil {
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	// Before the first heartbeat's recount drops them: a record loaded
-	// from an old snapshot lists members whose announcements have lapsed.
-	// fleetView.check's script returned the record; read it when it did not run.
-	if read {
-		w.fleet.learnMembers(fleet)
-	} else {
-		w.fleet.learnRecord(ctx)
-	}
-	if err := w.twin.claimInstanceID(ctx); err != nil {
-		if _, ok := errors.AsType[*readError](err); ok {
-			err = w.opts.target.firstHeartbeatError(ctx, &w.opts, err)
-		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, err)
-	}
-	if err := w.heart.runOnce(ctx); err != nil {
-		if errors.Is(err, ErrInstanceIDInUse) {
-			return fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
-		}
-		return fmt.Errorf("start %s: %w", w.opts.instanceID, w.opts.target.firstHeartbeatError(ctx, &w.opts, err))
-	}
-	w.peers.judge.nodes.observeNodes(ctx)
-	var expiry *expiryWatcher
-	if w.opts.expiry {
-		// expiry: built with what it uses, subscribed here.
-		expiry = subscribeExpiry(ctx, &expiryWatcher{store: w.store, log: w.log, opts: &w.opts, fleet: w.fleet, nodes: w.peers.judge.nodes,
-			judge: w.peers.judge, hand: w.recov.hand})
+		return err
 	}
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
@@ -337,6 +361,66 @@ func (w *Worker) Start(ctx context.Context) error {
 	w.log.Debug("recovery worker started",
 		slog.Duration("heartbeat_ttl", w.opts.heartbeatTTL),
 		slog.Duration("recovery_interval", w.opts.recoveryInterval))
+	return nil
+}
+
+// startUp is what Start does before its loops run: the checks, the claim
+// on the instance ID, the first heartbeat, and the expiry watcher's
+// subscription (nil when expiry is off). Its error is Start's.
+func startUp(ctx context.Context, w *Worker) (*expiryWatcher, error) {
+	if err := startChecks(ctx, w); err != nil {
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.twin.claimInstanceID(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
+		}
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, err)
+	}
+	if err := w.heart.runOnce(ctx); err != nil {
+		if errors.Is(err, ErrInstanceIDInUse) {
+			return nil, fmt.Errorf("start %s: %w: another process wrote its heartbeat first", w.opts.instanceID, ErrInstanceIDInUse)
+		}
+		return nil, fmt.Errorf("start %s: %w", w.opts.instanceID, w.target.firstHeartbeatError(ctx, &w.opts, err))
+	}
+	w.judge.nodes.observeNodes(ctx)
+	if !w.opts.expiry {
+		return nil, nil
+	}
+	// expiry: built with what it uses, subscribed here.
+	return subscribeExpiry(ctx, &expiryWatcher{deps: w.deps, nodes: w.judge.nodes, hand: w.recov.hand}), nil
+}
+
+// startChecks runs what Start checks before it writes a heartbeat: the
+// schema, the self-check's probe, Redis's reachability and eviction
+// policy, and the fleet record, whose members it learns.
+func startChecks(ctx context.Context, w *Worker) error {
+	checked, err := w.checkSchema(ctx)
+	if err != nil {
+		return err
+	}
+	w.checker.probe(ctx)
+	if err := w.target.ping(ctx, w.store, &w.opts); err != nil {
+		return err
+	}
+	if err := w.judge.nodes.checkEviction(ctx); err != nil {
+		if _, ok := errors.AsType[*readError](err); ok {
+			err = w.target.firstHeartbeatError(ctx, &w.opts, err)
+		}
+		return err
+	}
+	fleet, read, err := w.fleet.check(ctx, checked)
+	if err != nil {
+		return err
+	}
+	// Before the first heartbeat's recount drops them: a record loaded
+	// from an old snapshot lists members whose announcements have lapsed.
+	// fleetView.check's script returned the record; read it when it did not run.
+	if read {
+		w.fleet.learnMembers(fleet)
+	} else {
+		w.fleet.learnRecord(ctx)
+	}
 	return nil
 }
 
@@ -389,3 +473,175 @@ func sweepOf(r Resetter, info ResetterInfo, o options, ownerMode bool) (sw, rs R
 
 // ownKeys returns the key names of this worker's instance.
 func (w *Worker) ownKeys() store.Keys { return w.store.Keys(w.opts.instanceID) }
+
+// Shutdown stops the worker: it stops the heartbeat and recovery loops and
+// waits for them, then deletes the heartbeat key and removes the worker from
+// the registry, so peers see at once that it left. The rows set is left in
+// place. If rows are still tracked (there should be none once the host has
+// finished its block, or released what it will not finish), the worker
+// stays registered, with its heartbeat deleted: the next scan of any peer
+// finds it dead and recovers those rows at once.
+//
+// Call Shutdown after the host has finished its current block, as the
+// design's graceful shutdown says. If ctx ends first, Shutdown returns
+// ctx.Err(); the loops have been told to stop and end within the operation
+// timeout, and a later call with a fresh context finishes the clean-up.
+// The clean-up is one round trip bounded by the operation timeout too (an
+// Untrack running at the same moment waits for it, as it waits for a
+// heartbeat); if it fails, Shutdown returns the error and a later call
+// tries again.
+//
+// A Worker whose instance ID another process took over (CheckLease
+// reports ErrInstanceIDInUse) leaves every key to that process.
+//
+// Shutdown is idempotent, safe to call concurrently and safe to call
+// without Start. After it, Start, Track and ops.RecoverNow return ErrShutdown.
+// It never closes the Redis client or the database handle it was given.
+// With an observer, it also waits for the events already queued to be
+// delivered, and for the fleet history's entries queued to be appended
+// (once each; see WithHistory).
+func (w *Worker) Shutdown(ctx context.Context) error {
+	w.mu.Lock()
+	w.state.Store(stateShutdown)
+	started, stop, done := w.started, w.stopLoops, w.loopsDone
+	w.mu.Unlock()
+	if !started {
+		return w.events.close(ctx)
+	}
+	stop()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.cleaned {
+		return w.events.close(ctx)
+	}
+	if w.lease.ousted.Load() {
+		// Another process heartbeats this instance ID: the heartbeat, the
+		// registry entry and the rows set are its own now (heartbeat.go).
+		w.cleaned = true
+		return w.events.close(ctx)
+	}
+	tracked, err := leave(ctx, w)
+	if err != nil {
+		// The clean-up is retried by a later call; the events and the
+		// history are delivered (or dropped) now, so no goroutine of the
+		// Worker outlives a Shutdown that gave up, whatever the caller does.
+		_ = w.events.close(ctx)
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
+	}
+	w.cleaned = true
+	if tracked > 0 {
+		w.log.Warn("shut down with rows still tracked; peers will recover them",
+			slog.Int("rows", tracked))
+	}
+	w.log.Debug("recovery worker shut down")
+	return w.events.close(ctx)
+}
+
+// leave deletes the heartbeat and the registry entry (store.Leave); it
+// returns how many rows were still tracked. Like the heartbeat, it holds
+// the rows set's write lock from the snapshot until Redis has answered: a
+// synchronous Untrack running now either finishes its SREM before the
+// snapshot (and the row is not written back) or waits and sends it after
+// our SADD. Only our own heartbeat is deleted: a process that took the ID
+// over since the last heartbeat keeps its. With rows still tracked, they
+// are written back (Redis may have lost them) and the worker stays
+// registered, or no peer would ever look for them.
+func leave(ctx context.Context, w *Worker) (int, error) {
+	w.rows.assert.Lock()
+	tracked, unremoved, _ := w.rows.snapshot()
+	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
+	d.Tracked, d.Unremoved = w.tracker.beatRows(tracked, unremoved)
+	opCtx, cancel := w.opts.opContext(ctx)
+	res, err := w.store.Leave(opCtx, w.opts.instanceID, d)
+	cancel()
+	w.rows.assert.Unlock()
+	if res.Deregistered {
+		w.judge.noteRegistry(res.RegistryErr)
+	}
+	return len(tracked), err
+}
+
+// checkSchema runs the resetter's Check, bounded by ctx and the reset
+// timeout: with the schema check on (not WithoutSchemaCheck), the session
+// (it must be able to write; a session without
+// idle_in_transaction_session_timeout, or with a statement_timeout shorter
+// than the reset timeout, is warned about, when the resetter tells what it
+// serves: a database), the owner column's
+// width against this worker's owner value, and the table; either way,
+// what the resetter serves, which fleetView.check then records. It runs before
+// anything is written to Redis: a failure leaves no heartbeat and no
+// registry entry behind (which peers would take for a dead worker), and
+// Start can be retried. With WithoutSchemaCheck an error only means that
+// the resetter cannot tell what it serves: it is logged at Warn, and the
+// fleet is not checked.
+func (w *Worker) checkSchema(ctx context.Context) (ResetterInfo, error) {
+	schema := !w.opts.noSchemaCheck
+	ctx, cancel := context.WithTimeout(ctx, w.opts.resetTimeout)
+	defer cancel()
+	info, err := w.resetter.Check(ctx, schema)
+	if !errors.Is(err, contract.ErrPoolExhausted) { // the error says it better
+		w.checkPool(info)
+	}
+	if schema {
+		// OwnerValue() counts the life in owner mode (lifeWidth more characters).
+		n := utf8.RuneCountInString(w.tracker.currentOwner())
+		if info.OwnerWidth > 0 && n > info.OwnerWidth {
+			what := "instance ID"
+			if w.tracker.heldByOwner() {
+				what = fmt.Sprintf("owner value (the instance ID and its life, %d characters more: docs/safety.md §2)", lifeWidth)
+			}
+			return info, fmt.Errorf("check schema: %w: the owner column (WithOwnerColumn) holds at most %d characters and this worker's %s %q has %d: widen the column (text) or use a shorter WithInstanceID",
+				ErrSchema, info.OwnerWidth, what, clip(w.tracker.currentOwner()), n)
+		}
+		if err != nil {
+			return info, err
+		}
+		if info.IdleInTxTimeout == 0 && info.Serves != "" {
+			w.log.Warn("the database session has no idle_in_transaction_session_timeout: a transaction left open by a host that vanished keeps its rows locked, and recovery skips them, until the server drops the connection (about 2 h 11 min with Linux's TCP keepalive defaults); set it for the role or database of the workers (docs/operations.md)")
+		}
+		if st := info.StatementTimeout; st > 0 && st < w.opts.resetTimeout {
+			w.log.Warn("the database session's statement_timeout is shorter than the reset timeout: resets size their chunks to fit half of it, and a reset whose chunk of one row takes longer (a slow trigger, a wait for a table lock) never completes; raise it for the role of the workers (docs/operations.md)",
+				slog.Duration("statement_timeout", st), slog.Duration("reset_timeout", w.opts.resetTimeout),
+				slog.Duration("lock_timeout", info.LockTimeout))
+		}
+		return info, nil
+	}
+	if err != nil {
+		w.log.Warn("cannot tell what this worker serves; the key prefix is not checked against the fleet's record",
+			slog.Any("error", err))
+		return ResetterInfo{}, nil
+	}
+	return info, nil
+}
+
+// minResetterConns is how many connections of its pool the resetter may
+// use at once: the recovery loop's reset and one more, the backstop
+// sweep's, the self-check's, Release's or ops.RecoverNow's, which run in
+// their own goroutines.
+const minResetterConns = 2
+
+// checkPool warns when the resetter's pool (ResetterInfo.PoolSize, a pool
+// with a limit) had fewer than minResetterConns connections free when
+// Check began. A host that shares the pool with the resetter can then
+// hold every connection, and recovery waits for one past its reset
+// timeout, scan after scan. It only warns: a pool shared with a host
+// whose transactions are short serves both in practice, and a pool with
+// room at Start may still be exhausted later, which the recovery's error
+// then says (postgres.ErrPoolExhausted).
+func (w *Worker) checkPool(info ResetterInfo) {
+	free := info.PoolSize - info.PoolInUse
+	if info.PoolSize <= 0 || free >= minResetterConns {
+		return
+	}
+	w.log.Warn("the resetter's connection pool had fewer connections free at Start than recovery uses at once (2); a host that shares the pool can hold them all, leaving dead peers' rows in progress until one is free: give the resetter a pool of its own (docs/operations.md)",
+		slog.Int("pool_max_conns", info.PoolSize), slog.Int("pool_in_use", info.PoolInUse), slog.Int("pool_free", max(free, 0)))
+}

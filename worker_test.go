@@ -19,7 +19,7 @@ func TestStartWritesHeartbeatAndRegistersBeforeReturning(t *testing.T) {
 	v, err := mr.Get(keysOf("w1").Heartbeat)
 	require.NoError(t, err)
 	assert.Regexp(t, "^alive:[0-9a-f]{32}$", v, "alive:<this Worker's token>")
-	assert.Equal(t, w.opts.beatValue, v)
+	assert.Equal(t, w.beatValue, v)
 	assert.Equal(t, 2*time.Second, mr.TTL(keysOf("w1").Heartbeat))
 	ok, err := mr.SIsMember(registryKey, "w1")
 	require.NoError(t, err)

@@ -2,7 +2,7 @@
 # testwaits.sh prints how the root package's tests wait: the time.Sleep
 # calls and the Eventually polls in *_test.go at the repository root, in
 # total and by file (files with none left out), and the waits on the loops'
-# test signals (testsignals.go) for comparison. Run from anywhere.
+# test signals (testSignals, events.go) for comparison. Run from anywhere.
 set -eu
 cd "$(dirname "$0")/.."
 count() { grep -o "$1" ./*_test.go | wc -l | tr -d ' '; }

@@ -97,7 +97,7 @@ func InstanceKeys(prefix, id string) Keys {
 func RegistryKey(prefix string) string { return prefix + registrySuffix }
 
 // FleetKey returns the name of the fleet record under prefix: what the
-// fleet serves and the timings its members announce (fleet.go). It is one
+// fleet serves and the timings its members announce (registry.go in the root package). It is one
 // key with no hash tag, so every script over it runs on Cluster.
 func FleetKey(prefix string) string { return prefix + "_FLEET" }
 

@@ -596,7 +596,7 @@ func nodeInfo(ctx context.Context, c redis.UniversalClient) (string, error) {
 	pipe := c.Pipeline()
 	cmds := []*redis.StringCmd{
 		pipe.Info(ctx, "server"), pipe.Info(ctx, "replication"), pipe.Info(ctx, "persistence"),
-		pipe.Info(ctx, "stats"), // evicted_keys: the eviction hold (eviction.go in the root package)
+		pipe.Info(ctx, "stats"), // evicted_keys: the eviction hold (registry.go in the root package)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return "", fmt.Errorf("read INFO: %w", err)
