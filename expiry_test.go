@@ -122,7 +122,7 @@ func TestExpiryWatchIgnoresOtherKeysAndItself(t *testing.T) {
 }
 
 // nodeHoldEnd is when w's hold on death verdicts from node, as it
-// remembers the node's age (nodeage.go), ends; zero when it holds none.
+// remembers the node's age (registry.go), ends; zero when it holds none.
 func nodeHoldEnd(w *Worker, node string) time.Time {
 	a := &w.peers.judge.nodes.ages
 	a.mu.Lock()
@@ -193,7 +193,7 @@ func TestExpiryNotificationsFollowAClusterFailover(t *testing.T) {
 	require.Eventually(t, func() bool { return victim.Track(ctx, 1, 2, 3) == nil }, 5*time.Second, 10*time.Millisecond,
 		"the victim's rows tracked on the promoted master")
 	// The watcher holds verdicts from the promoted master for a TTL from
-	// its subscription (nodeage.go); the victim dies after that.
+	// its subscription (registry.go); the victim dies after that.
 	node, err := watcher.store.NodeOf(ctx, victimID)
 	require.NoError(t, err)
 	holdEnd := nodeHoldEnd(watcher, node)

@@ -537,7 +537,7 @@ func (h *hookResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult
 
 // waitUptime waits until the Redis server of rdb has been up for d, as
 // INFO counts it (whole seconds): the backstop sweep judges nothing from a
-// server up for less than a heartbeat TTL (nodeage.go).
+// server up for less than a heartbeat TTL (registry.go).
 func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
 	t.Helper()
 	require.Eventually(t, func() bool {
@@ -550,7 +550,7 @@ func waitUptime(t *testing.T, rdb redis.UniversalClient, d time.Duration) {
 	}, d+5*time.Second, 50*time.Millisecond)
 }
 
-// signals are w's test signals (testsignals.go), on for every Worker that
+// signals are w's test signals (events.go), on for every Worker that
 // newWorker builds.
 func signals(w *Worker) *testSignals { return w.sig }
 
@@ -607,7 +607,7 @@ func waitBeat(t *testing.T, w *Worker) {
 }
 
 // waitTurns waits up to d until cond holds, checking it now and at the end
-// of each turn of the loop that emits s (a test signal of testsignals.go):
+// of each turn of the loop that emits s (a test signal of events.go):
 // cond reads what that loop changes. msgAndArgs say what is awaited.
 func waitTurns[T any](t *testing.T, s *testsignal.Signal[T], d time.Duration, cond func() bool, msgAndArgs ...any) {
 	t.Helper()

@@ -17,7 +17,7 @@ import (
 	"github.com/alya/recovery/postgres/pgxreset"
 )
 
-// Owner mode (ownermode.go), against real Redis and PostgreSQL.
+// Owner mode (owner.go), against real Redis and PostgreSQL.
 
 func TestOwnerModeIsWhatAResetterThatFencesByOwnerGets(t *testing.T) {
 	_, rdb := newMini(t)

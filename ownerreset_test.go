@@ -275,7 +275,7 @@ func TestOwnerModeResetByOwnerReachesRowsWhoseIDIsZeroOrNegative(t *testing.T) {
 }
 
 // Owner mode: the sweep takes its candidates from PostgreSQL, so a Redis
-// that restarted empty gives it verdicts on live workers, and nodeage.go
+// that restarted empty gives it verdicts on live workers, and registry.go
 // holds nothing back after an empty start ("cannot hold a stale
 // registry": true of the scan, not of the sweep). The two-sightings rule
 // asks for two absent sightings a TTL apart, not for an absence that

@@ -225,7 +225,7 @@ func (r *simRedis) failover(keys map[string]*simKey, down time.Duration, replica
 	r.shifted = true
 }
 
-// info is INFO server, replication and persistence, as nodeage.go reads
+// info is INFO server, replication and persistence, as registry.go reads
 // them.
 // evict evicts one key with a TTL while an eviction fault lasts, as a
 // server over maxmemory does before it runs a command.
@@ -778,7 +778,7 @@ func (s *simStore) MemoryInfos(context.Context) (map[string]string, error) {
 
 func (s *simStore) Ping(context.Context) error { return nil }
 
-// Describe models the TTLs the backstop sweep reads (rowsweep.go); the
+// Describe models the TTLs the backstop sweep reads (sweep.go); the
 // rest of an Instance is not modelled.
 func (s *simStore) Describe(ctx context.Context, ids []string) ([]store.Instance, error) {
 	var out []store.Instance

@@ -831,7 +831,7 @@ func (w *simWorld) snapshotter(stop <-chan struct{}) {
 }
 
 // longestTTL is the longest heartbeat TTL of the run's members: verdicts
-// held after a restart or a failover wait for it (fleet.go).
+// held after a restart or a failover wait for it (registry.go).
 func (w *simWorld) longestTTL() time.Duration {
 	if w.cfg.timings {
 		return simLong * simTTL
@@ -909,7 +909,7 @@ func (w *simWorld) run(t *testing.T) {
 
 	// The bound: kill a worker that holds rows, once nothing else is wrong.
 	// A Redis that restarted or failed over holds death verdicts back for
-	// a TTL after the workers see it (nodeage.go): the bound counts from
+	// a TTL after the workers see it (registry.go): the bound counts from
 	// the end of that.
 	w.mu.Lock()
 	quiet := w.redisUp.Add(w.longestTTL() + w.longestTTL()/4)
@@ -1040,7 +1040,7 @@ func (w *simWorld) checkBound(t *testing.T) {
 	} else if w.evicted {
 		// The same after evictions: a look after the faults may be the
 		// first to see the count moved, or a worker's first look, which
-		// cannot tell when it moved (eviction.go); either holds a TTL.
+		// cannot tell when it moved (registry.go); either holds a TTL.
 		bound += 2 * w.longestTTL()
 	}
 	deadline := lastBeat.Add(bound)

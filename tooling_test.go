@@ -209,7 +209,7 @@ func markersOf(fset *token.FileSet, f *ast.File, src []byte, kinds []string) map
 
 // No test of the package waits for a loop by sleeping: each sleep left says
 // why the clock is what it needs (sleepKinds). A new sleep without a marker
-// fails here; waits on a loop use its test signal (testsignals.go).
+// fails here; waits on a loop use its test signal (events.go).
 func TestEverySleepInTheTestsSaysWhyItIsNotAWait(t *testing.T) {
 	byKind, unmarked := sleepsIn(t, ".")
 	for _, k := range sleepKinds {
@@ -328,7 +328,7 @@ func pollsIn(t *testing.T, dir string) []string {
 }
 
 // No test of the package polls a log, Stats or a loop's state for what a
-// loop does: it waits for the loop's turn (waitTurns, testsignals.go); a
+// loop does: it waits for the loop's turn (waitTurns, events.go); a
 // poll of what the clock alone changes says so ("poll:").
 func TestNoTestPollsALogOrStatsForWhatALoopDoes(t *testing.T) {
 	assert.Empty(t, pollsIn(t, "."), "Eventually polls of a log, Stats or a loop's state: wait on the loop's test signal instead (waitTurns)")
