@@ -285,10 +285,13 @@ var registryKey = store.RegistryKey(defaultKeyPrefix)
 func plantDeadPeer(t *testing.T, rdb redis.UniversalClient, prefix, id string, rows ...any) {
 	t.Helper()
 	ctx := context.Background()
-	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err())
+	// The rows set first: a running worker's scan between the two writes
+	// would otherwise find a registered peer with nothing to recover and
+	// deregister it.
 	if len(rows) > 0 {
 		require.NoError(t, rdb.SAdd(ctx, store.InstanceKeys(prefix, id).Rows, rows...).Err())
 	}
+	require.NoError(t, rdb.SAdd(ctx, store.RegistryKey(prefix), id).Err())
 }
 
 // handshake are the commands go-redis sends when it opens a connection;

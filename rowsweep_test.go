@@ -76,10 +76,12 @@ func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *
 // allow (the interval; half of it by default), for Redis calls on a loaded
 // machine: the tests that use these timings run in parallel.
 func rowsSweepTimings(extra ...Option) []Option {
+	// A 600 ms TTL, Redis given 150 ms a command: tighter, and a loaded
+	// machine loses the live workers' leases mid-test.
 	return append([]Option{WithTimings(Timings{
-		HeartbeatTTL:      300 * time.Millisecond,
-		HeartbeatInterval: 100 * time.Millisecond,
-		OperationTimeout:  100 * time.Millisecond,
+		HeartbeatTTL:      600 * time.Millisecond,
+		HeartbeatInterval: 150 * time.Millisecond,
+		OperationTimeout:  150 * time.Millisecond,
 		RecoveryInterval:  100 * time.Millisecond,
 		RowsTTL:           time.Second,
 	})}, extra...)
