@@ -65,12 +65,20 @@ func TestSafetyRedisRestartedFromAnOldSnapshotResetsNoLiveWorkersRows(t *testing
 	}
 	restarted := time.Now()
 	srv.RestartKeepingData()
-	r.setFail("D", nil)
 	observer, logs := newWorker(t, srv.Client(t), r, "observer", opts...)
 	rep, err := observer.recoverNow(ctx)
 	for _, f := range frozen {
 		f.thaw()
 	}
+	// D's resets fail until A and B have each finished a scan begun after
+	// the thaw: a recovery of D they judged on the server before the
+	// restart (D was dead then: a sound verdict) may reach its reset after
+	// it on a loaded machine. What must not happen is a verdict from the
+	// restarted server within its first TTL.
+	for _, w := range fleet {
+		signals(w).scan.WaitTurn(t)
+	}
+	r.setFail("D", nil)
 	require.NoError(t, err)
 	assert.Empty(t, rep.Dead, "no verdict from a server up for less than a heartbeat TTL")
 	assert.Equal(t, 1, logs.Count("the Redis server restarted or was promoted less than a heartbeat TTL ago"))
