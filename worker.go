@@ -488,8 +488,9 @@ func (w *Worker) ownKeys() store.Keys { return w.store.Keys(w.opts.instanceID) }
 // timeout, and a later call with a fresh context finishes the clean-up.
 // The clean-up is one round trip bounded by the operation timeout too (an
 // Untrack running at the same moment waits for it, as it waits for a
-// heartbeat); if it fails, Shutdown returns the error and a later call
-// tries again.
+// heartbeat); one Redis did not answer in time is sent again, up to three
+// times while ctx lasts (it is idempotent). If it fails, Shutdown returns
+// the error and a later call tries again.
 //
 // A Worker whose instance ID another process took over (CheckLease
 // reports ErrInstanceIDInUse) leaves every key to that process.
@@ -560,9 +561,20 @@ func leave(ctx context.Context, w *Worker) (int, error) {
 	tracked, unremoved, _ := w.rows.snapshot()
 	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
 	d.Tracked, d.Unremoved = w.tracker.beatRows(tracked, unremoved)
-	opCtx, cancel := w.opts.opContext(ctx)
-	res, err := w.store.Leave(opCtx, w.opts.instanceID, d)
-	cancel()
+	// Leave is idempotent (the heartbeat is deleted only while it holds
+	// this life's value): a command Redis did not answer within the
+	// operation timeout is sent again while the caller's ctx lasts, up to
+	// three times, rather than failing a Shutdown the host gave seconds.
+	var res store.LeaveResult
+	var err error
+	for try := 0; try < 3; try++ {
+		opCtx, cancel := w.opts.opContext(ctx)
+		res, err = w.store.Leave(opCtx, w.opts.instanceID, d)
+		cancel()
+		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
+			break
+		}
+	}
 	w.rows.assert.Unlock()
 	if res.Deregistered {
 		w.judge.noteRegistry(res.RegistryErr)
