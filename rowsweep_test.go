@@ -77,13 +77,15 @@ func backstopWorld(t *testing.T, n int) (*redis.Client, *pgxpool.Pool, string, *
 // machine: the tests that use these timings run in parallel.
 func rowsSweepTimings(extra ...Option) []Option {
 	// A 600 ms TTL, Redis given 150 ms a command: tighter, and a loaded
-	// machine loses the live workers' leases mid-test.
+	// machine loses the live workers' leases mid-test. Rows TTL 1.5 s: a
+	// look finds a row committed untracked when it comes within rows TTL
+	// - TTL (900 ms) of the look before.
 	return append([]Option{WithTimings(Timings{
 		HeartbeatTTL:      600 * time.Millisecond,
 		HeartbeatInterval: 150 * time.Millisecond,
 		OperationTimeout:  150 * time.Millisecond,
 		RecoveryInterval:  100 * time.Millisecond,
-		RowsTTL:           time.Second,
+		RowsTTL:           1500 * time.Millisecond,
 	})}, extra...)
 }
 

@@ -96,7 +96,7 @@ func TestUntrackedRowsNoteForAWorkerOfAnEarlierReleaseExpires(t *testing.T) {
 	ttl, err := rdb.PTTL(ctx, store.UntrackedKey(prefix)).Result()
 	require.NoError(t, err)
 	assert.Greater(t, ttl, time.Duration(0))
-	assert.LessOrEqual(t, ttl, time.Second, "the note lives a rows TTL")
+	assert.LessOrEqual(t, ttl, w.opts.rowsTTL, "the note lives a rows TTL")
 	require.Eventually(t, func() bool {
 		n, err := rdb.Exists(ctx, store.UntrackedKey(prefix)).Result()
 		return err == nil && n == 0
