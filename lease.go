@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"log/slog"
 	"slices"
@@ -216,15 +217,21 @@ func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
 // that the rows this worker tracks would not be recovered should it crash
 // (statuses or owner column misconfigured), and with an error wrapping
 // ErrUntrackedRows for a rows TTL after this worker was found to track
-// rows after their COMMIT, or not at all (see ErrUntrackedRows).
+// rows after their COMMIT, or not at all (see ErrUntrackedRows). When
+// several hold at once it returns them joined (errors.Join), lease first,
+// so that errors.Is finds each: a lease lost during an outage does not
+// hide a misconfiguration. A single reason is returned as it is.
 func (w *Worker) Healthy() error {
-	if err := w.CheckLease(); err != nil {
-		return err
+	var errs []error
+	for _, err := range []error{w.CheckLease(), w.checker.alarmErr(), w.untracked.err()} {
+		if err != nil {
+			errs = append(errs, err)
+		}
 	}
-	if err := w.checker.alarmErr(); err != nil {
-		return err
+	if len(errs) == 1 {
+		return errs[0]
 	}
-	return w.untracked.err()
+	return errors.Join(errs...) // nil when none
 }
 
 // noteBareOwners notes that this worker's rows carry its bare instance ID

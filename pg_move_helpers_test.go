@@ -8,8 +8,7 @@ import (
 )
 
 // resetRows resets rowIDs of deadInstanceID through r's Reset, and returns
-// how many rows it changed: what the removed Resetter.ResetRows did
-// (scripts/v2rename/pg.sh rewrites resetRows(r, ctx, id, ids) to it).
+// how many rows it changed: what the removed Resetter.ResetRows did.
 func resetRows(r Resetter, ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
 	res, err := r.Reset(ctx, ResetRequest{InstanceID: deadInstanceID, RowIDs: rowIDs})
 	return res.Changed, err

@@ -42,10 +42,14 @@ func TestEveryOwnerColumnTypeTheSchemaCheckAcceptsIsSwept(t *testing.T) {
 			require.NoError(t, err)
 			r := fencedResetter(t, db)
 			prefix := testutil.Name("O")
+			// Five subtests, each with a Redis of its own, run at once:
+			// Redis gets 200 ms per command (a 50 ms default here failed
+			// Start on a loaded machine).
 			opts := []Option{WithKeyPrefix(prefix), WithTimings(Timings{
-				HeartbeatTTL:      500 * time.Millisecond,
-				HeartbeatInterval: 100 * time.Millisecond,
+				HeartbeatTTL:      time.Second,
+				HeartbeatInterval: 200 * time.Millisecond,
 				RecoveryInterval:  200 * time.Millisecond,
+				OperationTimeout:  200 * time.Millisecond,
 			})}
 
 			a, _ := newWorker(t, rdb, r, "worker-a", opts...)

@@ -50,27 +50,82 @@ type Resetter interface {
 	RowStates(ctx context.Context, ids []int64) ([]RowState, error)
 }
 
-// ResetterInfo says what a Resetter guarantees and how its rows read: its
-// fields are documented on internal/contract.ResetterInfo. Info fills the
-// guarantees; Check also fills what it read from the server (Serves,
-// Server, OwnerWidth, IdleInTxTimeout) and its handle's pool (PoolSize,
-// PoolInUse).
+// ResetterInfo says what a Resetter guarantees and how its rows read.
+// Info fills the guarantees; Check also fills what it read from the
+// server and its handle's pool. Its fields (each documented in full by
+// `go doc github.com/alya/recovery/internal/contract.ResetterInfo`):
+//
+//   - Name string: the resetter in messages, as "pgxreset.Resetter".
+//   - OwnerFencing bool: a row is reset only while the instance named
+//     still owns it (owner mode needs it).
+//   - Ledger bool: resets are recorded per (InstanceID, Incarnation) and
+//     never repeated for the same pair.
+//   - DryRun bool: Reset honours ResetRequest.DryRun.
+//   - ListsInProgress bool: InProgressOwners or InProgressRows work (the
+//     backstop sweep needs them).
+//   - InProgressStatus, QueuedStatus string: the statuses as
+//     RowState.Status reads them.
+//
+// Filled by Check only:
+//
+//   - Serves string: the table served, as "schema.table on database db".
+//   - Server string: the database server ("system_identifier=<n>").
+//   - OwnerWidth int: the owner column's width in characters (0: text or
+//     none).
+//   - IdleInTxTimeout, StatementTimeout, LockTimeout time.Duration: the
+//     session's timeouts (0: off).
+//   - PoolSize, PoolInUse int: the handle's connection limit (0: none)
+//     and the connections in use when Check began.
 type ResetterInfo = contract.ResetterInfo
 
-// ResetRequest asks a Resetter to return rows to the queue: RowIDs of one
-// instance (and incarnation), every row in progress of an Owner, or rows
-// at given Versions; DryRun asks what would change. Its fields are
-// documented on internal/contract.ResetRequest.
+// ResetRequest asks a Resetter to return rows to the queue. Exactly one
+// of RowIDs, Owner and Versions says which rows. Its fields (each
+// documented in full by
+// `go doc github.com/alya/recovery/internal/contract.ResetRequest`):
+//
+//   - InstanceID string: the instance the rows belong to (a dead peer, or
+//     the worker itself for Release).
+//   - Incarnation string: the life of that instance's rows set; "" when
+//     unknown.
+//   - RowIDs []int64: the rows to reset (rows-set recovery, Release).
+//   - FromRowsSet bool: RowIDs were read from a dead instance's rows set
+//     under a recovery claim (not a Release).
+//   - Owner string: every row in progress owned by Owner (owner mode, the
+//     sweep by owner); needs OwnerFencing.
+//   - Versions []RowState: the rows still in progress at these versions
+//     (the sweep without an owner column).
+//   - DryRun bool: change nothing; fill ResetResult.ChangedIDs.
+//
+// A wrapper that overrides Reset for one kind of request must look at
+// which field is set, and at DryRun: Reset serves all of them.
 type ResetRequest = contract.ResetRequest
 
-// ResetResult says what a reset changed (Changed, Quarantined), what it
-// could not settle (NotReset), or what a dry run would change
-// (ChangedIDs). Its fields are documented on internal/contract.ResetResult.
+// ResetResult says what a reset changed, or would change (DryRun). Its
+// fields (each documented in full by
+// `go doc github.com/alya/recovery/internal/contract.ResetResult`):
+//
+//   - Changed int64: rows queued again or quarantined.
+//   - ChangedIDs []int64: the rows changed (a dry run's rows that would
+//     be); recovery records them in the fleet's history.
+//   - Quarantined []int64: rows that reached their recovery limit and
+//     took the terminal status.
+//   - NotReset []RowState: rows neither reset nor shown settled
+//     (RowState.Locked, RowState.Refused say why when known); recovery
+//     tries them again.
+//   - Gone []int64: rows asked for that no longer exist.
 type ResetResult = contract.ResetResult
 
-// RowState is a row as a Resetter found it: ID, Status, Owner, Version and
-// whether another session held it Locked. Its fields are documented on
-// internal/contract.RowState.
+// RowState is a row as a Resetter found it. Its fields (each documented
+// in full by `go doc github.com/alya/recovery/internal/contract.RowState`):
+//
+//   - ID int64: the row's ID.
+//   - Status string: its status, as text.
+//   - Owner string: its owner, when the resetter knows owners.
+//   - Version string: changes whenever the row is written (PostgreSQL:
+//     xmin).
+//   - Locked bool: another session held the row locked; a reset left it.
+//   - Refused bool: the database would not change it (a BEFORE UPDATE
+//     trigger returned NULL).
 type RowState = contract.RowState
 
 // releaseSafeAfterLoss reports whether Release can give rows back after

@@ -19,7 +19,7 @@ import (
 	"github.com/alya/recovery/postgres"
 )
 
-// metered is a host's plain decorator (docs/plans/v2.md §2c): it embeds
+// metered is a host's plain decorator (docs/migrating.md): it embeds
 // the Resetter it wraps, so it forwards all six methods, and overrides
 // Reset only, to count the resets.
 type metered struct {

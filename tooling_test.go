@@ -74,8 +74,8 @@ func TestEachTargetInstallsOnlyWhatItNeeds(t *testing.T) {
 	}
 }
 
-// The PostgreSQL packages keep to their side of the import graph (plan
-// docs/plans/v2.md §1): a database/sql user and recoveryctl's ops link no
+// The PostgreSQL packages keep to their side of the import graph: a
+// database/sql user and recoveryctl's ops link no
 // pgx (go list -deps ./postgres/sqlreset ./ops holds no github.com/jackc/),
 // and nothing under ./postgres/... or internal/pgcore imports the root, so
 // the root's own tests can import pgxreset and sqlreset.

@@ -7,11 +7,11 @@ import (
 	"sort"
 )
 
-// The Worker keeps lifecycle and wiring (issue 23, docs/plans/v2.md §4c):
+// The Worker keeps lifecycle and wiring (issue 23):
 // at most workerFieldLimit fields and workerMethodLimit methods, and no
 // other type of the root holds a *Worker (TestWorkerIsLifecycleAndWiring).
 // rootLimit is the most exported identifiers the root package may have
-// (docs/plans/v2.md §1a: 79 after v2; then the block handle, Block with
+// (79 after v2; then the block handle, Block with
 // Worker.Begin, its six methods and ErrBlockClosed, and ErrRowsRefused,
 // each asked for by users' reports). A name added to the root has to
 // replace one.

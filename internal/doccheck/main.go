@@ -150,8 +150,6 @@ func check(root string) ([]problem, error) {
 			}
 		case strings.HasPrefix(rel, "docs/plans/"):
 			// Plans of work not built yet name the tests it will add.
-		case strings.HasPrefix(rel, "scripts/v2rename/"):
-			// The v2 rename scripts name what they rename away.
 		case strings.HasSuffix(name, ".md"), name == "Makefile", strings.HasSuffix(name, ".sh"),
 			strings.HasPrefix(rel, ".ci/"):
 			b, err := os.ReadFile(path)

@@ -23,8 +23,9 @@ const (
 	// with one.
 	StrangerNoTTL = "no TTL"
 	// StrangerNotWorker: a value no live worker writes: for the scan turn,
-	// not an instance ID, or one whose heartbeat is absent; for the sweep
-	// turn, not a worker's token.
+	// not an instance ID, or one neither registered nor heartbeating (a
+	// registered one without a heartbeat is a dead worker's turn, taken
+	// over as an expired one); for the sweep turn, not a worker's token.
 	StrangerNotWorker = "not a live worker"
 )
 
@@ -86,22 +87,32 @@ func parseTake(key string, reply any, err error) (TurnTake, string, error) {
 
 // isWorker reports whether a turn's holder is a live worker's value:
 // for the scan turn an instance ID whose heartbeat exists, for the sweep
-// turn a worker's token.
-func (s *Redis) isWorker(ctx context.Context, scan bool, holder string) (bool, error) {
+// turn a worker's token. dead reports a scan turn held by a registered
+// instance whose heartbeat is absent: a worker that died, or lost its
+// lease, while it held the turn. Its turn is taken over as an expired one
+// would be, and is no stranger's.
+func (s *Redis) isWorker(ctx context.Context, scan bool, holder string) (live, dead bool, err error) {
 	if len(holder) >= turnValueClip {
-		return false, nil
+		return false, false, nil
 	}
 	if !scan {
-		return IsSweepToken(holder), nil
+		return IsSweepToken(holder), false, nil
 	}
 	if ValidateName(holder) != nil {
-		return false, nil
+		return false, false, nil
 	}
 	n, err := s.rdb.Exists(ctx, s.Keys(holder).Heartbeat).Result()
 	if err != nil {
-		return false, fmt.Errorf("read the heartbeat of the scan turn's holder: %w", err)
+		return false, false, fmt.Errorf("read the heartbeat of the scan turn's holder: %w", err)
 	}
-	return n == 1, nil
+	if n == 1 {
+		return true, false, nil
+	}
+	registered, err := s.rdb.SIsMember(ctx, s.registry, holder).Result()
+	if err != nil {
+		return false, false, fmt.Errorf("read the registration of the scan turn's holder: %w", err)
+	}
+	return false, registered, nil
 }
 
 // takeTurn runs takeTurnScript on key; first is its reply when the
@@ -116,12 +127,15 @@ func (s *Redis) takeTurn(ctx context.Context, key string, scan bool, holder stri
 	if err != nil || t.Held || other == "" {
 		return t, err
 	}
-	live, err := s.isWorker(ctx, scan, other)
+	live, dead, err := s.isWorker(ctx, scan, other)
 	if err != nil || live {
 		return TurnTake{}, err
 	}
 	again := takeTurnScript.Run(ctx, s.rdb, []string{key}, holder, ttl.Milliseconds(), other)
 	t, _, err = parseTake(key, again.Val(), again.Err())
+	if dead && t.Stranger == StrangerNotWorker {
+		t.Stranger, t.Was = "", "" // a dead worker's turn, taken over
+	}
 	return t, err
 }
 
@@ -159,13 +173,13 @@ func (s *Redis) Turns(ctx context.Context) (scan, sweep Turn, err error) {
 				return Turn{}, Turn{}, fmt.Errorf("read the scan and sweep turns: %w", get.Err())
 			}
 			t.Holder = get.Val()
-			live, err := s.isWorker(ctx, i == 0, t.Holder)
+			live, dead, err := s.isWorker(ctx, i == 0, t.Holder)
 			switch {
 			case err != nil:
 				return Turn{}, Turn{}, fmt.Errorf("read the scan and sweep turns: %w", err)
 			case t.TTL < 0:
 				t.Stranger = StrangerNoTTL
-			case !live:
+			case !live && !dead:
 				t.Stranger = StrangerNotWorker
 			}
 		default:

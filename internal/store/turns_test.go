@@ -75,7 +75,9 @@ func TestTurnsAreTakenFromStrangers(t *testing.T) {
 
 // TestTurnsOfLiveWorkersAreNotTaken: a scan turn held by an instance
 // whose heartbeat exists, or a sweep turn held by a worker's token, is not
-// taken over; once the scan turn's holder has no heartbeat, it is.
+// taken over; once the scan turn's holder has no heartbeat, it is: as a
+// stranger's when the holder is not registered either, silently when it
+// is (a dead worker's).
 func TestTurnsOfLiveWorkersAreNotTaken(t *testing.T) {
 	rdb := testutil.Redis(t)
 	ctx := context.Background()
@@ -99,7 +101,21 @@ func TestTurnsOfLiveWorkersAreNotTaken(t *testing.T) {
 	require.NoError(t, rdb.Del(ctx, s.Keys("w-live").Heartbeat).Err())
 	got, _, err = s.TakeScanTurn(ctx, "w-me", time.Minute)
 	require.NoError(t, err)
-	assert.Equal(t, TurnTake{Held: true, Stranger: StrangerNotWorker, Was: "w-live"}, got)
+	assert.Equal(t, TurnTake{Held: true, Stranger: StrangerNotWorker, Was: "w-live"}, got, "neither heartbeating nor registered: a stranger")
+
+	// A registered worker whose heartbeat is gone (killed, or its lease
+	// lost, while it held the turn) is a dead worker, not a stranger: its
+	// turn is taken over without an alarm.
+	require.NoError(t, rdb.SAdd(ctx, s.Registry(), "w-dead").Err())
+	require.NoError(t, rdb.Set(ctx, ScanTurnKey(s.prefix), "w-dead", time.Minute).Err())
+	scanTurn, _, err = s.Turns(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, "w-dead", scanTurn.Holder)
+	assert.Empty(t, scanTurn.Stranger, "a dead worker's turn")
+	got, _, err = s.TakeScanTurn(ctx, "w-me", time.Minute)
+	require.NoError(t, err)
+	assert.Equal(t, TurnTake{Held: true}, got, "taken over from a dead worker, no stranger")
+	assert.Equal(t, "w-me", rdb.Get(ctx, ScanTurnKey(s.prefix)).Val())
 }
 
 // TestOldAndNewTurnScriptsShareATurn: in a rolling upgrade, a worker

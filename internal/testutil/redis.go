@@ -2,6 +2,7 @@ package testutil
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -108,18 +109,46 @@ func StartRedis(t testing.TB, extra ...string) *RedisServer {
 		cluster = cluster || a == "--cluster-enabled"
 	}
 	s := &RedisServer{bin: bin, dir: t.TempDir(), t: t}
-	s.Port = FreePort(t, cluster)
-	s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
-	s.args = append([]string{
-		"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
-		"--save", "", "--appendonly", "no", "--dir", s.dir,
-		"--daemonize", "no", "--loglevel", "warning", "--protected-mode", "no",
-	}, extra...)
-	if err := s.start(); err != nil {
-		t.Fatalf("start redis-server: %v", err)
+	// A free port may be taken by another test's server before ours binds
+	// it; ours then exits and the other answers: pick another port.
+	for try := 0; ; try++ {
+		s.Port = FreePort(t, cluster)
+		s.Addr = "127.0.0.1:" + strconv.Itoa(s.Port)
+		s.args = append([]string{
+			"--port", strconv.Itoa(s.Port), "--bind", "127.0.0.1",
+			"--save", "", "--appendonly", "no", "--dir", s.dir,
+			"--daemonize", "no", "--loglevel", "warning", "--protected-mode", "no",
+		}, extra...)
+		err := s.start()
+		if err == nil {
+			break
+		}
+		if !errors.Is(err, errNotOurs) || try == 4 {
+			t.Fatalf("start redis-server: %v", err)
+		}
 	}
 	t.Cleanup(s.Kill)
 	return s
+}
+
+// errNotOurs: the server answering on the port is another process.
+var errNotOurs = errors.New("another redis-server answers on the port")
+
+// ours checks that the server c reaches is s's process (INFO server's
+// process_id). A server that does not answer INFO is taken to be ours.
+func (s *RedisServer) ours(c *redis.Client) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	info, err := c.Info(ctx, "server").Result()
+	if err != nil {
+		return nil
+	}
+	for _, l := range strings.Split(info, "\n") {
+		if v, ok := strings.CutPrefix(strings.TrimSpace(l), "process_id:"); ok && v != strconv.Itoa(s.cmd.Process.Pid) {
+			return fmt.Errorf("%w: %s answers as process %s, ours is %d", errNotOurs, s.Addr, v, s.cmd.Process.Pid)
+		}
+	}
+	return nil
 }
 
 func (s *RedisServer) start() error {
@@ -137,14 +166,25 @@ func (s *RedisServer) start() error {
 	}
 	out.Close()
 	s.cmd = cmd
-	c := redis.NewClient(&redis.Options{Addr: s.Addr, MaxRetries: -1})
+	pw := ""
+	if i := slices.Index(s.args, "--requirepass"); i >= 0 && i+1 < len(s.args) {
+		pw = s.args[i+1]
+	}
+	c := redis.NewClient(&redis.Options{Addr: s.Addr, Password: pw, MaxRetries: -1})
 	defer c.Close()
 	deadline := time.Now().Add(10 * time.Second)
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
 		err := c.Ping(ctx).Err()
 		cancel()
-		if err == nil || strings.HasPrefix(err.Error(), "NOAUTH") { // answers: --requirepass
+		if err == nil {
+			if err := s.ours(c); err != nil {
+				s.Kill()
+				return err
+			}
+			return nil
+		}
+		if strings.HasPrefix(err.Error(), "NOAUTH") || strings.HasPrefix(err.Error(), "WRONGPASS") { // answers: an ACL of its own
 			return nil
 		}
 		if time.Now().After(deadline) {
