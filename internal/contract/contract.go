@@ -62,7 +62,7 @@ type RowsReset struct {
 // sweep by owner, a Worker's own predecessor at Start.
 type OwnerReset struct {
 	// Owner is the owner column's value: an instance ID, or a per-life
-	// owner value (<id>{<life>}).
+	// owner value (<id>{<life>}). It is never empty.
 	Owner string
 }
 
@@ -73,9 +73,9 @@ type OwnerReset struct {
 // session held locked may be listed in NotReset (Locked). Resetting the
 // same versions again changes nothing.
 type VersionsReset struct {
-	// Versions are the rows to reset, each with the version
-	// (RowState.Version) it must still have; their other fields are not
-	// read.
+	// Versions are the rows to reset, by ID, each with the version
+	// (RowState.Version) it must still have, as InProgressRows returned
+	// them.
 	Versions []RowState
 }
 

@@ -84,9 +84,22 @@ func (r *Resetter) ResetRows(ctx context.Context, req RowsReset) (ResetResult, e
 // ResetOwner returns every row still in progress and owned by req.Owner
 // to the queue (or quarantine) (resetOwnerRows; it needs
 // WithOwnerColumn). It lists the rows it changed in ChangedIDs
-// (ascending). It implements Resetter.
+// (ascending). An empty Owner is refused with an error wrapping
+// ErrInvalidConfig. It implements Resetter.
 func (r *Resetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error) {
+	if err := needOwner(req); err != nil {
+		return ResetResult{}, err
+	}
 	return r.resetOwnerRows(ctx, req.Owner)
+}
+
+// needOwner refuses a reset by owner that names none: it would reset the
+// rows whose owner is the empty string, which no worker writes.
+func needOwner(req OwnerReset) error {
+	if req.Owner == "" {
+		return fmt.Errorf("%w: a reset by owner names the owner; this one is empty", ErrInvalidConfig)
+	}
+	return nil
 }
 
 // ResetVersions returns the rows still in progress at the versions
@@ -100,14 +113,18 @@ func (r *Resetter) ResetVersions(ctx context.Context, req VersionsReset) (ResetR
 // PlanReset runs the statements of the reset plan names in a transaction
 // it always rolls back (planReset, planOwnerReset, planVersions) and
 // returns what they changed: the rows in ChangedIDs (ascending) and their
-// count in Changed. A plan naming none or several resets is refused with
-// an error wrapping ErrInvalidConfig. It implements Resetter.
+// count in Changed. A plan naming none or several resets, or a reset by
+// an empty owner, is refused with an error wrapping ErrInvalidConfig. It
+// implements Resetter.
 func (r *Resetter) PlanReset(ctx context.Context, plan ResetPlan) (ResetResult, error) {
 	if err := contract.CheckPlan(plan); err != nil {
 		return ResetResult{}, err
 	}
 	switch {
 	case plan.Owner != nil:
+		if err := needOwner(*plan.Owner); err != nil {
+			return ResetResult{}, err
+		}
 		p, err := r.planOwnerReset(ctx, plan.Owner.Owner)
 		return p.result(), err
 	case plan.Versions != nil:

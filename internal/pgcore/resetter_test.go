@@ -430,7 +430,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 			assert.Zero(t, again.Changed, "the same versions again change nothing")
 			setStatus(t, db, "queued", 2)
 		})
-		t.Run("a plan of none or several resets", func(t *testing.T) {
+		t.Run("a plan of none or several resets, a reset by no owner", func(t *testing.T) {
 			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 			rows := &contract.RowsReset{InstanceID: "A", RowIDs: []int64{1}}
 			owner := &contract.OwnerReset{Owner: "A"}
@@ -446,6 +446,10 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 				_, err := r.PlanReset(ctx, plan)
 				require.ErrorIs(t, err, contract.ErrInvalidConfig, "%+v", plan)
 			}
+			_, err := r.PlanReset(ctx, contract.ResetPlan{Owner: &contract.OwnerReset{}})
+			require.ErrorIs(t, err, contract.ErrInvalidConfig, "a plan by no owner")
+			_, err = r.ResetOwner(ctx, contract.OwnerReset{})
+			require.ErrorIs(t, err, contract.ErrInvalidConfig, "a reset by no owner")
 			assert.Equal(t, before, statuses(t, db), "nothing changed")
 		})
 	})
