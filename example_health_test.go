@@ -38,7 +38,7 @@ func (noopResetter) ResetVersions(context.Context, recovery.VersionsReset) (reco
 	return recovery.ResetResult{}, nil
 }
 
-func (noopResetter) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (noopResetter) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 

@@ -67,7 +67,7 @@ func (q *queue) ResetVersions(context.Context, recovery.VersionsReset) (recovery
 	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 
-func (q *queue) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (q *queue) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 

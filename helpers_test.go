@@ -164,7 +164,7 @@ func (f *fakeResetter) ResetVersions(context.Context, VersionsReset) (ResetResul
 }
 
 // PlanReset is not supported.
-func (f *fakeResetter) PlanReset(context.Context, ResetPlan) (ResetResult, error) {
+func (f *fakeResetter) PlanReset(context.Context, PlanRequest) (ResetResult, error) {
 	return ResetResult{}, fmt.Errorf("fakeResetter plans nothing: %w", errors.ErrUnsupported)
 }
 

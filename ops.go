@@ -345,7 +345,7 @@ func (p *peerRecoverer) plan(ctx context.Context, plan *report.RecoveryPlan, dea
 				}
 				for _, v := range values {
 					resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
-					op, err := p.resetter.PlanReset(resetCtx, ResetPlan{Owner: &OwnerReset{Owner: v}})
+					op, err := p.resetter.PlanReset(resetCtx, PlanRequest{Owner: &OwnerReset{Owner: v}})
 					cancel()
 					if err != nil {
 						return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
@@ -383,7 +383,7 @@ func (p *peerRecoverer) planPeer(ctx context.Context, pp *report.PeerPlan, st pe
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
-	rp, err := p.resetter.PlanReset(resetCtx, ResetPlan{Rows: &RowsReset{InstanceID: st.InstanceID,
+	rp, err := p.resetter.PlanReset(resetCtx, PlanRequest{Rows: &RowsReset{InstanceID: st.InstanceID,
 		Incarnation: pp.Tracked.Incarnation, RowIDs: pp.Tracked.RowIDs, FromRowsSet: true}})
 	cancel()
 	if err != nil {

@@ -48,7 +48,7 @@ type Resetter interface {
 	// with ResetterInfo.DryRun is asked; another may return an error. A
 	// plan with none or several of its fields set must be refused with an
 	// error wrapping ErrInvalidConfig.
-	PlanReset(ctx context.Context, plan ResetPlan) (ResetResult, error)
+	PlanReset(ctx context.Context, plan PlanRequest) (ResetResult, error)
 	// InProgressOwners returns the distinct owners of rows in progress
 	// (with ResetterInfo.OwnerFencing and ListsInProgress).
 	InProgressOwners(ctx context.Context) ([]string, error)
@@ -125,14 +125,14 @@ type OwnerReset = contract.OwnerReset
 //     must still have (the sweep without an owner column).
 type VersionsReset = contract.VersionsReset
 
-// ResetPlan asks PlanReset what one reset would change, changing nothing.
+// PlanRequest asks PlanReset what one reset would change, changing nothing.
 // Exactly one of its fields is set. Its fields (each documented in full
-// by `go doc github.com/alya/recovery/internal/contract.ResetPlan`):
+// by `go doc github.com/alya/recovery/internal/contract.PlanRequest`):
 //
 //   - Rows *RowsReset: plan a ResetRows.
 //   - Owner *OwnerReset: plan a ResetOwner.
 //   - Versions *VersionsReset: plan a ResetVersions.
-type ResetPlan = contract.ResetPlan
+type PlanRequest = contract.PlanRequest
 
 // ResetResult says what a reset changed, or what a plan would change. Its
 // fields (each documented in full by

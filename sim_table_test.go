@@ -177,7 +177,7 @@ func (r *simResetter) Check(ctx context.Context, _ bool) (ResetterInfo, error) {
 }
 
 // PlanReset is not supported: the simulated resetter has no dry run.
-func (r *simResetter) PlanReset(context.Context, ResetPlan) (ResetResult, error) {
+func (r *simResetter) PlanReset(context.Context, PlanRequest) (ResetResult, error) {
 	return ResetResult{}, fmt.Errorf("simResetter has no dry run: %w", errors.ErrUnsupported)
 }
 

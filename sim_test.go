@@ -726,7 +726,7 @@ func (simForeignResetter) ResetVersions(context.Context, VersionsReset) (ResetRe
 	return ResetResult{}, nil
 }
 
-func (simForeignResetter) PlanReset(context.Context, ResetPlan) (ResetResult, error) {
+func (simForeignResetter) PlanReset(context.Context, PlanRequest) (ResetResult, error) {
 	return ResetResult{}, errors.ErrUnsupported
 }
 

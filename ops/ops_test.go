@@ -274,7 +274,7 @@ func (failing) ResetVersions(context.Context, recovery.VersionsReset) (recovery.
 	return recovery.ResetResult{}, nil
 }
 
-func (failing) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (failing) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 

@@ -171,7 +171,7 @@ func (noReset) ResetVersions(context.Context, recovery.VersionsReset) (recovery.
 	return recovery.ResetResult{}, nil
 }
 
-func (noReset) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (noReset) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 

@@ -46,7 +46,7 @@ func (picky) ResetVersions(context.Context, recovery.VersionsReset) (recovery.Re
 	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 
-func (picky) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (picky) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 

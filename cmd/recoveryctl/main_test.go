@@ -112,7 +112,7 @@ func (r *refuser) ResetVersions(context.Context, recovery.VersionsReset) (recove
 	return recovery.ResetResult{}, errRefused
 }
 
-func (r *refuser) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (r *refuser) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	r.calls.Add(1)
 	return recovery.ResetResult{}, errRefused
 }

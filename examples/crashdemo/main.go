@@ -155,7 +155,7 @@ func (noResetter) ResetVersions(context.Context, recovery.VersionsReset) (recove
 	return recovery.ResetResult{}, nil
 }
 
-func (noResetter) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (noResetter) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 

@@ -16,7 +16,7 @@ import (
 // each asked for by users' reports: 90; then the resetter's four
 // operations, +6: Resetter.Reset and ResetRequest replaced by
 // Resetter.ResetRows, ResetOwner, ResetVersions and PlanReset and the
-// types RowsReset, OwnerReset, VersionsReset and ResetPlan). A name added
+// types RowsReset, OwnerReset, VersionsReset and PlanRequest). A name added
 // to the root has to replace one.
 const rootLimit = 96
 

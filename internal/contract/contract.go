@@ -79,13 +79,13 @@ type VersionsReset struct {
 	Versions []RowState
 }
 
-// ResetPlan asks a resetter what one reset would change, changing
+// PlanRequest asks a resetter what one reset would change, changing
 // nothing (ResetterInfo.DryRun): it runs the very statements of the reset
 // in a transaction it always rolls back and fills ResetResult's ChangedIDs
 // with the rows the reset would change. Exactly one of its fields is set;
 // a plan with none or several is refused with an error wrapping
 // ErrInvalidConfig.
-type ResetPlan struct {
+type PlanRequest struct {
 	// Rows plans a reset of rows by ID (RowsReset).
 	Rows *RowsReset
 	// Owner plans a reset by owner (OwnerReset).
@@ -96,7 +96,7 @@ type ResetPlan struct {
 
 // CheckPlan returns nil when exactly one of p's fields is set, and an
 // error wrapping ErrInvalidConfig otherwise.
-func CheckPlan(p ResetPlan) error {
+func CheckPlan(p PlanRequest) error {
 	n := 0
 	for _, set := range []bool{p.Rows != nil, p.Owner != nil, p.Versions != nil} {
 		if set {
@@ -110,7 +110,7 @@ func CheckPlan(p ResetPlan) error {
 }
 
 // ResetResult says what a reset changed, or what a plan
-// (ResetPlan) would change.
+// (PlanRequest) would change.
 type ResetResult struct {
 	// Changed is how many rows changed: queued again or quarantined.
 	Changed int64

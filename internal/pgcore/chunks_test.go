@@ -83,7 +83,7 @@ func TestResetByOwnerOfABlockLongerThanTheResetTimeoutComesBackChunkByChunk(t *t
 	// One transaction does not fit: the dry run runs the reset's
 	// statements in one.
 	planCtx, cancel := context.WithTimeout(ctx, timeout)
-	_, err = r.PlanReset(planCtx, contract.ResetPlan{Owner: &contract.OwnerReset{Owner: "A"}})
+	_, err = r.PlanReset(planCtx, contract.PlanRequest{Owner: &contract.OwnerReset{Owner: "A"}})
 	cancel()
 	require.Error(t, err, "the block fits one transaction: the test proves nothing")
 

@@ -11,8 +11,8 @@ type (
 	OwnerReset = contract.OwnerReset
 	// VersionsReset is contract.VersionsReset.
 	VersionsReset = contract.VersionsReset
-	// ResetPlan is contract.ResetPlan.
-	ResetPlan = contract.ResetPlan
+	// PlanRequest is contract.PlanRequest.
+	PlanRequest = contract.PlanRequest
 	// ResetResult is contract.ResetResult.
 	ResetResult = contract.ResetResult
 	// RowState is contract.RowState.

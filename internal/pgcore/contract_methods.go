@@ -116,7 +116,7 @@ func (r *Resetter) ResetVersions(ctx context.Context, req VersionsReset) (ResetR
 // count in Changed. A plan naming none or several resets, or a reset by
 // an empty owner, is refused with an error wrapping ErrInvalidConfig. It
 // implements Resetter.
-func (r *Resetter) PlanReset(ctx context.Context, plan ResetPlan) (ResetResult, error) {
+func (r *Resetter) PlanReset(ctx context.Context, plan PlanRequest) (ResetResult, error) {
 	if err := contract.CheckPlan(plan); err != nil {
 		return ResetResult{}, err
 	}

@@ -327,7 +327,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 		before := state()
 		req := contract.RowsReset{InstanceID: "dead-1", Incarnation: "inc-1", RowIDs: []int64{6, 5, 4, 3, 2, 1, 1, 99}}
 
-		dry := contract.ResetPlan{Rows: &req}
+		dry := contract.PlanRequest{Rows: &req}
 		plan, err := r.PlanReset(ctx, dry)
 		require.NoError(t, err)
 		assert.Equal(t, []int64{1, 2, 3, 4}, plan.ChangedIDs, "rows in progress, not the finished row 5 nor the missing 99")
@@ -436,7 +436,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 			owner := &contract.OwnerReset{Owner: "A"}
 			versions := &contract.VersionsReset{Versions: []contract.RowState{{ID: 1, Version: "1"}}}
 			before := statuses(t, db)
-			for _, plan := range []contract.ResetPlan{
+			for _, plan := range []contract.PlanRequest{
 				{},
 				{Rows: rows, Owner: owner},
 				{Owner: owner, Versions: versions},
@@ -446,7 +446,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 				_, err := r.PlanReset(ctx, plan)
 				require.ErrorIs(t, err, contract.ErrInvalidConfig, "%+v", plan)
 			}
-			_, err := r.PlanReset(ctx, contract.ResetPlan{Owner: &contract.OwnerReset{}})
+			_, err := r.PlanReset(ctx, contract.PlanRequest{Owner: &contract.OwnerReset{}})
 			require.ErrorIs(t, err, contract.ErrInvalidConfig, "a plan by no owner")
 			_, err = r.ResetOwner(ctx, contract.OwnerReset{})
 			require.ErrorIs(t, err, contract.ErrInvalidConfig, "a reset by no owner")
@@ -465,11 +465,11 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		before := rowVersions(t, db)
 		fenced := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 
-		res, err := fenced.PlanReset(ctx, contract.ResetPlan{Rows: &contract.RowsReset{InstanceID: "A", RowIDs: []int64{4, 2, 3}}})
+		res, err := fenced.PlanReset(ctx, contract.PlanRequest{Rows: &contract.RowsReset{InstanceID: "A", RowIDs: []int64{4, 2, 3}}})
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 2, ChangedIDs: []int64{2, 4}}, res)
 
-		res, err = fenced.PlanReset(ctx, contract.ResetPlan{Owner: &contract.OwnerReset{Owner: "B"}})
+		res, err = fenced.PlanReset(ctx, contract.PlanRequest{Owner: &contract.OwnerReset{Owner: "B"}})
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 1, ChangedIDs: []int64{5}}, res)
 
@@ -477,7 +477,7 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		rows, err := plain.InProgressRows(ctx)
 		require.NoError(t, err)
 		require.Len(t, rows, 3)
-		res, err = plain.PlanReset(ctx, contract.ResetPlan{Versions: &contract.VersionsReset{Versions: rows}})
+		res, err = plain.PlanReset(ctx, contract.PlanRequest{Versions: &contract.VersionsReset{Versions: rows}})
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 3, ChangedIDs: []int64{2, 4, 5}}, res)
 

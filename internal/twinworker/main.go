@@ -55,7 +55,7 @@ func (refuse) ResetVersions(context.Context, recovery.VersionsReset) (recovery.R
 	return recovery.ResetResult{}, errRefused
 }
 
-func (refuse) PlanReset(context.Context, recovery.ResetPlan) (recovery.ResetResult, error) {
+func (refuse) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, errRefused
 }
 

@@ -98,7 +98,7 @@ func (r *Resetter) ResetVersions(ctx context.Context, req contract.VersionsReset
 // lists the rows it would change in ChangedIDs. A plan naming none or
 // several resets is refused with an error wrapping
 // recovery.ErrInvalidConfig. It implements recovery.Resetter.
-func (r *Resetter) PlanReset(ctx context.Context, plan contract.ResetPlan) (contract.ResetResult, error) {
+func (r *Resetter) PlanReset(ctx context.Context, plan contract.PlanRequest) (contract.ResetResult, error) {
 	return r.core.PlanReset(ctx, plan)
 }
 

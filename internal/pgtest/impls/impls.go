@@ -27,7 +27,7 @@ type Resetter interface {
 	ResetRows(ctx context.Context, req contract.RowsReset) (contract.ResetResult, error)
 	ResetOwner(ctx context.Context, req contract.OwnerReset) (contract.ResetResult, error)
 	ResetVersions(ctx context.Context, req contract.VersionsReset) (contract.ResetResult, error)
-	PlanReset(ctx context.Context, plan contract.ResetPlan) (contract.ResetResult, error)
+	PlanReset(ctx context.Context, plan contract.PlanRequest) (contract.ResetResult, error)
 	InProgressOwners(ctx context.Context) ([]string, error)
 	InProgressRows(ctx context.Context) ([]contract.RowState, error)
 	RowStates(ctx context.Context, ids []int64) ([]contract.RowState, error)
