@@ -335,7 +335,7 @@ func BenchmarkResetRows100000Modes(b *testing.B) {
 					b.Fatal(err)
 				}
 				b.StartTimer()
-				res, err := r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids})
+				res, err := r.ResetRows(ctx, RowsReset{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids})
 				if err != nil || res.Changed != 100000 {
 					b.Fatalf("reset %d: %v", res.Changed, err)
 				}
@@ -390,14 +390,15 @@ func BenchmarkResetThroughput(b *testing.B) {
 						if _, err := db.Exec(ctx, `TRUNCATE recovery_ledger`); err != nil {
 							b.Fatal(err)
 						}
-						req := ResetRequest{Owner: "dead"}
-						if mode.opts == nil {
-							req = ResetRequest{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids, FromRowsSet: true}
-						}
 						b.StartTimer()
 						start := time.Now()
 						resetCtx, cancel := context.WithTimeout(ctx, defaultResetTimeout)
-						res, err := r.Reset(resetCtx, req)
+						var res ResetResult
+						if mode.opts == nil {
+							res, err = r.ResetRows(resetCtx, RowsReset{InstanceID: "dead", Incarnation: fmt.Sprint(i), RowIDs: ids, FromRowsSet: true})
+						} else {
+							res, err = r.ResetOwner(resetCtx, OwnerReset{Owner: "dead"})
+						}
 						cancel()
 						elapsed += time.Since(start)
 						if err != nil || res.Changed != int64(n) {

@@ -469,7 +469,7 @@ func (r *peerRecovery) resetTracked(ctx context.Context) error {
 		}
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
-	res, err := p.resetter.Reset(resetCtx, ResetRequest{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
+	res, err := p.resetter.ResetRows(resetCtx, RowsReset{InstanceID: r.peer, Incarnation: incarnation, RowIDs: ids, FromRowsSet: true})
 	cancel()
 	if err != nil {
 		// The peer is named by report.PeerError, and the PostgreSQL resetters' errors name
@@ -568,7 +568,7 @@ func (r *peerRecovery) resetOwned(ctx context.Context) error {
 	defer cancel()
 	found, notReset := 0, []RowState(nil)
 	for _, owner := range r.ownerValues() {
-		res, err := p.resetter.Reset(resetCtx, ResetRequest{Owner: owner})
+		res, err := p.resetter.ResetOwner(resetCtx, OwnerReset{Owner: owner})
 		if err != nil {
 			if owner != r.peer {
 				return fmt.Errorf("reset by owner %s: %w", clip(owner), err)

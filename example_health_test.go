@@ -26,7 +26,19 @@ func (r noopResetter) Check(context.Context, bool) (recovery.ResetterInfo, error
 	return r.Info(), nil
 }
 
-func (noopResetter) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+func (noopResetter) ResetRows(context.Context, recovery.RowsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noopResetter) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noopResetter) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noopResetter) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 

@@ -43,10 +43,7 @@ func (q *queue) Info() recovery.ResetterInfo {
 
 func (q *queue) Check(context.Context, bool) (recovery.ResetterInfo, error) { return q.Info(), nil }
 
-func (q *queue) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
-	if req.Owner != "" || len(req.Versions) > 0 || req.DryRun {
-		return recovery.ResetResult{}, errors.ErrUnsupported
-	}
+func (q *queue) ResetRows(_ context.Context, req recovery.RowsReset) (recovery.ResetResult, error) {
 	q.mu.Lock()
 	defer q.mu.Unlock()
 	var res recovery.ResetResult
@@ -57,6 +54,21 @@ func (q *queue) Reset(_ context.Context, req recovery.ResetRequest) (recovery.Re
 		}
 	}
 	return res, nil
+}
+
+// ResetOwner, ResetVersions and PlanReset are not supported: Info says
+// the queue has no owners, cannot list rows in progress and has no dry
+// run, so the Worker never calls them.
+func (q *queue) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
+}
+
+func (q *queue) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
+}
+
+func (q *queue) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 
 func (q *queue) InProgressOwners(context.Context) ([]string, error) {

@@ -134,10 +134,10 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 		verify func(ctx context.Context, r *pgxreset.Resetter) (ResetResult, error)
 	}{
 		{"by owner", []postgres.Option{postgres.WithOwnerColumn("owner")}, func(ctx context.Context, r *pgxreset.Resetter) (ResetResult, error) {
-			return r.Reset(ctx, ResetRequest{Owner: "dead"})
+			return r.ResetOwner(ctx, OwnerReset{Owner: "dead"})
 		}},
 		{"ledger", nil, func(ctx context.Context, r *pgxreset.Resetter) (ResetResult, error) {
-			return r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+			return r.ResetRows(ctx, RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
 		}},
 	} {
 		t.Run(mode.name, func(t *testing.T) {
@@ -203,7 +203,7 @@ func TestARecovererThatVanishesMidResetDoesNotStrandTheRowsItLocked(t *testing.T
 
 // The backstop sweep without an owner column (docs/safety.md §5b) resets
 // stray rows by row version with the same FOR UPDATE SKIP LOCKED as every
-// reset, but ResetRowVersions reports no skipped row: the sweep logs a
+// reset, but ResetVersions reports no skipped row: the sweep logs a
 // locked row as "rows_changed", forgets it, and finds it again at the next
 // look as a new stray row whose gap (a rows TTL, 180 s by default) starts
 // over. A5 promises locked rows are reported as not reset and retried at

@@ -142,11 +142,8 @@ func (f *fakeResetter) Info() ResetterInfo {
 // Check checks nothing and tells nothing of what the fake serves.
 func (f *fakeResetter) Check(context.Context, bool) (ResetterInfo, error) { return f.Info(), nil }
 
-// Reset resets the rows of req.RowIDs for req.InstanceID (see reset).
-func (f *fakeResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	if req.Owner != "" || len(req.Versions) > 0 || req.DryRun {
-		return ResetResult{}, fmt.Errorf("fakeResetter resets by row IDs only: %w", errors.ErrUnsupported)
-	}
+// ResetRows resets the rows of req.RowIDs for req.InstanceID (see reset).
+func (f *fakeResetter) ResetRows(ctx context.Context, req RowsReset) (ResetResult, error) {
 	call := resetCall{peer: req.InstanceID, ids: slices.Clone(req.RowIDs), at: time.Now()}
 	n, err := f.reset(ctx, req.InstanceID, req.RowIDs)
 	call.ok = err == nil
@@ -154,6 +151,21 @@ func (f *fakeResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult
 	f.calls = append(f.calls, call)
 	f.mu.Unlock()
 	return ResetResult{Changed: n}, err
+}
+
+// ResetOwner is not supported.
+func (f *fakeResetter) ResetOwner(context.Context, OwnerReset) (ResetResult, error) {
+	return ResetResult{}, fmt.Errorf("fakeResetter resets by row IDs only: %w", errors.ErrUnsupported)
+}
+
+// ResetVersions is not supported.
+func (f *fakeResetter) ResetVersions(context.Context, VersionsReset) (ResetResult, error) {
+	return ResetResult{}, fmt.Errorf("fakeResetter resets by row IDs only: %w", errors.ErrUnsupported)
+}
+
+// PlanReset is not supported.
+func (f *fakeResetter) PlanReset(context.Context, PlanRequest) (ResetResult, error) {
+	return ResetResult{}, fmt.Errorf("fakeResetter plans nothing: %w", errors.ErrUnsupported)
 }
 
 // InProgressOwners is not supported.
@@ -192,7 +204,7 @@ func (f *fakeResetter) reset(ctx context.Context, peer string, ids []int64) (int
 	case err != nil:
 		return 0, err
 	case f.inner != nil:
-		res, err := f.inner.Reset(ctx, ResetRequest{InstanceID: peer, RowIDs: ids})
+		res, err := f.inner.ResetRows(ctx, RowsReset{InstanceID: peer, RowIDs: ids})
 		return res.Changed, err
 	}
 	return int64(len(ids)), nil
@@ -246,7 +258,7 @@ func (f *fakeResetter) of(peer string) []resetCall {
 	return out
 }
 
-// perRow returns how many times each row was passed to Reset, failed
+// perRow returns how many times each row was passed to ResetRows, failed
 // calls included.
 func (f *fakeResetter) perRow() map[int64]int {
 	f.mu.Lock()
@@ -526,11 +538,8 @@ type hookResetter struct {
 	after func()
 }
 
-func (h *hookResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	res, err := h.pgResetterAPI.Reset(ctx, req)
-	if len(req.RowIDs) == 0 || req.DryRun {
-		return res, err
-	}
+func (h *hookResetter) ResetRows(ctx context.Context, req RowsReset) (ResetResult, error) {
+	res, err := h.pgResetterAPI.ResetRows(ctx, req)
 	if err == nil && h.after != nil {
 		h.after()
 		h.after = nil

@@ -240,17 +240,14 @@ func newGatedOwnerResetter(r *pgxreset.Resetter) *gatedOwnerResetter {
 	return &gatedOwnerResetter{Resetter: r, entered: make(chan struct{}), open: make(chan struct{})}
 }
 
-func (g *gatedOwnerResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	if req.Owner == "" || req.DryRun {
-		return g.Resetter.Reset(ctx, req)
-	}
+func (g *gatedOwnerResetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error) {
 	first := false
 	g.once.Do(func() { first = true })
 	if first {
 		close(g.entered)
 		<-g.open
 	}
-	return g.Resetter.Reset(context.Background(), req)
+	return g.Resetter.ResetOwner(context.Background(), req)
 }
 
 // recoverBlocked has p recover w in the background; it returns once p's
@@ -407,7 +404,7 @@ func prevReleaseRecover(t *testing.T, via *Worker, r Resetter, peer string) bool
 		values = append(values, lifeOwner(peer, life))
 	}
 	for _, v := range values {
-		_, err := r.Reset(ctx, ResetRequest{Owner: v})
+		_, err := r.ResetOwner(ctx, OwnerReset{Owner: v})
 		require.NoError(t, err)
 	}
 	_, err = s.FinishRecovery(ctx, peer, token, via.opts.tombstoneTTL())

@@ -345,7 +345,7 @@ func (p *peerRecoverer) plan(ctx context.Context, plan *report.RecoveryPlan, dea
 				}
 				for _, v := range values {
 					resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
-					op, err := p.resetter.Reset(resetCtx, ResetRequest{Owner: v, DryRun: true})
+					op, err := p.resetter.PlanReset(resetCtx, PlanRequest{Owner: &OwnerReset{Owner: v}})
 					cancel()
 					if err != nil {
 						return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)
@@ -383,8 +383,8 @@ func (p *peerRecoverer) planPeer(ctx context.Context, pp *report.PeerPlan, st pe
 		return nil
 	}
 	resetCtx, cancel := context.WithTimeout(ctx, p.opts.resetTimeout)
-	rp, err := p.resetter.Reset(resetCtx, ResetRequest{InstanceID: st.InstanceID,
-		Incarnation: pp.Tracked.Incarnation, RowIDs: pp.Tracked.RowIDs, FromRowsSet: true, DryRun: true})
+	rp, err := p.resetter.PlanReset(resetCtx, PlanRequest{Rows: &RowsReset{InstanceID: st.InstanceID,
+		Incarnation: pp.Tracked.Incarnation, RowIDs: pp.Tracked.RowIDs, FromRowsSet: true}})
 	cancel()
 	if err != nil {
 		return fmt.Errorf("plan recovery of %s: %w", st.InstanceID, err)

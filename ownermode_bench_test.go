@@ -29,12 +29,9 @@ func (f *ownerFake) Check(context.Context, bool) (ResetterInfo, error) { return 
 
 func (*ownerFake) InProgressOwners(context.Context) ([]string, error) { return nil, nil }
 
-// Reset resets nothing by owner; by row IDs it is the fakeResetter's.
-func (f *ownerFake) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	if req.Owner != "" {
-		return ResetResult{}, nil
-	}
-	return f.fakeResetter.Reset(ctx, req)
+// ResetOwner resets nothing; by row IDs it is the fakeResetter's.
+func (*ownerFake) ResetOwner(context.Context, OwnerReset) (ResetResult, error) {
+	return ResetResult{}, nil
 }
 
 // BenchmarkHostLoopOwnerMode: the host loop of BenchmarkHostLoop (blocks

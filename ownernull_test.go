@@ -230,17 +230,17 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			setStatus(t, db, "inprog", 1, 2, 3) // no owner
 			take(t, db, "dead", 4)
 			take(t, db, "live", 5)
-			req := ResetRequest{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 2, 3, 4, 5, 6}, FromRowsSet: true}
+			req := RowsReset{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 2, 3, 4, 5, 6}, FromRowsSet: true}
 
 			// Release (no rows set): rows without an owner are not its to
 			// reset, and not settled either.
-			rel, err := r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 4}})
+			rel, err := r.ResetRows(ctx, RowsReset{InstanceID: "dead", Incarnation: "inc-1", RowIDs: []int64{1, 4}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), rel.Changed, "row 4 only")
 			assert.Equal(t, []RowState{{ID: 1, Status: "inprog"}}, rel.NotReset)
 			take(t, db, "dead", 4)
 
-			res, err := r.Reset(ctx, req)
+			res, err := r.ResetRows(ctx, req)
 			require.NoError(t, err)
 			assert.Equal(t, int64(4), res.Changed, "rows 1, 2, 3 (no owner) and 4 (owned by the dead worker)")
 			assert.Empty(t, res.NotReset, "row 5 is another worker's, row 6 queued")
@@ -256,7 +256,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			// took row 1 (owner still NULL); the next recoverer reads the
 			// same rows set.
 			setStatus(t, db, "inprog", 1)
-			res, err = r.Reset(ctx, req)
+			res, err = r.ResetRows(ctx, req)
 			require.NoError(t, err)
 			assert.Zero(t, res.Changed, "the ledger says the dead worker's rows were reset")
 			assert.Empty(t, res.NotReset)
@@ -266,7 +266,7 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			// A worker of the first protocol version: no incarnation, no
 			// ledger, as a rows-set recovery of it does.
 			setStatus(t, db, "inprog", 2)
-			res, err = r.Reset(ctx, ResetRequest{InstanceID: "v1", RowIDs: []int64{2}, FromRowsSet: true})
+			res, err = r.ResetRows(ctx, RowsReset{InstanceID: "v1", RowIDs: []int64{2}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)
 
@@ -275,14 +275,14 @@ func TestOwnerFencedResetOfARowsSetTreatsRowsWithoutOwnerAsARowsSetRecoveryWould
 			require.NoError(t, err)
 			setStatus(t, db, "inprog", 3)
 			take(t, db, "dead2", 4)
-			res, err = r.Reset(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3, 4}, FromRowsSet: true})
+			res, err = r.ResetRows(ctx, RowsReset{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3, 4}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed, "row 4, which the dead worker owns")
 			assert.Equal(t, []RowState{{ID: 3, Status: "inprog"}}, res.NotReset)
 
 			// WithoutResetLedger: the host said rows are idempotent.
 			noLedger := impl.Must(t, db, postgres.WithOwnerColumn("owner"), postgres.WithoutResetLedger())
-			res, err = noLedger.Reset(ctx, ResetRequest{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3}, FromRowsSet: true})
+			res, err = noLedger.ResetRows(ctx, RowsReset{InstanceID: "dead2", Incarnation: "inc-2", RowIDs: []int64{3}, FromRowsSet: true})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)
 		})

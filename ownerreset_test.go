@@ -36,11 +36,9 @@ type ownerGatedResetter struct {
 	g *gate
 }
 
-func (r *ownerGatedResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	if req.Owner != "" && !req.DryRun {
-		r.g.pass()
-	}
-	return r.Resetter.Reset(ctx, req)
+func (r *ownerGatedResetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error) {
+	r.g.pass()
+	return r.Resetter.ResetOwner(ctx, req)
 }
 
 // assertHeldBy asserts that each row is in progress and owned by owner.
@@ -84,7 +82,7 @@ func newFreezableFleet(t *testing.T, rows int) freezableFleet {
 //  2. R claims A (heartbeat absent) and is paused before its reset.
 //  3. A reaches Redis again; its heartbeat deletes R's claim; the lease is
 //     valid again. The host fetches rows 1, 2, 3 and tracks them.
-//  4. R resumes: ResetOwnerRows(A) resets rows 1, 2, 3 under live A.
+//  4. R resumes: ResetOwner(A) resets rows 1, 2, 3 under live A.
 func pausedOwnerComesBack(t *testing.T, victimOpts ...Option) {
 	f := newFreezableFleet(t, 5)
 	aClient, fr, rdb, db, prefix := f.victim, f.fr, f.rdb, f.db, f.prefix

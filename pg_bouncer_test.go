@@ -90,7 +90,7 @@ func TestRecoveryThroughPgBouncerInTransactionPoolingMode(t *testing.T) {
 		setStatus(t, db, "inprog", 13, 14, 15)
 		lr := bouncedResetter(t, impl, db, b.Addr)
 		for i, ids := range [][]int64{{13}, {14}, {15}} {
-			res, err := lr.Reset(ctx, ResetRequest{InstanceID: "dead-4", Incarnation: fmt.Sprint(i), RowIDs: ids})
+			res, err := lr.ResetRows(ctx, RowsReset{InstanceID: "dead-4", Incarnation: fmt.Sprint(i), RowIDs: ids})
 			require.NoError(t, err, "reset %d", i)
 			assert.Equal(t, int64(1), res.Changed)
 		}

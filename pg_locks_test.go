@@ -68,13 +68,13 @@ func TestResetNeverWaitsOnARowLockAnotherSessionHolds(t *testing.T) {
 		reset func(ctx context.Context, r pgResetterAPI) (ResetResult, error)
 	}{
 		{"by owner", []postgres.Option{postgres.WithOwnerColumn("owner")}, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
-			return r.Reset(ctx, ResetRequest{Owner: "dead"})
+			return r.ResetOwner(ctx, OwnerReset{Owner: "dead"})
 		}},
 		{"by IDs fenced", []postgres.Option{postgres.WithOwnerColumn("owner")}, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
-			return r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+			return r.ResetRows(ctx, RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
 		}},
 		{"by IDs with ledger", nil, func(ctx context.Context, r pgResetterAPI) (ResetResult, error) {
-			return r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
+			return r.ResetRows(ctx, RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2, 3, 4, 5}})
 		}},
 	}
 	for _, p := range paths {
@@ -127,7 +127,7 @@ func TestResetWaitingOnATableLockSaysSo(t *testing.T) {
 		r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 		rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		defer cancel()
-		_, err := r.Reset(rctx, ResetRequest{Owner: "dead"})
+		_, err := r.ResetOwner(rctx, OwnerReset{Owner: "dead"})
 		require.Error(t, err)
 		assert.ErrorIs(t, err, ErrRowsLocked)
 		assert.Contains(t, err.Error(), "lock_timeout")
@@ -151,13 +151,13 @@ func TestResetWithTheLedgerDoesNotWaitForAnotherSessionsIncarnationLock(t *testi
 	rctx, cancel := context.WithTimeout(ctx, lockTimeoutForTest)
 	defer cancel()
 	start := time.Now()
-	_, err = r.Reset(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
+	_, err = r.ResetRows(rctx, RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
 	assert.Less(t, time.Since(start), time.Second)
 	require.ErrorIs(t, err, ErrRowsLocked)
 	assert.Contains(t, err.Error(), "advisory lock")
 
 	end()
-	res, err := r.Reset(rctx, ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
+	res, err := r.ResetRows(rctx, RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1, 2}})
 	require.NoError(t, err)
 	assert.Equal(t, int64(2), res.Changed)
 }

@@ -10,7 +10,7 @@ import (
 // resetRows resets rowIDs of deadInstanceID through r's Reset, and returns
 // how many rows it changed: what the removed Resetter.ResetRows did.
 func resetRows(r Resetter, ctx context.Context, deadInstanceID string, rowIDs []int64) (int64, error) {
-	res, err := r.Reset(ctx, ResetRequest{InstanceID: deadInstanceID, RowIDs: rowIDs})
+	res, err := r.ResetRows(ctx, RowsReset{InstanceID: deadInstanceID, RowIDs: rowIDs})
 	return res.Changed, err
 }
 

@@ -38,7 +38,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 			// lib/pq begins every transaction READ WRITE, overriding the
 			// role's default: its resets can write, and Start says so.
 			require.NoError(t, err)
-			res, err := r.Reset(context.Background(), ResetRequest{Owner: "dead"})
+			res, err := r.ResetOwner(context.Background(), OwnerReset{Owner: "dead"})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
 			return
@@ -47,7 +47,7 @@ func TestStartRefusesAReadOnlySession(t *testing.T) {
 		assert.Contains(t, err.Error(), "default_transaction_read_only set by the user")
 		assert.False(t, registered(t, rdb, prefix, "ro-worker"), "nothing written to Redis")
 
-		_, err = r.Reset(context.Background(), ResetRequest{Owner: "dead"})
+		_, err = r.ResetOwner(context.Background(), OwnerReset{Owner: "dead"})
 		require.ErrorIs(t, err, ErrReadOnly, "a reset refused as read-only says so")
 		assert.Equal(t, "inprog", statuses(t, db)[1])
 

@@ -274,13 +274,13 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 			postgres.WithOwnerColumn("owner"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, ""))
 		require.NoError(t, err)
 
-		res, err := r.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2}})
+		res, err := r.ResetRows(ctx, RowsReset{InstanceID: "dead", RowIDs: []int64{1, 2}})
 		require.NoError(t, err)
 		assert.Equal(t, int64(2), res.Changed)
 		assert.Equal(t, []int64{1}, res.Quarantined)
 		_, err = db.Exec(ctx, `UPDATE jobs SET state = 'inprog', owner = 'gone' WHERE id = 2`)
 		require.NoError(t, err)
-		res, err = r.Reset(ctx, ResetRequest{Owner: "gone"})
+		res, err = r.ResetOwner(ctx, OwnerReset{Owner: "gone"})
 		require.NoError(t, err, "the sweep's statement too")
 		assert.Equal(t, int64(1), res.Changed)
 		var states []string
@@ -291,10 +291,10 @@ func TestResetterQuarantinesIntoAnEnumStatusColumn(t *testing.T) {
 		// §2): the statements that find and reset it take the enum too.
 		_, err = db.Exec(ctx, `INSERT INTO jobs VALUES (3, 'inprog', NULL, 0), (4, 'inprog', NULL, 0)`)
 		require.NoError(t, err)
-		res, err = r.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{3}, FromRowsSet: true})
+		res, err = r.ResetRows(ctx, RowsReset{InstanceID: "dead", RowIDs: []int64{3}, FromRowsSet: true})
 		require.NoError(t, err)
 		assert.Equal(t, int64(1), res.Changed, "an unknown incarnation: as a rows-set recovery, without the ledger")
-		res, err = r.Reset(ctx, ResetRequest{InstanceID: "dead", Incarnation: "i", RowIDs: []int64{4}, FromRowsSet: true})
+		res, err = r.ResetRows(ctx, RowsReset{InstanceID: "dead", Incarnation: "i", RowIDs: []int64{4}, FromRowsSet: true})
 		require.NoError(t, err)
 		assert.Equal(t, []RowState{{ID: 4, Status: "inprog"}}, res.NotReset, "no ledger table: kept")
 	})
@@ -389,12 +389,12 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		defer func() { _ = tx.Rollback(ctx) }()
 		late, err := pgxreset.New(tx, postgres.WithOwnerColumn("owner"))
 		require.NoError(t, err)
-		res1, err := late.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		res1, err := late.ResetRows(ctx, RowsReset{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err)
 		require.Equal(t, int64(3), res1.Changed, "R1's reset, not committed yet")
 
 		r2 := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
-		got, err := r2.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		got, err := r2.ResetRows(ctx, RowsReset{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err, "R2 does not wait on R1's row locks")
 		assert.Zero(t, got.Changed)
 		require.Len(t, got.NotReset, 3)
@@ -403,7 +403,7 @@ func TestResetterWaitingOnAConcurrentResetReportsSettledRowsAsSettled(t *testing
 		}
 
 		require.NoError(t, tx.Commit(ctx))
-		got, err = r2.Reset(ctx, ResetRequest{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
+		got, err = r2.ResetRows(ctx, RowsReset{InstanceID: "dead", RowIDs: []int64{1, 2, 3}})
 		require.NoError(t, err)
 		assert.Zero(t, got.Changed)
 		assert.Empty(t, got.NotReset, "rows 1-3 are queued and ownerless: settled, not 'not reset'")

@@ -24,11 +24,11 @@ type scriptedResetter struct {
 	script func(n int32, inner func() (ResetResult, error)) (ResetResult, error)
 }
 
-func (s *scriptedResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	if len(req.RowIDs) == 0 || req.DryRun {
-		return s.pgResetterAPI.Reset(ctx, req)
+func (s *scriptedResetter) ResetRows(ctx context.Context, req RowsReset) (ResetResult, error) {
+	if len(req.RowIDs) == 0 {
+		return s.pgResetterAPI.ResetRows(ctx, req)
 	}
-	return s.script(s.calls.Add(1), func() (ResetResult, error) { return s.pgResetterAPI.Reset(ctx, req) })
+	return s.script(s.calls.Add(1), func() (ResetResult, error) { return s.pgResetterAPI.ResetRows(ctx, req) })
 }
 
 var errScriptedReset = errors.New("scripted reset failure")

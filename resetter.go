@@ -27,13 +27,28 @@ type Resetter interface {
 	// schema false (WithoutSchemaCheck) only the identity is read. Its
 	// errors wrap ErrSchema or ErrReadOnly.
 	Check(ctx context.Context, schema bool) (ResetterInfo, error)
-	// Reset returns rows to the queue: req.RowIDs (rows-set recovery,
-	// Release), every row in progress owned by req.Owner (owner mode, the
-	// sweep), or req.Versions (the sweep without an owner column). It must
-	// only change rows that are still in progress. With req.DryRun it
-	// changes nothing and fills ChangedIDs; a reset should fill it too
-	// (the fleet's history records the rows).
-	Reset(ctx context.Context, req ResetRequest) (ResetResult, error)
+	// ResetRows returns rows named by ID to the queue: a dead peer's rows
+	// set (rows-set recovery) or the rows a worker gives back (Release).
+	// It must only change rows that are still in progress (and, with
+	// OwnerFencing, still owned by req.InstanceID). A reset should fill
+	// ResetResult.ChangedIDs (the fleet's history records the rows).
+	ResetRows(ctx context.Context, req RowsReset) (ResetResult, error)
+	// ResetOwner returns every row still in progress owned by req.Owner to
+	// the queue, whole: owner mode's recovery, the backstop sweep by
+	// owner, a Worker's own predecessor at Start. Only a resetter with
+	// ResetterInfo.OwnerFencing is asked; another may return an error.
+	ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error)
+	// ResetVersions returns the rows still in progress at the versions
+	// given to the queue, and no other: the backstop sweep without an
+	// owner column. Only a resetter with ListsInProgress and without
+	// OwnerFencing is asked; another may return an error.
+	ResetVersions(ctx context.Context, req VersionsReset) (ResetResult, error)
+	// PlanReset says what the one reset plan names would change, changing
+	// nothing: ResetResult's ChangedIDs lists the rows. Only a resetter
+	// with ResetterInfo.DryRun is asked; another may return an error. A
+	// plan with none or several of its fields set must be refused with an
+	// error wrapping ErrInvalidConfig.
+	PlanReset(ctx context.Context, plan PlanRequest) (ResetResult, error)
 	// InProgressOwners returns the distinct owners of rows in progress
 	// (with ResetterInfo.OwnerFencing and ListsInProgress).
 	InProgressOwners(ctx context.Context) ([]string, error)
@@ -60,7 +75,7 @@ type Resetter interface {
 //     still owns it (owner mode needs it).
 //   - Ledger bool: resets are recorded per (InstanceID, Incarnation) and
 //     never repeated for the same pair.
-//   - DryRun bool: Reset honours ResetRequest.DryRun.
+//   - DryRun bool: PlanReset works.
 //   - ListsInProgress bool: InProgressOwners or InProgressRows work (the
 //     backstop sweep needs them).
 //   - InProgressStatus, QueuedStatus string: the statuses as
@@ -78,35 +93,54 @@ type Resetter interface {
 //     and the connections in use when Check began.
 type ResetterInfo = contract.ResetterInfo
 
-// ResetRequest asks a Resetter to return rows to the queue. Exactly one
-// of RowIDs, Owner and Versions says which rows. Its fields (each
-// documented in full by
-// `go doc github.com/alya/recovery/internal/contract.ResetRequest`):
+// RowsReset asks ResetRows to return rows named by ID to the queue. Its
+// fields (each documented in full by
+// `go doc github.com/alya/recovery/internal/contract.RowsReset`):
 //
 //   - InstanceID string: the instance the rows belong to (a dead peer, or
 //     the worker itself for Release).
 //   - Incarnation string: the life of that instance's rows set; "" when
 //     unknown.
-//   - RowIDs []int64: the rows to reset (rows-set recovery, Release).
+//   - RowIDs []int64: the rows to reset.
 //   - FromRowsSet bool: RowIDs were read from a dead instance's rows set
 //     under a recovery claim (not a Release).
-//   - Owner string: every row in progress owned by Owner (owner mode, the
-//     sweep by owner); needs OwnerFencing.
-//   - Versions []RowState: the rows still in progress at these versions
-//     (the sweep without an owner column).
-//   - DryRun bool: change nothing; fill ResetResult.ChangedIDs.
 //
-// A wrapper that overrides Reset for one kind of request must look at
-// which field is set, and at DryRun: Reset serves all of them.
-type ResetRequest = contract.ResetRequest
+// A wrapper that overrides ResetRows sees every reset by ID, and nothing
+// else: no reset by owner or by version, and no plan.
+type RowsReset = contract.RowsReset
 
-// ResetResult says what a reset changed, or would change (DryRun). Its
+// OwnerReset asks ResetOwner to return every row in progress owned by
+// Owner to the queue. Its fields (each documented in full by
+// `go doc github.com/alya/recovery/internal/contract.OwnerReset`):
+//
+//   - Owner string: the owner column's value (an instance ID, or a
+//     per-life owner value); needs OwnerFencing.
+type OwnerReset = contract.OwnerReset
+
+// VersionsReset asks ResetVersions to return the rows still in progress
+// at the versions given to the queue. Its fields (each documented in full
+// by `go doc github.com/alya/recovery/internal/contract.VersionsReset`):
+//
+//   - Versions []RowState: the rows to reset, each with the version it
+//     must still have (the sweep without an owner column).
+type VersionsReset = contract.VersionsReset
+
+// PlanRequest asks PlanReset what one reset would change, changing nothing.
+// Exactly one of its fields is set. Its fields (each documented in full
+// by `go doc github.com/alya/recovery/internal/contract.PlanRequest`):
+//
+//   - Rows *RowsReset: plan a ResetRows.
+//   - Owner *OwnerReset: plan a ResetOwner.
+//   - Versions *VersionsReset: plan a ResetVersions.
+type PlanRequest = contract.PlanRequest
+
+// ResetResult says what a reset changed, or what a plan would change. Its
 // fields (each documented in full by
 // `go doc github.com/alya/recovery/internal/contract.ResetResult`):
 //
 //   - Changed int64: rows queued again or quarantined.
-//   - ChangedIDs []int64: the rows changed (a dry run's rows that would
-//     be); recovery records them in the fleet's history.
+//   - ChangedIDs []int64: the rows changed (a plan's rows that would be);
+//     recovery records them in the fleet's history.
 //   - Quarantined []int64: rows that reached their recovery limit and
 //     took the terminal status.
 //   - NotReset []RowState: rows neither reset nor shown settled

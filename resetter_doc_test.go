@@ -31,7 +31,7 @@ func TestContractAliasesListEveryField(t *testing.T) {
 			}
 		}
 	}
-	for _, v := range []any{ResetterInfo{}, ResetRequest{}, ResetResult{}, RowState{}} {
+	for _, v := range []any{ResetterInfo{}, RowsReset{}, OwnerReset{}, VersionsReset{}, PlanRequest{}, ResetResult{}, RowState{}} {
 		typ := reflect.TypeOf(v)
 		doc, ok := docs[typ.Name()]
 		require.True(t, ok, "resetter.go documents the alias %s", typ.Name())

@@ -20,16 +20,61 @@ import (
 )
 
 // metered is a host's plain decorator (docs/migrating.md): it embeds
-// the Resetter it wraps, so it forwards all six methods, and overrides
-// Reset only, to count the resets.
+// the Resetter it wraps, so it forwards all nine methods, and overrides
+// ResetRows only, to count the resets of rows by ID, with no filter.
 type metered struct {
 	Resetter
 	n atomic.Int64
 }
 
-func (m *metered) Reset(ctx context.Context, r ResetRequest) (ResetResult, error) {
+func (m *metered) ResetRows(ctx context.Context, req RowsReset) (ResetResult, error) {
 	m.n.Add(1)
-	return m.Resetter.Reset(ctx, r)
+	return m.Resetter.ResetRows(ctx, req)
+}
+
+// A wrapper that overrides ResetRows alone counts the resets of rows by ID
+// and nothing else, without looking at what it is given: the backstop
+// sweep (by owner with an owner column, by row version without) and the
+// plan of a rows-set recovery (PlanRecovery) never reach it; the recovery
+// itself does, once.
+func TestAWrapperOfResetRowsSeesNoSweepAndNoPlan(t *testing.T) {
+	if testing.Short() {
+		t.Skip("integration test: skipped in -short mode")
+	}
+	for _, ownerCol := range []bool{true, false} {
+		t.Run(fmt.Sprintf("owner=%v", ownerCol), func(t *testing.T) {
+			t.Parallel()
+			ctx := context.Background()
+			rdb, db, prefix := onRealServers(t, 4, "MW")
+			g := guarantee{impl: resetterImpls[0], ownerCol: ownerCol, wrap: func(r pgResetterAPI) Resetter { return r }}
+			m := &metered{Resetter: g.resetter(t, db)}
+
+			waitUptime(t, rdb, 2*time.Second)
+			take(t, db, "gone", 1, 2)
+			sw, _ := newWorker(t, rdb, m, "sweeper", rowsSweepTimings(WithKeyPrefix(prefix))...)
+			require.NotNil(t, sw.sweeper, "the backstop sweep runs")
+			require.Eventually(t, func() bool {
+				_, err := sw.sweeper.runOnce(ctx)
+				st := statuses(t, db)
+				return err == nil && st[1] == "queued" && st[2] == "queued"
+			}, 10*time.Second, 50*time.Millisecond, "the sweep resets rows no one tracks")
+			assert.Zero(t, m.n.Load(), "the sweep reached ResetRows")
+
+			opts := []Option{WithKeyPrefix(prefix), WithRowsSets()}
+			g.deadVictim(t, rdb, db, opts, 3, 4)
+			p, _ := newWorker(t, rdb, m, "planner", opts...)
+			plan, err := p.planRecovery(ctx)
+			require.NoError(t, err)
+			require.Equal(t, 2, plan.RowsToReset, "%+v", plan)
+			assert.Zero(t, m.n.Load(), "the plan reached ResetRows")
+
+			rep, err := p.recoverNow(ctx)
+			require.NoError(t, err)
+			require.Len(t, rep.Recovered, 1)
+			assertQueued(t, db, 3, 4)
+			assert.Equal(t, int64(1), m.n.Load(), "the recovery's reset by ID went through the wrapper")
+		})
+	}
 }
 
 // A decorated resetter keeps every guarantee of the resetter it wraps:

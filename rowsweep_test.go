@@ -151,7 +151,7 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 				assert.Equal(t, map[string]string{"stray_rows_reset": "1,2", "untracked_rows": "4"}, rowsOf)
 
 				// The same versions again change nothing: no double reset.
-				again, err := r.Reset(ctx, ResetRequest{Versions: []RowState{{ID: 1, Version: "1"}, {ID: 4, Version: "1"}}})
+				again, err := r.ResetVersions(ctx, VersionsReset{Versions: []RowState{{ID: 1, Version: "1"}, {ID: 4, Version: "1"}}})
 				require.NoError(t, err)
 				assert.Zero(t, again.Changed)
 			})

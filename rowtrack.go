@@ -472,7 +472,7 @@ func (w *Worker) Release(ctx context.Context, rowIDs ...int64) error {
 // releaseSteps are the two steps of a release that differ by mode: the
 // reset, and the untrack of the rows reset.
 type releaseSteps interface {
-	reset(ctx context.Context, req ResetRequest) (ResetResult, error)
+	reset(ctx context.Context, req RowsReset) (ResetResult, error)
 	untrackUnchanged(gens map[int64]uint64) error
 }
 
@@ -505,7 +505,7 @@ func (c *trackerCore) releaseBy(ctx context.Context, rowIDs []int64, by releaseS
 	// Track it before this Release untracks it: only rows tracked now, and
 	// not tracked again by then, are untracked below.
 	gens := c.rows.generations(rowIDs)
-	req := ResetRequest{InstanceID: c.id, Incarnation: c.rows.currentIncarnation(), RowIDs: rowIDs}
+	req := RowsReset{InstanceID: c.id, Incarnation: c.rows.currentIncarnation(), RowIDs: rowIDs}
 	if mutantReleaseUnrecorded {
 		req.Incarnation = ""
 	}
@@ -585,8 +585,8 @@ func (t *rowsSetTracker) release(ctx context.Context, ids []int64) error {
 	return t.releaseBy(ctx, ids, t)
 }
 
-func (t *rowsSetTracker) reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	return t.resetter.Reset(ctx, req)
+func (t *rowsSetTracker) reset(ctx context.Context, req RowsReset) (ResetResult, error) {
+	return t.resetter.ResetRows(ctx, req)
 }
 
 // release resets the rows under the owner value each was fetched under.
@@ -599,7 +599,7 @@ func (t *ownerTracker) release(ctx context.Context, ids []int64) error {
 // by that life's value, not the current one. A per-life value is the whole
 // guard, so those resets use no ledger; rows under the bare instance ID
 // are reset as before, under the incarnation.
-func (t *ownerTracker) reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
+func (t *ownerTracker) reset(ctx context.Context, req RowsReset) (ResetResult, error) {
 	var total ResetResult
 	add := func(res ResetResult) int {
 		total.Changed += res.Changed
@@ -613,7 +613,7 @@ func (t *ownerTracker) reset(ctx context.Context, req ResetRequest) (ResetResult
 			bare = append(bare, ids...)
 			continue
 		}
-		res, err := t.resetter.Reset(ctx, ResetRequest{InstanceID: owner, RowIDs: ids})
+		res, err := t.resetter.ResetRows(ctx, RowsReset{InstanceID: owner, RowIDs: ids})
 		if err != nil {
 			return total, err
 		}
@@ -624,7 +624,7 @@ func (t *ownerTracker) reset(ctx context.Context, req ResetRequest) (ResetResult
 		}
 	}
 	if len(bare) > 0 {
-		res, err := t.resetter.Reset(ctx, ResetRequest{InstanceID: t.id, Incarnation: req.Incarnation, RowIDs: bare})
+		res, err := t.resetter.ResetRows(ctx, RowsReset{InstanceID: t.id, Incarnation: req.Incarnation, RowIDs: bare})
 		if err != nil {
 			return total, err
 		}

@@ -18,7 +18,7 @@ import (
 // (pgx_sql.go, pgx_resetter.go, pgx_ledger.go): the status guard, the owner
 // guard and owner = NULL on reset (WithOwnerColumn), the recovery count
 // and quarantine (WithRecoveryCountColumn, WithMaxRecoveries), the reset
-// ledger without an owner column, the rows "not reset", ResetOwnerRows and
+// ledger without an owner column, the rows "not reset", ResetOwner and
 // the owners of rows in progress. Each transaction runs atomically at one
 // instant of the fake clock, under the world's lock: serializable, which
 // PostgreSQL's row locks in ID order give the resetter's statements (a
@@ -176,22 +176,13 @@ func (r *simResetter) Check(ctx context.Context, _ bool) (ResetterInfo, error) {
 	return info, nil
 }
 
-// Reset is pgxreset.Resetter.Reset: by owner (ResetOwnerRows), by row version
-// (ResetRowVersions), or by row IDs (ResetIncarnation). It has no dry run.
-func (r *simResetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	switch {
-	case req.DryRun:
-		return ResetResult{}, fmt.Errorf("simResetter has no dry run: %w", errors.ErrUnsupported)
-	case req.Owner != "":
-		return r.ResetOwnerRows(ctx, req.Owner)
-	case len(req.Versions) > 0:
-		return r.ResetRowVersions(ctx, req.Versions)
-	}
-	return r.ResetIncarnation(ctx, req)
+// PlanReset is not supported: the simulated resetter has no dry run.
+func (r *simResetter) PlanReset(context.Context, PlanRequest) (ResetResult, error) {
+	return ResetResult{}, fmt.Errorf("simResetter has no dry run: %w", errors.ErrUnsupported)
 }
 
-// ResetIncarnation is pgxreset.Resetter.ResetIncarnation: one transaction.
-func (r *simResetter) ResetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+// ResetRows is pgxreset.Resetter.ResetRows, in one transaction.
+func (r *simResetter) ResetRows(ctx context.Context, req RowsReset) (ResetResult, error) {
 	if len(req.RowIDs) == 0 {
 		return ResetResult{}, nil
 	}
@@ -333,9 +324,10 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 	res.Changed++
 }
 
-// ResetOwnerRows is pgxreset.Resetter.ResetOwnerRows: every row in progress
-// owner owns, in one transaction.
-func (r *simResetter) ResetOwnerRows(ctx context.Context, owner string) (ResetResult, error) {
+// ResetOwner is pgxreset.Resetter.ResetOwner: every row in progress
+// req.Owner owns, in one transaction.
+func (r *simResetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error) {
+	owner := req.Owner
 	if !r.fenced() {
 		return ResetResult{}, fmt.Errorf("%w: resetting by owner needs WithOwnerColumn", ErrInvalidConfig)
 	}
@@ -389,10 +381,11 @@ func (r *simResetter) InProgressRows(ctx context.Context) ([]RowState, error) {
 	return out, nil
 }
 
-// ResetRowVersions is pgxreset.Resetter.ResetRowVersions: the rows still in
+// ResetVersions is pgxreset.Resetter.ResetVersions: the rows still in
 // progress at the version given, in one transaction. The mutation
 // noVersionGuard drops the version from the WHERE clause.
-func (r *simResetter) ResetRowVersions(ctx context.Context, rows []RowState) (ResetResult, error) {
+func (r *simResetter) ResetVersions(ctx context.Context, req VersionsReset) (ResetResult, error) {
+	rows := req.Versions
 	var res ResetResult
 	var waited bool
 	extra := r.operatorRequeues(rows)

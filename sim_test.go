@@ -716,8 +716,20 @@ func (r simForeignResetter) Check(context.Context, bool) (ResetterInfo, error) {
 	return info, nil
 }
 
-func (simForeignResetter) Reset(_ context.Context, req ResetRequest) (ResetResult, error) {
+func (simForeignResetter) ResetRows(_ context.Context, req RowsReset) (ResetResult, error) {
 	return ResetResult{Changed: int64(len(req.RowIDs))}, nil
+}
+
+func (simForeignResetter) ResetOwner(context.Context, OwnerReset) (ResetResult, error) {
+	return ResetResult{}, nil
+}
+
+func (simForeignResetter) ResetVersions(context.Context, VersionsReset) (ResetResult, error) {
+	return ResetResult{}, nil
+}
+
+func (simForeignResetter) PlanReset(context.Context, PlanRequest) (ResetResult, error) {
+	return ResetResult{}, errors.ErrUnsupported
 }
 
 func (simForeignResetter) InProgressOwners(context.Context) ([]string, error) {

@@ -156,10 +156,10 @@ func TestSQLResetterReportsAMissingLedgerOfEitherDriverAsErrNoLedger(t *testing.
 			testutil.CreateBatch(t, db, 1)
 			setStatus(t, db, "inprog", 1)
 			r := impl.Must(t, db, postgres.WithResetLedger("no_ledger_here"))
-			_, err := r.Reset(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
+			_, err := r.ResetRows(context.Background(), RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
 			require.ErrorIs(t, err, postgres.ErrNoLedger)
 			require.NoError(t, r.CreateLedger(context.Background()))
-			res, err := r.Reset(context.Background(), ResetRequest{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
+			res, err := r.ResetRows(context.Background(), RowsReset{InstanceID: "dead", Incarnation: "i1", RowIDs: []int64{1}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(1), res.Changed)
 		})
@@ -250,7 +250,7 @@ func TestSQLResetterRecoversADeadPeerFromItsRowsSetWithTheLedger(t *testing.T) {
 			assert.Equal(t, 3, recorded, "the reset is in the ledger under the victim's incarnation")
 
 			setStatus(t, db, "inprog", 1, 2, 3) // a live worker takes them again
-			res, err := r.Reset(ctx, ResetRequest{InstanceID: "victim", Incarnation: inc, RowIDs: []int64{1, 2, 3}})
+			res, err := r.ResetRows(ctx, RowsReset{InstanceID: "victim", Incarnation: inc, RowIDs: []int64{1, 2, 3}})
 			require.NoError(t, err)
 			assert.Zero(t, res.Changed, "a late retry of the same life resets nothing")
 			assert.Empty(t, res.NotReset)

@@ -47,9 +47,9 @@ type ownerSpy struct {
 	resets atomic.Int64
 }
 
-func (s *ownerSpy) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	res, err := s.Resetter.Reset(ctx, req)
-	if req.Owner != "" && res.Changed > 0 {
+func (s *ownerSpy) ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error) {
+	res, err := s.Resetter.ResetOwner(ctx, req)
+	if res.Changed > 0 {
 		s.before(req.Owner)
 		s.resets.Add(res.Changed)
 	}

@@ -148,7 +148,7 @@ type sweepStrategy interface {
 // by owner value (sweepEndedLives).
 type ownerSweep struct {
 	deps               // the settings, the store, the log and the shared parts (worker.go)
-	resetter Resetter  // InProgressOwners, Reset by Owner
+	resetter Resetter  // InProgressOwners, ResetOwner
 	rows     *inflight // this worker's current life (lifeEnded)
 	// peers is the one dead-peer path (recoverDeadLives), which also
 	// counts the rows a recovery reset and quarantined (countRows;
@@ -388,7 +388,7 @@ func (s *ownerSweep) sweepEndedLives(ctx context.Context, values []string, check
 			continue // read again at the next sweep
 		}
 		dbCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
-		res, err := s.resetter.Reset(dbCtx, ResetRequest{Owner: v})
+		res, err := s.resetter.ResetOwner(dbCtx, OwnerReset{Owner: v})
 		cancel()
 		if err != nil {
 			s.stats.countFailure(ctx)
@@ -499,7 +499,7 @@ func (m *rowsMemory) clear() { *m = rowsMemory{} }
 // column. It alone reads other workers' rows sets (heldRows).
 type rowSweep struct {
 	deps              // the settings, the store, the log and the shared parts (worker.go)
-	resetter Resetter // InProgressRows, Reset by Versions, RowStates
+	resetter Resetter // InProgressRows, ResetVersions, RowStates
 	// untracked is this worker's ErrUntrackedRows alarm (untrackedFound).
 	untracked *untrackedAlarm
 	// misconfigured is the self-check's alarm, or nil (selfcheck.go).
@@ -670,7 +670,7 @@ func (s *rowSweep) judgeRows(lk *rowsRead, rep *sweepReport) ([]RowState, map[in
 // later.
 func (s *rowSweep) resetDue(ctx context.Context, rep *sweepReport, due []RowState, dueAs map[int64]strayRow, gap time.Duration) error {
 	resetCtx, cancel := context.WithTimeout(ctx, s.opts.resetTimeout)
-	res, err := s.resetter.Reset(resetCtx, ResetRequest{Versions: due})
+	res, err := s.resetter.ResetVersions(resetCtx, VersionsReset{Versions: due})
 	cancel()
 	if err != nil {
 		return err

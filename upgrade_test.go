@@ -57,7 +57,7 @@ func v1Recover(t *testing.T, rdb redis.UniversalClient, r Resetter, prefix, peer
 	members, err := rdb.SMembers(ctx, k.Rows).Result()
 	require.NoError(t, err)
 	ids, _ := parseRowIDs(members)
-	_, err = r.Reset(ctx, ResetRequest{InstanceID: peer, RowIDs: ids})
+	_, err = r.ResetRows(ctx, RowsReset{InstanceID: peer, RowIDs: ids})
 	require.NoError(t, err)
 	fin, err := v1Finish.Run(ctx, rdb, []string{k.Heartbeat, k.Rows, k.Claim}, "v1-token").Int()
 	require.NoError(t, err)

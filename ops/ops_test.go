@@ -245,16 +245,10 @@ func TestReadHistorySelectsByTheTimeRedisAppended(t *testing.T) {
 }
 
 // failing is a resetter that resets every row but fails for one peer. It
-// cannot do a dry run. It has both the v0.1 method (ResetRows) and the
-// recovery.Resetter contract, so it serves either Worker.
+// cannot do a dry run.
 type failing struct{ peer string }
 
 var _ recovery.Resetter = failing{}
-
-func (f failing) ResetRows(_ context.Context, peer string, ids []int64) (int64, error) {
-	res, err := f.Reset(context.Background(), recovery.ResetRequest{InstanceID: peer, RowIDs: ids})
-	return res.Changed, err
-}
 
 func (f failing) Info() recovery.ResetterInfo {
 	return recovery.ResetterInfo{Name: "failing", InProgressStatus: "inprog", QueuedStatus: "queued"}
@@ -262,11 +256,26 @@ func (f failing) Info() recovery.ResetterInfo {
 
 func (f failing) Check(context.Context, bool) (recovery.ResetterInfo, error) { return f.Info(), nil }
 
-func (f failing) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+func (f failing) ResetRows(_ context.Context, req recovery.RowsReset) (recovery.ResetResult, error) {
 	if req.InstanceID == f.peer {
 		return recovery.ResetResult{}, errors.New("connection refused by the test")
 	}
 	return recovery.ResetResult{Changed: int64(len(req.RowIDs))}, nil
+}
+
+func (f failing) ResetOwner(_ context.Context, req recovery.OwnerReset) (recovery.ResetResult, error) {
+	if req.Owner == f.peer {
+		return recovery.ResetResult{}, errors.New("connection refused by the test")
+	}
+	return recovery.ResetResult{}, nil
+}
+
+func (failing) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (failing) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 
 func (failing) InProgressOwners(context.Context) ([]string, error)              { return nil, nil }

@@ -159,7 +159,19 @@ func (noReset) Check(context.Context, bool) (recovery.ResetterInfo, error) {
 	return recovery.ResetterInfo{Name: "noReset", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
 }
 
-func (noReset) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+func (noReset) ResetRows(context.Context, recovery.RowsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noReset) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noReset) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noReset) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 

@@ -31,11 +31,23 @@ func (p picky) Info() recovery.ResetterInfo {
 
 func (p picky) Check(context.Context, bool) (recovery.ResetterInfo, error) { return p.Info(), nil }
 
-func (p picky) Reset(_ context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
+func (p picky) ResetRows(_ context.Context, req recovery.RowsReset) (recovery.ResetResult, error) {
 	if req.InstanceID == p.fail {
 		return recovery.ResetResult{}, errors.New("connection refused by the test")
 	}
 	return recovery.ResetResult{Changed: int64(len(req.RowIDs)), ChangedIDs: req.RowIDs}, nil
+}
+
+func (picky) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
+}
+
+func (picky) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
+}
+
+func (picky) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errors.ErrUnsupported
 }
 
 func (picky) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }

@@ -94,9 +94,27 @@ func (r *refuser) Check(context.Context, bool) (recovery.ResetterInfo, error) {
 	return recovery.ResetterInfo{Name: "refuser", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
 }
 
-func (r *refuser) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+// errRefused is what every reset of a refuser returns.
+var errRefused = errors.New("test workers do not reset rows")
+
+func (r *refuser) ResetRows(context.Context, recovery.RowsReset) (recovery.ResetResult, error) {
 	r.calls.Add(1)
-	return recovery.ResetResult{}, errors.New("test workers do not reset rows")
+	return recovery.ResetResult{}, errRefused
+}
+
+func (r *refuser) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	r.calls.Add(1)
+	return recovery.ResetResult{}, errRefused
+}
+
+func (r *refuser) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	r.calls.Add(1)
+	return recovery.ResetResult{}, errRefused
+}
+
+func (r *refuser) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
+	r.calls.Add(1)
+	return recovery.ResetResult{}, errRefused
 }
 
 func (r *refuser) InProgressOwners(context.Context) ([]string, error) {

@@ -143,7 +143,19 @@ func (noResetter) Check(context.Context, bool) (recovery.ResetterInfo, error) {
 	return recovery.ResetterInfo{Name: "noResetter", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
 }
 
-func (noResetter) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
+func (noResetter) ResetRows(context.Context, recovery.RowsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noResetter) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noResetter) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, nil
+}
+
+func (noResetter) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
 	return recovery.ResetResult{}, nil
 }
 

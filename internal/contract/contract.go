@@ -1,6 +1,6 @@
 // Package contract holds the data types and error values of the contract
 // between a recovery.Worker and its Resetter. The root package aliases
-// each of them, and users name them there (recovery.ResetRequest,
+// each of them, and users name them there (recovery.RowsReset,
 // recovery.ErrSchema, ...). They live here so that the PostgreSQL
 // resetters (internal/pgcore and the packages under postgres/) can build
 // and return them without importing the root package.
@@ -8,6 +8,7 @@ package contract
 
 import (
 	"errors"
+	"fmt"
 	"time"
 )
 
@@ -28,9 +29,10 @@ var (
 	ErrRowsRefused = errors.New("recovery: rows refused by the database")
 )
 
-// ResetRequest asks a resetter to return rows to the queue. Exactly one
-// of RowIDs, Owner and Versions says which rows.
-type ResetRequest struct {
+// RowsReset asks a resetter to return rows named by ID to the queue: the
+// rows of a dead instance's rows set (rows-set recovery) or the rows a
+// worker gives back (Release).
+type RowsReset struct {
 	// InstanceID is the instance the rows belong to: a dead peer, or the
 	// worker itself for Release. An owner-mode Release of rows fetched
 	// under a per-life owner value (<id>{<life>}) passes that value, with
@@ -42,7 +44,7 @@ type ResetRequest struct {
 	// records its resets under InstanceID and Incarnation, and never
 	// resets a row twice for the same pair.
 	Incarnation string
-	// RowIDs are the rows to reset (rows-set recovery, Release).
+	// RowIDs are the rows to reset.
 	RowIDs []int64
 	// FromRowsSet is set by recovery when RowIDs were read from the dead
 	// instance's rows set under a recovery claim; Release leaves it
@@ -52,30 +54,67 @@ type ResetRequest struct {
 	// Without it such rows are reported as not reset, never counted as
 	// settled.
 	FromRowsSet bool
-	// Owner, when set (and RowIDs and Versions are empty), asks for every
-	// row still in progress and owned by Owner, whole: owner mode, the
-	// backstop sweep by owner, a Worker's own predecessor at Start. It
-	// needs ResetterInfo.OwnerFencing.
-	Owner string
-	// Versions, when set, asks for the rows still in progress at the
-	// version given (RowState.Version), and no other: the backstop sweep
-	// without an owner column. Rows that moved on are left alone and not
-	// reported; rows still at their version that another session held
-	// locked may be listed in NotReset (Locked). Resetting the same
-	// versions again changes nothing.
-	Versions []RowState
-	// DryRun asks the resetter to run the very statements of the reset in
-	// a transaction it always rolls back, and to fill ResetResult's
-	// ChangedIDs with the rows the reset would change. It needs
-	// ResetterInfo.DryRun.
-	DryRun bool
 }
 
-// ResetResult says what a reset changed, or would change (DryRun).
+// OwnerReset asks a resetter that fences by owner
+// (ResetterInfo.OwnerFencing) to return every row still in progress and
+// owned by Owner to the queue, whole: owner mode's recovery, the backstop
+// sweep by owner, a Worker's own predecessor at Start.
+type OwnerReset struct {
+	// Owner is the owner column's value: an instance ID, or a per-life
+	// owner value (<id>{<life>}). It is never empty.
+	Owner string
+}
+
+// VersionsReset asks a resetter without owner fencing to return the rows
+// still in progress at the version given, and no other, to the queue: the
+// backstop sweep without an owner column. Rows that moved on are left
+// alone and not reported; rows still at their version that another
+// session held locked may be listed in NotReset (Locked). Resetting the
+// same versions again changes nothing.
+type VersionsReset struct {
+	// Versions are the rows to reset, by ID, each with the version
+	// (RowState.Version) it must still have, as InProgressRows returned
+	// them.
+	Versions []RowState
+}
+
+// PlanRequest asks a resetter what one reset would change, changing
+// nothing (ResetterInfo.DryRun): it runs the very statements of the reset
+// in a transaction it always rolls back and fills ResetResult's ChangedIDs
+// with the rows the reset would change. Exactly one of its fields is set;
+// a plan with none or several is refused with an error wrapping
+// ErrInvalidConfig.
+type PlanRequest struct {
+	// Rows plans a reset of rows by ID (RowsReset).
+	Rows *RowsReset
+	// Owner plans a reset by owner (OwnerReset).
+	Owner *OwnerReset
+	// Versions plans a reset by row version (VersionsReset).
+	Versions *VersionsReset
+}
+
+// CheckPlan returns nil when exactly one of p's fields is set, and an
+// error wrapping ErrInvalidConfig otherwise.
+func CheckPlan(p PlanRequest) error {
+	n := 0
+	for _, set := range []bool{p.Rows != nil, p.Owner != nil, p.Versions != nil} {
+		if set {
+			n++
+		}
+	}
+	if n != 1 {
+		return fmt.Errorf("%w: a reset plan names one of Rows, Owner and Versions, this one %d", ErrInvalidConfig, n)
+	}
+	return nil
+}
+
+// ResetResult says what a reset changed, or what a plan
+// (PlanRequest) would change.
 type ResetResult struct {
 	// Changed is how many rows changed: queued again or quarantined.
 	Changed int64
-	// ChangedIDs lists the rows a dry run would change. A reset lists the
+	// ChangedIDs lists the rows a plan would change. A reset lists the
 	// rows it changed when it can (the PostgreSQL resetters do, ascending):
 	// recovery records them in the fleet's history; a reset that leaves it
 	// empty leaves the history with counts only.
@@ -91,7 +130,7 @@ type ResetResult struct {
 	// such rows, and tries again, instead of forgetting rows it could not
 	// reset.
 	NotReset []RowState
-	// Gone lists the rows among RowIDs (or Versions) that no longer
+	// Gone lists the rows among those named by ID (or by version) that no longer
 	// exist: deleted since they were taken. They are not stuck, and not
 	// in NotReset; a resetter that cannot tell leaves it empty. The
 	// PostgreSQL resetters tell when at most 1,000 rows of a chunk of the
@@ -129,13 +168,13 @@ type ResetterInfo struct {
 	// Name names the resetter in messages, as "pgxreset.Resetter".
 	Name string
 	// OwnerFencing: the resetter resets a row only while the instance
-	// named (ResetRequest.InstanceID or Owner) still owns it. Owner mode
-	// needs it, and so does Release after a lost lease (or Ledger).
+	// named (RowsReset.InstanceID, OwnerReset.Owner) still owns it. Owner
+	// mode needs it, and so does Release after a lost lease (or Ledger).
 	OwnerFencing bool
-	// Ledger: Reset records (InstanceID, Incarnation) with each row it
-	// resets and never resets a row twice for the same pair.
+	// Ledger: ResetRows records (InstanceID, Incarnation) with each row
+	// it resets and never resets a row twice for the same pair.
 	Ledger bool
-	// DryRun: Reset honours ResetRequest.DryRun.
+	// DryRun: PlanReset works.
 	DryRun bool
 	// ListsInProgress: InProgressOwners (with OwnerFencing) or
 	// InProgressRows (without) work, so the backstop sweep can run.

@@ -96,7 +96,7 @@ func TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist(t *testing.T) {
 		"a.go": "package recovery\n\nimport \"example.com/m/internal/contract\"\n\n" +
 			"type Worker struct{ Name string }\n\nfunc (*Worker) Start() {}\nfunc New() *Worker { return nil }\n" +
 			"type Info = contract.Info\ntype Stats struct{ contract.Base }\n" +
-			"type Resetter interface{ Reset() }\nconst EventX = 1\nvar ErrX error\n",
+			"type Resetter interface{ Reset() }\nconst EventX = 1\nvar ErrX error\ntype Plan struct{}\n",
 		// Files another build selects count: parsed, not built.
 		"b.go":                   "//go:build sim\n\npackage recovery\n\nfunc Tagged() {}\n",
 		"c_test.go":              "package recovery\n\nfunc InTest() {}\n",
@@ -110,15 +110,17 @@ func TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist(t *testing.T) {
 			"| `recovery.NewOld` | `pgxreset.New` |\n" + // line 8
 			"| `ops.PlanReset` | `ops.PlanReset` |\n" + // line 9
 			"| `recovery.Worker.Old` | `ops.Nope(ctx, w)` |\n" + // line 10: ops.Nope does not exist
-			"<!-- doccheck:end -->\n" + // line 11
-			"Use `pgxreset.New`, not `NewOld`.\n", // line 12: a retired name outside the region
+			"| `recovery.Plan`, `recovery.Resetter.Reset` | `recovery.Worker` |\n" + // line 11: both defined again
+			"<!-- doccheck:end -->\n" + // line 12
+			"Use `pgxreset.New`, not `NewOld`.\n", // line 13: a retired name outside the region
 		"docs/x.md": "# Names\n" +
 			"`recovery.New`, `recovery.Worker.Start`, `recovery.Worker.Name`, `ops.Inspect`, `recovery.Tagged`.\n" + // line 2
 			"`recovery.InTest`, `recovery.Worker.Stop`, `ops.Gone`, `sqlreset.New`.\n" + // line 3
 			"`recovery.Info.Ledger`, `Info.Ledger`, `Stats.Count`, `Stats.Nope`, `Resetter.Reset`, `Resetter.LedgerDDL`, `Resetter.Nope`.\n" + // line 4
 			"`recovery.ErrX.Error`, `Unknown.Thing`, github.com/x/recovery.Nope, `recovery.EventX`.\n" + // line 5
 			"```go\nr := recovery.NewOld()\nNewOld(PlanReset)\nw.Old()\n```\n" + // lines 6-10
-			"Prose: NewOld, `Worker.Old`, `recovery.Worker.Old`.\n", // line 11: bare names are checked only in code
+			"Prose: NewOld, `Worker.Old`, `recovery.Worker.Old`.\n" + // line 11: bare names are checked only in code
+			"`recovery.Plan`, `Plan{}`, `Resetter.Reset`, `recovery.Resetter.Reset`.\n", // line 12: names defined again
 		"docs/plans/p.md": "`recovery.Planned`, `NewOld`\n",
 	})
 	problems, err := check(root)
@@ -129,7 +131,7 @@ func TestCheckNamesEachCitationOfAnIdentifierThatDoesNotExist(t *testing.T) {
 	}
 	assert.Equal(t, []string{
 		"docs/migrating.md:10: ops.Nope: package ops (ops) has no exported Nope",
-		"docs/migrating.md:12: NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
+		"docs/migrating.md:13: NewOld: not in the v2 root (docs/migrating.md: `pgxreset.New`)",
 		"docs/x.md:3: recovery.InTest: package recovery (.) has no exported InTest",
 		"docs/x.md:3: recovery.Worker.Stop: recovery.Worker has no method or field Stop",
 		"docs/x.md:3: ops.Gone: package ops (ops) has no exported Gone",

@@ -27,7 +27,8 @@ import (
 //     define T (pgxreset.Resetter and the root's Resetter share a name).
 //   - Retired names: the first column of the tables in the old-names
 //     regions of docs/migrating.md lists the names v2 took out of the root
-//     (`recovery.WithHeartbeatTTL`, `recovery.Worker.RecoverNow`). Outside
+//     (`recovery.WithHeartbeatTTL`, `recovery.Worker.RecoverNow`), save
+//     those the root defines again (definedAgain). Outside
 //     such regions no Markdown file may cite them: neither qualified, nor
 //     as `T.M`, nor (for a top-level name) bare inside a code span or a
 //     fenced block, unless the replacement keeps the bare name
@@ -426,10 +427,35 @@ func newNameChecker(root string, docs []source) (*nameChecker, error) {
 		}
 		_, names := maskOldNames(d.text)
 		for _, r := range names {
-			nc.retired[r.name] = r
+			again, err := nc.definedAgain(r.name)
+			if err != nil {
+				return nil, err
+			}
+			if !again {
+				nc.retired[r.name] = r
+			}
 		}
 	}
 	return nc, nil
+}
+
+// definedAgain reports whether the root defines name (X or T.M) again: a
+// name a later version brought back, with the meaning its doc comment
+// gives now, is cited like any other.
+func (nc *nameChecker) definedAgain(name string) (bool, error) {
+	p, err := nc.pkgs.load(".")
+	if err != nil {
+		return false, err
+	}
+	t, m, member := strings.Cut(name, ".")
+	if !member {
+		return p.names[t], nil
+	}
+	if !p.names[t] || p.types[t] == nil {
+		return false, nil
+	}
+	state, err := nc.pkgs.member(typeRef{dir: ".", name: t}, m, 0)
+	return state == memberFound, err
 }
 
 // sortedDirs is the cited packages' directories in a fixed order.

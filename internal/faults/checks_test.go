@@ -35,13 +35,13 @@ func TestRecoveredTwiceTellsAReleaseFromASecondRecovery(t *testing.T) {
 	// Both are the same reset, and both count.
 	r, err := pgxreset.New(e.pool, postgres.WithTable("batchrows"), postgres.WithRecoveryCountColumn("recoveries"), postgres.WithOwnerColumn("owner"))
 	require.NoError(t, err)
-	for _, req := range []recovery.ResetRequest{
+	for _, req := range []recovery.RowsReset{
 		{InstanceID: "w1", Incarnation: "i1", RowIDs: []int64{3}},
 		{InstanceID: "w2", Incarnation: "i2", RowIDs: []int64{3}, FromRowsSet: true},
 	} {
 		_, err := e.pool.Exec(t.Context(), `UPDATE `+e.table+` SET status = 'inprog', owner = $1 WHERE rowid = 3`, req.InstanceID)
 		require.NoError(t, err)
-		res, err := r.Reset(t.Context(), req)
+		res, err := r.ResetRows(t.Context(), req)
 		require.NoError(t, err)
 		require.EqualValues(t, 1, res.Changed, "reset of row 3 for %s", req.InstanceID)
 	}

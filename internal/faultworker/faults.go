@@ -28,12 +28,12 @@ type faultyResetter struct {
 	once sync.Once
 }
 
-// Reset resets through the pgxreset.Resetter, then injects the fault when the
-// reset was of the chosen peer's rows by ID (not a dry run) and changed
-// rows.
-func (f *faultyResetter) Reset(ctx context.Context, req recovery.ResetRequest) (recovery.ResetResult, error) {
-	res, err := f.Resetter.Reset(ctx, req)
-	if err != nil || res.Changed == 0 || len(req.RowIDs) == 0 || req.DryRun {
+// ResetRows resets through the pgxreset.Resetter, then injects the fault
+// when the reset was of the chosen peer's rows and changed rows. Resets by
+// owner or by version, and plans, go straight to the pgxreset.Resetter.
+func (f *faultyResetter) ResetRows(ctx context.Context, req recovery.RowsReset) (recovery.ResetResult, error) {
+	res, err := f.Resetter.ResetRows(ctx, req)
+	if err != nil || res.Changed == 0 {
 		return res, err
 	}
 	f.once.Do(func() {

@@ -19,7 +19,7 @@ import (
 //
 //   - by owner (WithOwnerColumn), in a recovery: the reset requires the
 //     dead owner, and a worker that takes the row writes its own;
-//   - by the reset ledger, in a recovery (ResetRequest.FromRowsSet): the
+//   - by the reset ledger, in a recovery (RowsReset.FromRowsSet): the
 //     chunk records the rows it resets in its own transaction, and every
 //     later chunk of the same incarnation skips them (read under the
 //     incarnation's lock, chunk by chunk). A Release under the ledger
@@ -205,7 +205,7 @@ func (r *Resetter) byChunk(ctx context.Context, step chunkStep) (ResetResult, er
 
 // commitsByChunk reports whether the reset of req by IDs may commit chunk
 // by chunk: every row it may change is fenced on its own (see above).
-func (r *Resetter) commitsByChunk(req ResetRequest) bool {
+func (r *Resetter) commitsByChunk(req RowsReset) bool {
 	if !req.FromRowsSet {
 		// A Release (by IDs, not from a rows set) stays whole, with an
 		// owner column too: on an error the worker takes its rows as not
@@ -224,7 +224,7 @@ func (r *Resetter) commitsByChunk(req ResetRequest) bool {
 // resetIDsByChunk resets ids (sorted, without duplicates) for req chunk
 // by chunk (byChunk). The ledger's expired entries are cleaned in the last
 // chunk's transaction.
-func (r *Resetter) resetIDsByChunk(ctx context.Context, req ResetRequest, ids []int64) (ResetResult, error) {
+func (r *Resetter) resetIDsByChunk(ctx context.Context, req RowsReset, ids []int64) (ResetResult, error) {
 	return r.byChunk(ctx, func(ctx context.Context, tx Tx, n int) (ResetResult, int, func() bool, error) {
 		n = min(n, len(ids))
 		res, err := r.resetInTx(ctx, tx, req, ids[:n], n == len(ids))

@@ -83,7 +83,7 @@ func TestResetByOwnerOfABlockLongerThanTheResetTimeoutComesBackChunkByChunk(t *t
 	// One transaction does not fit: the dry run runs the reset's
 	// statements in one.
 	planCtx, cancel := context.WithTimeout(ctx, timeout)
-	_, err = r.Reset(planCtx, contract.ResetRequest{Owner: "A", DryRun: true})
+	_, err = r.PlanReset(planCtx, contract.PlanRequest{Owner: &contract.OwnerReset{Owner: "A"}})
 	cancel()
 	require.Error(t, err, "the block fits one transaction: the test proves nothing")
 
@@ -93,9 +93,9 @@ func TestResetByOwnerOfABlockLongerThanTheResetTimeoutComesBackChunkByChunk(t *t
 		resetCtx, cancel := context.WithTimeout(ctx, timeout)
 		// As recovery does: first the bare instance ID, which owns no
 		// row (a chunk that finds none must not tell a rate), then A.
-		_, err := r.Reset(resetCtx, contract.ResetRequest{Owner: "A-bare"})
+		_, err := r.ResetOwner(resetCtx, contract.OwnerReset{Owner: "A-bare"})
 		if err == nil {
-			_, err = r.Reset(resetCtx, contract.ResetRequest{Owner: "A"})
+			_, err = r.ResetOwner(resetCtx, contract.OwnerReset{Owner: "A"})
 		}
 		cancel()
 		queued = queuedCount(t, db)
@@ -141,7 +141,7 @@ func TestResetSizesItsChunksToFitTheStatementTimeout(t *testing.T) {
 			for queued := 0; queued < rows; tries++ {
 				require.Less(t, tries, 10, "%d of %d rows back after %d tries", queued, rows, tries)
 				resetCtx, cancel := context.WithTimeout(ctx, 5*time.Second)
-				_, err := r.Reset(resetCtx, mode.req)
+				_, err := mode.reset(resetCtx, r)
 				cancel()
 				queued = queuedCount(t, db)
 				t.Logf("try %d: %d rows queued (error: %v)", tries+1, queued, err)
@@ -167,7 +167,7 @@ func TestAResetInterruptedAfterSomeChunksIsFinishedWithoutRepeatingWork(t *testi
 			var _ resetter = r
 
 			first, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-			_, err = r.Reset(first, mode.req)
+			_, err = mode.reset(first, r)
 			cancel()
 			require.Error(t, err, "the first try fits: the test proves nothing")
 			done := queuedCount(t, db)
@@ -185,7 +185,7 @@ func TestAResetInterruptedAfterSomeChunksIsFinishedWithoutRepeatingWork(t *testi
 			_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = $2 WHERE rowid = $1`, taken, live)
 			require.NoError(t, err)
 
-			changed := resetUntilSettled(t, r, mode.req)
+			changed := resetUntilSettled(t, r, mode.reset)
 			assert.Equal(t, int64(rows-done), changed, "the next tries reset only what the first left")
 			assert.Equal(t, "inprog", statuses(t, db)[taken], "the row a live worker took is not reset again")
 			assert.Equal(t, rows-1, queuedCount(t, db))
@@ -215,31 +215,46 @@ func TestAResetWithoutFencingStaysOneTransaction(t *testing.T) {
 			db := blockInProgress(t, rows, 600, "")
 			r, err := pgxreset.New(db, c.opts...)
 			require.NoError(t, err)
-			req := contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}
+			req := contract.RowsReset{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}
 			short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-			_, err = r.Reset(short, req)
+			_, err = r.ResetRows(short, req)
 			cancel()
 			require.Error(t, err)
 			assert.Zero(t, queuedCount(t, db), "nothing committed")
 
-			assert.Equal(t, int64(rows), resetUntilSettled(t, r, req))
+			assert.Equal(t, int64(rows), resetUntilSettled(t, r, byRows(req)))
 			requeuedOnce(t, db, rows)
 		})
 	}
 }
 
-// resetUntilSettled runs the reset of req until it leaves no row locked
-// (NotReset) and no error wrapping ErrRowsLocked, as recovery tries again
-// at every scan: the session of a try that ran out of time may still hold
-// its rows (or its incarnation's lock) for a moment after the client gave
-// up on it. It returns the rows changed in all.
-func resetUntilSettled(t testing.TB, r resetter, req contract.ResetRequest) int64 {
+// resetOp is one reset on r: by IDs (byRows) or by owner (byOwner).
+type resetOp func(ctx context.Context, r resetter) (contract.ResetResult, error)
+
+// byRows is the reset of req's rows by ID.
+func byRows(req contract.RowsReset) resetOp {
+	return func(ctx context.Context, r resetter) (contract.ResetResult, error) { return r.ResetRows(ctx, req) }
+}
+
+// byOwner is the reset of owner's rows.
+func byOwner(owner string) resetOp {
+	return func(ctx context.Context, r resetter) (contract.ResetResult, error) {
+		return r.ResetOwner(ctx, contract.OwnerReset{Owner: owner})
+	}
+}
+
+// resetUntilSettled runs reset until it leaves no row locked (NotReset)
+// and no error wrapping ErrRowsLocked, as recovery tries again at every
+// scan: the session of a try that ran out of time may still hold its rows
+// (or its incarnation's lock) for a moment after the client gave up on
+// it. It returns the rows changed in all.
+func resetUntilSettled(t testing.TB, r resetter, reset resetOp) int64 {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	var changed int64
 	for {
-		res, err := r.Reset(ctx, req)
+		res, err := reset(ctx, r)
 		if errors.Is(err, contract.ErrRowsLocked) {
 			continue // the incarnation's lock, still held by that session
 		}
@@ -260,7 +275,7 @@ type resetMode struct {
 	name  string
 	opts  []postgres.Option
 	owner string // the owner column's value of A's rows; "" without one
-	req   contract.ResetRequest
+	reset resetOp
 }
 
 // fencedModes are the resets that commit chunk by chunk: by owner, by IDs
@@ -268,9 +283,9 @@ type resetMode struct {
 func fencedModes(n int) []resetMode {
 	owner := []postgres.Option{postgres.WithOwnerColumn("owner")}
 	return []resetMode{
-		{"owner", owner, "A", contract.ResetRequest{Owner: "A"}},
-		{"rows set with an owner column", owner, "A", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(n), FromRowsSet: true}},
-		{"rows set with the ledger", nil, "", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(n), FromRowsSet: true}},
+		{"owner", owner, "A", byOwner("A")},
+		{"rows set with an owner column", owner, "A", byRows(contract.RowsReset{InstanceID: "A", Incarnation: "1", RowIDs: seq(n), FromRowsSet: true})},
+		{"rows set with the ledger", nil, "", byRows(contract.RowsReset{InstanceID: "A", Incarnation: "1", RowIDs: seq(n), FromRowsSet: true})},
 	}
 }
 
@@ -293,10 +308,10 @@ func TestAReleaseWithAnOwnerColumnStaysOneTransaction(t *testing.T) {
 	const rows = 5000
 	for _, c := range []struct {
 		name string
-		req  contract.ResetRequest
+		req  contract.RowsReset
 	}{
-		{"a life's owner value", contract.ResetRequest{InstanceID: "A", RowIDs: seq(rows)}},
-		{"the bare instance ID", contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}},
+		{"a life's owner value", contract.RowsReset{InstanceID: "A", RowIDs: seq(rows)}},
+		{"the bare instance ID", contract.RowsReset{InstanceID: "A", Incarnation: "1", RowIDs: seq(rows)}},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			ctx := context.Background()
@@ -304,7 +319,7 @@ func TestAReleaseWithAnOwnerColumnStaysOneTransaction(t *testing.T) {
 			r, err := pgxreset.New(db, postgres.WithOwnerColumn("owner"))
 			require.NoError(t, err)
 			short, cancel := context.WithTimeout(ctx, 150*time.Millisecond)
-			_, err = r.Reset(short, c.req)
+			_, err = r.ResetRows(short, c.req)
 			cancel()
 			require.Error(t, err)
 
@@ -321,7 +336,7 @@ func TestAReleaseWithAnOwnerColumnStaysOneTransaction(t *testing.T) {
 			require.NoError(t, q.Err())
 			assert.Zero(t, len(retaken), "the failed Release committed nothing")
 
-			resetUntilSettled(t, r, c.req) // the host repeats its Release
+			resetUntilSettled(t, r, byRows(c.req)) // the host repeats its Release
 			for _, id := range retaken {
 				var status string
 				require.NoError(t, db.QueryRow(ctx, `SELECT status FROM batchrows WHERE rowid = $1`, id).Scan(&status))

@@ -5,8 +5,14 @@ import "github.com/alya/recovery/internal/contract"
 // The contract's types and errors, under the names the resetter's code
 // has always used.
 type (
-	// ResetRequest is contract.ResetRequest.
-	ResetRequest = contract.ResetRequest
+	// RowsReset is contract.RowsReset.
+	RowsReset = contract.RowsReset
+	// OwnerReset is contract.OwnerReset.
+	OwnerReset = contract.OwnerReset
+	// VersionsReset is contract.VersionsReset.
+	VersionsReset = contract.VersionsReset
+	// PlanRequest is contract.PlanRequest.
+	PlanRequest = contract.PlanRequest
 	// ResetResult is contract.ResetResult.
 	ResetResult = contract.ResetResult
 	// RowState is contract.RowState.

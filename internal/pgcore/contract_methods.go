@@ -4,12 +4,15 @@ import (
 	"context"
 	"fmt"
 	"slices"
+
+	"github.com/alya/recovery/internal/contract"
 )
 
 // The PostgreSQL resetter implements the Resetter contract by delegating
-// to its flows: the reset by IDs (resetIncarnation), by owner
-// (resetOwnerRows) and by row version (resetRowVersions), their dry runs
-// (planReset, planOwnerReset, planVersions), the schema and session checks
+// to its flows: the reset by IDs (resetIncarnation, ResetRows), by owner
+// (resetOwnerRows, ResetOwner) and by row version (resetRowVersions,
+// ResetVersions), their plans (planReset, planOwnerReset, planVersions,
+// PlanReset), the schema and session checks
 // (checkSchema, checkSession) and what it serves (fleetIdentity,
 // serverIdentity).
 
@@ -71,50 +74,68 @@ func (r *Resetter) Check(ctx context.Context, schema bool) (ResetterInfo, error)
 	return info, nil
 }
 
-// Reset returns the rows req names to the queue (or quarantine):
-//
-//   - req.Owner (RowIDs and Versions empty): every row still in progress
-//     and owned by it (resetOwnerRows; it needs WithOwnerColumn);
-//   - req.Versions: the rows still in progress at the version given
-//     (resetRowVersions; it needs a resetter without WithOwnerColumn);
-//   - else req.RowIDs, under req.InstanceID and req.Incarnation
-//     (resetIncarnation).
-//
-// It lists the rows it changed in ChangedIDs (ascending). With req.DryRun
-// it runs the same statements in a transaction it always rolls back
-// (planReset, planOwnerReset) and returns what they changed, the rows in
-// ChangedIDs (ascending) and their count in Changed. A
-// request naming more than one of RowIDs, Owner and Versions is refused
-// with an error wrapping ErrInvalidConfig. It implements Resetter.
-func (r *Resetter) Reset(ctx context.Context, req ResetRequest) (ResetResult, error) {
-	selectors := 0
-	for _, set := range []bool{len(req.RowIDs) > 0, req.Owner != "", len(req.Versions) > 0} {
-		if set {
-			selectors++
-		}
+// ResetRows returns req.RowIDs to the queue (or quarantine), under
+// req.InstanceID and req.Incarnation (resetIncarnation). It lists the
+// rows it changed in ChangedIDs (ascending). It implements Resetter.
+func (r *Resetter) ResetRows(ctx context.Context, req RowsReset) (ResetResult, error) {
+	return r.resetIncarnation(ctx, req)
+}
+
+// ResetOwner returns every row still in progress and owned by req.Owner
+// to the queue (or quarantine) (resetOwnerRows; it needs
+// WithOwnerColumn). It lists the rows it changed in ChangedIDs
+// (ascending). An empty Owner is refused with an error wrapping
+// ErrInvalidConfig. It implements Resetter.
+func (r *Resetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResult, error) {
+	if err := needOwner(req); err != nil {
+		return ResetResult{}, err
 	}
-	if selectors > 1 {
-		return ResetResult{}, fmt.Errorf("%w: a reset request names rows by one of RowIDs, Owner and Versions, this one by %d", ErrInvalidConfig, selectors)
+	return r.resetOwnerRows(ctx, req.Owner)
+}
+
+// needOwner refuses a reset by owner that names none: it would reset the
+// rows whose owner is the empty string, which no worker writes.
+func needOwner(req OwnerReset) error {
+	if req.Owner == "" {
+		return fmt.Errorf("%w: a reset by owner names the owner; this one is empty", ErrInvalidConfig)
+	}
+	return nil
+}
+
+// ResetVersions returns the rows still in progress at the versions
+// req.Versions gives to the queue (or quarantine) (resetRowVersions; it
+// needs a resetter without WithOwnerColumn). It lists the rows it changed
+// in ChangedIDs (ascending). It implements Resetter.
+func (r *Resetter) ResetVersions(ctx context.Context, req VersionsReset) (ResetResult, error) {
+	return r.resetRowVersions(ctx, req.Versions)
+}
+
+// PlanReset runs the statements of the reset plan names in a transaction
+// it always rolls back (planReset, planOwnerReset, planVersions) and
+// returns what they changed: the rows in ChangedIDs (ascending) and their
+// count in Changed. A plan naming none or several resets, or a reset by
+// an empty owner, is refused with an error wrapping ErrInvalidConfig. It
+// implements Resetter.
+func (r *Resetter) PlanReset(ctx context.Context, plan PlanRequest) (ResetResult, error) {
+	if err := contract.CheckPlan(plan); err != nil {
+		return ResetResult{}, err
 	}
 	switch {
-	case req.Owner != "" && req.DryRun:
-		plan, err := r.planOwnerReset(ctx, req.Owner)
-		return plan.result(), err
-	case req.Owner != "":
-		return r.resetOwnerRows(ctx, req.Owner)
-	case len(req.Versions) > 0 && req.DryRun:
-		return r.planVersions(ctx, req.Versions)
-	case len(req.Versions) > 0:
-		return r.resetRowVersions(ctx, req.Versions)
-	case req.DryRun:
-		plan, err := r.planReset(ctx, req)
-		return plan.result(), err
+	case plan.Owner != nil:
+		if err := needOwner(*plan.Owner); err != nil {
+			return ResetResult{}, err
+		}
+		p, err := r.planOwnerReset(ctx, plan.Owner.Owner)
+		return p.result(), err
+	case plan.Versions != nil:
+		return r.planVersions(ctx, plan.Versions.Versions)
 	default:
-		return r.resetIncarnation(ctx, req)
+		p, err := r.planReset(ctx, *plan.Rows)
+		return p.result(), err
 	}
 }
 
-// result is the plan as a dry run's ResetResult.
+// result is the plan as PlanReset's ResetResult.
 func (p resetPlan) result() ResetResult {
 	return ResetResult{
 		Changed:     int64(len(p.Reset)),

@@ -27,7 +27,7 @@ func TestResetNamesTheGoneRowsWhateverTheTablesColumnsAreCalled(t *testing.T) {
 	r, err := pgxreset.New(db, postgres.WithoutResetLedger())
 	require.NoError(t, err)
 
-	res, err := r.Reset(ctx, contract.ResetRequest{InstanceID: "A", RowIDs: []int64{1, 2, 3, 99}})
+	res, err := r.ResetRows(ctx, contract.RowsReset{InstanceID: "A", RowIDs: []int64{1, 2, 3, 99}})
 	require.NoError(t, err)
 	assert.Equal(t, []int64{1, 2, 3}, res.ChangedIDs)
 	assert.Equal(t, []int64{99}, res.Gone, "only row 99 is gone")

@@ -28,7 +28,7 @@ type resetPlan struct {
 // locks the rows it changes, as a reset does; triggers on the table fire
 // and are rolled back with it (what they do outside the transaction, such
 // as taking sequence values, is not).
-func (r *Resetter) planReset(ctx context.Context, req ResetRequest) (plan resetPlan, err error) {
+func (r *Resetter) planReset(ctx context.Context, req RowsReset) (plan resetPlan, err error) {
 	if len(req.RowIDs) == 0 {
 		return resetPlan{}, nil
 	}
@@ -96,8 +96,8 @@ func (r *Resetter) statuses(ctx context.Context, tx Tx, ids []int64) (map[int64]
 // planOwnerReset runs the statements resetOwnerRows runs for owner in a
 // transaction that is always rolled back, and returns the rows they would
 // change (in ascending order) and quarantine, and those they would skip
-// because another session holds them locked (NotReset). It implements
-// OwnerPlanner.
+// because another session holds them locked (NotReset). It serves
+// PlanReset for an owner.
 func (r *Resetter) planOwnerReset(ctx context.Context, owner string) (plan resetPlan, err error) {
 	if err := r.needOwnerColumn("planning a reset by owner"); err != nil {
 		return resetPlan{}, err

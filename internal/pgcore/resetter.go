@@ -242,8 +242,8 @@ const rollbackTimeout = 5 * time.Second
 // backoff. With the reset ledger (no owner column) it skips the rows a
 // committed reset of the same instance and incarnation already changed,
 // and records the ones it changes, in the same transaction. It serves
-// Reset for RowIDs.
-func (r *Resetter) resetIncarnation(ctx context.Context, req ResetRequest) (ResetResult, error) {
+// ResetRows.
+func (r *Resetter) resetIncarnation(ctx context.Context, req RowsReset) (ResetResult, error) {
 	if len(req.RowIDs) == 0 {
 		return ResetResult{}, nil
 	}
@@ -274,7 +274,7 @@ func (r *Resetter) resetIncarnation(ctx context.Context, req ResetRequest) (Rese
 // tx: resetIncarnation commits it, planReset rolls it back. clean lets it
 // delete expired ledger entries (a plan does not, so as not to postpone
 // the real clean-up).
-func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids []int64, clean bool) (ResetResult, error) {
+func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req RowsReset, ids []int64, clean bool) (ResetResult, error) {
 	reset, rest, ledger := r.byIDs, r.rest, r.ledgerFor(req)
 	if ledger {
 		reset = r.logged
@@ -327,10 +327,10 @@ func (r *Resetter) resetInTx(ctx context.Context, tx Tx, req ResetRequest, ids [
 
 // ledgerFor reports whether the reset of req is recorded in the ledger: it
 // needs the ledger on and a known incarnation. Under an unknown one ("": a
-// worker of the first protocol version, or a host calling Reset by row IDs
+// worker of the first protocol version, or a host calling ResetRows
 // itself) a record would make every later reset of the same instance ID
 // skip the row, also in that ID's next life.
-func (r *Resetter) ledgerFor(req ResetRequest) bool {
+func (r *Resetter) ledgerFor(req RowsReset) bool {
 	return r.o.usesLedger() && req.Incarnation != ""
 }
 
@@ -347,7 +347,7 @@ func (r *Resetter) ledgerFor(req ResetRequest) bool {
 // they are left alone and reported in NotReset, with no owner. A worker
 // that sets the column never holds a row without an owner: its fetch sets
 // both in one UPDATE.
-func (r *Resetter) unownedReset(ctx context.Context, tx Tx, req ResetRequest, ids []int64) (reset, rest query, ledger bool, err error) {
+func (r *Resetter) unownedReset(ctx context.Context, tx Tx, req RowsReset, ids []int64) (reset, rest query, ledger bool, err error) {
 	var found bool
 	err = queryRow(ctx, tx, fmt.Sprintf("SELECT EXISTS (SELECT 1 FROM %s WHERE %s = ANY($1::bigint[]) AND %s = $2 AND %s IS NULL)",
 		r.o.tableIdent(), ident(r.o.IDColumn), ident(r.o.StatusColumn), ident(r.o.OwnerColumn)), []any{ids, r.o.InProg}, &found)
@@ -370,7 +370,7 @@ func (r *Resetter) unownedReset(ctx context.Context, tx Tx, req ResetRequest, id
 
 // withoutRecorded returns ids (sorted) without the rows among them the
 // ledger holds for req's instance and incarnation.
-func (r *Resetter) withoutRecorded(ctx context.Context, tx Tx, req ResetRequest, ids []int64) ([]int64, error) {
+func (r *Resetter) withoutRecorded(ctx context.Context, tx Tx, req RowsReset, ids []int64) ([]int64, error) {
 	recorded, err := collect(ctx, tx, fmt.Sprintf("SELECT row_id FROM %s WHERE instance_id = $1 AND incarnation = $2 AND row_id = ANY($3::bigint[]) ORDER BY row_id",
 		r.o.ledgerIdent()), []any{req.InstanceID, req.Incarnation, ids}, scanOne[int64])
 	if err != nil || len(recorded) == 0 {

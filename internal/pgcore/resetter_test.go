@@ -325,11 +325,10 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 			return pgtest.ByRow[string](t, db, `SELECT rowid, status || '/' || recoveries FROM batchrows`)
 		}
 		before := state()
-		req := contract.ResetRequest{InstanceID: "dead-1", Incarnation: "inc-1", RowIDs: []int64{6, 5, 4, 3, 2, 1, 1, 99}}
+		req := contract.RowsReset{InstanceID: "dead-1", Incarnation: "inc-1", RowIDs: []int64{6, 5, 4, 3, 2, 1, 1, 99}}
 
-		dry := req
-		dry.DryRun = true
-		plan, err := r.Reset(ctx, dry)
+		dry := contract.PlanRequest{Rows: &req}
+		plan, err := r.PlanReset(ctx, dry)
 		require.NoError(t, err)
 		assert.Equal(t, []int64{1, 2, 3, 4}, plan.ChangedIDs, "rows in progress, not the finished row 5 nor the missing 99")
 		assert.Equal(t, []int64{4}, plan.Quarantined, "row 4 reaches its third recovery")
@@ -340,7 +339,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 		assert.Zero(t, ledger, "nothing recorded in the ledger")
 
 		// The reset then does what the plan said.
-		res, err := r.Reset(ctx, req)
+		res, err := r.ResetRows(ctx, req)
 		require.NoError(t, err)
 		assert.EqualValues(t, len(plan.ChangedIDs), res.Changed)
 		assert.Equal(t, plan.Changed, res.Changed)
@@ -352,7 +351,7 @@ func TestPlanResetNamesTheRowsAResetWouldChangeAndCommitsNothing(t *testing.T) {
 		// and the plan says so.
 		_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid = 1`) // re-taken by a live worker
 		require.NoError(t, err)
-		plan, err = r.Reset(ctx, dry)
+		plan, err = r.PlanReset(ctx, dry)
 		require.NoError(t, err)
 		assert.Empty(t, plan.ChangedIDs, "row 1 was reset once under this incarnation: it is a live worker's now")
 	})
@@ -391,7 +390,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 		t.Run("RowIDs", func(t *testing.T) {
 			take(t, db, "A", 1, 2)
 			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
-			res, err := r.Reset(ctx, contract.ResetRequest{InstanceID: "A", Incarnation: "1", RowIDs: []int64{1, 2, 3}})
+			res, err := r.ResetRows(ctx, contract.RowsReset{InstanceID: "A", Incarnation: "1", RowIDs: []int64{1, 2, 3}})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
 			assertRequeued(t, db, 1, 2)
@@ -400,7 +399,7 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 			take(t, db, "B", 3, 4)
 			take(t, db, "C", 5)
 			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
-			res, err := r.Reset(ctx, contract.ResetRequest{Owner: "B"})
+			res, err := r.ResetOwner(ctx, contract.OwnerReset{Owner: "B"})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
 			assertRequeued(t, db, 3, 4)
@@ -419,28 +418,39 @@ func TestPgContractResetByEachSelector(t *testing.T) {
 				assert.Equal(t, want[s.ID], s.Version, "row %d: its xmin", s.ID)
 			}
 			setStatus(t, db, "inprog", 2) // written since: a new version
-			res, err := r.Reset(ctx, contract.ResetRequest{Versions: rows})
+			res, err := r.ResetVersions(ctx, contract.VersionsReset{Versions: rows})
 			require.NoError(t, err)
 			assert.Equal(t, int64(2), res.Changed)
 			st := statuses(t, db)
 			assert.Equal(t, "queued", st[1])
 			assert.Equal(t, "inprog", st[2], "a row written since its version was read is left alone")
 			assert.Equal(t, "queued", st[3])
-			again, err := r.Reset(ctx, contract.ResetRequest{Versions: rows})
+			again, err := r.ResetVersions(ctx, contract.VersionsReset{Versions: rows})
 			require.NoError(t, err)
 			assert.Zero(t, again.Changed, "the same versions again change nothing")
 			setStatus(t, db, "queued", 2)
 		})
-		t.Run("more than one selector", func(t *testing.T) {
+		t.Run("a plan of none or several resets, a reset by no owner", func(t *testing.T) {
 			r := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
-			for _, req := range []contract.ResetRequest{
-				{InstanceID: "A", RowIDs: []int64{1}, Owner: "A"},
-				{Owner: "A", Versions: []contract.RowState{{ID: 1, Version: "1"}}},
-				{InstanceID: "A", RowIDs: []int64{1}, Versions: []contract.RowState{{ID: 1, Version: "1"}}},
+			rows := &contract.RowsReset{InstanceID: "A", RowIDs: []int64{1}}
+			owner := &contract.OwnerReset{Owner: "A"}
+			versions := &contract.VersionsReset{Versions: []contract.RowState{{ID: 1, Version: "1"}}}
+			before := statuses(t, db)
+			for _, plan := range []contract.PlanRequest{
+				{},
+				{Rows: rows, Owner: owner},
+				{Owner: owner, Versions: versions},
+				{Rows: rows, Versions: versions},
+				{Rows: rows, Owner: owner, Versions: versions},
 			} {
-				_, err := r.Reset(ctx, req)
-				require.ErrorIs(t, err, contract.ErrInvalidConfig, "%+v", req)
+				_, err := r.PlanReset(ctx, plan)
+				require.ErrorIs(t, err, contract.ErrInvalidConfig, "%+v", plan)
 			}
+			_, err := r.PlanReset(ctx, contract.PlanRequest{Owner: &contract.OwnerReset{}})
+			require.ErrorIs(t, err, contract.ErrInvalidConfig, "a plan by no owner")
+			_, err = r.ResetOwner(ctx, contract.OwnerReset{})
+			require.ErrorIs(t, err, contract.ErrInvalidConfig, "a reset by no owner")
+			assert.Equal(t, before, statuses(t, db), "nothing changed")
 		})
 	})
 }
@@ -455,11 +465,11 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		before := rowVersions(t, db)
 		fenced := impl.Must(t, db, postgres.WithOwnerColumn("owner"))
 
-		res, err := fenced.Reset(ctx, contract.ResetRequest{InstanceID: "A", RowIDs: []int64{4, 2, 3}, DryRun: true})
+		res, err := fenced.PlanReset(ctx, contract.PlanRequest{Rows: &contract.RowsReset{InstanceID: "A", RowIDs: []int64{4, 2, 3}}})
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 2, ChangedIDs: []int64{2, 4}}, res)
 
-		res, err = fenced.Reset(ctx, contract.ResetRequest{Owner: "B", DryRun: true})
+		res, err = fenced.PlanReset(ctx, contract.PlanRequest{Owner: &contract.OwnerReset{Owner: "B"}})
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 1, ChangedIDs: []int64{5}}, res)
 
@@ -467,7 +477,7 @@ func TestPgContractDryRunChangesNothingAndListsTheRows(t *testing.T) {
 		rows, err := plain.InProgressRows(ctx)
 		require.NoError(t, err)
 		require.Len(t, rows, 3)
-		res, err = plain.Reset(ctx, contract.ResetRequest{Versions: rows, DryRun: true})
+		res, err = plain.PlanReset(ctx, contract.PlanRequest{Versions: &contract.VersionsReset{Versions: rows}})
 		require.NoError(t, err)
 		assert.Equal(t, contract.ResetResult{Changed: 3, ChangedIDs: []int64{2, 4, 5}}, res)
 
@@ -494,13 +504,13 @@ func TestPgContractResetListsTheRowsItChanged(t *testing.T) {
 		fenced := impl.Must(t, db, postgres.WithOwnerColumn("owner"), postgres.WithChunkSize(2),
 			postgres.WithRecoveryCountColumn("recoveries"), postgres.WithMaxRecoveries(3, "failed"))
 
-		res, err := fenced.Reset(ctx, contract.ResetRequest{InstanceID: "A", RowIDs: []int64{7, 5, 3, 2, 1}})
+		res, err := fenced.ResetRows(ctx, contract.RowsReset{InstanceID: "A", RowIDs: []int64{7, 5, 3, 2, 1}})
 		require.NoError(t, err)
 		assert.Equal(t, []int64{1, 3, 5, 7}, res.ChangedIDs, "by IDs, in chunks of 2: not the finished row 2")
 		assert.Equal(t, []int64{3}, res.Quarantined)
 		assert.EqualValues(t, 4, res.Changed)
 
-		res, err = fenced.Reset(ctx, contract.ResetRequest{Owner: "B"})
+		res, err = fenced.ResetOwner(ctx, contract.OwnerReset{Owner: "B"})
 		require.NoError(t, err)
 		assert.Equal(t, []int64{6, 8}, res.ChangedIDs, "by owner")
 
@@ -508,7 +518,7 @@ func TestPgContractResetListsTheRowsItChanged(t *testing.T) {
 		plain := impl.Must(t, db, postgres.WithChunkSize(1))
 		rows, err := plain.InProgressRows(ctx)
 		require.NoError(t, err)
-		res, err = plain.Reset(ctx, contract.ResetRequest{Versions: rows})
+		res, err = plain.ResetVersions(ctx, contract.VersionsReset{Versions: rows})
 		require.NoError(t, err)
 		assert.Equal(t, []int64{4, 9}, res.ChangedIDs, "by row version")
 	})

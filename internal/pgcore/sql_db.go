@@ -19,7 +19,7 @@ import (
 //
 // Give a Worker a *sql.DB: its recovery loop, RecoverNow and Release may
 // reset concurrently, which a *sql.Conn or a *sql.Tx does not allow, and
-// recovery deletes a dead peer's rows set once Reset returns, which
+// recovery deletes a dead peer's rows set once ResetRows returns, which
 // with a *sql.Tx is before the caller's transaction commits. A Conn or Tx
 // suits a resetter used on its own, by one goroutine.
 type SQLExecer interface {

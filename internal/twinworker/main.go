@@ -40,8 +40,23 @@ func (refuse) Check(context.Context, bool) (recovery.ResetterInfo, error) {
 	return recovery.ResetterInfo{Name: "refuse", InProgressStatus: "inprog", QueuedStatus: "queued"}, nil
 }
 
-func (refuse) Reset(context.Context, recovery.ResetRequest) (recovery.ResetResult, error) {
-	return recovery.ResetResult{}, errors.New("twinworker resets nothing")
+// errRefused is what every reset of refuse returns.
+var errRefused = errors.New("twinworker resets nothing")
+
+func (refuse) ResetRows(context.Context, recovery.RowsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errRefused
+}
+
+func (refuse) ResetOwner(context.Context, recovery.OwnerReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errRefused
+}
+
+func (refuse) ResetVersions(context.Context, recovery.VersionsReset) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errRefused
+}
+
+func (refuse) PlanReset(context.Context, recovery.PlanRequest) (recovery.ResetResult, error) {
+	return recovery.ResetResult{}, errRefused
 }
 
 func (refuse) InProgressOwners(context.Context) ([]string, error) { return nil, errors.ErrUnsupported }

@@ -19,7 +19,7 @@ import (
 //
 // Give a Worker a *pgxpool.Pool: its recovery loop, ops.RecoverNow and
 // Release may reset concurrently, which a *pgx.Conn or a pgx.Tx does not
-// allow, and recovery deletes a dead peer's rows set once Reset returns,
+// allow, and recovery deletes a dead peer's rows set once ResetRows returns,
 // which with a pgx.Tx is before the caller's transaction commits. A Conn
 // or Tx suits a Resetter used on its own, by one goroutine.
 type Execer interface {
@@ -68,7 +68,7 @@ func New(db Execer, opts ...postgres.Option) (*Resetter, error) {
 
 // Info says what the resetter guarantees: owner fencing with
 // postgres.WithOwnerColumn, the reset ledger without it (unless
-// postgres.WithoutResetLedger), dry runs, the lists of rows in progress,
+// postgres.WithoutResetLedger), plans (PlanReset), the lists of rows in progress,
 // and its statuses. It does no I/O. It implements recovery.Resetter.
 func (r *Resetter) Info() contract.ResetterInfo { return r.core.Info() }
 
@@ -80,11 +80,34 @@ func (r *Resetter) Check(ctx context.Context, schema bool) (contract.ResetterInf
 	return r.core.Check(ctx, schema)
 }
 
-// Reset returns the rows req names to the queue (or quarantine): by IDs,
-// by owner or by row version; with req.DryRun it rolls back and lists
-// them in ChangedIDs. It implements recovery.Resetter.
-func (r *Resetter) Reset(ctx context.Context, req contract.ResetRequest) (contract.ResetResult, error) {
-	return r.core.Reset(ctx, req)
+// ResetRows returns req.RowIDs to the queue (or quarantine), under
+// req.InstanceID and req.Incarnation, and lists them in ChangedIDs. It
+// implements recovery.Resetter.
+func (r *Resetter) ResetRows(ctx context.Context, req contract.RowsReset) (contract.ResetResult, error) {
+	return r.core.ResetRows(ctx, req)
+}
+
+// ResetOwner returns every row in progress owned by req.Owner to the
+// queue (or quarantine), and lists them in ChangedIDs. It needs
+// postgres.WithOwnerColumn. It implements recovery.Resetter.
+func (r *Resetter) ResetOwner(ctx context.Context, req contract.OwnerReset) (contract.ResetResult, error) {
+	return r.core.ResetOwner(ctx, req)
+}
+
+// ResetVersions returns the rows still in progress at the versions (xmin)
+// req.Versions gives to the queue (or quarantine), and lists them in
+// ChangedIDs. It needs a resetter without postgres.WithOwnerColumn. It
+// implements recovery.Resetter.
+func (r *Resetter) ResetVersions(ctx context.Context, req contract.VersionsReset) (contract.ResetResult, error) {
+	return r.core.ResetVersions(ctx, req)
+}
+
+// PlanReset runs the reset plan names in a transaction it rolls back, and
+// lists the rows it would change in ChangedIDs. A plan naming none or
+// several resets is refused with an error wrapping
+// recovery.ErrInvalidConfig. It implements recovery.Resetter.
+func (r *Resetter) PlanReset(ctx context.Context, plan contract.PlanRequest) (contract.ResetResult, error) {
+	return r.core.PlanReset(ctx, plan)
 }
 
 // InProgressOwners returns the distinct owners of rows in progress. It

@@ -20,11 +20,14 @@ import (
 )
 
 // Resetter is what pgxreset.Resetter and sqlreset.Resetter both offer:
-// the contract's 6 methods and the ledger's 2.
+// the contract's 9 methods and the ledger's 2.
 type Resetter interface {
 	Info() contract.ResetterInfo
 	Check(ctx context.Context, schema bool) (contract.ResetterInfo, error)
-	Reset(ctx context.Context, req contract.ResetRequest) (contract.ResetResult, error)
+	ResetRows(ctx context.Context, req contract.RowsReset) (contract.ResetResult, error)
+	ResetOwner(ctx context.Context, req contract.OwnerReset) (contract.ResetResult, error)
+	ResetVersions(ctx context.Context, req contract.VersionsReset) (contract.ResetResult, error)
+	PlanReset(ctx context.Context, plan contract.PlanRequest) (contract.ResetResult, error)
 	InProgressOwners(ctx context.Context) ([]string, error)
 	InProgressRows(ctx context.Context) ([]contract.RowState, error)
 	RowStates(ctx context.Context, ids []int64) ([]contract.RowState, error)
