@@ -303,7 +303,7 @@ func TestScanTurnNeverOutlivesTheHeartbeatTTL(t *testing.T) {
 // default timings is derived from the code (detectionWindow: heartbeat TTL
 // + 1.1 × recovery interval + the scan turn, 174 s; 126 s while the
 // scan-turn holder lives), and every default figure stated next to the
-// bound's formula in the package doc, options.go, the README and docs/ is
+// bound's formula in the package doc, constants.go, the README and docs/ is
 // one of those two (doc.go and the defaults once said 120 s).
 func TestDocsStateTheDefaultRecoveryBoundTheCodeHas(t *testing.T) {
 	o := defaultOptions()
@@ -313,7 +313,7 @@ func TestDocsStateTheDefaultRecoveryBoundTheCodeHas(t *testing.T) {
 	require.Equal(t, 126*time.Second, live, "the docs state 126 s: change them with the defaults")
 	figures := map[string]bool{strconv.Itoa(int(worst.Seconds())): true, strconv.Itoa(int(live.Seconds())): true}
 
-	files := []string{"doc.go", "options.go", "README.md"}
+	files := []string{"doc.go", "constants.go", "README.md"}
 	docs, err := filepath.Glob("docs/*.md")
 	require.NoError(t, err)
 	formula := regexp.MustCompile(`TTL \+ (?:1\.1 × )?(?:[Dd]efault)?[Rr]ecovery ?[Ii]nterval`)
@@ -323,7 +323,7 @@ func TestDocsStateTheDefaultRecoveryBoundTheCodeHas(t *testing.T) {
 		b, err := os.ReadFile(f)
 		require.NoError(t, err)
 		text := regexp.MustCompile(`\n\s*(?://)?\s*`).ReplaceAllString(string(b), " ")
-		if f == "doc.go" || f == "options.go" {
+		if f == "doc.go" || f == "constants.go" {
 			for _, want := range []time.Duration{worst, live} {
 				assert.True(t, strings.Contains(text, strconv.Itoa(int(want.Seconds()))+" s"), "%s states the bound %v", f, want)
 			}

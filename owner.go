@@ -75,7 +75,7 @@ func (w *Worker) OwnerValue() string { return w.tracker.ownerValue() }
 // nothing to Redis.
 type ownerTracker struct {
 	trackerCore
-	// noteBareOwners is lease.noteBareOwners (lease.go): the host writes
+	// noteBareOwners is lease.noteBareOwners (heartbeat.go): the host writes
 	// bare instance IDs, so a regained lease is held from now on.
 	noteBareOwners func()
 	// ownerRead is the life the last call of OwnerValue named: the value a
@@ -87,7 +87,7 @@ type ownerTracker struct {
 func (t *ownerTracker) heldByOwner() bool { return true }
 
 // checkLoss has nothing to look for: no rows set, and a loss began a new
-// life (lease.go).
+// life (heartbeat.go).
 func (t *ownerTracker) checkLoss(context.Context) error { return nil }
 
 // lateBeat begins a new life before a heartbeat that, answered within the

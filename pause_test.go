@@ -87,7 +87,7 @@ func TestPausedWorkerWithoutOwnerColumnReleasesItsBlockAndGoesOn(t *testing.T) {
 			// Rows 2-4 were held at the loss: the lease stays lost, and
 			// names them, until the host releases or untracks them, or the
 			// worker gives them back itself when the hold after the regain
-			// (875 ms) ends (lease.go).
+			// (875 ms) ends (heartbeat.go).
 			err = w.CheckLease()
 			require.ErrorIs(t, err, ErrLeaseLost, "rows 2-4 may have been recovered meanwhile")
 			assert.Contains(t, err.Error(), "rows 2, 3, 4")

@@ -17,13 +17,6 @@ import (
 	"github.com/alya/recovery/internal/store"
 )
 
-// lifecycle states of a Worker.
-const (
-	stateNew int32 = iota
-	stateRunning
-	stateShutdown
-)
-
 // A Worker gives one process of a batch-worker fleet crash recovery. It
 // keeps a heartbeat in Redis, registers itself in the fleet's registry,
 // records the rows it is processing (Track/Untrack), and periodically resets
@@ -40,9 +33,9 @@ type Worker struct {
 	deps      // what every part is built from: the store, the log, New's decisions
 
 	// Shared state.
-	rows    inflight   // the rows tracked now (inflight.go)
+	rows    inflight   // the rows tracked now (rowtrack.go)
 	tracker tracker    // records them, in Redis or not, by mode (rowtrack.go)
-	lease   lease      // lease.go
+	lease   lease      // heartbeat.go
 	stats   counters   // stats.go
 	events  dispatcher // events.go
 
@@ -95,7 +88,7 @@ type loops struct {
 	recov   *recoverer   // recovery.go
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
-	giver   *giver       // lease.go; nil when a lost lease is not sticky
+	giver   *giver       // heartbeat.go; nil when a lost lease is not sticky
 
 	// The parts the loops share with Start and the exported methods.
 	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
@@ -213,7 +206,7 @@ func buildShared(w *Worker, d decisions) {
 	state := &w.state
 	running := func() bool { return state.Load() == stateRunning }
 	w.events.hist = newHistorian(w.store, w.log, &w.opts, w.sig, running)
-	// lease: what noting its loss touches (lease.go)
+	// lease: what noting its loss touches (heartbeat.go)
 	w.lease.rows, w.lease.stats, w.lease.events, w.lease.log = &w.rows, &w.stats, &w.events, w.log
 	w.lease.releaseSafe, w.lease.newLives = releaseSafeAfterLoss(d.info), ownerMode
 	// selfChecker: the self-check loop (selfcheck.go)
@@ -233,7 +226,7 @@ func buildShared(w *Worker, d decisions) {
 // buildLoops builds the loops and the parts they share.
 func buildLoops(w *Worker, d decisions, nodes *nodeWatch) {
 	// giver: gives back the rows held at a lost lease the host left
-	// (lease.go); only where a loss is sticky, nil elsewhere.
+	// (heartbeat.go); only where a loss is sticky, nil elsewhere.
 	if w.lease.releaseSafe {
 		w.giver = newGiver(w.deps, &w.lease, &w.rows, w.tracker)
 	}
@@ -473,114 +466,6 @@ func sweepOf(r Resetter, info ResetterInfo, o options, ownerMode bool) (sw, rs R
 
 // ownKeys returns the key names of this worker's instance.
 func (w *Worker) ownKeys() store.Keys { return w.store.Keys(w.opts.instanceID) }
-
-// Shutdown stops the worker: it stops the heartbeat and recovery loops and
-// waits for them, then deletes the heartbeat key and removes the worker from
-// the registry, so peers see at once that it left. The rows set is left in
-// place. If rows are still tracked (there should be none once the host has
-// finished its block, or released what it will not finish), the worker
-// stays registered, with its heartbeat deleted: the next scan of any peer
-// finds it dead and recovers those rows at once.
-//
-// Call Shutdown after the host has finished its current block, as the
-// design's graceful shutdown says. If ctx ends first, Shutdown returns
-// ctx.Err(); the loops have been told to stop and end within the operation
-// timeout, and a later call with a fresh context finishes the clean-up.
-// The clean-up is one round trip bounded by the operation timeout too (an
-// Untrack running at the same moment waits for it, as it waits for a
-// heartbeat); one Redis did not answer in time is sent again, up to three
-// times while ctx lasts (it is idempotent). If it fails, Shutdown returns
-// the error and a later call tries again.
-//
-// A Worker whose instance ID another process took over (CheckLease
-// reports ErrInstanceIDInUse) leaves every key to that process.
-//
-// Shutdown is idempotent, safe to call concurrently and safe to call
-// without Start. After it, Start, Track and ops.RecoverNow return ErrShutdown.
-// It never closes the Redis client or the database handle it was given.
-// With an observer, it also waits for the events already queued to be
-// delivered, and for the fleet history's entries queued to be appended
-// (once each; see WithHistory).
-func (w *Worker) Shutdown(ctx context.Context) error {
-	w.mu.Lock()
-	w.state.Store(stateShutdown)
-	started, stop, done := w.started, w.stopLoops, w.loopsDone
-	w.mu.Unlock()
-	if !started {
-		return w.events.close(ctx)
-	}
-	stop()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	if w.cleaned {
-		return w.events.close(ctx)
-	}
-	if w.lease.ousted.Load() {
-		// Another process heartbeats this instance ID: the heartbeat, the
-		// registry entry and the rows set are its own now (heartbeat.go).
-		w.cleaned = true
-		return w.events.close(ctx)
-	}
-	tracked, err := leave(ctx, w)
-	if err != nil {
-		// The clean-up is retried by a later call; the events and the
-		// history are delivered (or dropped) now, so no goroutine of the
-		// Worker outlives a Shutdown that gave up, whatever the caller does.
-		_ = w.events.close(ctx)
-		if ctx.Err() != nil {
-			return ctx.Err()
-		}
-		return fmt.Errorf("shut down %s: remove heartbeat and registry entry: %w", w.opts.instanceID, err)
-	}
-	w.cleaned = true
-	if tracked > 0 {
-		w.log.Warn("shut down with rows still tracked; peers will recover them",
-			slog.Int("rows", tracked))
-	}
-	w.log.Debug("recovery worker shut down")
-	return w.events.close(ctx)
-}
-
-// leave deletes the heartbeat and the registry entry (store.Leave); it
-// returns how many rows were still tracked. Like the heartbeat, it holds
-// the rows set's write lock from the snapshot until Redis has answered: a
-// synchronous Untrack running now either finishes its SREM before the
-// snapshot (and the row is not written back) or waits and sends it after
-// our SADD. Only our own heartbeat is deleted: a process that took the ID
-// over since the last heartbeat keeps its. With rows still tracked, they
-// are written back (Redis may have lost them) and the worker stays
-// registered, or no peer would ever look for them.
-func leave(ctx context.Context, w *Worker) (int, error) {
-	w.rows.assert.Lock()
-	tracked, unremoved, _ := w.rows.snapshot()
-	d := store.Departure{Value: w.beatValue, Stay: len(tracked) > 0, RowsTTL: w.fleet.rowsTTL()}
-	d.Tracked, d.Unremoved = w.tracker.beatRows(tracked, unremoved)
-	// Leave is idempotent (the heartbeat is deleted only while it holds
-	// this life's value): a command Redis did not answer within the
-	// operation timeout is sent again while the caller's ctx lasts, up to
-	// three times, rather than failing a Shutdown the host gave seconds.
-	var res store.LeaveResult
-	var err error
-	for try := 0; try < 3; try++ {
-		opCtx, cancel := w.opts.opContext(ctx)
-		res, err = w.store.Leave(opCtx, w.opts.instanceID, d)
-		cancel()
-		if err == nil || ctx.Err() != nil || !errors.Is(err, context.DeadlineExceeded) {
-			break
-		}
-	}
-	w.rows.assert.Unlock()
-	if res.Deregistered {
-		w.judge.noteRegistry(res.RegistryErr)
-	}
-	return len(tracked), err
-}
 
 // checkSchema runs the resetter's Check, bounded by ctx and the reset
 // timeout: with the schema check on (not WithoutSchemaCheck), the session

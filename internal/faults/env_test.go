@@ -239,7 +239,7 @@ func (e *env) workerArgs(id string, extra ...string) []string {
 		"-heartbeat-ttl", ttl.String(), "-heartbeat-interval", interval.String(),
 		"-recovery-interval", recoveryInterval.String(), "-rows-ttl", rowsTTL.String(),
 		// A claim TTL of 2s + 3 × 250ms: how long a worker whose lost lease
-		// came back takes no rows (lease.go), as short as the timings.
+		// came back takes no rows (heartbeat.go), as short as the timings.
 		"-reset-timeout", resetTimeout.String(),
 	}
 	if !e.cfg.ownerMode {
