@@ -94,14 +94,17 @@ func TestResetByOwnerOfABlockLongerThanTheResetTimeoutComesBackChunkByChunk(t *t
 		// As recovery does: first the bare instance ID, which owns no
 		// row (a chunk that finds none must not tell a rate), then A.
 		_, err := r.ResetOwner(resetCtx, contract.OwnerReset{Owner: "A-bare"})
+		var res contract.ResetResult
 		if err == nil {
-			_, err = r.ResetOwner(resetCtx, contract.OwnerReset{Owner: "A"})
+			res, err = r.ResetOwner(resetCtx, contract.OwnerReset{Owner: "A"})
 		}
 		cancel()
 		queued = queuedCount(t, db)
-		t.Logf("try %d: %d rows queued (error: %v)", tries+1, queued, err)
-		if queued == before {
-			assert.Error(t, err, "a try that reset nothing failed")
+		t.Logf("try %d: %d rows queued, %d reported locked (error: %v)", tries+1, queued, len(res.NotReset), err)
+		if queued == before && len(res.NotReset) == 0 {
+			// Rows still locked (the cancelled dry run's transaction not
+			// yet rolled back on a loaded server) are reported, not reset.
+			assert.Error(t, err, "a try that reset nothing failed or reported the rows it could not reset")
 		}
 		before = queued
 	}

@@ -135,13 +135,19 @@ func (s *Redis) ReadOwn(ctx context.Context, id string) (_ Own, err error) {
 	return Own{Value: get.Val(), PTTL: pttl.Val(), Record: rows.Val() > 0 || inc.Val() > 0, RowsSet: rows.Val() > 0}, nil
 }
 
-// Leave sends the clean-up in one pipeline.
+// Leave sends the clean-up in one pipeline: the heartbeat (while it holds
+// d.Value), the oldest-row report, the scan turn (while it names id), and,
+// unless d.Stay, the registry entry and the fleet record's member field.
 func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResult, err error) {
 	defer s.failed(&err)
 	k := s.Keys(id)
 	pipe := s.rdb.Pipeline()
 	leaveScript.Eval(ctx, pipe, []string{k.Heartbeat}, d.Value)
 	pipe.Del(ctx, k.OldestRow) // the report goes with the heartbeat
+	// The scan turn, if it still names this instance: left to its TTL, the
+	// next taker would find it held by an instance with no heartbeat and
+	// no registry entry, which it must take for a stranger's write.
+	leaveScript.Eval(ctx, pipe, []string{ScanTurnKey(s.prefix)}, id)
 	var reg redis.Cmder
 	if !d.Stay {
 		reg = pipe.SRem(ctx, s.registry, id)

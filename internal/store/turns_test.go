@@ -161,3 +161,26 @@ func TestOldAndNewTurnScriptsShareATurn(t *testing.T) {
 	assert.Equal(t, TurnTake{Held: true, Stranger: StrangerType, Was: "hash"}, newTake())
 	assert.Equal(t, int64(0), old(), "and works again once the new one replaced it")
 }
+
+// TestLeaveReleasesTheScanTurnItHolds: a departing worker deletes the scan
+// turn while it names it, so the next taker does not find a holder with
+// neither heartbeat nor registry entry (a stranger, logged at Error); a
+// turn another instance holds is left alone, and a second Leave changes
+// nothing.
+func TestLeaveReleasesTheScanTurnItHolds(t *testing.T) {
+	rdb := testutil.Redis(t)
+	ctx := context.Background()
+	s := NewRedis(rdb, testutil.Name("LEAVE"), time.Second)
+	key := ScanTurnKey(s.prefix)
+	require.NoError(t, rdb.Set(ctx, key, "w-other", time.Minute).Err())
+	_, err := s.Leave(ctx, "w-me", Departure{Value: HeartbeatOf("t")})
+	require.NoError(t, err)
+	assert.Equal(t, "w-other", rdb.Get(ctx, key).Val(), "another's turn stays")
+
+	require.NoError(t, rdb.Set(ctx, key, "w-me", time.Minute).Err())
+	for range 2 {
+		_, err = s.Leave(ctx, "w-me", Departure{Value: HeartbeatOf("t")})
+		require.NoError(t, err)
+		assert.Zero(t, rdb.Exists(ctx, key).Val(), "its own turn released")
+	}
+}
