@@ -75,12 +75,16 @@ func TestSelfCheckCatchesMisconfiguredStatusesOnTheFirstBlockOf50ms(t *testing.T
 							found = block
 						}
 					}
-					if found >= 0 || (judged >= 0 && block > judged) {
+					if found >= 0 || (judged >= 0 && block >= judged+2) {
 						break
 					}
 				}
 				require.GreaterOrEqual(t, judged, 0, "no read of the rows being fetched answered within its bound in 20 blocks")
-				require.Equal(t, judged, found, "the first block whose read answered is caught (%d blocks before it were not read in time)", unread)
+				// The block's later reads (the look after its Untrack) are
+				// bounded too, and may miss on a loaded machine: caught on
+				// that block, or one of the next two.
+				require.GreaterOrEqual(t, found, judged, "caught no earlier than its read answered")
+				require.LessOrEqual(t, found, judged+2, "the first block whose read answered is caught, or one of the next two (%d blocks before it were not read in time)", unread)
 				t.Logf("ErrMisconfigured %v after the COMMIT of block %d", latency.Round(time.Millisecond), found)
 				assert.Less(t, latency, time.Second)
 				requireMisconfigured(t, w, logs, c.want)

@@ -115,8 +115,18 @@ func TestSelfCheckRaisesNoAlarmForRowsFinishedJustBeforeTheirUntrack(t *testing.
 		_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = $1`, id)
 		require.NoError(t, err)
 		checks := w.checker.checks.Load() // finished, not yet untracked, until a check has read it so
-		waitTurns(t, &signals(w).look, 5*time.Second, func() bool { return w.checker.checks.Load() > checks })
+		waitTurns(t, &signals(w).look, 5*time.Second, func() bool {
+			return w.checker.checks.Load() > checks || w.checker.verdict.Load() != 0
+		})
 		require.NoError(t, w.Untrack(id))
+		if w.checker.verdict.Load() == 1 {
+			// A look (the quick one after Track, on a loaded machine) read
+			// the row before the test marked it done: verified, and no
+			// look reads rows any more. No alarm is what still holds.
+			t.Logf("verified at row %d: a look saw it in progress", id)
+			require.NoError(t, w.Healthy())
+			return
+		}
 	}
 	assert.NotZero(t, w.checker.checks.Load(), "checks read rows in the finished-not-untracked state")
 	assert.NoError(t, w.Healthy())
