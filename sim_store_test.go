@@ -363,13 +363,16 @@ func (s *simStore) ReadOwn(ctx context.Context, id string) (store.Own, error) {
 	return own, nil
 }
 
-// Leave is leaveScript, the registry SREM unless Stay, and the rows written
-// back, in one pipeline.
+// Leave is leaveScript on the heartbeat and on the scan turn, the
+// registry SREM unless Stay, and the rows written back, in one pipeline.
 func (s *simStore) Leave(ctx context.Context, id string, d store.Departure) (store.LeaveResult, error) {
 	k := s.Keys(id)
 	err := s.c.roundTrip(ctx, "leave", func(r *simRedis) {
 		if v, ok := r.getStr(k.Heartbeat); ok && v == d.Value {
 			r.del(k.Heartbeat)
+		}
+		if v, ok := r.getStr(store.ScanTurnKey(s.prefix)); ok && v == id {
+			r.del(store.ScanTurnKey(s.prefix))
 		}
 		if !d.Stay {
 			r.srem(s.Registry(), id)
