@@ -1131,12 +1131,17 @@ func (s *inflight) unmarkReleased(ids []int64) {
 func (s *inflight) remove(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
-		delete(s.ids, id)
-		delete(s.owners, id)
-		delete(s.stale, id)
-		delete(s.abandoned, id)
+		s.dropLocked(id)
 	}
 	s.mu.Unlock()
+}
+
+// dropLocked forgets everything kept about row id; s.mu is held.
+func (s *inflight) dropLocked(id int64) {
+	delete(s.ids, id)
+	delete(s.owners, id)
+	delete(s.stale, id)
+	delete(s.abandoned, id)
 }
 
 // markLoss records that the lease was lost: no row tracked now is judged
@@ -1238,10 +1243,7 @@ func (s *inflight) markUnremoved(ids []int64) {
 func (s *inflight) forget(ids []int64) {
 	s.mu.Lock()
 	for _, id := range ids {
-		delete(s.ids, id)
-		delete(s.owners, id)
-		delete(s.stale, id)
-		delete(s.abandoned, id)
+		s.dropLocked(id)
 		s.unremoved[id] = struct{}{}
 	}
 	s.mu.Unlock()
