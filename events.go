@@ -35,11 +35,12 @@ const (
 	EventLeaseRegained
 	// EventPeerDead: PeerID was found without a heartbeat, by a scan
 	// (FoundBy "registry"), an expiry notification ("expiry") or the
-	// backstop sweep ("sweep").
+	// backstop sweep ("sweep"); or one of its lives was judged dead by the
+	// liveness witness ("witness", WithLivenessWitness).
 	EventPeerDead
 	// EventRowsRecovered: the rows of dead PeerID were reset. Duration runs
 	// from the death being noticed to the reset's commit. FoundBy is
-	// "registry", "expiry" or "sweep".
+	// "registry", "expiry", "sweep" or "witness".
 	EventRowsRecovered
 	// EventRecoveryFailed: recovering PeerID failed (Err) and will be tried
 	// again by a later scan; PeerID is empty when the scan itself failed.
@@ -968,6 +969,7 @@ type testSignals struct {
 	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (heartbeat.go)
 	preread testsignal.Signal[bool]     // Track's read of the rows being fetched ended: true if it answered in time (selfcheck.go)
 	gave    testsignal.Signal[error]    // a give-back of the rows held at a lost lease ended, with its error (heartbeat.go)
+	witness testsignal.Signal[struct{}] // a turn of the liveness witness's own loop ended (witness.go)
 }
 
 // lookTurn is a self-check turn, as its test signal tells it.
@@ -1017,6 +1019,7 @@ func withTestSignals() Option {
 		o.sig.locked.Init()
 		o.sig.preread.Init()
 		o.sig.gave.Init()
+		o.sig.witness.Init()
 	})
 }
 

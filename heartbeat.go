@@ -36,6 +36,8 @@ type heartbeater struct {
 	tracker tracker
 	ousted  func()
 	giver   *giver // wakes to give back rows held at a loss (heartbeat.go)
+	// kicked asks for a heartbeat now (kick); nil without the witness.
+	kicked chan struct{}
 	// failures counts the heartbeats failed in a row; outageStart is when
 	// the first of them failed. Only run touches them.
 	failures    int
@@ -146,6 +148,7 @@ func (h *heartbeater) run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-t.C:
+		case <-h.kicked: // a life the witness ended: record the next one now
 		}
 		h.lease.noteLeaseLoss(nil) // a stopped process finds out here when it resumes
 		sent := time.Now()
@@ -169,6 +172,14 @@ func (h *heartbeater) run(ctx context.Context) {
 		h.failed(err)
 		t.Reset(h.retryDelay(h.failures))
 		h.sig.beat.Signal(err) // test signal: a heartbeat turn ended
+	}
+}
+
+// kick asks the loop for a heartbeat now, without waiting.
+func (h *heartbeater) kick() {
+	select {
+	case h.kicked <- struct{}{}:
+	default:
 	}
 }
 
@@ -585,6 +596,9 @@ type lease struct {
 	log         *slog.Logger
 	releaseSafe bool
 	newLives    bool
+	// witness is the liveness witness's fence, set by Start when it runs
+	// (witness.go).
+	witness *lifeWitness
 }
 
 func newLease(ttl time.Duration) lease {
@@ -682,11 +696,21 @@ func (l *lease) check(heldAtLoss int) error {
 // would be reset under it. In owner mode with per-life owner values the
 // new life's rows are out of that reset's reach, and CheckLease reports nil
 // as soon as a heartbeat has recorded the new life (docs/safety.md §3).
-func (w *Worker) CheckLease() error { return w.lease.checkIn(&w.state) }
+//
+// With the liveness witness (WithLivenessWitness, owner mode) CheckLease
+// may wait: when Redis has not answered the worker's witness ping for
+// Timings.WitnessFence (a pause just ended, a Redis outage, a cut
+// connection), it waits for an answer, since a peer that still reaches
+// Redis could judge this worker dead meanwhile; it returns nil once
+// Redis answers and the life was not judged, and ErrLeaseLost if the life
+// was judged or the lease ended first (docs/safety.md §14). Healthy does
+// not wait.
+func (w *Worker) CheckLease() error { return w.lease.checkIn(&w.state, true) }
 
-// checkIn is CheckLease for a worker in lifecycle state.
-func (l *lease) checkIn(state *atomic.Int32) error {
-	_, err := l.checkHeld(state)
+// checkIn is CheckLease for a worker in lifecycle state; without wait
+// (Healthy) it does not wait for the liveness witness (witness.go).
+func (l *lease) checkIn(state *atomic.Int32, wait bool) error {
+	_, err := l.checkHeld(state, wait)
 	return err
 }
 
@@ -696,7 +720,7 @@ func (l *lease) checkIn(state *atomic.Int32) error {
 // back (heartbeat.go); not while a Block begun before the loss is open (a
 // goroutine may still be in one of its rows).
 func (l *lease) checkTrack(state *atomic.Int32) error {
-	held, err := l.checkHeld(state)
+	held, err := l.checkHeld(state, true)
 	if held && !l.blocks.openBefore(l.stats.leaseLosses.Load()) {
 		l.movedOn.Store(true)
 	}
@@ -705,7 +729,7 @@ func (l *lease) checkTrack(state *atomic.Int32) error {
 
 // checkHeld is checkIn; held reports that the lease is back but for the
 // rows held at the loss.
-func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
+func (l *lease) checkHeld(state *atomic.Int32, wait bool) (held bool, err error) {
 	switch state.Load() {
 	case stateNew:
 		return false, ErrNotStarted
@@ -721,7 +745,7 @@ func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
 	if _, written := l.rows.writtenLife(); l.newLives && !written {
 		return false, ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
 	}
-	return false, nil
+	return false, l.witness.fresh(wait) // the witness's fence (witness.go)
 }
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and
@@ -738,7 +762,7 @@ func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
 // hide a misconfiguration. A single reason is returned as it is.
 func (w *Worker) Healthy() error {
 	var errs []error
-	for _, err := range []error{w.CheckLease(), w.checker.alarmErr(), w.untracked.err()} {
+	for _, err := range []error{w.lease.checkIn(&w.state, false), w.checker.alarmErr(), w.untracked.err()} {
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -89,6 +89,10 @@ type loops struct {
 	sweeper *sweeper     // sweep.go; nil when no backstop sweep runs
 	checker *selfChecker // selfcheck.go
 	giver   *giver       // heartbeat.go; nil when a lost lease is not sticky
+	// The liveness witness (witness.go), nil when it is off: this
+	// worker's subscription and fence, and the judge of the others.
+	witness *lifeWitness
+	watch   *witnessWatch
 
 	// The parts the loops share with Start and the exported methods.
 	peers     *peerRecoverer  // the dead-peer path, with the judge (deadpeer.go, registry.go)
@@ -246,6 +250,13 @@ func buildLoops(w *Worker, d decisions, nodes *nodeWatch) {
 	// recov: the recovery loop (recovery.go).
 	w.recov = &recoverer{deps: w.deps, peers: w.peers,
 		expired: make(chan string, expiredQueue), untracked: w.untracked}
+	// witness and watch: the liveness witness (witness.go), in owner mode
+	// on a store that can run it.
+	if ws, ok := w.store.(witnessStore); ok && w.opts.witnessOn(d.ownerMode) {
+		w.heart.kicked = make(chan struct{}, 1)
+		w.witness = &lifeWitness{deps: w.deps, ws: ws, rows: &w.rows, lease: &w.lease, kick: w.heart.kick}
+		w.watch = &witnessWatch{deps: w.deps, ws: ws, resetter: w.resetter, peers: w.peers}
+	}
 }
 
 // newSweeper returns the backstop sweep with its strategy, by owner or by
@@ -325,6 +336,7 @@ func (w *Worker) Start(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	witnessUp := startOwnWitness(ctx, w)
 	loopCtx, cancel := context.WithCancel(context.Background())
 	w.stopLoops = cancel
 	w.loopsDone = make(chan struct{})
@@ -349,6 +361,12 @@ func (w *Worker) Start(ctx context.Context) error {
 	}
 	if expiry != nil {
 		wg.Go(func() { expiry.run(loopCtx) })
+	}
+	if witnessUp {
+		wg.Go(func() { w.witness.run(loopCtx) })
+	}
+	if w.watch != nil {
+		wg.Go(func() { w.watch.run(loopCtx) })
 	}
 	go func() { wg.Wait(); close(w.loopsDone) }()
 	w.log.Debug("recovery worker started",

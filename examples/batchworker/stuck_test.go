@@ -35,6 +35,9 @@ func TestRowsStuckForAKilledWorkerIsAtLeastTheTTLAndCloseToTheKill(t *testing.T)
 			HeartbeatInterval: interval,
 			RecoveryInterval:  scan,
 		}),
+		// The heartbeat TTL's path: the liveness witness, which would see
+		// the kill first, is off on the judge.
+		recovery.WithLivenessWitness(false),
 		recovery.WithLogger(log), recovery.WithObserver(func(e recovery.Event) {
 			if e.Kind == recovery.EventRowsReset && e.PeerID == "bw-victim" {
 				events <- e

@@ -16,9 +16,10 @@ import (
 // each asked for by users' reports: 90; then the resetter's four
 // operations, +6: Resetter.Reset and ResetRequest replaced by
 // Resetter.ResetRows, ResetOwner, ResetVersions and PlanReset and the
-// types RowsReset, OwnerReset, VersionsReset and PlanRequest). A name added
-// to the root has to replace one.
-const rootLimit = 96
+// types RowsReset, OwnerReset, VersionsReset and PlanRequest; then
+// WithLivenessWitness, the option issue 34 asks for: 97). A name added to
+// the root has to replace one.
+const rootLimit = 97
 
 const (
 	workerFieldLimit  = 12
