@@ -100,6 +100,7 @@ type config struct {
 	dieAfterCommit bool
 	resetterInprog string
 	noBackstop     bool // WithBackstopSweep(false): the sweep's "before" figures
+	noWitness      bool // WithLivenessWitness(false): detection by the heartbeat TTL alone
 	// host is the host loop (hostProtocol, hostForgetful, hostBlock);
 	// with hostBlock, fetchers goroutines fetch at once, every panicEvery-th
 	// row panics and every failFetchEvery-th fetch fails before its COMMIT.
@@ -150,6 +151,7 @@ func parseConfig(args []string, getenv func(string) string, output io.Writer) (c
 	fs.BoolVar(&c.panicCrash, "panic-crash", false, "with -panic-every: the panic is not recovered and crashes the process, after the block's deferred Close")
 	fs.IntVar(&c.failFetchEvery, "fail-fetch-every", 0, "with -host block: every Nth fetch fails between its UPDATE and its COMMIT, and rolls back (0: never)")
 	fs.BoolVar(&c.noBackstop, "no-backstop", false, "WithBackstopSweep(false): no sweep without an owner column")
+	fs.BoolVar(&c.noWitness, "no-witness", false, "WithLivenessWitness(false): a kill is seen when the heartbeat expires, not at once")
 	fs.TextVar(&c.logLevel, "log-level", slog.LevelInfo, "debug, info, warn or error")
 	if err := fs.Parse(args); err != nil {
 		return c, err
@@ -261,6 +263,9 @@ func (c config) options(log *slog.Logger) []recovery.Option {
 	}
 	if c.noBackstop {
 		opts = append(opts, recovery.WithBackstopSweep(false))
+	}
+	if c.noWitness {
+		opts = append(opts, recovery.WithLivenessWitness(false))
 	}
 	if c.acceptEviction {
 		opts = append(opts, recovery.WithEvictionAccepted())
