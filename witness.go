@@ -24,7 +24,8 @@ import (
 // WitnessFence × 2/5, and writes a marker (store.Witness) naming the life,
 // its grace, the server run and its connection's epoch. One worker of the
 // fleet, the holder of the witness turn, counts the subscribers of every
-// marked life (PUBSUB NUMSUB) every WitnessGrace / 10. A life whose channel
+// marked life (PUBSUB NUMSUB) every WitnessGrace / 10; another, its
+// second, counts the holder's alone. A life whose channel
 // had no subscriber at every count over its grace is judged dead: the
 // judge swaps its marker for "judged <life>" (compare-and-set on the value
 // it read) and resets the rows of that life by its owner value.
@@ -82,7 +83,9 @@ type witnessStore interface {
 	ReadWitnesses(ctx context.Context, ids []string) ([]string, error)
 	JudgeLife(ctx context.Context, id, value string, w store.Witness) (bool, error)
 	DropWitness(ctx context.Context, id, v string) error
-	TakeWitnessTurn(ctx context.Context, id string, ttl time.Duration) (store.TurnTake, error)
+	TakeWitnessTurn(ctx context.Context, id string, second bool, ttl time.Duration) (store.TurnTake, error)
+	WitnessHolder(ctx context.Context) (string, string, error)
+	DropWitnessTurn(ctx context.Context, holder string, second bool) error
 }
 
 // witnessPing is how often a life pings its channel's connection.
@@ -419,7 +422,7 @@ type witnessWatch struct {
 	peers    *peerRecoverer
 
 	wg       sync.WaitGroup // the resets under way
-	holding  bool
+	role     int            // watchNone, watchAll (the witness turn), watchHolder (its second)
 	nextTurn time.Time
 	nextRead time.Time
 	lastSent time.Time // send time of the last count that answered
@@ -427,6 +430,16 @@ type witnessWatch struct {
 	lives    map[string]*watched // by channel
 	massWarn bool
 }
+
+// The roles of the witness turns: the holder of <prefix>_WITNESS_TURN
+// counts every marked life; the holder of <prefix>_WITNESS_SECOND counts
+// the first's alone, so that the first's own death is judged as fast as
+// anyone's, and gives its turn up for the second to take.
+const (
+	watchNone = iota
+	watchAll
+	watchHolder
+)
 
 // watched is one marked life as the judge counts it.
 type watched struct {
@@ -458,9 +471,14 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 	now := time.Now()
 	if !now.Before(v.nextTurn) {
 		v.takeTurn(ctx)
-		v.nextTurn = now.Add(v.opts.jitter("witness", v.opts.witnessGrace/2, 0.2))
+		// A holder renews every half grace; the others try every grace.
+		next := v.opts.witnessGrace
+		if v.role != watchNone {
+			next /= 2
+		}
+		v.nextTurn = now.Add(v.opts.jitter("witness", next, 0.2))
 	}
-	if !v.holding {
+	if v.role == watchNone {
 		return
 	}
 	if !now.Before(v.nextRead) {
@@ -521,7 +539,7 @@ func (v *witnessWatch) count(ctx context.Context, channels []string, counts []in
 			absent++
 		}
 	}
-	if absent > 2 && absent*10 > len(v.lives) {
+	if v.role == watchAll && absent > 2 && absent*10 > len(v.lives) {
 		for _, l := range v.lives {
 			if !l.absent.IsZero() {
 				l.massive = true
@@ -553,6 +571,12 @@ func (v *witnessWatch) pronounce(ctx context.Context, l *watched) {
 	delete(v.lives, store.LifeChannel(v.opts.keyPrefix, l.id, l.marker.Life))
 	if err != nil || !ok {
 		return // reconnected, moved on, left, or judged by another: read again
+	}
+	if v.role == watchHolder {
+		opCtx, cancel := v.opts.opContext(ctx)
+		_ = v.ws.DropWitnessTurn(opCtx, l.id, false) // the turn is free for this second's next try
+		cancel()
+		v.nextTurn = time.Time{}
 	}
 	v.wg.Go(func() { v.resetLife(ctx, l.id, l.marker.Life, l.absent) })
 }
@@ -598,37 +622,68 @@ func (v *witnessWatch) resetLife(ctx context.Context, id, life string, noticed t
 	}
 }
 
-// takeTurn takes or renews the witness turn.
+// takeTurn takes or renews the witness turn, or else its second's.
 func (v *witnessWatch) takeTurn(ctx context.Context) {
-	opCtx, cancel := v.opts.opContext(ctx)
-	defer cancel()
-	t, err := v.ws.TakeWitnessTurn(opCtx, v.opts.instanceID, v.opts.witnessTurnTTL())
-	if t.Stranger != "" {
-		v.rlog.turnFromStranger("witness", store.WitnessTurnKey(v.opts.keyPrefix), t)
+	role := watchNone
+	for _, r := range []int{watchAll, watchHolder} {
+		opCtx, cancel := v.opts.opContext(ctx)
+		t, err := v.ws.TakeWitnessTurn(opCtx, v.opts.instanceID, r == watchHolder, v.opts.witnessTurnTTL())
+		cancel()
+		if t.Stranger != "" {
+			key := store.WitnessTurnKey(v.opts.keyPrefix)
+			if r == watchHolder {
+				key = store.WitnessSecondKey(v.opts.keyPrefix)
+			}
+			v.rlog.turnFromStranger("witness", key, t)
+		}
+		if err == nil && t.Held {
+			role = r
+			break
+		}
 	}
-	held := err == nil && t.Held
-	if held != v.holding {
+	if role != v.role {
 		v.lives, v.lastSent, v.runID = nil, time.Time{}, ""
 		v.nextRead = time.Time{}
+		if v.role == watchHolder && role == watchAll {
+			// Another worker may be the second at once, not a turn TTL later.
+			opCtx, cancel := v.opts.opContext(ctx)
+			_ = v.ws.DropWitnessTurn(opCtx, v.opts.instanceID, true)
+			cancel()
+		}
 	}
-	v.holding = held
+	v.role = role
 }
 
-// readMarkers reads the registry and every registered peer's marker; the
-// counts of lives still marked the same carry over.
+// readMarkers reads the markers of the lives this worker counts: every
+// registered peer's (the witness turn), or the turn holder's (its
+// second). The counts of lives still marked the same carry over.
 func (v *witnessWatch) readMarkers(ctx context.Context) {
-	peers, _, err := v.deps.judge.registeredPeers(ctx)
-	if err != nil {
-		return
+	var ids, values []string
+	if v.role == watchHolder {
+		opCtx, cancel := v.opts.opContext(ctx)
+		holder, marker, err := v.ws.WitnessHolder(opCtx)
+		cancel()
+		if err != nil {
+			return
+		}
+		if holder != "" && holder != v.opts.instanceID {
+			ids, values = []string{holder}, []string{marker}
+		}
+	} else {
+		peers, _, err := v.deps.judge.registeredPeers(ctx)
+		if err != nil {
+			return
+		}
+		opCtx, cancel := v.opts.opContext(ctx)
+		values, err = v.ws.ReadWitnesses(opCtx, peers)
+		cancel()
+		if err != nil {
+			return
+		}
+		ids = peers
 	}
-	opCtx, cancel := v.opts.opContext(ctx)
-	values, err := v.ws.ReadWitnesses(opCtx, peers)
-	cancel()
-	if err != nil {
-		return
-	}
-	lives := make(map[string]*watched, len(peers))
-	for i, id := range peers {
+	lives := make(map[string]*watched, len(ids))
+	for i, id := range ids {
 		m, ok := store.ParseWitness(values[i])
 		if !ok || m.Judged {
 			continue

@@ -29,6 +29,8 @@ import (
 //	                                  by it)
 //	<prefix>_WITNESS_TURN             string instance ID of the worker that watches the
 //	                                  channels (the witness turn), PX
+//	<prefix>_WITNESS_SECOND           string instance ID of the worker that watches the
+//	                                  witness turn's holder alone (the second), PX
 //
 // Only standalone and Sentinel deployments run it: on Cluster a channel's
 // subscribers are counted per node (PUBSUB NUMSUB), which this release
@@ -52,6 +54,9 @@ func WitnessKey(prefix, id string) string { return prefix + "_{" + id + "}" + wi
 
 // WitnessTurnKey returns the name of the witness turn.
 func WitnessTurnKey(prefix string) string { return prefix + "_WITNESS_TURN" }
+
+// WitnessSecondKey returns the name of the witness turn's second.
+func WitnessSecondKey(prefix string) string { return prefix + "_WITNESS_SECOND" }
 
 // Witness is what a marker says: the life that holds its channel, within
 // which grace it fences itself, on which server run and since which
@@ -309,8 +314,41 @@ return 0
 `)
 
 // TakeWitnessTurn takes or renews the witness turn for instance id, as
-// TakeScanTurn takes the scan turn (a stranger's value is taken over).
-func (s *Redis) TakeWitnessTurn(ctx context.Context, id string, ttl time.Duration) (_ TurnTake, err error) {
+// TakeScanTurn takes the scan turn (a stranger's value is taken over);
+// second takes the second's turn instead.
+func (s *Redis) TakeWitnessTurn(ctx context.Context, id string, second bool, ttl time.Duration) (_ TurnTake, err error) {
 	defer s.failed(&err)
-	return s.takeTurn(ctx, WitnessTurnKey(s.prefix), true, id, ttl, nil)
+	key := WitnessTurnKey(s.prefix)
+	if second {
+		key = WitnessSecondKey(s.prefix)
+	}
+	return s.takeTurn(ctx, key, true, id, ttl, nil)
+}
+
+// WitnessHolder returns the witness turn's holder and its marker ("" for
+// none), in one round trip.
+func (s *Redis) WitnessHolder(ctx context.Context) (holder, marker string, err error) {
+	defer s.failed(&err)
+	holder, err = s.rdb.Get(ctx, WitnessTurnKey(s.prefix)).Result()
+	if errors.Is(err, redis.Nil) || (err == nil && ValidateName(holder) != nil) {
+		return "", "", nil
+	}
+	if err != nil {
+		return "", "", fmt.Errorf("read the witness turn: %w", err)
+	}
+	marker, err = s.ReadWitness(ctx, holder)
+	return holder, marker, err
+}
+
+// DropWitnessTurn deletes the witness turn (second: its second's) if
+// holder still holds it: the turn's holder was judged dead, and its second
+// takes the turn at its next try; or the second took the turn, and
+// another worker may be its second at once.
+func (s *Redis) DropWitnessTurn(ctx context.Context, holder string, second bool) (err error) {
+	defer s.failed(&err)
+	key := WitnessTurnKey(s.prefix)
+	if second {
+		key = WitnessSecondKey(s.prefix)
+	}
+	return dropIfScript.Run(ctx, s.rdb, []string{key}, holder).Err()
 }
