@@ -726,8 +726,10 @@ func (l *lease) checkHeld(state *atomic.Int32) (held bool, err error) {
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and
 // the reason otherwise (ErrNotStarted, ErrLeaseLost, ErrShutdown). It is
-// meant for a liveness or readiness probe: a worker that keeps failing it
-// cannot reach Redis and its rows are being recovered by peers. It also
+// meant for a readiness probe, not liveness: a worker that keeps failing it
+// cannot reach Redis and its rows are being recovered by peers, and a
+// restart brings Redis back no sooner. A pod exits on ErrMisconfigured
+// (docs/integration.md, "What a batch-worker pod does with Healthy()"). It also
 // fails, with an error wrapping ErrMisconfigured, once the self-check found
 // that the rows this worker tracks would not be recovered should it crash
 // (statuses or owner column misconfigured), and with an error wrapping
