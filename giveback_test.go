@@ -66,6 +66,7 @@ func TestRowsSetWorkerGivesBackTheRowsItsHostLeftWhenTheHoldEnds(t *testing.T) {
 	require.ErrorIs(t, err, ErrLeaseLost, "held after the regain")
 	assert.Contains(t, err.Error(), "rows 1, 2")
 	assert.Contains(t, err.Error(), "Release them")
+	assert.Contains(t, err.Error(), "(rows-set mode: after your next Track or Begin)", "not by itself: the host may still be in its old block")
 
 	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
 		"the rows held at the loss given back by the worker")

@@ -976,7 +976,7 @@ func (l *lease) heldErr(n int) error {
 	if n > len(ids) {
 		list += ", ..."
 	}
-	return fmt.Errorf("%w: %d rows held when it was lost are not given back yet (rows %s): Release them (Block.Close does); otherwise the worker gives them back itself once safe (docs/safety.md §3)",
+	return fmt.Errorf("%w: %d rows held when it was lost are not given back yet (rows %s): Release them (Block.Close does); otherwise the worker gives them back itself once safe (rows-set mode: after your next Track or Begin); docs/safety.md §3",
 		ErrLeaseLost, n, list)
 }
 
