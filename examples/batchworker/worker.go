@@ -80,7 +80,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	// The resetter gets a small pool of its own: with the host's pool held
 	// by its long transactions, a recovery would wait for a connection
-	// (docs/integration.md, step 4).
+	// (docs/integration.md, step 2).
 	resetPool, err := openPostgres(ctx, cfg, 2)
 	if err != nil {
 		return err
