@@ -168,3 +168,43 @@ func TestBlockKeepsTheRowsATrackWithoutRedisTracked(t *testing.T) {
 	assert.ElementsMatch(t, []int64{1, 2}, r.resetOf("w"))
 	assert.Zero(t, w.Stats().TrackedRows)
 }
+
+// A fetch that rolls back after Block.Track (an error between Track and the
+// COMMIT) leaves its rows queued, and a peer may take one of them before the
+// block's Close: Close's reset, fenced by the owner column (the block's
+// owner value in owner mode, the instance ID with rows sets), leaves the
+// peer's row alone and the other queued, and untracks both. Without an
+// owner column the same steps reset the peer's row (docs/safety.md §3, "Not
+// covered"), which is why Block.Track's godoc asks for Done there.
+func TestBlockCloseAfterAFetchRolledBackLeavesAPeersRowAlone(t *testing.T) {
+	t.Parallel()
+	for _, mode := range bothModes {
+		t.Run(mode.name, func(t *testing.T) {
+			rdb, db, prefix := onRealServers(t, 3, "BRB")
+			ctx := context.Background()
+			w, _ := startWorker(t, rdb, fencedResetter(t, db), "w", append([]Option{WithKeyPrefix(prefix)}, mode.opts...)...)
+			b, err := w.Begin()
+			require.NoError(t, err)
+
+			tx, err := db.Begin(ctx) // the fetch
+			require.NoError(t, err)
+			_, err = tx.Exec(ctx, `UPDATE batchrows SET status = 'inprog', owner = $1 WHERE rowid = ANY($2)`,
+				b.OwnerValue(), []int64{1, 2})
+			require.NoError(t, err)
+			require.NoError(t, b.Track(ctx, 1, 2))
+			require.NoError(t, tx.Rollback(ctx)) // an error before the COMMIT
+			take(t, db, "peer", 1)               // a peer fetches row 1 meanwhile
+
+			require.NoError(t, b.Close())
+			s, o := rowState(t, db, 1)
+			assert.Equal(t, "inprog", s, "the peer's row 1 is not reset")
+			if assert.NotNil(t, o) {
+				assert.Equal(t, "peer", *o)
+			}
+			s, o = rowState(t, db, 2)
+			assert.Equal(t, "queued", s)
+			assert.Nil(t, o)
+			assert.Zero(t, w.Stats().TrackedRows)
+		})
+	}
+}

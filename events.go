@@ -968,7 +968,7 @@ type testSignals struct {
 	heard   testsignal.Signal[string]   // the expiry watcher judged an expiry event of this peer's heartbeat (recovery.go)
 	locked  testsignal.Signal[struct{}] // Start's try at rows its predecessor left locked ended; it tries again (heartbeat.go)
 	preread testsignal.Signal[bool]     // Track's read of the rows being fetched ended: true if it answered in time (selfcheck.go)
-	gave    testsignal.Signal[error]    // a give-back of the rows held at a lost lease ended, with its error (heartbeat.go)
+	gave    testsignal.Signal[error]    // a give-back of the rows held at a lost lease, or of those a Block's Close left, ended, with its error (heartbeat.go)
 	witness testsignal.Signal[struct{}] // a turn of the liveness witness's own loop ended (witness.go)
 }
 

@@ -66,6 +66,7 @@ func TestRowsSetWorkerGivesBackTheRowsItsHostLeftWhenTheHoldEnds(t *testing.T) {
 	require.ErrorIs(t, err, ErrLeaseLost, "held after the regain")
 	assert.Contains(t, err.Error(), "rows 1, 2")
 	assert.Contains(t, err.Error(), "Release them")
+	assert.Contains(t, err.Error(), "(rows-set mode: after your next Track or Begin)", "not by itself: the host may still be in its old block")
 
 	waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.CheckLease() == nil },
 		"the rows held at the loss given back by the worker")
@@ -230,4 +231,56 @@ func TestRowsSetWorkerWaitsForTheHostAgainAfterASecondLoss(t *testing.T) {
 		"given back once the host fetched again")
 	s, _ := rowState(t, db, 1)
 	assert.Equal(t, "queued", s)
+}
+
+// A Block.Close whose reset fails once (a database blip) leaves its rows
+// tracked and in progress; the worker gives them back itself, a heartbeat
+// interval later, in both modes: owner mode (by owner value) and rows-set
+// mode with the reset ledger. Healthy says nothing of a failed Close, and
+// the quickstart ignores its error: without the retry the rows stayed in
+// progress until the process exited. (Reverted, no retry: rows 2 and 3
+// stayed in progress.)
+func TestAFailedBlockCloseIsTriedAgainByTheWorker(t *testing.T) {
+	for _, mode := range []struct {
+		name  string
+		owner bool
+	}{{"owner mode", true}, {"rows sets with the ledger", false}} {
+		t.Run(mode.name, func(t *testing.T) {
+			rdb, db, prefix := onRealServers(t, 3, "GBC")
+			ctx := context.Background()
+			var inner pgResetterAPI = fencedResetter(t, db)
+			if !mode.owner {
+				plain, err := pgxreset.New(db) // no owner column: rows sets, the reset ledger
+				require.NoError(t, err)
+				inner = plain
+			}
+			r := &scriptedResetter{pgResetterAPI: inner}
+			r.script = func(n int32, reset func() (ResetResult, error)) (ResetResult, error) {
+				if n == 1 {
+					return ResetResult{}, errScriptedReset // Close's reset
+				}
+				return reset()
+			}
+			w, logs := startWorker(t, rdb, r, "w", WithKeyPrefix(prefix))
+			require.Equal(t, mode.owner, w.Stats().OwnerMode)
+
+			b, err := w.Begin()
+			require.NoError(t, err)
+			take(t, db, b.OwnerValue(), 1, 2, 3)
+			require.NoError(t, b.Track(ctx, 1, 2, 3))
+			require.True(t, complete(t, db, b.OwnerValue(), 1))
+			require.NoError(t, b.Done(1))
+			require.ErrorIs(t, b.Close(), errScriptedReset)
+			closed := time.Now()
+			assert.Equal(t, map[int64]string{1: "done", 2: "inprog", 3: "inprog"}, statuses(t, db))
+
+			waitTurns(t, &signals(w).gave, 5*time.Second, func() bool { return w.Stats().TrackedRows == 0 },
+				"the rows of the failed Close given back by the worker")
+			assert.Less(t, time.Since(closed), 2*w.opts.heartbeatInterval, "tried again within a heartbeat interval")
+			assert.Equal(t, map[int64]string{1: "done", 2: "queued", 3: "queued"}, statuses(t, db))
+			assert.EqualValues(t, 2, r.calls.Load(), "one try more, then nothing left to give back")
+			assert.Equal(t, 1, logs.Count("released rows"))
+			require.NoError(t, w.Healthy())
+		})
+	}
 }

@@ -750,8 +750,10 @@ func (l *lease) checkHeld(state *atomic.Int32, wait bool) (held bool, err error)
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and
 // the reason otherwise (ErrNotStarted, ErrLeaseLost, ErrShutdown). It is
-// meant for a liveness or readiness probe: a worker that keeps failing it
-// cannot reach Redis and its rows are being recovered by peers. It also
+// meant for a readiness probe, not liveness: a worker that keeps failing it
+// cannot reach Redis and its rows are being recovered by peers, and a
+// restart brings Redis back no sooner. A pod exits on ErrMisconfigured
+// (docs/integration.md, "What a batch-worker pod does with Healthy()"). It also
 // fails, with an error wrapping ErrMisconfigured, once the self-check found
 // that the rows this worker tracks would not be recovered should it crash
 // (statuses or owner column misconfigured), and with an error wrapping
@@ -819,8 +821,11 @@ type giver struct {
 	rows    *inflight
 	tracker tracker
 	// kick wakes the loop after a heartbeat that succeeded with rows held
-	// at a loss (note).
+	// at a loss (note), and after a Block's Close.
 	kick chan struct{}
+	// closeFailing is set while the last try at rows a Close left failed
+	// (retryClosed); only the loop touches it.
+	closeFailing bool
 }
 
 func newGiver(d deps, l *lease, rows *inflight, t tracker) *giver {
@@ -850,18 +855,31 @@ func (g *giver) wake() {
 	}
 }
 
-// run gives back the rows held at a loss when they are due, until ctx is
-// done. A give-back that fails is tried again a heartbeat interval later.
+// run gives back the rows held at a loss when they are due, and the rows
+// a Block's Close failed to give back a heartbeat interval after the
+// failure, until ctx is done. A give-back that fails is tried again a
+// heartbeat interval later.
 func (g *giver) run(ctx context.Context) {
 	t := time.NewTimer(time.Hour)
 	t.Stop()
 	defer t.Stop()
+	retry := time.NewTimer(time.Hour) // the next try at rows a Close left (retryClosed)
+	retry.Stop()
+	defer retry.Stop()
+	retrying := false
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-g.kick:
 		case <-t.C:
+		case <-retry.C:
+			retrying = false
+			g.retryClosed(ctx)
+		}
+		if !retrying && g.rows.hasUnreturned() {
+			retrying = true
+			retry.Reset(g.opts.jitter("giveback", g.opts.heartbeatInterval, 0.1))
 		}
 		wait, due := g.due()
 		if !due {
@@ -921,6 +939,42 @@ func (g *giver) runOnce(ctx context.Context) error {
 	return nil
 }
 
+// retryLater records rows a Block's Close failed to give back, for the
+// loop to try again (retryClosed); Close wakes it. Nothing where the
+// loop does not run: there Release is not safe in every state.
+func (g *giver) retryLater(ids []int64) {
+	if g == nil {
+		return
+	}
+	g.rows.leaveUnreturned(ids)
+}
+
+// retryClosed gives back the rows a Block's Close failed to give back
+// (Release's reset, bounded by the reset timeout), as Close would have:
+// by owner value in owner mode, and with owner fencing or the reset
+// ledger otherwise, so it is safe in any state of the lease. The host
+// has left those rows: Close ended their block. A failure is logged once
+// until a try succeeds. Not once another process took the instance ID:
+// the rows are its own.
+func (g *giver) retryClosed(ctx context.Context) {
+	ids := g.rows.unreturnedIDs()
+	if len(ids) == 0 || g.lease.ousted.Load() {
+		return
+	}
+	rctx, cancel := context.WithTimeout(ctx, g.opts.resetTimeout)
+	defer cancel()
+	err := g.tracker.release(rctx, ids)
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil && !g.closeFailing {
+		g.log.Warn("trying again to give back the rows of a failed Block.Close failed; retrying every heartbeat interval",
+			slog.Int("rows", len(ids)), slog.Any("error", err))
+	}
+	g.closeFailing = err != nil
+	g.sig.gave.Signal(err) // test signal: a give-back ended
+}
+
 // heldAtLossIDs returns, in ID order, the rows heldAtLoss counts: at most
 // n of them, or all with n 0.
 func (s *inflight) heldAtLossIDs(n int) []int64 {
@@ -946,7 +1000,7 @@ func (l *lease) heldErr(n int) error {
 	if n > len(ids) {
 		list += ", ..."
 	}
-	return fmt.Errorf("%w: %d rows held when it was lost are not given back yet (rows %s): Release them (Block.Close does); otherwise the worker gives them back itself once safe (docs/safety.md §3)",
+	return fmt.Errorf("%w: %d rows held when it was lost are not given back yet (rows %s): Release them (Block.Close does); otherwise the worker gives them back itself once safe (rows-set mode: after your next Track or Begin); docs/safety.md §3",
 		ErrLeaseLost, n, list)
 }
 

@@ -781,7 +781,10 @@ func (b *Block) Rows() []int64 {
 // every row Done, or after a first Close, it does nothing and returns nil.
 // Rows the worker gave back already (after a lost lease, docs/safety.md
 // §3) are not reset again. Its error is Release's: the rows it could not
-// give back stay tracked, for a peer to recover should this worker die.
+// give back stay tracked, for a peer to recover should this worker die;
+// where Release is safe in any state (owner fencing or the reset ledger)
+// the worker tries again to give them back every heartbeat interval until
+// it succeeds or they are untracked (heartbeat.go).
 //
 // After a fetch that rolled back, Close's reset finds the rows queued and
 // leaves them so, with owner fencing also once another worker took them.
@@ -807,6 +810,7 @@ func (b *Block) Close() error {
 	ctx, cancel := context.WithTimeout(context.Background(), b.w.opts.resetTimeout)
 	defer cancel()
 	if err := b.w.Release(ctx, ids...); err != nil {
+		b.w.giver.retryLater(ids) // the worker tries again (heartbeat.go)
 		return fmt.Errorf("close the block: %w", err)
 	}
 	return nil
@@ -825,6 +829,44 @@ func (s *inflight) heldAmong(ids []int64) []int64 {
 			out = append(out, id)
 		}
 	}
+	return out
+}
+
+// leaveUnreturned records the rows of ids tracked now as left by the host
+// and not given back (Block.Close failed).
+func (s *inflight) leaveUnreturned(ids []int64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, id := range ids {
+		if g, ok := s.ids[id]; ok {
+			s.unreturned[id] = g
+		}
+	}
+}
+
+// hasUnreturned reports whether rows are recorded as left unreturned
+// (some may have been untracked since: unreturnedIDs forgets those).
+func (s *inflight) hasUnreturned() bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.unreturned) > 0
+}
+
+// unreturnedIDs returns, in ID order, the rows left unreturned that are
+// still tracked under the generation they had then; it forgets the
+// others (tracked again, or no longer tracked).
+func (s *inflight) unreturnedIDs() []int64 {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []int64
+	for id, g := range s.unreturned {
+		if cur, ok := s.ids[id]; !ok || cur != g {
+			delete(s.unreturned, id)
+			continue
+		}
+		out = append(out, id)
+	}
+	slices.Sort(out)
 	return out
 }
 
@@ -950,6 +992,11 @@ type inflight struct {
 	// would hide the ledger's record of it from the repeat, which would
 	// then reset the row again, under whichever worker took it since.
 	retakenIDs map[int64]struct{}
+	// unreturned are rows a Block's Close failed to give back, each with
+	// its generation then: the host has left them, and the give-back loop
+	// tries again (giver.retryClosed) while they are tracked under that
+	// generation.
+	unreturned map[int64]uint64
 	// abandoned are stale rows this worker left to the backstop sweep by
 	// row version: its rows set was gone when its heartbeat came back, so
 	// the sweep may have reset them, out of the ledger's sight, and peers
@@ -990,6 +1037,7 @@ func (s *inflight) init() {
 	s.released = make(map[int64]struct{})
 	s.retakenIDs = make(map[int64]struct{})
 	s.abandoned = make(map[int64]struct{})
+	s.unreturned = make(map[int64]uint64)
 	s.owners = make(map[int64]string)
 	s.incarnation = newToken()
 }
@@ -1106,9 +1154,7 @@ func (s *inflight) removeUnchanged(gens map[int64]uint64, forget bool) []int64 {
 		// with it all the same (heldAtLoss).
 		delete(s.abandoned, id)
 		if cur, ok := s.ids[id]; ok && cur == g {
-			delete(s.ids, id)
-			delete(s.owners, id)
-			delete(s.stale, id)
+			s.dropLocked(id)
 			if forget {
 				s.unremoved[id] = struct{}{}
 			}
@@ -1142,6 +1188,7 @@ func (s *inflight) dropLocked(id int64) {
 	delete(s.owners, id)
 	delete(s.stale, id)
 	delete(s.abandoned, id)
+	delete(s.unreturned, id)
 }
 
 // markLoss records that the lease was lost: no row tracked now is judged

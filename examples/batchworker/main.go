@@ -10,6 +10,9 @@
 //     worker's instance ID, and tracks them in Redis before the commit.
 //   - Processes every row of the block and commits each outcome with an
 //     UPDATE guarded by owner and status, then untracks the row.
+//   - Before each block, asks Healthy: if the self-check found the
+//     statuses or the owner column misconfigured (ErrMisconfigured), it
+//     shuts the worker down and exits 1, so a rollout fails loudly.
 //   - On SIGTERM (or Ctrl-C) it cancels the processing context, finishes
 //     the current block, and shuts the recovery worker down with a
 //     deadline (-shutdown-timeout): the design's graceful shutdown.

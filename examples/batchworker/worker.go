@@ -80,7 +80,7 @@ func run(ctx context.Context, cfg config, log *slog.Logger) error {
 
 	// The resetter gets a small pool of its own: with the host's pool held
 	// by its long transactions, a recovery would wait for a connection
-	// (docs/integration.md, step 4).
+	// (docs/integration.md, step 2).
 	resetPool, err := openPostgres(ctx, cfg, 2)
 	if err != nil {
 		return err
@@ -198,10 +198,20 @@ type host struct {
 
 // loop fetches and processes blocks until ctx is cancelled, or until no
 // work is left with -exit-when-done. A block once fetched is always
-// finished: processBlock does not look at ctx.
+// finished: processBlock does not look at ctx. Before each block it asks
+// the worker's self-check: a misconfiguration ends the loop with an error,
+// and the program shuts down and exits non-zero.
 func (h *host) loop(ctx context.Context) error {
 	failing := false
 	for ctx.Err() == nil {
+		// The self-check found that a recovery would not reset the rows
+		// this worker takes (statuses or owner column wrong): a crash
+		// would strand them. Stop, so the rollout fails loudly
+		// (docs/integration.md, "What a batch-worker pod does with
+		// Healthy()"). A lost lease is not a reason: Begin waits for it.
+		if err := h.w.Healthy(); errors.Is(err, recovery.ErrMisconfigured) {
+			return fmt.Errorf("stopping: crash recovery is misconfigured, and rows this worker takes would not be recovered after a crash: %w", err)
+		}
 		took, err := h.runBlock(ctx)
 		switch {
 		case err != nil && ctx.Err() != nil:
