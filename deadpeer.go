@@ -217,15 +217,20 @@ func (r *peerRecovery) run(ctx context.Context) (claimed bool, err error) {
 	case res != store.ClaimTaken && !r.byOwner:
 		r.rep.NoRecord = true
 		if n, at := p.seen.rowsSeen(r.peer); n > 0 {
-			// A scan saw its rows set, and it is gone without a finish
-			// (which forgets the peer): it expired or was evicted before
-			// the recovery. Nothing in Redis says which rows it held any
+			// A scan saw its rows set (this worker's, or any worker's
+			// that renewed it: the rows-seen key), and it is gone without
+			// a finish (which forgets the peer): it expired or was
+			// evicted before the recovery. Nothing in Redis says which rows it held any
 			// more; deregister it and say so loudly, as above.
 			if err := r.finish(claimCtx, ctx); err != nil {
 				return true, err
 			}
-			return true, fmt.Errorf("%w: %s: its rows set, %d rows when a scan of this worker saw it %s ago, expired or was evicted before its recovery",
-				ErrRowsSetLost, r.peer, n, time.Since(at).Round(time.Millisecond))
+			seen := "when a scan renewed it"
+			if !at.IsZero() {
+				seen = fmt.Sprintf("when a scan of this worker saw it %s ago", time.Since(at).Round(time.Millisecond))
+			}
+			return true, fmt.Errorf("%w: %s: its rows set, %d rows %s, expired or was evicted before its recovery",
+				ErrRowsSetLost, r.peer, n, seen)
 		}
 	}
 

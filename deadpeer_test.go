@@ -744,6 +744,62 @@ func TestRowsSetGoneBeforeItsRecoveryIsAnErrorNamingItsRows(t *testing.T) {
 	require.NoError(t, err)
 }
 
+// The lost set is reported by whichever worker recovers the peer, not
+// only by the one whose scan saw it: the scan that renewed the set wrote
+// its size into the peer's rows-seen key. Worker 1's scan sees the set
+// (another recoverer holds the claim); the set is then evicted; worker 2,
+// which never saw it, recovers the peer and reports the 5 rows.
+func TestRowsSetGoneBeforeItsRecoveryIsAnErrorNamingItsRowsWhoeverRecoversIt(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "dead", "1", "2", "3", "4", "5")
+	require.NoError(t, rdb.Set(ctx, keysOf("dead").Claim, "another-recoverer", time.Minute).Err())
+	w1, _ := newWorker(t, rdb, &fakeResetter{}, "w1", WithBackstopSweep(false))
+	rep, err := w1.recoverNow(ctx)
+	require.NoError(t, err)
+	require.Equal(t, []string{"dead"}, rep.Skipped, "another recoverer holds the claim")
+	mr.Del(keysOf("dead").Rows)  // evicted
+	mr.Del(keysOf("dead").Claim) // and that recoverer died
+
+	w2, logs := newWorker(t, rdb, &fakeResetter{}, "w2", WithBackstopSweep(false))
+	rep, err = w2.recoverNow(ctx)
+	require.ErrorIs(t, err, ErrRowsSetLost)
+	assert.Contains(t, err.Error(), "5 rows")
+	assert.Empty(t, rep.Recovered)
+	assert.Equal(t, 1, logs.Count(`"level":"ERROR","msg":"rows set of dead peer vanished`))
+	assert.False(t, registered(t, rdb, "ALYA", "dead"), "nothing left to retry: deregistered")
+	assert.False(t, mr.Exists(keysOf("dead").RowsSeen), "the finish deletes the rows-seen key")
+}
+
+// A peer whose set a scan renewed while it was dead, that came back and
+// then died idle, lost nothing: its heartbeat deleted the rows-seen key,
+// so another worker deregisters it without an error.
+func TestAPeerThatCameBackAndDiedIdleIsNoLoss(t *testing.T) {
+	ctx := context.Background()
+	mr, rdb := newMini(t)
+	plantDeadPeer(t, rdb, "ALYA", "paused", "1", "2")
+	require.NoError(t, rdb.Set(ctx, keysOf("paused").Claim, "another-recoverer", time.Minute).Err())
+	w1, _ := newWorker(t, rdb, &fakeResetter{}, "w1", WithBackstopSweep(false))
+	_, err := w1.recoverNow(ctx)
+	require.NoError(t, err)
+	require.True(t, mr.Exists(keysOf("paused").RowsSeen), "the scan that renewed the set wrote its size")
+
+	// It comes back (one heartbeat), untracks its rows, and dies.
+	st := store.NewRedis(rdb, "ALYA", time.Second)
+	_, err = st.Beat(ctx, "paused", store.Heartbeat{Value: store.HeartbeatOf("tok"), TTL: time.Second,
+		Incarnation: "life", IncarnationTTL: time.Minute, RowsTTL: time.Minute})
+	require.NoError(t, err)
+	assert.False(t, mr.Exists(keysOf("paused").RowsSeen), "its heartbeat deleted the rows-seen key")
+	mr.Del(keysOf("paused").Rows)
+	mr.Del(keysOf("paused").Heartbeat)
+
+	w2, logs := newWorker(t, rdb, &fakeResetter{}, "w2", WithBackstopSweep(false))
+	_, err = w2.recoverNow(ctx)
+	require.NoError(t, err)
+	assert.Zero(t, logs.Count(`"level":"ERROR"`))
+	assert.False(t, registered(t, rdb, "ALYA", "paused"))
+}
+
 // A scan with more than idleOneByOne idle dead peers removes them in bulk;
 // a peer whose set a scan saw holding rows, gone since, is not one of
 // them: its recovery reports the lost set.

@@ -10,7 +10,10 @@
 // to the queue through a Resetter, so a dead worker's rows are queued
 // again within heartbeat TTL + 1.1 × recovery interval (the scans' jitter)
 // + the scan turn: 174 s at worst by default, when the worker holding the
-// scan turn dies right after scanning; 126 s while it lives. WithTimings
+// scan turn dies right after scanning; 126 s while it lives. The bound
+// assumes Redis answers within the operation timeout, the resetter gets a
+// free connection, and the Redis server's clock does not jump
+// (docs/safety.md, "What every bound assumes"). WithTimings
 // changes the durations (Timings states the defaults and the bounds).
 //
 // The PostgreSQL resetters are in postgres/pgxreset (pgx) and

@@ -123,7 +123,9 @@ func WithKeyPrefix(prefix string) Option {
 // 174 s: HeartbeatTTL + 1.1 × RecoveryInterval (the jitter) + the scan
 // turn (0.8 × RecoveryInterval); the key must expire, then the next scan
 // must run, and a scan-turn holder that dies right after scanning holds
-// that scan back by up to its turn; 126 s while the holder lives.
+// that scan back by up to its turn; 126 s while the holder lives. It
+// assumes Redis answers within OperationTimeout, the resetter gets a
+// connection and no clock jumps (docs/safety.md, "What every bound assumes").
 type Timings struct {
 	// HeartbeatTTL is how long a heartbeat key lives without a refresh:
 	// how long a dead worker goes unnoticed. HeartbeatInterval, RowsTTL

@@ -8,40 +8,22 @@ import (
 	"testing"
 	"time"
 
-	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgtest"
 	"github.com/alya/recovery/internal/report"
 	"github.com/alya/recovery/internal/testutil"
 	"github.com/alya/recovery/postgres"
 	"github.com/alya/recovery/postgres/pgxreset"
 )
 
-// otherSession runs sql in a transaction of a session of its own on db's
-// database, and leaves the transaction open, holding the locks sql took,
-// until the returned function or the test's end rolls it back.
+// otherSession is pgtest.OtherSession: sql in a transaction of another
+// session, left open until the returned function or the test's end.
 func otherSession(t *testing.T, db *pgxpool.Pool, sql string, args ...any) (end func()) {
 	t.Helper()
-	ctx := context.Background()
-	conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
-	require.NoError(t, err)
-	tx, err := conn.Begin(ctx)
-	require.NoError(t, err)
-	_, err = tx.Exec(ctx, sql, args...)
-	require.NoError(t, err)
-	done := false
-	end = func() {
-		if done {
-			return
-		}
-		done = true
-		_ = tx.Rollback(ctx)
-		_ = conn.Close(ctx)
-	}
-	t.Cleanup(end)
-	return end
+	return pgtest.OtherSession(t, db, sql, args...)
 }
 
 // holdRowLock locks the given rows in a transaction of another session,

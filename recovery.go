@@ -293,7 +293,8 @@ func (o *options) scanBudget() time.Duration {
 
 // deadSeen is what this worker remembers of the dead peers its scans
 // found: when it first saw each dead, and how many rows its rows set held
-// when last seen (0: none). A peer found alive or gone from the registry
+// when last seen (0: none), by this worker's scans or, once the set is
+// gone, as the rows-seen key a scan of any worker wrote says. A peer found alive or gone from the registry
 // is forgotten at the next scan.
 type deadSeen struct {
 	mu    sync.Mutex
@@ -303,7 +304,7 @@ type deadSeen struct {
 type seenPeer struct {
 	first  time.Time
 	rows   int64
-	at     time.Time // when rows was read
+	at     time.Time // when rows was read; zero when the rows-seen key gave it
 	failed bool      // a recovery of it failed: it holds rows it could not reset yet
 }
 
@@ -562,8 +563,13 @@ func (d *deadSeen) note(dead []string, recs []store.Record, now time.Time) []tim
 		if !ok {
 			s.first = now
 		}
-		if recs[i].Rows > 0 {
+		switch {
+		case recs[i].Rows > 0:
 			s.rows, s.at = recs[i].Rows, now
+		case s.rows == 0 && recs[i].RowsSeen > 0:
+			// Its set is gone, and a scan (of any worker) renewed it
+			// while the peer was dead: its recovery reports the loss.
+			s.rows = recs[i].RowsSeen
 		}
 		if s.rows > 0 || s.failed || !recs[i].Empty() {
 			next[p] = s // an idle entry is not remembered: nothing to lose

@@ -4,13 +4,16 @@ package faults
 
 import (
 	"context"
+	"errors"
 	"net/url"
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgconn"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
+	"github.com/alya/recovery/internal/pgcore"
 	"github.com/alya/recovery/internal/pgtest"
 )
 
@@ -54,6 +57,9 @@ func (s bigBlock) run(t *testing.T) {
 	victim.kill(t)
 	stranded := e.inprogOf(victim.id)
 	require.Greater(t, len(stranded), s.rows/2)
+	if st, ok := s.survivorParams["statement_timeout"]; ok {
+		s.requireAStatementOfOneChunkOutruns(t, e, st, stranded)
+	}
 
 	u, err := url.Parse(e.dbURL)
 	require.NoError(t, err)
@@ -84,6 +90,30 @@ func (s bigBlock) run(t *testing.T) {
 	e.finish(true)
 }
 
+// requireAStatementOfOneChunkOutruns makes sure the scenario tests what it
+// names: one reset statement of pgcore.DefaultChunkSize stranded rows, as
+// the reset before chunked commits ran them (one transaction, statements
+// of that size), is cancelled at statement_timeout st. Otherwise that
+// reset would have brought the block back too, and the scenario proves
+// nothing. The statement runs in a transaction rolled back whatever
+// happens.
+func (s bigBlock) requireAStatementOfOneChunkOutruns(t *testing.T, e *env, st string, stranded []int64) {
+	t.Helper()
+	ids := stranded[:min(len(stranded), pgcore.DefaultChunkSize)]
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	tx, err := e.pool.Begin(ctx)
+	require.NoError(t, err)
+	defer func() { _ = tx.Rollback(ctx) }()
+	_, err = tx.Exec(ctx, `SELECT set_config('statement_timeout', $1, true)`, st)
+	require.NoError(t, err)
+	began := time.Now()
+	_, err = tx.Exec(ctx, `UPDATE `+e.table+` SET status = 'queued' WHERE rowid = ANY($1)`, ids)
+	var pgErr *pgconn.PgError
+	require.True(t, errors.As(err, &pgErr) && pgErr.Code == "57014",
+		"a %d-row statement was not cancelled at statement_timeout %s ms (took %v, error %v): the scenario proves nothing", len(ids), st, time.Since(began), err)
+}
+
 // Scenario K1: owner mode, a 5,000-row block on a table whose audit
 // trigger makes one row's reset cost a millisecond or more: 5 s of reset
 // at least against a 2 s reset timeout (with a third of that work, one
@@ -96,12 +126,14 @@ func TestScenarioK1OwnerModeBlockLongerThanTheResetTimeout(t *testing.T) {
 }
 
 // Scenario K2: rows-set mode (owner column, reset ledger), a 20,000-row
-// block under an ordinary audit trigger, the recoverers' sessions at
-// statement_timeout = 100 ms. Chunks sized to fit half the
-// statement_timeout bring the block back. (Whether a 5,000-row statement
-// outran 100 ms here depends on the machine's load; the resetter's test
-// TestResetSizesItsChunksToFitTheStatementTimeout makes sure it does.)
+// block under an audit trigger doing the work of
+// TestResetSizesItsChunksToFitTheStatementTimeout's (150), the recoverers'
+// sessions at statement_timeout = 100 ms. The scenario first makes sure
+// one 5,000-row statement, as the reset before chunked commits ran them
+// in one transaction, is cancelled at 100 ms: that reset rolled back whole
+// at every try. Chunks sized to fit half the statement_timeout bring the
+// block back.
 func TestScenarioK2StatementTimeoutOf100msOnA20000RowBlock(t *testing.T) {
-	bigBlock{scenario: "K2 rows-set mode: 20,000-row block, statement_timeout 100 ms",
-		rows: 20000, survivorParams: map[string]string{"statement_timeout": "100"}, tries: 20}.run(t)
+	bigBlock{scenario: "K2 rows-set mode: 20,000-row block, audit trigger, statement_timeout 100 ms",
+		rows: 20000, triggerWork: 150, survivorParams: map[string]string{"statement_timeout": "100"}, tries: 20}.run(t)
 }

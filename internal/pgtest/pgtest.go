@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5"
 	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/jackc/pgx/v5/stdlib"
 	"github.com/lib/pq"
@@ -151,4 +152,29 @@ func PoolAsReadOnlyRole(t testing.TB, db *pgxpool.Pool) *pgxpool.Pool {
 		GRANT SELECT, INSERT, DELETE ON recovery_ledger TO %[1]s;
 		ALTER ROLE %[1]s SET default_transaction_read_only = on`)
 	return pool
+}
+
+// OtherSession runs sql in a transaction of a session of its own on db's
+// database, and leaves the transaction open, holding the locks sql took,
+// until the returned function or the test's end rolls it back.
+func OtherSession(t testing.TB, db *pgxpool.Pool, sql string, args ...any) (end func()) {
+	t.Helper()
+	ctx := context.Background()
+	conn, err := pgx.ConnectConfig(ctx, db.Config().ConnConfig.Copy())
+	require.NoError(t, err)
+	tx, err := conn.Begin(ctx)
+	require.NoError(t, err)
+	_, err = tx.Exec(ctx, sql, args...)
+	require.NoError(t, err)
+	done := false
+	end = func() {
+		if done {
+			return
+		}
+		done = true
+		_ = tx.Rollback(ctx)
+		_ = conn.Close(ctx)
+	}
+	t.Cleanup(end)
+	return end
 }

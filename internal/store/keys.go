@@ -12,6 +12,12 @@
 //	                                   instance tracks when its heartbeat wrote it ("-" for none), PX
 //	                                   <ttl ms> = heartbeat TTL (added in this release: earlier workers
 //	                                   neither write nor read it)
+//	<prefix>_{<instanceID>}_ROWS_SEEN  string "<rows> <incarnation>": the size of a dead instance's rows set and
+//	                                   its incarnation ("" for none) when a scan renewed the set; PX = the
+//	                                   set's TTL + rows TTL. Deleted by the instance's heartbeat and by a
+//	                                   finished recovery. A recovery that finds the set gone reports the
+//	                                   loss from it (added in this release: earlier workers neither write
+//	                                   nor read it)
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
 //	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner (the scan turn), PX
 //	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
@@ -51,6 +57,7 @@ const (
 	claimSuffix     = "_RECOVERY"
 	incSuffix       = "_INCARNATION"
 	oldestSuffix    = "_OLDEST_ROW"
+	rowsSeenSuffix  = "_ROWS_SEEN"
 	registrySuffix  = "_WORKER_REGISTRY"
 	// HeartbeatValue is what a live worker's heartbeat key held before
 	// heartbeats carried a token, and what workers of that version still
@@ -77,6 +84,11 @@ type Keys struct {
 	// its last heartbeat wrote it (WriteOldestRow). Added in this
 	// release; no worker's logic reads it.
 	OldestRow string
+	// RowsSeen holds the size of a dead instance's rows set, and its
+	// incarnation, when a scan last renewed the set (KeepRows): any
+	// recoverer that then finds the set gone, not only the one whose scan
+	// saw it, reports the rows lost. Added in this release.
+	RowsSeen string
 }
 
 // InstanceKeys returns the key names of instance id under prefix. It does not
@@ -90,6 +102,7 @@ func InstanceKeys(prefix, id string) Keys {
 
 		Incarnation: tag + incSuffix,
 		OldestRow:   tag + oldestSuffix,
+		RowsSeen:    tag + rowsSeenSuffix,
 	}
 }
 

@@ -59,7 +59,7 @@ func (s *Redis) Beat(ctx context.Context, id string, b Heartbeat) (_ BeatResult,
 	args = appendIDs(args, b.Remove)
 	args = appendIDs(args, b.Add)
 	pipe := s.rdb.Pipeline()
-	script := beatScript.Eval(ctx, pipe, []string{k.Heartbeat, k.Incarnation, k.Rows, k.Claim}, args...)
+	script := beatScript.Eval(ctx, pipe, []string{k.Heartbeat, k.Incarnation, k.Rows, k.Claim, k.RowsSeen}, args...)
 	reg := pipe.SAdd(ctx, s.registry, id)
 	fleet := s.fleetBeat(ctx, pipe, id, b)
 	oldest := pipe.Set(ctx, k.OldestRow, OldestRowValue(b.HoldsRows, b.OldestRowAge, b.TTL), b.TTL)
@@ -249,17 +249,17 @@ func (s *Redis) Heartbeats(ctx context.Context, ids []string) ([]Liveness, error
 	return out, nil
 }
 
-// Records pipelines one EXISTS of the rows set, incarnation and claim per
-// peer (keys of one slot), then, for the peers that have any, SCARD,
-// PTTL, PTTL, EXISTS: a mass death of registry entries alone costs one
-// command each.
+// Records pipelines one EXISTS of the rows set, incarnation, claim and
+// rows-seen key per peer (keys of one slot), then, for the peers that have
+// any, SCARD, PTTL, PTTL, EXISTS, GET, GET: a mass death of registry
+// entries alone costs one command each.
 func (s *Redis) Records(ctx context.Context, peers []string) (_ []Record, err error) {
 	defer s.failed(&err)
 	pipe := s.rdb.Pipeline()
 	any := make([]*redis.IntCmd, len(peers))
 	for i, id := range peers {
 		k := s.Keys(id)
-		any[i] = pipe.Exists(ctx, k.Rows, k.Incarnation, k.Claim)
+		any[i] = pipe.Exists(ctx, k.Rows, k.Incarnation, k.Claim, k.RowsSeen)
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return nil, fmt.Errorf("read the records of %d peers: %w", len(peers), err)
@@ -269,6 +269,7 @@ func (s *Redis) Records(ctx context.Context, peers []string) (_ []Record, err er
 		i               int
 		rows, claim     *redis.IntCmd
 		rowsTTL, incTTL *redis.DurationCmd
+		seen, inc       *redis.StringCmd
 	}
 	var cs []cmds
 	pipe = s.rdb.Pipeline()
@@ -279,19 +280,46 @@ func (s *Redis) Records(ctx context.Context, peers []string) (_ []Record, err er
 		}
 		k := s.Keys(id)
 		cs = append(cs, cmds{i: i, rows: pipe.SCard(ctx, k.Rows), rowsTTL: pipe.PTTL(ctx, k.Rows),
-			incTTL: pipe.PTTL(ctx, k.Incarnation), claim: pipe.Exists(ctx, k.Claim)})
+			incTTL: pipe.PTTL(ctx, k.Incarnation), claim: pipe.Exists(ctx, k.Claim),
+			seen: pipe.Get(ctx, k.RowsSeen), inc: pipe.Get(ctx, k.Incarnation)})
 	}
 	if len(cs) == 0 {
 		return out, nil
 	}
-	if _, err := pipe.Exec(ctx); err != nil {
+	if _, err := pipe.Exec(ctx); err != nil && !errors.Is(err, redis.Nil) {
 		return nil, fmt.Errorf("read the records of %d peers: %w", len(cs), err)
 	}
 	for _, c := range cs {
+		// Exec names the first failed command, and an absent key's GET
+		// (redis.Nil) may come before a real failure.
+		for _, cmd := range []redis.Cmder{c.rows, c.claim, c.rowsTTL, c.incTTL, c.seen, c.inc} {
+			if err := cmd.Err(); err != nil && !errors.Is(err, redis.Nil) {
+				return nil, fmt.Errorf("read the records of %d peers: %w", len(cs), err)
+			}
+		}
 		out[c.i] = Record{Rows: c.rows.Val(), RowsTTL: c.rowsTTL.Val(), IncarnationTTL: c.incTTL.Val(),
-			Claim: c.claim.Val() == 1}
+			Claim: c.claim.Val() == 1, RowsSeen: rowsSeen(c.seen.Val(), c.inc)}
 	}
 	return out, nil
+}
+
+// rowsSeen returns the rows count a rows-seen key's value ("<rows>
+// <incarnation>", keepScript) gives, when it names the life whose
+// incarnation inc read (or inc found none); 0 otherwise: a later life's
+// set is not the one seen.
+func rowsSeen(v string, inc *redis.StringCmd) int64 {
+	count, life, ok := strings.Cut(v, " ")
+	if !ok {
+		return 0
+	}
+	n, err := strconv.ParseInt(count, 10, 64)
+	if err != nil || n <= 0 {
+		return 0
+	}
+	if cur, err := inc.Result(); err == nil && cur != life {
+		return 0
+	}
+	return n
 }
 
 // DeregisterIdle pipelines deregisterScript (by its hash) per peer on a
@@ -389,7 +417,7 @@ func (s *Redis) KeepRows(ctx context.Context, peers []string, rowsTTL time.Durat
 	pipe := s.rdb.Pipeline()
 	for _, p := range peers {
 		k := s.Keys(p)
-		keepScript.Eval(ctx, pipe, []string{k.Rows, k.Incarnation}, rowsTTL.Milliseconds())
+		keepScript.Eval(ctx, pipe, []string{k.Rows, k.Incarnation, k.Heartbeat, k.RowsSeen}, rowsTTL.Milliseconds())
 	}
 	if _, err := pipe.Exec(ctx); err != nil {
 		return fmt.Errorf("renew the rows sets of %d peers: %w", len(peers), err)
@@ -487,7 +515,7 @@ func (s *Redis) checkComplete(ctx context.Context, key string, read int) error {
 func (s *Redis) FinishRecovery(ctx context.Context, peer, token string, tombstoneTTL time.Duration) (_ FinishResult, err error) {
 	defer s.failed(&err)
 	k := s.Keys(peer)
-	fin, err := finishScript.Run(ctx, s.rdb, []string{k.Heartbeat, k.Rows, k.Claim, k.Incarnation},
+	fin, err := finishScript.Run(ctx, s.rdb, []string{k.Heartbeat, k.Rows, k.Claim, k.Incarnation, k.RowsSeen},
 		token, tombstoneTTL.Milliseconds()).Int()
 	if err != nil {
 		return FinishLost, fmt.Errorf("delete rows set after reset: %w", err)

@@ -103,6 +103,7 @@ return 2
 // still absent it deletes the rows set and the incarnation, as the design's
 // step 5 does, with UNLINK: the memory of a set of a million IDs is freed
 // off the main thread (a DEL of one blocked the server for about 250 ms).
+// It deletes the rows-seen key with them.
 // If the peer came back meanwhile (it was only paused) it
 // leaves the rows set alone: whatever the peer wrote there since is live
 // tracking, and rows the reset handled are fenced by owner or recorded in
@@ -111,7 +112,8 @@ return 2
 // retry of this call after a lost reply answers the same instead of
 // FinishLost.
 //
-//	KEYS[1] heartbeat, KEYS[2] rows set, KEYS[3] claim, KEYS[4] incarnation
+//	KEYS[1] heartbeat, KEYS[2] rows set, KEYS[3] claim, KEYS[4] incarnation,
+//	KEYS[5] rows seen
 //	ARGV[1] claim token, ARGV[2] tombstone TTL ms
 var finishScript = redis.NewScript(`
 local held = redis.call('GET', KEYS[3])
@@ -129,7 +131,11 @@ if held ~= ARGV[1] then
 end
 local result = 2
 if redis.call('EXISTS', KEYS[1]) == 0 then
-  redis.call('UNLINK', KEYS[2], KEYS[4])
+  if KEYS[5] then
+    redis.call('UNLINK', KEYS[2], KEYS[4], KEYS[5])
+  else
+    redis.call('UNLINK', KEYS[2], KEYS[4])
+  end
   result = 1
 end
 redis.call('SET', KEYS[3], 'done:' .. result .. ':' .. ARGV[1], 'PX', ARGV[2])
@@ -178,16 +184,31 @@ return 0
 
 // keepScript renews the TTL of a held peer's rows set and incarnation to
 // ARGV[1] ms, only ever lengthening it: a key without a TTL, or with a
-// longer one, is left alone, and an absent key is not created.
+// longer one, is left alone, and an absent key is not created. While the
+// peer's heartbeat is absent and its set holds rows, it writes the set's
+// size and incarnation into the rows-seen key, living the set's TTL plus
+// ARGV[1]: a recoverer that finds the set gone later reports the loss
+// from it. A retry writes the same again.
 //
-//	KEYS[1] rows set, KEYS[2] incarnation
+//	KEYS[1] rows set, KEYS[2] incarnation, KEYS[3] heartbeat, KEYS[4] rows seen
 //	ARGV[1] TTL ms
 var keepScript = redis.NewScript(`
 local ttl = tonumber(ARGV[1])
-for i = 1, #KEYS do
+for i = 1, 2 do
   local left = redis.call('PTTL', KEYS[i])
   if left >= 0 and left < ttl then
     redis.call('PEXPIRE', KEYS[i], ttl)
+  end
+end
+if redis.call('EXISTS', KEYS[3]) == 0 then
+  local n = redis.call('SCARD', KEYS[1])
+  if n > 0 then
+    local left = redis.call('PTTL', KEYS[1])
+    if left < ttl then
+      left = ttl
+    end
+    local inc = redis.call('GET', KEYS[2]) or ''
+    redis.call('SET', KEYS[4], n .. ' ' .. inc, 'PX', left + ttl)
   end
 end
 return 0
@@ -275,9 +296,11 @@ return {0, '', was}
 // delete its rows set when it finishes, even if the instance has died
 // again and its heartbeat expired by then (its finish finds the claim gone
 // and leaves everything; the owner guard or the ledger covers the rows it
-// reset).
+// reset). It deletes the rows-seen key too (keepScript): what a scan saw
+// of its rows set while it was dead is no loss once it is alive.
 //
-//	KEYS[1] heartbeat, KEYS[2] incarnation, KEYS[3] rows set, KEYS[4] claim
+//	KEYS[1] heartbeat, KEYS[2] incarnation, KEYS[3] rows set, KEYS[4] claim,
+//	KEYS[5] rows seen
 //	ARGV[1] heartbeat value, ARGV[2] heartbeat TTL ms, ARGV[3] incarnation,
 //	ARGV[4] incarnation TTL ms, ARGV[5] rows TTL ms, ARGV[6] n,
 //	ARGV[7 .. 6+n] rows to remove, ARGV[7+n ..] rows to add
@@ -289,6 +312,9 @@ end
 local c = redis.call('GET', KEYS[4])
 if c and c ~= '` + FailedClaim + `' and string.sub(c, 1, 5) ~= 'done:' then
   redis.call('DEL', KEYS[4])
+end
+if KEYS[5] then
+  redis.call('DEL', KEYS[5])
 end
 redis.call('SET', KEYS[1], ARGV[1], 'PX', ARGV[2])
 redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])

@@ -279,10 +279,14 @@ type Record struct {
 	RowsTTL        time.Duration
 	IncarnationTTL time.Duration
 	Claim          bool // the claim key exists (a claim, a failure note or a tombstone)
+	// RowsSeen is the size of the rows set when a scan last renewed it
+	// while the peer was dead (the rows-seen key), if that was in the
+	// peer's current life; 0 if none.
+	RowsSeen int64
 }
 
 // Empty reports whether Redis holds nothing of the peer's recovery: no
-// rows set, no incarnation, no claim.
+// rows set, no incarnation, no claim, no rows seen.
 func (r Record) Empty() bool {
-	return r.RowsTTL == -2 && r.IncarnationTTL == -2 && !r.Claim
+	return r.RowsTTL == -2 && r.IncarnationTTL == -2 && !r.Claim && r.RowsSeen == 0
 }
