@@ -85,6 +85,7 @@ type witnessStore interface {
 	DropWitness(ctx context.Context, id, v string) error
 	TakeWitnessTurn(ctx context.Context, id string, second bool, ttl time.Duration) (store.TurnTake, error)
 	WitnessHolder(ctx context.Context) (string, string, error)
+	WitnessTurnsTaken(ctx context.Context) (int64, error)
 	DropWitnessTurn(ctx context.Context, holder string, second bool) error
 }
 
@@ -94,9 +95,11 @@ func (o *options) witnessPing() time.Duration { return o.witnessFence * 2 / 5 }
 // witnessPoll is how often the witness turn's holder counts subscribers.
 func (o *options) witnessPoll() time.Duration { return o.witnessGrace / 10 }
 
-// witnessTurnTTL is how long the witness turn outlives its holder's last
-// renewal (renewed, and tried by the others, every half grace).
-func (o *options) witnessTurnTTL() time.Duration { return 2 * o.witnessGrace }
+// witnessTurnTTL is how long the witness turn and its second outlive
+// their holders' last renewal (every grace). A dead holder's turn is
+// freed at once by its second, which judged it; the TTL counts only when
+// both die.
+func (o *options) witnessTurnTTL() time.Duration { return 4 * o.witnessGrace }
 
 // errWitnessStale is the fence: no proof for longer than WitnessFence.
 var errWitnessStale = errors.New("liveness witness: Redis has not answered this worker's ping within the fence (a peer could judge it dead)")
@@ -423,6 +426,7 @@ type witnessWatch struct {
 
 	wg       sync.WaitGroup // the resets under way
 	role     int            // watchNone, watchAll (the witness turn), watchHolder (its second)
+	tries    int            // looks at the turns while holding neither
 	nextTurn time.Time
 	nextRead time.Time
 	lastSent time.Time // send time of the last count that answered
@@ -471,10 +475,10 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 	now := time.Now()
 	if !now.Before(v.nextTurn) {
 		v.takeTurn(ctx)
-		// A holder renews every half grace; the others try every grace.
+		// A holder renews every grace; the others look every four.
 		next := v.opts.witnessGrace
-		if v.role != watchNone {
-			next /= 2
+		if v.role == watchNone {
+			next *= 4
 		}
 		v.nextTurn = now.Add(v.opts.jitter("witness", next, 0.2))
 	}
@@ -622,8 +626,19 @@ func (v *witnessWatch) resetLife(ctx context.Context, id, life string, noticed t
 	}
 }
 
-// takeTurn takes or renews the witness turn, or else its second's.
+// takeTurn takes or renews the witness turn, or else its second's. A
+// worker holding neither runs the takes only when a turn is free, or
+// every fourth look (a stranger's value without a TTL is taken over then).
 func (v *witnessWatch) takeTurn(ctx context.Context) {
+	if v.role == watchNone {
+		v.tries++
+		opCtx, cancel := v.opts.opContext(ctx)
+		n, err := v.ws.WitnessTurnsTaken(opCtx)
+		cancel()
+		if err != nil || (n == 2 && v.tries%4 != 0) {
+			return
+		}
+	}
 	role := watchNone
 	for _, r := range []int{watchAll, watchHolder} {
 		opCtx, cancel := v.opts.opContext(ctx)

@@ -2,6 +2,7 @@ package recovery
 
 import (
 	"context"
+	"fmt"
 	"strings"
 	"sync"
 	"testing"
@@ -413,4 +414,54 @@ func TestWitnessALongCutFencesTheWorkerBeforeTheVerdict(t *testing.T) {
 	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.CheckLease() == nil }, "a new life")
 	take(t, db, a.OwnerValue(), 2)
 	require.NoError(t, a.TrackAs(ctx, a.OwnerValue(), 2))
+}
+
+// The witness's cost, counted by INFO commandstats (commands a script
+// runs included, INFO not) over 5 s of an idle fleet of five, first with
+// the witness off, then on, at the default witness timings: each
+// worker's pings (10 a second) and looks at the turns, the turns'
+// renewals, the holder's counts (20 a second) and marker reads, and its
+// second's. docs/performance.md extrapolates it to 1,000 workers.
+func TestWitnessCostPerWorkerIsBounded(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	r := fencedResetter(t, db)
+	const n = 5
+	rate := func(on bool) (float64, map[string]float64) {
+		prefix := testutil.Name("WX")
+		var ws []*Worker
+		for i := range n {
+			w, _ := startWorker(t, rdb, r, fmt.Sprintf("w%d", i), append(witnessTimings(prefix), WithLivenessWitness(on))...)
+			ws = append(ws, w)
+		}
+		time.Sleep(2 * time.Second) // real time: the turns settle
+		before := commandCalls(t, rdb)
+		time.Sleep(5 * time.Second) // real time: the window counted
+		after := commandCalls(t, rdb)
+		for _, w := range ws {
+			require.NoError(t, w.Shutdown(context.Background()))
+		}
+		perSecond, total := map[string]float64{}, 0.0
+		for cmd, c := range after {
+			if d := float64(c-before[cmd]) / 5; d > 0 {
+				perSecond[cmd] = d
+				total += d
+			}
+		}
+		return total, perSecond
+	}
+	off, _ := rate(false)
+	on, perSecond := rate(true)
+	t.Logf("commands a second, %d idle workers: %.0f without the witness, %.0f with it: %v", n, off, on, perSecond)
+	// Per worker: 10 PINGs, a look at the turns every 2 s, its marker's
+	// renewal and the takes it runs (below 1); per turn holder: a renewal
+	// every grace (a script of 4 commands) and 20 PUBSUB NUMSUB; the
+	// holder reads the registry and every peer's marker twice a second,
+	// the second the turn and the holder's marker.
+	added := float64(n)*11.5 + 2*(8+20) + 2*float64(n+1) + 4
+	assert.LessOrEqual(t, on-off, added*1.2, "commands the witness adds a second")
+	assert.InDelta(t, 10*n, perSecond["ping"], 3*n, "PINGs: 10 a second per worker")
 }

@@ -325,6 +325,18 @@ func (s *Redis) TakeWitnessTurn(ctx context.Context, id string, second bool, ttl
 	return s.takeTurn(ctx, key, true, id, ttl, nil)
 }
 
+// WitnessTurnsTaken reports how many of the witness turn and its second
+// are held (one EXISTS): a worker holding neither tries to take them only
+// when one is free.
+func (s *Redis) WitnessTurnsTaken(ctx context.Context) (_ int64, err error) {
+	defer s.failed(&err)
+	n, err := s.rdb.Exists(ctx, WitnessTurnKey(s.prefix), WitnessSecondKey(s.prefix)).Result()
+	if err != nil {
+		return 0, fmt.Errorf("read the witness turns: %w", err)
+	}
+	return n, nil
+}
+
 // WitnessHolder returns the witness turn's holder and its marker ("" for
 // none), in one round trip.
 func (s *Redis) WitnessHolder(ctx context.Context) (holder, marker string, err error) {
