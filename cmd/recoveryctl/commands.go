@@ -678,7 +678,8 @@ const maxFleetTTL = 24 * time.Hour
 // plan asks the library what a scan would do now (ops.PlanRecovery):
 // the dead peers as a scan finds them, their rows as a recovery reads
 // them, and from PostgreSQL, in a transaction that is rolled back, which
-// of those rows a reset would change.
+// of those rows a reset would change. Instance IDs are cleaned: a valid
+// one may still hold a bidi override.
 func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	out := recoverJSON{DryRun: true}
 	p, err := ops.PlanRecovery(ctx, w)
@@ -690,7 +691,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	)
 	for _, pp := range p.Peers {
 		pj := peerJSON{
-			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
+			InstanceID: clean(pp.InstanceID), Action: string(pp.Action), Claim: string(pp.Claim),
 			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.WouldReset,
 			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: cleanAll(pp.Tracked.InvalidMembers),
 		}
@@ -700,7 +701,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 		case ops.PlanKeep:
 			kept++
 		case ops.PlanLost:
-			lost = append(lost, pp.InstanceID)
+			lost = append(lost, clean(pp.InstanceID))
 		}
 	}
 	if err != nil {
@@ -723,7 +724,8 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 // recoverNow runs one scan through the library (ops.RecoverNow). A peer
 // whose rows could be neither reset nor shown settled keeps its rows set
 // and registry entry (recovery.ErrRowsNotReset): that is a failure, and
-// says which rows and what to check.
+// says which rows and what to check. Instance IDs are cleaned for the
+// output; keep holds them as Redis does.
 func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []string, out *recoverJSON) error {
 	rep, scanErr := ops.RecoverNowKeeping(ctx, w, keep)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
@@ -735,7 +737,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 	for _, pr := range rep.Recovered {
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
-			InstanceID: pr.InstanceID, Action: "recovered", RowsFound: pr.RowsFound,
+			InstanceID: clean(pr.InstanceID), Action: "recovered", RowsFound: pr.RowsFound,
 			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
 		})
 	}
@@ -744,7 +746,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		if kept[id] {
 			action = "kept"
 		}
-		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: action})
+		out.Peers = append(out.Peers, peerJSON{InstanceID: clean(id), Action: action})
 	}
 	failed := map[string]ops.PeerRecovery{}
 	for _, pr := range rep.Failed {
@@ -760,7 +762,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		pr := failed[pe.InstanceID]
 		n := pr.RowsReset
 		notReset += len(pr.NotReset)
-		out.Peers = append(out.Peers, peerJSON{InstanceID: pe.InstanceID, Action: "failed",
+		out.Peers = append(out.Peers, peerJSON{InstanceID: clean(pe.InstanceID), Action: "failed",
 			RowsFound: pr.RowsFound, RowsReset: &n, Quarantined: pr.Quarantined,
 			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: cleanAll(pr.InvalidMembers),
 			Error: clean(redact.String(pe.Err.Error(), o.databaseURL, o.redisURL))})

@@ -38,7 +38,8 @@ type sweepJSON struct {
 	// (or evicted keys), so no row could be judged.
 	RedisTooYoung bool `json:"redis_too_young,omitempty"`
 	// Kept are dead instances left registered because they left no rows
-	// set while rows no worker holds are stuck, or could not be told.
+	// set while rows no worker holds are stuck, or could not be told;
+	// cleaned (clean), as every string from Redis.
 	Kept []string `json:"kept,omitempty"`
 	// Error says why the rows in progress could not be judged.
 	Error string `json:"error,omitempty"`
@@ -88,12 +89,14 @@ func sweepNow(ctx context.Context, rdb redis.UniversalClient, w *recovery.Worker
 	if ierr != nil {
 		return nil, errors.Join(err, fmt.Errorf("read the registry: %w", ierr))
 	}
+	var keep []string // as Redis holds them, for the scan; cleaned for the output
 	for _, i := range fleet.Instances {
 		if !i.Alive() && !i.RowsPresent && i.Incarnation == "" {
-			out.Sweep.Kept = append(out.Sweep.Kept, i.InstanceID)
+			keep = append(keep, i.InstanceID)
 		}
 	}
-	return out.Sweep.Kept, err
+	out.Sweep.Kept = cleanAll(keep)
+	return keep, err
 }
 
 // sweepPlan is sweepNow's dry run: the first look only. It fails where
