@@ -103,8 +103,10 @@ func TestRecoveryReportsARowLockedAloneAsLocked(t *testing.T) {
 }
 
 // TestResetRefusedByAConstraintOrARaisingTriggerSaysSo: on real
-// PostgreSQL, a reset whose UPDATE breaks a CHECK constraint, or meets a
-// trigger that raises an error, fails whole with an error wrapping
+// PostgreSQL, a reset whose UPDATE breaks a CHECK constraint, meets a
+// trigger that raises an error, or meets a rule that rewrites it (a
+// conditional DO INSTEAD NOTHING, a DO INSTEAD without RETURNING), fails
+// whole with an error wrapping
 // ErrRowsRefused that names the cause, logged at Error as a refusal; the
 // rows stay in progress and the peer registered.
 func TestResetRefusedByAConstraintOrARaisingTriggerSaysSo(t *testing.T) {
@@ -114,6 +116,12 @@ func TestResetRefusedByAConstraintOrARaisingTriggerSaysSo(t *testing.T) {
 		{"raising trigger", `CREATE FUNCTION raise_two() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN IF OLD.rowid = 2 THEN RAISE EXCEPTION 'row 2 stays'; END IF; RETURN NEW; END $$;
 CREATE TRIGGER raise_two BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION raise_two()`, "a trigger"},
+		// PostgreSQL refuses UPDATE ... RETURNING on a table with a
+		// conditional DO INSTEAD rule, or one without RETURNING (0A000).
+		{"conditional DO INSTEAD NOTHING rule", `CREATE RULE keep_two AS ON UPDATE TO batchrows WHERE OLD.rowid = 2 DO INSTEAD NOTHING`,
+			"a rule on"},
+		{"DO INSTEAD rule without RETURNING", `CREATE RULE log_instead AS ON UPDATE TO batchrows DO INSTEAD UPDATE batches SET status = NEW.status WHERE batchid = OLD.batchid`,
+			"a rule on"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rdb := testutil.Redis(t)
