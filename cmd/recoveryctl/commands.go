@@ -468,6 +468,9 @@ type peerJSON struct {
 	InvalidMembers []string  `json:"invalid_members,omitempty"`
 	PeerCameBack   bool      `json:"peer_came_back,omitempty"`
 	Error          string    `json:"error,omitempty"`
+	// RowsGone are tracked rows no row has any more (deleted since they
+	// were taken; ops.PeerRecovery.Gone): nothing to reset. Real runs only.
+	RowsGone []int64 `json:"rows_gone,omitempty"`
 }
 
 type recoverJSON struct {
@@ -738,7 +741,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
 			InstanceID: clean(pr.InstanceID), Action: "recovered", RowsFound: pr.RowsFound,
-			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
+			RowsReset: &n, Quarantined: pr.Quarantined, RowsGone: pr.Gone, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
 		})
 	}
 	for _, id := range rep.Skipped {
@@ -764,7 +767,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		notReset += len(pr.NotReset)
 		out.Peers = append(out.Peers, peerJSON{InstanceID: clean(pe.InstanceID), Action: "failed",
 			RowsFound: pr.RowsFound, RowsReset: &n, Quarantined: pr.Quarantined,
-			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: cleanAll(pr.InvalidMembers),
+			RowsNotReset: rowsJSON(pr.NotReset), RowsGone: pr.Gone, InvalidMembers: cleanAll(pr.InvalidMembers),
 			Error: clean(redact.String(pe.Err.Error(), o.databaseURL, o.redisURL))})
 	}
 	out.RowsNotReset = notReset
@@ -838,6 +841,9 @@ func printRecover(w io.Writer, out recoverJSON) {
 		}
 		if len(p.Quarantined) > 0 {
 			fmt.Fprintf(w, "  quarantined (recovery limit reached): %s\n", idList(p.Quarantined))
+		}
+		if len(p.RowsGone) > 0 {
+			fmt.Fprintf(w, "  gone: %d tracked rows no longer exist in the table (deleted since taken; nothing to reset): %s\n", len(p.RowsGone), idList(p.RowsGone))
 		}
 		if len(p.InvalidMembers) > 0 {
 			fmt.Fprintf(w, "  %d members of its rows set are not row IDs and are skipped: %s\n", len(p.InvalidMembers), quoteAll(p.InvalidMembers))
