@@ -454,9 +454,10 @@ type peerJSON struct {
 	// "reset" (the rows in rows_to_reset, then delete the rows set and
 	// deregister), "keep" (rows_not_reset cannot be reset: the rows set
 	// and registry entry would be kept), "deregister" (no rows), "lost"
-	// (its rows set vanished after a failed recovery) or "skip" (another
-	// worker is recovering it). In a real run it is what was done:
-	// "recovered", "skipped" or "failed".
+	// (its rows set vanished after a failed recovery), "skip" (another
+	// worker is recovering it) or "kept" (it left no rows set while rows
+	// no worker holds would stay stuck: sweepPlan). In a real run it is
+	// what was done: "recovered", "skipped", "kept" or "failed".
 	Action         string    `json:"action"`
 	Claim          string    `json:"claim,omitempty"`
 	RowIDs         []int64   `json:"row_ids,omitempty"`
@@ -515,7 +516,7 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	var out recoverJSON
 	if o.dryRun {
 		out, err = plan(ctx, w)
-		err = errors.Join(err, sweepPlan(ctx, w, o, &out))
+		err = errors.Join(err, sweepPlan(ctx, rdb, w, o, &out))
 	} else {
 		if o.pgx.OwnerColumn != "" {
 			// By owner, the scan resets every dead registered instance's
