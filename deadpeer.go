@@ -107,19 +107,22 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 	// Rows left because another session held them locked are not a
 	// misconfiguration: the failed recovery (an error wrapping
 	// ErrRowsLocked) reports them, and the next scan retries them.
-	locked, refused := lockedRows(pr.NotReset), refusedRows(pr.NotReset)
+	// Rows that no longer exist (deleted since they were taken) are
+	// neither: told apart, in Stats and the events.
+	locked, refused, gone := lockedRows(pr.NotReset), refusedRows(pr.NotReset), len(pr.Gone)
 	p.stats.rowsLocked.Add(uint64(locked))
 	p.stats.rowsRefused.Add(uint64(refused))
+	p.stats.rowsGone.Add(uint64(gone))
 	if n := len(pr.NotReset) - locked; n > 0 {
 		p.stats.rowsNotReset.Add(uint64(n))
 		p.events.emit(Event{Kind: EventRowsNotReset, PeerID: peer, FoundBy: foundBy, Rows: pr.RowsFound,
-			RowsReset: pr.RowsReset, RowsNotReset: n, RowsLocked: locked, RowsRefused: refused, Err: err})
+			RowsReset: pr.RowsReset, RowsNotReset: n, RowsLocked: locked, RowsRefused: refused, RowsGone: gone, Err: err})
 	}
 	switch {
 	case err != nil:
 		if p.stats.countFailure(ctx) {
 			p.events.emit(Event{Kind: EventRecoveryFailed, PeerID: peer, FoundBy: foundBy, Err: err,
-				RowsLocked: locked, RowsRefused: refused})
+				RowsLocked: locked, RowsRefused: refused, RowsGone: gone})
 			p.rlog.peerFailed(peer, err)
 		}
 	case claimed:
@@ -128,7 +131,7 @@ func (p *peerRecoverer) recoverDeadLives(ctx context.Context, peer, foundBy stri
 			p.stats.noteRowsStuck(r.rowsStuck)
 			p.events.emit(Event{Kind: EventRowsRecovered, PeerID: peer, FoundBy: foundBy,
 				Rows: pr.RowsFound, RowsReset: pr.RowsReset, RowsQuarantined: len(pr.Quarantined),
-				Duration: time.Since(noticed), StuckFor: r.rowsStuck,
+				Duration: time.Since(noticed), StuckFor: r.rowsStuck, RowsGone: gone,
 				RowIDs: sortedIDs(r.changed), QuarantinedIDs: sortedIDs(pr.Quarantined)})
 		}
 		if foundBy != foundByRestart { // Start logs its predecessor's recovery itself

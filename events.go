@@ -157,6 +157,12 @@ type Event struct {
 	// them (RowState.Refused: a BEFORE UPDATE trigger returned NULL; in
 	// RowsNotReset).
 	RowsLocked, RowsRefused int
+	// RowsGone, on the EventRowsRecovered, EventRowsNotReset and
+	// EventRecoveryFailed of a peer and on EventStrayRowsReset, is how
+	// many rows asked for by ID no longer exist in the table
+	// (ResetResult.Gone: deleted since they were taken); neither reset nor
+	// stuck, and in none of the counts above.
+	RowsGone int
 	// PeersChecked and PeersDead describe a scan.
 	PeersChecked, PeersDead int
 	// Attempt counts heartbeat failures in the current outage.
@@ -518,8 +524,8 @@ func (l *recoveryLog) swept(rep sweepReport, err error) {
 		l.log.Warn("backstop sweep reset rows in progress that no rows set had held for a rows TTL: their worker died and its rows set is gone (the fleet was down, or Redis lost it)",
 			slog.Int("rows_found", rep.strayFound), slog.Int64("rows_reset", rep.strayReset),
 			slog.Int("rows_quarantined", rep.strayQuarantined), slog.Int("rows_locked", rep.strayLocked),
-			slog.Int("rows_refused", rep.strayRefused),
-			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked-rep.strayRefused))
+			slog.Int("rows_refused", rep.strayRefused), slog.Int("rows_gone", rep.strayGone),
+			slog.Int("rows_changed", rep.strayFound-int(rep.strayReset)-rep.strayLocked-rep.strayRefused-rep.strayGone))
 	}
 	l.log.Debug("backstop sweep done", slog.Bool("turn_held", rep.turnHeld),
 		slog.Int("rows_in_progress", rep.rowsInProgress), slog.Int("rows_unheld", rep.strayWaiting),

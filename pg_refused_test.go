@@ -18,7 +18,8 @@ import (
 // sets: Gone; not in NotReset in either mode); the error wraps
 // ErrRowsRefused and ErrRowsLocked; the log line is the refusal's, at
 // Error, not the lock's; Stats and the events count one locked and one
-// refused row. Once the trigger and the lock are gone, the next scan
+// refused row, and one gone row (Stats.RowsGone, Event.RowsGone, once
+// per attempt). Once the trigger and the lock are gone, the next scan
 // resets both.
 func TestRecoveryTellsLockedRefusedAndGoneRowsApart(t *testing.T) {
 	for _, mode := range bothModes {
@@ -56,9 +57,11 @@ DELETE FROM batchrows WHERE rowid = 4`)
 			assert.Equal(t, map[int64]string{1: "queued", 2: "inprog", 3: "inprog", 5: "queued", 6: "queued"}, statuses(t, db))
 			assert.True(t, registered(t, rdb, prefix, "dead"), "kept for the next scan")
 
+			const gone = 1 // row 4: the planted rows set names it in both modes
 			s := w.Stats()
 			assert.EqualValues(t, 1, s.RowsLocked)
 			assert.EqualValues(t, 1, s.RowsRefused)
+			assert.EqualValues(t, gone, s.RowsGone)
 			assert.EqualValues(t, 1, s.RowsNotReset, "the refused row; a lock is no misconfiguration")
 			w.peers.rlog.peerFailed("dead", err)
 			assert.Contains(t, logs.String(), `"level":"ERROR","msg":"recovery of dead peer left rows the database refused to change`)
@@ -78,7 +81,15 @@ DELETE FROM batchrows WHERE rowid = 4`)
 				assert.Equal(t, 1, notReset[0].RowsLocked)
 				assert.Equal(t, 1, notReset[0].RowsRefused)
 				assert.Equal(t, 1, notReset[0].RowsNotReset)
+				assert.Equal(t, gone, notReset[0].RowsGone)
 			}
+			if failed := events.of(EventRecoveryFailed); assert.Len(t, failed, 1) {
+				assert.Equal(t, gone, failed[0].RowsGone)
+			}
+			if recovered := events.of(EventRowsRecovered); assert.Len(t, recovered, 1) {
+				assert.Equal(t, gone, recovered[0].RowsGone, "the rows set still names row 4 at the next scan")
+			}
+			assert.EqualValues(t, 2*gone, w.Stats().RowsGone, "once per attempt")
 		})
 	}
 }
@@ -103,8 +114,10 @@ func TestRecoveryReportsARowLockedAloneAsLocked(t *testing.T) {
 }
 
 // TestResetRefusedByAConstraintOrARaisingTriggerSaysSo: on real
-// PostgreSQL, a reset whose UPDATE breaks a CHECK constraint, or meets a
-// trigger that raises an error, fails whole with an error wrapping
+// PostgreSQL, a reset whose UPDATE breaks a CHECK constraint, meets a
+// trigger that raises an error, or meets a rule that rewrites it (a
+// conditional DO INSTEAD NOTHING, a DO INSTEAD without RETURNING), fails
+// whole with an error wrapping
 // ErrRowsRefused that names the cause, logged at Error as a refusal; the
 // rows stay in progress and the peer registered.
 func TestResetRefusedByAConstraintOrARaisingTriggerSaysSo(t *testing.T) {
@@ -114,6 +127,12 @@ func TestResetRefusedByAConstraintOrARaisingTriggerSaysSo(t *testing.T) {
 		{"raising trigger", `CREATE FUNCTION raise_two() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN IF OLD.rowid = 2 THEN RAISE EXCEPTION 'row 2 stays'; END IF; RETURN NEW; END $$;
 CREATE TRIGGER raise_two BEFORE UPDATE ON batchrows FOR EACH ROW EXECUTE FUNCTION raise_two()`, "a trigger"},
+		// PostgreSQL refuses UPDATE ... RETURNING on a table with a
+		// conditional DO INSTEAD rule, or one without RETURNING (0A000).
+		{"conditional DO INSTEAD NOTHING rule", `CREATE RULE keep_two AS ON UPDATE TO batchrows WHERE OLD.rowid = 2 DO INSTEAD NOTHING`,
+			"a rule on"},
+		{"DO INSTEAD rule without RETURNING", `CREATE RULE log_instead AS ON UPDATE TO batchrows DO INSTEAD UPDATE batches SET status = NEW.status WHERE batchid = OLD.batchid`,
+			"a rule on"},
 	} {
 		t.Run(c.name, func(t *testing.T) {
 			rdb := testutil.Redis(t)

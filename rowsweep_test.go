@@ -159,6 +159,35 @@ func TestBackstopSweepWithoutOwnerColumnResetsRowsNoSetHoldsAtTwoLooksARowsTTLAp
 	}
 }
 
+// TestBackstopSweepCountsARowDeletedBetweenItsLooksAsGone: a row due for
+// the sweep's reset that was deleted since its first look is neither
+// reset, locked nor refused: the sweep counts it gone (Stats.RowsGone,
+// Event.RowsGone on EventStrayRowsReset).
+func TestBackstopSweepCountsARowDeletedBetweenItsLooksAsGone(t *testing.T) {
+	t.Parallel()
+	rdb, db, schema, r := backstopWorld(t, 3)
+	ctx := context.Background()
+	setJobs(t, db, schema, "running", 1, 2)
+	events := &recorder{}
+	w, logs := newWorker(t, rdb, r, "sweeper", rowsSweepTimings(WithKeyPrefix(testutil.Name("B")), WithObserver(events.Observe))...)
+	// Row 2 is seen at its version, then deleted before the second look.
+	due := pgtest.ByRow[string](t, db, fmt.Sprintf("SELECT id, xmin::text FROM %s.jobs WHERE id IN (1, 2)", schema))
+	_, err := db.Exec(ctx, fmt.Sprintf("DELETE FROM %s.jobs WHERE id = 2", schema))
+	require.NoError(t, err)
+	var rep sweepReport
+	require.NoError(t, w.sweeper.strategy().(*rowSweep).resetDue(ctx, &rep, []RowState{{ID: 1, Version: due[1]}, {ID: 2, Version: due[2]}}, nil, time.Second))
+	w.sweeper.rlog.swept(rep, nil)
+	assert.Equal(t, int64(1), rep.strayReset)
+	assert.Equal(t, 1, rep.strayGone)
+	assert.EqualValues(t, 1, w.Stats().RowsGone)
+	assert.Contains(t, logs.String(), `"rows_gone":1,"rows_changed":0`)
+	require.NoError(t, w.Shutdown(ctx)) // delivers the queued events
+	if reset := events.of(EventStrayRowsReset); assert.Len(t, reset, 1) {
+		assert.Equal(t, 1, reset[0].RowsGone)
+		assert.Equal(t, []int64{1}, reset[0].RowIDs)
+	}
+}
+
 func TestBackstopSweepTellsAHostThatDoesNotTrackAndThenResetsItsRows(t *testing.T) {
 	t.Parallel()
 	rdb, db, schema, r := backstopWorld(t, 6)

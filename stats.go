@@ -66,6 +66,12 @@ type Stats struct {
 	// NULL), once per attempt; recovery's are in RowsNotReset too.
 	RowsLocked  uint64 `json:"rows_locked"`
 	RowsRefused uint64 `json:"rows_refused"`
+	// RowsGone counts rows recovery or the backstop sweep asked to reset
+	// by ID that no longer exist in the table (ResetResult.Gone: deleted
+	// since they were taken), once per attempt: nothing to reset, nothing
+	// stuck. Only rows named by ID are told: an owner-mode peer, which
+	// keeps no rows set, has none.
+	RowsGone uint64 `json:"rows_gone"`
 	// StrayRowsReset counts rows the backstop sweep without an owner
 	// column reset: in progress, held by no rows set at two looks a rows
 	// TTL apart (also counted in RowsRecovered).
@@ -117,7 +123,7 @@ type counters struct {
 	scans, peersDead, peersRecovered           atomic.Uint64
 	rowsRecovered, rowsQuarantined             atomic.Uint64
 	rowsReleased, rowsNotReset, errors         atomic.Uint64
-	rowsLocked, rowsRefused                    atomic.Uint64
+	rowsLocked, rowsRefused, rowsGone          atomic.Uint64
 	misconfigured                              atomic.Uint64
 	strayRowsReset, untrackedRows              atomic.Uint64
 	registryWrongType                          atomic.Uint64
@@ -172,6 +178,7 @@ func (w *Worker) Stats() Stats {
 	}
 	s.TurnsFromStrangers = w.stats.turnsFromStrangers.Load()
 	s.RowsLocked, s.RowsRefused = w.stats.rowsLocked.Load(), w.stats.rowsRefused.Load()
+	s.RowsGone = w.stats.rowsGone.Load()
 	if h := w.events.hist; h != nil {
 		s.HistoryDropped = h.dropped.Load()
 	}

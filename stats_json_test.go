@@ -16,8 +16,8 @@ var statsJSONKeys = []string{
 	"errors", "events_dropped", "heartbeat_failures", "heartbeats", "history_dropped",
 	"instance_id", "last_heartbeat", "last_stuck_for_ns", "lease_losses", "lease_valid",
 	"max_stuck_for_ns", "misconfigured", "oldest_row_age_ns", "owner_mode", "peers_dead",
-	"peers_recovered", "registry_broken", "registry_wrong_type", "rows_locked",
-	"rows_not_reset", "rows_quarantined", "rows_recovered", "rows_refused", "rows_released",
+	"peers_recovered", "registry_broken", "registry_wrong_type", "rows_gone",
+	"rows_locked", "rows_not_reset", "rows_quarantined", "rows_recovered", "rows_refused", "rows_released",
 	"scans", "stray_rows_reset", "tracked_rows", "turns_from_strangers", "untracked_rows",
 }
 

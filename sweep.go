@@ -86,6 +86,8 @@ type sweepReport struct {
 	// refusedIDs lists them (sweepNow reports them stuck).
 	strayRefused int
 	refusedIDs   []int64
+	// strayGone of them no longer existed (deleted between the looks).
+	strayGone int
 	// untracked lists rows committed in progress by a worker that had not
 	// tracked them.
 	untracked []int64
@@ -689,10 +691,12 @@ func (s *rowSweep) resetDue(ctx context.Context, rep *sweepReport, due []RowStat
 	s.stats.rowsRecovered.Add(uint64(res.Changed))
 	s.stats.rowsQuarantined.Add(uint64(len(res.Quarantined)))
 	s.stats.strayRowsReset.Add(uint64(res.Changed))
+	rep.strayGone = len(res.Gone)
 	s.stats.rowsLocked.Add(uint64(rep.strayLocked))
 	s.stats.rowsRefused.Add(uint64(rep.strayRefused))
+	s.stats.rowsGone.Add(uint64(rep.strayGone))
 	s.events.emit(Event{Kind: EventStrayRowsReset, FoundBy: foundBySweep, Rows: len(due), RowsReset: res.Changed,
-		RowsQuarantined: len(res.Quarantined), Duration: gap,
+		RowsQuarantined: len(res.Quarantined), RowsGone: rep.strayGone, Duration: gap,
 		RowIDs: sortedIDs(res.ChangedIDs), QuarantinedIDs: sortedIDs(res.Quarantined)})
 	return nil
 }

@@ -454,9 +454,10 @@ type peerJSON struct {
 	// "reset" (the rows in rows_to_reset, then delete the rows set and
 	// deregister), "keep" (rows_not_reset cannot be reset: the rows set
 	// and registry entry would be kept), "deregister" (no rows), "lost"
-	// (its rows set vanished after a failed recovery) or "skip" (another
-	// worker is recovering it). In a real run it is what was done:
-	// "recovered", "skipped" or "failed".
+	// (its rows set vanished after a failed recovery), "skip" (another
+	// worker is recovering it) or "kept" (it left no rows set while rows
+	// no worker holds would stay stuck: sweepPlan). In a real run it is
+	// what was done: "recovered", "skipped", "kept" or "failed".
 	Action         string    `json:"action"`
 	Claim          string    `json:"claim,omitempty"`
 	RowIDs         []int64   `json:"row_ids,omitempty"`
@@ -468,6 +469,9 @@ type peerJSON struct {
 	InvalidMembers []string  `json:"invalid_members,omitempty"`
 	PeerCameBack   bool      `json:"peer_came_back,omitempty"`
 	Error          string    `json:"error,omitempty"`
+	// RowsGone are tracked rows no row has any more (deleted since they
+	// were taken; ops.PeerRecovery.Gone): nothing to reset. Real runs only.
+	RowsGone []int64 `json:"rows_gone,omitempty"`
 }
 
 type recoverJSON struct {
@@ -512,7 +516,7 @@ func cmdRecover(ctx context.Context, o *options, stdout, stderr io.Writer) error
 	var out recoverJSON
 	if o.dryRun {
 		out, err = plan(ctx, w)
-		err = errors.Join(err, sweepPlan(ctx, w, o, &out))
+		err = errors.Join(err, sweepPlan(ctx, rdb, w, o, &out))
 	} else {
 		if o.pgx.OwnerColumn != "" {
 			// By owner, the scan resets every dead registered instance's
@@ -678,7 +682,8 @@ const maxFleetTTL = 24 * time.Hour
 // plan asks the library what a scan would do now (ops.PlanRecovery):
 // the dead peers as a scan finds them, their rows as a recovery reads
 // them, and from PostgreSQL, in a transaction that is rolled back, which
-// of those rows a reset would change.
+// of those rows a reset would change. Instance IDs are cleaned: a valid
+// one may still hold a bidi override.
 func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	out := recoverJSON{DryRun: true}
 	p, err := ops.PlanRecovery(ctx, w)
@@ -690,7 +695,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 	)
 	for _, pp := range p.Peers {
 		pj := peerJSON{
-			InstanceID: pp.InstanceID, Action: string(pp.Action), Claim: string(pp.Claim),
+			InstanceID: clean(pp.InstanceID), Action: string(pp.Action), Claim: string(pp.Claim),
 			RowIDs: pp.Tracked.RowIDs, RowsFound: len(pp.Tracked.RowIDs), RowsToReset: pp.WouldReset,
 			Quarantined: pp.Quarantined, RowsNotReset: rowsJSON(pp.NotReset), InvalidMembers: cleanAll(pp.Tracked.InvalidMembers),
 		}
@@ -700,7 +705,7 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 		case ops.PlanKeep:
 			kept++
 		case ops.PlanLost:
-			lost = append(lost, pp.InstanceID)
+			lost = append(lost, clean(pp.InstanceID))
 		}
 	}
 	if err != nil {
@@ -723,7 +728,8 @@ func plan(ctx context.Context, w *recovery.Worker) (recoverJSON, error) {
 // recoverNow runs one scan through the library (ops.RecoverNow). A peer
 // whose rows could be neither reset nor shown settled keeps its rows set
 // and registry entry (recovery.ErrRowsNotReset): that is a failure, and
-// says which rows and what to check.
+// says which rows and what to check. Instance IDs are cleaned for the
+// output; keep holds them as Redis does.
 func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []string, out *recoverJSON) error {
 	rep, scanErr := ops.RecoverNowKeeping(ctx, w, keep)
 	out.PeersChecked, out.DeadPeers, out.RowsReset, out.InvalidMembers =
@@ -735,8 +741,8 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 	for _, pr := range rep.Recovered {
 		n := pr.RowsReset
 		out.Peers = append(out.Peers, peerJSON{
-			InstanceID: pr.InstanceID, Action: "recovered", RowsFound: pr.RowsFound,
-			RowsReset: &n, Quarantined: pr.Quarantined, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
+			InstanceID: clean(pr.InstanceID), Action: "recovered", RowsFound: pr.RowsFound,
+			RowsReset: &n, Quarantined: pr.Quarantined, RowsGone: pr.Gone, InvalidMembers: cleanAll(pr.InvalidMembers), PeerCameBack: pr.PeerCameBack,
 		})
 	}
 	for _, id := range rep.Skipped {
@@ -744,7 +750,7 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		if kept[id] {
 			action = "kept"
 		}
-		out.Peers = append(out.Peers, peerJSON{InstanceID: id, Action: action})
+		out.Peers = append(out.Peers, peerJSON{InstanceID: clean(id), Action: action})
 	}
 	failed := map[string]ops.PeerRecovery{}
 	for _, pr := range rep.Failed {
@@ -760,9 +766,9 @@ func recoverNow(ctx context.Context, w *recovery.Worker, o *options, keep []stri
 		pr := failed[pe.InstanceID]
 		n := pr.RowsReset
 		notReset += len(pr.NotReset)
-		out.Peers = append(out.Peers, peerJSON{InstanceID: pe.InstanceID, Action: "failed",
+		out.Peers = append(out.Peers, peerJSON{InstanceID: clean(pe.InstanceID), Action: "failed",
 			RowsFound: pr.RowsFound, RowsReset: &n, Quarantined: pr.Quarantined,
-			RowsNotReset: rowsJSON(pr.NotReset), InvalidMembers: cleanAll(pr.InvalidMembers),
+			RowsNotReset: rowsJSON(pr.NotReset), RowsGone: pr.Gone, InvalidMembers: cleanAll(pr.InvalidMembers),
 			Error: clean(redact.String(pe.Err.Error(), o.databaseURL, o.redisURL))})
 	}
 	out.RowsNotReset = notReset
@@ -836,6 +842,9 @@ func printRecover(w io.Writer, out recoverJSON) {
 		}
 		if len(p.Quarantined) > 0 {
 			fmt.Fprintf(w, "  quarantined (recovery limit reached): %s\n", idList(p.Quarantined))
+		}
+		if len(p.RowsGone) > 0 {
+			fmt.Fprintf(w, "  gone: %d tracked rows no longer exist in the table (deleted since taken; nothing to reset): %s\n", len(p.RowsGone), idList(p.RowsGone))
 		}
 		if len(p.InvalidMembers) > 0 {
 			fmt.Fprintf(w, "  %d members of its rows set are not row IDs and are skipped: %s\n", len(p.InvalidMembers), quoteAll(p.InvalidMembers))

@@ -56,3 +56,44 @@ func TestWorkersTakeEachWorkersTimingsFromTheFleetRecord(t *testing.T) {
 	}, 5*time.Second, 50*time.Millisecond)
 	assert.Regexp(t, `(?m)^victim-1\s+dead\s+over 3s ago\s+-\s+`, out)
 }
+
+// TestWorkersShowsAKilledWorkerLateThenDeadFromTheFleetRecordAlone:
+// without a flag, a killed worker turns late, then dead, from the timings
+// it announced in the fleet record (heartbeat TTL 3s). The record holds no
+// interval, so late assumes half the TTL, the library's default (1.5s,
+// late past 2.25s), though this worker beat every 100ms: late comes
+// later than --heartbeat-interval 100ms would say, never sooner.
+func TestWorkersShowsAKilledWorkerLateThenDeadFromTheFleetRecordAlone(t *testing.T) {
+	url := testutil.RedisURL(t)
+	prefix := testutil.Name("CTL")
+	cmd := startWorker(t, []string{victimEnv + "=victim-1", "REDIS_URL=" + url, ops.EnvKeyPrefix + "=" + prefix})
+	args := []string{"--redis-url", url, "--prefix", prefix, "workers"}
+	require.NoError(t, cmd.Process.Signal(syscall.SIGKILL))
+	killed := time.Now()
+	_ = cmd.Wait()
+
+	var got workersOut
+	require.Eventually(t, func() bool { // poll: only the clock makes it late
+		out, errOut, code := ctl(t, nil, append(args, "--json")...)
+		require.Equal(t, exitOK, code, errOut)
+		require.NoError(t, json.Unmarshal([]byte(out), &got), out)
+		require.Len(t, got.Workers, 1)
+		return got.Workers[0].Late || !got.Workers[0].Alive
+	}, 5*time.Second, 20*time.Millisecond)
+	since := time.Since(killed)
+	w := got.Workers[0]
+	require.True(t, w.Late, "late before dead: from 2.25s to 3s after the last heartbeat")
+	require.NotNil(t, w.LastBeatMs)
+	assert.Greater(t, *w.LastBeatMs, int64(2250), "late past 1.5 × half the announced TTL")
+	assert.LessOrEqual(t, time.Duration(*w.LastBeatMs)*time.Millisecond, since+150*time.Millisecond,
+		"the time since the last heartbeat, at most an interval before the kill")
+	out, _, _ := ctl(t, nil, args...)
+	assert.Regexp(t, `(?m)^victim-1\s+late\s+\d+(\.\d+)?s ago\s+`, out)
+	assert.Contains(t, out, "half the TTL, the library's default")
+
+	require.Eventually(t, func() bool { // poll: only the clock ends the key (3s)
+		out, _, _ = ctl(t, nil, args...)
+		return strings.Contains(out, "0 alive, 1 dead")
+	}, 5*time.Second, 50*time.Millisecond)
+	assert.Regexp(t, `(?m)^victim-1\s+dead\s+over 3s ago\s+-\s+`, out)
+}

@@ -25,13 +25,21 @@ var (
 	hostileClip  = "\x1b]52;c;cm0gLXJmIH4K\x07"
 	hostileMixed = "x\u009b2J\xff\xfe\u202etxt.exe\r\x7f"
 	hostileHuge  = strings.Repeat("\x1b[5m!", (4<<20)/5)
+	// hostileIDs are instance IDs store.ValidateName accepts (a bidi
+	// override is a printable name part), so the library recovers, keeps
+	// and deregisters them like any other: the first left no rows set,
+	// the second tracks row 2.
+	hostileIDs = []string{"dead\u202e1", "dead\u202e2"}
 )
 
 // TestEveryCommandCleansWhatRedisHolds writes hostile strings straight
 // into every key recoveryctl reads (fleet record: serves, server, a
 // member's mode; registry members; an incarnation, a rows set and a claim;
-// the scan turn's holder; the history stream; and a TTL of years) and
-// runs every command in every output mode: nothing reaching stdout or
+// the scan turn's holder; the history stream; a TTL of years; and dead
+// instances whose valid IDs hold a bidi override, one with no rows set
+// while row 3 is in progress and no rows set holds it, so that recover
+// would deregister, keeps, skips and recovers hostile IDs) and runs every
+// command in every output mode: nothing reaching stdout or
 // stderr holds a control character (but newline) or invalid UTF-8, each
 // output stays small, and each command still prints its report.
 func TestEveryCommandCleansWhatRedisHolds(t *testing.T) {
@@ -53,6 +61,16 @@ func TestEveryCommandCleansWhatRedisHolds(t *testing.T) {
 		"m:w-1", "60000 1000 1000 "+strings.ReplaceAll(hostileClip, " ", "")+" 99999999999999",
 		"m:ages", "999999999999 1 1 rows-set 99999999999999").Err()) // a TTL of 31 years
 	require.NoError(t, rdb.Set(ctx, store.ScanTurnKey(prefix), hostileHuge, time.Hour).Err())
+	for _, id := range hostileIDs {
+		require.NoError(t, store.ValidateName(id), "%q", id)
+	}
+	plantHostileIDs := func() {
+		plantDead(t, rdb, prefix, hostileIDs[0])
+		plantDead(t, rdb, prefix, hostileIDs[1], "2")
+	}
+	plantHostileIDs()
+	_, err := db.Exec(ctx, `UPDATE batchrows SET status = 'inprog' WHERE rowid = 3`)
+	require.NoError(t, err)
 	require.NoError(t, rdb.XAdd(ctx, &redis.XAddArgs{Stream: store.HistoryKey(prefix), Values: []any{
 		store.HistoryFieldKind, "recovery_failed", store.HistoryFieldInstance, hostileTitle, store.HistoryFieldPeer, hostileMixed,
 		store.HistoryFieldFoundBy, hostileClip, store.HistoryFieldError, hostileHuge}}).Err())
@@ -68,7 +86,7 @@ func TestEveryCommandCleansWhatRedisHolds(t *testing.T) {
 		{"history"}, {"history", "--json"},
 		{"watch", "--plain", "--count", "1"},
 		append([]string{"recover", "--dry-run"}, pg...), append([]string{"recover", "--dry-run", "--json"}, pg...),
-		append([]string{"recover"}, pg...),
+		append([]string{"recover", "--json"}, pg...), append([]string{"recover"}, pg...),
 	} {
 		if args[0] == "recover" {
 			// recover refuses a fleet record serving another table (the
@@ -76,12 +94,36 @@ func TestEveryCommandCleansWhatRedisHolds(t *testing.T) {
 			// be down, it shows the planted registry and rows.
 			require.NoError(t, rdb.HDel(ctx, store.FleetKey(prefix), "serves", "server").Err())
 			args = append(args, "--fleet-down")
+			plantHostileIDs() // a real run before deregistered one
 		}
 		out, errOut, _ := ctl(t, env, append(base, args...)...)
 		for name, got := range map[string]string{"stdout": out, "stderr": errOut} {
 			assertShowable(t, fmt.Sprint(args, " ", name), got)
 		}
 		assert.NotEmpty(t, out, args)
+		if args[0] == "recover" {
+			// Each recover mode showed the hostile IDs, cleaned.
+			assert.Contains(t, out, "dead 1", args)
+			assert.Contains(t, out, "dead 2", args)
+		}
+	}
+
+	// Above, the planted TTL of years makes Redis too young for a verdict,
+	// so the real runs keep and skip. Under a fresh prefix with a TTL of
+	// 1s, recover recovers a hostile ID: text and JSON.
+	for _, args := range [][]string{{"recover"}, {"recover", "--json"}} {
+		fresh := testutil.Name("CTL")
+		plantDead(t, rdb, fresh, hostileIDs[1], "2")
+		out, errOut, code := ctl(t, env, append(append([]string{"--redis-url", url, "--prefix", fresh, "--heartbeat-ttl", "1s"}, args...),
+			append(pg, "--fleet-down")...)...)
+		for name, got := range map[string]string{"stdout": out, "stderr": errOut} {
+			assertShowable(t, fmt.Sprint(args, " fresh prefix ", name), got)
+		}
+		assert.Contains(t, out, "dead 2", args)
+		assert.Regexp(t, `recovered dead 2|"action": "recovered"`, out, args)
+		// The exit code is not this test's concern (the sweep's check
+		// holds: the planted rows set holds only a queued row).
+		_ = code
 	}
 }
 

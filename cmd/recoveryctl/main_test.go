@@ -574,8 +574,8 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	_, err = db.Exec(ctx, `UPDATE batchrows SET status = 'done' WHERE rowid = 5`)
 	require.NoError(t, err)
 	prefix := testutil.Name("CTL")
-	plantAlive(t, rdb, prefix, "alive-1", "4") // row 4 is a live worker's
-	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "5")
+	plantAlive(t, rdb, prefix, "alive-1", "4")                    // row 4 is a live worker's
+	plantDead(t, rdb, prefix, "dead-1", "1", "2", "3", "5", "11") // row 11: gone, no row has it
 
 	out, errOut, code := ctl(t, map[string]string{"DATABASE_URL": testutil.PostgresURL(t)},
 		"--redis-url", url, "--prefix", prefix, "recover", "--fleet-down", "--schema", schema, "--json")
@@ -588,7 +588,12 @@ func TestRecoverResetsTheRowsOfDeadInstancesInPostgres(t *testing.T) {
 	assert.EqualValues(t, 3, got.RowsReset)
 	require.Len(t, got.Peers, 1)
 	assert.Equal(t, "recovered", got.Peers[0].Action)
-	assert.Equal(t, 4, got.Peers[0].RowsFound)
+	assert.Equal(t, 5, got.Peers[0].RowsFound)
+	assert.Equal(t, []int64{11}, got.Peers[0].RowsGone, "a row no row has any more is gone, not reset")
+	var text strings.Builder
+	printRecover(&text, got)
+	assert.Contains(t, text.String(), "recovered dead-1: 5 rows tracked, 3 reset to queued\n"+
+		"  gone: 1 tracked rows no longer exist in the table (deleted since taken; nothing to reset): 11\n")
 
 	status := map[int64]string{}
 	rows, err := db.Query(ctx, `SELECT rowid, status FROM batchrows`)

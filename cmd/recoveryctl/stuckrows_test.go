@@ -119,7 +119,8 @@ func startWorker(t *testing.T, env []string) *exec.Cmd {
 // before anyone ran recover. Redis remembers nothing of its rows; the
 // database still has them in progress. recover --dry-run names them;
 // recover with too short a --timeout for the sweep's second look fails
-// naming them and keeps the dead worker registered; recover with time
+// naming them and keeps the dead worker registered, and so does the dry
+// run with that --timeout, saying why; recover with time
 // enough resets them as the backstop sweep does, then deregisters it.
 func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 	url := testutil.RedisURL(t)
@@ -161,8 +162,31 @@ func TestRecoverResetsRowsNoLiveWorkerHolds(t *testing.T) {
 	assert.Contains(t, out, "PostgreSQL: 3 rows in progress, 3 of them in no rows set: no live worker holds them (1 2 3)")
 
 	// --timeout shorter than the sweep's gap (a rows TTL of the fleet's
-	// 1s heartbeat TTL: 3s): the rows are named, recover fails, and the
-	// dead worker stays registered.
+	// 1s heartbeat TTL: 3s). The dry run fails as the real run would, and
+	// says so: it promises no reset, and shows the dead worker kept, not
+	// deregistered, in text and JSON.
+	out, errOut, code = ctl(t, env, append(base, "--dry-run", "--timeout", "2s")...)
+	t.Logf("recover --dry-run --timeout 2s:\n%s%s", out, errOut)
+	assert.Equal(t, exitFail, code)
+	assert.Contains(t, errOut, "3 rows (1 2 3) were not reset")
+	assert.Regexp(t, `no live worker holds them \(1 2 3\); the dry run could not finish the backstop sweep's second look, \S+ after the first, within --timeout: recover would not reset them`, out)
+	assert.NotContains(t, out, "recover would reset them")
+	assert.Contains(t, out, "would keep newcomer-1 registered")
+	assert.NotContains(t, out, "would deregister newcomer-1")
+	out, errOut, code = ctl(t, env, append(base, "--dry-run", "--timeout", "2s", "--json")...)
+	assert.Equal(t, exitFail, code, errOut)
+	var plan recoverJSON
+	require.NoError(t, json.Unmarshal([]byte(out), &plan), out)
+	require.NotNil(t, plan.Sweep)
+	assert.True(t, plan.Sweep.PastTimeout)
+	assert.Equal(t, []string{"newcomer-1"}, plan.Sweep.Kept)
+	assert.Zero(t, plan.RowsReset, "no reset promised")
+	if assert.Len(t, plan.Peers, 1) {
+		assert.Equal(t, "kept", plan.Peers[0].Action)
+	}
+
+	// The real run: the rows are named, recover fails, and the dead
+	// worker stays registered.
 	out, errOut, code = ctl(t, env, append(base, "--timeout", "2s")...)
 	t.Logf("recover --timeout 2s:\n%s%s", out, errOut)
 	assert.Equal(t, exitFail, code)

@@ -38,8 +38,13 @@ type sweepJSON struct {
 	// (or evicted keys), so no row could be judged.
 	RedisTooYoung bool `json:"redis_too_young,omitempty"`
 	// Kept are dead instances left registered because they left no rows
-	// set while rows no worker holds are stuck, or could not be told.
+	// set while rows no worker holds are stuck, or could not be told;
+	// cleaned (clean), as every string from Redis. In a dry run, those
+	// recover would keep.
 	Kept []string `json:"kept,omitempty"`
+	// PastTimeout, in a dry run: the sweep's second look would come past
+	// --timeout, so recover would not reset the stuck rows or owners.
+	PastTimeout bool `json:"past_timeout,omitempty"`
 	// Error says why the rows in progress could not be judged.
 	Error string `json:"error,omitempty"`
 	// With an owner column the sweep judges owners, not rows: Owners
@@ -84,31 +89,62 @@ func sweepNow(ctx context.Context, rdb redis.UniversalClient, w *recovery.Worker
 		// rows set or not: nothing to keep.
 		return nil, err
 	}
-	fleet, ierr := ops.Inspect(ctx, rdb, o.prefix)
-	if ierr != nil {
-		return nil, errors.Join(err, fmt.Errorf("read the registry: %w", ierr))
+	keep, kerr := keepers(ctx, rdb, o)
+	out.Sweep.Kept = cleanAll(keep)
+	return keep, errors.Join(err, kerr)
+}
+
+// keepers are the dead instances that left no rows set: while rows in
+// progress that no worker holds stay stuck, one of them may have held
+// them. As Redis holds them, for the scan.
+func keepers(ctx context.Context, rdb redis.UniversalClient, o *options) ([]string, error) {
+	fleet, err := ops.Inspect(ctx, rdb, o.prefix)
+	if err != nil {
+		return nil, fmt.Errorf("read the registry: %w", err)
 	}
+	var keep []string
 	for _, i := range fleet.Instances {
 		if !i.Alive() && !i.RowsPresent && i.Incarnation == "" {
-			out.Sweep.Kept = append(out.Sweep.Kept, i.InstanceID)
+			keep = append(keep, i.InstanceID)
 		}
 	}
-	return out.Sweep.Kept, err
+	return keep, nil
 }
 
 // sweepPlan is sweepNow's dry run: the first look only. It fails where
-// the real run with the same --timeout would leave rows stuck.
-func sweepPlan(ctx context.Context, w *recovery.Worker, o *options, out *recoverJSON) error {
+// the real run with the same --timeout would leave rows stuck, and then
+// shows as kept the dead instances the real run would keep (the plan
+// says it would deregister them).
+func sweepPlan(ctx context.Context, rdb redis.UniversalClient, w *recovery.Worker, o *options, out *recoverJSON) error {
 	rep, err := ops.SweepNow(ctx, w, true)
 	if !rep.Swept || err != nil {
 		return err
 	}
 	out.Sweep = toSweepJSON(rep)
-	if len(rep.Stuck)+len(rep.StuckOwners) > 0 && !rep.NodeHeld && rep.Gap+rep.Gap/10 < o.timeout {
+	if len(rep.Stuck)+len(rep.StuckOwners) == 0 {
+		return nil
+	}
+	if !rep.NodeHeld && rep.Gap+rep.Gap/10 < o.timeout {
 		out.RowsReset += int64(len(rep.Stuck)) // the real run waits for the second look and resets them
 		return nil
 	}
-	return stuckErr(out.Sweep)
+	out.Sweep.PastTimeout = !rep.NodeHeld
+	var kerr error
+	if !rep.ByOwner {
+		var keep []string
+		keep, kerr = keepers(ctx, rdb, o)
+		out.Sweep.Kept = cleanAll(keep)
+		kept := map[string]bool{}
+		for _, id := range out.Sweep.Kept {
+			kept[id] = true
+		}
+		for n, p := range out.Peers {
+			if kept[p.InstanceID] {
+				out.Peers[n].Action = "kept"
+			}
+		}
+	}
+	return errors.Join(stuckErr(out.Sweep), kerr)
 }
 
 // stuckErr is the failure of rows left stuck, naming them.
@@ -161,6 +197,9 @@ func printSweep(w io.Writer, out recoverJSON) {
 		fmt.Fprintln(w, "PostgreSQL: no rows in progress")
 	case len(s.RowsUnheld) == 0:
 		fmt.Fprintf(w, "PostgreSQL: %d rows in progress, every one in a live worker's rows set\n", s.RowsInProgress)
+	case out.DryRun && s.PastTimeout:
+		fmt.Fprintf(w, "PostgreSQL: %d rows in progress, %d of them in no rows set: no live worker holds them (%s); the dry run could not finish the backstop sweep's second look, %s after the first, within --timeout: recover would not reset them\n",
+			s.RowsInProgress, len(s.RowsUnheld), idList(s.RowsUnheld), gap)
 	case out.DryRun:
 		fmt.Fprintf(w, "PostgreSQL: %d rows in progress, %d of them in no rows set: no live worker holds them (%s); recover would reset them at the backstop sweep's second look, %s after the first\n",
 			s.RowsInProgress, len(s.RowsUnheld), idList(s.RowsUnheld), gap)
@@ -175,6 +214,10 @@ func printSweep(w io.Writer, out recoverJSON) {
 		fmt.Fprintf(w, "  still stuck: %d rows (%s), %d of them held locked by another session, %d refused by the database\n", len(s.RowsStuck), idList(s.RowsStuck), s.Locked, len(s.RowsRefused))
 	}
 	for _, id := range s.Kept {
+		if out.DryRun {
+			fmt.Fprintf(w, "would keep %s registered: it is dead and left no rows set, and rows in progress that no worker holds would stay stuck or could not be told\n", id)
+			continue
+		}
 		fmt.Fprintf(w, "kept %s registered: it is dead and left no rows set, and rows in progress that no worker holds are stuck or could not be told\n", id)
 	}
 }
@@ -188,6 +231,9 @@ func printOwners(w io.Writer, out recoverJSON) {
 		fmt.Fprintf(w, "PostgreSQL: the owners of rows in progress could not be judged: %s\n", s.Error)
 	case len(s.Owners) == 0:
 		fmt.Fprintln(w, "PostgreSQL: no row in progress whose owner has no heartbeat")
+	case out.DryRun && s.PastTimeout:
+		fmt.Fprintf(w, "PostgreSQL: rows in progress of %d owners without a heartbeat (%s); the dry run could not finish the backstop sweep's second look, %s after the first, within --timeout: recover would not reset them\n",
+			len(s.Owners), quoteAll(s.Owners), gap)
 	case out.DryRun:
 		fmt.Fprintf(w, "PostgreSQL: rows in progress of %d owners without a heartbeat (%s); recover would reset them by owner at the backstop sweep's second look, %s after the first\n",
 			len(s.Owners), quoteAll(s.Owners), gap)

@@ -703,8 +703,9 @@ func (r *Resetter) setLockTimeout(ctx context.Context, tx Tx) error {
 // statement_timeout (57014), a session that cannot write (25006, or a
 // standby refusing lib/pq's BEGIN READ WRITE: ErrReadOnly), or the
 // database refusing the UPDATE (a constraint, class 23; a trigger raising
-// an error, P0001; a rule, which a data-modifying WITH refuses, 0A000:
-// ErrRowsRefused). Other errors are returned as they are.
+// an error, P0001; a rule, which a data-modifying WITH or UPDATE ...
+// RETURNING refuses, 0A000: ErrRowsRefused). Other errors are returned as
+// they are.
 func (r *Resetter) explainResetError(err error) error {
 	switch sqlState(err) {
 	case "55P03":
@@ -723,6 +724,14 @@ func (r *Resetter) explainResetError(err error) error {
 		}
 		if strings.Contains(serverMessage(err), "rules are not supported") {
 			return fmt.Errorf("%w: a rule on %s rewrites the reset's UPDATE: %w", ErrRowsRefused, r.o.tableIdent(), err)
+		}
+		// "cannot perform UPDATE RETURNING on relation": the table has
+		// an ON UPDATE rule that is conditional (DO INSTEAD NOTHING for
+		// some rows, say) or a DO INSTEAD without RETURNING. Matched on
+		// "UPDATE RETURNING", which translations keep.
+		if strings.Contains(serverMessage(err), "UPDATE RETURNING") {
+			return fmt.Errorf("%w: a rule on %s likely blocks the reset's UPDATE ... RETURNING (an ON UPDATE rule that is conditional, or DO INSTEAD without RETURNING; see pg_rules): %w",
+				ErrRowsRefused, r.o.tableIdent(), err)
 		}
 	case "P0001":
 		return fmt.Errorf("%w: a trigger on %s raised an error at the reset's UPDATE: %w", ErrRowsRefused, r.o.tableIdent(), err)

@@ -138,6 +138,9 @@ func (s *Redis) ReadOwn(ctx context.Context, id string) (_ Own, err error) {
 // Leave sends the clean-up in one pipeline: the heartbeat (while it holds
 // d.Value), the oldest-row report, the scan turn (while it names id), and,
 // unless d.Stay, the registry entry and the fleet record's member field.
+// A registry that is not a set, or a fleet record that is not a hash (a
+// stranger's write), lists nobody: their WRONGTYPE fails no departure, as
+// it fails no heartbeat.
 func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResult, err error) {
 	defer s.failed(&err)
 	k := s.Keys(id)
@@ -148,10 +151,10 @@ func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResul
 	// next taker would find it held by an instance with no heartbeat and
 	// no registry entry, which it must take for a stranger's write.
 	leaveScript.Eval(ctx, pipe, []string{ScanTurnKey(s.prefix)}, id)
-	var reg redis.Cmder
+	var reg, fleet redis.Cmder
 	if !d.Stay {
 		reg = pipe.SRem(ctx, s.registry, id)
-		pipe.HDel(ctx, FleetKey(s.prefix), fleetMemberField+id)
+		fleet = pipe.HDel(ctx, FleetKey(s.prefix), fleetMemberField+id)
 	}
 	if len(d.Tracked) > 0 {
 		pipe.SAdd(ctx, k.Rows, appendIDs(nil, d.Tracked)...)
@@ -164,8 +167,8 @@ func (s *Redis) Leave(ctx context.Context, id string, d Departure) (_ LeaveResul
 	var res LeaveResult
 	if reg != nil {
 		res.Deregistered, res.RegistryErr = true, reg.Err()
-		if err != nil && failedOnlyOnWrongType(cmds, reg) {
-			err = nil // a key that is not a set lists nobody: nothing to remove
+		if err != nil && failedOnlyOnWrongType(cmds, reg, fleet) {
+			err = nil // a key of another type lists nobody: nothing to remove
 		}
 	}
 	return res, err
@@ -928,20 +931,23 @@ func IsReply(err error) bool {
 	return errors.As(err, &rerr)
 }
 
-// failedOnlyOnWrongType reports whether reg, the registry command of a
-// pipeline, was refused with WRONGTYPE and every other command of it
-// succeeded. (A pipeline that failed as a whole, a timeout say, may leave
-// every command's error unset: that is not this case.)
-func failedOnlyOnWrongType(cmds []redis.Cmder, reg redis.Cmder) bool {
-	if !IsWrongType(reg.Err()) {
-		return false
-	}
+// failedOnlyOnWrongType reports whether the commands of a pipeline that
+// failed are all among side (the registry's, the fleet record's) and were
+// refused with WRONGTYPE, every other command succeeding. (A pipeline that
+// failed as a whole, a timeout say, may leave every command's error unset:
+// that is not this case.)
+func failedOnlyOnWrongType(cmds []redis.Cmder, side ...redis.Cmder) bool {
+	failed := false
 	for _, c := range cmds {
-		if c != reg && c.Err() != nil {
+		if c.Err() == nil {
+			continue
+		}
+		if !slices.Contains(side, c) || !IsWrongType(c.Err()) {
 			return false
 		}
+		failed = true
 	}
-	return true
+	return failed
 }
 
 // failedOnlyOn reports whether the failures of a heartbeat pipeline are

@@ -162,6 +162,40 @@ func TestOldAndNewTurnScriptsShareATurn(t *testing.T) {
 	assert.Equal(t, int64(0), old(), "and works again once the new one replaced it")
 }
 
+// TestLeaveIsNotFailedByAStrangersRegistryOrFleetRecord: a registry that
+// is not a set and a fleet record that is not a hash (strings a stranger
+// wrote) fail no departure: the heartbeat goes, and Leave returns no
+// error, so a worker's Shutdown succeeds (fault scenario T5 found it
+// failing on the fleet record).
+func TestLeaveIsNotFailedByAStrangersRegistryOrFleetRecord(t *testing.T) {
+	for _, c := range []struct {
+		name string
+		keys func(s *Redis) []string
+	}{
+		{"fleet record", func(s *Redis) []string { return []string{FleetKey(s.prefix)} }},
+		{"registry", func(s *Redis) []string { return []string{s.registry} }},
+		{"both", func(s *Redis) []string { return []string{FleetKey(s.prefix), s.registry} }},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			rdb := testutil.Redis(t)
+			ctx := context.Background()
+			s := NewRedis(rdb, testutil.Name("LEAVE"), time.Second)
+			k := s.Keys("w-me")
+			require.NoError(t, rdb.Set(ctx, k.Heartbeat, HeartbeatOf("t"), time.Minute).Err())
+			for _, key := range c.keys(s) {
+				require.NoError(t, rdb.Set(ctx, key, "stray", 0).Err())
+			}
+			res, err := s.Leave(ctx, "w-me", Departure{Value: HeartbeatOf("t")})
+			require.NoError(t, err)
+			assert.True(t, res.Deregistered)
+			assert.Zero(t, rdb.Exists(ctx, k.Heartbeat).Val(), "the heartbeat is gone")
+			for _, key := range c.keys(s) {
+				assert.Equal(t, "stray", rdb.Get(ctx, key).Val(), "a stranger's key is left alone")
+			}
+		})
+	}
+}
+
 // TestLeaveReleasesTheScanTurnItHolds: a departing worker deletes the scan
 // turn while it names it, so the next taker does not find a holder with
 // neither heartbeat nor registry entry (a stranger, logged at Error); a
