@@ -18,6 +18,9 @@
 //	                                   finished recovery. A recovery that finds the set gone reports the
 //	                                   loss from it (added in this release: earlier workers neither write
 //	                                   nor read it)
+//	<prefix>_{<instanceID>}_WITNESS, <prefix>_WITNESS_TURN, <prefix>_WITNESS_SECOND and the channels
+//	                                   <prefix>_{<instanceID>}_LIFE:<life>: the liveness witness, witness.go
+//	                                   (added in this release: earlier workers neither write nor read them)
 //	<prefix>_WORKER_REGISTRY           set of instance IDs, no TTL
 //	<prefix>_SCAN_LEASE                string instance ID of this interval's scanner (the scan turn), PX
 //	<prefix>_SWEEP_LEASE               string token of the backstop sweeper (the sweep turn), PX
