@@ -76,6 +76,7 @@ const foundByWitness = "witness"
 // witnessStore is what the witness says to Redis (store.Redis). The
 // simulator's store has none of it: the witness does not run there.
 type witnessStore interface {
+	WitnessSupported() bool
 	SubscribeLife(ctx context.Context, channel string) (*store.LifeSub, error)
 	CountLives(ctx context.Context, channels []string) ([]int64, string, error)
 	LifeHeld(ctx context.Context, channel string) (bool, string, error)
@@ -458,6 +459,7 @@ type watched struct {
 func (v *witnessWatch) run(ctx context.Context) {
 	t := time.NewTicker(v.opts.witnessPoll())
 	defer t.Stop()
+	defer v.leave()
 	defer v.wg.Wait()
 	for {
 		select {
@@ -467,6 +469,17 @@ func (v *witnessWatch) run(ctx context.Context) {
 		}
 		v.runOnce(ctx)
 	}
+}
+
+// leave gives up the turn this worker holds (compare-and-delete, bounded
+// by the operation timeout): at Shutdown another takes it at its next look.
+func (v *witnessWatch) leave() {
+	if v.role == watchNone {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), v.opts.opTimeout)
+	defer cancel()
+	_ = v.ws.DropWitnessTurn(ctx, v.opts.instanceID, v.role == watchHolder)
 }
 
 // runOnce is one turn: the witness turn, the markers (every grace), one

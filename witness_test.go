@@ -465,3 +465,89 @@ func TestWitnessCostPerWorkerIsBounded(t *testing.T) {
 	assert.LessOrEqual(t, on-off, added*1.2, "commands the witness adds a second")
 	assert.InDelta(t, 10*n, perSecond["ping"], 3*n, "PINGs: 10 a second per worker")
 }
+
+// A Redis restart, empty and then from its own snapshot, is no death: the
+// subscriptions all go at once, on a server run the markers do not name,
+// and every worker subscribes and marks again. No verdict; the worker
+// keeps its life and its rows. (Reverted to judging markers of any run,
+// the restart from the snapshot had the rows reset.)
+func TestWitnessARedisRestartIsNoDeath(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 2)
+	prefix := testutil.Name("WR")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	var ev witnessEvents
+
+	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
+	_, _ = startWorker(t, rdb, r, "b", append(witnessTimings(prefix), WithObserver(ev.observe))...)
+	owner := a.OwnerValue()
+	take(t, db, owner, 1, 2)
+	require.NoError(t, a.TrackAs(ctx, owner, 1, 2))
+
+	srv.Restart()
+	time.Sleep(3 * defaultWitnessGrace)     // real time: past any grace
+	require.NoError(t, rdb.Save(ctx).Err()) // the snapshot holds the markers of this run
+	srv.RestartKeepingData()
+	time.Sleep(3 * defaultWitnessGrace) // real time: past any grace
+	for id := int64(1); id <= 2; id++ {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s)
+		assert.Equal(t, owner, *o)
+	}
+	assert.Zero(t, ev.count(EventPeerDead), "no verdict")
+	require.NoError(t, a.CheckLease(), "it waits for its witness, back after the restart")
+	assert.Equal(t, owner, a.OwnerValue(), "the same life")
+}
+
+// A partition of three workers of five (their connections closed on the
+// server's side, and silent on theirs, for three graces) is a mass
+// disappearance: no verdict, left to the heartbeat TTL; when it heals
+// they go on in their lives. (Reverted without the mass rule, the three
+// were judged and their rows reset.)
+func TestWitnessAPartitionOfManyWorkersIsNoVerdict(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 3)
+	prefix := testutil.Name("WP")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	var ev witnessEvents
+
+	// The judge first: it takes the witness turn.
+	judge, _ := startWorker(t, rdb, r, "judge", append(witnessTimings(prefix), WithObserver(ev.observe))...)
+	_, _ = startWorker(t, rdb, r, "other", witnessTimings(prefix)...)
+	pc, proxy := viaProxy(t, rdb)
+	owners := map[int64]string{}
+	var cut []*Worker
+	for i := range 3 {
+		w, _ := startWorker(t, pc, r, fmt.Sprintf("cut%d", i), witnessTimings(prefix)...)
+		id := int64(i + 1)
+		owners[id] = w.OwnerValue()
+		take(t, db, owners[id], id)
+		require.NoError(t, w.TrackAs(ctx, owners[id], id))
+		cut = append(cut, w)
+	}
+	holder, err := rdb.Get(ctx, store.WitnessTurnKey(prefix)).Result()
+	require.NoError(t, err)
+	require.Equal(t, judge.InstanceID(), holder, "the judge counts")
+
+	proxy.Cut()
+	time.Sleep(3 * defaultWitnessGrace) // real time: the partition
+	proxy.Restore()
+	time.Sleep(2 * defaultWitnessGrace) // real time: back
+	for id, owner := range owners {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, "row %d", id)
+		assert.Equal(t, owner, *o, "row %d", id)
+	}
+	assert.Zero(t, ev.count(EventPeerDead), "no verdict")
+	for i, w := range cut {
+		assert.Equal(t, owners[int64(i+1)], w.OwnerValue(), "the same life")
+	}
+}

@@ -603,7 +603,7 @@ func (d *demo) cleanup() {
 			ks := store.FleetKeys(d.prefix)
 			for _, p := range d.procs {
 				k := store.InstanceKeys(d.prefix, p.name)
-				ks = append(ks, k.Heartbeat, k.Rows, k.Claim, k.Incarnation, k.OldestRow)
+				ks = append(ks, k.Heartbeat, k.Rows, k.Claim, k.Incarnation, k.OldestRow, k.RowsSeen, k.Witness)
 			}
 			_ = d.rdb.Del(ctx, ks...).Err()
 			d.cleaned = append(d.cleaned, "keys "+d.prefix+"_*")

@@ -92,6 +92,9 @@ type Keys struct {
 	// recoverer that then finds the set gone, not only the one whose scan
 	// saw it, reports the rows lost. Added in this release.
 	RowsSeen string
+	// Witness is the liveness witness's marker of the instance's life
+	// (witness.go). Added in this release.
+	Witness string
 }
 
 // InstanceKeys returns the key names of instance id under prefix. It does not
@@ -106,6 +109,7 @@ func InstanceKeys(prefix, id string) Keys {
 		Incarnation: tag + incSuffix,
 		OldestRow:   tag + oldestSuffix,
 		RowsSeen:    tag + rowsSeenSuffix,
+		Witness:     tag + witnessSuffix,
 	}
 }
 
@@ -189,12 +193,12 @@ func InstanceOfHeartbeat(prefix, key string) (string, bool) {
 }
 
 // FleetKeys returns the names of the keys the fleet under prefix shares:
-// the registry, the scan and sweep turns, the history, the fleet record
-// and the untracked-rows notes. A tool that removes a fleet deletes these
+// the registry, the scan and sweep turns, the history, the fleet record,
+// the untracked-rows notes and the witness turns. A tool that removes a fleet deletes these
 // and every registered instance's Keys.
 func FleetKeys(prefix string) []string {
 	return []string{RegistryKey(prefix), ScanTurnKey(prefix), SweepTurnKey(prefix), HistoryKey(prefix), FleetKey(prefix),
-		UntrackedKey(prefix)}
+		UntrackedKey(prefix), WitnessTurnKey(prefix), WitnessSecondKey(prefix)}
 }
 
 // UntrackedKey returns the name of the hash in which the backstop sweep

@@ -49,8 +49,8 @@ func LifeChannel(prefix, id, life string) string {
 	return prefix + "_{" + id + "}" + lifeChannelInfix + life
 }
 
-// WitnessKey returns the name of instance id's witness marker.
-func WitnessKey(prefix, id string) string { return prefix + "_{" + id + "}" + witnessSuffix }
+// WitnessKey returns the name of instance id's witness marker (Keys.Witness).
+func WitnessKey(prefix, id string) string { return InstanceKeys(prefix, id).Witness }
 
 // WitnessTurnKey returns the name of the witness turn.
 func WitnessTurnKey(prefix string) string { return prefix + "_WITNESS_TURN" }
@@ -102,6 +102,16 @@ func ParseWitness(v string) (w Witness, ok bool) {
 // ErrWitnessUnsupported is returned on a Cluster client: the witness
 // runs on standalone and Sentinel deployments only.
 var ErrWitnessUnsupported = errors.New("the liveness witness needs a standalone or Sentinel Redis (on Cluster, subscribers are counted per node)")
+
+// WitnessSupported reports whether the witness can run on this store's
+// client: a standalone or Sentinel client, not a Cluster or a Ring.
+func (s *Redis) WitnessSupported() bool {
+	_, ok := s.rdb.(interface {
+		Subscribe(context.Context, ...string) *redis.PubSub
+	})
+	_, ring := s.rdb.(*redis.Ring)
+	return ok && s.slots.cc == nil && !ring
+}
 
 // LifeSub is a life's subscription, on a connection of its own.
 type LifeSub struct{ ps *redis.PubSub }
