@@ -705,12 +705,13 @@ func (l *lease) check(heldAtLoss int) error {
 // Redis answers and the life was not judged, and ErrLeaseLost if the life
 // was judged or the lease ended first (docs/safety.md §14). Healthy does
 // not wait.
-func (w *Worker) CheckLease() error { return w.lease.checkIn(&w.state, true) }
+func (w *Worker) CheckLease() error { return w.lease.checkIn(context.Background(), &w.state, true) }
 
 // checkIn is CheckLease for a worker in lifecycle state; without wait
-// (Healthy) it does not wait for the liveness witness (witness.go).
-func (l *lease) checkIn(state *atomic.Int32, wait bool) error {
-	_, err := l.checkHeld(state, wait)
+// (Healthy) it does not wait for the liveness witness (witness.go), and
+// ctx bounds the wait.
+func (l *lease) checkIn(ctx context.Context, state *atomic.Int32, wait bool) error {
+	_, err := l.checkHeld(ctx, state, wait)
 	return err
 }
 
@@ -719,8 +720,8 @@ func (l *lease) checkIn(state *atomic.Int32, wait bool) error {
 // own has moved on from them (movedOn), which lets the worker give them
 // back (heartbeat.go); not while a Block begun before the loss is open (a
 // goroutine may still be in one of its rows).
-func (l *lease) checkTrack(state *atomic.Int32) error {
-	held, err := l.checkHeld(state, true)
+func (l *lease) checkTrack(ctx context.Context, state *atomic.Int32) error {
+	held, err := l.checkHeld(ctx, state, true)
 	if held && !l.blocks.openBefore(l.stats.leaseLosses.Load()) {
 		l.movedOn.Store(true)
 	}
@@ -729,7 +730,7 @@ func (l *lease) checkTrack(state *atomic.Int32) error {
 
 // checkHeld is checkIn; held reports that the lease is back but for the
 // rows held at the loss.
-func (l *lease) checkHeld(state *atomic.Int32, wait bool) (held bool, err error) {
+func (l *lease) checkHeld(ctx context.Context, state *atomic.Int32, wait bool) (held bool, err error) {
 	switch state.Load() {
 	case stateNew:
 		return false, ErrNotStarted
@@ -745,7 +746,7 @@ func (l *lease) checkHeld(state *atomic.Int32, wait bool) (held bool, err error)
 	if _, written := l.rows.writtenLife(); l.newLives && !written {
 		return false, ErrLeaseLost // a new life no heartbeat has recorded yet (TrackAs refuses it)
 	}
-	return false, l.witness.fresh(wait) // the witness's fence (witness.go)
+	return false, l.witness.fresh(ctx, wait) // the witness's fence (witness.go)
 }
 
 // Healthy returns nil while the worker holds a valid heartbeat lease, and
@@ -764,7 +765,7 @@ func (l *lease) checkHeld(state *atomic.Int32, wait bool) (held bool, err error)
 // hide a misconfiguration. A single reason is returned as it is.
 func (w *Worker) Healthy() error {
 	var errs []error
-	for _, err := range []error{w.lease.checkIn(&w.state, false), w.checker.alarmErr(), w.untracked.err()} {
+	for _, err := range []error{w.lease.checkIn(context.Background(), &w.state, false), w.checker.alarmErr(), w.untracked.err()} {
 		if err != nil {
 			errs = append(errs, err)
 		}

@@ -136,7 +136,7 @@ func (t *ownerTracker) track(ctx context.Context, ids []int64) error {
 }
 
 func (t *ownerTracker) trackAs(ctx context.Context, owner string, ids []int64) error {
-	if err := t.lease.checkTrack(t.state); err != nil {
+	if err := t.lease.checkTrack(ctx, t.state); err != nil {
 		return err
 	}
 	life, written := t.rows.writtenLife()

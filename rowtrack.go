@@ -246,7 +246,7 @@ func newRowsSetTracker(core trackerCore, byVersion bool) *rowsSetTracker {
 
 func (t *rowsSetTracker) track(ctx context.Context, ids []int64) error {
 	t.calls.Add(1)
-	if err := t.lease.checkTrack(t.state); err != nil {
+	if err := t.lease.checkTrack(ctx, t.state); err != nil {
 		return err
 	}
 	if len(ids) == 0 {
@@ -683,7 +683,7 @@ func (w *Worker) Begin() (*Block, error) {
 	// Open before the check, with the losses so far: a loss after it fails
 	// the block, and the give-back waits for its Close.
 	b.losses = w.lease.blocks.open(b, &w.stats.leaseLosses)
-	if err := w.lease.checkTrack(&w.state); err != nil { // CheckLease; the host has moved on
+	if err := w.lease.checkTrack(context.Background(), &w.state); err != nil { // CheckLease; the host has moved on
 		w.lease.blocks.close(b)
 		return nil, fmt.Errorf("begin a block: %w", err)
 	}

@@ -14,7 +14,7 @@ import (
 	"github.com/alya/recovery/internal/store"
 )
 
-// The liveness witness (docs/safety.md §7): a death seen in under a second.
+// The liveness witness (docs/safety.md §14): a death seen in under a second.
 //
 // The commonest deaths (an OOM kill, SIGKILL, a panic) leave the kernel to
 // close the process's connections at once, and Redis drops a closed
@@ -121,6 +121,12 @@ type lifeWitness struct {
 	life    string
 	epoch   int
 	marker  store.Witness // the marker written for this epoch; Life "" before
+	sent    store.Witness // the last marker sent, whatever its reply
+	// renewedAt is when the marker was last written (renewed every third
+	// of the TTL); progress is when the witness last got a proof or
+	// subscribed anew (the watchdog in run starts over from it).
+	renewedAt time.Time
+	progress  time.Time
 
 	// proof is the send time (ns since the lease's epoch) of the last ping
 	// answered after this epoch's marker was written (markedAt); 0 for
@@ -145,8 +151,17 @@ func startOwnWitness(ctx context.Context, w *Worker) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.opts.opTimeout)
 	defer cancel()
-	if err := startWitness(ctx, w.witness); err != nil {
-		w.log.Warn("liveness witness unavailable: a death of this worker is seen when its heartbeat expires, not at once (docs/safety.md §7)",
+	running, err := startWitness(ctx, w.witness)
+	switch {
+	case err == nil:
+	case running:
+		// A marker may be in Redis (its reply was lost) and could not be
+		// dropped: a peer may judge this life, so the witness runs, and
+		// fences the worker, until it is established.
+		w.log.Warn("liveness witness not established at Start; this worker takes no rows until it is (docs/safety.md §14)",
+			slog.Any("error", err))
+	default:
+		w.log.Warn("liveness witness unavailable: a death of this worker is seen when its heartbeat expires, not at once (docs/safety.md §14)",
 			slog.Any("error", err))
 		return false
 	}
@@ -155,22 +170,35 @@ func startOwnWitness(ctx context.Context, w *Worker) bool {
 }
 
 // startWitness subscribes the current life's channel and waits, within
-// ctx, for the confirmation, the marker and the first proof. An error
-// leaves the worker on the heartbeat TTL alone.
-func startWitness(ctx context.Context, w *lifeWitness) error {
+// ctx, for the confirmation, the marker and the first proof. On an error
+// it closes the subscription, leaving the worker on the heartbeat TTL
+// alone, unless a marker it sent may be in Redis and cannot be dropped:
+// then running is true, and the witness must run (a peer may judge the
+// life the marker names once the channel is empty).
+func startWitness(ctx context.Context, w *lifeWitness) (running bool, err error) {
 	w.proved = make(chan struct{})
 	w.life = w.rows.currentIncarnation()
 	w.channel = store.LifeChannel(w.opts.keyPrefix, w.opts.instanceID, w.life)
 	sub, err := w.ws.SubscribeLife(ctx, w.channel)
 	if err != nil {
-		return err
+		return false, err
 	}
 	w.sub = sub
-	if err := w.establish(ctx); err != nil {
-		sub.Close()
-		return err
+	err = w.establish(ctx)
+	if err == nil {
+		return true, nil
 	}
-	return nil
+	if w.sent.Life != "" {
+		dropCtx, cancel := w.opts.opContext(context.Background())
+		derr := w.ws.DropWitness(dropCtx, w.opts.instanceID, w.sent.String())
+		cancel()
+		if derr != nil {
+			w.marker.Life = "" // no proof until the loop marks again
+			return true, errors.Join(err, derr)
+		}
+	}
+	sub.Close()
+	return false, err
 }
 
 // establish waits for the subscription's confirmation, writes the marker
@@ -227,6 +255,7 @@ func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
 	}
 	w.epoch++
 	m := store.Witness{Life: w.life, Grace: w.opts.witnessGrace, RunID: runID, Epoch: w.epoch}
+	w.sent = m // from here, the marker may be in Redis whatever the reply
 	judged, err = w.ws.WriteWitness(opCtx, w.opts.instanceID, m, w.fleet.ttl())
 	if err != nil {
 		return false, fmt.Errorf("liveness witness: %w", err)
@@ -236,6 +265,7 @@ func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
 	}
 	w.marker = m
 	w.markedAt.Store(int64(time.Since(w.lease.epoch)))
+	w.renewedAt = time.Now()
 	return false, nil
 }
 
@@ -254,6 +284,7 @@ func (w *lifeWitness) pong(payload string) {
 		sent < w.markedAt.Load() {
 		return
 	}
+	w.progress = time.Now()
 	if sent > w.proof.Load() {
 		w.proof.Store(sent)
 		w.mu.Lock()
@@ -266,11 +297,12 @@ func (w *lifeWitness) pong(payload string) {
 // fresh is the fence: nil while the last proof was sent at most
 // WitnessFence ago. Past it, with wait, it waits for a new proof (a worker
 // resuming from a pause gets one within a round trip; during a Redis
-// outage it waits for its end, since a peer that can still reach Redis
+// outage it waits for its end, since a peer that still reaches Redis
 // could judge this worker meanwhile), and returns an error wrapping
-// ErrLeaseLost only if the lease ends or is lost first. Without wait
-// (Healthy) it returns that error at once.
-func (w *lifeWitness) fresh(wait bool) error {
+// ErrLeaseLost if the lease ends or the life was judged first, ctx's error
+// if ctx ends, and ErrShutdown once the worker is shut down. Without wait
+// (Healthy) it returns the ErrLeaseLost error at once.
+func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
 	if w == nil {
 		return nil
 	}
@@ -279,16 +311,21 @@ func (w *lifeWitness) fresh(wait bool) error {
 		ch := w.proved
 		w.mu.Unlock()
 		since := time.Since(w.lease.epoch) - time.Duration(w.proof.Load())
-		if since <= w.opts.witnessFence || w.off.Load() {
+		switch {
+		case w.off.Load():
+			return ErrShutdown
+		case since <= w.opts.witnessFence:
 			return nil
-		}
-		if !wait || !w.lease.valid() || w.lease.lost.Load() {
+		case !wait || !w.lease.valid() || w.lease.lost.Load():
 			return fmt.Errorf("%w: %w (last answer %v ago)", ErrLeaseLost, errWitnessStale, since.Round(time.Millisecond))
 		}
 		t := time.NewTimer(min(max(w.lease.remaining(), time.Millisecond), w.opts.witnessPing()))
 		select {
 		case <-ch:
 		case <-t.C:
+		case <-ctx.Done():
+			t.Stop()
+			return fmt.Errorf("liveness witness: waiting for Redis to answer this worker's ping: %w", ctx.Err())
 		}
 		t.Stop()
 	}
@@ -301,11 +338,28 @@ func (w *lifeWitness) fresh(wait bool) error {
 func (w *lifeWitness) run(ctx context.Context) {
 	defer w.stop()
 	next := time.Now()
-	confirmed := true // startWitness saw the subscription confirmed
+	confirmed := w.marker.Life != "" // startWitness saw it confirmed and marked it
+	w.progress = time.Now()
 	for ctx.Err() == nil {
 		if life := w.rows.currentIncarnation(); life != w.life {
 			confirmed = false
 			w.follow(ctx, life)
+		}
+		if w.sub == nil {
+			w.resubscribe(ctx)
+			if w.sub == nil {
+				w.sleep(ctx, w.opts.witnessPing())
+				continue
+			}
+		}
+		if time.Since(w.progress) > 4*w.opts.witnessFence {
+			// No proof for four fences while Redis may answer: an error
+			// reply (BUSY, LOADING) or a connection closed unseen leaves
+			// go-redis neither reconnecting nor subscribing again. A new
+			// subscription, a new epoch.
+			confirmed = false
+			w.resubscribe(ctx)
+			continue // the top of the loop sees a failed one
 		}
 		if now := time.Now(); !now.Before(next) {
 			next = now.Add(w.opts.witnessPing())
@@ -316,7 +370,7 @@ func (w *lifeWitness) run(ctx context.Context) {
 				confirmed = false
 				w.marker.Life = ""
 			}
-			if w.marker.Life != "" && time.Since(w.lease.epoch)-time.Duration(w.markedAt.Load()) > w.fleet.ttl()/3 {
+			if w.marker.Life != "" && time.Since(w.renewedAt) > w.fleet.ttl()/3 {
 				w.renewMarker(ctx)
 			}
 		}
@@ -334,6 +388,7 @@ func (w *lifeWitness) run(ctx context.Context) {
 			w.pong(payload)
 		case kind == store.LifeSubscribed && payload == w.channel:
 			confirmed = true
+			w.progress = time.Now()
 			if w.marker.Life == "" && w.reestablished(ctx) {
 				next = time.Now() // ping at once: the first proof of the epoch
 			}
@@ -390,8 +445,28 @@ func (w *lifeWitness) renewMarker(ctx context.Context) {
 	case judged:
 		w.judged()
 	case err == nil:
-		w.markedAt.Store(int64(time.Since(w.lease.epoch)))
+		w.renewedAt = time.Now()
 	}
+}
+
+// resubscribe closes the subscription and subscribes on a new connection
+// (the loop marks a new epoch once it is confirmed); a failure is tried
+// again a ping later.
+func (w *lifeWitness) resubscribe(ctx context.Context) {
+	w.marker.Life = ""
+	w.progress = time.Now()
+	if w.sub != nil {
+		w.sub.Close()
+		w.sub = nil
+	}
+	opCtx, cancel := w.opts.opContext(ctx)
+	defer cancel()
+	sub, err := w.ws.SubscribeLife(opCtx, w.channel)
+	if err != nil {
+		w.log.Debug("liveness witness: subscribing again failed; retrying", slog.Any("error", err))
+		return
+	}
+	w.sub = sub
 }
 
 func (w *lifeWitness) sleep(ctx context.Context, d time.Duration) {
@@ -407,14 +482,16 @@ func (w *lifeWitness) sleep(ctx context.Context, d time.Duration) {
 // the subscription.
 func (w *lifeWitness) stop() {
 	w.off.Store(true)
-	if w.marker.Life != "" && !w.killed.Load() {
+	if w.sent.Life != "" && !w.killed.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), w.opts.opTimeout)
-		if err := w.ws.DropWitness(ctx, w.opts.instanceID, w.marker.String()); err != nil {
+		if err := w.ws.DropWitness(ctx, w.opts.instanceID, w.sent.String()); err != nil {
 			w.log.Warn("liveness witness: could not drop the marker at shutdown; a peer may reset the rows this worker left", slog.Any("error", err))
 		}
 		cancel()
 	}
-	w.sub.Close()
+	if w.sub != nil {
+		w.sub.Close()
+	}
 }
 
 // witnessWatch is the judge's side: taking the witness turn, counting the

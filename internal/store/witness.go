@@ -304,9 +304,13 @@ func (s *Redis) JudgeLife(ctx context.Context, id, value string, w Witness) (jud
 	return n == 1, nil
 }
 
-// judgeLifeScript sets KEYS[1] to ARGV[2], TTL kept, if it holds ARGV[1].
+// judgeLifeScript sets KEYS[1] to ARGV[2], TTL kept, if it holds ARGV[1];
+// it returns 1 too when it holds ARGV[2] already: a retry after a lost
+// reply, or another judge, and the reset that follows is idempotent.
 var judgeLifeScript = redis.NewScript(`
-if redis.call('GET', KEYS[1]) ~= ARGV[1] then return 0 end
+local v = redis.call('GET', KEYS[1])
+if v == ARGV[2] then return 1 end
+if v ~= ARGV[1] then return 0 end
 redis.call('SET', KEYS[1], ARGV[2], 'KEEPTTL')
 return 1
 `)
