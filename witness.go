@@ -97,10 +97,9 @@ func (o *options) witnessPing() time.Duration { return o.witnessFence * 2 / 5 }
 func (o *options) witnessPoll() time.Duration { return o.witnessGrace / 10 }
 
 // witnessTurnTTL is how long the witness turn and its second outlive
-// their holders' last renewal (every grace). A dead holder's turn is
-// freed at once by its second, which judged it; the TTL counts only when
-// both die.
-func (o *options) witnessTurnTTL() time.Duration { return 4 * o.witnessGrace }
+// their holders' last renewal (every half grace). A judged worker's turn
+// is freed at once by its judge; the TTL counts only when both die.
+func (o *options) witnessTurnTTL() time.Duration { return 2 * o.witnessGrace }
 
 // errWitnessStale is the fence: no proof for longer than WitnessFence.
 var errWitnessStale = errors.New("liveness witness: Redis has not answered this worker's ping within the fence (a peer could judge it dead)")
@@ -565,10 +564,11 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 	now := time.Now()
 	if !now.Before(v.nextTurn) {
 		v.takeTurn(ctx)
-		// A holder renews every grace; the others look every four.
+		// A holder renews every half grace; the others look (one EXISTS)
+		// every grace.
 		next := v.opts.witnessGrace
-		if v.role == watchNone {
-			next *= 4
+		if v.role != watchNone {
+			next /= 2
 		}
 		v.nextTurn = now.Add(v.opts.jitter("witness", next, 0.2))
 	}
@@ -666,10 +666,14 @@ func (v *witnessWatch) pronounce(ctx context.Context, l *watched) {
 	if err != nil || !ok {
 		return // reconnected, moved on, left, or judged by another: read again
 	}
-	if v.role == watchHolder {
+	// A turn the judged worker held is free at once: for this second's
+	// next try, or for a new second.
+	for _, second := range []bool{false, true} {
 		opCtx, cancel := v.opts.opContext(ctx)
-		_ = v.ws.DropWitnessTurn(opCtx, l.id, false) // the turn is free for this second's next try
+		_ = v.ws.DropWitnessTurn(opCtx, l.id, second)
 		cancel()
+	}
+	if v.role == watchHolder {
 		v.nextTurn = time.Time{}
 	}
 	v.wg.Go(func() { v.resetLife(ctx, l.id, l.marker.Life, l.absent) })

@@ -456,12 +456,12 @@ func TestWitnessCostPerWorkerIsBounded(t *testing.T) {
 	off, _ := rate(false)
 	on, perSecond := rate(true)
 	t.Logf("commands a second, %d idle workers: %.0f without the witness, %.0f with it: %v", n, off, on, perSecond)
-	// Per worker: 10 PINGs, a look at the turns every 2 s, its marker's
-	// renewal and the takes it runs (below 1); per turn holder: a renewal
-	// every grace (a script of 4 commands) and 20 PUBSUB NUMSUB; the
-	// holder reads the registry and every peer's marker twice a second,
-	// the second the turn and the holder's marker.
-	added := float64(n)*11.5 + 2*(8+20) + 2*float64(n+1) + 4
+	// Per worker: 10 PINGs, a look at the turns every grace (2 a second),
+	// its marker's renewal and the takes it runs (below 1); per turn
+	// holder: a renewal every half grace (a script of 4 commands: 16) and
+	// 20 PUBSUB NUMSUB; the holder reads the registry and every peer's
+	// marker twice a second, the second the turn and the holder's marker.
+	added := float64(n)*13 + 2*(16+20) + 2*float64(n+1) + 4
 	assert.LessOrEqual(t, on-off, added*1.2, "commands the witness adds a second")
 	assert.InDelta(t, 10*n, perSecond["ping"], 3*n, "PINGs: 10 a second per worker")
 }

@@ -126,8 +126,9 @@ func TestScenarioK1OwnerModeBlockLongerThanTheResetTimeout(t *testing.T) {
 }
 
 // Scenario K2: rows-set mode (owner column, reset ledger), a 20,000-row
-// block under an audit trigger doing the work of
-// TestResetSizesItsChunksToFitTheStatementTimeout's (150), the recoverers'
+// block under an audit trigger doing four times the work of
+// TestResetSizesItsChunksToFitTheStatementTimeout's (600: at 150 a
+// 5,000-row statement took 70 ms in a full suite's run), the recoverers'
 // sessions at statement_timeout = 100 ms. The scenario first makes sure
 // one 5,000-row statement, as the reset before chunked commits ran them
 // in one transaction, is cancelled at 100 ms: that reset rolled back whole
@@ -135,5 +136,5 @@ func TestScenarioK1OwnerModeBlockLongerThanTheResetTimeout(t *testing.T) {
 // block back.
 func TestScenarioK2StatementTimeoutOf100msOnA20000RowBlock(t *testing.T) {
 	bigBlock{scenario: "K2 rows-set mode: 20,000-row block, audit trigger, statement_timeout 100 ms",
-		rows: 20000, triggerWork: 150, survivorParams: map[string]string{"statement_timeout": "100"}, tries: 20}.run(t)
+		rows: 20000, triggerWork: 600, survivorParams: map[string]string{"statement_timeout": "100"}, tries: 20}.run(t)
 }

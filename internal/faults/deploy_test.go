@@ -257,7 +257,7 @@ func TestScenarioS2SentinelWorkerKilledDuringTheFailover(t *testing.T) {
 	bound := failoverBound(failover)
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, bound)
 	e.res.Bound = bound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	assert.Zero(t, liveRecovered(live, live), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused")
@@ -420,7 +420,7 @@ func TestScenarioC2ClusterRegistryMasterKilled(t *testing.T) {
 	bound := max(detectionBound, failover+storeReload+ttl+scanBound)
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, bound)
 	e.res.Bound = bound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	assert.Zero(t, liveRecovered(live, live), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused")
@@ -615,7 +615,7 @@ func TestScenarioP1RedisAOFEverysecKilledAndRestarted(t *testing.T) {
 	assert.Empty(t, missing, "the dead worker's tracked rows survived the restart")
 	e.res.Detection = e.waitReset(victim.id, stranded, restartAt, f7Bound)
 	e.res.Bound = f7Bound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	assert.Zero(t, liveRecovered(live, live), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused")

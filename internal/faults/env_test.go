@@ -487,6 +487,18 @@ func (e *env) logRedisOf(id string) {
 	}
 }
 
+// goneWithin is how long after a dead worker's rows came back its keys may
+// stay: in owner mode the liveness witness resets the rows within a
+// second, and the keys go when the heartbeat has expired and a scan came
+// (the detection bound); otherwise the recovery that reset them removes
+// them.
+func (e *env) goneWithin() time.Duration {
+	if e.cfg.ownerMode {
+		return detectionBound
+	}
+	return 2 * time.Second
+}
+
 // waitGone waits until instance id has neither rows set nor registry entry:
 // its recovery finished.
 func (e *env) waitGone(id string, timeout time.Duration) {

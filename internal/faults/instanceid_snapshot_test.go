@@ -119,7 +119,7 @@ func TestScenarioF7RedisRestartedFromASnapshotOlderThanTheTTL(t *testing.T) {
 		"the victim's rows reset less than a heartbeat TTL after the restart")
 	e.res.Detection = e.waitReset(victim.id, stranded, restartAt, f7Bound)
 	e.res.Bound = f7Bound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 
 	held := 0
 	for _, p := range live {

@@ -189,7 +189,7 @@ func TestScenarioF1PostgresUnreachableForSeveralRowsTTLs(t *testing.T) {
 	e.res.Bound = scanBound
 	assert.LessOrEqual(t, e.res.Detection, scanBound, "rows reset within a scan of PostgreSQL coming back")
 	assert.Zero(t, early, "%s deregistered while its rows were still in progress", victim.id)
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	assert.Zero(t, e.count(`rowid = ANY($1) AND recoveries <> 1`, stranded), "each stranded row reset exactly once")
 	e.res.note("detection measured from PostgreSQL back; outage %.1fs = 3 rows TTLs + TTL; first failed recovery %.2fs after the kill; failure lines %d; stranded=%d",
@@ -366,7 +366,7 @@ func TestScenarioF4ReplyToTheClaimScriptLost(t *testing.T) {
 	default:
 		t.Fatal("the reply to the claim script was never dropped")
 	}
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	assert.Zero(t, e.count(`rowid = ANY($1) AND recoveries <> 1`, stranded), "each stranded row reset once")
 	lines := peerLines(survivors, "recovered rows of dead peer", victim.id)

@@ -113,7 +113,7 @@ func TestScenarioPB1PgBouncerTransactionPooling(t *testing.T) {
 			require.NotEmpty(t, stranded, "killed mid-block")
 			e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 			e.res.Bound = detectionBound
-			e.waitGone(victim.id, 2*time.Second)
+			e.waitGone(victim.id, e.goneWithin())
 			e.finish(true)
 			for _, p := range ws {
 				assert.NotContains(t, p.out.String(), "prepared statement", "worker %s", p.id)

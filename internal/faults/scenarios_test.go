@@ -50,7 +50,7 @@ func TestScenario01SigkillOneOfThreeMidBlock(t *testing.T) {
 			e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 			e.res.Bound = detectionBound
 			e.res.note("stranded=%d", len(stranded))
-			e.waitGone(victim.id, 2*time.Second)
+			e.waitGone(victim.id, e.goneWithin())
 			if v.ownerMode {
 				e.noRowsSets(ids...)
 			}
@@ -237,7 +237,7 @@ func TestScenario05RedisRestartedEmpty(t *testing.T) {
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 	e.res.Bound = detectionBound
 	e.res.note("re-registered_after_restart=%.2fs stranded_after_second_kill=%d", back.Seconds(), len(stranded))
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 }
 
@@ -310,7 +310,7 @@ func TestScenario06RedisUnreachableForTwiceTheTTL(t *testing.T) {
 		lost += len(p.lines("heartbeat lease lost: peers may recover this worker's rows; stop taking rows and release unfinished ones"))
 	}
 	assert.Equal(t, 2, lost, "both survivors noticed the lost lease once")
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	// After the partition every survivor's heartbeat had expired too: a
 	// survivor may have been recovered by the other before it re-registered.
@@ -396,7 +396,7 @@ func TestScenario07PostgresStoppedDuringARecovery(t *testing.T) {
 	resumedAt := time.Now()
 	e.res.Detection = e.waitReset(victim.id, stranded, resumedAt, scanBound)
 	e.res.Bound = scanBound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.res.note("detection measured from PostgreSQL back; first failed recovery %.2fs after the kill by %s; PostgreSQL down %.1fs; stranded=%d",
 		failedAfter.Seconds(), failedBy.id, downFor.Seconds(), len(stranded))
 	e.finish(true)
@@ -433,7 +433,7 @@ func TestScenario08TenWorkersRecoverTheSameDeadPeerAtOnce(t *testing.T) {
 	}
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 	e.res.Bound = detectionBound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	for _, p := range recoverers {
 		p.waitLog(t, "recover now", 10*time.Second)
 	}
@@ -491,7 +491,7 @@ func TestScenario09RedisCluster(t *testing.T) {
 	require.NotEmpty(t, stranded)
 	e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 	e.res.Bound = detectionBound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.res.note("stranded=%d; each worker's keys in one slot (%d distinct slots for 3 workers)", len(stranded), len(slots))
 	e.finish(true)
 }

@@ -65,7 +65,7 @@ func TestScenarioSR1RedisAnswersLaterThanTheOperationTimeout(t *testing.T) {
 	proxy.SlowReplies(0)
 	e.res.Detection = e.waitReset(victim.id, stranded, restoredAt, detectionBound)
 	e.res.Bound = detectionBound
-	e.waitGone(victim.id, 2*time.Second)
+	e.waitGone(victim.id, e.goneWithin())
 	e.finish(true)
 	e.res.note("detection measured from Redis answering in time again; stranded=%d, every reply held %v for %v; heartbeat Warns naming the assumption: %d",
 		len(stranded), slowReply, 2*ttl, said)

@@ -165,7 +165,7 @@ func TestScenarioTSharedKeysOverwrittenByAStranger(t *testing.T) {
 			e.res.Detection = e.waitReset(victim.id, stranded, killedAt, detectionBound)
 			e.res.Bound = detectionBound
 			if !strings.HasPrefix(v.name, "T4 ") { // no registry entry to look for in a string
-				e.waitGone(victim.id, 2*time.Second)
+				e.waitGone(victim.id, e.goneWithin())
 			}
 			note := v.check(t, e, ws[1:], keys)
 			e.res.note("stranded=%d; %s", len(stranded), note)
