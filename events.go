@@ -454,8 +454,11 @@ func (l *recoveryLog) recovered(pr report.PeerRecovery, source string, stuck tim
 			slog.String("found_by", source))
 		delete(l.failing, pr.InstanceID)
 	} else {
-		l.log.Info("dead peer found: heartbeat expired", slog.String("peer_id", pr.InstanceID),
-			slog.String("found_by", source))
+		how := "dead peer found: heartbeat expired"
+		if source == foundByWitness {
+			how = "dead peer found: its connection closed (liveness witness)"
+		}
+		l.log.Info(how, slog.String("peer_id", pr.InstanceID), slog.String("found_by", source))
 	}
 	attrs := []any{
 		slog.String("peer_id", pr.InstanceID),

@@ -705,9 +705,9 @@ func (v *witnessWatch) resetLife(ctx context.Context, id, life string, noticed t
 			v.events.emit(reset)
 			reset.Kind = EventRowsRecovered
 			v.events.emit(reset)
-			v.log.Info("liveness witness: a worker's life was judged dead and its rows reset",
-				slog.String("peer_id", id), slog.String("owner", clip(owner)), slog.Int64("rows_reset", res.Changed),
-				slog.Int("rows_not_reset", len(res.NotReset)), slog.Duration("channel_empty_for", time.Since(noticed)))
+			v.rlog.recovered(pr, foundByWitness, stuck) // the line every recovery logs
+			v.log.Debug("liveness witness: a life judged dead and its rows reset",
+				slog.String("peer_id", id), slog.String("owner", clip(owner)), slog.Duration("channel_empty_for", time.Since(noticed)))
 			return
 		}
 		if attempt == 3 || ctx.Err() != nil || errors.Is(err, ErrRowsLocked) {
