@@ -347,7 +347,10 @@ func (w *lifeWitness) run(ctx context.Context) {
 		if w.sub == nil {
 			w.resubscribe(ctx)
 			if w.sub == nil {
-				w.sleep(ctx, w.opts.witnessPing())
+				// Redis refuses or is away: try again two fences later
+				// (jittered), not at every ping, so a fleet does not dial
+				// a recovering server in lockstep. The fence holds meanwhile.
+				w.sleep(ctx, w.opts.jitter("witness", 2*w.opts.witnessFence, 0.2))
 				continue
 			}
 		}
