@@ -63,7 +63,7 @@ test-faults: ## fault-injection suite (docs/reliability.md): real worker process
 	$(GO) vet -tags faults ./internal/faults/
 	$(GO) test -tags faults -count=1 -v -timeout 15m ./internal/faults/
 
-model: ## model-check the recovery protocol with Spin (docs/model.md): fixes and per-life owner values pass, holes and broken variants fail; ~1 min
+model: ## model-check the recovery protocol with Spin (docs/model.md): fixes, per-life owner values and the witness pass, holes and broken variants fail; ~1 min
 	@scripts/install-deps.sh model
 	scripts/model.sh
 

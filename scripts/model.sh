@@ -9,7 +9,10 @@
 # design must pass, in its base scope and in each residual's scope of
 # docs/safety.md §12; the resets by instance ID only (the issue's mutant)
 # and the release of bare instance IDs with its hold must fail in each
-# residual's scope. docs/model.md explains the checks and their figures.
+# residual's scope. model/witness.pml (the liveness witness, issue 34):
+# the protocol must pass; judging without the grace, working without the
+# fence, a blind verdict, a proof before the marker and a grace no longer
+# than the fence must fail. docs/model.md explains the checks and figures.
 #
 #   scripts/model.sh            all checks
 #   scripts/model.sh NAME...    only those
@@ -33,6 +36,10 @@ LIVES="-DSWEEP -DLATECOMMIT"
 ONE="-DW=1 -DSWEEP -DLATECOMMIT"                      # one instance ID
 R2="-DW=1 -DRESTART -DSWEEP"                          # a restart of a paused ID
 R3="-DW=1 -DNR=2 -DCHUNKS -DLATECOMMIT -DSWEEP"       # a reset still running
+
+# the liveness witness (model/witness.pml): 1 worker, 2 rows, 2 cuts; W2:
+# 2 workers, 1 row, 1 cut (the mass rule's scope)
+WIT="-DNR=2 -DCUTS=2"
 
 # name | spin defines | pan flags | expected: pass, or the violated property
 # | model file (recovery.pml unless given)
@@ -68,6 +75,14 @@ checks=(
 	"lives-R3|$R3||pass|lives.pml"
 	"lives-R3-IDONLY-HOLD|$R3 -DIDONLY -DHOLD||fail:s1_live_owner_reset|lives.pml"
 	"lives-R3-BAREID-HOLD|$R3 -DBAREID -DHOLD||fail:s1_live_owner_reset|lives.pml"
+	"witness|$WIT||pass|witness.pml"
+	"witness-W2|-DW=2||pass|witness.pml"
+	"witness-NOMASS|-DW=2 -DNOMASS||pass|witness.pml"
+	"witness-NOGRACE|$WIT -DNOGRACE||fail:w1_judged_life_works|witness.pml"
+	"witness-NOFENCE|$WIT -DNOFENCE||fail:w1_judged_life_works|witness.pml"
+	"witness-NOCAS|$WIT -DNOCAS||fail:w1_judged_life_works|witness.pml"
+	"witness-EARLYPROOF|$WIT -DEARLYPROOF||fail:w1_judged_life_works|witness.pml"
+	"witness-G1|$WIT -DG=1||fail:w1_judged_life_works|witness.pml"
 )
 
 want=("$@")
