@@ -430,6 +430,9 @@ func (w *lifeWitness) follow(ctx context.Context, life string) {
 	w.life = life
 	w.channel = store.LifeChannel(w.opts.keyPrefix, w.opts.instanceID, life)
 	w.marker.Life = ""
+	if w.sub == nil {
+		return // the next subscription is made on the new channel
+	}
 	if err := w.sub.Move(ctx, old, w.channel); err != nil && ctx.Err() == nil {
 		w.log.Debug("liveness witness: could not move to the new life's channel; retrying", slog.Any("error", err))
 		w.channel = old // the next turn of the loop tries again

@@ -667,3 +667,33 @@ func TestWitnessCheckLeaseWaitingAtShutdownSaysShutdown(t *testing.T) {
 		t.Fatal("CheckLease still waiting after Shutdown")
 	}
 }
+
+// Redis away for longer than the lease: the witness cannot subscribe
+// again (connection refused), and the lease's loss begins a new life
+// meanwhile; when Redis is back the witness subscribes on the new life's
+// channel and the worker goes on. (Before the fix, following the new life
+// with no subscription panicked, and every worker of fault scenario W3
+// crashed at a Sentinel failover.)
+func TestWitnessFollowsANewLifeBegunWhileItHadNoSubscription(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	prefix := testutil.Name("WN")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+
+	a, _ := startWorker(t, rdb, r, "a", lifeTimings(prefix)...)
+	require.NotNil(t, a.lease.witness)
+	owner := a.OwnerValue()
+	srv.Kill()
+	time.Sleep(3 * time.Second) // real time: past the lease (1.8 s) and the witness's watchdog (1 s)
+	assert.NotEqual(t, owner, a.OwnerValue(), "the lease's loss began a new life")
+	srv.Restart()
+	waitTurns(t, &signals(a).beat, 10*time.Second, func() bool { return a.CheckLease() == nil },
+		"back in the new life, its witness subscribed on the new channel")
+	n, err := rdb.PubSubNumSub(ctx, store.LifeChannel(prefix, "a", strings.TrimSuffix(a.OwnerValue()[len("a{"):], "}"))).Result()
+	require.NoError(t, err)
+	assert.Equal(t, map[string]int64{store.LifeChannel(prefix, "a", strings.TrimSuffix(a.OwnerValue()[len("a{"):], "}")): 1}, n)
+}

@@ -189,7 +189,18 @@ func (e *env) waitSentinelFailover(old string, timeout time.Duration) string {
 // when it came back before the failover ended, fail back to it).
 // Nothing lost, nothing done twice, no live worker's row reset.
 func TestScenarioS1SentinelMasterKilledMidBlock(t *testing.T) {
-	e := newEnv(t, "S1 Sentinel: master SIGKILLed mid-block, old master back", envConfig{rows: 300, sentinel: true})
+	sentinelMasterKilled(t, "S1 Sentinel: master SIGKILLed mid-block, old master back", false)
+}
+
+// Scenario W3: S1 in owner mode, where the liveness witness runs: every
+// subscription goes with the old master, the markers name its run, and
+// no life is judged on the promoted node (docs/safety.md §14).
+func TestScenarioW3SentinelFailoverJudgesNoLiveWorker(t *testing.T) {
+	sentinelMasterKilled(t, "W3 Sentinel, owner mode (witness): master SIGKILLed mid-block, old master back", true)
+}
+
+func sentinelMasterKilled(t *testing.T, name string, ownerMode bool) {
+	e := newEnv(t, name, envConfig{rows: 300, sentinel: true, ownerMode: ownerMode})
 	ws := e.start([]string{"ss1-w1", "ss1-w2", "ss1-w3"})
 	ctx := context.Background()
 	e.waitMidBlock(ws[0])
@@ -229,6 +240,11 @@ func TestScenarioS1SentinelMasterKilledMidBlock(t *testing.T) {
 	}
 
 	e.finish(true)
+	for _, w := range ws {
+		for _, l := range w.lines("recovered rows of dead peer") {
+			assert.NotEqual(t, "witness", l["found_by"], "%s judged a live worker by the witness: %v", w.id, l)
+		}
+	}
 	assert.Zero(t, liveRecovered(ws, ws), "no live worker's rows recovered")
 	assert.Zero(t, e.res.Discarded, "no completion refused: no row reset under a live worker")
 	assert.Equal(t, released(ws), e.sumRecoveries(), "no reset but the rows workers handed back themselves after a lost lease")
