@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"runtime/debug"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -136,6 +137,9 @@ type lifeWitness struct {
 	proved   chan struct{} // closed and replaced at each proof
 	// off is set when the witness stopped for good (Shutdown).
 	off atomic.Bool
+	// failed is set when the loop stopped on a panic (contain): the fence
+	// lifts, the marker is dropped.
+	failed atomic.Bool
 	// killed makes stop leave the marker, as a killed process does (the
 	// tests' crash).
 	killed atomic.Bool
@@ -302,7 +306,7 @@ func (w *lifeWitness) pong(payload string) {
 // if ctx ends, and ErrShutdown once the worker is shut down. Without wait
 // (Healthy) it returns the ErrLeaseLost error at once.
 func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
-	if w == nil {
+	if w == nil || w.failed.Load() {
 		return nil
 	}
 	for {
@@ -336,6 +340,7 @@ func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
 // while the marker still names the life.
 func (w *lifeWitness) run(ctx context.Context) {
 	defer w.stop()
+	defer w.contain()
 	next := time.Now()
 	confirmed := w.marker.Life != "" // startWitness saw it confirmed and marked it
 	w.progress = time.Now()
@@ -483,6 +488,20 @@ func (w *lifeWitness) sleep(ctx context.Context, d time.Duration) {
 	}
 }
 
+// witnessPanicked is the log line of a witness loop that panicked.
+const witnessPanicked = "liveness witness stopped after a panic (a bug: please report it); this worker goes on with the heartbeat TTL alone"
+
+// contain turns a panic of the witness's loop into an Error: the witness
+// stops (stop drops the marker, so no peer judges this worker by it), the
+// fence lifts (failed), and the process goes on with the heartbeat TTL.
+func (w *lifeWitness) contain() {
+	if r := recover(); r != nil {
+		w.failed.Store(true)
+		w.log.Error(witnessPanicked, slog.Any("recovered", r), slog.String("stack", string(debug.Stack())))
+		w.sig.witness.Signal(struct{}{}) // test signal: the loop's last turn
+	}
+}
+
 // stop drops the marker (bounded by the operation timeout), then closes
 // the subscription.
 func (w *lifeWitness) stop() {
@@ -543,6 +562,11 @@ func (v *witnessWatch) run(ctx context.Context) {
 	defer t.Stop()
 	defer v.leave()
 	defer v.wg.Wait()
+	defer func() {
+		if r := recover(); r != nil { // this worker judges no more; another takes the turn
+			v.log.Error(witnessPanicked, slog.Any("recovered", r), slog.String("stack", string(debug.Stack())))
+		}
+	}()
 	for {
 		select {
 		case <-ctx.Done():

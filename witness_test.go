@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -696,4 +697,45 @@ func TestWitnessFollowsANewLifeBegunWhileItHadNoSubscription(t *testing.T) {
 	n, err := rdb.PubSubNumSub(ctx, store.LifeChannel(prefix, "a", strings.TrimSuffix(a.OwnerValue()[len("a{"):], "}"))).Result()
 	require.NoError(t, err)
 	assert.Equal(t, map[string]int64{store.LifeChannel(prefix, "a", strings.TrimSuffix(a.OwnerValue()[len("a{"):], "}")): 1}, n)
+}
+
+// panicky is a witness store whose LifeHeld panics once on is set.
+type panicky struct {
+	witnessStore
+	on *atomic.Bool
+}
+
+func (p panicky) LifeHeld(ctx context.Context, channel string) (bool, string, error) {
+	if p.on.Load() {
+		panic("a bug in the witness")
+	}
+	return p.witnessStore.LifeHeld(ctx, channel)
+}
+
+// A panic in the witness's loop stops the witness, not the process: it
+// is logged at Error, the marker is dropped (no peer judges the worker by
+// it) and the fence lifts; the worker goes on with the heartbeat TTL.
+// (Without the containment the test binary died.)
+func TestWitnessPanicStopsTheWitnessNotTheProcess(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	prefix := testutil.Name("WQ")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+
+	a, logs := newWorker(t, rdb, r, "a", witnessTimings(prefix)...)
+	var on atomic.Bool
+	a.witness.ws = panicky{a.witness.ws, &on}
+	require.NoError(t, a.Start(ctx))
+	on.Store(true)
+	require.NoError(t, rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err()) // its next marker panics
+	waitTurns(t, &signals(a).witness, 5*time.Second, func() bool { return logs.Count(witnessPanicked) == 1 })
+	require.NoError(t, a.CheckLease(), "the fence lifts")
+	require.Eventually(t, func() bool {
+		n, err := rdb.Exists(ctx, store.WitnessKey(prefix, "a")).Result()
+		return err == nil && n == 0
+	}, 2*time.Second, 10*time.Millisecond, "the marker is dropped")
 }

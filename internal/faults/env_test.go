@@ -600,7 +600,7 @@ func (e *env) checkOutputs() {
 		for _, s := range e.secrets {
 			assert.NotContains(e.t, out, s, "worker %s printed a password", p.id)
 		}
-		for _, bad := range []string{"panic:", "fatal error:", "WARNING: DATA RACE"} {
+		for _, bad := range []string{"panic:", "fatal error:", "WARNING: DATA RACE", "stopped after a panic"} {
 			if bad == "panic:" && p.expectFailure() {
 				continue // a worker made to crash (scenario H3)
 			}
