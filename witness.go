@@ -137,9 +137,17 @@ type lifeWitness struct {
 	proved   chan struct{} // closed and replaced at each proof
 	// off is set when the witness stopped for good (Shutdown).
 	off atomic.Bool
-	// failed is set when the loop stopped on a panic (contain): the fence
-	// lifts, the marker is dropped.
-	failed atomic.Bool
+	// liftAt, once the witness stopped while the worker runs (a panic,
+	// SUBSCRIBE refused for good), is when the fence lifts (ns since the
+	// lease's epoch): at once if the marker was dropped, else when it
+	// expires; 0 while the witness runs. panicked and refused say why it
+	// stopped; written is the last marker whose write succeeded, and
+	// judgedLife a life a peer judged (no marking until the next).
+	liftAt     atomic.Int64
+	panicked   bool
+	refused    int
+	written    store.Witness
+	judgedLife string
 	// killed makes stop leave the marker, as a killed process does (the
 	// tests' crash).
 	killed atomic.Bool
@@ -247,6 +255,9 @@ var errLifeJudged = errors.New("liveness witness: a peer judged this life dead")
 // on, and reports whether a peer judged the life already. Proofs count
 // only from pings sent after it.
 func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
+	if w.life == "" || w.life == w.judgedLife {
+		return false, errors.New("liveness witness: no life to mark (moving to a new one)")
+	}
 	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
 	held, runID, err := w.ws.LifeHeld(opCtx, w.channel)
@@ -266,7 +277,7 @@ func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
 	if judged {
 		return true, nil
 	}
-	w.marker = m
+	w.marker, w.written = m, m
 	w.markedAt.Store(int64(time.Since(w.lease.epoch)))
 	w.renewedAt = time.Now()
 	return false, nil
@@ -306,7 +317,7 @@ func (w *lifeWitness) pong(payload string) {
 // if ctx ends, and ErrShutdown once the worker is shut down. Without wait
 // (Healthy) it returns the ErrLeaseLost error at once.
 func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
-	if w == nil || w.failed.Load() {
+	if w == nil {
 		return nil
 	}
 	for {
@@ -314,9 +325,12 @@ func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
 		ch := w.proved
 		w.mu.Unlock()
 		since := time.Since(w.lease.epoch) - time.Duration(w.proof.Load())
+		lift := w.liftAt.Load()
 		switch {
 		case w.off.Load():
 			return ErrShutdown
+		case lift > 0 && int64(time.Since(w.lease.epoch)) >= lift:
+			return nil // the witness stopped, and no peer can judge this worker by it
 		case since <= w.opts.witnessFence:
 			return nil
 		case !wait || !w.lease.valid() || w.lease.lost.Load():
@@ -339,7 +353,7 @@ func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
 // subscription, in that order, so that no judge sees the channel empty
 // while the marker still names the life.
 func (w *lifeWitness) run(ctx context.Context) {
-	defer w.stop()
+	defer func() { w.stop(ctx.Err() != nil) }()
 	defer w.contain()
 	next := time.Now()
 	confirmed := w.marker.Life != "" // startWitness saw it confirmed and marked it
@@ -348,6 +362,9 @@ func (w *lifeWitness) run(ctx context.Context) {
 		if life := w.rows.currentIncarnation(); life != w.life {
 			confirmed = false
 			w.follow(ctx, life)
+			if w.life == "" {
+				continue // the move failed: tried again (follow slept)
+			}
 		}
 		if w.sub == nil {
 			w.resubscribe(ctx)
@@ -359,7 +376,7 @@ func (w *lifeWitness) run(ctx context.Context) {
 				continue
 			}
 		}
-		if time.Since(w.progress) > 4*w.opts.witnessFence {
+		if time.Since(w.progress) > 4*w.opts.witnessFence && w.life != w.judgedLife {
 			// No proof for four fences while Redis may answer: an error
 			// reply (BUSY, LOADING) or a connection closed unseen leaves
 			// go-redis neither reconnecting nor subscribing again. A new
@@ -390,13 +407,26 @@ func (w *lifeWitness) run(ctx context.Context) {
 			// counts until the next epoch's marker.
 			confirmed = false
 			w.marker.Life = ""
+			if store.IsAuthError(err) {
+				// SUBSCRIBE refused (an ACL changed): give up as Start does
+				// after a few tries, the marker dropped.
+				if w.refused++; w.refused >= 3 {
+					w.log.Warn("liveness witness: Redis refuses its subscription; this worker goes on with the heartbeat TTL alone (docs/safety.md §14)",
+						slog.Any("error", err))
+					return
+				}
+			}
 			w.sleep(ctx, w.opts.witnessPing())
 		case kind == store.LifePong:
 			w.pong(payload)
 		case kind == store.LifeSubscribed && payload == w.channel:
+			// Every confirmation is a new connection's (go-redis may
+			// reconnect without an error): a new epoch before any proof.
 			confirmed = true
 			w.progress = time.Now()
-			if w.marker.Life == "" && w.reestablished(ctx) {
+			w.refused = 0
+			w.marker.Life = ""
+			if w.reestablished(ctx) {
 				next = time.Now() // ping at once: the first proof of the epoch
 			}
 		}
@@ -425,6 +455,11 @@ func (w *lifeWitness) reestablished(ctx context.Context) bool {
 
 // judged ends the current life: a peer judged it dead and reset its rows.
 func (w *lifeWitness) judged() {
+	w.marker.Life = ""
+	if w.judgedLife == w.life {
+		return
+	}
+	w.judgedLife = w.life
 	w.lease.markLeaseLost(errLifeJudged)
 	w.kick()
 }
@@ -492,29 +527,53 @@ func (w *lifeWitness) sleep(ctx context.Context, d time.Duration) {
 const witnessPanicked = "liveness witness stopped after a panic (a bug: please report it); this worker goes on with the heartbeat TTL alone"
 
 // contain turns a panic of the witness's loop into an Error: the witness
-// stops (stop drops the marker, so no peer judges this worker by it), the
-// fence lifts (failed), and the process goes on with the heartbeat TTL.
+// stops, and stop drops the marker and lifts the fence (once no peer can
+// judge this worker by it); the process goes on with the heartbeat TTL.
 func (w *lifeWitness) contain() {
 	if r := recover(); r != nil {
-		w.failed.Store(true)
+		w.panicked = true
 		w.log.Error(witnessPanicked, slog.Any("recovered", r), slog.String("stack", string(debug.Stack())))
 		w.sig.witness.Signal(struct{}{}) // test signal: the loop's last turn
 	}
 }
 
 // stop drops the marker (bounded by the operation timeout), then closes
-// the subscription.
-func (w *lifeWitness) stop() {
-	w.off.Store(true)
-	if w.sent.Life != "" && !w.killed.Load() {
+// the subscription. At Shutdown (shutdown) the fence answers ErrShutdown
+// from then on; when the witness stops while the worker runs, the fence
+// lifts once no peer can judge the worker by the witness: at once if the
+// marker was dropped, else when it expires.
+func (w *lifeWitness) stop(shutdown bool) {
+	if shutdown {
+		w.off.Store(true)
+	}
+	dropped := true
+	if !w.killed.Load() {
 		ctx, cancel := context.WithTimeout(context.Background(), w.opts.opTimeout)
-		if err := w.ws.DropWitness(ctx, w.opts.instanceID, w.sent.String()); err != nil {
-			w.log.Warn("liveness witness: could not drop the marker at shutdown; a peer may reset the rows this worker left", slog.Any("error", err))
+		for _, m := range []store.Witness{w.sent, w.written} {
+			if m.Life == "" {
+				continue
+			}
+			if err := w.ws.DropWitness(ctx, w.opts.instanceID, m.String()); err != nil {
+				dropped = false
+				w.log.Warn("liveness witness: could not drop the marker; a peer may judge this worker until it expires", slog.Any("error", err))
+			}
 		}
 		cancel()
 	}
 	if w.sub != nil {
 		w.sub.Close()
+	}
+	if !shutdown {
+		lift := time.Since(w.lease.epoch)
+		if !dropped {
+			lift = w.renewedAt.Sub(w.lease.epoch) + w.fleet.ttl()
+		}
+		w.liftAt.Store(int64(max(lift, 1)))
+		w.mu.Lock()
+		close(w.proved) // wake the fence's waiters
+		w.proved = make(chan struct{})
+		w.mu.Unlock()
+		w.sig.witness.Signal(struct{}{}) // test signal: the witness stopped
 	}
 }
 
@@ -692,9 +751,12 @@ func (v *witnessWatch) pronounce(ctx context.Context, l *watched) {
 	opCtx, cancel := v.opts.opContext(ctx)
 	ok, err := v.ws.JudgeLife(opCtx, l.id, l.value, l.marker)
 	cancel()
+	if err != nil {
+		return // kept: the next count tries again (a judgment already made answers yes)
+	}
 	delete(v.lives, store.LifeChannel(v.opts.keyPrefix, l.id, l.marker.Life))
-	if err != nil || !ok {
-		return // reconnected, moved on, left, or judged by another: read again
+	if !ok {
+		return // reconnected, moved on or left: read again
 	}
 	// A turn the judged worker held is free at once: for this second's
 	// next try, or for a new second.
@@ -713,6 +775,11 @@ func (v *witnessWatch) pronounce(ctx context.Context, l *watched) {
 // channel was first seen empty. A failure is left to the dead-peer path
 // that follows the heartbeat's expiry (it resets every life's rows).
 func (v *witnessWatch) resetLife(ctx context.Context, id, life string, noticed time.Time) {
+	defer func() {
+		if r := recover(); r != nil { // the host's resetter panicked: the heartbeat's expiry recovers the peer
+			v.log.Error(witnessPanicked, slog.Any("recovered", r), slog.String("stack", string(debug.Stack())))
+		}
+	}()
 	v.stats.peersDead.Add(1)
 	v.events.emit(Event{Kind: EventPeerDead, PeerID: id, FoundBy: foundByWitness})
 	owner := lifeOwner(id, life)
@@ -740,7 +807,7 @@ func (v *witnessWatch) resetLife(ctx context.Context, id, life string, noticed t
 				slog.String("peer_id", id), slog.String("owner", clip(owner)), slog.Duration("channel_empty_for", time.Since(noticed)))
 			return
 		}
-		if attempt == 3 || ctx.Err() != nil || errors.Is(err, ErrRowsLocked) {
+		if attempt == 3 || ctx.Err() != nil || errors.Is(err, ErrRowsLocked) || !sleepCtx(ctx, time.Duration(attempt)*v.opts.witnessGrace/5) {
 			v.stats.countFailure(ctx)
 			v.events.emit(Event{Kind: EventRecoveryFailed, PeerID: id, FoundBy: foundByWitness, Err: err})
 			v.log.Warn("liveness witness: the reset of a life judged dead failed; its heartbeat's expiry recovers it",
@@ -774,6 +841,9 @@ func (v *witnessWatch) takeTurn(ctx context.Context) {
 				key = store.WitnessSecondKey(v.opts.keyPrefix)
 			}
 			v.rlog.turnFromStranger("witness", key, t)
+		}
+		if err != nil && v.role != watchNone {
+			return // keep the role: its key lives on; the next look tries again
 		}
 		if err == nil && t.Held {
 			role = r
@@ -835,4 +905,16 @@ func (v *witnessWatch) readMarkers(ctx context.Context) {
 		lives[ch] = &watched{id: id, marker: m, value: values[i]}
 	}
 	v.lives = lives
+}
+
+// sleepCtx waits d, or until ctx ends (false).
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }

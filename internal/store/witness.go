@@ -352,7 +352,7 @@ func (s *Redis) WitnessTurnsTaken(ctx context.Context) (_ int64, err error) {
 }
 
 // WitnessHolder returns the witness turn's holder and its marker ("" for
-// none), in one round trip.
+// none), in two round trips.
 func (s *Redis) WitnessHolder(ctx context.Context) (holder, marker string, err error) {
 	defer s.failed(&err)
 	holder, err = s.rdb.Get(ctx, WitnessTurnKey(s.prefix)).Result()
