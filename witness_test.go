@@ -868,3 +868,33 @@ func TestWitnessSubscribeRefusedAtRuntimeFallsBackToTheTTL(t *testing.T) {
 	require.NoError(t, err)
 	assert.Zero(t, n, "the marker was dropped")
 }
+
+// A rolling upgrade: a worker of an earlier release (here one with the
+// witness off, which writes no marker, as earlier releases do not) is
+// never judged by the witness of a new one; it is left to the heartbeat
+// TTL. A new worker among old ones is judged by a new judge as usual.
+func TestWitnessNeverJudgesAWorkerThatWritesNoMarker(t *testing.T) {
+	t.Parallel()
+	srv := testutil.StartRedis(t)
+	rdb := srv.Client(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, 1)
+	prefix := testutil.Name("WO")
+	ctx := context.Background()
+	r := fencedResetter(t, db)
+	var ev witnessEvents
+
+	old, _ := startWorker(t, rdb, r, "old", append(witnessTimings(prefix), WithLivenessWitness(false))...)
+	_, _ = startWorker(t, rdb, r, "new", append(witnessTimings(prefix), WithObserver(ev.observe))...)
+	n, err := rdb.Exists(ctx, store.WitnessKey(prefix, "old")).Result()
+	require.NoError(t, err)
+	require.Zero(t, n, "no marker")
+	owner := old.OwnerValue()
+	take(t, db, owner, 1)
+	require.NoError(t, old.TrackAs(ctx, owner, 1))
+	old.crash()
+	time.Sleep(4 * defaultWitnessGrace) // real time: past any grace
+	s, _ := rowState(t, db, 1)
+	assert.Equal(t, "inprog", s, "left to the heartbeat TTL (10 s)")
+	assert.Zero(t, ev.count(EventPeerDead))
+}
