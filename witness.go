@@ -807,7 +807,7 @@ func (v *witnessWatch) resetLife(ctx context.Context, id, life string, noticed t
 				slog.String("peer_id", id), slog.String("owner", clip(owner)), slog.Duration("channel_empty_for", time.Since(noticed)))
 			return
 		}
-		if attempt == 3 || ctx.Err() != nil || errors.Is(err, ErrRowsLocked) || !sleepCtx(ctx, time.Duration(attempt)*v.opts.witnessGrace/5) {
+		if attempt == 3 || ctx.Err() != nil || errors.Is(err, ErrRowsLocked) || !waitOrDone(ctx, time.Duration(attempt)*v.opts.witnessGrace/5) {
 			v.stats.countFailure(ctx)
 			v.events.emit(Event{Kind: EventRecoveryFailed, PeerID: id, FoundBy: foundByWitness, Err: err})
 			v.log.Warn("liveness witness: the reset of a life judged dead failed; its heartbeat's expiry recovers it",
@@ -907,8 +907,8 @@ func (v *witnessWatch) readMarkers(ctx context.Context) {
 	v.lives = lives
 }
 
-// sleepCtx waits d, or until ctx ends (false).
-func sleepCtx(ctx context.Context, d time.Duration) bool {
+// waitOrDone waits d, or until ctx ends (false).
+func waitOrDone(ctx context.Context, d time.Duration) bool {
 	t := time.NewTimer(d)
 	defer t.Stop()
 	select {
