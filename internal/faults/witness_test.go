@@ -24,7 +24,10 @@ var atDefaults = []string{"-heartbeat-ttl", "60s", "-heartbeat-interval", "30s",
 	"-rows-ttl", "180s", "-reset-timeout", "30s"}
 
 // witnessWorst is the bound on one kill (the turn's holder is
-// judged by its second, as fast as any other).
+// judged by its second, as fast as any other; a holder killed while its
+// second's place is empty takes up to about 1.8 s). The scenarios allow
+// the suite's slack beyond it, for a loaded machine: the figures are in
+// the result line.
 const witnessWorst = 2 * time.Second
 
 // Scenario W1: twenty SIGKILLs, each of a worker in the middle of a block,
@@ -43,7 +46,7 @@ func TestScenarioW1KilledWorkersNoticedInUnderASecondAtTheDefaults(t *testing.T)
 		victim.kill(t)
 		stranded := e.inprogOf(victim.id)
 		require.NotEmpty(t, stranded)
-		took = append(took, e.waitReset(victim.id, stranded, killedAt, witnessWorst))
+		took = append(took, e.waitReset(victim.id, stranded, killedAt, witnessWorst+slack))
 		t.Logf("kill %d: %s (witness turn: %s): rows back %v", i+1, victim.id, holder, took[len(took)-1].Round(time.Millisecond))
 		ws[i%len(ws)] = e.start([]string{fmt.Sprintf("w1-%d", i)}, atDefaults...)[0]
 	}
@@ -85,7 +88,7 @@ func TestScenarioW2PausedWorkersAndAPausedWorkerCutOff(t *testing.T) {
 	cutOff.signal(t, syscall.SIGSTOP)
 	stoppedAt := time.Now()
 	require.NoError(t, e.rdb.Do(t.Context(), "CLIENT", "KILL", "TYPE", "pubsub").Err())
-	e.res.Detection = e.waitReset(cutOff.id, stranded, stoppedAt, witnessWorst)
+	e.res.Detection = e.waitReset(cutOff.id, stranded, stoppedAt, witnessWorst+slack)
 	e.res.Bound = witnessWorst
 	cutOff.signal(t, syscall.SIGCONT)
 	cutOff.waitLog(t, "heartbeat lease lost: peers may recover this worker's rows; stop taking rows and release unfinished ones", 10*time.Second)
