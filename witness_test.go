@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jackc/pgx/v5/pgxpool"
 	"github.com/redis/go-redis/v9"
 	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
@@ -32,6 +33,17 @@ func witnessTimings(prefix string) []Option {
 		RowsTTL:           2 * time.Hour,
 		ResetTimeout:      2 * time.Second,
 	})}
+}
+
+// onWitnessServers gives a witness test a redis-server of its own (its
+// CLIENT KILLs and restarts touch no other test), PostgreSQL with a batch
+// of n rows, a key prefix named after name, and an owner-fencing resetter.
+func onWitnessServers(t *testing.T, n int, name string) (*testutil.RedisServer, *redis.Client, *pgxpool.Pool, string, Resetter) {
+	t.Helper()
+	srv := testutil.StartRedis(t)
+	db := testutil.Postgres(t)
+	testutil.CreateBatch(t, db, n)
+	return srv, srv.Client(t), db, testutil.Name(name), fencedResetter(t, db)
 }
 
 // witnessEvents records the events of kind with FoundBy "witness".
@@ -67,13 +79,8 @@ func (e *witnessEvents) count(kind EventKind) int {
 // stayed in progress for the 10 s TTL.)
 func TestWitnessResetsAKilledWorkersRowsBeforeItsHeartbeatExpires(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 5)
-	prefix := testutil.Name("WK")
+	_, rdb, db, prefix, r := onWitnessServers(t, 5, "WK")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
@@ -117,13 +124,8 @@ func TestWitnessResetsAKilledWorkersRowsBeforeItsHeartbeatExpires(t *testing.T) 
 // rows were reset at the first kill.)
 func TestWitnessConnectionBlipsAreNotDeaths(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	prefix := testutil.Name("WB")
+	_, rdb, db, prefix, r := onWitnessServers(t, 3, "WB")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
@@ -187,12 +189,7 @@ func runID(t *testing.T, rdb *redis.Client) string {
 // check the old-run life was reset; without the mass rule all three.)
 func TestWitnessJudgesAnEmptyChannelButNotAnotherRunsMarkerNorAMassDisappearance(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 8)
-	prefix := testutil.Name("WJ")
-	r := fencedResetter(t, db)
+	_, rdb, db, prefix, r := onWitnessServers(t, 8, "WJ")
 	run := runID(t, rdb)
 
 	plantLife(t, rdb, db, prefix, "gone", "l1", run)
@@ -228,13 +225,8 @@ func TestWitnessJudgesAnEmptyChannelButNotAnotherRunsMarkerNorAMassDisappearance
 // on under the judged life.)
 func TestWitnessAJudgedWorkerEndsItsLifeAndGoesOn(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	prefix := testutil.Name("WE")
+	_, rdb, db, prefix, r := onWitnessServers(t, 3, "WE")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 
 	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
 	owner := a.OwnerValue()
@@ -264,13 +256,8 @@ func TestWitnessAJudgedWorkerEndsItsLifeAndGoesOn(t *testing.T) {
 // row the leaving worker kept.)
 func TestWitnessShutdownDropsTheMarkerFirst(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WS")
+	_, rdb, db, prefix, r := onWitnessServers(t, 1, "WS")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	a, _ := newWorker(t, rdb, r, "a", witnessTimings(prefix)...)
@@ -326,13 +313,8 @@ func viaProxy(t *testing.T, rdb *redis.Client) (*redis.Client, *netfault.Proxy) 
 // were reset at the first cut.)
 func TestWitnessCutsShorterThanTheGraceAreNotDeaths(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 2)
-	prefix := testutil.Name("WC")
+	_, rdb, db, prefix, r := onWitnessServers(t, 2, "WC")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 	ac, proxy := viaProxy(t, rdb)
 
@@ -364,13 +346,8 @@ func TestWitnessCutsShorterThanTheGraceAreNotDeaths(t *testing.T) {
 // first in some runs.)
 func TestWitnessALongCutFencesTheWorkerBeforeTheVerdict(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 2)
-	prefix := testutil.Name("WF")
+	_, rdb, db, prefix, r := onWitnessServers(t, 2, "WF")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	ac, proxy := viaProxy(t, rdb)
 
 	a, _ := startWorker(t, ac, r, "a", witnessTimings(prefix)...)
@@ -475,13 +452,8 @@ func TestWitnessCostPerWorkerIsBounded(t *testing.T) {
 // the restart from the snapshot had the rows reset.)
 func TestWitnessARedisRestartIsNoDeath(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 2)
-	prefix := testutil.Name("WR")
+	srv, rdb, db, prefix, r := onWitnessServers(t, 2, "WR")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
@@ -512,13 +484,8 @@ func TestWitnessARedisRestartIsNoDeath(t *testing.T) {
 // were judged and their rows reset.)
 func TestWitnessAPartitionOfManyWorkersIsNoVerdict(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	prefix := testutil.Name("WP")
+	_, rdb, db, prefix, r := onWitnessServers(t, 3, "WP")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	// The judge first: it takes the witness turn.
@@ -573,13 +540,8 @@ func (l lostWriteReply) WriteWitness(ctx context.Context, id string, w store.Wit
 // reset its rows; found by review.)
 func TestWitnessFailedAtStartLeavesNoMarkerToJudge(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 3)
-	prefix := testutil.Name("WL")
+	_, rdb, db, prefix, r := onWitnessServers(t, 3, "WL")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	_, _ = startWorker(t, rdb, r, "b", append(witnessTimings(prefix), WithObserver(ev.observe))...)
@@ -608,13 +570,8 @@ func TestWitnessFailedAtStartLeavesNoMarkerToJudge(t *testing.T) {
 // review.)
 func TestWitnessRecoversFromAnErrorReplyOnItsConnection(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WY")
+	_, rdb, _, prefix, r := onWitnessServers(t, 1, "WY")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 
 	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
 	require.NoError(t, a.CheckLease())
@@ -639,13 +596,8 @@ func TestWitnessRecoversFromAnErrorReplyOnItsConnection(t *testing.T) {
 // Shutdown; found by review.)
 func TestWitnessCheckLeaseWaitingAtShutdownSaysShutdown(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WZ")
+	_, rdb, _, prefix, r := onWitnessServers(t, 1, "WZ")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	ac, proxy := viaProxy(t, rdb)
 
 	a, _ := startWorker(t, ac, r, "a", witnessTimings(prefix)...)
@@ -678,13 +630,8 @@ func TestWitnessCheckLeaseWaitingAtShutdownSaysShutdown(t *testing.T) {
 // crashed at a Sentinel failover.)
 func TestWitnessFollowsANewLifeBegunWhileItHadNoSubscription(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WN")
+	srv, rdb, _, prefix, r := onWitnessServers(t, 1, "WN")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 
 	a, _ := startWorker(t, rdb, r, "a", lifeTimings(prefix)...)
 	require.NotNil(t, a.lease.witness)
@@ -719,13 +666,8 @@ func (p panicky) LifeHeld(ctx context.Context, channel string) (bool, string, er
 // (Without the containment the test binary died.)
 func TestWitnessPanicStopsTheWitnessNotTheProcess(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WQ")
+	_, rdb, _, prefix, r := onWitnessServers(t, 1, "WQ")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 
 	a, logs := newWorker(t, rdb, r, "a", witnessTimings(prefix)...)
 	var on atomic.Bool
@@ -768,13 +710,8 @@ func (p panickyNoDrop) DropWitness(ctx context.Context, id, v string) error {
 // live worker's rows; found by the second review.)
 func TestWitnessStoppedWithItsMarkerLeftKeepsTheFenceUntilItExpires(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WD")
+	_, rdb, db, prefix, r := onWitnessServers(t, 1, "WD")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	_, _ = startWorker(t, rdb, r, "b", append(lifeTimings(prefix), WithObserver(ev.observe))...)
@@ -817,13 +754,8 @@ func (l lostJudgeReply) JudgeLife(ctx context.Context, id, value string, w store
 // rows waited for the TTL; found by the second review.)
 func TestWitnessAJudgmentWhoseReplyWasLostIsTriedAgain(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WJR")
+	_, rdb, db, prefix, r := onWitnessServers(t, 1, "WJR")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 
 	a, _ := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
 	b, _ := newWorker(t, rdb, r, "b", witnessTimings(prefix)...)
@@ -847,13 +779,8 @@ func TestWitnessAJudgmentWhoseReplyWasLostIsTriedAgain(t *testing.T) {
 // review.)
 func TestWitnessSubscribeRefusedAtRuntimeFallsBackToTheTTL(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WA")
+	_, rdb, _, prefix, r := onWitnessServers(t, 1, "WA")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 
 	a, logs := startWorker(t, rdb, r, "a", witnessTimings(prefix)...)
 	require.NoError(t, a.CheckLease())
@@ -875,13 +802,8 @@ func TestWitnessSubscribeRefusedAtRuntimeFallsBackToTheTTL(t *testing.T) {
 // TTL. A new worker among old ones is judged by a new judge as usual.
 func TestWitnessNeverJudgesAWorkerThatWritesNoMarker(t *testing.T) {
 	t.Parallel()
-	srv := testutil.StartRedis(t)
-	rdb := srv.Client(t)
-	db := testutil.Postgres(t)
-	testutil.CreateBatch(t, db, 1)
-	prefix := testutil.Name("WO")
+	_, rdb, db, prefix, r := onWitnessServers(t, 1, "WO")
 	ctx := context.Background()
-	r := fencedResetter(t, db)
 	var ev witnessEvents
 
 	old, _ := startWorker(t, rdb, r, "old", append(witnessTimings(prefix), WithLivenessWitness(false))...)
