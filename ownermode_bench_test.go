@@ -85,8 +85,8 @@ func TestOwnerModeSendsNoRedisCommandPerRow(t *testing.T) {
 	rdb := srv.Client(t)
 	ctx := context.Background()
 	// The liveness witness's background commands (its pings, a look at
-	// the witness turns every grace) are no row's: TestWitnessCostPerWorker-
-	// IsBounded counts them; here it is off.
+	// the witness turns every grace) are no row's; its cost test,
+	// TestWitnessCostPerWorkerIsBounded, counts them. Here it is off.
 	w, _ := startWorker(t, rdb, &ownerFake{}, "w", WithLivenessWitness(false), WithTimings(Timings{
 		HeartbeatTTL:      time.Hour,
 		HeartbeatInterval: time.Hour / 2,
