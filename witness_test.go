@@ -243,12 +243,7 @@ func TestWitnessAJudgedWorkerEndsItsLifeAndGoesOn(t *testing.T) {
 	require.NoError(t, err)
 	require.NoError(t, rdb.Do(ctx, "CLIENT", "KILL", "TYPE", "pubsub").Err())
 
-	waitTurns(t, &signals(a).witness, 1500*time.Millisecond, func() bool { return a.OwnerValue() != owner },
-		"the life ends once the worker is back, not at its marker's next renewal (a third of the TTL)")
-	assert.False(t, complete(t, db, owner, 1), "the judged life's row was reset")
-	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.CheckLease() == nil }, "a new life at once")
-	take(t, db, a.OwnerValue(), 2)
-	require.NoError(t, a.TrackAs(ctx, a.OwnerValue(), 2))
+	judgedLifeEnds(t, a, db, owner)
 }
 
 // Shutdown drops the marker before the subscription closes: a peer never
@@ -387,12 +382,21 @@ func TestWitnessALongCutFencesTheWorkerBeforeTheVerdict(t *testing.T) {
 	assert.True(t, lastOK.Before(resetAt), "the worker stopped before the verdict")
 	assert.Less(t, lastOK.Sub(cut), a.opts.witnessGrace, "within the fence of its last answered ping, before any grace ends")
 
+	judgedLifeEnds(t, a, db, owner)
+}
+
+// judgedLifeEnds asserts that worker a, whose life owner was judged and
+// whose row 1 was reset under it, ends that life once it is back (not at
+// its marker's next renewal, a third of the TTL), cannot complete the
+// row, and takes row 2 in a new life at once.
+func judgedLifeEnds(t *testing.T, a *Worker, db *pgxpool.Pool, owner string) {
+	t.Helper()
 	waitTurns(t, &signals(a).witness, 1500*time.Millisecond, func() bool { return a.OwnerValue() != owner },
 		"the judged life ends once the worker is back")
-	assert.False(t, complete(t, db, owner, 1), "its row was reset")
-	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.CheckLease() == nil }, "a new life")
+	assert.False(t, complete(t, db, owner, 1), "the judged life's row was reset")
+	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.CheckLease() == nil }, "a new life at once")
 	take(t, db, a.OwnerValue(), 2)
-	require.NoError(t, a.TrackAs(ctx, a.OwnerValue(), 2))
+	require.NoError(t, a.TrackAs(context.Background(), a.OwnerValue(), 2))
 }
 
 // The witness's cost, counted by INFO commandstats (commands a script
