@@ -37,6 +37,12 @@
  *               marker is written
  *   NOMASS      no mass rule: more than K lives absent at one count are
  *               judged too
+ *   -DMCUTS=1   (with W=2) a partition: one step cuts every live
+ *               worker's connection at once
+ *
+ * m1 (the mass rule's purpose, availability: safety holds without it, by
+ * the fence): a live life counted absent at a count that found more than
+ * K lives absent is not judged before it is counted present again.
  *   -DG=1       grace equal to the fence (F = 1)
  */
 
@@ -57,6 +63,9 @@
 #endif
 #ifndef K
 #define K 1          /* mass rule: more than K lives absent at a count hold every verdict */
+#endif
+#ifndef MCUTS
+#define MCUTS 0      /* partitions: every live connection cut at one step */
 #endif
 #define CAP (G + 1)  /* ages saturate: older is the same as CAP */
 #define LMAX 3       /* lives per worker */
@@ -114,8 +123,10 @@ byte jr;            /* lives judged, rows not yet reset, a bit mask */
 byte jrl[MAXW];     /* the life judged */
 
 byte cuts = CUTS;
+byte mcuts = MCUTS;
+bool massed[MAXW];  /* ghost: counted absent in a mass disappearance, not present since */
 
-bool s1_live_owner_reset, s2_done_twice, w1_judged_life_works;
+bool s1_live_owner_reset, s2_done_twice, w1_judged_life_works, m1_mass_verdict;
 
 #ifdef NOFENCE
 #define FRESH(s) (alive[s])
@@ -271,6 +282,21 @@ end:
 		printf("MSC: W%d's connection is cut\n", s);
 		s = 0
 	}
+	/* a partition: every worker's connection closed at one step */
+	:: atomic {
+		mcuts > 0 && W == 2 && LIVEW(0) && LIVEW(1) ->
+		mcuts--;
+		s = 0;
+		do
+		:: s < W ->
+			conn[s] = 0;
+			if :: pg[s] == 1 -> pg[s] = 0 :: else fi;
+			s++
+		:: else -> break
+		od;
+		printf("MSC: a partition cuts every connection\n");
+		s = 0
+	}
 	od
 }
 
@@ -307,7 +333,7 @@ end:
 		:: s < W && jv[s] == NONE -> s++
 		:: s < W && jv[s] != NONE ->
 			if
-			:: PRESENT(s, MLIFE(jv[s])) -> ja[s] = NONE; jm[s] = 0
+			:: PRESENT(s, MLIFE(jv[s])) -> ja[s] = NONE; jm[s] = 0; massed[s] = 0
 			:: else ->
 				if
 				:: ja[s] == NONE -> ja[s] = 0; printf("MSC: J counts W%d's life %d absent\n", s, MLIFE(jv[s]))
@@ -327,6 +353,15 @@ end:
 		:: s < W -> if :: ja[s] != NONE && !jm[s] -> absent++ :: else fi; s++
 		:: else -> break
 		od;
+		if
+		:: absent > K ->
+			s = 0;
+			do
+			:: s < W -> if :: ja[s] != NONE -> massed[s] = 1 :: else fi; s++
+			:: else -> break
+			od
+		:: else
+		fi;
 #ifndef NOMASS
 		if
 		:: absent > K ->
@@ -349,6 +384,9 @@ end:
 		jdue = jdue & ~BIT(s);
 		if
 		:: CASOK(s) ->
+			/* m1 */
+			if :: alive[s] && life[s] == MLIFE(jv[s]) && massed[s] -> m1_mass_verdict = 1 :: else fi;
+			assert(!m1_mass_verdict);
 			mrk[s] = JV(MLIFE(jv[s]));
 			jl[s] = jl[s] | BIT(MLIFE(jv[s]));
 			jr = jr | BIT(s);

@@ -10,9 +10,10 @@
 # docs/safety.md §12; the resets by instance ID only (the issue's mutant)
 # and the release of bare instance IDs with its hold must fail in each
 # residual's scope. model/witness.pml (the liveness witness, issue 34):
-# the protocol must pass; judging without the grace, working without the
-# fence, a blind verdict, a proof before the marker and a grace no longer
-# than the fence must fail. docs/model.md explains the checks and figures.
+# the protocol must pass, with a partition too; judging without the grace,
+# working without the fence, a blind verdict, a proof before the marker, a
+# grace no longer than the fence and judging in a mass disappearance must
+# fail. docs/model.md explains the checks and figures.
 #
 #   scripts/model.sh            all checks
 #   scripts/model.sh NAME...    only those
@@ -38,7 +39,8 @@ R2="-DW=1 -DRESTART -DSWEEP"                          # a restart of a paused ID
 R3="-DW=1 -DNR=2 -DCHUNKS -DLATECOMMIT -DSWEEP"       # a reset still running
 
 # the liveness witness (model/witness.pml): 1 worker, 2 rows, 2 cuts; W2:
-# 2 workers, 1 row, 1 cut (the mass rule's scope)
+# 2 workers, 1 row, 1 cut; partition (the mass rule's scope): 2 workers, 1
+# row, one step cutting both
 WIT="-DNR=2 -DCUTS=2"
 
 # name | spin defines | pan flags | expected: pass, or the violated property
@@ -77,7 +79,8 @@ checks=(
 	"lives-R3-BAREID-HOLD|$R3 -DBAREID -DHOLD||fail:s1_live_owner_reset|lives.pml"
 	"witness|$WIT||pass|witness.pml"
 	"witness-W2|-DW=2||pass|witness.pml"
-	"witness-NOMASS|-DW=2 -DNOMASS||pass|witness.pml"
+	"witness-partition|-DW=2 -DCUTS=0 -DMCUTS=1||pass|witness.pml"
+	"witness-NOMASS|-DW=2 -DCUTS=0 -DMCUTS=1 -DNOMASS||fail:m1_mass_verdict|witness.pml"
 	"witness-NOGRACE|$WIT -DNOGRACE||fail:w1_judged_life_works|witness.pml"
 	"witness-NOFENCE|$WIT -DNOFENCE||fail:w1_judged_life_works|witness.pml"
 	"witness-NOCAS|$WIT -DNOCAS||fail:w1_judged_life_works|witness.pml"
