@@ -58,7 +58,7 @@ func assertRequeued(t *testing.T, db *pgxpool.Pool, ids ...int64) {
 	}
 }
 
-func fencedResetter(t *testing.T, db *pgxpool.Pool, opts ...postgres.Option) *pgxreset.Resetter {
+func fencedResetter(t testing.TB, db *pgxpool.Pool, opts ...postgres.Option) *pgxreset.Resetter {
 	t.Helper()
 	r, err := pgxreset.New(db, append([]postgres.Option{postgres.WithOwnerColumn("owner")}, opts...)...)
 	require.NoError(t, err)
