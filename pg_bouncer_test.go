@@ -24,7 +24,7 @@ import (
 // PgBouncer at addr, configured as a user would: the pgx pool in pgx's
 // default mode (it caches named prepared statements), pgx's stdlib with
 // default_query_exec_mode=exec and lib/pq with binary_parameters=yes, as
-// docs/integration.md says.
+// docs/operations.md says.
 func bouncedResetter(t *testing.T, impl resetterImpl, db *pgxpool.Pool, addr string, opts ...postgres.Option) pgResetterAPI {
 	t.Helper()
 	via := testutil.PoolVia(t, db, addr)

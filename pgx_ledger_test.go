@@ -113,9 +113,8 @@ func TestSafetyAResetWhoseCommitReplyWasLostIsNotAppliedAgain(t *testing.T) {
 // R4 (fixed). The unknown incarnation "" makes the ledger skip a row for every
 // later life of the same instance ID, for the ledger's retention (7 days).
 //
-// docs/integration.md: "a new recoverer of an old worker finds no
-// incarnation and records its reset under the incarnation ”". So every
-// life of an old-version worker with a fixed ID (a StatefulSet pod during
+// A new recoverer of an old worker finds no incarnation and records its
+// reset under the incarnation "". So every life of an old-version worker with a fixed ID (a StatefulSet pod during
 // a rolling deploy, or a host calling pgxreset.Resetter.ResetRows itself, which
 // also records under "") shares one ledger key:
 //
