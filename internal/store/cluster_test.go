@@ -32,6 +32,8 @@ func TestTopologyErrorsAreFailuresAChangedClusterExplains(t *testing.T) {
 		{redisError("MASTERDOWN Link with MASTER is down"), true},
 		{redisError("LOADING Redis is loading the dataset in memory"), true},
 		{redisError("READONLY You can't write against a read only replica."), true},
+		{redisError("MOVED 1234 127.0.0.1:7001"), true},
+		{redisError("ASK 1234 127.0.0.1:7001"), true},
 		{fmt.Errorf("claim: %w", redisError("WRONGTYPE Operation against a key holding the wrong kind of value")), false},
 		{redisError("ERR Error running script"), false},
 	} {
