@@ -429,6 +429,13 @@ func (w *lifeWitness) run(ctx context.Context) {
 				}
 			}
 			w.sleep(ctx, w.opts.witnessPing())
+			if store.IsMoved(err) {
+				// SSUBSCRIBE sent to a master that no longer holds the
+				// slot (a slot map older than a resharding): go-redis
+				// neither follows it nor reconnects. Subscribe anew, by
+				// the map the redirection had reloaded.
+				w.resubscribe(ctx)
+			}
 		case kind == store.LifePong:
 			w.pong(payload)
 		case kind == store.LifeUnsubscribed && payload == w.channel:

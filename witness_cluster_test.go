@@ -265,3 +265,76 @@ func replicaOf(t *testing.T, c *testutil.Cluster, addr string) string {
 	t.Fatalf("no replica of %s", addr)
 	return ""
 }
+
+// A slot moved to another master (a resharding: its keys migrated, then
+// CLUSTER SETSLOT NODE) ends its shard channels' subscriptions on the old
+// master (a sunsubscribe from the server). The worker whose channel it was
+// takes that as a lost subscription: no proof counts until it subscribed
+// on the new master and marked its life on that master's run, within
+// three fences; no verdict, the rows stay its own. (Reverted to ignoring
+// the server's sunsubscribe, the worker went on proving a channel nobody
+// held and marked its life on the new master only at its marker's
+// renewal, a third of the heartbeat TTL later; reverted to leaving a
+// MOVED reply to SSUBSCRIBE to the watchdog, it marked it after the
+// watchdog's four fences.)
+func TestWitnessOnClusterASlotMovedToAnotherMasterIsNoVerdict(t *testing.T) {
+	t.Parallel()
+	c, cc, db, prefix, r := onWitnessCluster(t, 3, 0, 3, "WCM")
+	ctx := context.Background()
+	var ev witnessEvents
+	ids := idsOnMasters(t, cc, prefix, "a")
+	a, _ := startWorker(t, cc, r, ids[0], append(witnessTimings(prefix), WithObserver(ev.observe))...)
+	_, _ = startWorker(t, cc, r, ids[1], append(witnessTimings(prefix), WithObserver(ev.observe))...)
+	owner := a.OwnerValue()
+	take(t, db, owner, 1, 2, 3)
+	require.NoError(t, a.TrackAs(ctx, owner, 1, 2, 3))
+
+	src, slot := masterOf(t, c, cc, prefix, ids[0])
+	dst, _ := masterOf(t, c, cc, prefix, ids[1])
+	moveSlot(t, c, slot, src, dst)
+	moved := time.Now()
+	follow := c.FollowingClient(t)
+	run := nodeRunID(t, c, dst)
+	require.Eventually(t, func() bool { return markerRun(t, follow, prefix, ids[0]) == run }, 3*a.opts.witnessFence, 20*time.Millisecond,
+		"the worker marks its life on the new master's run at once, not at its marker's renewal nor after its watchdog's four fences")
+	t.Logf("marked on the new master %v after the move", time.Since(moved).Round(time.Millisecond))
+	time.Sleep(2 * a.opts.witnessGrace) // real time: past any grace the move began
+	for id := int64(1); id <= 3; id++ {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s)
+		assert.Equal(t, owner, *o)
+	}
+	assert.Zero(t, ev.count(EventPeerDead), "no verdict")
+	assert.Equal(t, owner, a.OwnerValue(), "the life goes on")
+	waitTurns(t, &signals(a).witness, 5*time.Second, func() bool { return a.CheckLease() == nil }, "not fenced once moved")
+}
+
+// moveSlot moves slot from the master at src to the master at dst, its
+// keys with it (IMPORTING, MIGRATING, MIGRATE, then NODE on every master).
+func moveSlot(t *testing.T, c *testutil.Cluster, slot int64, src, dst string) {
+	t.Helper()
+	ctx := context.Background()
+	s, d := c.Node(src).Client(t), c.Node(dst).Client(t)
+	srcID, err := s.Do(ctx, "CLUSTER", "MYID").Text()
+	require.NoError(t, err)
+	dstID, err := d.Do(ctx, "CLUSTER", "MYID").Text()
+	require.NoError(t, err)
+	require.NoError(t, d.Do(ctx, "CLUSTER", "SETSLOT", slot, "IMPORTING", srcID).Err())
+	require.NoError(t, s.Do(ctx, "CLUSTER", "SETSLOT", slot, "MIGRATING", dstID).Err())
+	host, port, _ := strings.Cut(dst, ":")
+	for {
+		keys, err := s.ClusterGetKeysInSlot(ctx, int(slot), 100).Result()
+		require.NoError(t, err)
+		if len(keys) == 0 {
+			break
+		}
+		args := []any{"MIGRATE", host, port, "", 0, 5000, "KEYS"}
+		for _, k := range keys {
+			args = append(args, k)
+		}
+		require.NoError(t, s.Do(ctx, args...).Err())
+	}
+	for _, n := range c.Nodes {
+		require.NoError(t, n.Client(t).Do(ctx, "CLUSTER", "SETSLOT", slot, "NODE", dstID).Err())
+	}
+}

@@ -93,3 +93,14 @@ func topologyError(err error) bool {
 	}
 	return false
 }
+
+// IsMoved reports whether err is a Cluster node's redirection (MOVED or
+// ASK): a shard channel's SSUBSCRIBE sent to a node that no longer holds
+// its slot, since go-redis does not follow redirections on a subscription.
+func IsMoved(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	return strings.HasPrefix(re.Error(), "MOVED ") || strings.HasPrefix(re.Error(), "ASK ")
+}

@@ -41,6 +41,14 @@ func TestTopologyErrorsAreFailuresAChangedClusterExplains(t *testing.T) {
 	}
 }
 
+func TestIsMovedIsARedirection(t *testing.T) {
+	assert.True(t, IsMoved(redisError("MOVED 1234 127.0.0.1:7001")))
+	assert.True(t, IsMoved(fmt.Errorf("subscribe: %w", redisError("ASK 1234 127.0.0.1:7001"))))
+	assert.False(t, IsMoved(redisError("CLUSTERDOWN The cluster is down")))
+	assert.False(t, IsMoved(io.EOF))
+	assert.False(t, IsMoved(nil))
+}
+
 // redisError is an error reply, as go-redis returns it.
 type redisError string
 
