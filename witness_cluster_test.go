@@ -398,3 +398,38 @@ func TestWitnessRenewalFindingItsChannelOnAnotherRunSubscribesAnew(t *testing.T)
 	assert.Equal(t, first.RunID, marker().RunID, "marked on the run it found then")
 	waitTurns(t, &signals(a).witness, 5*time.Second, func() bool { return a.CheckLease() == nil }, "not fenced")
 }
+
+// before7 is a witness store over a Cluster whose masters run Redis 6.2,
+// as WitnessAvailable reports it (the servers here run 7.0, so the 6.2
+// path is taken by this double; store.ShardChannels, the version decision
+// itself, is checked by TestShardChannelsNeedRedis7).
+type before7 struct{ witnessStore }
+
+func (before7) WitnessAvailable(context.Context) error {
+	return fmt.Errorf("%w: 127.0.0.1:7000 runs 6.2.14", store.ErrWitnessUnsupported)
+}
+
+// On a Cluster before Redis 7 (no shard channels) the witness is off for
+// the worker's whole run, both sides, decided once at Start with one log
+// line; the worker runs on the heartbeat TTL, its lease unfenced.
+// (Reverted, without the decision, the witness ran.) And a Ring never runs
+// it.
+func TestWitnessOffOnAClusterBeforeRedis7DecidedAtStart(t *testing.T) {
+	t.Parallel()
+	c, cc, db, prefix, r := onWitnessCluster(t, 3, 0, 1, "WC6")
+	a, logs := newWorker(t, cc, r, "a", witnessTimings(prefix)...)
+	require.NotNil(t, a.witness)
+	a.witness.ws = before7{a.witness.ws}
+	require.NoError(t, a.Start(context.Background()))
+	assert.Nil(t, a.lease.witness, "no fence")
+	assert.Nil(t, a.witness, "no subscription")
+	assert.Nil(t, a.watch, "no judge")
+	assert.Equal(t, 1, logs.Count("liveness witness off: a Redis Cluster master has no shard channels"))
+	take(t, db, a.OwnerValue(), 1)
+	require.NoError(t, a.TrackAs(context.Background(), a.OwnerValue(), 1))
+	require.NoError(t, a.CheckLease())
+
+	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": c.Addrs[0]}})
+	t.Cleanup(func() { ring.Close() })
+	assert.False(t, store.NewRedis(ring, prefix, time.Second).WitnessSupported(), "a Ring never runs it")
+}
