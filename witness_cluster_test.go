@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"slices"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -432,4 +433,89 @@ func TestWitnessOffOnAClusterBeforeRedis7DecidedAtStart(t *testing.T) {
 	ring := redis.NewRing(&redis.RingOptions{Addrs: map[string]string{"one": c.Addrs[0]}})
 	t.Cleanup(func() { ring.Close() })
 	assert.False(t, store.NewRedis(ring, prefix, time.Second).WitnessSupported(), "a Ring never runs it")
+}
+
+// The witness's cost on a 3-master Cluster, per node, over 5 s of an idle
+// fleet of five, witness off then on (INFO commandstats, INFO included,
+// this test's own reading not): each worker's pings go to the master of
+// its slot; the turn's holder counts on every master holding a marked
+// life (PUBSUB SHARDNUMSUB and INFO server each, 20 a second per master),
+// its second on the holder's. The bound is the single server's
+// (TestWitnessCostPerWorkerIsBounded) with the holder's counts times the
+// masters, INFO added.
+func TestWitnessOnClusterCostPerNodeIsBounded(t *testing.T) {
+	t.Parallel()
+	c, cc, _, _, r := onWitnessCluster(t, 3, 0, 1, "WCX")
+	const n = 5
+	rate := func(on bool) (float64, map[string]map[string]float64) {
+		prefix := testutil.Name("WCX")
+		var ws []*Worker
+		for i := range n {
+			w, _ := startWorker(t, cc, r, fmt.Sprintf("w%d", i), append(witnessTimings(prefix), WithLivenessWitness(on))...)
+			ws = append(ws, w)
+		}
+		time.Sleep(2 * time.Second) // real time: the turns settle
+		before := map[string]map[string]int64{}
+		for _, a := range c.Addrs {
+			before[a] = nodeCommandCalls(t, c.Node(a).Client(t))
+		}
+		time.Sleep(5 * time.Second) // real time: the window counted
+		total, perNode := 0.0, map[string]map[string]float64{}
+		for _, a := range c.Addrs {
+			after := nodeCommandCalls(t, c.Node(a).Client(t))
+			perNode[a] = map[string]float64{}
+			for cmd, v := range after {
+				d := v - before[a][cmd]
+				if cmd == "info" {
+					d-- // this test's first reading
+				}
+				if d > 0 {
+					perNode[a][cmd] = float64(d) / 5
+					total += float64(d) / 5
+				}
+			}
+		}
+		for _, w := range ws {
+			require.NoError(t, w.Shutdown(context.Background()))
+		}
+		return total, perNode
+	}
+	off, offNodes := rate(false)
+	on, onNodes := rate(true)
+	pings := 0.0
+	sum := func(m map[string]float64) (s float64) {
+		for _, v := range m {
+			s += v
+		}
+		return s
+	}
+	for _, a := range c.Addrs {
+		t.Logf("node %s: %.0f commands a second without the witness, %.0f with it: %v", a, sum(offNodes[a]), sum(onNodes[a]), onNodes[a])
+		pings += onNodes[a]["ping"]
+	}
+	t.Logf("commands a second, %d idle workers on 3 masters: %.0f without the witness, %.0f with it", n, off, on)
+	// As TestWitnessCostPerWorkerIsBounded, the holder's 20 counts a
+	// second on each of 3 masters, and INFO server with each count.
+	added := float64(n)*13 + 16 + 20*3 + 16 + 20 + 2*float64(n+1) + 4 + (20*3 + 20)
+	assert.LessOrEqual(t, on-off, added*1.2, "commands the witness adds a second")
+	assert.InDelta(t, 10*n, pings, 3*n, "PINGs: 10 a second per worker")
+}
+
+// nodeCommandCalls reads INFO commandstats of one node: calls by command.
+func nodeCommandCalls(t *testing.T, rc *redis.Client) map[string]int64 {
+	t.Helper()
+	info, err := rc.Info(context.Background(), "commandstats").Result()
+	require.NoError(t, err)
+	out := map[string]int64{}
+	for line := range strings.SplitSeq(info, "\n") {
+		name, rest, ok := strings.Cut(strings.TrimSpace(line), ":")
+		if !ok || !strings.HasPrefix(name, "cmdstat_") {
+			continue
+		}
+		calls, _, _ := strings.Cut(strings.TrimPrefix(rest, "calls="), ",")
+		v, err := strconv.ParseInt(calls, 10, 64)
+		require.NoError(t, err)
+		out[strings.TrimPrefix(name, "cmdstat_")] = v
+	}
+	return out
 }
