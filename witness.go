@@ -60,8 +60,19 @@ import (
 // marker: "judged" ends the life (a lease loss: OwnerValue changes, rows of
 // the judged life are given back), anything else lets it go on.
 //
+// On a Redis 7 Cluster the channel is a shard channel (SSUBSCRIBE) in the
+// slot of the instance's keys, so on their master; each channel is
+// counted on its master (PUBSUB SHARDNUMSUB), judged against that
+// master's run, and marked with it. A slot that leaves the master (a
+// resharding) ends the subscription (sunsubscribe): no proof until the
+// life subscribed on the new master and marked its run. A failover within
+// the shard may leave it on the demoted master, where no judge counts it;
+// the marker's renewal finds the channel on another run and subscribes
+// anew. Before Redis 7 (no shard channels) Start turns the witness off.
+//
 // The heartbeat TTL stays the backstop for what a closed connection does
-// not show (a vanished host, a hung process, a partition, Cluster), and
+// not show (a vanished host, a hung process, a partition; a Cluster
+// before Redis 7, a Ring, where it does not run), and
 // the recovery of a judged life by its owner value is idempotent with the
 // dead-peer path that follows when its heartbeat expires.
 
