@@ -392,11 +392,12 @@ func WithBackstopSweep(on bool) Option {
 // and resets its rows: a killed worker's rows are back in about 0.6 s
 // instead of the heartbeat TTL and a scan. It sees only deaths that close
 // the process's connections (a kill, a crash, an OOM kill); the heartbeat
-// TTL stays the backstop for the rest. It runs on standalone and Sentinel
-// Redis in owner mode, and costs each worker one more connection and
-// about 10 PINGs a second (docs/safety.md §7, docs/performance.md). Start
-// logs a warning and goes on without it where it cannot run (a Cluster,
-// PUBSUB or SUBSCRIBE refused). Default: on in owner mode when
+// TTL stays the backstop for the rest. It runs in owner mode on
+// standalone and Sentinel Redis and on a Redis 7 Cluster (shard channels),
+// never on a Ring, and costs each worker one more connection and about 10
+// PINGs a second (docs/safety.md §7, docs/performance.md). Start logs a
+// warning and goes on without it where it cannot run (a Cluster before
+// Redis 7, PUBSUB or SUBSCRIBE refused). Default: on in owner mode when
 // WitnessGrace is shorter than the heartbeat TTL.
 func WithLivenessWitness(on bool) Option {
 	return optionFunc(func(o *options) { o.noWitness = !on })

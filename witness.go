@@ -60,8 +60,19 @@ import (
 // marker: "judged" ends the life (a lease loss: OwnerValue changes, rows of
 // the judged life are given back), anything else lets it go on.
 //
+// On a Redis 7 Cluster the channel is a shard channel (SSUBSCRIBE) in the
+// slot of the instance's keys, so on their master; each channel is
+// counted on its master (PUBSUB SHARDNUMSUB), judged against that
+// master's run, and marked with it. A slot that leaves the master (a
+// resharding) ends the subscription (sunsubscribe): no proof until the
+// life subscribed on the new master and marked its run. A failover within
+// the shard may leave it on the demoted master, where no judge counts it;
+// the marker's renewal finds the channel on another run and subscribes
+// anew. Before Redis 7 (no shard channels) Start turns the witness off.
+//
 // The heartbeat TTL stays the backstop for what a closed connection does
-// not show (a vanished host, a hung process, a partition, Cluster), and
+// not show (a vanished host, a hung process, a partition; a Cluster
+// before Redis 7, a Ring, where it does not run), and
 // the recovery of a judged life by its owner value is idempotent with the
 // dead-peer path that follows when its heartbeat expires.
 
@@ -78,8 +89,9 @@ const foundByWitness = "witness"
 // simulator's store has none of it: the witness does not run there.
 type witnessStore interface {
 	WitnessSupported() bool
+	WitnessAvailable(ctx context.Context) error
 	SubscribeLife(ctx context.Context, channel string) (*store.LifeSub, error)
-	CountLives(ctx context.Context, channels []string) ([]int64, string, error)
+	CountLives(ctx context.Context, channels []string) ([]int64, []string, error)
 	LifeHeld(ctx context.Context, channel string) (bool, string, error)
 	WriteWitness(ctx context.Context, id string, w store.Witness, ttl time.Duration) (bool, error)
 	ReadWitnesses(ctx context.Context, ids []string) ([]string, error)
@@ -162,6 +174,14 @@ func startOwnWitness(ctx context.Context, w *Worker) bool {
 	}
 	ctx, cancel := context.WithTimeout(ctx, w.opts.opTimeout)
 	defer cancel()
+	if err := w.witness.ws.WitnessAvailable(ctx); errors.Is(err, store.ErrWitnessUnsupported) {
+		// A Cluster before Redis 7 (no shard channels): off for this
+		// worker's whole run, both sides; decided here once.
+		w.log.Warn("liveness witness off: a Redis Cluster master has no shard channels (Redis 7 needed); a death of a worker is seen when its heartbeat expires (docs/safety.md §14)",
+			slog.Any("error", err))
+		w.witness, w.watch = nil, nil
+		return false
+	}
 	running, err := startWitness(ctx, w.witness)
 	switch {
 	case err == nil:
@@ -396,6 +416,9 @@ func (w *lifeWitness) run(ctx context.Context) {
 			}
 			if w.marker.Life != "" && time.Since(w.renewedAt) > w.fleet.ttl()/3 {
 				w.renewMarker(ctx)
+				if w.sub == nil {
+					continue // subscribing anew failed: the top of the loop tries again
+				}
 			}
 		}
 		kind, payload, err := w.sub.Receive(ctx, max(time.Until(next), time.Millisecond))
@@ -417,8 +440,22 @@ func (w *lifeWitness) run(ctx context.Context) {
 				}
 			}
 			w.sleep(ctx, w.opts.witnessPing())
+			if store.IsMoved(err) {
+				// SSUBSCRIBE sent to a master that no longer holds the
+				// slot (a slot map older than a resharding): go-redis
+				// neither follows it nor reconnects. Subscribe anew, by
+				// the map the redirection had reloaded.
+				w.resubscribe(ctx)
+			}
 		case kind == store.LifePong:
 			w.pong(payload)
+		case kind == store.LifeUnsubscribed && payload == w.channel:
+			// The server ended the subscription: on a Cluster, the slot
+			// left the master (a migration; a failover, sometimes). As after
+			// a broken connection, no proof counts until a new epoch's
+			// marker; subscribe anew, on the slot's new master.
+			confirmed = false
+			w.resubscribe(ctx)
 		case kind == store.LifeSubscribed && payload == w.channel:
 			// Every confirmation is a new connection's (go-redis may
 			// reconnect without an error): a new epoch before any proof.
@@ -481,10 +518,23 @@ func (w *lifeWitness) follow(ctx context.Context, life string) {
 	}
 }
 
-// renewMarker writes the marker again, same epoch, for its TTL.
+// renewMarker writes the marker again, same epoch, for its TTL, if the
+// channel is still held on the server run the marker names. On a Cluster
+// a failover within the slot's shard may leave the subscription on the
+// old master, now a replica (Redis 7.0.15 ends it there in some runs, not
+// in others): judges count on the new master, on another run, and would
+// never judge this life. It then subscribes anew, on the slot's master.
 func (w *lifeWitness) renewMarker(ctx context.Context) {
 	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
+	held, runID, err := w.ws.LifeHeld(opCtx, w.channel)
+	if err != nil {
+		return // tried again at the next ping
+	}
+	if !held || runID != w.marker.RunID {
+		w.resubscribe(ctx)
+		return
+	}
 	judged, err := w.ws.WriteWitness(opCtx, w.opts.instanceID, w.marker, w.fleet.ttl())
 	switch {
 	case judged:
@@ -590,8 +640,7 @@ type witnessWatch struct {
 	tries    int            // looks at the turns while holding neither
 	nextTurn time.Time
 	nextRead time.Time
-	lastSent time.Time // send time of the last count that answered
-	runID    string
+	lastSent time.Time           // send time of the last count that answered
 	lives    map[string]*watched // by channel
 	massWarn bool
 }
@@ -613,6 +662,9 @@ type watched struct {
 	value   string    // the marker as read, for the compare-and-set
 	absent  time.Time // receive time of the first of the counts without a subscriber; zero while held
 	massive bool      // absent in a mass disappearance: left to the TTL
+	// run is the run ID of the server that counted the channel last (on a
+	// Cluster, the master of its slot: each channel has its own).
+	run string
 }
 
 // run counts every witnessPoll while this worker holds the witness turn.
@@ -677,18 +729,20 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 	}
 	opCtx, cancel := context.WithTimeout(ctx, min(v.opts.opTimeout, v.opts.witnessGrace/2))
 	sent := time.Now()
-	counts, runID, err := v.ws.CountLives(opCtx, channels)
+	counts, runIDs, err := v.ws.CountLives(opCtx, channels)
 	cancel()
 	recv := time.Now()
-	// An unanswered count, one answered late, a count after a gap (this
-	// process paused) or from another server run breaks the watch: every
-	// absence is counted again from the next count.
-	if err != nil || recv.Sub(sent) > v.opts.witnessGrace/2 || (!v.lastSent.IsZero() && sent.Sub(v.lastSent) > 3*v.opts.witnessPoll()) ||
-		runID != v.runID {
-		v.runID = runID
+	// An unanswered count, one answered late or a count after a gap (this
+	// process paused) breaks the watch: every absence is counted again from
+	// the next count.
+	if err != nil || recv.Sub(sent) > v.opts.witnessGrace/2 || (!v.lastSent.IsZero() && sent.Sub(v.lastSent) > 3*v.opts.witnessPoll()) {
 		v.lastSent = time.Time{}
-		for _, l := range v.lives {
+		for i, ch := range channels {
+			l := v.lives[ch]
 			l.absent, l.massive = time.Time{}, false
+			if err == nil {
+				l.run = runIDs[i]
+			}
 		}
 		if err == nil {
 			v.lastSent = sent
@@ -696,19 +750,24 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 		return
 	}
 	v.lastSent = sent
-	v.count(ctx, channels, counts, sent, recv)
+	v.count(ctx, channels, counts, runIDs, sent, recv)
 }
 
 // count notes what one count saw and judges the lives absent for their
-// grace.
-func (v *witnessWatch) count(ctx context.Context, channels []string, counts []int64, sent, recv time.Time) {
+// grace. A channel counted on another server run than the last time (a
+// restart, a failover, on a Cluster its slot on another master), or whose
+// server did not answer (run ""), is counted again from the next count.
+func (v *witnessWatch) count(ctx context.Context, channels []string, counts []int64, runIDs []string, sent, recv time.Time) {
 	var due []*watched
 	for i, ch := range channels {
 		l := v.lives[ch]
 		switch {
+		case runIDs[i] == "" || runIDs[i] != l.run:
+			l.run = runIDs[i]
+			l.absent, l.massive = time.Time{}, false
 		case counts[i] > 0:
 			l.absent, l.massive = time.Time{}, false
-		case l.marker.RunID != v.runID:
+		case l.marker.RunID != l.run:
 			// written on another server run: never judged here
 		case l.absent.IsZero():
 			l.absent = recv
@@ -851,7 +910,7 @@ func (v *witnessWatch) takeTurn(ctx context.Context) {
 		}
 	}
 	if role != v.role {
-		v.lives, v.lastSent, v.runID = nil, time.Time{}, ""
+		v.lives, v.lastSent = nil, time.Time{}
 		v.nextRead = time.Time{}
 		if v.role == watchHolder && role == watchAll {
 			// Another worker may be the second at once, not a turn TTL later.

@@ -251,7 +251,8 @@ func buildLoops(w *Worker, d decisions, nodes *nodeWatch) {
 	w.recov = &recoverer{deps: w.deps, peers: w.peers,
 		expired: make(chan string, expiredQueue), untracked: w.untracked}
 	// witness and watch: the liveness witness (witness.go), in owner mode
-	// on a store that can run it (not on Cluster: docs/safety.md §14).
+	// on a store that can run it (not on a Ring; on a Cluster, Start
+	// turns it off before Redis 7: docs/safety.md §14).
 	if ws, ok := w.store.(witnessStore); ok && ws.WitnessSupported() && w.opts.witnessOn(d.ownerMode) {
 		w.heart.kicked = make(chan struct{}, 1)
 		w.witness = &lifeWitness{deps: w.deps, ws: ws, rows: &w.rows, lease: &w.lease, kick: w.heart.kick}

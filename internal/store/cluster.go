@@ -24,7 +24,8 @@ import (
 // sends CLUSTER SLOTS to one node, in the background) after a command
 // fails in a way a changed Cluster explains: a network error or a timeout
 // (the master is gone), CLUSTERDOWN (the Cluster has not promoted a
-// replica yet), MASTERDOWN, TRYAGAIN, LOADING or READONLY. It does so at
+// replica yet), MASTERDOWN, TRYAGAIN, LOADING, READONLY, MOVED or ASK,
+// and when the server ends a shard channel's subscription. It does so at
 // most once per reloadEvery, so a dead master costs each worker one CLUSTER
 // SLOTS a second, and a command sent after the promotion is routed to the
 // new master within reloadEvery of the first failure after it.
@@ -49,6 +50,16 @@ func (m *slotMap) after(err error) {
 	if m.cc == nil || !topologyError(err) {
 		return
 	}
+	m.reload()
+}
+
+// reload asks for a reload unless one was asked in the last reloadEvery:
+// after a failure (after), or when a node said a slot moved (a shard
+// channel's subscription ended by the server: LifeSub.Receive).
+func (m *slotMap) reload() {
+	if m.cc == nil {
+		return
+	}
 	now, last := time.Now().UnixNano(), m.last.Load()
 	if now-last < int64(reloadEvery) || !m.last.CompareAndSwap(last, now) {
 		return
@@ -58,7 +69,10 @@ func (m *slotMap) after(err error) {
 
 // clusterStateReplies are the error replies of a node that a change of
 // the Cluster's masters explains.
-var clusterStateReplies = []string{"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "LOADING", "READONLY"}
+// MOVED and ASK reach the store only where go-redis does not follow them:
+// a shard channel's SSUBSCRIBE (its reply comes through Receive), or a
+// command whose redirections ran out.
+var clusterStateReplies = []string{"CLUSTERDOWN", "MASTERDOWN", "TRYAGAIN", "LOADING", "READONLY", "MOVED", "ASK"}
 
 // topologyError reports whether err may come from a node that is gone or
 // no longer serves what it did: every failure but a command's own error
@@ -78,4 +92,15 @@ func topologyError(err error) bool {
 		}
 	}
 	return false
+}
+
+// IsMoved reports whether err is a Cluster node's redirection (MOVED or
+// ASK): a shard channel's SSUBSCRIBE sent to a node that no longer holds
+// its slot, since go-redis does not follow redirections on a subscription.
+func IsMoved(err error) bool {
+	var re redis.Error
+	if !errors.As(err, &re) {
+		return false
+	}
+	return strings.HasPrefix(re.Error(), "MOVED ") || strings.HasPrefix(re.Error(), "ASK ")
 }

@@ -32,11 +32,21 @@ func TestTopologyErrorsAreFailuresAChangedClusterExplains(t *testing.T) {
 		{redisError("MASTERDOWN Link with MASTER is down"), true},
 		{redisError("LOADING Redis is loading the dataset in memory"), true},
 		{redisError("READONLY You can't write against a read only replica."), true},
+		{redisError("MOVED 1234 127.0.0.1:7001"), true},
+		{redisError("ASK 1234 127.0.0.1:7001"), true},
 		{fmt.Errorf("claim: %w", redisError("WRONGTYPE Operation against a key holding the wrong kind of value")), false},
 		{redisError("ERR Error running script"), false},
 	} {
 		assert.Equal(t, c.want, topologyError(c.err), "%v", c.err)
 	}
+}
+
+func TestIsMovedIsARedirection(t *testing.T) {
+	assert.True(t, IsMoved(redisError("MOVED 1234 127.0.0.1:7001")))
+	assert.True(t, IsMoved(fmt.Errorf("subscribe: %w", redisError("ASK 1234 127.0.0.1:7001"))))
+	assert.False(t, IsMoved(redisError("CLUSTERDOWN The cluster is down")))
+	assert.False(t, IsMoved(io.EOF))
+	assert.False(t, IsMoved(nil))
 }
 
 // redisError is an error reply, as go-redis returns it.

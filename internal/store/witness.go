@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/redis/go-redis/v9"
@@ -32,9 +34,18 @@ import (
 //	<prefix>_WITNESS_SECOND           string instance ID of the worker that watches the
 //	                                  witness turn's holder alone (the second), PX
 //
-// Only standalone and Sentinel deployments run it: on Cluster a channel's
-// subscribers are counted per node (PUBSUB NUMSUB), which this release
-// does not follow.
+// On a Cluster the channel is a shard channel (SSUBSCRIBE, Redis 7): its
+// hash tag {<instanceID>} puts it in the slot, so on the master, of the
+// instance's keys and marker. Its subscribers are counted on that master
+// (PUBSUB SHARDNUMSUB), and the run a marker names is that master's. A
+// slot that moves (a failover, a migration) unsubscribes its shard
+// channels' subscribers (a sunsubscribe from the server): the life
+// subscribes again on the slot's new master, a new epoch, with a new run.
+// Redis before 7 has no shard channels: WitnessAvailable says so. A Ring
+// never runs it: its shards are servers that know nothing of each other,
+// and a shard its health check drops moves keys and channels to another
+// shard, silently, with no reply that says so (no MOVED, no
+// sunsubscribe).
 
 // witnessSuffix names the marker key; lifeChannelInfix the channel.
 const (
@@ -99,34 +110,89 @@ func ParseWitness(v string) (w Witness, ok bool) {
 	return Witness{Life: f[0], Grace: time.Duration(ms) * time.Millisecond, RunID: f[2], Epoch: epoch}, true
 }
 
-// ErrWitnessUnsupported is returned on a Cluster client: the witness
-// runs on standalone and Sentinel deployments only.
-var ErrWitnessUnsupported = errors.New("the liveness witness needs a standalone or Sentinel Redis (on Cluster, subscribers are counted per node)")
+// ErrWitnessUnsupported is returned on a Ring client, and on a Cluster
+// whose masters have no shard channels (before Redis 7).
+var ErrWitnessUnsupported = errors.New("the liveness witness needs a standalone or Sentinel Redis, or a Redis 7 Cluster (shard channels)")
 
 // WitnessSupported reports whether the witness can run on this store's
-// client: a standalone or Sentinel client, not a Cluster or a Ring.
+// client: a standalone, Sentinel or Cluster client, not a Ring. A
+// Cluster's masters must run Redis 7 as well (WitnessAvailable).
 func (s *Redis) WitnessSupported() bool {
 	_, ok := s.rdb.(interface {
 		Subscribe(context.Context, ...string) *redis.PubSub
 	})
 	_, ring := s.rdb.(*redis.Ring)
-	return ok && s.slots.cc == nil && !ring
+	return ok && !ring
 }
 
-// LifeSub is a life's subscription, on a connection of its own.
-type LifeSub struct{ ps *redis.PubSub }
+// WitnessAvailable returns nil if the witness can run on the server: on a
+// Cluster, every master must have shard channels (Redis 7, INFO server's
+// redis_version); an error wrapping ErrWitnessUnsupported names the first
+// that does not. Elsewhere it sends nothing.
+func (s *Redis) WitnessAvailable(ctx context.Context) (err error) {
+	defer s.failed(&err)
+	if s.slots.cc == nil {
+		return nil
+	}
+	var (
+		mu  sync.Mutex
+		old []string
+	)
+	err = s.forEachMaster(ctx, func(ctx context.Context, node string, c redis.UniversalClient) error {
+		info, err := c.Info(ctx, "server").Result()
+		if err != nil {
+			return fmt.Errorf("read the version of %s: %w", node, err)
+		}
+		if v := infoField(info, "redis_version"); !ShardChannels(v) {
+			mu.Lock()
+			old = append(old, node+" runs "+v)
+			mu.Unlock()
+		}
+		return nil
+	})
+	if err != nil {
+		return fmt.Errorf("read the Cluster's versions: %w", err)
+	}
+	if len(old) > 0 {
+		slices.Sort(old)
+		return fmt.Errorf("%w: %s", ErrWitnessUnsupported, strings.Join(old, ", "))
+	}
+	return nil
+}
+
+// ShardChannels reports whether a server of version (INFO's redis_version)
+// has shard channels: SSUBSCRIBE and PUBSUB SHARDNUMSUB came in 7.0.
+func ShardChannels(version string) bool {
+	major, _, _ := strings.Cut(version, ".")
+	n, err := strconv.Atoi(major)
+	return err == nil && n >= 7
+}
+
+// LifeSub is a life's subscription, on a connection of its own: a shard
+// channel's on a Cluster (SSUBSCRIBE, on the master of its slot).
+type LifeSub struct {
+	ps      *redis.PubSub
+	sharded bool
+	slots   *slotMap // a broken connection may mean a moved slot: reload the map
+}
 
 // SubscribeLife subscribes to channel on a new connection. It does not
 // wait for the confirmation: it comes through Receive, as after every
 // reconnection.
-func (s *Redis) SubscribeLife(ctx context.Context, channel string) (*LifeSub, error) {
-	if s.slots.cc != nil {
-		return nil, ErrWitnessUnsupported
+func (s *Redis) SubscribeLife(ctx context.Context, channel string) (_ *LifeSub, err error) {
+	defer s.failed(&err)
+	if cc := s.slots.cc; cc != nil {
+		ps := cc.SSubscribe(ctx)
+		if err := ps.SSubscribe(ctx, channel); err != nil {
+			ps.Close()
+			return nil, fmt.Errorf("subscribe to shard channel %s: %w", channel, err)
+		}
+		return &LifeSub{ps: ps, sharded: true, slots: &s.slots}, nil
 	}
 	c, ok := s.rdb.(interface {
 		Subscribe(context.Context, ...string) *redis.PubSub
 	})
-	if !ok {
+	if !ok || !s.WitnessSupported() {
 		return nil, ErrWitnessUnsupported
 	}
 	ps := c.Subscribe(ctx)
@@ -134,7 +200,7 @@ func (s *Redis) SubscribeLife(ctx context.Context, channel string) (*LifeSub, er
 		ps.Close()
 		return nil, fmt.Errorf("subscribe to %s: %w", channel, err)
 	}
-	return &LifeSub{ps: ps}, nil
+	return &LifeSub{ps: ps, slots: &s.slots}, nil
 }
 
 // Kinds of what LifeSub.Receive returns.
@@ -148,8 +214,10 @@ const (
 
 // Receive waits up to timeout for what the server sends. An error other
 // than the timeout means the connection broke; the next call reconnects
-// and subscribes again (go-redis does), and the confirmation comes as
-// LifeSubscribed.
+// and subscribes again (go-redis does, on a Cluster on the master its slot
+// map names), and the confirmation comes as LifeSubscribed. On a Cluster a
+// LifeUnsubscribed of the channel held may come from the server: its slot
+// moved to another master.
 func (l *LifeSub) Receive(ctx context.Context, timeout time.Duration) (kind int, payload string, err error) {
 	m, err := l.ps.ReceiveTimeout(ctx, timeout)
 	if err != nil {
@@ -157,14 +225,18 @@ func (l *LifeSub) Receive(ctx context.Context, timeout time.Duration) (kind int,
 		if errors.As(err, &ne) && ne.Timeout() && ctx.Err() == nil {
 			return LifeNothing, "", nil
 		}
+		l.slots.after(err)
 		return LifeNothing, "", err
 	}
 	switch m := m.(type) {
 	case *redis.Pong:
 		return LifePong, m.Payload, nil
 	case *redis.Subscription:
-		if m.Kind == "subscribe" {
+		switch m.Kind {
+		case "subscribe", "ssubscribe":
 			return LifeSubscribed, m.Channel, nil
+		case "sunsubscribe":
+			l.slots.reload() // the slot may have moved: the next SSUBSCRIBE goes to its new master
 		}
 		return LifeUnsubscribed, m.Channel, nil
 	}
@@ -173,15 +245,24 @@ func (l *LifeSub) Receive(ctx context.Context, timeout time.Duration) (kind int,
 
 // Ping sends PING payload on the subscription's connection (reconnecting
 // first if it broke).
-func (l *LifeSub) Ping(ctx context.Context, payload string) error { return l.ps.Ping(ctx, payload) }
+func (l *LifeSub) Ping(ctx context.Context, payload string) error {
+	err := l.ps.Ping(ctx, payload)
+	l.slots.after(err)
+	return err
+}
 
 // Move subscribes to channel and unsubscribes from old, on the same
 // connection: a new life's channel is held before the old one is let go.
+// (On a Cluster both are in the instance's slot.)
 func (l *LifeSub) Move(ctx context.Context, old, channel string) error {
-	if err := l.ps.Subscribe(ctx, channel); err != nil {
+	sub, unsub := l.ps.Subscribe, l.ps.Unsubscribe
+	if l.sharded {
+		sub, unsub = l.ps.SSubscribe, l.ps.SUnsubscribe
+	}
+	if err := sub(ctx, channel); err != nil {
 		return fmt.Errorf("subscribe to %s: %w", channel, err)
 	}
-	if err := l.ps.Unsubscribe(ctx, old); err != nil {
+	if err := unsub(ctx, old); err != nil {
 		return fmt.Errorf("unsubscribe from %s: %w", old, err)
 	}
 	return nil
@@ -190,39 +271,104 @@ func (l *LifeSub) Move(ctx context.Context, old, channel string) error {
 // Close closes the connection: the server drops the subscription.
 func (l *LifeSub) Close() error { return l.ps.Close() }
 
-// LifeHeld reports whether channel has a subscriber on the server, and the
-// server's run ID, in one round trip.
+// LifeHeld reports whether channel has a subscriber on the server that
+// holds it (on a Cluster, the master of its slot), and that server's run
+// ID, in one round trip.
 func (s *Redis) LifeHeld(ctx context.Context, channel string) (held bool, runID string, err error) {
 	defer s.failed(&err)
-	counts, runID, err := s.CountLives(ctx, []string{channel})
+	counts, runIDs, err := s.CountLives(ctx, []string{channel})
 	if err != nil {
 		return false, "", err
 	}
-	return counts[0] > 0, runID, nil
+	if runIDs[0] == "" {
+		return false, "", fmt.Errorf("count the subscribers of %s: its node did not answer", channel)
+	}
+	return counts[0] > 0, runIDs[0], nil
 }
 
-// CountLives returns the number of subscribers of each channel and the
-// server's run ID, in one round trip (PUBSUB NUMSUB and INFO server).
-func (s *Redis) CountLives(ctx context.Context, channels []string) (_ []int64, runID string, err error) {
+// CountLives returns the number of subscribers of each channel and the run
+// ID of the server that counted it: on a single server, one round trip
+// (PUBSUB NUMSUB and INFO server); on a Cluster, one per master holding
+// any of the slots, concurrently (PUBSUB SHARDNUMSUB and INFO server, each
+// channel counted on the master of its slot as the client's slot map
+// names it). A channel whose master did not answer has run ID "" and
+// count 0; the error is returned only when no master answered.
+func (s *Redis) CountLives(ctx context.Context, channels []string) (_ []int64, runIDs []string, err error) {
 	defer s.failed(&err)
-	if s.slots.cc != nil {
-		return nil, "", ErrWitnessUnsupported
+	counts, runIDs := make([]int64, len(channels)), make([]string, len(channels))
+	if s.slots.cc == nil {
+		runID, err := countOn(ctx, s.rdb, false, channels, counts)
+		if err != nil {
+			return nil, nil, err
+		}
+		for i := range runIDs {
+			runIDs[i] = runID
+		}
+		return counts, runIDs, nil
 	}
-	pipe := s.rdb.Pipeline()
-	info := pipe.Info(ctx, "server")
-	num := pipe.PubSubNumSub(ctx, channels...)
-	if _, err := pipe.Exec(ctx); err != nil {
-		return nil, "", fmt.Errorf("count the subscribers of %d life channels: %w", len(channels), err)
-	}
-	runID = infoField(info.Val(), "run_id")
-	if runID == "" {
-		return nil, "", errors.New("count the subscribers of life channels: INFO server has no run_id")
-	}
-	counts := make([]int64, len(channels))
+	byNode := make(map[*redis.Client][]int)
 	for i, ch := range channels {
-		counts[i] = num.Val()[ch]
+		c, err := s.slots.cc.MasterForKey(ctx, ch)
+		if err != nil {
+			return nil, nil, fmt.Errorf("find the node of %s: %w", ch, err)
+		}
+		byNode[c] = append(byNode[c], i)
 	}
-	return counts, runID, nil
+	var (
+		wg   sync.WaitGroup
+		mu   sync.Mutex
+		errs []error
+	)
+	for c, idx := range byNode {
+		wg.Go(func() {
+			chs := make([]string, len(idx))
+			for j, i := range idx {
+				chs[j] = channels[i]
+			}
+			n := make([]int64, len(idx))
+			runID, err := countOn(ctx, c, true, chs, n)
+			mu.Lock()
+			defer mu.Unlock()
+			if err != nil {
+				errs = append(errs, fmt.Errorf("on %s: %w", c.Options().Addr, err))
+				return
+			}
+			for j, i := range idx {
+				counts[i], runIDs[i] = n[j], runID
+			}
+		})
+	}
+	wg.Wait()
+	if len(errs) > 0 {
+		s.slots.after(errs[0]) // a node may be gone: reload the slot map
+		if len(errs) == len(byNode) {
+			return nil, nil, errors.Join(errs...)
+		}
+	}
+	return counts, runIDs, nil
+}
+
+// countOn counts the subscribers of channels on one server into counts
+// (shard channels if sharded) and returns its run ID.
+func countOn(ctx context.Context, c redis.UniversalClient, sharded bool, channels []string, counts []int64) (string, error) {
+	pipe := c.Pipeline()
+	info := pipe.Info(ctx, "server")
+	num := pipe.PubSubNumSub
+	if sharded {
+		num = pipe.PubSubShardNumSub
+	}
+	n := num(ctx, channels...)
+	if _, err := pipe.Exec(ctx); err != nil {
+		return "", fmt.Errorf("count the subscribers of %d life channels: %w", len(channels), err)
+	}
+	runID := infoField(info.Val(), "run_id")
+	if runID == "" {
+		return "", errors.New("count the subscribers of life channels: INFO server has no run_id")
+	}
+	for i, ch := range channels {
+		counts[i] = n.Val()[ch]
+	}
+	return runID, nil
 }
 
 // infoField returns the value of field in an INFO reply.
@@ -340,15 +486,26 @@ func (s *Redis) TakeWitnessTurn(ctx context.Context, id string, second bool, ttl
 }
 
 // WitnessTurnsTaken reports how many of the witness turn and its second
-// are held (one EXISTS): a worker holding neither tries to take them only
-// when one is free.
+// are held (one EXISTS; one per key on a Cluster, where the two are in
+// two slots): a worker holding neither tries to take them only when one
+// is free.
 func (s *Redis) WitnessTurnsTaken(ctx context.Context) (_ int64, err error) {
 	defer s.failed(&err)
-	n, err := s.rdb.Exists(ctx, WitnessTurnKey(s.prefix), WitnessSecondKey(s.prefix)).Result()
-	if err != nil {
+	turn, second := WitnessTurnKey(s.prefix), WitnessSecondKey(s.prefix)
+	if s.slots.cc == nil {
+		n, err := s.rdb.Exists(ctx, turn, second).Result()
+		if err != nil {
+			return 0, fmt.Errorf("read the witness turns: %w", err)
+		}
+		return n, nil
+	}
+	// Two slots on a Cluster: one EXISTS each, pipelined.
+	pipe := s.rdb.Pipeline()
+	a, b := pipe.Exists(ctx, turn), pipe.Exists(ctx, second)
+	if _, err := pipe.Exec(ctx); err != nil {
 		return 0, fmt.Errorf("read the witness turns: %w", err)
 	}
-	return n, nil
+	return a.Val() + b.Val(), nil
 }
 
 // WitnessHolder returns the witness turn's holder and its marker ("" for

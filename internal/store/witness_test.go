@@ -2,6 +2,7 @@ package store
 
 import (
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -83,4 +84,77 @@ func TestWitnessMarkerIsJudgedByCompareAndSetAndStaysJudged(t *testing.T) {
 	require.NoError(t, s.DropWitness(ctx, "w", next.String()))
 	v, _ = s.ReadWitness(ctx, "w")
 	assert.Empty(t, v)
+}
+
+// Shard channels came in Redis 7.0: the version decision of
+// WitnessAvailable. (The servers here run 7.0, so the 6.2 path is tested
+// by this function alone.)
+func TestShardChannelsNeedRedis7(t *testing.T) {
+	for v, want := range map[string]bool{"7.0.15": true, "7.2.4": true, "8.0.0": true, "10.1": true,
+		"6.2.14": false, "6.0.0": false, "5.0.7": false, "": false, "x.y": false} {
+		assert.Equal(t, want, ShardChannels(v), "%q", v)
+	}
+}
+
+// On a real 3-master Cluster: a life's shard channel is held on the
+// master of its instance's slot, and counted there with that master's run
+// ID, whatever slot it is in; pings are answered on the subscription; the
+// witness turns, in two slots, are read in one call; a Cluster of Redis 7
+// runs the witness.
+func TestWitnessOnClusterCountsEachChannelOnTheMasterOfItsSlot(t *testing.T) {
+	c := testutil.StartCluster(t, 3)
+	s, cc := clusterStore(t, c)
+	ctx := context.Background()
+	require.True(t, s.WitnessSupported())
+	require.NoError(t, s.WitnessAvailable(ctx))
+
+	// Instances whose keys land on each of the three masters.
+	byNode := map[string]string{}
+	for i := 0; len(byNode) < 3 && i < 100; i++ {
+		id := fmt.Sprintf("w-%d", i)
+		m, err := cc.MasterForKey(ctx, s.Keys(id).Heartbeat)
+		require.NoError(t, err)
+		if _, ok := byNode[m.Options().Addr]; !ok {
+			byNode[m.Options().Addr] = id
+		}
+	}
+	require.Len(t, byNode, 3)
+	var channels, want []string
+	for node, id := range byNode {
+		ch := LifeChannel(s.prefix, id, "l1")
+		sub, err := s.SubscribeLife(ctx, ch)
+		require.NoError(t, err)
+		t.Cleanup(func() { sub.Close() })
+		kind, payload, err := sub.Receive(ctx, time.Second)
+		require.NoError(t, err)
+		require.Equal(t, LifeSubscribed, kind)
+		require.Equal(t, ch, payload)
+		require.NoError(t, sub.Ping(ctx, "p1"))
+		kind, payload, err = sub.Receive(ctx, time.Second)
+		require.NoError(t, err)
+		require.Equal(t, LifePong, kind, "a ping on a shard channel's connection is answered")
+		require.Equal(t, "p1", payload)
+		info, err := c.Node(node).Client(t).Info(ctx, "server").Result()
+		require.NoError(t, err)
+		channels, want = append(channels, ch), append(want, infoField(info, "run_id"))
+		held, run, err := s.LifeHeld(ctx, ch)
+		require.NoError(t, err)
+		assert.True(t, held)
+		assert.Equal(t, infoField(info, "run_id"), run, "the run of the master that holds the channel")
+	}
+	counts, runs, err := s.CountLives(ctx, append(channels, LifeChannel(s.prefix, "nobody", "l1")))
+	require.NoError(t, err)
+	assert.Equal(t, []int64{1, 1, 1, 0}, counts)
+	assert.Equal(t, want, runs[:3], "each channel counted on its own master")
+
+	n, err := s.WitnessTurnsTaken(ctx)
+	require.NoError(t, err, "the turns are in two slots")
+	assert.Zero(t, n)
+	for _, second := range []bool{false, true} {
+		_, err := s.TakeWitnessTurn(ctx, "w-0", second, time.Minute)
+		require.NoError(t, err)
+	}
+	n, err = s.WitnessTurnsTaken(ctx)
+	require.NoError(t, err)
+	assert.Equal(t, int64(2), n)
 }
