@@ -163,6 +163,9 @@ func runWorker(ctx context.Context, f flags) error {
 		log: slog.New(slog.NewTextHandler(os.Stderr, &slog.HandlerOptions{Level: slog.LevelInfo}))}
 	if w.victim {
 		w.work = time.Hour // the victim is killed in its job
+		// A victim the harness never killed (the harness itself died)
+		// ends with its stdin, job or not.
+		w.stopCtx = ctx
 	} else {
 		w.work = f.work
 	}
