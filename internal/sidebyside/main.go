@@ -119,9 +119,15 @@ var configs = []config{
 		phase: 30 * time.Second, work: time.Second, limit: 75 * time.Minute, watch: 10 * time.Second},
 	{name: "river-tuned", system: "River", label: "RescueStuckJobsAfter 1s, JobTimeout 1s, RetryPolicy now, FetchCooldown 1ms, FetchPollInterval 10ms; job 10s",
 		phase: 30 * time.Second, work: 10 * time.Second, limit: 3 * time.Minute, watch: 40 * time.Second},
+	// The same tuning with a job longer than the rescuer's 30 s interval:
+	// a run that is still going at the rescuer's next pass is rescued and
+	// runs again beside itself. Its rounds end after limit (attempts keep
+	// being rescued until MaxAttempts).
+	{name: "river-tuned-longjob", system: "River", label: "as above; job 40s (longer than the rescuer's 30s interval)",
+		phase: 30 * time.Second, work: 40 * time.Second, limit: 2 * time.Minute, watch: 40 * time.Second},
 }
 
-var defaultConfigs = []string{"ours-default", "asynq-default", "asynq-tuned", "river-tuned"}
+var defaultConfigs = []string{"ours-default", "asynq-default", "asynq-tuned", "river-tuned", "river-tuned-longjob"}
 
 func allConfigNames() []string {
 	names := make([]string, len(configs))

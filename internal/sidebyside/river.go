@@ -64,7 +64,7 @@ func (nowRetryPolicy) NextRetry(*rivertype.JobRow) time.Time { return time.Now()
 // riverConfig is the client configuration of c (tuned or defaults).
 func riverConfig(c config, ns, id string, queues map[string]river.QueueConfig, workers *river.Workers, log *slog.Logger) *river.Config {
 	cfg := &river.Config{ID: id, Schema: ns, Queues: queues, Workers: workers, Logger: log}
-	if c.name == "river-tuned" {
+	if strings.HasPrefix(c.name, "river-tuned") {
 		// RescueStuckJobsAfter may not be below JobTimeout (default 1 min),
 		// and the rescuer leaves alone a job whose timeout has not passed
 		// (JobTimeout -1, no timeout, turns the rescue off): both at 1 s.
