@@ -44,7 +44,7 @@ test: fmt ## the test command: gofmt, vet and unit and integration tests with -r
 # internal/containers, so that asynq and River never reach the library's
 # go.mod and make test never builds them.
 SBS_FLAGS ?=
-sidebyside: ## kill -9 -> picked up, recovery at its defaults beside asynq and River at theirs and tuned, one run against a throwaway redis-server and PostgreSQL at DATABASE_URL (default 127.0.0.1:5432 db test) (~15 min; SBS_FLAGS="-other-kills 8"); writes sidebyside-results.md; not part of make test
+sidebyside: ## kill -9 -> picked up, recovery at its defaults beside asynq and River at theirs and tuned, one run against a throwaway redis-server and PostgreSQL at DATABASE_URL (default 127.0.0.1:5432 db test) (~26 min with SBS_FLAGS="-other-kills 10", the default 5: ~13 min); writes sidebyside-results.md; not part of make test
 	@scripts/install-deps.sh demo
 	cd internal/sidebyside && GOWORK=off $(GO) run . -out $(CURDIR)/sidebyside-results.md $(SBS_FLAGS)
 

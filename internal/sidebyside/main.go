@@ -5,7 +5,7 @@
 // a block of rows), SIGKILLs it while it processes the job, and records
 // when the job is picked up again and whether any job completed twice.
 //
-//	go run . -kills 20 -other-kills 5 -out sidebyside.md
+//	GOWORK=off go run . -kills 20 -other-kills 10 -out sidebyside-results.md
 //
 // It is a module of its own so that asynq and River never reach the
 // library's go.mod; run it with GOWORK=off (make sidebyside).
