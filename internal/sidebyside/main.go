@@ -340,6 +340,7 @@ func (h *harness) runConfig(ctx context.Context, c config) summary {
 		r, err := sys.round(ctx, k)
 		if err != nil {
 			h.print("%s kill %d: %v (not counted)", c.name, k+1, err)
+			s.failed++
 			continue
 		}
 		switch {

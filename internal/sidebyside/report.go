@@ -54,6 +54,7 @@ type summary struct {
 	max            time.Duration
 	twice          int // kills after which some job completed twice
 	missed         int // kills after which nothing picked the job up before the round's limit
+	failed         int // rounds the harness could not finish (a worker did not start, say): not in the figures
 	note           string
 }
 
@@ -89,8 +90,12 @@ func table(rows []summary) string {
 			fmt.Fprintf(&b, "| %s | %s | 0 | %s | | | | |\n", r.system, r.config, r.note)
 			continue
 		}
+		config := r.config
+		if r.failed > 0 {
+			config += fmt.Sprintf(" (%d rounds failed, not counted: see the log)", r.failed)
+		}
 		fmt.Fprintf(&b, "| %s | %s | %d | %s | %s | %s | %d of %d | %d |\n",
-			r.system, r.config, r.kills+r.missed, seconds(r.median), seconds(r.p95), seconds(r.max),
+			r.system, config, r.kills+r.missed, seconds(r.median), seconds(r.p95), seconds(r.max),
 			r.twice, r.kills+r.missed, r.missed)
 	}
 	return b.String()

@@ -56,13 +56,15 @@ func TestSummarizeGivesMedianNearestRankP95AndMax(t *testing.T) {
 	}
 }
 
-func TestTableCountsMissedKillsAndShowsSetupFailures(t *testing.T) {
+func TestTableCountsMissedKillsAndShowsFailures(t *testing.T) {
 	out := table([]summary{
 		{system: "River", config: "tuned", kills: 5, missed: 1, median: 12100 * time.Millisecond,
 			p95: 20 * time.Second, max: 21 * time.Second, twice: 3},
 		{system: "asynq", config: "defaults", note: "setup failed: boom"},
+		{system: "recovery", config: "defaults", kills: 2, failed: 1, median: time.Second, p95: time.Second, max: time.Second},
 	})
 	for _, want := range []string{
+		"| recovery | defaults (1 rounds failed, not counted: see the log) | 2 | 1.00 | 1.00 | 1.00 | 0 of 2 | 0 |",
 		"| River | tuned | 6 | 12.10 | 20.00 | 21.00 | 3 of 6 | 1 |",
 		"| asynq | defaults | 0 | setup failed: boom |",
 	} {
