@@ -14,7 +14,7 @@ NESTED_PKGS = $(foreach m,$(NESTED),./$(m)/...)
 BENCHTIME ?= 1s
 
 .DEFAULT_GOAL := help
-.PHONY: help deps fmt test test-unit test-integration test-modules test-containers test-faults model sim sim-mutants bench fuzz lint tidy demo
+.PHONY: help deps fmt test test-unit test-integration test-modules test-containers test-faults model sim sim-mutants bench fuzz lint tidy demo sidebyside
 SEEDS     ?= 2000
 
 help: ## list the targets
@@ -39,6 +39,14 @@ demo: ## kill a worker mid-block and watch its rows come back (DEMO_FLAGS="-work
 test: fmt ## the test command: gofmt, vet and unit and integration tests with -race (library, prom, otel, examples, tools); installs redis-server, PostgreSQL, tmux, promtool if missing
 	@scripts/install-deps.sh test
 	@GO='$(GO)' PKGS='$(PKGS)' NESTED_PKGS='$(NESTED_PKGS)' scripts/test.sh
+
+# internal/sidebyside is a module of its own, outside go.work like
+# internal/containers, so that asynq and River never reach the library's
+# go.mod and make test never builds them.
+SBS_FLAGS ?=
+sidebyside: ## kill -9 -> picked up, recovery at its defaults beside asynq and River at theirs and tuned, one run against a throwaway redis-server and PostgreSQL at DATABASE_URL (default 127.0.0.1:5432 db test) (~26 min with SBS_FLAGS="-other-kills 10", the default 5: ~13 min); writes sidebyside-results.md; not part of make test
+	@scripts/install-deps.sh demo
+	cd internal/sidebyside && GOWORK=off $(GO) run . -out $(CURDIR)/sidebyside-results.md $(SBS_FLAGS)
 
 test-modules: ## a module outside the repository resolves, builds and runs against every module through a file proxy (docs/releasing.md); ~2 min cold
 	cd internal/modcheck && $(GO) test -race -vet=all -count=1 ./...

@@ -236,7 +236,8 @@ func main() {
 // requirements are Docker's client and testcontainers-go (44 modules,
 // 213 MB), and no package make test builds depends on a module of theirs.
 // Before internal/containers left the workspace, make lint downloaded and
-// vetted them all.
+// vetted them all. The same holds for internal/sidebyside (make
+// sidebyside), whose requirements are asynq and River.
 func TestTheTestCommandBuildsNothingOfDocker(t *testing.T) {
 	root := repoRoot(t)
 	data, err := os.ReadFile(filepath.Join(root, "go.work"))
@@ -250,6 +251,9 @@ func TestTheTestCommandBuildsNothingOfDocker(t *testing.T) {
 	for _, u := range work.Use {
 		if filepath.Clean(u.Path) == filepath.Join("internal", "containers") {
 			t.Errorf("go.work uses %s: every workspace command then needs Docker's modules", u.Path)
+		}
+		if filepath.Clean(u.Path) == filepath.Join("internal", "sidebyside") {
+			t.Errorf("go.work uses %s: every workspace command then needs asynq and River", u.Path)
 		}
 	}
 	cmd := exec.Command("go", "list", "-deps", "-test", "-f", "{{with .Module}}{{.Path}}{{end}}",
@@ -265,7 +269,8 @@ func TestTheTestCommandBuildsNothingOfDocker(t *testing.T) {
 	}
 	t.Logf("make test builds packages of %d modules", len(modules))
 	for m := range modules {
-		if l := strings.ToLower(m); strings.Contains(l, "docker") || strings.Contains(l, "testcontainers") || strings.Contains(l, "moby") {
+		if l := strings.ToLower(m); strings.Contains(l, "docker") || strings.Contains(l, "testcontainers") || strings.Contains(l, "moby") ||
+			strings.Contains(l, "hibiken/asynq") || strings.Contains(l, "riverqueue") {
 			t.Errorf("make test builds a package of %s", m)
 		}
 	}
