@@ -74,11 +74,11 @@ const (
 // foundByWitness: a life judged dead by the witness (Event.FoundBy).
 const foundByWitness = "witness"
 
-// witnessStore is what the witness says to Redis (store.Redis). The
-// simulator's store has none of it: the witness does not run there.
+// witnessStore is what the witness says to Redis (store.Redis; the
+// simulator's in-memory store, sim_store_test.go).
 type witnessStore interface {
 	WitnessSupported() bool
-	SubscribeLife(ctx context.Context, channel string) (*store.LifeSub, error)
+	SubscribeLife(ctx context.Context, channel string) (store.LifeSubscription, error)
 	CountLives(ctx context.Context, channels []string) ([]int64, string, error)
 	LifeHeld(ctx context.Context, channel string) (bool, string, error)
 	WriteWitness(ctx context.Context, id string, w store.Witness, ttl time.Duration) (bool, error)
@@ -116,7 +116,7 @@ type lifeWitness struct {
 	// verdict is replaced at once.
 	kick func()
 
-	sub     *store.LifeSub
+	sub     store.LifeSubscription
 	channel string
 	life    string
 	epoch   int

@@ -113,13 +113,22 @@ func (s *Redis) WitnessSupported() bool {
 	return ok && s.slots.cc == nil && !ring
 }
 
+// LifeSubscription is what a life does with its subscription (LifeSub;
+// the simulator's in-memory one).
+type LifeSubscription interface {
+	Receive(ctx context.Context, timeout time.Duration) (kind int, payload string, err error)
+	Ping(ctx context.Context, payload string) error
+	Move(ctx context.Context, old, channel string) error
+	Close() error
+}
+
 // LifeSub is a life's subscription, on a connection of its own.
 type LifeSub struct{ ps *redis.PubSub }
 
 // SubscribeLife subscribes to channel on a new connection. It does not
 // wait for the confirmation: it comes through Receive, as after every
 // reconnection.
-func (s *Redis) SubscribeLife(ctx context.Context, channel string) (*LifeSub, error) {
+func (s *Redis) SubscribeLife(ctx context.Context, channel string) (LifeSubscription, error) {
 	if s.slots.cc != nil {
 		return nil, ErrWitnessUnsupported
 	}
