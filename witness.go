@@ -331,7 +331,7 @@ func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
 			return ErrShutdown
 		case lift > 0 && int64(time.Since(w.lease.epoch)) >= lift:
 			return nil // the witness stopped, and no peer can judge this worker by it
-		case since <= w.opts.witnessFence:
+		case since <= w.opts.witnessFence || mutantWitnessNoFence:
 			return nil
 		case !wait || !w.lease.valid() || w.lease.lost.Load():
 			return fmt.Errorf("%w: %w (last answer %v ago)", ErrLeaseLost, errWitnessStale, since.Round(time.Millisecond))
@@ -712,6 +712,9 @@ func (v *witnessWatch) count(ctx context.Context, channels []string, counts []in
 			// written on another server run: never judged here
 		case l.absent.IsZero():
 			l.absent = recv
+			if mutantWitnessNoGrace {
+				due = append(due, l)
+			}
 		case !l.massive && sent.Sub(l.absent) >= max(v.opts.witnessGrace, l.marker.Grace):
 			due = append(due, l)
 		}
@@ -722,7 +725,7 @@ func (v *witnessWatch) count(ctx context.Context, channels []string, counts []in
 			absent++
 		}
 	}
-	if v.role == watchAll && absent > 2 && absent*10 > len(v.lives) {
+	if v.role == watchAll && absent > 2 && absent*10 > len(v.lives) && !mutantWitnessJudgesMass {
 		for _, l := range v.lives {
 			if !l.absent.IsZero() {
 				l.massive = true
