@@ -318,7 +318,7 @@ func (p *simProc) host(ctx context.Context) {
 			return
 		}
 		held := p.heldRows()
-		if lerr := p.w.CheckLease(); lerr != nil {
+		if lerr := p.checkLease(); lerr != nil {
 			if errors.Is(lerr, ErrShutdown) {
 				return
 			}
@@ -357,7 +357,7 @@ func (p *simProc) host(ctx context.Context) {
 				return
 			}
 		}
-		if p.w.CheckLease() != nil {
+		if p.checkLease() != nil {
 			continue // the top of the loop gives the block back
 		}
 		changed, err := p.complete(ctx, id)

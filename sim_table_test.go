@@ -304,7 +304,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 			w.known[knownTwoTakes]++
 			w.tracef("KNOWN row %d reset under %s, which took it after %s's claim or read of %s (one instance ID, two takes)", id, h, r.p, instance)
 		default:
-			w.violate("row %d reset (for %s, by %s) while %s holds it with a valid lease", id, instance, r.p, h)
+			w.violate("row %d reset (for %s, by %s) while %s holds it with a valid lease%s", id, instance, r.p, h, h.witnessState())
 		}
 	}
 	row.count++

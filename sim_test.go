@@ -230,6 +230,8 @@ type simWorld struct {
 	masses     []*simMass
 	detected   time.Duration
 	verdicts   int
+	judgedAt   map[string]time.Time // instance/life: when the witness judged it
+	judgedLost map[string]bool      // instance/life: judged, its marker lost by Redis (knownJudgedLost)
 }
 
 // Causes the invariants tolerate, by name (reported by TestSimulation).
@@ -239,6 +241,7 @@ const (
 	knownRolledBack = "no fencing: a fetch rolled back after Track, its row reset under its next taker (safety.md §2)"
 	knownTwoTakes   = "one instance ID, two takes: a row taken after the recoverer's claim or read (issue 10's note)"
 	knownForeign    = "a second fleet started right after Redis restarted empty, before our heartbeats recorded the fleet again (safety.md §13, A2)"
+	knownJudgedLost = "a Redis restart, failover or eviction lost a judged marker: the worker goes on in the judged life (safety.md §14)"
 )
 
 // freshAfterPromotion reports whether p started less than a TTL after a
@@ -410,7 +413,8 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 		table:    newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec),
 		wrng:     rand.New(rand.NewPCG(seed, 0x3472)),
 		hrng:     rand.New(rand.NewPCG(seed, 0x3473)),
-		markedAt: map[string]time.Time{}, turnOf: map[string]string{}, turnSince: map[string]time.Time{}}
+		markedAt: map[string]time.Time{}, turnOf: map[string]string{}, turnSince: map[string]time.Time{},
+		judgedAt: map[string]time.Time{}, judgedLost: map[string]bool{}}
 }
 
 // options are the Worker options of a process of the run; old is a worker

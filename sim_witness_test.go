@@ -427,6 +427,7 @@ func (s *simStore) JudgeLife(ctx context.Context, id, value string, m store.Witn
 			e.str = judged // KEEPTTL
 			w.tracef("%s WITNESS judges %s life %s dead", s.c.proc, id, short(m.Life))
 			w.verdicts++
+			w.judgedAt[id+"/"+m.Life] = time.Now()
 			w.checkVerdict(s.c.proc, id, m.Life)
 		}
 	})
@@ -556,7 +557,7 @@ func (w *simWorld) cutSubs(p *simProc, till time.Time) int {
 			n++
 		}
 	}
-	p.subCutTill = till
+	p.subCutTill = latest(p.subCutTill, till)
 	return n
 }
 
@@ -862,4 +863,46 @@ func (t *witnessTally) report() {
 	}
 	fmt.Fprintln(os.Stderr, line)
 	*t = witnessTally{}
+}
+
+// witnessState describes p's witness for a violation's message: the age of
+// its last proof against its fence. The caller holds w.mu.
+func (p *simProc) witnessState() string {
+	wt := p.w.witness
+	if wt == nil || p.w.lease.witness == nil {
+		return ""
+	}
+	age := time.Since(p.w.lease.epoch) - time.Duration(wt.proof.Load())
+	return fmt.Sprintf(" (its witness's last proof %v ago, fence %v, stopped %v)", age.Round(time.Microsecond), wt.opts.witnessFence, wt.liftAt.Load() > 0)
+}
+
+// checkLease is the host's CheckLease, checked against the witness's
+// first invariant (model/witness.pml's w1): no CheckLease called after
+// the worker's life was judged passes in that life.
+func (p *simProc) checkLease() error {
+	called := time.Now()
+	err := p.w.CheckLease()
+	if err != nil || !p.world.cfg.witness {
+		return err
+	}
+	life := p.w.rows.currentIncarnation()
+	w := p.world
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	key := p.id + "/" + life
+	at, ok := w.judgedAt[key]
+	switch {
+	case !ok || !at.Before(called) || p.dead:
+	case w.redisUp.After(at) || w.redis.evictedAt[store.WitnessKey(defaultKeyPrefix, p.id)].After(at):
+		if !w.judgedLost[key] {
+			w.judgedLost[key] = true
+			w.known[knownJudgedLost]++
+			w.tracef("KNOWN %s goes on in life %s, judged at %.6fs: Redis lost the judged marker since (docs/safety.md §14)",
+				p, short(life), at.Sub(w.start).Seconds())
+		}
+	default:
+		w.violate("%s: CheckLease passed in life %s, which the witness judged dead at %.6fs%s",
+			p, short(life), at.Sub(w.start).Seconds(), p.witnessState())
+	}
+	return nil
 }
