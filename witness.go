@@ -127,6 +127,10 @@ type lifeWitness struct {
 	// subscribed anew (the watchdog in run starts over from it).
 	renewedAt time.Time
 	progress  time.Time
+	// writtenTill is when the last marker written in this life may
+	// expire at the latest (the send time of its last successful write +
+	// its TTL): a "judged" marker keeps that TTL.
+	writtenTill time.Time
 
 	// proof is the send time (ns since the lease's epoch) of the last ping
 	// answered after this epoch's marker was written (markedAt); 0 for
@@ -267,16 +271,26 @@ func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
 	if !held {
 		return false, fmt.Errorf("liveness witness: %s has no subscriber on the server this worker writes to", w.channel)
 	}
+	if w.written.Life == w.life && !time.Now().Before(w.writtenTill) &&
+		time.Since(w.lease.epoch)-time.Duration(w.proof.Load()) >= w.opts.witnessGrace {
+		// Cut off from its channel for longer than the grace, a peer may
+		// have judged this life, and the "judged" marker, which keeps the
+		// TTL of the marker it replaced, may have expired since: nothing
+		// in Redis would say so. The life ends, as a verdict ends it.
+		return true, nil
+	}
 	w.epoch++
 	m := store.Witness{Life: w.life, Grace: w.opts.witnessGrace, RunID: runID, Epoch: w.epoch}
 	w.sent = m // from here, the marker may be in Redis whatever the reply
-	judged, err = w.ws.WriteWitness(opCtx, w.opts.instanceID, m, w.fleet.ttl())
+	sent, ttl := time.Now(), w.fleet.ttl()
+	judged, err = w.ws.WriteWitness(opCtx, w.opts.instanceID, m, ttl)
 	if err != nil {
 		return false, fmt.Errorf("liveness witness: %w", err)
 	}
 	if judged {
 		return true, nil
 	}
+	w.writtenTill = sent.Add(ttl)
 	w.marker, w.written = m, m
 	w.markedAt.Store(int64(time.Since(w.lease.epoch)))
 	w.renewedAt = time.Now()
@@ -485,12 +499,14 @@ func (w *lifeWitness) follow(ctx context.Context, life string) {
 func (w *lifeWitness) renewMarker(ctx context.Context) {
 	opCtx, cancel := w.opts.opContext(ctx)
 	defer cancel()
-	judged, err := w.ws.WriteWitness(opCtx, w.opts.instanceID, w.marker, w.fleet.ttl())
+	sent, ttl := time.Now(), w.fleet.ttl()
+	judged, err := w.ws.WriteWitness(opCtx, w.opts.instanceID, w.marker, ttl)
 	switch {
 	case judged:
 		w.judged()
 	case err == nil:
 		w.renewedAt = time.Now()
+		w.writtenTill = sent.Add(ttl)
 	}
 }
 
