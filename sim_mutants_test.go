@@ -87,6 +87,10 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		// Rows left to the backstop sweep after a lost lease keep the
 		// lease lost until the host releases or untracks them.
 		{name: "mutation: rows left to the sweep after a lost lease free the lease", set: []*bool{&mutantAbandonedFreeLease}},
+		// The liveness witness (issue 34): owner mode only.
+		{name: "witness: a life judged at the first count that finds its channel empty (no grace)", set: []*bool{&mutantWitnessNoGrace}, mode: "owner"},
+		{name: "witness: lives gone in a mass disappearance judged (no mass rule)", set: []*bool{&mutantWitnessJudgesMass}, mode: "owner"},
+		{name: "witness: no worker fence (CheckLease and Track never wait on the proof's age)", set: []*bool{&mutantWitnessNoFence}, mode: "owner"},
 	}
 	var report []string
 	for _, m := range mutants {

@@ -315,6 +315,9 @@ type simSnap struct {
 func (w *simWorld) tracef(format string, args ...any) {
 	line := fmt.Sprintf("%10.6fs  ", time.Since(w.start).Seconds()) + fmt.Sprintf(format, args...)
 	w.trace = append(w.trace, line)
+	if os.Getenv("SIMLIVE") != "" {
+		fmt.Fprintln(os.Stderr, line)
+	}
 }
 
 // violate records a broken invariant; the caller holds w.mu.
