@@ -474,7 +474,14 @@ func (w *lifeWitness) judged() {
 		return
 	}
 	w.judgedLife = w.life
+	wasLost := w.lease.lost.Load()
 	w.lease.markLeaseLost(errLifeJudged)
+	if wasLost && w.rows.currentIncarnation() == w.life {
+		// A loss noted before (an outage) began this life and makes
+		// markLeaseLost a no-op: the judged life would go on once a
+		// heartbeat regains the lease. The next life begins now.
+		w.rows.markLoss(w.lease.releaseSafe && !mutantNoStickyLease, w.lease.newLives && !mutantOneLife)
+	}
 	w.kick()
 }
 
@@ -735,13 +742,19 @@ func (v *witnessWatch) count(ctx context.Context, channels []string, counts []in
 			due = append(due, l)
 		}
 	}
-	absent := 0
+	absent, ongoing := 0, false
 	for _, l := range v.lives {
-		if !l.absent.IsZero() && !l.massive {
+		switch {
+		case !l.absent.IsZero() && !l.massive:
 			absent++
+		case !l.absent.IsZero():
+			ongoing = true
 		}
 	}
-	if v.role == watchAll && absent > 2 && absent*10 > len(v.lives) && !mutantWitnessJudgesMass {
+	// A mass disappearance, or a life newly absent while one goes on (a
+	// life this worker learns of, or sees gone, only after the others).
+	mass := absent > 2 && absent*10 > len(v.lives) || ongoing && absent > 0
+	if v.role == watchAll && mass && !mutantWitnessJudgesMass {
 		for _, l := range v.lives {
 			if !l.absent.IsZero() {
 				l.massive = true
@@ -917,11 +930,17 @@ func (v *witnessWatch) readMarkers(ctx context.Context) {
 			continue
 		}
 		ch := store.LifeChannel(v.opts.keyPrefix, id, m.Life)
-		if old, ok := v.lives[ch]; ok && old.value == values[i] {
+		old, ok := v.lives[ch]
+		if ok && old.value == values[i] {
 			lives[ch] = old
 			continue
 		}
-		lives[ch] = &watched{id: id, marker: m, value: values[i]}
+		// A life marked anew (another epoch) is counted afresh, but one
+		// gone in a mass disappearance stays left to the TTL until a
+		// count sees it: otherwise each life of a disappearance re-marked
+		// in between would count as a new absence, too few at once for
+		// the mass rule.
+		lives[ch] = &watched{id: id, marker: m, value: values[i], massive: ok && old.massive}
 	}
 	v.lives = lives
 }
