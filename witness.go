@@ -930,17 +930,11 @@ func (v *witnessWatch) readMarkers(ctx context.Context) {
 			continue
 		}
 		ch := store.LifeChannel(v.opts.keyPrefix, id, m.Life)
-		old, ok := v.lives[ch]
-		if ok && old.value == values[i] {
+		if old, ok := v.lives[ch]; ok && old.value == values[i] {
 			lives[ch] = old
 			continue
 		}
-		// A life marked anew (another epoch) is counted afresh, but one
-		// gone in a mass disappearance stays left to the TTL until a
-		// count sees it: otherwise each life of a disappearance re-marked
-		// in between would count as a new absence, too few at once for
-		// the mass rule.
-		lives[ch] = &watched{id: id, marker: m, value: values[i], massive: ok && old.massive}
+		lives[ch] = &watched{id: id, marker: m, value: values[i]}
 	}
 	v.lives = lives
 }
