@@ -566,7 +566,26 @@ func (w *simWorld) crash(p *simProc) {
 		}
 	}
 	w.mu.Unlock()
+	w.stopHost(p)
+}
+
+// stopHost stops p's host loop and waits for it to end. A host still in a
+// call 30 s later (CheckLease waiting for a witness proof that never
+// comes) is a violation; the Worker is then stopped under it, as a kill
+// stops it, so that the run ends.
+func (w *simWorld) stopHost(p *simProc) {
 	p.hostStop()
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case <-p.hostDone:
+		return
+	case <-t.C:
+	}
+	w.mu.Lock()
+	w.violate("%s: its host still runs 30 s after it was stopped (a call that never returns: CheckLease waiting for a proof?)%s", p, p.witnessState())
+	w.mu.Unlock()
+	p.w.crash()
 	<-p.hostDone
 }
 
@@ -1010,8 +1029,7 @@ func (w *simWorld) run(t *testing.T) {
 
 	// Shutdown: no goroutine left.
 	for _, p := range w.live() {
-		p.hostStop()
-		<-p.hostDone
+		w.stopHost(p)
 	}
 	close(stopSnaps)
 	<-snapsDone
