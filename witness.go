@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -694,10 +696,7 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 	if len(v.lives) == 0 {
 		return
 	}
-	channels := make([]string, 0, len(v.lives))
-	for ch := range v.lives {
-		channels = append(channels, ch)
-	}
+	channels := slices.Sorted(maps.Keys(v.lives)) // in one order: the verdicts of a count too (the simulator replays a seed)
 	opCtx, cancel := context.WithTimeout(ctx, min(v.opts.opTimeout, v.opts.witnessGrace/2))
 	sent := time.Now()
 	counts, runID, err := v.ws.CountLives(opCtx, channels)
