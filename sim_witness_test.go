@@ -356,13 +356,17 @@ func (s *simStore) CountLives(ctx context.Context, channels []string) ([]int64, 
 	return counts, runID, nil
 }
 
-// LifeHeld is CountLives of one channel.
+// LifeHeld is CountLives of one channel. It draws from a stream of its
+// own: the worker's witness sends it, and its judge counts, from two
+// goroutines that a pause's end wakes at one instant.
 func (s *simStore) LifeHeld(ctx context.Context, channel string) (bool, string, error) {
-	counts, runID, err := s.CountLives(ctx, []string{channel})
+	var held bool
+	var runID string
+	err := s.c.roundTrip(ctx, "numsub-held", func(r *simRedis) { held, runID = r.numsub(channel) > 0, r.runID })
 	if err != nil {
-		return false, "", err
+		return false, "", fmt.Errorf("count the subscribers of %s: %w", channel, err)
 	}
-	return counts[0] > 0, runID, nil
+	return held, runID, nil
 }
 
 // WriteWitness is writeWitnessScript.

@@ -684,7 +684,7 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 		if v.role != watchNone {
 			next /= 2
 		}
-		v.nextTurn = now.Add(v.opts.jitter("witness", next, 0.2))
+		v.nextTurn = now.Add(v.opts.jitter("witness-turn", next, 0.2))
 	}
 	if v.role == watchNone {
 		return
