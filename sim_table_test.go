@@ -333,7 +333,9 @@ func (r *simResetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResu
 	}
 	var res ResetResult
 	var waited bool
-	err := r.p.conn.pg(ctx, "resetowner", true, func(t *simTable) {
+	// A stream per owner: the witness resets the lives a count judged in
+	// goroutines of their own, started at one instant.
+	err := r.p.conn.pg(ctx, "resetowner "+owner, true, func(t *simTable) {
 		res, waited = ResetResult{}, false
 		var todo, changed []int64
 		for _, id := range t.ids() {

@@ -232,6 +232,8 @@ type simWorld struct {
 	verdicts   int
 	judgedAt   map[string]time.Time // instance/life: when the witness judged it
 	judgedLost map[string]bool      // instance/life: judged, its marker lost by Redis (knownJudgedLost)
+	lastCut    time.Time            // the end of the last cut or crash of a witness connection
+	lastEmpty  time.Time            // the last count that found a channel without a subscriber
 }
 
 // Causes the invariants tolerate, by name (reported by TestSimulation).

@@ -343,6 +343,9 @@ func (s *simStore) CountLives(ctx context.Context, channels []string) ([]int64, 
 	err := s.c.roundTrip(ctx, "numsub", func(r *simRedis) {
 		for i, ch := range channels {
 			counts[i] = r.numsub(ch)
+			if counts[i] == 0 {
+				s.c.world.lastEmpty = time.Now()
+			}
 		}
 		runID = r.runID
 	})
@@ -562,6 +565,7 @@ func (w *simWorld) cutSubs(p *simProc, till time.Time) int {
 		}
 	}
 	p.subCutTill = latest(p.subCutTill, till)
+	w.lastCut = latest(w.lastCut, till)
 	return n
 }
 
@@ -569,6 +573,7 @@ func (w *simWorld) cutSubs(p *simProc, till time.Time) int {
 // closes them (gone from the count at once), or, for a vanished host
 // (p.halfOpen), they stay half-open. The caller holds w.mu.
 func (w *simWorld) killSubs(p *simProc) {
+	w.lastCut = latest(w.lastCut, time.Now())
 	for _, s := range p.subs {
 		if c := s.conn; c != nil && w.redis.subConns[c] {
 			if p.halfOpen {
@@ -767,6 +772,13 @@ func (w *simWorld) witnessSettled(p *simProc) bool {
 	}
 	if now.Before(w.start.Add(simFaultEnd + simSpike + 10*time.Millisecond)) {
 		return false // a round trip sent before the faults ended may still be on its way (a spike)
+	}
+	if now.Sub(w.lastCut) < time.Second+calm || now.Sub(w.lastEmpty) < time.Second+calm {
+		// A life gone in a mass disappearance, or one a count found gone,
+		// may still be flagged by the judge, which then leaves a death
+		// that comes meanwhile to the TTL (a life newly absent while a
+		// disappearance goes on joins it).
+		return false
 	}
 	if !p.witnessRunning() || now.Before(p.pausedUntil) || now.Sub(w.markedAt[p.id]) < calm {
 		return false
