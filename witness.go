@@ -273,12 +273,13 @@ func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
 	if !held {
 		return false, fmt.Errorf("liveness witness: %s has no subscriber on the server this worker writes to", w.channel)
 	}
-	if w.written.Life == w.life && !time.Now().Before(w.writtenTill) &&
+	if w.written.Life == w.life && !time.Now().Add(2*w.opts.opTimeout).Before(w.writtenTill) &&
 		time.Since(w.lease.epoch)-time.Duration(w.proof.Load()) >= w.opts.witnessGrace {
 		// Cut off from its channel for longer than the grace, a peer may
 		// have judged this life, and the "judged" marker, which keeps the
-		// TTL of the marker it replaced, may have expired since: nothing
-		// in Redis would say so. The life ends, as a verdict ends it.
+		// TTL of the marker it replaced, may have expired, or may expire
+		// before the write below (two round trips away) lands: nothing in
+		// Redis would say so. The life ends, as a verdict ends it.
 		return true, nil
 	}
 	w.epoch++
