@@ -86,4 +86,16 @@ const (
 	// longer has resets the bare ID only (peerRecovery.confirmLife), and
 	// leaves the per-life rows to the sweep.
 	mutantNoLifeListing = false
+	// mutantWitnessNoGrace: the liveness witness judges a life at the
+	// first count that finds its channel empty, not after the grace
+	// (witnessWatch.count).
+	mutantWitnessNoGrace = false
+	// mutantWitnessJudgesMass: the witness's mass rule off: lives gone
+	// in a mass disappearance are judged like any other
+	// (witnessWatch.count).
+	mutantWitnessJudgesMass = false
+	// mutantWitnessNoFence: the worker's own fence off: CheckLease,
+	// Track, TrackAs and Begin never wait on the age of the last proof
+	// (lifeWitness.fresh).
+	mutantWitnessNoFence = false
 )

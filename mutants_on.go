@@ -23,6 +23,9 @@ var (
 	mutantSwappedBeatsInProgress  bool
 	mutantAccuseUnregistered      bool
 	mutantNoLifeListing           bool
+	mutantWitnessNoGrace          bool
+	mutantWitnessJudgesMass       bool
+	mutantWitnessNoFence          bool
 
 	mutantSweepOneLook     bool
 	mutantSweepAnyNode     bool

@@ -32,6 +32,14 @@ type simProc struct {
 	heldAs      map[int64]string // the owner value (OwnerValue()) each held row was fetched under
 	rolledBack  map[int64]bool   // rows whose fetch rolled back after they were tracked
 	old         bool             // rollout: a worker of the release before the owner column (set at spawn)
+	// The liveness witness (sim_witness_test.go): the subscriptions the
+	// Worker made, until when their reconnection is refused (a cut
+	// lasting), when the last connection was made, and whether a crash
+	// leaves them half-open (a vanished host).
+	subs       []*simSub
+	subCutTill time.Time
+	lastSub    time.Time
+	halfOpen   bool
 
 	deadCh   chan struct{} // closed at the crash
 	hostStop context.CancelFunc
@@ -48,9 +56,11 @@ func (p *simProc) setsOwner() bool { return p.world.table.fenced && !p.old }
 func (p *simProc) alive() bool { return p != nil && !p.dead }
 
 // holdsLive reports whether p, alive, holds row id with a valid lease:
-// the rows no recovery may touch. The caller holds world.mu.
+// the rows no recovery may touch. With the liveness witness, a worker
+// whose last proof is older than its fence has no valid lease (CheckLease
+// would wait). The caller holds world.mu.
 func (p *simProc) holdsLive(id int64) bool {
-	return !p.dead && p.held[id] && p.w.CheckLease() == nil
+	return !p.dead && p.held[id] && p.leaseOK()
 }
 
 // gate blocks while the process is paused (a frozen process does not
@@ -130,13 +140,16 @@ func (c *simConn) draw(op string, f func(r *rand.Rand)) {
 	f(r)
 }
 
+// simSpike is the longest latency spike, while the faults strike.
+const simSpike = 300 * time.Millisecond
+
 // latency is one way of a round trip: mostly under 2ms, now and then a
 // spike of up to 300ms; never a round number, so no two events of the
 // simulation share an instant.
 func latency(r *rand.Rand, spikes bool) time.Duration {
 	d := 50*time.Microsecond + dur(r, 1500*time.Microsecond)
 	if r.IntN(100) == 0 && spikes {
-		d += dur(r, 300*time.Millisecond)
+		d += dur(r, simSpike)
 	}
 	return d
 }
@@ -305,7 +318,7 @@ func (p *simProc) host(ctx context.Context) {
 			return
 		}
 		held := p.heldRows()
-		if lerr := p.w.CheckLease(); lerr != nil {
+		if lerr := p.checkLease(); lerr != nil {
 			if errors.Is(lerr, ErrShutdown) {
 				return
 			}
@@ -344,7 +357,7 @@ func (p *simProc) host(ctx context.Context) {
 				return
 			}
 		}
-		if p.w.CheckLease() != nil {
+		if p.checkLease() != nil {
 			continue // the top of the loop gives the block back
 		}
 		changed, err := p.complete(ctx, id)

@@ -39,7 +39,9 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		mode  string
 		seeds int
 	}{
-		{name: "F1 reverted: the claim does not renew the dead peer's rows set", sim: simMutations{f1: true}},
+		// F1 lives on the heartbeat's path, which the liveness witness
+		// leaves to the deaths it cannot see: its seeds run without it.
+		{name: "F1 reverted: the claim does not renew the dead peer's rows set", sim: simMutations{f1: true, noWitness: true}},
 		{name: "F2 reverted: no reset ledger without owner fencing", sim: simMutations{noLedger: true}},
 		{name: "F4 reverted: a retried claim does not recognise its own token", sim: simMutations{f4: true}},
 		{name: "F7 reverted: no verdict hold after a restart or a promotion", set: []*bool{&mutantNoNodeAgeHold}},
@@ -87,6 +89,10 @@ func TestSimulationCatchesMutants(t *testing.T) {
 		// Rows left to the backstop sweep after a lost lease keep the
 		// lease lost until the host releases or untracks them.
 		{name: "mutation: rows left to the sweep after a lost lease free the lease", set: []*bool{&mutantAbandonedFreeLease}},
+		// The liveness witness (issue 34): owner mode only.
+		{name: "witness: a life judged at the first count that finds its channel empty (no grace)", set: []*bool{&mutantWitnessNoGrace}, mode: "owner"},
+		{name: "witness: lives gone in a mass disappearance judged (no mass rule)", set: []*bool{&mutantWitnessJudgesMass}, mode: "owner"},
+		{name: "witness: no worker fence (CheckLease and Track never wait on the proof's age)", set: []*bool{&mutantWitnessNoFence}, mode: "owner"},
 	}
 	var report []string
 	for _, m := range mutants {

@@ -69,10 +69,13 @@ type simRedis struct {
 	// bound check's: a rows set lost to an eviction is the sweep's).
 	lastEvict time.Time
 	evictedAt map[string]time.Time
+	// subConns are the subscriber connections the server holds
+	// (sim_witness_test.go).
+	subConns map[*simSubConn]bool
 }
 
 func newSimRedis(now time.Time) *simRedis {
-	return &simRedis{keys: map[string]*simKey{}, runID: "run0", replID: "repl0", started: now}
+	return &simRedis{keys: map[string]*simKey{}, runID: "run0", replID: "repl0", started: now, subConns: map[*simSubConn]bool{}}
 }
 
 // get returns the live key, expiring it lazily.
@@ -193,6 +196,7 @@ func (r *simRedis) snapshot() map[string]*simKey {
 func (r *simRedis) restart(keys map[string]*simKey, down time.Duration) {
 	r.runs++
 	now := time.Now()
+	r.dropSubs() // a new process: no connection, no subscription
 	r.keys = map[string]*simKey{}
 	for k, e := range keys {
 		r.keys[k] = e.clone()

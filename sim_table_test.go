@@ -304,7 +304,7 @@ func (r *simResetter) apply(t *simTable, id int64, row *simRow, instance string,
 			w.known[knownTwoTakes]++
 			w.tracef("KNOWN row %d reset under %s, which took it after %s's claim or read of %s (one instance ID, two takes)", id, h, r.p, instance)
 		default:
-			w.violate("row %d reset (for %s, by %s) while %s holds it with a valid lease", id, instance, r.p, h)
+			w.violate("row %d reset (for %s, by %s) while %s holds it with a valid lease%s", id, instance, r.p, h, h.witnessState())
 		}
 	}
 	row.count++
@@ -333,7 +333,9 @@ func (r *simResetter) ResetOwner(ctx context.Context, req OwnerReset) (ResetResu
 	}
 	var res ResetResult
 	var waited bool
-	err := r.p.conn.pg(ctx, "resetowner", true, func(t *simTable) {
+	// A stream per owner: the witness resets the lives a count judged in
+	// goroutines of their own, started at one instant.
+	err := r.p.conn.pg(ctx, "resetowner "+owner, true, func(t *simTable) {
 		res, waited = ResetResult{}, false
 		var todo, changed []int64
 		for _, id := range t.ids() {

@@ -108,6 +108,7 @@ type simMutations struct {
 	noUnowned      bool // issue 20.1 reverted: a fenced reset takes a row without an owner for another worker's
 	lockWait       bool // issue 20.5 reverted: a reset waits on a row lock another session holds (and times out)
 	lockedSettled  bool // a reset counts a row another session holds locked as settled (not in NotReset)
+	noWitness      bool // not a mutation: every owner-mode seed runs without the liveness witness
 }
 
 // simConfig is what the seed chose for a run.
@@ -167,6 +168,12 @@ type simConfig struct {
 	// own recovery). The victim's rows must be back within the bound all
 	// the same (issue 33).
 	massDeath bool
+	// witness: owner mode runs the liveness witness (issue 34) with the
+	// grace and fence drawn (sim_witness_test.go, drawWitness); massCut
+	// adds mass disappearances to its faults.
+	witness        bool
+	wGrace, wFence time.Duration
+	massCut        bool
 }
 
 // simMassDeath is how many dead entries the massDeath class registers.
@@ -212,6 +219,22 @@ type simWorld struct {
 	// known counts, by cause, what the invariants tolerate by name: holes
 	// docs/safety.md documents as not covered.
 	known map[string]int
+	// The liveness witness (sim_witness_test.go): the streams of its
+	// fault driver (wrng) and of the main driver's crashes (hrng: closed
+	// or half-open), when each instance's marker last changed, who holds
+	// each witness turn since when, the mass disappearances, and how long
+	// the bound check's victim took to be judged and reset.
+	wrng, hrng *rand.Rand
+	markedAt   map[string]time.Time
+	turnOf     map[string]string
+	turnSince  map[string]time.Time
+	masses     []*simMass
+	detected   time.Duration
+	verdicts   int
+	judgedAt   map[string]time.Time // instance/life: when the witness judged it
+	judgedLost map[string]bool      // instance/life: judged, its marker lost by Redis (knownJudgedLost)
+	lastCut    time.Time            // the end of the last cut or crash of a witness connection
+	lastEmpty  time.Time            // the last count that found a channel without a subscriber
 }
 
 // Causes the invariants tolerate, by name (reported by TestSimulation).
@@ -221,6 +244,7 @@ const (
 	knownRolledBack = "no fencing: a fetch rolled back after Track, its row reset under its next taker (safety.md §2)"
 	knownTwoTakes   = "one instance ID, two takes: a row taken after the recoverer's claim or read (issue 10's note)"
 	knownForeign    = "a second fleet started right after Redis restarted empty, before our heartbeats recorded the fleet again (safety.md §13, A2)"
+	knownJudgedLost = "a Redis restart, failover or eviction lost a judged marker: the worker goes on in the judged life (safety.md §14)"
 )
 
 // freshAfterPromotion reports whether p started less than a TTL after a
@@ -294,6 +318,9 @@ type simSnap struct {
 func (w *simWorld) tracef(format string, args ...any) {
 	line := fmt.Sprintf("%10.6fs  ", time.Since(w.start).Seconds()) + fmt.Sprintf(format, args...)
 	w.trace = append(w.trace, line)
+	if os.Getenv("SIMLIVE") != "" {
+		fmt.Fprintln(os.Stderr, line)
+	}
 }
 
 // violate records a broken invariant; the caller holds w.mu.
@@ -385,9 +412,15 @@ func newSimWorld(seed uint64, mut simMutations) *simWorld {
 	cfg.vanish = rand.New(rand.NewPCG(seed, 0x10c4)).IntN(2) == 0
 	// The same for the mass death.
 	cfg.massDeath = rand.New(rand.NewPCG(seed, 0xdea7)).IntN(2) == 0
+	// The liveness witness's timings and classes: streams of their own.
+	drawWitness(seed, &cfg, mut.noWitness)
 	ledger := (!cfg.fenced() || cfg.rollout) && !mut.noLedger
 	return &simWorld{seed: seed, rng: rng, later: later, cfg: cfg, mut: mut, unrecorded: map[string]bool{}, known: map[string]int{},
-		table: newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec)}
+		table:    newSimTable(simRows, cfg.fenced(), ledger, cfg.maxRec),
+		wrng:     rand.New(rand.NewPCG(seed, 0x3472)),
+		hrng:     rand.New(rand.NewPCG(seed, 0x3473)),
+		markedAt: map[string]time.Time{}, turnOf: map[string]string{}, turnSince: map[string]time.Time{},
+		judgedAt: map[string]time.Time{}, judgedLost: map[string]bool{}}
 }
 
 // options are the Worker options of a process of the run; old is a worker
@@ -419,6 +452,11 @@ func (w *simWorld) options(id string, old, long bool) []Option {
 	}
 	if w.cfg.deferred {
 		opts = append(opts, WithDeferredUntrack(100*time.Millisecond))
+	}
+	if w.cfg.witness {
+		opts = append(opts, WithTimings(Timings{WitnessGrace: w.cfg.wGrace, WitnessFence: w.cfg.wFence}))
+	} else if w.cfg.mode == "owner" {
+		opts = append(opts, WithLivenessWitness(false))
 	}
 	return opts
 }
@@ -524,6 +562,7 @@ func (w *simWorld) crash(p *simProc) {
 	p.dead = true
 	close(p.deadCh)
 	w.tracef("FAULT %s crashes holding %v", p, slices.Sorted(mapKeys(p.held)))
+	w.killSubs(p)
 	p.held = map[int64]bool{}
 	for id, row := range w.table.rows {
 		if row.lockedBy == p {
@@ -532,7 +571,26 @@ func (w *simWorld) crash(p *simProc) {
 		}
 	}
 	w.mu.Unlock()
+	w.stopHost(p)
+}
+
+// stopHost stops p's host loop and waits for it to end. A host still in a
+// call 30 s later (CheckLease waiting for a witness proof that never
+// comes) is a violation; the Worker is then stopped under it, as a kill
+// stops it, so that the run ends.
+func (w *simWorld) stopHost(p *simProc) {
 	p.hostStop()
+	t := time.NewTimer(30 * time.Second)
+	defer t.Stop()
+	select {
+	case <-p.hostDone:
+		return
+	case <-t.C:
+	}
+	w.mu.Lock()
+	w.violate("%s: its host still runs 30 s after it was stopped (a call that never returns: CheckLease waiting for a proof?)%s", p, p.witnessState())
+	w.mu.Unlock()
+	p.w.crash()
 	<-p.hostDone
 }
 
@@ -608,6 +666,11 @@ func (w *simWorld) fault(t *testing.T, until time.Time) {
 			return
 		}
 		p := live[r.IntN(len(live))]
+		if w.cfg.witness {
+			// A quarter of the crashes are hosts that vanish: the
+			// witness's connection stays half-open (its own stream).
+			p.halfOpen = w.hrng.IntN(4) == 0
+		}
 		w.crash(p)
 		delay := time.Duration(r.Int64N(int64(3 * time.Second)))
 		sameID := r.IntN(2) == 0
@@ -899,6 +962,14 @@ func (w *simWorld) run(t *testing.T) {
 		close(foreignDone)
 	}
 
+	// The witness's faults, from a driver of their own.
+	witnessDone := make(chan struct{})
+	if w.cfg.witness {
+		go w.witnessFaults(witnessDone)
+	} else {
+		close(witnessDone)
+	}
+
 	// Faults, at drawn instants, until simFaultEnd.
 	faultEnd := w.start.Add(simFaultEnd)
 	var at []time.Duration
@@ -912,6 +983,7 @@ func (w *simWorld) run(t *testing.T) {
 	}
 	time.Sleep(time.Until(faultEnd)) // fake clock: the end of the faults
 	<-foreignDone
+	<-witnessDone
 	for len(w.live()) < 2 || !w.newAlive() {
 		w.spawn(t, "")
 	}
@@ -962,8 +1034,7 @@ func (w *simWorld) run(t *testing.T) {
 
 	// Shutdown: no goroutine left.
 	for _, p := range w.live() {
-		p.hostStop()
-		<-p.hostDone
+		w.stopHost(p)
 	}
 	close(stopSnaps)
 	<-snapsDone
@@ -982,12 +1053,24 @@ func (w *simWorld) run(t *testing.T) {
 func (w *simWorld) checkBound(t *testing.T) {
 	var victim *simProc
 	var rows []int64
-	for range 400 {
+	// With the liveness witness, and a kill that closes the victim's
+	// connections (not a vanished host), the victim is looked for among
+	// workers the witness would judge alone (witnessSettled) first: its
+	// rows are held to the witness's bound.
+	fast := w.cfg.witness && !w.cfg.vanish
+	looks := 400
+	if w.cfg.witness {
+		looks = 800
+	}
+	for look := range looks {
+		if look == 400 {
+			fast = false // none settled: the heartbeat's bound alone
+		}
 		for _, p := range w.live() {
 			// Not a worker holding rows it left to the backstop sweep (its
 			// rows set was gone when its lease came back: docs/safety.md
 			// §3): its lease stays lost until it releases them.
-			if r := p.heldRows(); len(r) > 0 && p.w.CheckLease() == nil {
+			if r := p.heldRows(); len(r) > 0 && p.leaseOK() && (!fast || w.witnessSettled(p)) {
 				victim, rows = p, r
 				break
 			}
@@ -1029,8 +1112,13 @@ func (w *simWorld) checkBound(t *testing.T) {
 		w.tracef("FAULT %d registered workers found dead at once (a zone outage)", simMassDeath)
 		w.mu.Unlock()
 	}
+	victim.halfOpen = w.cfg.witness && w.cfg.vanish
+	killed := time.Now()
 	w.crash(victim)
 	w.spawn(t, "")
+	if fast {
+		w.checkWitnessBound(victim, rows, killed)
+	}
 	w.mu.Lock()
 	bound := w.simBound(victim.w)
 	if w.cfg.rollout && !victim.old {
@@ -1210,6 +1298,7 @@ func simulate(t *testing.T, seed uint64, mut simMutations) (violations, trace []
 	}
 	defer func() { jitterSource = prev }()
 	synctest.Test(t, func(t *testing.T) { w.run(t) })
+	simWitnessTally.add(w)
 	return w.violations, w.trace, w.known
 }
 
@@ -1245,6 +1334,7 @@ func TestSimulation(t *testing.T) {
 	for _, c := range slices.Sorted(maps.Keys(known)) {
 		fmt.Fprintf(os.Stderr, "simulation: tolerated %4d× %s\n", known[c], c)
 	}
+	simWitnessTally.report()
 	fmt.Fprintf(os.Stderr, "simulation: %d seeds from %d passed in %v\n", len(seeds), seeds[0], time.Since(began).Round(time.Millisecond))
 }
 

@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -85,12 +87,12 @@ const (
 // foundByWitness: a life judged dead by the witness (Event.FoundBy).
 const foundByWitness = "witness"
 
-// witnessStore is what the witness says to Redis (store.Redis). The
-// simulator's store has none of it: the witness does not run there.
+// witnessStore is what the witness says to Redis (store.Redis; the
+// simulator's in-memory store, sim_store_test.go).
 type witnessStore interface {
 	WitnessSupported() bool
 	WitnessAvailable(ctx context.Context) error
-	SubscribeLife(ctx context.Context, channel string) (*store.LifeSub, error)
+	SubscribeLife(ctx context.Context, channel string) (store.LifeSubscription, error)
 	CountLives(ctx context.Context, channels []string) ([]int64, []string, error)
 	LifeHeld(ctx context.Context, channel string) (bool, string, error)
 	WriteWitness(ctx context.Context, id string, w store.Witness, ttl time.Duration) (bool, error)
@@ -128,7 +130,7 @@ type lifeWitness struct {
 	// verdict is replaced at once.
 	kick func()
 
-	sub     *store.LifeSub
+	sub     store.LifeSubscription
 	channel string
 	life    string
 	epoch   int
@@ -139,6 +141,10 @@ type lifeWitness struct {
 	// subscribed anew (the watchdog in run starts over from it).
 	renewedAt time.Time
 	progress  time.Time
+	// writtenTill is when the last marker written in this life may
+	// expire at the latest (the send time of its last successful write +
+	// its TTL): a "judged" marker keeps that TTL.
+	writtenTill time.Time
 
 	// proof is the send time (ns since the lease's epoch) of the last ping
 	// answered after this epoch's marker was written (markedAt); 0 for
@@ -287,16 +293,27 @@ func (w *lifeWitness) mark(ctx context.Context) (judged bool, err error) {
 	if !held {
 		return false, fmt.Errorf("liveness witness: %s has no subscriber on the server this worker writes to", w.channel)
 	}
+	if w.written.Life == w.life && !time.Now().Add(2*w.opts.opTimeout).Before(w.writtenTill) &&
+		time.Since(w.lease.epoch)-time.Duration(w.proof.Load()) >= w.opts.witnessGrace {
+		// Cut off from its channel for longer than the grace, a peer may
+		// have judged this life, and the "judged" marker, which keeps the
+		// TTL of the marker it replaced, may have expired, or may expire
+		// before the write below (two round trips away) lands: nothing in
+		// Redis would say so. The life ends, as a verdict ends it.
+		return true, nil
+	}
 	w.epoch++
 	m := store.Witness{Life: w.life, Grace: w.opts.witnessGrace, RunID: runID, Epoch: w.epoch}
 	w.sent = m // from here, the marker may be in Redis whatever the reply
-	judged, err = w.ws.WriteWitness(opCtx, w.opts.instanceID, m, w.fleet.ttl())
+	sent, ttl := time.Now(), w.fleet.ttl()
+	judged, err = w.ws.WriteWitness(opCtx, w.opts.instanceID, m, ttl)
 	if err != nil {
 		return false, fmt.Errorf("liveness witness: %w", err)
 	}
 	if judged {
 		return true, nil
 	}
+	w.writtenTill = sent.Add(ttl)
 	w.marker, w.written = m, m
 	w.markedAt.Store(int64(time.Since(w.lease.epoch)))
 	w.renewedAt = time.Now()
@@ -351,7 +368,7 @@ func (w *lifeWitness) fresh(ctx context.Context, wait bool) error {
 			return ErrShutdown
 		case lift > 0 && int64(time.Since(w.lease.epoch)) >= lift:
 			return nil // the witness stopped, and no peer can judge this worker by it
-		case since <= w.opts.witnessFence:
+		case since <= w.opts.witnessFence || mutantWitnessNoFence:
 			return nil
 		case !wait || !w.lease.valid() || w.lease.lost.Load():
 			return fmt.Errorf("%w: %w (last answer %v ago)", ErrLeaseLost, errWitnessStale, since.Round(time.Millisecond))
@@ -497,7 +514,14 @@ func (w *lifeWitness) judged() {
 		return
 	}
 	w.judgedLife = w.life
+	wasLost := w.lease.lost.Load()
 	w.lease.markLeaseLost(errLifeJudged)
+	if wasLost && w.rows.currentIncarnation() == w.life {
+		// A loss noted before (an outage) began this life and makes
+		// markLeaseLost a no-op: the judged life would go on once a
+		// heartbeat regains the lease. The next life begins now.
+		w.rows.markLoss(w.lease.releaseSafe && !mutantNoStickyLease, w.lease.newLives && !mutantOneLife)
+	}
 	w.kick()
 }
 
@@ -535,12 +559,14 @@ func (w *lifeWitness) renewMarker(ctx context.Context) {
 		w.resubscribe(ctx)
 		return
 	}
-	judged, err := w.ws.WriteWitness(opCtx, w.opts.instanceID, w.marker, w.fleet.ttl())
+	sent, ttl := time.Now(), w.fleet.ttl()
+	judged, err := w.ws.WriteWitness(opCtx, w.opts.instanceID, w.marker, ttl)
 	switch {
 	case judged:
 		w.judged()
 	case err == nil:
 		w.renewedAt = time.Now()
+		w.writtenTill = sent.Add(ttl)
 	}
 }
 
@@ -711,7 +737,7 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 		if v.role != watchNone {
 			next /= 2
 		}
-		v.nextTurn = now.Add(v.opts.jitter("witness", next, 0.2))
+		v.nextTurn = now.Add(v.opts.jitter("witness-turn", next, 0.2))
 	}
 	if v.role == watchNone {
 		return
@@ -723,10 +749,7 @@ func (v *witnessWatch) runOnce(ctx context.Context) {
 	if len(v.lives) == 0 {
 		return
 	}
-	channels := make([]string, 0, len(v.lives))
-	for ch := range v.lives {
-		channels = append(channels, ch)
-	}
+	channels := slices.Sorted(maps.Keys(v.lives)) // in one order: the verdicts of a count too (the simulator replays a seed)
 	opCtx, cancel := context.WithTimeout(ctx, min(v.opts.opTimeout, v.opts.witnessGrace/2))
 	sent := time.Now()
 	counts, runIDs, err := v.ws.CountLives(opCtx, channels)
@@ -771,17 +794,26 @@ func (v *witnessWatch) count(ctx context.Context, channels []string, counts []in
 			// written on another server run: never judged here
 		case l.absent.IsZero():
 			l.absent = recv
+			if mutantWitnessNoGrace {
+				due = append(due, l)
+			}
 		case !l.massive && sent.Sub(l.absent) >= max(v.opts.witnessGrace, l.marker.Grace):
 			due = append(due, l)
 		}
 	}
-	absent := 0
+	absent, ongoing := 0, false
 	for _, l := range v.lives {
-		if !l.absent.IsZero() && !l.massive {
+		switch {
+		case !l.absent.IsZero() && !l.massive:
 			absent++
+		case !l.absent.IsZero():
+			ongoing = true
 		}
 	}
-	if v.role == watchAll && absent > 2 && absent*10 > len(v.lives) {
+	// A mass disappearance, or a life newly absent while one goes on (a
+	// life this worker learns of, or sees gone, only after the others).
+	mass := absent > 2 && absent*10 > len(v.lives) || ongoing && absent > 0
+	if v.role == watchAll && mass && !mutantWitnessJudgesMass {
 		for _, l := range v.lives {
 			if !l.absent.IsZero() {
 				l.massive = true

@@ -168,6 +168,15 @@ func ShardChannels(version string) bool {
 	return err == nil && n >= 7
 }
 
+// LifeSubscription is what a life does with its subscription (LifeSub;
+// the simulator's in-memory one).
+type LifeSubscription interface {
+	Receive(ctx context.Context, timeout time.Duration) (kind int, payload string, err error)
+	Ping(ctx context.Context, payload string) error
+	Move(ctx context.Context, old, channel string) error
+	Close() error
+}
+
 // LifeSub is a life's subscription, on a connection of its own: a shard
 // channel's on a Cluster (SSUBSCRIBE, on the master of its slot).
 type LifeSub struct {
@@ -179,7 +188,7 @@ type LifeSub struct {
 // SubscribeLife subscribes to channel on a new connection. It does not
 // wait for the confirmation: it comes through Receive, as after every
 // reconnection.
-func (s *Redis) SubscribeLife(ctx context.Context, channel string) (_ *LifeSub, err error) {
+func (s *Redis) SubscribeLife(ctx context.Context, channel string) (_ LifeSubscription, err error) {
 	defer s.failed(&err)
 	if cc := s.slots.cc; cc != nil {
 		ps := cc.SSubscribe(ctx)
