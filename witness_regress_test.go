@@ -2,9 +2,13 @@ package recovery
 
 import (
 	"context"
+	"errors"
+	"strings"
 	"testing"
 	"time"
 
+	"github.com/redis/go-redis/v9"
+	"github.com/stretchr/testify/assert"
 	"github.com/stretchr/testify/require"
 
 	"github.com/alya/recovery/internal/store"
@@ -82,4 +86,79 @@ func TestWitnessAWorkerBackAfterItsJudgedMarkerExpiredDoesNotGoOnInThatLife(t *t
 		t.Fatal("CheckLease still waiting 5 s after the cut healed")
 	}
 	judgedLifeEnds(t, a, db, owner)
+}
+
+// markerOf returns instance id's witness marker, ok false while it has
+// none.
+func markerOf(t *testing.T, rdb *redis.Client, prefix, id string) (store.Witness, bool) {
+	t.Helper()
+	v, err := rdb.Get(context.Background(), store.WitnessKey(prefix, id)).Result()
+	if errors.Is(err, redis.Nil) {
+		return store.Witness{}, false
+	}
+	require.NoError(t, err)
+	m, ok := store.ParseWitness(v)
+	require.True(t, ok, "marker %q", v)
+	return m, true
+}
+
+// A verdict learnt while a lease loss noted before is still open: the
+// heartbeat's connection is cut, the lease is lost and a new life begins
+// (a loss in owner mode begins one), the witness marks it, and a peer
+// judges that life while the heartbeat is still cut (the witness's own
+// connection cut for longer than the grace). The witness, back first,
+// learns the verdict; then the heartbeat is back. A new life begins and
+// the host's CheckLease returns, nil, within a few seconds. (Reverted,
+// without the wasLost branch in judged, the judged life went on once the
+// heartbeat regained the lease and CheckLease waited for ever: the
+// witness marks no judged life, so the fence never lifts; seed 1392 of
+// the simulator.)
+func TestWitnessAVerdictLearntDuringALeaseLossBeginsANewLife(t *testing.T) {
+	t.Parallel()
+	_, rdb, _, prefix, r := onWitnessServers(t, 1, "WV")
+	ctx := context.Background()
+	pc, heart := viaProxy(t, rdb)
+	wc, witness := viaProxy(t, rdb)
+	opt := *pc.Options()
+	opt.ContextTimeoutEnabled = true // a heartbeat through the cut fails at its operation timeout, not at the 3 s read timeout
+	hc := redis.NewClient(&opt)
+	t.Cleanup(func() { _ = hc.Close() })
+
+	a, _ := newWorker(t, hc, r, "a", shortMarkerTimings(prefix)...)
+	a.witness.ws = store.NewRedis(wc, prefix, a.opts.opTimeout) // the witness through a proxy of its own
+	require.NoError(t, a.Start(ctx))
+	_, _ = startWorker(t, rdb, r, "b", shortMarkerTimings(prefix)...)
+	require.NoError(t, a.CheckLease())
+	first := a.OwnerValue()
+
+	heart.Cut()
+	waitTurns(t, &signals(a).beat, 5*time.Second, func() bool { return a.OwnerValue() != first },
+		"the lease is lost for the TTL and a new life begins")
+	lost := a.OwnerValue()
+	require.Eventually(t, func() bool {
+		m, ok := markerOf(t, rdb, prefix, "a")
+		return ok && !m.Judged && strings.Contains(lost, "{"+m.Life+"}")
+	}, 3*time.Second, 10*time.Millisecond, "the witness marks the life the loss began")
+
+	witness.Cut()
+	require.Eventually(t, func() bool {
+		m, ok := markerOf(t, rdb, prefix, "a")
+		return ok && m.Judged && strings.Contains(lost, "{"+m.Life+"}")
+	}, 3*time.Second, 10*time.Millisecond, "the peer judges that life")
+	witness.Restore()
+	time.Sleep(time.Second) // real time: the witness reconnects and learns the verdict, the heartbeat still cut
+	heart.Restore()
+	waitTurns(t, &signals(a).beat, 3*time.Second, func() bool { return a.lease.valid() && !a.lease.lost.Load() },
+		"a heartbeat regains the lease")
+
+	checked := make(chan error, 1)
+	go func() { checked <- a.CheckLease() }()
+	select {
+	case err := <-checked:
+		require.NoError(t, err, "Redis answers again")
+	case <-time.After(5 * time.Second):
+		t.Fatal("CheckLease still waiting 5 s after Redis is reachable again")
+	}
+	assert.NotEqual(t, lost, a.OwnerValue(), "the judged life does not go on")
+	assert.NotEqual(t, first, a.OwnerValue())
 }
