@@ -50,13 +50,42 @@ func onWitnessServers(t *testing.T, n int, name string) (*testutil.RedisServer, 
 type witnessEvents struct {
 	mu   sync.Mutex
 	seen []Event
+	more chan struct{} // closed and replaced at each event
 }
 
 func (e *witnessEvents) observe(ev Event) {
 	if ev.FoundBy == foundByWitness {
 		e.mu.Lock()
 		e.seen = append(e.seen, ev)
+		if e.more != nil {
+			close(e.more)
+			e.more = nil
+		}
 		e.mu.Unlock()
+	}
+}
+
+// wait blocks until n events of kind were observed, failing the test after
+// timeout: the rows are in the table before the recoverer's events and
+// stats are written.
+func (e *witnessEvents) wait(t *testing.T, kind EventKind, n int, timeout time.Duration) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for {
+		e.mu.Lock()
+		if e.more == nil {
+			e.more = make(chan struct{})
+		}
+		more := e.more
+		e.mu.Unlock()
+		if e.count(kind) >= n {
+			return
+		}
+		select {
+		case <-more:
+		case <-deadline:
+			t.Fatalf("%d %v events of the witness after %v; want %d", e.count(kind), kind, timeout, n)
+		}
 	}
 }
 
@@ -112,6 +141,7 @@ func TestWitnessResetsAKilledWorkersRowsBeforeItsHeartbeatExpires(t *testing.T) 
 	w, ok := store.ParseWitness(marker)
 	require.True(t, ok)
 	assert.True(t, w.Judged, "the judge marked the life judged before the reset")
+	ev.wait(t, EventRowsRecovered, 1, 5*time.Second)
 	assert.Equal(t, 1, ev.count(EventRowsRecovered))
 	assert.Equal(t, uint64(3), b.Stats().RowsRecovered)
 }
