@@ -101,6 +101,19 @@ func (e *witnessEvents) count(kind EventKind) int {
 	return n
 }
 
+// noVerdict asserts that the witness judged nobody: rows 1..n are still in
+// progress under owner, and w goes on in that life. step names the moment.
+func noVerdict(t *testing.T, db *pgxpool.Pool, ev *witnessEvents, w *Worker, owner string, n int64, step string) {
+	t.Helper()
+	for id := int64(1); id <= n; id++ {
+		s, o := rowState(t, db, id)
+		assert.Equal(t, "inprog", s, step)
+		assert.Equal(t, owner, *o, step)
+	}
+	assert.Zero(t, ev.count(EventPeerDead), "no verdict: %s", step)
+	assert.Equal(t, owner, w.OwnerValue(), "the life goes on: %s", step)
+}
+
 // A killed worker's life is judged by its peer as soon as its channel has
 // had no subscriber for the grace, long before its heartbeat expires: its
 // rows are back under the heartbeat TTL by far, reset once, and a row of
@@ -175,13 +188,7 @@ func TestWitnessConnectionBlipsAreNotDeaths(t *testing.T) {
 		time.Sleep(100 * time.Millisecond) // real time: the blips come 100 ms apart
 	}
 	time.Sleep(2 * a.opts.witnessGrace) // real time: past any grace the last blip began
-	for id := int64(1); id <= 3; id++ {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "inprog", s)
-		assert.Equal(t, owner, *o)
-	}
-	assert.Zero(t, ev.count(EventPeerDead), "no verdict")
-	assert.Equal(t, owner, a.OwnerValue(), "the life goes on")
+	noVerdict(t, db, &ev, a, owner, 3, "after the blips")
 	require.NoError(t, a.CheckLease(), "it waits for its witness, back at once")
 }
 
@@ -354,13 +361,7 @@ func TestWitnessCutsShorterThanTheGraceAreNotDeaths(t *testing.T) {
 		proxy.Restore()
 		time.Sleep(600 * time.Millisecond) // real time: the worker back, past a grace
 	}
-	for id := int64(1); id <= 2; id++ {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "inprog", s)
-		assert.Equal(t, owner, *o)
-	}
-	assert.Zero(t, ev.count(EventPeerDead), "no verdict")
-	assert.Equal(t, owner, a.OwnerValue(), "the life goes on")
+	noVerdict(t, db, &ev, a, owner, 2, "after the cuts")
 }
 
 // A cut longer than the grace: the worker fences itself (CheckLease
@@ -501,14 +502,8 @@ func TestWitnessARedisRestartIsNoDeath(t *testing.T) {
 	require.NoError(t, rdb.Save(ctx).Err()) // the snapshot holds the markers of this run
 	srv.RestartKeepingData()
 	time.Sleep(3 * defaultWitnessGrace) // real time: past any grace
-	for id := int64(1); id <= 2; id++ {
-		s, o := rowState(t, db, id)
-		assert.Equal(t, "inprog", s)
-		assert.Equal(t, owner, *o)
-	}
-	assert.Zero(t, ev.count(EventPeerDead), "no verdict")
+	noVerdict(t, db, &ev, a, owner, 2, "after the restart")
 	require.NoError(t, a.CheckLease(), "it waits for its witness, back after the restart")
-	assert.Equal(t, owner, a.OwnerValue(), "the same life")
 }
 
 // A partition of three workers of five (their connections closed on the
